@@ -1,0 +1,201 @@
+// Package backend holds the runtime state of each model-server replica (vLLM, SGLang) that
+// prefixlb routes to: in-flight requests, pending prefill tokens, health and cache epoch.
+// Policies read it; the proxy and the health checker write it. Nothing here does I/O.
+package backend
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Backend is one replica. All mutable state is atomic, so a Backend is safe for concurrent use.
+// It must not be copied after first use.
+type Backend struct {
+	// Name is the backend's identity: its configured URL without a trailing slash. Two
+	// prefixlb replicas configured with the same URLs give their backends the same Name, and
+	// so the same ID and the same hash-ring points.
+	Name string
+	// Scheme is "http" or "https".
+	Scheme string
+	// Addr is the host:port that is dialled.
+	Addr string
+	// ID is xxhash64(Name): a stable, deterministic identity used to break ties and to place
+	// the backend on the hash ring.
+	ID uint64
+	// KVCacheTokens is the replica's KV-cache capacity in tokens (0: unknown, use default).
+	KVCacheTokens int64
+	// Weight scales the backend's share on the hash ring (1 = normal).
+	Weight int
+
+	inFlight      atomic.Int64
+	prefillTokens atomic.Int64
+	unhealthy     atomic.Bool
+	epoch         atomic.Uint64
+	served        atomic.Uint64
+}
+
+// New parses rawURL ("http://host:port", optional path is ignored) into a Backend.
+// Errors say what is wrong with the URL; the caller prefixes the config field name.
+func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
+	if rawURL == "" {
+		return nil, fmt.Errorf("empty")
+	}
+	if !strings.Contains(rawURL, "://") {
+		return nil, fmt.Errorf("missing scheme (want http:// or https://): %q", rawURL)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("unsupported scheme %q (want http or https)", u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("missing host: %q", rawURL)
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		if u.Scheme == "https" {
+			addr += ":443"
+		} else {
+			addr += ":80"
+		}
+	}
+	if weight <= 0 {
+		weight = 1
+	}
+	name := strings.TrimRight(rawURL, "/")
+	return &Backend{
+		Name:          name,
+		Scheme:        u.Scheme,
+		Addr:          addr,
+		ID:            xxhash.Sum64String(name),
+		KVCacheTokens: kvCacheTokens,
+		Weight:        weight,
+	}, nil
+}
+
+// InFlight is the number of requests dispatched to the backend whose response has not
+// finished, failed or been cancelled.
+func (b *Backend) InFlight() int64 { return b.inFlight.Load() }
+
+// PrefillTokens is the sum of approximate prompt tokens of in-flight requests that have not
+// yet produced a first response byte: the prefill work queued on the replica.
+func (b *Backend) PrefillTokens() int64 { return b.prefillTokens.Load() }
+
+// Served is the number of requests ever dispatched to the backend.
+func (b *Backend) Served() uint64 { return b.served.Load() }
+
+// Healthy reports whether the backend may take new requests.
+func (b *Backend) Healthy() bool { return !b.unhealthy.Load() }
+
+// SetHealthy marks the backend healthy or not and reports whether the state changed.
+func (b *Backend) SetHealthy(ok bool) bool { return b.unhealthy.Swap(!ok) == ok }
+
+// Epoch counts how often the backend's KV cache was lost (restart, return from unhealthy,
+// removal). Index entries are valid only for the epoch they were recorded in.
+func (b *Backend) Epoch() uint64 { return b.epoch.Load() }
+
+// ResetCache bumps the epoch: everything recorded about the backend's cache is stale.
+func (b *Backend) ResetCache() { b.epoch.Add(1) }
+
+// Lease accounts one request on one backend. Begin increments the backend's counters;
+// FirstByte and Release decrement them, each at most once, whatever the order or the number
+// of calls (EOF, error and cancel may all try). The zero Lease is unused; it must not be
+// copied after Begin.
+type Lease struct {
+	b       *Backend
+	prefill int64
+	state   atomic.Uint32 // bit 0: first byte accounted; bit 1: released
+}
+
+// Begin dispatches one request of promptTokens approximate tokens to b.
+func (l *Lease) Begin(b *Backend, promptTokens int64) {
+	l.b = b
+	l.prefill = promptTokens
+	l.state.Store(0)
+	b.inFlight.Add(1)
+	b.prefillTokens.Add(promptTokens)
+	b.served.Add(1)
+}
+
+// Backend is the leased backend (nil before Begin).
+func (l *Lease) Backend() *Backend { return l.b }
+
+// FirstByte marks the end of prefill: the backend started answering.
+func (l *Lease) FirstByte() {
+	for {
+		s := l.state.Load()
+		if s&1 != 0 || s&2 != 0 {
+			return
+		}
+		if l.state.CompareAndSwap(s, s|1) {
+			l.b.prefillTokens.Add(-l.prefill)
+			return
+		}
+	}
+}
+
+// Release ends the request: finished, failed or cancelled. Safe to call more than once.
+func (l *Lease) Release() {
+	for {
+		s := l.state.Load()
+		if s&2 != 0 || l.b == nil {
+			return
+		}
+		if l.state.CompareAndSwap(s, s|2) {
+			if s&1 == 0 {
+				l.b.prefillTokens.Add(-l.prefill)
+			}
+			l.b.inFlight.Add(-1)
+			return
+		}
+	}
+}
+
+// Pool is the current list of backends. Readers take an immutable snapshot without locking;
+// writers replace the whole list (config reload, discovery).
+type Pool struct {
+	list atomic.Pointer[[]*Backend]
+}
+
+// NewPool returns a pool holding bs.
+func NewPool(bs []*Backend) *Pool {
+	p := &Pool{}
+	p.Set(bs)
+	return p
+}
+
+// Snapshot returns the current backends. The slice must not be modified.
+func (p *Pool) Snapshot() []*Backend {
+	if l := p.list.Load(); l != nil {
+		return *l
+	}
+	return nil
+}
+
+// Set replaces the backend list.
+func (p *Pool) Set(bs []*Backend) {
+	c := append([]*Backend(nil), bs...)
+	p.list.Store(&c)
+}
+
+// Healthy appends the healthy backends of bs to dst and returns it. When fewer than half of
+// bs are healthy it returns all of bs (panic mode, as Envoy's 50% panic threshold): routing
+// to a possibly-dead replica beats refusing every request.
+func Healthy(dst, bs []*Backend) (out []*Backend, panicMode bool) {
+	dst = dst[:0]
+	for _, b := range bs {
+		if b.Healthy() {
+			dst = append(dst, b)
+		}
+	}
+	if len(bs) > 0 && 2*len(dst) < len(bs) {
+		return append(dst[:0], bs...), true
+	}
+	return dst, false
+}

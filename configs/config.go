@@ -1,0 +1,314 @@
+// Package configs holds prefixlb's configuration: the YAML schema, defaults applied in one
+// place (ApplyDefaults), and validation whose errors name the field (Validate).
+package configs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// Modes are the routing policies prefixlb offers.
+var Modes = []string{"prefix", "round-robin", "least-load"}
+
+// Config is the whole configuration file. Every field is documented in configs/prefixlb.yaml.
+type Config struct {
+	// Listen is the data listener (OpenAI-compatible API), host:port.
+	Listen string `yaml:"listen"`
+	// AdminListen is the metrics/health/debug listener; loopback by default.
+	AdminListen string `yaml:"admin_listen"`
+	// Mode is the routing policy: prefix | round-robin | least-load.
+	Mode string `yaml:"mode"`
+	// MaxRequestBodyBytes caps a request body (bytes); larger bodies get 413.
+	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
+	// Log configures logging.
+	Log Log `yaml:"log"`
+	// Timeouts are the proxy's timeouts.
+	Timeouts Timeouts `yaml:"timeouts"`
+	// Prefix tunes mode prefix.
+	Prefix Prefix `yaml:"prefix"`
+	// Backends are the model-server replicas.
+	Backends []Backend `yaml:"backends"`
+}
+
+// Log configures zap.
+type Log struct {
+	// Level: debug | info | warn | error.
+	Level string `yaml:"level"`
+	// Format: json | console.
+	Format string `yaml:"format"`
+}
+
+// Timeouts of the proxy. Zero means the default; there is no total timeout on a stream.
+type Timeouts struct {
+	// Connect bounds dialling a backend.
+	Connect Duration `yaml:"connect"`
+	// ResponseHeader bounds the wait for the backend's response headers (queueing + prefill
+	// of a non-streamed or header-late response; long, prefill of 100k tokens under load can
+	// take minutes).
+	ResponseHeader Duration `yaml:"response_header"`
+	// Idle bounds the silence between two chunks of a response body.
+	Idle Duration `yaml:"idle"`
+	// ShutdownGrace is how long in-flight streams may finish after SIGTERM/SIGINT.
+	ShutdownGrace Duration `yaml:"shutdown_grace"`
+}
+
+// Prefix tunes the prefix-aware policy.
+type Prefix struct {
+	// ChunkTokens is the chunk size in approximate tokens (1 token ≈ 4 bytes).
+	ChunkTokens int `yaml:"chunk_tokens"`
+	// LoadFactor is c in the bounded-load cap ceil(c × (total in-flight + 1) / n).
+	LoadFactor float64 `yaml:"load_factor"`
+	// LoadMargin is an absolute number of requests added to the cap so low load does not flap.
+	LoadMargin int `yaml:"load_margin"`
+	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
+	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
+	// MaxIndexEntries caps the prefix index's entries over all backends.
+	MaxIndexEntries int `yaml:"max_index_entries"`
+}
+
+// Backend is one replica in the static list.
+type Backend struct {
+	// URL is http(s)://host:port of an OpenAI-compatible server.
+	URL string `yaml:"url"`
+	// KVCacheTokens is the replica's KV-cache capacity in tokens (optional).
+	KVCacheTokens int64 `yaml:"kv_cache_tokens"`
+	// Weight scales the replica's share of cold prefixes (default 1).
+	Weight int `yaml:"weight"`
+}
+
+// Duration is a time.Duration written as "5s", "10m" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Defaults. Each names its source.
+const (
+	DefaultListen      = "0.0.0.0:8080"
+	DefaultAdminListen = "127.0.0.1:9090"
+	DefaultMode        = "prefix"
+	// DefaultMaxRequestBodyBytes is 64 MiB: sglang raised its chat limit to 32 MiB for
+	// images (sglang PR #38735); fasthttp's own 4 MiB default is too small.
+	DefaultMaxRequestBodyBytes = 64 << 20
+	// DefaultConnect is Envoy's connect timeout.
+	DefaultConnect = 5 * time.Second
+	// DefaultResponseHeader: 10 minutes, because a non-streamed response sends headers only
+	// when generation ends, and a Go 120 s header timeout was seen killing such requests.
+	DefaultResponseHeader = 10 * time.Minute
+	// DefaultIdle is Envoy's stream_idle_timeout.
+	DefaultIdle = 5 * time.Minute
+	// DefaultShutdownGrace matches Kubernetes' default terminationGracePeriodSeconds.
+	DefaultShutdownGrace = 30 * time.Second
+	// DefaultChunkTokens: 64 approximate tokens ≈ 256 bytes; smaller chunks blew up peers' memory.
+	DefaultChunkTokens = 64
+	// DefaultLoadFactor is c = 1.25 (Mirrokni et al.; HAProxy's hash-balance-factor 125).
+	DefaultLoadFactor = 1.25
+	// DefaultLoadMargin: an absolute margin, because a relative factor alone misfires at low
+	// load (smg PR #2150).
+	DefaultLoadMargin = 2
+	// DefaultKVCacheTokens: Llama-3-8B in bf16 keeps 2 × 32 layers × 8 KV heads × 128 dims ×
+	// 2 bytes = 128 KiB of KV per token; an 80 GB H100 at vLLM's gpu_memory_utilization 0.9
+	// leaves ≈ 56 GB after 16 GB of weights and activations: ≈ 430k tokens, rounded to 400k.
+	DefaultKVCacheTokens = 400_000
+	// DefaultMaxIndexEntries bounds the index to 4M chunks (≈ 256M tokens of prefixes).
+	DefaultMaxIndexEntries = 4 << 20
+)
+
+// Load reads and parses a YAML file, applies defaults and validates.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(data)
+}
+
+// Parse parses YAML, applies defaults and validates. Unknown fields are errors.
+func Parse(data []byte) (*Config, error) {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, errEOF(err)) {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// errEOF lets an empty file parse as an empty config.
+func errEOF(err error) error {
+	if err != nil && err.Error() == "EOF" {
+		return err
+	}
+	return nil
+}
+
+// ApplyDefaults fills every zero field with its default. It is the one place defaults live.
+func (c *Config) ApplyDefaults() {
+	setS := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	setD := func(p *Duration, v time.Duration) {
+		if *p == 0 {
+			*p = Duration(v)
+		}
+	}
+	setS(&c.Listen, DefaultListen)
+	setS(&c.AdminListen, DefaultAdminListen)
+	setS(&c.Mode, DefaultMode)
+	setS(&c.Log.Level, "info")
+	setS(&c.Log.Format, "json")
+	if c.MaxRequestBodyBytes == 0 {
+		c.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
+	}
+	setD(&c.Timeouts.Connect, DefaultConnect)
+	setD(&c.Timeouts.ResponseHeader, DefaultResponseHeader)
+	setD(&c.Timeouts.Idle, DefaultIdle)
+	setD(&c.Timeouts.ShutdownGrace, DefaultShutdownGrace)
+	if c.Prefix.ChunkTokens == 0 {
+		c.Prefix.ChunkTokens = DefaultChunkTokens
+	}
+	if c.Prefix.LoadFactor == 0 {
+		c.Prefix.LoadFactor = DefaultLoadFactor
+	}
+	if c.Prefix.LoadMargin == 0 {
+		c.Prefix.LoadMargin = DefaultLoadMargin
+	}
+	if c.Prefix.DefaultKVCacheTokens == 0 {
+		c.Prefix.DefaultKVCacheTokens = DefaultKVCacheTokens
+	}
+	if c.Prefix.MaxIndexEntries == 0 {
+		c.Prefix.MaxIndexEntries = DefaultMaxIndexEntries
+	}
+	for i := range c.Backends {
+		if c.Backends[i].Weight == 0 {
+			c.Backends[i].Weight = 1
+		}
+	}
+}
+
+// Validate checks every field; the error names the first wrong field as it is written in YAML.
+func (c *Config) Validate() error {
+	if err := checkHostPort(c.Listen); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if err := checkHostPort(c.AdminListen); err != nil {
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+	if !contains(Modes, c.Mode) {
+		return fmt.Errorf("mode: %q is not one of %v", c.Mode, Modes)
+	}
+	if !contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		return fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	if !contains([]string{"json", "console"}, c.Log.Format) {
+		return fmt.Errorf("log.format: %q is not one of json, console", c.Log.Format)
+	}
+	if c.MaxRequestBodyBytes < 1024 {
+		return fmt.Errorf("max_request_body_bytes: %d is below 1024", c.MaxRequestBodyBytes)
+	}
+	for name, d := range map[string]Duration{"timeouts.connect": c.Timeouts.Connect,
+		"timeouts.response_header": c.Timeouts.ResponseHeader, "timeouts.idle": c.Timeouts.Idle,
+		"timeouts.shutdown_grace": c.Timeouts.ShutdownGrace} {
+		if d < 0 {
+			return fmt.Errorf("%s: negative duration %s", name, d.D())
+		}
+	}
+	p := c.Prefix
+	switch {
+	case p.ChunkTokens < 1 || p.ChunkTokens > 4096:
+		return fmt.Errorf("prefix.chunk_tokens: %d is outside 1..4096", p.ChunkTokens)
+	case p.LoadFactor < 1:
+		return fmt.Errorf("prefix.load_factor: %g is below 1 (1 = perfect balance, no affinity)", p.LoadFactor)
+	case p.LoadMargin < 0:
+		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin)
+	case p.DefaultKVCacheTokens < int64(p.ChunkTokens):
+		return fmt.Errorf("prefix.default_kv_cache_tokens: %d is below one chunk (%d tokens)", p.DefaultKVCacheTokens, p.ChunkTokens)
+	case p.MaxIndexEntries < 1:
+		return fmt.Errorf("prefix.max_index_entries: %d is below 1", p.MaxIndexEntries)
+	}
+	if len(c.Backends) == 0 {
+		return errors.New("backends: at least one backend is required")
+	}
+	seen := map[string]int{}
+	for i, b := range c.Backends {
+		nb, err := backend.New(b.URL, b.KVCacheTokens, b.Weight)
+		if err != nil {
+			return fmt.Errorf("backends[%d].url: %w", i, err)
+		}
+		if j, dup := seen[nb.Name]; dup {
+			return fmt.Errorf("backends[%d].url: %q duplicates backends[%d]", i, b.URL, j)
+		}
+		seen[nb.Name] = i
+		if b.KVCacheTokens < 0 {
+			return fmt.Errorf("backends[%d].kv_cache_tokens: %d is negative", i, b.KVCacheTokens)
+		}
+		if b.Weight < 0 || b.Weight > 1000 {
+			return fmt.Errorf("backends[%d].weight: %d is outside 1..1000", i, b.Weight)
+		}
+	}
+	return nil
+}
+
+// NewBackends builds the runtime backends of a validated config.
+func (c *Config) NewBackends() ([]*backend.Backend, error) {
+	out := make([]*backend.Backend, 0, len(c.Backends))
+	for i, b := range c.Backends {
+		kv := b.KVCacheTokens
+		if kv == 0 {
+			kv = c.Prefix.DefaultKVCacheTokens
+		}
+		nb, err := backend.New(b.URL, kv, b.Weight)
+		if err != nil {
+			return nil, fmt.Errorf("backends[%d].url: %w", i, err)
+		}
+		out = append(out, nb)
+	}
+	return out, nil
+}
+
+func checkHostPort(s string) error {
+	if _, _, err := net.SplitHostPort(s); err != nil {
+		return fmt.Errorf("%q is not host:port: %v", s, err)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,39 @@
+module github.com/prefixlb/prefixlb
+
+go 1.26.8
+
+require (
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/VictoriaMetrics/metrics v1.45.0
+	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/schollz/progressbar/v3 v3.19.1
+	github.com/spf13/cobra v1.10.2
+	github.com/valyala/fasthttp v1.78.0
+	github.com/valyala/fastjson v1.6.10
+	go.uber.org/zap v1.28.0
+	gonum.org/v1/plot v0.17.0
+	gopkg.in/yaml.v3 v3.0.1
+)
+
+require (
+	codeberg.org/go-fonts/liberation v0.5.0 // indirect
+	codeberg.org/go-latex/latex v0.2.0 // indirect
+	codeberg.org/go-pdf/fpdf v0.11.1 // indirect
+	git.sr.ht/~sbinet/gg v0.7.0 // indirect
+	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
+	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
+	github.com/molecule-man/go-brrr v1.3.1 // indirect
+	github.com/rivo/uniseg v0.4.7 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
+	github.com/valyala/bytebufferpool v1.0.0 // indirect
+	github.com/valyala/fastrand v1.1.0 // indirect
+	github.com/valyala/histogram v1.2.0 // indirect
+	go.uber.org/multierr v1.10.0 // indirect
+	golang.org/x/image v0.30.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/term v0.44.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+)

@@ -1,0 +1,107 @@
+// Package router decides which backend serves a request. A Policy picks; it never does I/O.
+// Modes: round-robin, least-load and prefix (the default).
+package router
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// Reason says why a backend was chosen. It labels metrics and the x-prefixlb-route header.
+type Reason uint8
+
+const (
+	// ReasonRoundRobin: mode round-robin, or the last resort of another mode.
+	ReasonRoundRobin Reason = iota
+	// ReasonLeastLoad: mode least-load.
+	ReasonLeastLoad
+	// ReasonMatch: the backend holds a useful prefix of the prompt.
+	ReasonMatch
+	// ReasonCold: no useful match; placed by the bounded-load consistent hash of the first chunks.
+	ReasonCold
+	// ReasonOverload: the best match was over the bounded-load cap; the next best was taken.
+	ReasonOverload
+	// ReasonParseFallback: a prefix-routed endpoint whose body did not parse.
+	ReasonParseFallback
+	// ReasonPassthrough: an endpoint that is not prefix-routed (/v1/models, /v1/embeddings, ...).
+	ReasonPassthrough
+)
+
+var reasonNames = [...]string{"round-robin", "least-load", "match", "cold", "overload-fallback", "parse-fallback", "passthrough"}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", r)
+}
+
+// Decision is the outcome of a pick.
+type Decision struct {
+	// Backend is the chosen backend; nil only when there were no candidates.
+	Backend *backend.Backend
+	Reason  Reason
+	// MatchedChunks is how many leading chunks of the prompt the chosen backend holds.
+	MatchedChunks int
+}
+
+// Policy picks a backend for one request among candidates (healthy, not yet tried).
+// It must be safe for concurrent use and must not retain candidates.
+type Policy interface {
+	Pick(k *key.Key, candidates []*backend.Backend) Decision
+}
+
+// Learner is implemented by policies that learn from where a request was actually sent
+// (after retries). The proxy calls Learn once per request that reached a backend.
+type Learner interface {
+	Learn(k *key.Key, b *backend.Backend)
+}
+
+// RoundRobin cycles through the candidates.
+type RoundRobin struct{ next atomic.Uint64 }
+
+// Pick returns the next candidate in turn.
+func (p *RoundRobin) Pick(_ *key.Key, cs []*backend.Backend) Decision {
+	if len(cs) == 0 {
+		return Decision{}
+	}
+	i := p.next.Add(1) - 1
+	return Decision{Backend: cs[i%uint64(len(cs))], Reason: ReasonRoundRobin}
+}
+
+// LeastLoad picks the candidate with the fewest in-flight requests. Among equals it takes the
+// first found from a rotating start position, so ties do not favour the first backend.
+type LeastLoad struct{ next atomic.Uint64 }
+
+// Pick returns a least-loaded candidate.
+func (p *LeastLoad) Pick(_ *key.Key, cs []*backend.Backend) Decision {
+	b := LeastLoaded(cs, p.next.Add(1)-1)
+	return Decision{Backend: b, Reason: ReasonLeastLoad}
+}
+
+// LeastLoaded returns the candidate with the fewest in-flight requests; the scan starts at
+// start mod len(cs), so ties resolve to the first minimum after that position. Nil if empty.
+func LeastLoaded(cs []*backend.Backend, start uint64) *backend.Backend {
+	n := len(cs)
+	if n == 0 {
+		return nil
+	}
+	s := int(start % uint64(n))
+	best := cs[s]
+	bl := best.InFlight()
+	for j := 1; j < n; j++ {
+		c := cs[(s+j)%n]
+		if l := c.InFlight(); l < bl {
+			best, bl = c, l
+		}
+	}
+	return best
+}
+
+var (
+	_ Policy = (*RoundRobin)(nil)
+	_ Policy = (*LeastLoad)(nil)
+)
