@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"time"
@@ -153,7 +154,7 @@ func Parse(data []byte) (*Config, error) {
 	c := &Config{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil && !errors.Is(err, errEOF(err)) {
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	c.ApplyDefaults()
@@ -161,14 +162,6 @@ func Parse(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-// errEOF lets an empty file parse as an empty config.
-func errEOF(err error) error {
-	if err != nil && err.Error() == "EOF" {
-		return err
-	}
-	return nil
 }
 
 // ApplyDefaults fills every zero field with its default. It is the one place defaults live.
