@@ -151,15 +151,25 @@ func Load(path string) (*Config, error) {
 
 // Parse parses YAML, applies defaults and validates. Unknown fields are errors.
 func Parse(data []byte) (*Config, error) {
+	c, err := ParseRaw(data)
+	if err != nil {
+		return nil, err
+	}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// ParseRaw parses YAML without defaults or validation, for callers that override fields
+// (command-line flags) before ApplyDefaults and Validate. Unknown fields are errors.
+func ParseRaw(data []byte) (*Config, error) {
 	c := &Config{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("config: %w", err)
-	}
-	c.ApplyDefaults()
-	if err := c.Validate(); err != nil {
-		return nil, err
 	}
 	return c, nil
 }

@@ -1,0 +1,179 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// flow is one proxied request: the routing key, the lease on the chosen backend, the upstream
+// connection and the response being relayed. Flows are pooled. A flow's response body is
+// relayed by fasthttp calling Read until EOF and then CloseWithError, once.
+type flow struct {
+	s     *Server
+	id    uint64
+	k     key.Key
+	cands []*backend.Backend
+	lease backend.Lease
+	dec   router.Decision
+	resp  fasthttp.Response
+	raw   syscall.RawConn // client socket, for the watchdog
+
+	start    time.Time
+	method   []byte
+	path     []byte
+	attempts int
+
+	mu     sync.Mutex // guards conn against the watchdog's abort
+	conn   *uconn
+	up     *upstream
+	gone   atomic.Bool // client left (or shutdown abort)
+	goneBy error
+
+	body      io.Reader // the backend's decoded body stream
+	eof       bool
+	firstByte time.Duration // TTFT as the proxy saw it: first body byte from the backend
+	bytes     int64
+	idle      time.Duration
+	done      atomic.Bool
+}
+
+// setConn attaches c as the flow's upstream connection; false if the client already left.
+func (f *flow) setConn(c *uconn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gone.Load() {
+		return false
+	}
+	f.conn = c
+	return true
+}
+
+// takeConn detaches and returns the upstream connection (nil if the watchdog closed it).
+func (f *flow) takeConn() *uconn {
+	f.mu.Lock()
+	c := f.conn
+	f.conn = nil
+	f.mu.Unlock()
+	return c
+}
+
+// abort is called by the watchdog (client gone) and by shutdown: it closes the upstream
+// connection, which makes the backend see a disconnect and abort the generation, and makes
+// any blocked read on it return.
+func (f *flow) abort(why error) {
+	f.mu.Lock()
+	if !f.gone.Load() {
+		f.goneBy = why
+		f.gone.Store(true)
+	}
+	c := f.conn
+	f.conn = nil
+	f.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
+// goneErr is the reason the flow was aborted.
+func (f *flow) goneErr() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.goneBy
+}
+
+// Read relays the backend's body. Each read may wait at most the idle timeout.
+func (f *flow) Read(p []byte) (int, error) {
+	f.mu.Lock()
+	c := f.conn
+	f.mu.Unlock()
+	if c == nil {
+		if f.gone.Load() {
+			return 0, f.goneErr()
+		}
+		return 0, errUpstreamClosed
+	}
+	if f.idle > 0 {
+		_ = c.SetReadDeadline(time.Now().Add(f.idle))
+	}
+	n, err := f.body.Read(p)
+	if n > 0 {
+		if f.bytes == 0 {
+			f.firstByte = time.Since(f.start)
+			f.lease.FirstByte()
+		}
+		f.bytes += int64(n)
+	}
+	if err == io.EOF {
+		f.eof = true
+		return n, io.EOF
+	}
+	if err != nil {
+		switch {
+		case f.gone.Load():
+			err = f.goneErr()
+		case isTimeout(err):
+			err = errIdleTimeout
+		}
+	}
+	return n, err
+}
+
+// CloseWithError ends the relay: fasthttp calls it once with nil after a complete response
+// or with the error that stopped writing to the client.
+func (f *flow) CloseWithError(werr error) error {
+	status := f.resp.StatusCode()
+	var err error
+	switch {
+	case werr != nil:
+		err = werr
+		if f.gone.Load() {
+			err = f.goneErr()
+		}
+	case !f.eof:
+		err = errUpstreamClosed
+	}
+	f.finish(status, err)
+	return nil
+}
+
+// finish releases everything the flow holds, exactly once, logs the request line and returns
+// the flow to its pool.
+func (f *flow) finish(status int, err error) {
+	if f.done.Swap(true) {
+		return
+	}
+	s := f.s
+	s.wd.remove(f)
+	c := f.takeConn()
+	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
+	if f.body != nil {
+		_ = f.resp.CloseBodyStream()
+		f.body = nil
+	}
+	if c != nil {
+		if reusable {
+			f.up.put(c, time.Now())
+		} else {
+			_ = c.Close()
+		}
+	}
+	f.lease.Release()
+	s.logRequest(f, status, err)
+	s.putFlow(f)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, errHeaderTimeout) || (errors.As(err, &ne) && ne.Timeout())
+}

@@ -1,0 +1,464 @@
+// Package proxy is prefixlb's data path: a fasthttp server that parses each request once,
+// asks the routing policy for a backend, forwards the request unchanged and relays the
+// response chunk by chunk as the backend writes it. It owns the plumbing every policy relies
+// on: in-flight accounting, retries before the first byte, timeouts, client-disconnect abort
+// and graceful shutdown.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// Response headers prefixlb adds.
+const (
+	// HeaderBackend names the backend that served the request (its configured URL).
+	HeaderBackend = "x-prefixlb-backend"
+	// HeaderRoute gives the routing reason and the matched chunks: "match;chunks=12".
+	HeaderRoute = "x-prefixlb-route"
+)
+
+// Server is one prefixlb data listener with its backends and policy.
+type Server struct {
+	cfg    *configs.Config
+	log    *zap.Logger
+	pool   *backend.Pool
+	ups    atomic.Pointer[map[*backend.Backend]*upstream]
+	policy router.Policy
+	pass   router.RoundRobin // passthrough endpoints
+	keys   *key.Builder
+	srv    *fasthttp.Server
+	wd     *watchdog
+	flows  sync.Pool
+	nextID atomic.Uint64
+
+	headerTimeout time.Duration
+	idleTimeout   time.Duration
+	connTimeout   time.Duration
+}
+
+// New builds a Server from a validated config. It starts nothing until Serve.
+func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	bs, err := cfg.NewBackends()
+	if err != nil {
+		return nil, err
+	}
+	pol, err := NewPolicy(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:           cfg,
+		log:           log,
+		pool:          backend.NewPool(nil),
+		policy:        pol,
+		keys:          key.NewBuilder(cfg.Prefix.ChunkTokens),
+		wd:            newWatchdog(),
+		headerTimeout: cfg.Timeouts.ResponseHeader.D(),
+		idleTimeout:   cfg.Timeouts.Idle.D(),
+		connTimeout:   cfg.Timeouts.Connect.D(),
+	}
+	s.flows.New = func() any { return &flow{s: s} }
+	s.SetBackends(bs)
+	s.srv = &fasthttp.Server{
+		Handler:                       s.handle,
+		Name:                          "prefixlb",
+		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
+		ReadBufferSize:                64 << 10, // long Authorization/cookie headers; 431 above
+		WriteTimeout:                  0,        // a stream has no total timeout
+		IdleTimeout:                   90 * time.Second,
+		DisableHeaderNamesNormalizing: true,
+		DisablePreParseMultipartForm:  true,
+		NoDefaultServerHeader:         true,
+		NoDefaultContentType:          true,
+		NoDefaultDate:                 true,
+		CloseOnShutdown:               true,
+		ErrorHandler:                  s.handleParseError,
+		Logger:                        fasthttpLogger{log},
+	}
+	return s, nil
+}
+
+// NewPolicy returns the policy for cfg.Mode.
+func NewPolicy(cfg *configs.Config) (router.Policy, error) {
+	switch cfg.Mode {
+	case "round-robin":
+		return &router.RoundRobin{}, nil
+	case "least-load":
+		return &router.LeastLoad{}, nil
+	case "prefix":
+		return newPrefixPolicy(cfg), nil
+	}
+	return nil, fmt.Errorf("mode: unknown mode %q", cfg.Mode)
+}
+
+// SetBackends replaces the backend list. Connections to removed backends are closed once idle;
+// in-flight requests to them finish.
+func (s *Server) SetBackends(bs []*backend.Backend) {
+	old := s.ups.Load()
+	m := make(map[*backend.Backend]*upstream, len(bs))
+	for _, b := range bs {
+		if old != nil {
+			if u, ok := (*old)[b]; ok {
+				m[b] = u
+				continue
+			}
+		}
+		m[b] = newUpstream(b, s.connTimeout)
+	}
+	s.ups.Store(&m)
+	s.pool.Set(bs)
+	if sb, ok := s.policy.(interface{ SetBackends([]*backend.Backend) }); ok {
+		sb.SetBackends(bs)
+	}
+	if old != nil {
+		for b, u := range *old {
+			if _, ok := m[b]; !ok {
+				u.closeIdle()
+			}
+		}
+	}
+}
+
+// Backends returns the current backends.
+func (s *Server) Backends() []*backend.Backend { return s.pool.Snapshot() }
+
+// Policy returns the routing policy.
+func (s *Server) Policy() router.Policy { return s.policy }
+
+// Serve accepts requests on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+
+// Shutdown stops accepting, lets in-flight requests finish until ctx is done, then aborts
+// what is left (closing their upstream connections so the engines stop generating).
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.srv.ShutdownWithContext(ctx)
+	if err != nil {
+		s.abortAll(errShuttingDown)
+		// Give the aborted streams a moment to unwind through their CloseWithError.
+		unwind, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = s.srv.ShutdownWithContext(unwind)
+	}
+	s.wd.close()
+	for _, u := range *s.ups.Load() {
+		u.closeIdle()
+	}
+	return err
+}
+
+func (s *Server) abortAll(why error) {
+	for i := range s.wd.shards {
+		sh := &s.wd.shards[i]
+		sh.mu.Lock()
+		for f := range sh.flows {
+			f.abort(why)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+func (s *Server) getFlow(ctx *fasthttp.RequestCtx) *flow {
+	f := s.flows.Get().(*flow)
+	f.id = s.nextID.Add(1)
+	f.start = time.Now()
+	f.idle = s.idleTimeout
+	f.done.Store(false)
+	f.gone.Store(false)
+	f.goneBy = nil
+	f.raw = rawConn(ctx.Conn())
+	return f
+}
+
+func (s *Server) putFlow(f *flow) {
+	f.k.Reset()
+	f.cands = f.cands[:0]
+	f.lease = backend.Lease{}
+	f.dec = router.Decision{}
+	f.resp.Reset()
+	f.raw = nil
+	f.up = nil
+	f.body = nil
+	f.eof = false
+	f.firstByte = 0
+	f.bytes = 0
+	f.attempts = 0
+	f.method = f.method[:0]
+	f.path = f.path[:0]
+	s.flows.Put(f)
+}
+
+// handle is the request path: classify and key, pick, forward (retrying once elsewhere before
+// any byte reached the client), relay.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	f := s.getFlow(ctx)
+	req := &ctx.Request
+	uri := req.Header.RequestURI()
+	path := uri
+	if i := bytes.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	f.method = append(f.method, req.Header.Method()...)
+	f.path = append(f.path, path...)
+	s.keys.Build(path, req.Body(), &f.k)
+
+	stripHopRequest(&req.Header)
+	appendForwardedFor(ctx)
+	s.wd.add(f)
+
+	f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
+	var lastErr error
+	for {
+		if len(f.cands) == 0 || f.attempts >= 2 {
+			break
+		}
+		f.dec = s.pick(&f.k, f.cands)
+		if f.dec.Backend == nil {
+			break
+		}
+		f.attempts++
+		canRetry := f.attempts < 2 && len(f.cands) > 1
+		err := s.try(ctx, f, f.dec.Backend, canRetry)
+		if err == nil {
+			return // response handed to fasthttp; the relay finishes the flow
+		}
+		lastErr = err
+		if !retryable(err) || f.gone.Load() {
+			break
+		}
+		s.log.Debug("retrying on another backend", zap.String("backend", f.dec.Backend.Name), zap.Error(err))
+		f.cands = without(f.cands, f.dec.Backend)
+	}
+	if lastErr == nil {
+		lastErr = errNoBackend
+	}
+	if f.gone.Load() {
+		lastErr = f.goneErr()
+	}
+	status := statusOf(lastErr)
+	if status == StatusClientClosedRequest {
+		ctx.SetConnectionClose()
+		ctx.SetStatusCode(status)
+	} else {
+		writeError(ctx, status, lastErr.Error())
+	}
+	f.resp.SetStatusCode(status)
+	f.finish(status, lastErr)
+}
+
+func (s *Server) pick(k *key.Key, cands []*backend.Backend) router.Decision {
+	if !k.Routed {
+		d := s.pass.Pick(k, cands)
+		d.Reason = router.ReasonPassthrough
+		return d
+	}
+	return s.policy.Pick(k, cands)
+}
+
+// retryStatus is a backend answer that says "not now" before any byte reached the client:
+// 502/503 (overloaded, starting, behind its own proxy) and 429 (busy).
+type retryStatus int
+
+func (r retryStatus) Error() string { return fmt.Sprintf("backend answered %d", int(r)) }
+
+func retryable(err error) bool {
+	var rs retryStatus
+	var de *dialError
+	return errors.As(err, &rs) || errors.As(err, &de) || errors.Is(err, errHeaderTimeout) || errors.Is(err, errUpstreamClosed)
+}
+
+// try sends the request to b and, when response headers arrive, hands the response to
+// fasthttp. A nil error means the flow now belongs to the relay.
+func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canRetry bool) error {
+	up := (*s.ups.Load())[b]
+	if up == nil {
+		return &dialError{errors.New("backend removed")}
+	}
+	f.up = up
+	f.lease.Begin(b, int64(f.k.PromptTokens))
+	req := &ctx.Request
+	req.Header.SetHost(b.Addr)
+	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))
+	for fresh := 0; ; fresh++ {
+		now := time.Now()
+		c, reused, err := up.get(now)
+		if err != nil {
+			f.lease.Release()
+			return err
+		}
+		if !f.setConn(c) {
+			_ = c.Close()
+			f.lease.Release()
+			return f.goneErr()
+		}
+		deadline := now.Add(s.headerTimeout)
+		_ = c.SetDeadline(deadline)
+		err = req.Write(c.bw)
+		if err == nil {
+			err = c.bw.Flush()
+		}
+		if err == nil {
+			if l, ok := s.policy.(router.Learner); ok && f.k.Routed && f.k.OK {
+				l.Learn(&f.k, b)
+			}
+			f.resp.StreamBody = true
+			f.resp.SkipBody = head
+			err = f.resp.Read(c.br)
+		}
+		if err == nil {
+			break
+		}
+		if cc := f.takeConn(); cc != nil {
+			_ = cc.Close()
+		}
+		f.resp.Reset()
+		switch {
+		case f.gone.Load():
+			err = f.goneErr()
+		case reused && fresh == 0 && staleConn(err):
+			continue
+		case isTimeout(err):
+			err = errHeaderTimeout
+		default:
+			err = fmt.Errorf("%w: %v", errUpstreamClosed, err)
+		}
+		f.lease.Release()
+		return err
+	}
+	status := f.resp.StatusCode()
+	if canRetry && (status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusBadGateway) {
+		_ = f.resp.CloseBodyStream()
+		if cc := f.takeConn(); cc != nil {
+			_ = cc.Close()
+		}
+		f.resp.Reset()
+		f.lease.Release()
+		return retryStatus(status)
+	}
+
+	// Headers arrived: from here on the response belongs to the client.
+	f.resp.Header.CopyTo(&ctx.Response.Header)
+	stripHopResponse(&ctx.Response.Header)
+	ctx.Response.Header.Set(HeaderBackend, b.Name)
+	ctx.Response.Header.Set(HeaderRoute, routeHeader(f.dec))
+	f.body = f.resp.BodyStream()
+	if f.body == nil { // HEAD, 204, 304
+		f.eof = true
+		ctx.Response.SkipBody = head
+		f.finish(status, nil)
+		return nil
+	}
+	cl := f.resp.Header.ContentLength()
+	if cl < 0 {
+		cl = -1
+	}
+	ctx.SetBodyStream(f, cl)
+	return nil
+}
+
+func routeHeader(d router.Decision) string {
+	return fmt.Sprintf("%s;chunks=%d", d.Reason, d.MatchedChunks)
+}
+
+func without(cs []*backend.Backend, b *backend.Backend) []*backend.Backend {
+	out := cs[:0]
+	for _, c := range cs {
+		if c != b {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// appendForwardedFor appends the client address to X-Forwarded-For.
+func appendForwardedFor(ctx *fasthttp.RequestCtx) {
+	ta, ok := ctx.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	var buf [64]byte
+	b := buf[:0]
+	if prior := ctx.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
+		b = append(b, prior...)
+		b = append(b, ", "...)
+	}
+	b = netip.Addr.AppendTo(ip, b)
+	ctx.Request.Header.SetBytesV("X-Forwarded-For", b)
+}
+
+// handleParseError answers requests fasthttp could not read: 413 for bodies over
+// max_request_body_bytes, 431 for oversized headers, 400 otherwise. Each is logged once.
+func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	status, msg := fasthttp.StatusBadRequest, "malformed HTTP request: "+err.Error()
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		status = fasthttp.StatusRequestEntityTooLarge
+		msg = fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.cfg.MaxRequestBodyBytes)
+	case strings.Contains(err.Error(), "small read buffer"):
+		status = fasthttp.StatusRequestHeaderFieldsTooLarge
+		msg = "request headers too large"
+	}
+	s.log.Warn("rejected request", zap.Int("status", status), zap.String("remote", ctx.RemoteAddr().String()), zap.Error(err))
+	writeError(ctx, status, msg)
+	ctx.SetConnectionClose()
+}
+
+func (s *Server) logRequest(f *flow, status int, err error) {
+	lvl := zap.InfoLevel
+	if err != nil && status >= 500 {
+		lvl = zap.WarnLevel
+	}
+	ce := s.log.Check(lvl, "request")
+	if ce == nil {
+		return
+	}
+	name := ""
+	if b := f.lease.Backend(); b != nil {
+		name = b.Name
+	}
+	fields := []zap.Field{
+		zap.ByteString("method", f.method),
+		zap.ByteString("path", f.path),
+		zap.String("backend", name),
+		zap.Int("status", status),
+		zap.Stringer("reason", f.dec.Reason),
+		zap.Int("matched_chunks", f.dec.MatchedChunks),
+		zap.Int("prompt_tokens", f.k.PromptTokens),
+		zap.Duration("ttft", f.firstByte),
+		zap.Duration("duration", time.Since(f.start)),
+		zap.Int64("bytes", f.bytes),
+		zap.Int("attempts", f.attempts),
+	}
+	if err != nil {
+		fields = append(fields, zap.Error(err))
+	}
+	ce.Write(fields...)
+}
+
+// fasthttpLogger routes fasthttp's own messages to zap at debug: they are mostly the expected
+// "use of closed network connection" of aborted streams.
+type fasthttpLogger struct{ l *zap.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.l.Debug("fasthttp", zap.String("msg", fmt.Sprintf(format, args...)))
+}

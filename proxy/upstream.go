@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// maxIdleAge is how long an idle upstream connection is kept for reuse. uvicorn (vLLM's and
+// SGLang's server) closes idle keep-alive connections after 5 s (timeout_keep_alive), so
+// connections idle longer than 4 s are closed here rather than raced against the backend.
+const maxIdleAge = 4 * time.Second
+
+// maxIdlePerBackend bounds the idle pool of one backend.
+const maxIdlePerBackend = 1024
+
+// uconn is one upstream connection with its buffers.
+type uconn struct {
+	net.Conn
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	idleFrom time.Time
+}
+
+// upstream dials and pools connections to one backend. Connections are handed out one request
+// at a time; a connection goes back to the pool only when its response was read to the end.
+// fasthttp's HostClient is not used because it cannot be cancelled while it waits for response
+// headers (no context, fasthttp #874): here the proxy owns the socket and closes it when the
+// client leaves, which makes the engine abort the generation.
+type upstream struct {
+	b       *backend.Backend
+	timeout time.Duration // connect timeout
+	tls     *tls.Config
+
+	mu   sync.Mutex
+	idle []*uconn
+}
+
+func newUpstream(b *backend.Backend, connectTimeout time.Duration) *upstream {
+	u := &upstream{b: b, timeout: connectTimeout}
+	if b.Scheme == "https" {
+		host, _, _ := net.SplitHostPort(b.Addr)
+		u.tls = &tls.Config{ServerName: host, NextProtos: []string{"http/1.1"}}
+	}
+	return u
+}
+
+// get returns a pooled connection (reused=true) or dials a new one.
+func (u *upstream) get(now time.Time) (c *uconn, reused bool, err error) {
+	u.mu.Lock()
+	for len(u.idle) > 0 {
+		c = u.idle[len(u.idle)-1]
+		u.idle[len(u.idle)-1] = nil
+		u.idle = u.idle[:len(u.idle)-1]
+		if now.Sub(c.idleFrom) < maxIdleAge {
+			u.mu.Unlock()
+			return c, true, nil
+		}
+		_ = c.Close()
+	}
+	u.mu.Unlock()
+	c, err = u.dial()
+	return c, false, err
+}
+
+func (u *upstream) dial() (*uconn, error) {
+	d := net.Dialer{Timeout: u.timeout, KeepAlive: 30 * time.Second}
+	conn, err := d.Dial("tcp", u.b.Addr)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	if u.tls != nil {
+		tc := tls.Client(conn, u.tls)
+		_ = tc.SetDeadline(time.Now().Add(u.timeout))
+		if err := tc.Handshake(); err != nil {
+			_ = conn.Close()
+			return nil, &dialError{err}
+		}
+		_ = tc.SetDeadline(time.Time{})
+		conn = tc
+	}
+	return &uconn{Conn: conn, br: bufio.NewReaderSize(conn, 16<<10), bw: bufio.NewWriterSize(conn, 16<<10)}, nil
+}
+
+// put returns a connection whose response was fully read.
+func (u *upstream) put(c *uconn, now time.Time) {
+	_ = c.SetDeadline(time.Time{})
+	c.idleFrom = now
+	u.mu.Lock()
+	if len(u.idle) < maxIdlePerBackend {
+		u.idle = append(u.idle, c)
+		c = nil
+	}
+	u.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
+// closeIdle closes every pooled connection (backend removed, shutdown).
+func (u *upstream) closeIdle() {
+	u.mu.Lock()
+	idle := u.idle
+	u.idle = nil
+	u.mu.Unlock()
+	for _, c := range idle {
+		_ = c.Close()
+	}
+}
+
+// dialError marks a failure to connect: nothing reached the backend, so the request is safe
+// to send elsewhere.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "connect: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// staleConn reports whether err on a reused keep-alive connection means that the backend had
+// closed it before reading the request (EOF / reset before any response byte): the request
+// is resent on a fresh connection to the same backend, as net/http's Transport does.
+func staleConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

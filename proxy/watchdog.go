@@ -1,0 +1,113 @@
+package proxy
+
+import (
+	"net"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// watchInterval is how often client sockets are checked: a client that leaves is noticed
+// within this interval (plus one syscall), well inside the 1 s the engine needs to abort.
+const watchInterval = 200 * time.Millisecond
+
+// watchdog notices clients that disconnect while their request is in flight, including while
+// the backend is still silent (queued or prefilling) and nothing is being written. fasthttp
+// offers no disconnect signal (fasthttp #874), so one goroutine peeks every watched client
+// socket with recv(MSG_PEEK|MSG_DONTWAIT): 0 bytes means the peer closed. The registry is
+// sharded so that registering a request takes no global lock.
+type watchdog struct {
+	shards [16]watchShard
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+}
+
+type watchShard struct {
+	mu    sync.Mutex
+	flows map[*flow]struct{}
+}
+
+func newWatchdog() *watchdog {
+	w := &watchdog{stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range w.shards {
+		w.shards[i].flows = make(map[*flow]struct{})
+	}
+	go w.run()
+	return w
+}
+
+func (w *watchdog) shard(f *flow) *watchShard { return &w.shards[f.id%uint64(len(w.shards))] }
+
+func (w *watchdog) add(f *flow) {
+	s := w.shard(f)
+	s.mu.Lock()
+	s.flows[f] = struct{}{}
+	s.mu.Unlock()
+}
+
+// remove unregisters f. After it returns the watchdog no longer touches f.
+func (w *watchdog) remove(f *flow) {
+	s := w.shard(f)
+	s.mu.Lock()
+	delete(s.flows, f)
+	s.mu.Unlock()
+}
+
+func (w *watchdog) close() {
+	w.once.Do(func() { close(w.stop) })
+	<-w.done
+}
+
+func (w *watchdog) run() {
+	defer close(w.done)
+	t := time.NewTicker(watchInterval)
+	defer t.Stop()
+	buf := make([]byte, 1)
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+		}
+		for i := range w.shards {
+			s := &w.shards[i]
+			s.mu.Lock()
+			for f := range s.flows {
+				if f.raw != nil && peerClosed(f.raw, buf) {
+					f.abort(errClientGone)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// rawConn returns the socket under c when it has one (TCP, Unix; TLS through NetConn).
+func rawConn(c net.Conn) syscall.RawConn {
+	type netConner interface{ NetConn() net.Conn }
+	if nc, ok := c.(netConner); ok {
+		c = nc.NetConn()
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
+}
+
+// peerClosed peeks one byte without consuming it: 0 bytes and no error is EOF (the client
+// closed); EAGAIN means open and quiet; any other error (reset) means gone.
+func peerClosed(rc syscall.RawConn, buf []byte) bool {
+	closed := false
+	err := rc.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		closed = (n == 0 && err == nil) || (err != nil && err != syscall.EAGAIN && err != syscall.EINTR)
+		return true
+	})
+	return closed || err != nil
+}
