@@ -240,11 +240,13 @@ func (c *Config) Validate() error {
 	if c.MaxRequestBodyBytes < 1024 {
 		return fmt.Errorf("max_request_body_bytes: %d is below 1024", c.MaxRequestBodyBytes)
 	}
-	for name, d := range map[string]Duration{"timeouts.connect": c.Timeouts.Connect,
-		"timeouts.response_header": c.Timeouts.ResponseHeader, "timeouts.idle": c.Timeouts.Idle,
-		"timeouts.shutdown_grace": c.Timeouts.ShutdownGrace} {
-		if d < 0 {
-			return fmt.Errorf("%s: negative duration %s", name, d.D())
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{{"timeouts.connect", c.Timeouts.Connect}, {"timeouts.response_header", c.Timeouts.ResponseHeader},
+		{"timeouts.idle", c.Timeouts.Idle}, {"timeouts.shutdown_grace", c.Timeouts.ShutdownGrace}} {
+		if d.v < 0 {
+			return fmt.Errorf("%s: negative duration %s", d.name, d.v.D())
 		}
 	}
 	p := c.Prefix
