@@ -93,8 +93,16 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger) error {
 	}
 	log.Info("prefixlb serving", zap.String("listen", ln.Addr().String()), zap.String("mode", cfg.Mode),
 		zap.Int("backends", len(cfg.Backends)))
-	errc := make(chan error, 1)
+	aln, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+	defer aln.Close()
+	log.Info("admin listening", zap.String("admin_listen", aln.Addr().String()))
+	errc := make(chan error, 2)
 	go func() { errc <- s.Serve(ln) }()
+	go func() { _ = s.ServeAdmin(aln) }()
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

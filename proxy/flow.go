@@ -46,6 +46,9 @@ type flow struct {
 	bytes     int64
 	idle      time.Duration
 	done      atomic.Bool
+
+	usagePrompt int // backend-reported usage.prompt_tokens (0: not seen)
+	usageCached int // backend-reported usage.prompt_tokens_details.cached_tokens
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.
@@ -113,6 +116,7 @@ func (f *flow) Read(p []byte) (int, error) {
 			f.lease.FirstByte()
 		}
 		f.bytes += int64(n)
+		f.sniffUsage(p[:n])
 	}
 	if err == io.EOF {
 		f.eof = true
@@ -169,6 +173,7 @@ func (f *flow) finish(status int, err error) {
 		}
 	}
 	f.lease.Release()
+	s.m.observe(f, status)
 	s.logRequest(f, status, err)
 	s.putFlow(f)
 }

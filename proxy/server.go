@@ -45,6 +45,7 @@ type Server struct {
 	keys   *key.Builder
 	srv    *fasthttp.Server
 	wd     *watchdog
+	m      *serverMetrics
 	flows  sync.Pool
 	nextID atomic.Uint64
 
@@ -73,6 +74,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		policy:        pol,
 		keys:          key.NewBuilder(cfg.Prefix.ChunkTokens),
 		wd:            newWatchdog(),
+		m:             newServerMetrics(cfg.Mode),
 		headerTimeout: cfg.Timeouts.ResponseHeader.D(),
 		idleTimeout:   cfg.Timeouts.Idle.D(),
 		connTimeout:   cfg.Timeouts.Connect.D(),
@@ -123,7 +125,7 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 				continue
 			}
 		}
-		m[b] = newUpstream(b, s.connTimeout)
+		m[b] = newUpstream(b, s.connTimeout, s.m.forBackend(b.Name))
 	}
 	s.ups.Store(&m)
 	s.pool.Set(bs)
@@ -202,6 +204,7 @@ func (s *Server) putFlow(f *flow) {
 	f.firstByte = 0
 	f.bytes = 0
 	f.attempts = 0
+	f.usagePrompt, f.usageCached = 0, 0
 	f.method = f.method[:0]
 	f.path = f.path[:0]
 	s.flows.Put(f)
@@ -271,7 +274,11 @@ func (s *Server) pick(k *key.Key, cands []*backend.Backend) router.Decision {
 		d.Reason = router.ReasonPassthrough
 		return d
 	}
-	return s.policy.Pick(k, cands)
+	d := s.policy.Pick(k, cands)
+	if !k.OK {
+		d.Reason = router.ReasonParseFallback
+	}
+	return d
 }
 
 // retryStatus is a backend answer that says "not now" before any byte reached the client:
@@ -412,6 +419,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	status, msg := fasthttp.StatusBadRequest, "malformed HTTP request: "+err.Error()
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		s.m.rejected413.Inc()
 		status = fasthttp.StatusRequestEntityTooLarge
 		msg = fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.cfg.MaxRequestBodyBytes)
 	case strings.Contains(err.Error(), "small read buffer"):

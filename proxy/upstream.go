@@ -36,6 +36,7 @@ type uconn struct {
 // client leaves, which makes the engine abort the generation.
 type upstream struct {
 	b       *backend.Backend
+	m       *backendMetrics
 	timeout time.Duration // connect timeout
 	tls     *tls.Config
 
@@ -43,8 +44,8 @@ type upstream struct {
 	idle []*uconn
 }
 
-func newUpstream(b *backend.Backend, connectTimeout time.Duration) *upstream {
-	u := &upstream{b: b, timeout: connectTimeout}
+func newUpstream(b *backend.Backend, connectTimeout time.Duration, m *backendMetrics) *upstream {
+	u := &upstream{b: b, timeout: connectTimeout, m: m}
 	if b.Scheme == "https" {
 		host, _, _ := net.SplitHostPort(b.Addr)
 		u.tls = &tls.Config{ServerName: host, NextProtos: []string{"http/1.1"}}

@@ -1,0 +1,139 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// maxDebugBody bounds the body /debug/route reads.
+const maxDebugBody = 64 << 20
+
+// AdminHandler serves the admin listener: /metrics (Prometheus text), /healthz (process
+// alive), /readyz (at least one healthy backend), /debug/backends (JSON state per backend),
+// /debug/route (POST a request body, get the routing decision without forwarding; the
+// query parameter path= names the endpoint, default /v1/chat/completions).
+func (s *Server) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		s.m.set.WritePrometheus(w)
+		s.writeGauges(w)
+		metrics.WriteProcessMetrics(w)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		for _, b := range s.pool.Snapshot() {
+			if b.Healthy() {
+				_, _ = io.WriteString(w, "ready\n")
+				return
+			}
+		}
+		http.Error(w, "no healthy backend", http.StatusServiceUnavailable)
+	})
+	mux.HandleFunc("GET /debug/backends", s.debugBackends)
+	mux.HandleFunc("POST /debug/route", s.debugRoute)
+	return mux
+}
+
+// ServeAdmin serves AdminHandler on ln until the listener is closed.
+func (s *Server) ServeAdmin(ln net.Listener) error {
+	hs := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	return hs.Serve(ln)
+}
+
+// BackendInfo is one entry of /debug/backends.
+type BackendInfo struct {
+	Name           string `json:"name"`
+	Healthy        bool   `json:"healthy"`
+	InFlight       int64  `json:"inflight"`
+	PrefillTokens  int64  `json:"prefill_tokens"`
+	Served         uint64 `json:"served"`
+	CacheEpoch     uint64 `json:"cache_epoch"`
+	KVCacheTokens  int64  `json:"kv_cache_tokens"`
+	IndexEntries   int64  `json:"index_entries"`
+	IndexCapacity  int64  `json:"index_capacity"`
+	IndexEvictions uint64 `json:"index_evictions"`
+}
+
+// BackendInfos describes every backend.
+func (s *Server) BackendInfos() []BackendInfo {
+	bs := s.pool.Snapshot()
+	out := make([]BackendInfo, 0, len(bs))
+	idx := map[string]int{}
+	for i, b := range bs {
+		idx[b.Name] = i
+		out = append(out, BackendInfo{Name: b.Name, Healthy: b.Healthy(), InFlight: b.InFlight(),
+			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(), KVCacheTokens: b.KVCacheTokens})
+	}
+	if ix, ok := s.policy.(indexer); ok {
+		for _, st := range ix.Index().Stats(nil) {
+			if i, ok := idx[st.Name]; ok {
+				out[i].IndexEntries, out[i].IndexCapacity, out[i].IndexEvictions = st.Entries, st.Capacity, st.Evictions
+			}
+		}
+	}
+	return out
+}
+
+func (s *Server) debugBackends(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"mode": s.cfg.Mode, "backends": s.BackendInfos()})
+}
+
+// RouteInfo is the answer of /debug/route.
+type RouteInfo struct {
+	Path          string `json:"path"`
+	Routed        bool   `json:"routed"`
+	Parsed        bool   `json:"parsed"`
+	Model         string `json:"model"`
+	PromptTokens  int    `json:"prompt_tokens"`
+	Chunks        int    `json:"chunks"`
+	Backend       string `json:"backend"`
+	Reason        string `json:"reason"`
+	MatchedChunks int    `json:"matched_chunks"`
+}
+
+func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxDebugBody+1))
+	if err != nil || len(body) > maxDebugBody {
+		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": map[string]string{"message": "body unreadable or over 64 MiB"}})
+		return
+	}
+	path := r.URL.Query().Get("path")
+	if path == "" {
+		path = "/v1/chat/completions"
+	}
+	writeJSON(w, http.StatusOK, s.Explain(path, body))
+}
+
+// Explain returns the decision the proxy would make for body sent to path, without
+// forwarding it or recording it in the index.
+func (s *Server) Explain(path string, body []byte) RouteInfo {
+	var k key.Key
+	s.keys.Build([]byte(path), body, &k)
+	cands, _ := backend.Healthy(nil, s.pool.Snapshot())
+	d := s.pick(&k, cands)
+	ri := RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,
+		Chunks: len(k.Chunks), Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks}
+	if d.Backend != nil {
+		ri.Backend = d.Backend.Name
+	}
+	return ri
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,179 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/index"
+)
+
+// Latency buckets, seconds: 5 ms … 10 min. TTFT spans cached prefills of a few ms to minutes of
+// queueing; end-to-end spans long generations.
+var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+// ratioBuckets for matched-prefix ratios: 0, 0.1 … 1.
+var ratioBuckets = []float64{0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, 1}
+
+// serverMetrics are the Prometheus families of one Server (names prefixlb_*, units in names).
+// Per-backend series live in backendMetrics, reached through the backend's upstream, so the
+// hot path does no label formatting after a series exists.
+type serverMetrics struct {
+	set  *metrics.Set
+	mode string
+
+	retries        *metrics.Counter
+	parseFallbacks *metrics.Counter
+	rejected413    *metrics.Counter
+	noBackend      *metrics.Counter
+	matchedRatio   *metrics.PrometheusHistogram
+}
+
+func newServerMetrics(mode string) *serverMetrics {
+	s := metrics.NewSet()
+	return &serverMetrics{
+		set:            s,
+		mode:           mode,
+		retries:        s.NewCounter(`prefixlb_retries_total`),
+		parseFallbacks: s.NewCounter(`prefixlb_parse_fallbacks_total`),
+		rejected413:    s.NewCounter(`prefixlb_request_body_too_large_total`),
+		noBackend:      s.NewCounter(`prefixlb_no_backend_total`),
+		matchedRatio:   s.NewPrometheusHistogramExt(`prefixlb_matched_prefix_ratio`, ratioBuckets),
+	}
+}
+
+// backendMetrics are one backend's series.
+type backendMetrics struct {
+	sm           *serverMetrics
+	label        string // backend="…"
+	ttft         *metrics.PrometheusHistogram
+	e2e          *metrics.PrometheusHistogram
+	promptTokens *metrics.Counter
+	cachedTokens *metrics.Counter
+
+	mu   sync.RWMutex
+	reqs map[uint32]*metrics.Counter // reason<<16 | status
+}
+
+func (sm *serverMetrics) forBackend(name string) *backendMetrics {
+	l := fmt.Sprintf(`backend=%q`, name)
+	return &backendMetrics{
+		sm:           sm,
+		label:        l,
+		ttft:         sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_ttft_seconds{`+l+`}`, latencyBuckets),
+		e2e:          sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_request_duration_seconds{`+l+`}`, latencyBuckets),
+		promptTokens: sm.set.GetOrCreateCounter(`prefixlb_backend_prompt_tokens_total{` + l + `}`),
+		cachedTokens: sm.set.GetOrCreateCounter(`prefixlb_backend_cached_tokens_total{` + l + `}`),
+		reqs:         map[uint32]*metrics.Counter{},
+	}
+}
+
+// request counts one finished request: prefixlb_requests_total{backend,mode,reason,status}.
+func (bm *backendMetrics) request(r router.Reason, status int) {
+	k := uint32(r)<<16 | uint32(status&0xffff)
+	bm.mu.RLock()
+	c := bm.reqs[k]
+	bm.mu.RUnlock()
+	if c == nil {
+		name := fmt.Sprintf(`prefixlb_requests_total{%s,mode=%q,reason=%q,status="%d"}`, bm.label, bm.sm.mode, r.String(), status)
+		c = bm.sm.set.GetOrCreateCounter(name)
+		bm.mu.Lock()
+		bm.reqs[k] = c
+		bm.mu.Unlock()
+	}
+	c.Inc()
+}
+
+// observe records a finished flow.
+func (sm *serverMetrics) observe(f *flow, status int) {
+	if f.k.Routed && !f.k.OK {
+		sm.parseFallbacks.Inc()
+	}
+	if f.attempts > 1 {
+		sm.retries.Add(f.attempts - 1)
+	}
+	if f.up == nil {
+		sm.noBackend.Inc()
+		return
+	}
+	bm := f.up.m
+	bm.request(f.dec.Reason, status)
+	if f.bytes > 0 {
+		bm.ttft.Update(f.firstByte.Seconds())
+	}
+	bm.e2e.Update(time.Since(f.start).Seconds())
+	if n := len(f.k.Chunks); n > 0 {
+		sm.matchedRatio.Update(float64(f.dec.MatchedChunks) / float64(n))
+	}
+	if f.usagePrompt > 0 {
+		bm.promptTokens.Add(f.usagePrompt)
+		bm.cachedTokens.Add(f.usageCached)
+	}
+}
+
+// writeGauges writes the per-backend gauges read at scrape time (no registration to undo when
+// backends change).
+func (s *Server) writeGauges(w io.Writer) {
+	bs := s.pool.Snapshot()
+	for _, b := range bs {
+		l := fmt.Sprintf(`{backend=%q}`, b.Name)
+		metrics.WriteGaugeUint64(w, `prefixlb_backend_inflight`+l, uint64(max(b.InFlight(), 0)))
+		metrics.WriteGaugeUint64(w, `prefixlb_backend_prefill_tokens`+l, uint64(max(b.PrefillTokens(), 0)))
+		h := uint64(0)
+		if b.Healthy() {
+			h = 1
+		}
+		metrics.WriteGaugeUint64(w, `prefixlb_backend_healthy`+l, h)
+	}
+	if ix, ok := s.policy.(indexer); ok {
+		x := ix.Index()
+		for _, st := range x.Stats(nil) {
+			l := fmt.Sprintf(`{backend=%q}`, st.Name)
+			metrics.WriteGaugeUint64(w, `prefixlb_index_entries`+l, uint64(max(st.Entries, 0)))
+			metrics.WriteGaugeUint64(w, `prefixlb_index_capacity_entries`+l, uint64(max(st.Capacity, 0)))
+			metrics.WriteCounterUint64(w, `prefixlb_index_evictions_total`+l, st.Evictions)
+		}
+		metrics.WriteGaugeUint64(w, `prefixlb_index_chunks`, uint64(x.Chunks()))
+	}
+}
+
+// sniffUsage finds "prompt_tokens" and "cached_tokens" of an OpenAI usage object in a relayed
+// piece of body (the final SSE usage chunk, or a whole JSON response). A usage object split
+// across two reads is missed; that costs one request's tokens in a metric, nothing else.
+func (f *flow) sniffUsage(p []byte) {
+	i := bytes.LastIndex(p, []byte(`"usage"`))
+	if i < 0 {
+		return
+	}
+	u := p[i:]
+	if v, ok := intAfter(u, []byte(`"prompt_tokens":`)); ok {
+		f.usagePrompt = v
+		f.usageCached = 0
+		if c, ok := intAfter(u, []byte(`"cached_tokens":`)); ok {
+			f.usageCached = c
+		}
+	}
+}
+
+func intAfter(p, key []byte) (int, bool) {
+	i := bytes.Index(p, key)
+	if i < 0 {
+		return 0, false
+	}
+	p = bytes.TrimLeft(p[i+len(key):], " ")
+	v, j := 0, 0
+	for ; j < len(p) && j < 12 && p[j] >= '0' && p[j] <= '9'; j++ {
+		v = v*10 + int(p[j]-'0')
+	}
+	return v, j > 0
+}
+
+// indexer is implemented by the prefix policy.
+type indexer interface {
+	Index() *index.Index
+}
