@@ -37,6 +37,30 @@ type Config struct {
 	Prefix Prefix `yaml:"prefix"`
 	// Backends are the model-server replicas.
 	Backends []Backend `yaml:"backends"`
+	// Discovery adds backends found at runtime (besides Backends).
+	Discovery Discovery `yaml:"discovery"`
+}
+
+// Discovery configures dynamic backends.
+type Discovery struct {
+	// DNS follows a Kubernetes headless Service.
+	DNS *DNSDiscovery `yaml:"dns"`
+}
+
+// DNSDiscovery resolves a headless Service's name into backends on an interval.
+type DNSDiscovery struct {
+	// Name is the DNS name, e.g. vllm.default.svc.cluster.local (or _http._tcp.vllm… with srv).
+	Name string `yaml:"name"`
+	// Port is the backends' port with A/AAAA records.
+	Port int `yaml:"port"`
+	// SRV uses SRV records (target and port) instead of A/AAAA.
+	SRV bool `yaml:"srv"`
+	// Scheme is http or https.
+	Scheme string `yaml:"scheme"`
+	// Interval between resolutions (default 10s).
+	Interval Duration `yaml:"interval"`
+	// KVCacheTokens is each discovered backend's KV capacity in tokens (0: prefix.default_kv_cache_tokens).
+	KVCacheTokens int64 `yaml:"kv_cache_tokens"`
 }
 
 // Log configures zap.
@@ -218,6 +242,10 @@ func (c *Config) ApplyDefaults() {
 			c.Backends[i].Weight = 1
 		}
 	}
+	if d := c.Discovery.DNS; d != nil {
+		setS(&d.Scheme, "http")
+		setD(&d.Interval, 10*time.Second)
+	}
 }
 
 // Validate checks every field; the error names the first wrong field as it is written in YAML.
@@ -262,8 +290,22 @@ func (c *Config) Validate() error {
 	case p.MaxIndexEntries < 1:
 		return fmt.Errorf("prefix.max_index_entries: %d is below 1", p.MaxIndexEntries)
 	}
-	if len(c.Backends) == 0 {
-		return errors.New("backends: at least one backend is required")
+	if d := c.Discovery.DNS; d != nil {
+		switch {
+		case d.Name == "":
+			return errors.New("discovery.dns.name: required")
+		case !d.SRV && (d.Port < 1 || d.Port > 65535):
+			return fmt.Errorf("discovery.dns.port: %d is outside 1..65535 (required without srv)", d.Port)
+		case d.Scheme != "http" && d.Scheme != "https":
+			return fmt.Errorf("discovery.dns.scheme: %q is not http or https", d.Scheme)
+		case d.Interval.D() < 100*time.Millisecond:
+			return fmt.Errorf("discovery.dns.interval: %s is below 100ms", d.Interval.D())
+		case d.KVCacheTokens < 0:
+			return fmt.Errorf("discovery.dns.kv_cache_tokens: %d is negative", d.KVCacheTokens)
+		}
+	}
+	if len(c.Backends) == 0 && c.Discovery.DNS == nil {
+		return errors.New("backends: at least one backend (or discovery.dns) is required")
 	}
 	seen := map[string]int{}
 	for i, b := range c.Backends {

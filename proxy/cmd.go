@@ -7,17 +7,21 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/discovery"
 )
 
 // ServeCommand is `prefixlb serve`: load the config, apply flag overrides, serve until
-// SIGTERM/SIGINT, then drain in-flight streams for timeouts.shutdown_grace.
+// SIGTERM/SIGINT, then drain in-flight streams for timeouts.shutdown_grace. The config file
+// is re-read on SIGHUP and when it changes; a bad file is rejected and the old one keeps serving.
 func ServeCommand() *cobra.Command {
 	var (
 		file, mode, listen, logLevel, logFormat string
@@ -32,35 +36,44 @@ and/or --backend flags; flags override the file.`,
   prefixlb serve --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 --mode prefix`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := &configs.Config{}
-			if file != "" {
-				data, err := os.ReadFile(file)
-				if err != nil {
-					return err
-				}
-				cfg, err = configs.ParseRaw(data)
-				if err != nil {
-					return fmt.Errorf("%s: %w", file, err)
-				}
-			}
 			f := cmd.Flags()
-			if f.Changed("mode") {
-				cfg.Mode = mode
+			load := func() (*configs.Config, error) {
+				cfg := &configs.Config{}
+				if file != "" {
+					data, err := os.ReadFile(file)
+					if err != nil {
+						return nil, err
+					}
+					if cfg, err = configs.ParseRaw(data); err != nil {
+						return nil, fmt.Errorf("%s: %w", file, err)
+					}
+				}
+				if f.Changed("mode") {
+					cfg.Mode = mode
+				}
+				if f.Changed("listen") {
+					cfg.Listen = listen
+				}
+				if f.Changed("log-level") {
+					cfg.Log.Level = logLevel
+				}
+				if f.Changed("log-format") {
+					cfg.Log.Format = logFormat
+				}
+				for _, u := range backends {
+					cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
+				}
+				cfg.ApplyDefaults()
+				if err := cfg.Validate(); err != nil {
+					if file != "" {
+						return nil, fmt.Errorf("%s: %w", file, err)
+					}
+					return nil, err
+				}
+				return cfg, nil
 			}
-			if f.Changed("listen") {
-				cfg.Listen = listen
-			}
-			if f.Changed("log-level") {
-				cfg.Log.Level = logLevel
-			}
-			if f.Changed("log-format") {
-				cfg.Log.Format = logFormat
-			}
-			for _, u := range backends {
-				cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
-			}
-			cfg.ApplyDefaults()
-			if err := cfg.Validate(); err != nil {
+			cfg, err := load()
+			if err != nil {
 				return err
 			}
 			log, err := NewLogger(cfg.Log.Level, cfg.Log.Format)
@@ -68,7 +81,11 @@ and/or --backend flags; flags override the file.`,
 				return err
 			}
 			defer func() { _ = log.Sync() }()
-			return Run(cmd.Context(), cfg, log)
+			var reload func() (*configs.Config, error)
+			if file != "" {
+				reload = load
+			}
+			return Run(cmd.Context(), cfg, log, RunOptions{Load: reload, Path: file})
 		},
 	}
 	fl := c.Flags()
@@ -81,8 +98,25 @@ and/or --backend flags; flags override the file.`,
 	return c
 }
 
+// RunOptions are Run's runtime hooks: config reloading, and a callback once listening.
+type RunOptions struct {
+	// Load returns the new validated config (nil: no reloading).
+	Load func() (*configs.Config, error)
+	// Path is the file watched for changes (empty: SIGHUP only).
+	Path string
+	// PollInterval is how often Path's modification time is checked (default 2s).
+	PollInterval time.Duration
+	// OnReady, if set, is called once both listeners accept.
+	OnReady func(s *Server, data, admin net.Addr)
+}
+
 // Run serves cfg until ctx is done or SIGTERM/SIGINT arrives, then shuts down gracefully.
-func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger) error {
+// Backends follow config reloads (SIGHUP, file change) and DNS discovery.
+func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOptions) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	mtime := modTime(rl.Path) // before serving: a change from here on is a reload
 	s, err := New(cfg, log)
 	if err != nil {
 		return err
@@ -91,39 +125,146 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	log.Info("prefixlb serving", zap.String("listen", ln.Addr().String()), zap.String("mode", cfg.Mode),
-		zap.Int("backends", len(cfg.Backends)))
 	aln, err := net.Listen("tcp", cfg.AdminListen)
 	if err != nil {
 		_ = ln.Close()
 		return fmt.Errorf("admin_listen: %w", err)
 	}
 	defer aln.Close()
-	log.Info("admin listening", zap.String("admin_listen", aln.Addr().String()))
-	errc := make(chan error, 2)
+	log.Info("prefixlb serving", zap.String("listen", ln.Addr().String()), zap.String("admin_listen", aln.Addr().String()),
+		zap.String("mode", cfg.Mode), zap.Int("backends", len(cfg.Backends)))
+	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(ln) }()
 	go func() { _ = s.ServeAdmin(aln) }()
+	if rl.OnReady != nil {
+		rl.OnReady(s, ln.Addr(), aln.Addr())
+	}
+
+	bg, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	ctl := &controller{s: s, log: log, cfg: cfg}
+	if d := cfg.Discovery.DNS; d != nil {
+		go ctl.discover(bg, d)
+	}
 
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sig)
-	if ctx == nil {
-		ctx = context.Background()
+	poll := rl.PollInterval
+	if poll <= 0 {
+		poll = 2 * time.Second
 	}
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	case got := <-sig:
-		log.Info("shutting down", zap.String("signal", got.String()), zap.Duration("grace", cfg.Timeouts.ShutdownGrace.D()))
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return ctl.shutdown()
+		case <-tick.C:
+			if rl.Load == nil || rl.Path == "" {
+				continue
+			}
+			if m := modTime(rl.Path); !m.Equal(mtime) {
+				mtime = m
+				ctl.reload(rl.Load, "file changed")
+			}
+		case got := <-sig:
+			if got == syscall.SIGHUP {
+				if rl.Load != nil {
+					ctl.reload(rl.Load, "SIGHUP")
+				}
+				continue
+			}
+			log.Info("shutting down", zap.String("signal", got.String()), zap.Duration("grace", cfg.Timeouts.ShutdownGrace.D()))
+			return ctl.shutdown()
+		}
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.Timeouts.ShutdownGrace.D())
+}
+
+// controller applies runtime changes (reloads, discovery) to a running Server.
+type controller struct {
+	s   *Server
+	log *zap.Logger
+
+	mu         sync.Mutex
+	cfg        *configs.Config   // the config in force
+	discovered []configs.Backend // from DNS
+}
+
+func (c *controller) reload(load func() (*configs.Config, error), why string) {
+	nc, err := load()
+	if err != nil {
+		c.log.Error("config reload rejected; the previous config keeps serving", zap.String("trigger", why), zap.Error(err))
+		return
+	}
+	c.mu.Lock()
+	old := c.cfg
+	if nc.Mode != old.Mode || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
+		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes {
+		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, timeouts, prefix and limits")
+	}
+	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes =
+		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes
+	c.cfg = nc
+	err = c.applyLocked()
+	c.mu.Unlock()
+	if err != nil {
+		c.log.Error("config reload rejected", zap.Error(err))
+		return
+	}
+	c.log.Info("config reloaded", zap.String("trigger", why), zap.Int("backends", len(c.s.Backends())))
+}
+
+func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery) {
+	dns := &discovery.DNS{Name: d.Name, Port: d.Port, SRV: d.SRV, Scheme: d.Scheme, Interval: d.Interval.D(), Timeout: 5 * time.Second}
+	dns.Run(ctx, func(urls []string) {
+		c.mu.Lock()
+		c.discovered = c.discovered[:0]
+		for _, u := range urls {
+			c.discovered = append(c.discovered, configs.Backend{URL: u, KVCacheTokens: d.KVCacheTokens, Weight: 1})
+		}
+		err := c.applyLocked()
+		c.mu.Unlock()
+		if err != nil {
+			c.log.Error("discovery: backends rejected", zap.Error(err))
+			return
+		}
+		c.log.Info("discovery: backends changed", zap.String("name", d.Name), zap.Strings("urls", urls))
+	}, func(err error) {
+		c.log.Warn("discovery: resolution failed; keeping the previous backends", zap.Error(err))
+	})
+}
+
+// applyLocked sets the backends to the config's static list plus the discovered ones.
+func (c *controller) applyLocked() error {
+	specs := append(append([]configs.Backend(nil), c.cfg.Backends...), c.discovered...)
+	return c.s.UpdateBackends(specs, c.cfg.Prefix.DefaultKVCacheTokens)
+}
+
+func (c *controller) shutdown() error {
+	c.mu.Lock()
+	grace := c.cfg.Timeouts.ShutdownGrace.D()
+	c.mu.Unlock()
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	if err := s.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if err := c.s.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	log.Info("stopped")
+	c.log.Info("stopped")
 	return nil
+}
+
+func modTime(path string) time.Time {
+	if path == "" {
+		return time.Time{}
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return time.Time{}
+	}
+	return st.ModTime()
 }
 
 // NewLogger builds the zap logger: level debug|info|warn|error, format json|console.

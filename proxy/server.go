@@ -135,7 +135,7 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 	if old != nil {
 		for b, u := range *old {
 			if _, ok := m[b]; !ok {
-				u.closeIdle()
+				u.retire()
 			}
 		}
 	}
@@ -163,7 +163,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.wd.close()
 	for _, u := range *s.ups.Load() {
-		u.closeIdle()
+		u.retire()
 	}
 	return err
 }

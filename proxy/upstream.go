@@ -40,8 +40,9 @@ type upstream struct {
 	timeout time.Duration // connect timeout
 	tls     *tls.Config
 
-	mu   sync.Mutex
-	idle []*uconn
+	mu      sync.Mutex
+	idle    []*uconn
+	removed bool // backend no longer configured: connections close instead of pooling
 }
 
 func newUpstream(b *backend.Backend, connectTimeout time.Duration, m *backendMetrics) *upstream {
@@ -98,7 +99,7 @@ func (u *upstream) put(c *uconn, now time.Time) {
 	_ = c.SetDeadline(time.Time{})
 	c.idleFrom = now
 	u.mu.Lock()
-	if len(u.idle) < maxIdlePerBackend {
+	if !u.removed && len(u.idle) < maxIdlePerBackend {
 		u.idle = append(u.idle, c)
 		c = nil
 	}
@@ -108,9 +109,11 @@ func (u *upstream) put(c *uconn, now time.Time) {
 	}
 }
 
-// closeIdle closes every pooled connection (backend removed, shutdown).
-func (u *upstream) closeIdle() {
+// retire closes every pooled connection and stops pooling (backend removed, shutdown);
+// requests still in flight finish on their own connections.
+func (u *upstream) retire() {
 	u.mu.Lock()
+	u.removed = true
 	idle := u.idle
 	u.idle = nil
 	u.mu.Unlock()

@@ -1,0 +1,122 @@
+// Package discovery follows the model-server pods behind a Kubernetes headless Service by
+// DNS, without cluster credentials: the Service name resolves to one A/AAAA record per ready
+// pod, and to SRV records that carry the port.
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Resolver is the part of *net.Resolver discovery uses; tests inject their own.
+type Resolver interface {
+	LookupHost(ctx context.Context, host string) ([]string, error)
+	LookupSRV(ctx context.Context, service, proto, name string) (string, []*net.SRV, error)
+}
+
+// DNS resolves a headless Service into backend URLs.
+type DNS struct {
+	// Name is the DNS name, e.g. vllm.default.svc.cluster.local.
+	Name string
+	// Port is the backend port used with A/AAAA records (ignored with SRV).
+	Port int
+	// SRV selects SRV lookup of Name (targets and ports from the records) instead of A/AAAA.
+	SRV bool
+	// Scheme is http or https.
+	Scheme string
+	// Interval between resolutions.
+	Interval time.Duration
+	// Timeout bounds one resolution.
+	Timeout time.Duration
+	// Resolver answers lookups; nil means net.DefaultResolver.
+	Resolver Resolver
+}
+
+// Resolve returns the sorted, de-duplicated backend URLs the name resolves to now.
+// An empty answer is an error: a Service that momentarily has no ready pod must not empty
+// the backend list (the previous list keeps serving).
+func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
+	r := d.Resolver
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	if d.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
+		defer cancel()
+	}
+	scheme := d.Scheme
+	if scheme == "" {
+		scheme = "http"
+	}
+	var urls []string
+	if d.SRV {
+		_, recs, err := r.LookupSRV(ctx, "", "", d.Name)
+		if err != nil {
+			return nil, fmt.Errorf("discovery.dns: SRV %s: %w", d.Name, err)
+		}
+		for _, rec := range recs {
+			host := trimDot(rec.Target)
+			urls = append(urls, scheme+"://"+net.JoinHostPort(host, strconv.Itoa(int(rec.Port))))
+		}
+	} else {
+		addrs, err := r.LookupHost(ctx, d.Name)
+		if err != nil {
+			return nil, fmt.Errorf("discovery.dns: %s: %w", d.Name, err)
+		}
+		for _, a := range addrs {
+			urls = append(urls, scheme+"://"+net.JoinHostPort(a, strconv.Itoa(d.Port)))
+		}
+	}
+	slices.Sort(urls)
+	urls = slices.Compact(urls)
+	if len(urls) == 0 {
+		return nil, errors.New("discovery.dns: " + d.Name + " resolved to no address")
+	}
+	return urls, nil
+}
+
+// Run resolves now and then every Interval until ctx is done, calling onChange with the
+// URL list whenever it differs from the last one delivered, and onError on failures (the
+// last good list stays in use).
+func (d *DNS) Run(ctx context.Context, onChange func([]string), onError func(error)) {
+	var last []string
+	interval := d.Interval
+	if interval <= 0 {
+		interval = 10 * time.Second
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		urls, err := d.Resolve(ctx)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			if onError != nil {
+				onError(err)
+			}
+		case !slices.Equal(urls, last):
+			last = urls
+			onChange(urls)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func trimDot(s string) string {
+	if n := len(s); n > 0 && s[n-1] == '.' {
+		return s[:n-1]
+	}
+	return s
+}

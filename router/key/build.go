@@ -1,0 +1,267 @@
+package key
+
+import (
+	"sync"
+	"unicode/utf8"
+
+	"github.com/valyala/fastjson"
+)
+
+// DefaultChunkTokens is the chunk size, in approximate tokens, used when a Builder is given
+// zero or a negative size. 64 approximate tokens = 256 rendered bytes: smaller chunks blew up
+// the index memory of peer routers (llm-d-router #1158 raised its floor to 64 tokens).
+const DefaultChunkTokens = 64
+
+// BytesPerToken is the approximation used everywhere in this package: one token per 4 bytes of
+// rendered UTF-8. Measured at 0.91–1.30x of a real BPE (o200k) count on mixed and plain English
+// text (shared/research/go-ecosystem.md §4); a real BPE costs 0.2–0.4 ms per KiB, this costs
+// nothing. Token-id prompts are counted exactly instead.
+const BytesPerToken = 4
+
+// maxChunkTokens bounds ChunkTokens so that ChunkTokens*BytesPerToken cannot overflow.
+const maxChunkTokens = 1 << 24
+
+// maxPooledBody is the largest body, in bytes, whose parser state goes back to the pool. The
+// fastjson parser keeps a copy of the body and one Value per JSON value; keeping those for a
+// rare huge body would pin that memory for every later request. Larger bodies still parse, with
+// a parser that is dropped after the request (so they allocate).
+const maxPooledBody = 1 << 20
+
+// Builder turns request bodies into routing keys. It is immutable configuration and safe for
+// concurrent use; per-request scratch memory comes from an internal pool.
+type Builder struct {
+	// ChunkTokens is the chunk size in approximate tokens (chunk bytes = ChunkTokens × 4, or
+	// ChunkTokens token ids for token-id prompts). Zero or negative means DefaultChunkTokens.
+	ChunkTokens int
+}
+
+// NewBuilder returns a Builder cutting prompts into chunks of chunkTokens approximate tokens
+// (chunkTokens × 4 rendered bytes). chunkTokens <= 0 selects DefaultChunkTokens (64).
+func NewBuilder(chunkTokens int) *Builder {
+	if chunkTokens <= 0 {
+		chunkTokens = DefaultChunkTokens
+	}
+	if chunkTokens > maxChunkTokens {
+		chunkTokens = maxChunkTokens
+	}
+	return &Builder{ChunkTokens: chunkTokens}
+}
+
+func (b *Builder) chunkTokens() int {
+	n := b.ChunkTokens
+	if n <= 0 {
+		return DefaultChunkTokens
+	}
+	if n > maxChunkTokens {
+		return maxChunkTokens
+	}
+	return n
+}
+
+// endpoint is the kind of a routed path.
+type endpoint uint8
+
+const (
+	epNone endpoint = iota
+	epChat
+	epCompletions
+	epResponses
+)
+
+func classify(path []byte) endpoint {
+	if n := len(path); n > 1 && path[n-1] == '/' {
+		path = path[:n-1]
+	}
+	switch string(path) {
+	case "/v1/chat/completions":
+		return epChat
+	case "/v1/completions":
+		return epCompletions
+	case "/v1/responses":
+		return epResponses
+	}
+	return epNone
+}
+
+// Routed reports whether a request path (without query string) is routed by prefix:
+// exactly /v1/chat/completions, /v1/completions or /v1/responses, each also with one trailing
+// slash. Everything else (/v1/models, /health, /v1/responses/{id}, ...) is passthrough.
+func Routed(path []byte) bool { return classify(path) != epNone }
+
+// state is the per-request scratch memory: parser, chunk hasher, side digest and buffers.
+type state struct {
+	p fastjson.Parser
+	c chunker
+	r renderer
+}
+
+var statePool = sync.Pool{New: func() any { return new(state) }}
+
+var keyPool = sync.Pool{New: func() any { return new(Key) }}
+
+// Keys whose slices grew past these capacities are not pooled, so that one huge prompt does
+// not pin its memory: 4096 chunks cover a 1 MiB prompt at the default chunk size.
+const (
+	maxPooledChunks = 4096
+	maxPooledModel  = 256
+)
+
+// Acquire returns a reset Key from a pool. Give it back with Release when the request is done.
+func Acquire() *Key {
+	k := keyPool.Get().(*Key)
+	k.Reset()
+	return k
+}
+
+// Release resets k and returns it to the pool; k must not be used afterwards. Keys that grew
+// unusually large are dropped instead. Release(nil) does nothing.
+func Release(k *Key) {
+	if k == nil {
+		return
+	}
+	if cap(k.Chunks) > maxPooledChunks || cap(k.Model) > maxPooledModel {
+		return
+	}
+	k.Reset()
+	keyPool.Put(k)
+}
+
+// Build fills k (after k.Reset()) from the body of a request to path (no query string).
+//
+// It never fails: a path that is not routed leaves k.Routed false and does nothing else. For a
+// routed path k.Routed is true, and k.OK is true only when the body is valid UTF-8, parses as
+// a JSON object, and holds a well-typed prompt (chat: "messages"; completions: "prompt";
+// responses: "input" and/or "instructions"). When !k.OK, k.Chunks is empty and
+// k.PromptTokens is 0; k.Model and k.Stream are still set when the body parsed.
+//
+// The prompt is rendered canonically (see render.go for the byte format), and the rendered
+// byte stream is cut into chunks of ChunkTokens×4 bytes; Chunks[i] = xxhash64(seed ‖ prev ‖
+// chunk i) with prev = Chunks[i-1] (0 for i = 0), little-endian uint64s. The seed is a hash of
+// the prompt kind (chat-like, text, token ids), "model" and "cache_salt", so requests that
+// differ in model (LoRA adapters are model names) or salt share no chunk hash. A trailing
+// partial chunk is not hashed. PromptTokens = rendered bytes / 4, or the exact id count for
+// token-id prompts.
+//
+// Fields are read by name, so key order in the top-level object and in messages does not
+// change the key; a duplicated key counts by its last occurrence, as in Python's json (vLLM,
+// SGLang). Values hashed verbatim (tools, functions, response_format, non-string tool-call
+// arguments, unknown parts) keep their own key order; whitespace and string escapes are
+// normalised because parsed values are hashed, not raw bytes.
+//
+// Steady state allocates nothing: the parser, the hasher and k's slices are reused. Bodies
+// over 1 MiB use a parser that is not pooled.
+func (b *Builder) Build(path []byte, body []byte, k *Key) {
+	k.Reset()
+	ep := classify(path)
+	if ep == epNone {
+		return
+	}
+	k.Routed = true
+	if !utf8.Valid(body) {
+		return
+	}
+	s := statePool.Get().(*state)
+	s.build(ep, b.chunkTokens(), body, k)
+	if len(body) <= maxPooledBody {
+		s.reset()
+		statePool.Put(s)
+	}
+}
+
+// top holds the routing-relevant top-level fields of a body; nil means absent.
+type top struct {
+	model, salt, stream              *fastjson.Value
+	messages, prompt, input, instr   *fastjson.Value
+	tools, functions, responseFormat *fastjson.Value
+}
+
+func (s *state) build(ep endpoint, chunkTokens int, body []byte, k *Key) {
+	v, err := s.p.ParseBytes(body)
+	if err != nil {
+		return
+	}
+	if v.Type() != fastjson.TypeObject {
+		return
+	}
+	o, _ := v.Object()
+	var t top
+	o.Visit(func(key []byte, v *fastjson.Value) {
+		switch string(key) {
+		case "model":
+			t.model = v
+		case "cache_salt":
+			t.salt = v
+		case "stream":
+			t.stream = v
+		case "messages":
+			t.messages = v
+		case "prompt":
+			t.prompt = v
+		case "input":
+			t.input = v
+		case "instructions":
+			t.instr = v
+		case "tools":
+			t.tools = v
+		case "functions":
+			t.functions = v
+		case "response_format":
+			t.responseFormat = v
+		}
+	})
+	if t.stream != nil && t.stream.Type() == fastjson.TypeTrue {
+		k.Stream = true
+	}
+	model, ok := optString(t.model)
+	if !ok {
+		return
+	}
+	k.Model = append(k.Model[:0], model...)
+	salt, ok := optString(t.salt)
+	if !ok {
+		return
+	}
+
+	var kind byte = kindChat
+	var p *fastjson.Value
+	if ep == epCompletions {
+		kind, p, ok = completionsPrompt(t.prompt)
+		if !ok {
+			return
+		}
+	}
+	r := &s.r
+	r.c = &s.c
+	s.c.start(chunkTokens*BytesPerToken, r.seed(kind, model, salt), k)
+	switch ep {
+	case epChat:
+		ok = r.header(&t) && r.chatMessages(t.messages)
+	case epResponses:
+		ok = r.header(&t) && r.responsesInput(t.instr, t.input)
+	default:
+		ok = r.completionsPrompt(kind, p)
+	}
+	if !ok {
+		k.Chunks = k.Chunks[:0]
+		return
+	}
+	k.OK = true
+	if kind == kindIDs {
+		k.PromptTokens = s.c.n / 4 // 4 bytes per uint32 id: the exact count
+	} else {
+		k.PromptTokens = s.c.n / BytesPerToken
+	}
+}
+
+// optString returns the bytes of an optional string field: absent or null is "", a string is
+// its (unescaped) bytes, anything else is a type error (ok false).
+func optString(v *fastjson.Value) (b []byte, ok bool) {
+	if v == nil || v.Type() == fastjson.TypeNull {
+		return nil, true
+	}
+	if v.Type() != fastjson.TypeString {
+		return nil, false
+	}
+	b, _ = v.StringBytes()
+	return b, true
+}

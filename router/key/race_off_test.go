@@ -1,0 +1,5 @@
+//go:build !race
+
+package key
+
+const raceEnabled = false
