@@ -106,6 +106,8 @@ type RunOptions struct {
 	Path string
 	// PollInterval is how often Path's modification time is checked (default 2s).
 	PollInterval time.Duration
+	// Resolver answers DNS discovery lookups (nil: the system resolver).
+	Resolver discovery.Resolver
 	// OnReady, if set, is called once both listeners accept.
 	OnReady func(s *Server, data, admin net.Addr)
 }
@@ -144,7 +146,7 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	defer stopBG()
 	ctl := &controller{s: s, log: log, cfg: cfg}
 	if d := cfg.Discovery.DNS; d != nil {
-		go ctl.discover(bg, d)
+		go ctl.discover(bg, d, rl.Resolver)
 	}
 
 	sig := make(chan os.Signal, 1)
@@ -217,8 +219,9 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	c.log.Info("config reloaded", zap.String("trigger", why), zap.Int("backends", len(c.s.Backends())))
 }
 
-func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery) {
-	dns := &discovery.DNS{Name: d.Name, Port: d.Port, SRV: d.SRV, Scheme: d.Scheme, Interval: d.Interval.D(), Timeout: 5 * time.Second}
+func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r discovery.Resolver) {
+	dns := &discovery.DNS{Name: d.Name, Port: d.Port, SRV: d.SRV, Scheme: d.Scheme, Interval: d.Interval.D(),
+		Timeout: 5 * time.Second, Resolver: r}
 	dns.Run(ctx, func(urls []string) {
 		c.mu.Lock()
 		c.discovered = c.discovered[:0]

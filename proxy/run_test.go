@@ -135,3 +135,59 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+type staticResolver struct{ hosts atomic.Pointer[[]string] }
+
+func (r *staticResolver) LookupHost(ctx context.Context, host string) ([]string, error) {
+	return *r.hosts.Load(), nil
+}
+
+func (r *staticResolver) LookupSRV(ctx context.Context, _, _, name string) (string, []*net.SRV, error) {
+	return "", nil, fmt.Errorf("no SRV for %s", name)
+}
+
+// DNS discovery adds the pods a headless Service resolves to, and follows changes.
+func TestDNSDiscoveryFeedsBackends(t *testing.T) {
+	var hits atomic.Int32
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
+	defer ts.Close()
+	_, port, _ := net.SplitHostPort(ts.Listener.Addr().String())
+	cfg, err := configs.Parse([]byte("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nmode: least-load\n" +
+		"discovery:\n  dns:\n    name: vllm.test.svc\n    port: " + port + "\n    interval: 100ms\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &staticResolver{}
+	r.hosts.Store(&[]string{"127.0.0.1"})
+	ready := make(chan *Server, 1)
+	addr := make(chan net.Addr, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		_ = Run(ctx, cfg, zap.NewNop(), RunOptions{Resolver: r, OnReady: func(s *Server, d, _ net.Addr) { ready <- s; addr <- d }})
+	}()
+	s := <-ready
+	base := "http://" + (<-addr).String()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(s.Backends()) != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := s.Backends(); len(got) != 1 || got[0].Name != "http://127.0.0.1:"+port {
+		t.Fatalf("backends after discovery: %v", got)
+	}
+	resp, err := http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || hits.Load() != 1 {
+		t.Errorf("request through a discovered backend: %d, hits %d", resp.StatusCode, hits.Load())
+	}
+	r.hosts.Store(&[]string{"127.0.0.1", "127.0.0.2"})
+	for len(s.Backends()) != 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(s.Backends()) != 2 {
+		t.Errorf("a new pod was not added: %d backends", len(s.Backends()))
+	}
+}
