@@ -161,6 +161,7 @@ func (f *flow) finish(status int, err error) {
 	s.wd.remove(f)
 	c := f.takeConn()
 	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
+	s.m.observe(f, status, err)
 	if f.body != nil {
 		_ = f.resp.CloseBodyStream()
 		f.body = nil
@@ -173,7 +174,6 @@ func (f *flow) finish(status int, err error) {
 		}
 	}
 	f.lease.Release()
-	s.m.observe(f, status)
 	s.logRequest(f, status, err)
 	s.putFlow(f)
 }

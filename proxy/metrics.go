@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -31,6 +32,8 @@ type serverMetrics struct {
 	parseFallbacks *metrics.Counter
 	rejected413    *metrics.Counter
 	noBackend      *metrics.Counter
+	streamErrors   *metrics.Counter
+	clientGone     *metrics.Counter
 	matchedRatio   *metrics.PrometheusHistogram
 }
 
@@ -43,6 +46,8 @@ func newServerMetrics(mode string) *serverMetrics {
 		parseFallbacks: s.NewCounter(`prefixlb_parse_fallbacks_total`),
 		rejected413:    s.NewCounter(`prefixlb_request_body_too_large_total`),
 		noBackend:      s.NewCounter(`prefixlb_no_backend_total`),
+		streamErrors:   s.NewCounter(`prefixlb_stream_errors_total`),
+		clientGone:     s.NewCounter(`prefixlb_client_disconnects_total`),
 		matchedRatio:   s.NewPrometheusHistogramExt(`prefixlb_matched_prefix_ratio`, ratioBuckets),
 	}
 }
@@ -89,8 +94,16 @@ func (bm *backendMetrics) request(r router.Reason, status int) {
 	c.Inc()
 }
 
-// observe records a finished flow.
-func (sm *serverMetrics) observe(f *flow, status int) {
+// observe records a finished flow; err is why it ended early (nil: complete).
+func (sm *serverMetrics) observe(f *flow, status int, err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, errClientGone):
+		sm.clientGone.Inc()
+	case f.bytes > 0 || f.body != nil:
+		// The backend failed after the response started: the client sees a truncated body.
+		sm.streamErrors.Inc()
+	}
 	if f.k.Routed && !f.k.OK {
 		sm.parseFallbacks.Inc()
 	}

@@ -537,3 +537,37 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 		t.Errorf("stream got %d of 4 events across shutdown", n)
 	}
 }
+
+// A backend that dies mid-stream ends the client's stream with a visible error (the chunked
+// body is cut without its terminator), is not retried, and is counted.
+func TestBackendDiesMidStream(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"i\":0}\n\n")
+		w.(http.Flusher).Flush()
+		time.Sleep(50 * time.Millisecond)
+		c, _, _ := w.(http.Hijacker).Hijack()
+		c.Close()
+	}))
+	defer ts.Close()
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Errorf("client read a complete body %q from a stream whose backend died", b)
+	}
+	if !strings.Contains(string(b), `{"i":0}`) {
+		t.Errorf("the event sent before the failure was lost: %q", b)
+	}
+	waitInFlightZero(t, s)
+	if got := s.m.streamErrors.Get(); got != 1 {
+		t.Errorf("prefixlb_stream_errors_total = %d, want 1", got)
+	}
+	if got := s.Backends()[0].Served(); got != 1 {
+		t.Errorf("backend served %d requests, want 1 (no retry mid-stream)", got)
+	}
+}
