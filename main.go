@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/proxy"
 )
 
@@ -21,7 +22,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(proxy.ServeCommand(), versionCommand())
+	root.AddCommand(proxy.ServeCommand(), sim.Command(), versionCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "prefixlb:", err)
 		os.Exit(1)

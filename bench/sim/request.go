@@ -1,0 +1,272 @@
+package sim
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fastjson"
+)
+
+// The sim's chat template (its own, in the spirit of vLLM applying a model's Jinja template).
+// A conversation renders as
+//
+//	<|tools|>\n{tools JSON}<|end|>\n              only when "tools" is present
+//	<|ROLE|>\n{content}<|end|>\n                  per message; <|ROLE name=NAME|> with a name
+//	<|assistant|>\n                               the generation prompt
+//
+// Content is a string or a list of parts: text parts are copied, other parts (image_url,
+// input_audio, …) become <|media:HASH|> of their JSON. An assistant message's tool_calls follow
+// its content as <|tool_call|>NAME ARGUMENTS\n, a tool message's tool_call_id goes in the role tag.
+// Rendering turn n of a conversation is a prefix of rendering turn n+1 up to the generation
+// prompt, which turn n+1 continues with the assistant's answer, so multi-turn chats share cached
+// prefixes as on vLLM.
+
+// apiRequest is what the sim takes from a request body.
+type apiRequest struct {
+	chat         bool
+	model        string
+	stream       bool
+	includeUsage bool
+	maxTokens    int
+	seed         uint64
+	tokens       []uint32
+}
+
+// apiError is a client error with its HTTP status.
+type apiError struct {
+	status int
+	typ    string
+	code   string
+	param  string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{status: 400, typ: "invalid_request_error", param: param, msg: fmt.Sprintf(format, args...)}
+}
+
+var parserPool fastjson.ParserPool
+
+// parseRequest decodes a /v1/chat/completions (chat) or /v1/completions body. scratch is a
+// reusable render buffer; the returned request owns its token slice.
+func parseRequest(body []byte, chat bool, cfg *Config, scratch *[]byte) (*apiRequest, *apiError) {
+	p := parserPool.Get()
+	defer parserPool.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, badRequest("", "invalid JSON body: %v", err)
+	}
+	if v.Type() != fastjson.TypeObject {
+		return nil, badRequest("", "request body must be a JSON object")
+	}
+	req := &apiRequest{chat: chat, model: cfg.Model, maxTokens: cfg.DefaultMaxTokens}
+
+	if m := v.Get("model"); m != nil && m.Type() != fastjson.TypeNull {
+		s, err := m.StringBytes()
+		if err != nil {
+			return nil, badRequest("model", "model must be a string")
+		}
+		if string(s) != cfg.Model {
+			return nil, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
+				msg: fmt.Sprintf("The model `%s` does not exist.", s)}
+		}
+	}
+	if s := v.Get("stream"); s != nil && s.Type() != fastjson.TypeNull {
+		b, err := s.Bool()
+		if err != nil {
+			return nil, badRequest("stream", "stream must be a boolean")
+		}
+		req.stream = b
+	}
+	if so := v.Get("stream_options"); so != nil && so.Type() != fastjson.TypeNull {
+		if so.Type() != fastjson.TypeObject {
+			return nil, badRequest("stream_options", "stream_options must be an object")
+		}
+		if iu := so.Get("include_usage"); iu != nil && iu.Type() != fastjson.TypeNull {
+			b, err := iu.Bool()
+			if err != nil {
+				return nil, badRequest("stream_options.include_usage", "include_usage must be a boolean")
+			}
+			req.includeUsage = b
+		}
+	}
+	// max_completion_tokens wins over the deprecated max_tokens, as in vLLM.
+	for _, key := range []string{"max_tokens", "max_completion_tokens"} {
+		mt := v.Get(key)
+		if mt == nil || mt.Type() == fastjson.TypeNull {
+			continue
+		}
+		n, err := mt.Int()
+		if err != nil || n < 1 {
+			return nil, badRequest(key, "%s must be an integer >= 1", key)
+		}
+		req.maxTokens = n
+	}
+	if nv := v.Get("n"); nv != nil && nv.Type() != fastjson.TypeNull {
+		if n, err := nv.Int(); err != nil || n != 1 {
+			return nil, badRequest("n", "the sim supports only n=1")
+		}
+	}
+	salt := ""
+	if cs := v.Get("cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
+		s, err := cs.StringBytes()
+		if err != nil || len(s) == 0 {
+			return nil, badRequest("cache_salt", "cache_salt must be a non-empty string")
+		}
+		salt = string(s)
+	}
+	req.seed = ChainSeed(cfg.Model, salt)
+
+	if chat {
+		buf, aerr := renderChat((*scratch)[:0], v)
+		*scratch = buf
+		if aerr != nil {
+			return nil, aerr
+		}
+		req.tokens = Tokenize(make([]uint32, 0, len(buf)/3+8), buf)
+	} else {
+		toks, aerr := promptTokens(v.Get("prompt"))
+		if aerr != nil {
+			return nil, aerr
+		}
+		req.tokens = toks
+	}
+	if len(req.tokens) == 0 {
+		return nil, badRequest("prompt", "the prompt is empty")
+	}
+	return req, nil
+}
+
+// promptTokens reads a completions prompt: a string, a list of token ids (used as they are), or
+// a one-element list of either.
+func promptTokens(p *fastjson.Value) ([]uint32, *apiError) {
+	if p == nil || p.Type() == fastjson.TypeNull {
+		return nil, badRequest("prompt", "prompt is required")
+	}
+	switch p.Type() {
+	case fastjson.TypeString:
+		s, _ := p.StringBytes()
+		return Tokenize(make([]uint32, 0, len(s)/3+8), s), nil
+	case fastjson.TypeArray:
+		arr, _ := p.Array()
+		if len(arr) == 0 {
+			return nil, badRequest("prompt", "prompt must not be empty")
+		}
+		if t := arr[0].Type(); t == fastjson.TypeString || t == fastjson.TypeArray {
+			if len(arr) != 1 {
+				return nil, badRequest("prompt", "the sim supports one prompt per request, got %d", len(arr))
+			}
+			return promptTokens(arr[0])
+		}
+		ids := make([]uint32, 0, len(arr))
+		for _, x := range arr {
+			n, err := x.Int64()
+			if err != nil || n < 0 || n > 1<<32-1 {
+				return nil, badRequest("prompt", "prompt token ids must be integers in [0, 2^32)")
+			}
+			ids = append(ids, uint32(n))
+		}
+		return ids, nil
+	}
+	return nil, badRequest("prompt", "prompt must be a string or a list of token ids")
+}
+
+// renderChat appends the templated conversation of a chat request to dst.
+func renderChat(dst []byte, v *fastjson.Value) ([]byte, *apiError) {
+	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
+		if tools.Type() != fastjson.TypeArray {
+			return dst, badRequest("tools", "tools must be a list")
+		}
+		dst = append(dst, "<|tools|>\n"...)
+		dst = tools.MarshalTo(dst)
+		dst = append(dst, "<|end|>\n"...)
+	}
+	msgs := v.Get("messages")
+	if msgs == nil || msgs.Type() != fastjson.TypeArray {
+		return dst, badRequest("messages", "messages must be a non-empty list")
+	}
+	arr, _ := msgs.Array()
+	if len(arr) == 0 {
+		return dst, badRequest("messages", "messages must be a non-empty list")
+	}
+	for i, m := range arr {
+		if m.Type() != fastjson.TypeObject {
+			return dst, badRequest("messages", "messages[%d] must be an object", i)
+		}
+		role := m.GetStringBytes("role")
+		if len(role) == 0 {
+			return dst, badRequest("messages", "messages[%d].role must be a non-empty string", i)
+		}
+		dst = append(dst, "<|"...)
+		dst = append(dst, role...)
+		if name := m.GetStringBytes("name"); len(name) > 0 {
+			dst = append(dst, " name="...)
+			dst = append(dst, name...)
+		}
+		if id := m.GetStringBytes("tool_call_id"); len(id) > 0 {
+			dst = append(dst, " id="...)
+			dst = append(dst, id...)
+		}
+		dst = append(dst, "|>\n"...)
+		var aerr *apiError
+		if dst, aerr = renderContent(dst, m.Get("content"), i); aerr != nil {
+			return dst, aerr
+		}
+		if calls := m.Get("tool_calls"); calls != nil && calls.Type() == fastjson.TypeArray {
+			list, _ := calls.Array()
+			for _, c := range list {
+				dst = append(dst, "<|tool_call|>"...)
+				dst = append(dst, c.GetStringBytes("function", "name")...)
+				dst = append(dst, ' ')
+				dst = append(dst, c.GetStringBytes("function", "arguments")...)
+				dst = append(dst, '\n')
+			}
+		}
+		dst = append(dst, "<|end|>\n"...)
+	}
+	dst = append(dst, "<|assistant|>\n"...)
+	return dst, nil
+}
+
+func renderContent(dst []byte, c *fastjson.Value, i int) ([]byte, *apiError) {
+	if c == nil {
+		return dst, nil
+	}
+	switch c.Type() {
+	case fastjson.TypeNull:
+		return dst, nil
+	case fastjson.TypeString:
+		s, _ := c.StringBytes()
+		return append(dst, s...), nil
+	case fastjson.TypeArray:
+		parts, _ := c.Array()
+		for j, p := range parts {
+			if p.Type() != fastjson.TypeObject {
+				return dst, badRequest("messages", "messages[%d].content[%d] must be an object", i, j)
+			}
+			typ := p.GetStringBytes("type")
+			if string(typ) == "text" {
+				t := p.Get("text")
+				if t == nil || t.Type() != fastjson.TypeString {
+					return dst, badRequest("messages", "messages[%d].content[%d].text must be a string", i, j)
+				}
+				s, _ := t.StringBytes()
+				dst = append(dst, s...)
+				continue
+			}
+			if len(typ) == 0 {
+				return dst, badRequest("messages", "messages[%d].content[%d].type is required", i, j)
+			}
+			var tmp [64]byte
+			h := xxhash.Sum64(p.MarshalTo(tmp[:0]))
+			dst = append(dst, "<|media:"...)
+			dst = strconv.AppendUint(dst, h, 16)
+			dst = append(dst, "|>"...)
+		}
+		return dst, nil
+	}
+	return dst, badRequest("messages", "messages[%d].content must be a string, a list of parts or null", i)
+}
