@@ -32,6 +32,7 @@ type Backend struct {
 	Weight int
 
 	inFlight      atomic.Int64
+	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
 	prefillTokens atomic.Int64
 	unhealthy     atomic.Bool
 	epoch         atomic.Uint64
@@ -82,6 +83,23 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 // InFlight is the number of requests dispatched to the backend whose response has not
 // finished, failed or been cancelled.
 func (b *Backend) InFlight() int64 { return b.inFlight.Load() }
+
+// Load is the number of requests the replica is working on or queueing, as the policies see
+// it: the larger of this prefixlb's own in-flight count and the running + waiting requests the
+// replica last reported in its metrics (vLLM num_requests_running + num_requests_waiting). The
+// local count reacts at once to this proxy's own dispatches; the scraped one (up to a scrape
+// interval old) also sees requests from other prefixlb replicas and other clients.
+func (b *Backend) Load() int64 {
+	l := b.inFlight.Load()
+	if s := b.scraped.Load(); s > l {
+		return s
+	}
+	return l
+}
+
+// SetScrapedLoad stores the running + waiting requests the replica reported; 0 when the
+// scrape failed or is stale, so that Load falls back to the local in-flight count.
+func (b *Backend) SetScrapedLoad(requests int64) { b.scraped.Store(max(requests, 0)) }
 
 // PrefillTokens is the sum of approximate prompt tokens of in-flight requests that have not
 // yet produced a first response byte: the prefill work queued on the replica.

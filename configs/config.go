@@ -35,6 +35,8 @@ type Config struct {
 	Timeouts Timeouts `yaml:"timeouts"`
 	// Prefix tunes mode prefix.
 	Prefix Prefix `yaml:"prefix"`
+	// Health configures active checks, passive ejection and model-server metrics scraping.
+	Health Health `yaml:"health"`
 	// Backends are the model-server replicas.
 	Backends []Backend `yaml:"backends"`
 	// Discovery adds backends found at runtime (besides Backends).
@@ -97,6 +99,35 @@ type Prefix struct {
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
 	MaxIndexEntries int `yaml:"max_index_entries"`
+}
+
+// Health configures the health package. Durations and counts left at zero take the defaults
+// documented in configs/prefixlb.yaml (HAProxy's rise/fall, Envoy's outlier detection).
+type Health struct {
+	// Disabled turns active checks off: backends are healthy unless passively ejected.
+	Disabled bool `yaml:"disabled"`
+	// Path is the active-check path.
+	Path string `yaml:"path"`
+	// Interval between checks of one backend; Timeout bounds one check.
+	Interval Duration `yaml:"interval"`
+	Timeout  Duration `yaml:"timeout"`
+	// HealthyThreshold consecutive passes mark a backend healthy; UnhealthyThreshold failures unhealthy.
+	HealthyThreshold   int `yaml:"healthy_threshold"`
+	UnhealthyThreshold int `yaml:"unhealthy_threshold"`
+	// ConsecutiveFailures connect errors, header timeouts or 5xx in a row eject a backend
+	// (-1: no passive ejection).
+	ConsecutiveFailures int `yaml:"consecutive_failures"`
+	// BaseEjection × n is the n-th ejection's length, capped at MaxEjection.
+	BaseEjection Duration `yaml:"base_ejection"`
+	MaxEjection  Duration `yaml:"max_ejection"`
+	// MaxEjectedPercent: never eject more than this share of the backends.
+	MaxEjectedPercent int `yaml:"max_ejected_percent"`
+	// ScrapeDisabled turns model-server metrics scraping off.
+	ScrapeDisabled bool `yaml:"scrape_disabled"`
+	// ScrapeInterval between scrapes of MetricsPath; a scrape older than ScrapeStaleAfter is ignored.
+	ScrapeInterval   Duration `yaml:"scrape_interval"`
+	MetricsPath      string   `yaml:"metrics_path"`
+	ScrapeStaleAfter Duration `yaml:"scrape_stale_after"`
 }
 
 // Backend is one replica in the static list.
@@ -242,6 +273,24 @@ func (c *Config) ApplyDefaults() {
 			c.Backends[i].Weight = 1
 		}
 	}
+	h := &c.Health
+	setS(&h.Path, "/health")
+	setS(&h.MetricsPath, "/metrics")
+	setD(&h.Interval, 5*time.Second)
+	setD(&h.Timeout, 2*time.Second)
+	setD(&h.BaseEjection, 30*time.Second)
+	setD(&h.MaxEjection, 300*time.Second)
+	setD(&h.ScrapeInterval, time.Second)
+	setD(&h.ScrapeStaleAfter, 5*time.Second)
+	setI := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	setI(&h.HealthyThreshold, 2)
+	setI(&h.UnhealthyThreshold, 3)
+	setI(&h.ConsecutiveFailures, 5)
+	setI(&h.MaxEjectedPercent, 50)
 	if d := c.Discovery.DNS; d != nil {
 		setS(&d.Scheme, "http")
 		setD(&d.Interval, 10*time.Second)
@@ -289,6 +338,9 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("prefix.default_kv_cache_tokens: %d is below one chunk (%d tokens)", p.DefaultKVCacheTokens, p.ChunkTokens)
 	case p.MaxIndexEntries < 1:
 		return fmt.Errorf("prefix.max_index_entries: %d is below 1", p.MaxIndexEntries)
+	}
+	if err := c.Health.validate(); err != nil {
+		return err
 	}
 	if d := c.Discovery.DNS; d != nil {
 		switch {
@@ -342,6 +394,34 @@ func (c *Config) NewBackends() ([]*backend.Backend, error) {
 		out = append(out, nb)
 	}
 	return out, nil
+}
+
+func (h *Health) validate() error {
+	switch {
+	case len(h.Path) == 0 || h.Path[0] != '/':
+		return fmt.Errorf("health.path: %q must start with /", h.Path)
+	case len(h.MetricsPath) == 0 || h.MetricsPath[0] != '/':
+		return fmt.Errorf("health.metrics_path: %q must start with /", h.MetricsPath)
+	case h.Interval.D() < 100*time.Millisecond:
+		return fmt.Errorf("health.interval: %s is below 100ms", h.Interval.D())
+	case h.Timeout.D() <= 0 || h.Timeout.D() > h.Interval.D():
+		return fmt.Errorf("health.timeout: %s must be positive and at most health.interval (%s)", h.Timeout.D(), h.Interval.D())
+	case h.HealthyThreshold < 1 || h.HealthyThreshold > 100:
+		return fmt.Errorf("health.healthy_threshold: %d is outside 1..100", h.HealthyThreshold)
+	case h.UnhealthyThreshold < 1 || h.UnhealthyThreshold > 100:
+		return fmt.Errorf("health.unhealthy_threshold: %d is outside 1..100", h.UnhealthyThreshold)
+	case h.ConsecutiveFailures < -1:
+		return fmt.Errorf("health.consecutive_failures: %d is below -1 (-1 disables passive ejection)", h.ConsecutiveFailures)
+	case h.BaseEjection < 0 || h.MaxEjection < h.BaseEjection:
+		return fmt.Errorf("health.max_ejection: %s must be at least health.base_ejection (%s)", h.MaxEjection.D(), h.BaseEjection.D())
+	case h.MaxEjectedPercent < 1 || h.MaxEjectedPercent > 100:
+		return fmt.Errorf("health.max_ejected_percent: %d is outside 1..100", h.MaxEjectedPercent)
+	case h.ScrapeInterval.D() < 100*time.Millisecond:
+		return fmt.Errorf("health.scrape_interval: %s is below 100ms", h.ScrapeInterval.D())
+	case h.ScrapeStaleAfter.D() < h.ScrapeInterval.D():
+		return fmt.Errorf("health.scrape_stale_after: %s is below health.scrape_interval (%s)", h.ScrapeStaleAfter.D(), h.ScrapeInterval.D())
+	}
+	return nil
 }
 
 func checkHostPort(s string) error {

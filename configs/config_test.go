@@ -30,7 +30,9 @@ func TestExampleConfigNamesEveryField(t *testing.T) {
 	for _, f := range []string{"listen:", "admin_listen:", "mode:", "max_request_body_bytes:", "level:", "format:",
 		"connect:", "response_header:", "idle:", "shutdown_grace:", "chunk_tokens:", "load_factor:", "load_margin:",
 		"default_kv_cache_tokens:", "max_index_entries:", "url:", "kv_cache_tokens:", "weight:",
-		"discovery:", "dns:", "name:", "port:", "srv:", "scheme:", "interval:"} {
+		"discovery:", "dns:", "name:", "port:", "srv:", "scheme:", "interval:", "health:", "path:", "timeout:",
+		"healthy_threshold:", "unhealthy_threshold:", "consecutive_failures:", "base_ejection:", "max_ejection:",
+		"max_ejected_percent:", "scrape_disabled:", "scrape_interval:", "metrics_path:", "scrape_stale_after:", "disabled:"} {
 		if !strings.Contains(string(data), f) {
 			t.Errorf("configs/prefixlb.yaml does not document %s", f)
 		}

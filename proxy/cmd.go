@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -118,7 +119,7 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	mtime := modTime(rl.Path) // before serving: a change from here on is a reload
+	stamp := fileStamp(rl.Path) // before serving: a change from here on is a reload
 	s, err := New(cfg, log)
 	if err != nil {
 		return err
@@ -168,8 +169,8 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 			if rl.Load == nil || rl.Path == "" {
 				continue
 			}
-			if m := modTime(rl.Path); !m.Equal(mtime) {
-				mtime = m
+			if st := fileStamp(rl.Path); st != stamp && st != 0 {
+				stamp = st
 				ctl.reload(rl.Load, "file changed")
 			}
 		case got := <-sig:
@@ -259,15 +260,17 @@ func (c *controller) shutdown() error {
 	return nil
 }
 
-func modTime(path string) time.Time {
+// fileStamp identifies a config file's content: a hash of its bytes. (Modification times are
+// too coarse: two writes within one kernel tick keep the same mtime.) 0 when unreadable.
+func fileStamp(path string) uint64 {
 	if path == "" {
-		return time.Time{}
+		return 0
 	}
-	st, err := os.Stat(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return time.Time{}
+		return 0
 	}
-	return st.ModTime()
+	return xxhash.Sum64(data)
 }
 
 // NewLogger builds the zap logger: level debug|info|warn|error, format json|console.

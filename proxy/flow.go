@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -162,6 +163,9 @@ func (f *flow) finish(status int, err error) {
 	c := f.takeConn()
 	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
 	s.m.observe(f, status, err)
+	if f.body != nil && err != nil && !errors.Is(err, errClientGone) {
+		s.hc.Observe(f.lease.Backend(), health.OutcomeServerError) // died or stalled mid-response
+	}
 	if f.body != nil {
 		_ = f.resp.CloseBodyStream()
 		f.body = nil

@@ -23,7 +23,9 @@ import (
 // startProxy runs a proxy on 127.0.0.1 in front of urls and returns its base URL.
 func startProxy(t *testing.T, mode string, urls []string, mutate func(*configs.Config)) (*Server, string) {
 	t.Helper()
-	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0"}
+	// Test backends answer every path, /health included, with their test behaviour; active
+	// checks and scraping are tested in health_test.go.
+	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
 	for _, u := range urls {
 		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -45,6 +46,8 @@ type Server struct {
 	keys   *key.Builder
 	srv    *fasthttp.Server
 	wd     *watchdog
+	hc     *health.Checker
+	hcOnce sync.Once
 	m      *serverMetrics
 	flows  sync.Pool
 	nextID atomic.Uint64
@@ -74,6 +77,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		policy:        pol,
 		keys:          key.NewBuilder(cfg.Prefix.ChunkTokens),
 		wd:            newWatchdog(),
+		hc:            health.New(HealthOptions(cfg.Health), log, nil),
 		m:             newServerMetrics(cfg.Mode),
 		headerTimeout: cfg.Timeouts.ResponseHeader.D(),
 		idleTimeout:   cfg.Timeouts.Idle.D(),
@@ -128,6 +132,7 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 		m[b] = newUpstream(b, s.connTimeout, s.m.forBackend(b.Name))
 	}
 	s.ups.Store(&m)
+	s.hc.SetBackends(bs)
 	s.pool.Set(bs)
 	if sb, ok := s.policy.(interface{ SetBackends([]*backend.Backend) }); ok {
 		sb.SetBackends(bs)
@@ -136,10 +141,28 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 		for b, u := range *old {
 			if _, ok := m[b]; !ok {
 				u.retire()
+				b.ResetCache()
 			}
 		}
 	}
 }
+
+// HealthOptions maps the health section of the config onto the health package's options.
+func HealthOptions(h configs.Health) health.Options {
+	o := health.Options{
+		Path: h.Path, Interval: h.Interval.D(), Timeout: h.Timeout.D(), Rise: h.HealthyThreshold,
+		Fall: h.UnhealthyThreshold, Disabled: h.Disabled, ConsecutiveFailures: h.ConsecutiveFailures,
+		BaseEjection: h.BaseEjection.D(), MaxEjection: h.MaxEjection.D(), MaxEjectedPercent: h.MaxEjectedPercent,
+		ScrapeInterval: h.ScrapeInterval.D(), MetricsPath: h.MetricsPath, ScrapeStaleAfter: h.ScrapeStaleAfter.D(),
+	}
+	if h.ScrapeDisabled {
+		o.ScrapeInterval = 0
+	}
+	return o
+}
+
+// Health is the backend health checker.
+func (s *Server) Health() *health.Checker { return s.hc }
 
 // Backends returns the current backends.
 func (s *Server) Backends() []*backend.Backend { return s.pool.Snapshot() }
@@ -147,8 +170,11 @@ func (s *Server) Backends() []*backend.Backend { return s.pool.Snapshot() }
 // Policy returns the routing policy.
 func (s *Server) Policy() router.Policy { return s.policy }
 
-// Serve accepts requests on ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+// Serve starts the health checker and accepts requests on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.hcOnce.Do(s.hc.Start)
+	return s.srv.Serve(ln)
+}
 
 // Shutdown stops accepting, lets in-flight requests finish until ctx is done, then aborts
 // what is left (closing their upstream connections so the engines stop generating).
@@ -162,6 +188,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = s.srv.ShutdownWithContext(unwind)
 	}
 	s.wd.close()
+	s.hc.Close()
 	for _, u := range *s.ups.Load() {
 		u.retire()
 	}
@@ -310,6 +337,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		c, reused, err := up.get(now)
 		if err != nil {
 			f.lease.Release()
+			s.hc.Observe(b, health.OutcomeConnectError)
 			return err
 		}
 		if !f.setConn(c) {
@@ -345,13 +373,16 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 			continue
 		case isTimeout(err):
 			err = errHeaderTimeout
+			s.hc.Observe(b, health.OutcomeTimeout)
 		default:
 			err = fmt.Errorf("%w: %v", errUpstreamClosed, err)
+			s.hc.Observe(b, health.OutcomeConnectError)
 		}
 		f.lease.Release()
 		return err
 	}
 	status := f.resp.StatusCode()
+	s.hc.Observe(b, outcomeOf(status))
 	if canRetry && (status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusBadGateway) {
 		_ = f.resp.CloseBodyStream()
 		if cc := f.takeConn(); cc != nil {
@@ -380,6 +411,20 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	}
 	ctx.SetBodyStream(f, cl)
 	return nil
+}
+
+// outcomeOf classifies a response status for passive health: 5xx counts against the backend,
+// 429 means busy (not dead), other 4xx are the client's fault.
+func outcomeOf(status int) health.Outcome {
+	switch {
+	case status == fasthttp.StatusTooManyRequests:
+		return health.OutcomeBusy
+	case status >= 500:
+		return health.OutcomeServerError
+	case status >= 400:
+		return health.OutcomeClientError
+	}
+	return health.OutcomeOK
 }
 
 func routeHeader(d router.Decision) string {

@@ -72,7 +72,8 @@ func (p *RoundRobin) Pick(_ *key.Key, cs []*backend.Backend) Decision {
 	return Decision{Backend: cs[i%uint64(len(cs))], Reason: ReasonRoundRobin}
 }
 
-// LeastLoad picks the candidate with the fewest in-flight requests. Among equals it takes the
+// LeastLoad picks the candidate with the lowest Load (in-flight, or the replica's own running +
+// waiting count when that is higher). Among equals it takes the
 // first found from a rotating start position, so ties do not favour the first backend.
 type LeastLoad struct{ next atomic.Uint64 }
 
@@ -82,7 +83,7 @@ func (p *LeastLoad) Pick(_ *key.Key, cs []*backend.Backend) Decision {
 	return Decision{Backend: b, Reason: ReasonLeastLoad}
 }
 
-// LeastLoaded returns the candidate with the fewest in-flight requests; the scan starts at
+// LeastLoaded returns the candidate with the lowest Load; the scan starts at
 // start mod len(cs), so ties resolve to the first minimum after that position. Nil if empty.
 func LeastLoaded(cs []*backend.Backend, start uint64) *backend.Backend {
 	n := len(cs)
@@ -91,10 +92,10 @@ func LeastLoaded(cs []*backend.Backend, start uint64) *backend.Backend {
 	}
 	s := int(start % uint64(n))
 	best := cs[s]
-	bl := best.InFlight()
+	bl := best.Load()
 	for j := 1; j < n; j++ {
 		c := cs[(s+j)%n]
-		if l := c.InFlight(); l < bl {
+		if l := c.Load(); l < bl {
 			best, bl = c, l
 		}
 	}

@@ -1,0 +1,419 @@
+package health
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// Load is a model server's load as scraped from its Prometheus endpoint. Values summed over
+// label sets are summed over every series of the metric (engines, data-parallel ranks, model
+// names); fractions are averaged.
+type Load struct {
+	// Running is the number of requests in the engine's batch: vllm:num_requests_running or
+	// sglang:num_running_reqs, summed.
+	Running float64 `json:"running"`
+	// Waiting is the number of queued requests: vllm:num_requests_waiting or
+	// sglang:num_queue_reqs, summed.
+	Waiting float64 `json:"waiting"`
+	// KVCacheUsage is the fraction of the KV cache in use, 0..1: vllm:kv_cache_usage_perc
+	// (vllm:gpu_cache_usage_perc before vLLM 0.10) or sglang:token_usage, averaged.
+	KVCacheUsage float64 `json:"kv_cache_usage"`
+	// NumGPUBlocks and BlockSize (tokens per block) come from the labels of
+	// vllm:cache_config_info (blocks summed over engines). For SGLang, whose KV pool is
+	// counted in tokens, NumGPUBlocks is sglang:max_total_num_tokens and BlockSize is 1.
+	// 0: not reported.
+	NumGPUBlocks int64 `json:"num_gpu_blocks,omitempty"`
+	BlockSize    int64 `json:"block_size,omitempty"`
+	// StartTime is process_start_time_seconds (Unix seconds; 0: not reported).
+	StartTime float64 `json:"start_time,omitempty"`
+	// At is when the scrape finished (the Checker's clock).
+	At time.Time `json:"at"`
+}
+
+// scrapeResult is what the last scrape of a backend left. It is immutable once stored.
+type scrapeResult struct {
+	load    Load      // the last successful scrape (zero if none yet)
+	good    bool      // load is set
+	ok      bool      // the last attempt succeeded
+	attempt time.Time // when the last attempt finished
+	err     string    // its error, if any
+	prompt  float64   // summed prompt-token counters of the last success (restart fallback)
+	hasProm bool
+}
+
+// Load returns b's latest scraped load. fresh is false when the last scrape failed, when
+// it is older than ScrapeStaleAfter, when the server reported none of the known load
+// metrics, or when b was never scraped; l is then the last good value, or zero.
+func (c *Checker) Load(b *backend.Backend) (l Load, fresh bool) {
+	st := c.lookup(b)
+	if st == nil {
+		return Load{}, false
+	}
+	r := st.scrape.Load()
+	if r == nil {
+		return Load{}, false
+	}
+	return r.load, c.fresh(r)
+}
+
+func (c *Checker) fresh(r *scrapeResult) bool {
+	return r.ok && r.good && c.now().Sub(r.load.At) <= c.o.ScrapeStaleAfter
+}
+
+// KVCapacityTokens returns b's KV-cache capacity in tokens from the last successful scrape:
+// num_gpu_blocks × block_size of vllm:cache_config_info, or sglang:max_total_num_tokens.
+// ok is false when the server never reported it. Capacity does not go stale: it changes only
+// with a restart, which a later scrape sees.
+func (c *Checker) KVCapacityTokens(b *backend.Backend) (tokens int64, ok bool) {
+	st := c.lookup(b)
+	if st == nil {
+		return 0, false
+	}
+	r := st.scrape.Load()
+	if r == nil || !r.good || r.load.NumGPUBlocks <= 0 || r.load.BlockSize <= 0 {
+		return 0, false
+	}
+	return r.load.NumGPUBlocks * r.load.BlockSize, true
+}
+
+// maxMetricsBytes bounds what a scrape reads: vLLM's full exposition with histograms is
+// 50–300 KB.
+const maxMetricsBytes = 16 << 20
+
+var errNoLoadMetrics = errors.New("no known load metrics (vllm:num_requests_running, sglang:num_running_reqs)")
+
+// scrapeOne scrapes st once and stores the result.
+func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
+	st.scrapeMu.Lock()
+	defer st.scrapeMu.Unlock()
+	var m metrics
+	err := c.fetchMetrics(ctx, st.metricsURL, &m)
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil && !m.hasRunning && !m.hasWaiting {
+		err = errNoLoadMetrics
+	}
+	now := c.now()
+	prev := st.scrape.Load()
+	r := &scrapeResult{attempt: now}
+	if prev != nil {
+		r.load, r.good, r.prompt, r.hasProm = prev.load, prev.good, prev.prompt, prev.hasProm
+	}
+	if err != nil {
+		r.err = err.Error()
+		st.scrape.Store(r)
+		st.b.SetScrapedLoad(0) // fall back to the proxy's own in-flight count
+		if !st.scrapeFail {
+			st.scrapeFail = true
+			c.log.Warn("metrics scrape failing; routing without this backend's load",
+				zap.String("backend", st.b.Name), zap.String("url", st.metricsURL), zap.Error(err))
+		}
+		return
+	}
+	if st.scrapeFail {
+		st.scrapeFail = false
+		c.log.Info("metrics scrape working", zap.String("backend", st.b.Name))
+	}
+	l := m.load(now)
+	restarted := ""
+	switch {
+	case prev == nil || !prev.good:
+	case l.StartTime != 0 && prev.load.StartTime != 0:
+		if l.StartTime != prev.load.StartTime {
+			restarted = "process_start_time_seconds changed"
+		}
+	case l.StartTime == 0 && m.hasPrompt && prev.hasProm && m.prompt < prev.prompt:
+		// No start time (SGLang's multiprocess registry has none): a counter going back means
+		// the process started over.
+		restarted = "prompt_tokens_total went backwards"
+	}
+	r.load, r.good, r.ok = l, true, true
+	st.b.SetScrapedLoad(int64(l.Running + l.Waiting + 0.5))
+	r.prompt, r.hasProm = m.prompt, m.hasPrompt
+	st.scrape.Store(r)
+	c.scraped(st, restarted, prev, l)
+}
+
+// scraped handles restart detection after a successful scrape.
+func (c *Checker) scraped(st *bstate, restarted string, prev *scrapeResult, l Load) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	bumped := st.resetSinceScr
+	st.resetSinceScr = false
+	if restarted == "" || st.removed {
+		return
+	}
+	fields := []zap.Field{zap.String("backend", st.b.Name), zap.String("signal", restarted),
+		zap.Float64("start_time", l.StartTime), zap.Float64("previous_start_time", prev.load.StartTime)}
+	if bumped {
+		// It came back from unhealthy since the last scrape, which already dropped its cache.
+		c.log.Info("backend restart detected; cache already reset on its return", fields...)
+		return
+	}
+	st.b.ResetCache()
+	c.log.Warn("backend restart detected; its cached prefixes are forgotten",
+		append(fields, zap.Uint64("cache_epoch", st.b.Epoch()))...)
+}
+
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+
+// fetchMetrics GETs url and parses the Prometheus text body into m.
+func (c *Checker) fetchMetrics(ctx context.Context, url string, m *metrics) error {
+	resp, cancel, err := c.get(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+	}
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(io.LimitReader(resp.Body, maxMetricsBytes))
+	err = parseMetrics(br, m)
+	br.Reset(nil)
+	readerPool.Put(br)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return nil
+}
+
+// metrics accumulates the samples parseMetrics looks for.
+type metrics struct {
+	running, waiting       float64
+	hasRunning, hasWaiting bool
+	kvSum                  float64 // vllm:kv_cache_usage_perc or sglang:token_usage
+	kvN                    int
+	gpuSum                 float64 // vllm:gpu_cache_usage_perc (older name; used if no kvN)
+	gpuN                   int
+	blocks, blockSize      int64
+	sglTokens              float64 // sglang:max_total_num_tokens
+	startTime              float64
+	prompt                 float64 // prompt-token counters (restart fallback)
+	hasPrompt              bool
+}
+
+func (m *metrics) load(at time.Time) Load {
+	l := Load{Running: m.running, Waiting: m.waiting, StartTime: m.startTime, At: at}
+	switch {
+	case m.kvN > 0:
+		l.KVCacheUsage = m.kvSum / float64(m.kvN)
+	case m.gpuN > 0:
+		l.KVCacheUsage = m.gpuSum / float64(m.gpuN)
+	}
+	l.KVCacheUsage = min(max(l.KVCacheUsage, 0), 1)
+	switch {
+	case m.blocks > 0 && m.blockSize > 0:
+		l.NumGPUBlocks, l.BlockSize = m.blocks, m.blockSize
+	case m.sglTokens >= 1:
+		l.NumGPUBlocks, l.BlockSize = int64(m.sglTokens), 1
+	}
+	return l
+}
+
+// metric names parseMetrics knows.
+const (
+	mRunning = iota + 1
+	mWaiting
+	mKV
+	mGPU
+	mCacheConfig
+	mSglTokens
+	mStart
+	mPrompt
+)
+
+func metricKind(name []byte) int {
+	switch string(name) { // no allocation: the compiler compares the bytes in place
+	case "vllm:num_requests_running", "sglang:num_running_reqs":
+		return mRunning
+	case "vllm:num_requests_waiting", "sglang:num_queue_reqs":
+		return mWaiting
+	case "vllm:kv_cache_usage_perc", "sglang:token_usage":
+		return mKV
+	case "vllm:gpu_cache_usage_perc":
+		return mGPU
+	case "vllm:cache_config_info":
+		return mCacheConfig
+	case "sglang:max_total_num_tokens":
+		return mSglTokens
+	case "process_start_time_seconds":
+		return mStart
+	case "vllm:prompt_tokens_total", "sglang:prompt_tokens_total":
+		return mPrompt
+	}
+	return 0
+}
+
+// parseMetrics reads Prometheus text exposition from r and adds the samples it knows to m.
+// It looks only at lines starting with "vllm:", "sglang:" or "process_start_time_seconds",
+// skips comments and everything else without parsing, and allocates nothing per line.
+// Malformed lines of known metrics are skipped; only a read error fails the parse.
+func parseMetrics(r *bufio.Reader, m *metrics) error {
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// A line longer than the buffer: no metric we need looks like that. Skip it.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = r.ReadSlice('\n')
+			}
+			line = nil
+		}
+		if len(line) > 0 {
+			m.line(line)
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+var (
+	pfxVLLM   = []byte("vllm:")
+	pfxSGLang = []byte("sglang:")
+	pfxStart  = []byte("process_start_time_seconds")
+)
+
+// line handles one exposition line (with or without its newline).
+func (m *metrics) line(line []byte) {
+	if line[0] == '#' || (!bytes.HasPrefix(line, pfxVLLM) && !bytes.HasPrefix(line, pfxSGLang) && !bytes.HasPrefix(line, pfxStart)) {
+		return
+	}
+	i := 0
+	for i < len(line) && line[i] != '{' && line[i] != ' ' && line[i] != '\t' {
+		i++
+	}
+	kind := metricKind(line[:i])
+	if kind == 0 {
+		return
+	}
+	var labels []byte
+	rest := line[i:]
+	if len(rest) > 0 && rest[0] == '{' {
+		end := labelsEnd(rest)
+		if end < 0 {
+			return
+		}
+		labels, rest = rest[1:end], rest[end+1:]
+	}
+	v, ok := sampleValue(rest)
+	if !ok {
+		return
+	}
+	switch kind {
+	case mRunning:
+		m.running += v
+		m.hasRunning = true
+	case mWaiting:
+		m.waiting += v
+		m.hasWaiting = true
+	case mKV:
+		m.kvSum += v
+		m.kvN++
+	case mGPU:
+		m.gpuSum += v
+		m.gpuN++
+	case mCacheConfig:
+		var blocks, size int64
+		eachLabel(labels, func(name, value []byte) {
+			switch string(name) {
+			case "num_gpu_blocks":
+				blocks, _ = strconv.ParseInt(string(value), 10, 64) // "None" before profiling: 0
+			case "block_size":
+				size, _ = strconv.ParseInt(string(value), 10, 64)
+			}
+		})
+		if blocks > 0 && size > 0 {
+			m.blocks += blocks
+			m.blockSize = max(m.blockSize, size)
+		}
+	case mSglTokens:
+		m.sglTokens += v
+	case mStart:
+		m.startTime = max(m.startTime, v)
+	case mPrompt:
+		m.prompt += v
+		m.hasPrompt = true
+	}
+}
+
+// sampleValue parses the value after the metric name and labels: " 12.5" or " 12.5 1712345"
+// (with a timestamp). NaN and infinities are rejected.
+func sampleValue(rest []byte) (float64, bool) {
+	rest = bytes.TrimLeft(rest, " \t")
+	end := bytes.IndexAny(rest, " \t\r\n")
+	if end >= 0 {
+		rest = rest[:end]
+	}
+	if len(rest) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(string(rest), 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}
+
+// labelsEnd returns the index of the '}' closing the label set that s starts with ('{'),
+// honouring quoted values with escapes, or -1.
+func labelsEnd(s []byte) int {
+	inQuote := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case inQuote && c == '\\':
+			i++
+		case c == '"':
+			inQuote = !inQuote
+		case !inQuote && c == '}':
+			return i
+		case c == '\n':
+			return -1
+		}
+	}
+	return -1
+}
+
+// eachLabel calls f for each name="value" pair of a label set (without braces). Values are
+// passed raw, escapes not undone: the values read here are plain numbers.
+func eachLabel(s []byte, f func(name, value []byte)) {
+	for len(s) > 0 {
+		s = bytes.TrimLeft(s, " \t,")
+		eq := bytes.IndexByte(s, '=')
+		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
+			return
+		}
+		name := bytes.TrimSpace(s[:eq])
+		s = s[eq+2:]
+		j := 0
+		for j < len(s) && s[j] != '"' {
+			if s[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		if j >= len(s) {
+			return
+		}
+		f(name, s[:j])
+		s = s[j+1:]
+	}
+}

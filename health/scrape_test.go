@@ -1,0 +1,279 @@
+package health
+
+import (
+	"bufio"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+func TestScrapeFixtures(t *testing.T) {
+	tests := []struct {
+		file     string
+		want     Load
+		capacity int64
+	}{
+		{"testdata/vllm_metrics.txt", Load{Running: 12, Waiting: 3, KVCacheUsage: 0.375,
+			NumGPUBlocks: 54000, BlockSize: 16, StartTime: 1.75412345678e9}, 54000 * 16},
+		{"testdata/sglang_metrics.txt", Load{Running: 21, Waiting: 6, KVCacheUsage: 0.2,
+			NumGPUBlocks: 2 * 161721, BlockSize: 1}, 2 * 161721},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			srv := newFakeServer(t)
+			srv.setMetricsFile(t, tt.file)
+			b := srv.backend(t)
+			c, clk, _ := newTestChecker(t, Options{})
+			c.SetBackends([]*backend.Backend{b})
+			c.ScrapeOnce(bg)
+			got, fresh := c.Load(b)
+			tt.want.At = clk.Now()
+			if !fresh || !loadEqual(got, tt.want) {
+				t.Fatalf("Load = %+v fresh=%v\nwant   %+v fresh=true\nstate %+v", got, fresh, tt.want, c.State(b))
+			}
+			if n, ok := c.KVCapacityTokens(b); !ok || n != tt.capacity {
+				t.Fatalf("KVCapacityTokens = %d %v, want %d true", n, ok, tt.capacity)
+			}
+		})
+	}
+}
+
+func loadEqual(a, b Load) bool {
+	const eps = 1e-9
+	near := func(x, y float64) bool { return x-y < eps && y-x < eps }
+	return near(a.Running, b.Running) && near(a.Waiting, b.Waiting) && near(a.KVCacheUsage, b.KVCacheUsage) &&
+		a.NumGPUBlocks == b.NumGPUBlocks && a.BlockSize == b.BlockSize && a.StartTime == b.StartTime && a.At.Equal(b.At)
+}
+
+func TestParseMetrics(t *testing.T) {
+	tests := []struct {
+		desc, text string
+		want       Load
+	}{
+		{"empty", "", Load{}},
+		{"older vLLM: gpu_cache_usage_perc",
+			"vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.75\nvllm:num_requests_running{model_name=\"m\"} 2\n",
+			Load{Running: 2, KVCacheUsage: 0.75}},
+		{"kv_cache_usage_perc wins over the older name",
+			"vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.1\n", Load{KVCacheUsage: 0.1}},
+		{"sum over model names",
+			"vllm:num_requests_running{model_name=\"a\"} 1\nvllm:num_requests_running{model_name=\"b\"} 2.5\n",
+			Load{Running: 3.5}},
+		{"no labels, timestamp, CRLF, no final newline",
+			"vllm:num_requests_waiting 4 1712345678000\r\nvllm:num_requests_running 3",
+			Load{Running: 3, Waiting: 4}},
+		{"quoted brace and escaped quote in a label value",
+			`vllm:num_requests_running{model_name="a}\"b",x="y"} 5` + "\n", Load{Running: 5}},
+		{"similar names are not the metric",
+			"vllm:num_requests_running_total 9\nvllm:num_requests_waiting_by_reason{reason=\"capacity\"} 9\n" +
+				"# vllm:num_requests_running 9\nxvllm:num_requests_running 9\n", Load{}},
+		{"NaN, Inf and garbage are skipped",
+			"vllm:num_requests_running NaN\nvllm:num_requests_running +Inf\nvllm:num_requests_running abc\nvllm:num_requests_running{\nvllm:num_requests_running 1\n",
+			Load{Running: 1}},
+		{"cache config before profiling",
+			`vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1` + "\n", Load{}},
+		{"cache config label order",
+			`vllm:cache_config_info{num_gpu_blocks="100", block_size="32",num_gpu_blocks_override="7"} 1` + "\n",
+			Load{NumGPUBlocks: 100, BlockSize: 32}},
+		{"usage clamped to 1", "sglang:token_usage 1.5\n", Load{KVCacheUsage: 1}},
+		{"start time", "process_start_time_seconds 1.7e+09\n", Load{StartTime: 1.7e9}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			var m metrics
+			if err := parseMetrics(bufio.NewReader(strings.NewReader(tt.text)), &m); err != nil {
+				t.Fatal(err)
+			}
+			if got := m.load(time.Time{}); !loadEqual(got, tt.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseMetricsLongLine(t *testing.T) {
+	text := "vllm:num_requests_running{x=\"" + strings.Repeat("a", 100<<10) + "\"} 7\nvllm:num_requests_running 1\n"
+	var m metrics
+	if err := parseMetrics(bufio.NewReaderSize(strings.NewReader(text), 4096), &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.running != 1 {
+		t.Fatalf("running = %v, want 1 (the over-long line skipped)", m.running)
+	}
+}
+
+func TestScrapeStaleAndFailed(t *testing.T) {
+	srv := newFakeServer(t)
+	srv.setMetricsFile(t, "testdata/vllm_metrics.txt")
+	b := srv.backend(t)
+	c, clk, logs := newTestChecker(t, Options{})
+	c.SetBackends([]*backend.Backend{b})
+	if _, fresh := c.Load(b); fresh {
+		t.Fatal("fresh before any scrape")
+	}
+	if _, ok := c.KVCapacityTokens(b); ok {
+		t.Fatal("capacity known before any scrape")
+	}
+	c.ScrapeOnce(bg)
+	clk.Add(DefaultScrapeStaleAfter)
+	if _, fresh := c.Load(b); !fresh {
+		t.Fatal("stale at exactly ScrapeStaleAfter")
+	}
+	clk.Add(time.Nanosecond)
+	if l, fresh := c.Load(b); fresh || l.Running != 12 {
+		t.Fatalf("past ScrapeStaleAfter: fresh=%v running=%v, want false 12", fresh, l.Running)
+	}
+
+	c.ScrapeOnce(bg)
+	srv.metricsStatus.Store(http.StatusInternalServerError)
+	for range 3 {
+		c.ScrapeOnce(bg)
+	}
+	if l, fresh := c.Load(b); fresh || l.Running != 12 {
+		t.Fatalf("after a 500: fresh=%v running=%v, want false 12 (last good)", fresh, l.Running)
+	}
+	if s := c.State(b); s.LastScrapeError == "" || s.LoadFresh {
+		t.Fatalf("state after a failed scrape: %+v", s)
+	}
+	if _, ok := c.KVCapacityTokens(b); !ok {
+		t.Fatal("capacity forgotten after a failed scrape")
+	}
+	if n := countLogs(logs, "metrics scrape failing; routing without this backend's load"); n != 1 {
+		t.Fatalf("%d scrape-failing lines for 3 failures, want 1", n)
+	}
+	srv.metricsStatus.Store(http.StatusOK)
+	c.ScrapeOnce(bg)
+	if _, fresh := c.Load(b); !fresh {
+		t.Fatal("not fresh after a good scrape")
+	}
+
+	// A server without any known load metric is not a fresh zero load.
+	srv.setMetrics("# TYPE up gauge\nup 1\n")
+	c.ScrapeOnce(bg)
+	if _, fresh := c.Load(b); fresh {
+		t.Fatal("fresh without load metrics")
+	}
+
+	// Nothing listening.
+	d := deadBackend(t)
+	c.SetBackends([]*backend.Backend{d})
+	c.ScrapeOnce(bg)
+	if _, fresh := c.Load(d); fresh || c.State(d).LastScrapeError == "" {
+		t.Fatalf("dead backend: fresh=%v state %+v", fresh, c.State(d))
+	}
+}
+
+func TestRestartDetection(t *testing.T) {
+	vllm, err := os.ReadFile("testdata/vllm_metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted := strings.Replace(string(vllm), "process_start_time_seconds 1.75412345678e+09",
+		"process_start_time_seconds 1.75412399999e+09", 1)
+	srv := newFakeServer(t)
+	srv.setMetrics(string(vllm))
+	b := srv.backend(t)
+	c, _, logs := newTestChecker(t, Options{Disabled: true})
+	c.SetBackends([]*backend.Backend{b})
+	c.ScrapeOnce(bg)
+	c.ScrapeOnce(bg)
+	e := b.Epoch()
+	srv.setMetrics(restarted)
+	c.ScrapeOnce(bg)
+	c.ScrapeOnce(bg)
+	if b.Epoch() != e+1 {
+		t.Fatalf("epoch %d after a start-time change, want %d", b.Epoch(), e+1)
+	}
+	const msg = "backend restart detected; its cached prefixes are forgotten"
+	if n := countLogs(logs, msg); n != 1 {
+		t.Fatalf("%d restart lines, want 1", n)
+	}
+
+	// SGLang has no process_start_time_seconds: prompt_tokens_total going back means a restart.
+	sgl, err := os.ReadFile("testdata/sglang_metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.setMetrics(string(sgl))
+	c.ScrapeOnce(bg)
+	e = b.Epoch()
+	c.ScrapeOnce(bg)
+	srv.setMetrics(strings.ReplaceAll(string(sgl), "8.128902e+06", "1200"))
+	c.ScrapeOnce(bg)
+	if b.Epoch() != e+1 {
+		t.Fatalf("epoch %d after prompt_tokens_total went back, want %d", b.Epoch(), e+1)
+	}
+}
+
+// A backend that came back from unhealthy already had its epoch bumped; the new start time
+// seen right after must not bump it again (that would drop what was learned in between).
+func TestRestartAfterReturnBumpsOnce(t *testing.T) {
+	vllm, err := os.ReadFile("testdata/vllm_metrics.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newFakeServer(t)
+	srv.setMetrics(string(vllm))
+	b := srv.backend(t)
+	c, _, logs := newTestChecker(t, Options{Rise: 1, Fall: 1})
+	c.SetBackends([]*backend.Backend{b})
+	c.CheckOnce(bg)
+	c.ScrapeOnce(bg)
+	srv.healthStatus.Store(http.StatusServiceUnavailable)
+	c.CheckOnce(bg)
+	srv.healthStatus.Store(http.StatusOK)
+	srv.setMetrics(strings.Replace(string(vllm), "1.75412345678e+09", "1.8e+09", 1))
+	c.CheckOnce(bg)
+	e := b.Epoch()
+	c.ScrapeOnce(bg)
+	if b.Epoch() != e {
+		t.Fatalf("epoch bumped twice for one restart: %d, want %d", b.Epoch(), e)
+	}
+	if n := countLogs(logs, "backend restart detected; cache already reset on its return"); n != 1 {
+		t.Fatalf("%d restart lines, want 1", n)
+	}
+}
+
+func BenchmarkParseVLLM(b *testing.B) {
+	data, err := os.ReadFile("testdata/vllm_metrics.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := string(data)
+	r := strings.NewReader("")
+	br := bufio.NewReaderSize(r, 16<<10)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Reset(text)
+		br.Reset(r)
+		var m metrics
+		if err := parseMetrics(br, &m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func FuzzParseMetrics(f *testing.F) {
+	for _, name := range []string{"testdata/vllm_metrics.txt", "testdata/sglang_metrics.txt"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(string(data))
+	}
+	f.Add(`vllm:cache_config_info{block_size="16\",num_gpu_blocks="1"} 1`)
+	f.Add("vllm:num_requests_running{")
+	f.Fuzz(func(t *testing.T, s string) {
+		var m metrics
+		_ = parseMetrics(bufio.NewReaderSize(strings.NewReader(s), 64), &m)
+		l := m.load(time.Time{})
+		if l.KVCacheUsage < 0 || l.KVCacheUsage > 1 {
+			t.Fatalf("usage %v out of 0..1", l.KVCacheUsage)
+		}
+	})
+}
