@@ -111,6 +111,16 @@ func (f *flow) Read(p []byte) (int, error) {
 		_ = c.SetReadDeadline(time.Now().Add(f.idle))
 	}
 	n, err := f.body.Read(p)
+	// fasthttp writes and flushes one client chunk per Read. Chunks the backend wrote back to
+	// back that have already arrived (a burst of tokens, the usage event and [DONE]) go out
+	// in that one write; bufferedChunk makes sure this never waits for more data. Each Read of
+	// the chunked reader ends at a chunk boundary unless it filled p or drained the buffer,
+	// so the loop only ever starts at a boundary.
+	for err == nil && n > 0 && n < len(p) && f.resp.Header.ContentLength() == -1 && bufferedChunk(c.br) {
+		var m int
+		m, err = f.body.Read(p[n:])
+		n += m
+	}
 	if n > 0 {
 		if f.bytes == 0 {
 			f.firstByte = time.Since(f.start)

@@ -5,5 +5,13 @@ import (
 	"github.com/prefixlb/prefixlb/router"
 )
 
-// newPrefixPolicy is a placeholder until router.NewPrefix lands: least-load.
-func newPrefixPolicy(cfg *configs.Config) router.Policy { return &router.LeastLoad{} }
+// newPrefixPolicy builds the prefix policy from the config's prefix section.
+func newPrefixPolicy(cfg *configs.Config) router.Policy {
+	return router.NewPrefix(router.PrefixOptions{
+		ChunkTokens:          cfg.Prefix.ChunkTokens,
+		LoadFactor:           cfg.Prefix.LoadFactor,
+		LoadMargin:           cfg.Prefix.LoadMargin,
+		MaxIndexEntries:      cfg.Prefix.MaxIndexEntries,
+		DefaultKVCacheTokens: cfg.Prefix.DefaultKVCacheTokens,
+	}, nil)
+}

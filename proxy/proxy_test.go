@@ -573,3 +573,54 @@ func TestBackendDiesMidStream(t *testing.T) {
 		t.Errorf("backend served %d requests, want 1 (no retry mid-stream)", got)
 	}
 }
+
+// In mode prefix, the turns of one conversation follow its prefix to one backend and say so
+// in x-prefixlb-route; different conversations spread.
+func TestPrefixModeRoutesConversationsByPrefix(t *testing.T) {
+	var urls []string
+	for i := 0; i < 3; i++ {
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			_, _ = io.WriteString(w, `{"choices":[{"message":{"role":"assistant","content":"ok"}}]}`)
+		}))
+		defer ts.Close()
+		urls = append(urls, ts.URL)
+	}
+	s, url := startProxy(t, "prefix", urls, nil)
+	used := map[string]bool{}
+	for conv := 0; conv < 6; conv++ {
+		system := strings.Repeat(fmt.Sprintf("You are assistant number %d. Follow the policy. ", conv), 60)
+		msgs := fmt.Sprintf(`{"role":"system","content":%q}`, system)
+		var first string
+		for turn := 0; turn < 3; turn++ {
+			msgs += fmt.Sprintf(`,{"role":"user","content":"question %d of conversation %d"}`, turn, conv)
+			body := `{"model":"m","messages":[` + msgs + `]}`
+			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			be, route := resp.Header.Get(HeaderBackend), resp.Header.Get(HeaderRoute)
+			if turn == 0 {
+				first = be
+				used[be] = true
+				if !strings.HasPrefix(route, "cold") {
+					t.Errorf("conversation %d turn 0: route %q, want cold", conv, route)
+				}
+				continue
+			}
+			if be != first {
+				t.Errorf("conversation %d turn %d went to %s, turn 0 to %s", conv, turn, be, first)
+			}
+			if !strings.HasPrefix(route, "match") {
+				t.Errorf("conversation %d turn %d: route %q, want match", conv, turn, route)
+			}
+			msgs += `,{"role":"assistant","content":"ok"}`
+		}
+	}
+	if len(used) < 2 {
+		t.Errorf("6 conversations all placed on %v", used)
+	}
+	waitInFlightZero(t, s)
+}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -397,7 +398,8 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	f.resp.Header.CopyTo(&ctx.Response.Header)
 	stripHopResponse(&ctx.Response.Header)
 	ctx.Response.Header.Set(HeaderBackend, b.Name)
-	ctx.Response.Header.Set(HeaderRoute, routeHeader(f.dec))
+	var rh [48]byte
+	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(rh[:0], f.dec))
 	f.body = f.resp.BodyStream()
 	if f.body == nil { // HEAD, 204, 304
 		f.eof = true
@@ -427,8 +429,14 @@ func outcomeOf(status int) health.Outcome {
 	return health.OutcomeOK
 }
 
-func routeHeader(d router.Decision) string {
-	return fmt.Sprintf("%s;chunks=%d", d.Reason, d.MatchedChunks)
+func routeHeader(d router.Decision) string { return string(appendRouteHeader(nil, d)) }
+
+// appendRouteHeader appends the x-prefixlb-route value "REASON;chunks=N" (no fmt: this runs
+// on every request).
+func appendRouteHeader(dst []byte, d router.Decision) []byte {
+	dst = append(dst, d.Reason.String()...)
+	dst = append(dst, ";chunks="...)
+	return strconv.AppendInt(dst, int64(d.MatchedChunks), 10)
 }
 
 func without(cs []*backend.Backend, b *backend.Backend) []*backend.Backend {

@@ -1,0 +1,199 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// benchBodies makes chat bodies of about size bytes that share one of four system prompts
+// (three quarters of the body) and differ from the user turn on: body(i) writes i at the
+// start of the user turn, so every request brings new chunks, as in steady-state traffic.
+type benchBodies struct {
+	head [4][]byte // {"model":...,"messages":[{system},{"role":"user","content":"
+	tail []byte    // user text after the request number, and the closing JSON
+}
+
+func newBenchBodies(size int, stream bool) *benchBodies {
+	words := strings.Fields("the model server keeps a cache of attention keys and values for every prompt prefix it has seen so a request whose prefix is cached skips most of its prefill")
+	text := func(n, seed int) string {
+		var sb strings.Builder
+		for i := seed; sb.Len() < n; i++ {
+			sb.WriteString(words[(i*7+seed)%len(words)])
+			sb.WriteByte(' ')
+		}
+		return sb.String()[:n]
+	}
+	content := max(size-200, 64)
+	sys := content * 3 / 4
+	bb := &benchBodies{}
+	for i := range bb.head {
+		bb.head[i] = []byte(`{"model":"meta-llama/Llama-3.1-8B-Instruct","max_tokens":16,"stream":` + strconv.FormatBool(stream) +
+			`,"messages":[{"role":"system","content":"You are assistant ` + strconv.Itoa(i) + `. ` + text(sys, i+1) +
+			`"},{"role":"user","content":"Request `)
+	}
+	bb.tail = []byte(": " + text(content-sys, 99) + `"}]}`)
+	return bb
+}
+
+func (bb *benchBodies) body(dst []byte, i uint64) []byte {
+	dst = append(dst[:0], bb.head[i%uint64(len(bb.head))]...)
+	dst = strconv.AppendUint(dst, i, 10)
+	return append(dst, bb.tail...)
+}
+
+// benchProxy serves a proxy in mode in front of n zero-latency backends on loopback.
+func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
+	b.Helper()
+	z, err := sim.StartZero(n, "127.0.0.1", 0, sim.ZeroOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = z.Close() })
+	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0"}
+	for _, u := range z.URLs() {
+		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, ok := s.policy.(*router.Prefix); mode == "prefix" && !ok {
+		// Until NewPolicy wires router.NewPrefix for mode prefix, measure the real policy.
+		s.policy = newBenchPrefix(cfg)
+		s.SetBackends(s.Backends())
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = s.Serve(ln) }()
+	b.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s, ln.Addr().String()
+}
+
+func newBenchPrefix(cfg *configs.Config) *router.Prefix {
+	return router.NewPrefix(router.PrefixOptions{
+		ChunkTokens: cfg.Prefix.ChunkTokens, LoadFactor: cfg.Prefix.LoadFactor, LoadMargin: cfg.Prefix.LoadMargin,
+		MaxIndexEntries: cfg.Prefix.MaxIndexEntries, DefaultKVCacheTokens: cfg.Prefix.DefaultKVCacheTokens,
+	}, nil)
+}
+
+// BenchmarkProxy sends chat completions through the proxy (fasthttp client → proxy →
+// zero-latency backend, all on loopback in this process) from 4×GOMAXPROCS goroutines.
+// ns/op is the inverse of throughput; B/op and allocs/op cover client, proxy and backend
+// together, so what matters is that they do not grow with the body.
+func BenchmarkProxy(b *testing.B) {
+	for _, mode := range []string{"round-robin", "prefix"} {
+		for _, stream := range []bool{false, true} {
+			for _, size := range []int{1 << 10, 16 << 10, 128 << 10} {
+				name := fmt.Sprintf("mode=%s/stream=%v/body=%dKB", mode, stream, size>>10)
+				b.Run(name, func(b *testing.B) { benchProxyRequests(b, mode, stream, size) })
+			}
+		}
+	}
+}
+
+func benchProxyRequests(b *testing.B, mode string, stream bool, size int) {
+	_, addr := benchProxy(b, mode, 2)
+	bb := newBenchBodies(size, stream)
+	hc := &fasthttp.HostClient{Addr: addr, MaxConns: 256, ReadTimeout: 30 * time.Second, NoDefaultUserAgentHeader: true}
+	defer hc.CloseIdleConnections()
+	uri := "http://" + addr + "/v1/chat/completions"
+	var seq atomic.Uint64
+	var failed atomic.Value
+	b.SetBytes(int64(len(bb.body(nil, 0))))
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var req fasthttp.Request
+		var resp fasthttp.Response
+		req.Header.SetMethod(fasthttp.MethodPost)
+		req.Header.SetContentType("application/json")
+		req.SetRequestURI(uri)
+		buf := make([]byte, 0, size+1024)
+		for pb.Next() {
+			buf = bb.body(buf, seq.Add(1))
+			req.SetBodyRaw(buf)
+			resp.Reset()
+			if err := hc.Do(&req, &resp); err != nil {
+				failed.Store(err.Error())
+				return
+			}
+			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Body()) == 0 {
+				failed.Store(fmt.Sprintf("status %d, %d body bytes", resp.StatusCode(), len(resp.Body())))
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	if msg := failed.Load(); msg != nil {
+		b.Fatal(msg)
+	}
+}
+
+// BenchmarkRoutingDecision is the whole routing decision of mode prefix for one request,
+// without I/O: key.Build (parse, render, chained chunk hashes) + Pick + Learn, with an index
+// that holds the shared system prompts and keeps learning every new user turn.
+func BenchmarkRoutingDecision(b *testing.B) {
+	for _, size := range []int{1 << 10, 16 << 10, 128 << 10} {
+		b.Run(fmt.Sprintf("body=%dKB", size>>10), func(b *testing.B) {
+			cfg := &configs.Config{Mode: "prefix"}
+			cfg.ApplyDefaults()
+			pol := newBenchPrefix(cfg)
+			bs := make([]*backend.Backend, 4)
+			for i := range bs {
+				var err error
+				if bs[i], err = backend.New(fmt.Sprintf("http://10.0.0.%d:8000", i+1), 0, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			pol.SetBackends(bs)
+			kb := key.NewBuilder(cfg.Prefix.ChunkTokens)
+			bb := newBenchBodies(size, true)
+			path := []byte("/v1/chat/completions")
+			var k key.Key
+			var buf []byte
+			for i := range uint64(64) {
+				buf = bb.body(buf, 1<<40+i)
+				kb.Build(path, buf, &k)
+				pol.Learn(&k, pol.Pick(&k, bs).Backend)
+			}
+			b.SetBytes(int64(len(buf)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := uint64(0); b.Loop(); i++ {
+				buf = bb.body(buf, i)
+				kb.Build(path, buf, &k)
+				d := pol.Pick(&k, bs)
+				pol.Learn(&k, d.Backend)
+			}
+			b.StopTimer()
+			if !k.OK || len(k.Chunks) == 0 {
+				b.Fatal("body did not produce a routing key")
+			}
+		})
+	}
+}
