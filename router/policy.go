@@ -16,7 +16,7 @@ type Reason uint8
 const (
 	// ReasonRoundRobin: mode round-robin, or the last resort of another mode.
 	ReasonRoundRobin Reason = iota
-	// ReasonLeastLoad: mode least-load.
+	// ReasonLeastLoad: mode least-load, or a prefix-mode request too short to hold one full chunk.
 	ReasonLeastLoad
 	// ReasonMatch: the backend holds a useful prefix of the prompt.
 	ReasonMatch

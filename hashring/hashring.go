@@ -1,0 +1,128 @@
+// Package hashring is consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam).
+//
+// A Ring is immutable once built, so it is safe for concurrent use without locking; to change
+// the members, build a new Ring and swap it in (the owner keeps it in an atomic.Pointer).
+// The load bound itself is the caller's: Lookup walks clockwise from the key and returns the
+// first member that the caller's accept function takes.
+package hashring
+
+import (
+	"slices"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Replicas is the number of points (virtual nodes) per unit of weight. 160 points per member
+// keep every member's share of the circle within a few percent of its fair share.
+const Replicas = 160
+
+// Hash maps a point's label ("name#i") to its position on the circle.
+type Hash func(data []byte) uint64
+
+// Member is one participant of the ring.
+type Member struct {
+	// Name identifies the member; rings built from the same names place keys the same way,
+	// whatever the order of the members.
+	Name string
+	// Weight scales the member's number of points; values below 1 count as 1.
+	Weight int
+}
+
+type point struct {
+	hash   uint64
+	member int32
+}
+
+// Ring is an immutable consistent-hash ring. The zero value is an empty ring.
+type Ring struct {
+	points  []point
+	members []Member
+}
+
+// New builds a ring of members. hash positions the points; nil means xxhash64.
+// Member indexes (Lookup's results) are positions in members.
+func New(members []Member, hash Hash) *Ring {
+	if hash == nil {
+		hash = xxhash.Sum64
+	}
+	r := &Ring{members: slices.Clone(members)}
+	var buf []byte
+	for m, mb := range r.members {
+		w := max(mb.Weight, 1)
+		for i := range Replicas * w {
+			buf = strconv.AppendInt(append(append(buf[:0], mb.Name...), '#'), int64(i), 10)
+			r.points = append(r.points, point{hash: hash(buf), member: int32(m)})
+		}
+	}
+	// Colliding points are ordered by member name so that the result does not depend on the
+	// order in which members were given.
+	slices.SortFunc(r.points, func(a, b point) int {
+		if a.hash != b.hash {
+			if a.hash < b.hash {
+				return -1
+			}
+			return 1
+		}
+		na, nb := r.members[a.member].Name, r.members[b.member].Name
+		if na < nb {
+			return -1
+		} else if na > nb {
+			return 1
+		}
+		return 0
+	})
+	return r
+}
+
+// Len is the number of members.
+func (r *Ring) Len() int { return len(r.members) }
+
+// Member returns member i as given to New.
+func (r *Ring) Member(i int) Member { return r.members[i] }
+
+// Get returns the member that owns key: the first point clockwise from key. -1 if the ring
+// is empty.
+func (r *Ring) Get(key uint64) int { return r.Lookup(key, nil) }
+
+// Lookup walks clockwise from key's position and returns the first member that accept takes
+// (nil accepts all), asking about each member at most once. It returns -1 when no member is
+// accepted. With accept = "load below the bound" this is the bounded-load walk: a key whose
+// owner is full goes to the next member on the circle, so a full member's overflow spreads
+// as its points' successors do. accept must not retain or modify the ring.
+func (r *Ring) Lookup(key uint64, accept func(member int) bool) int {
+	n := len(r.points)
+	if n == 0 {
+		return -1
+	}
+	i, _ := slices.BinarySearchFunc(r.points, key, func(p point, k uint64) int {
+		if p.hash < k {
+			return -1
+		} else if p.hash > k {
+			return 1
+		}
+		return 0
+	})
+	if accept == nil {
+		return int(r.points[i%n].member)
+	}
+	// seen holds the members already asked; members beyond its size are asked again on
+	// each of their points, which is correct and only slower.
+	var seen [16]uint64
+	left := len(r.members)
+	for j := 0; j < n && left > 0; j++ {
+		m := int(r.points[(i+j)%n].member)
+		if m < len(seen)*64 {
+			w, bit := m/64, uint64(1)<<(m%64)
+			if seen[w]&bit != 0 {
+				continue
+			}
+			seen[w] |= bit
+			left--
+		}
+		if accept(m) {
+			return m
+		}
+	}
+	return -1
+}

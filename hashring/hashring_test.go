@@ -1,0 +1,178 @@
+package hashring
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+)
+
+// labelHash places "N#i" at N*1000+i, so ring positions can be checked by hand: member "2"
+// owns the points 2000..2159 and every key in (1159, 2159].
+func labelHash(b []byte) uint64 {
+	name, i, _ := bytes.Cut(b, []byte("#"))
+	n, _ := strconv.Atoi(string(name))
+	k, _ := strconv.Atoi(string(i))
+	return uint64(n*1000 + k)
+}
+
+func names(ms ...string) []Member {
+	out := make([]Member, len(ms))
+	for i, m := range ms {
+		out[i] = Member{Name: m, Weight: 1}
+	}
+	return out
+}
+
+func TestLookupByHand(t *testing.T) {
+	r := New(names("1", "2", "3"), labelHash)
+	tests := []struct {
+		key  uint64
+		want string
+	}{
+		{0, "1"}, {1000, "1"}, {1159, "1"}, {1160, "2"}, {2100, "2"}, {2500, "3"},
+		{3159, "3"}, {3160, "1"}, {1<<64 - 1, "1"},
+	}
+	for _, tt := range tests {
+		if g := r.Member(r.Get(tt.key)).Name; g != tt.want {
+			t.Errorf("Get(%d) = %s, want %s", tt.key, g, tt.want)
+		}
+	}
+}
+
+func TestLookupSkipsRejected(t *testing.T) {
+	r := New(names("1", "2", "3"), labelHash)
+	asked := map[int]int{}
+	not2 := func(m int) bool { asked[m]++; return r.Member(m).Name != "2" }
+	if g := r.Member(r.Lookup(1500, not2)).Name; g != "3" {
+		t.Errorf("Lookup(1500, not 2) = %s, want 3", g)
+	}
+	for m, n := range asked {
+		if n != 1 {
+			t.Errorf("member %s asked %d times, want once", r.Member(m).Name, n)
+		}
+	}
+	if g := r.Lookup(1500, func(int) bool { return false }); g != -1 {
+		t.Errorf("Lookup with nothing accepted = %d, want -1", g)
+	}
+	if g := (&Ring{}).Lookup(1, nil); g != -1 {
+		t.Errorf("empty ring Lookup = %d, want -1", g)
+	}
+}
+
+func TestDistributionWithWeights(t *testing.T) {
+	ms := []Member{{"http://a:8000", 1}, {"http://b:8000", 1}, {"http://c:8000", 2}, {"http://d:8000", 4}}
+	r := New(ms, nil)
+	const keys = 200_000
+	count := make([]int, len(ms))
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range keys {
+		count[r.Get(rng.Uint64())]++
+	}
+	for i, m := range ms {
+		want := float64(keys) * float64(m.Weight) / 8
+		if got := float64(count[i]); got < 0.8*want || got > 1.2*want {
+			t.Errorf("%s (weight %d) got %d keys, want %.0f ± 20%%", m.Name, m.Weight, count[i], want)
+		}
+	}
+}
+
+// Adding or removing one of n members moves about 1/n of the keys, and only keys that
+// belong to (or go to) that member.
+func TestRemapOnChange(t *testing.T) {
+	const keys = 100_000
+	for _, n := range []int{4, 8, 16} {
+		ms := make([]Member, n)
+		for i := range ms {
+			ms[i] = Member{Name: fmt.Sprintf("http://10.0.0.%d:8000", i), Weight: 1}
+		}
+		full, less := New(ms, nil), New(ms[:n-1], nil)
+		gone := ms[n-1].Name
+		moved := 0
+		rng := rand.New(rand.NewPCG(uint64(n), 7))
+		for range keys {
+			k := rng.Uint64()
+			a, b := full.Member(full.Get(k)).Name, less.Member(less.Get(k)).Name
+			if a != b {
+				moved++
+				if a != gone {
+					t.Fatalf("n=%d: key %d moved from %s to %s, but only %s left", n, k, a, b, gone)
+				}
+			}
+		}
+		frac, fair := float64(moved)/keys, 1/float64(n)
+		if frac < 0.5*fair || frac > 2*fair {
+			t.Errorf("n=%d: %.3f of keys moved, want within [%.3f, %.3f]", n, frac, 0.5*fair, 2*fair)
+		}
+	}
+}
+
+func TestOrderIndependent(t *testing.T) {
+	ms := names("http://a:1", "http://b:1", "http://c:1", "http://d:1", "http://e:1")
+	rev := make([]Member, len(ms))
+	for i := range ms {
+		rev[i] = ms[len(ms)-1-i]
+	}
+	// A hash with many collisions makes the tie order matter too.
+	coarse := func(b []byte) uint64 { return labelHash([]byte{b[len(b)-1]}) & ^uint64(0xff) }
+	for _, h := range []Hash{nil, coarse} {
+		r1, r2 := New(ms, h), New(rev, h)
+		rng := rand.New(rand.NewPCG(3, 4))
+		for range 10_000 {
+			k := rng.Uint64()
+			if a, b := r1.Member(r1.Get(k)).Name, r2.Member(r2.Get(k)).Name; a != b {
+				t.Fatalf("key %d: %s in one order, %s in the other", k, a, b)
+			}
+		}
+	}
+}
+
+// The bounded-load walk: with a cap of ceil(c·(m+1)/n) per member, 10,000 keys that all hash
+// to one point still spread so that no member exceeds the cap.
+func TestBoundedWalk(t *testing.T) {
+	ms := names("http://a:1", "http://b:1", "http://c:1", "http://d:1")
+	r := New(ms, nil)
+	load := make([]int, len(ms))
+	total := 0
+	for range 10_000 {
+		limit := (5*(total+1) + 4*len(ms) - 1) / (4 * len(ms)) // ceil(1.25·(total+1)/n)
+		m := r.Lookup(42, func(m int) bool { return load[m] < limit })
+		if m < 0 {
+			t.Fatalf("no member under the cap %d (loads %v)", limit, load)
+		}
+		load[m]++
+		total++
+	}
+	for m, l := range load {
+		if l > (5*total+4*len(ms)-1)/(4*len(ms)) {
+			t.Errorf("%s took %d of %d keys, over the cap", ms[m].Name, l, total)
+		}
+	}
+}
+
+func benchmarkLookup(b *testing.B, n int) {
+	ms := make([]Member, n)
+	for i := range ms {
+		ms[i] = Member{Name: fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256), Weight: 1}
+	}
+	r := New(ms, nil)
+	keys := make([]uint64, 1024)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range keys {
+		keys[i] = rng.Uint64()
+	}
+	full := make([]bool, n)
+	for i := range full {
+		full[i] = i%2 == 0 // half the members over the cap
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		r.Lookup(keys[i%len(keys)], func(m int) bool { return !full[m] })
+	}
+}
+
+func BenchmarkLookup8(b *testing.B)   { benchmarkLookup(b, 8) }
+func BenchmarkLookup64(b *testing.B)  { benchmarkLookup(b, 64) }
+func BenchmarkLookup512(b *testing.B) { benchmarkLookup(b, 512) }

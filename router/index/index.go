@@ -1,0 +1,674 @@
+// Package index is the prefix index: for each chained chunk hash, which backends hold that
+// prefix in their KV cache (as far as this router knows) and when each last used it.
+//
+// A chained hash names its whole prefix, so a map of them is a radix tree in disguise: a
+// backend holds the first i chunks of a prompt if it holds Chunks[0..i-1].
+//
+// Structure. Chunk hashes are spread over shards (64 by default), each an open-addressing
+// table (table.go) from hash to a short list of holders, guarded by its own RWMutex. Each
+// backend gets a small slot number and its own LRU list of the chunks it holds, guarded by
+// the slot's mutex. Lock order is slot, then shard; no lock is held across a request, and
+// Match takes only shard read locks, one chunk at a time. A table slot (16 bytes) carries a
+// bitmask of the backend slots below 32 that hold the chunk, so Match reads one table slot
+// per chunk and no list. Lists link int32 indexes into slabs, not pointers: a (chunk,
+// backend) entry costs a 12-byte holder, a 24-byte LRU node and a share of a table slot,
+// 59–76 bytes in all at 1M entries, steady under eviction churn.
+//
+// Bounds. A backend holds at most its capacity in chunks (KV-cache tokens ÷ chunk tokens);
+// past it, its least recently used chunks go first. Record touches a prompt's chunks deepest
+// first, so of one prompt the deeper chunks are always evicted before their ancestors, as the
+// engine's own LRU frees leaf blocks first, and a backend's entries always form whole
+// prefixes. When the capacities add up to more than MaxEntries, every backend's capacity
+// is scaled down in proportion, so the whole index stays under MaxEntries.
+//
+// Staleness. Entries are tied to the backend's Epoch: after ResetCache (restart, return from
+// unhealthy) Match ignores them at once and the next Record or SetBackends frees them.
+// Removed backends lose their entries in SetBackends or RemoveBackend.
+package index
+
+import (
+	"cmp"
+	"math"
+	"math/bits"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/configs"
+)
+
+// Options configure an Index. Zero fields take the configs package defaults.
+type Options struct {
+	// ChunkTokens is the number of approximate tokens per chunk.
+	ChunkTokens int
+	// DefaultKVCacheTokens is a backend's KV capacity in tokens when its KVCacheTokens is 0.
+	DefaultKVCacheTokens int64
+	// MaxEntries caps the (chunk, backend) entries over all backends; negative: no cap.
+	MaxEntries int
+	// Shards is the number of hash shards, rounded up to a power of two (default 64).
+	Shards int
+}
+
+// Index maps chained chunk hashes to the backends that hold them. It is safe for concurrent
+// use. Backends must be registered with SetBackends before Record learns anything about them.
+type Index struct {
+	chunkTokens int64
+	defaultKV   int64
+	maxEntries  int64
+	mask        uint64
+	shards      []shard
+
+	mu        sync.Mutex // serialises SetBackends and RemoveBackend
+	tab       atomic.Pointer[table]
+	evictions atomic.Uint64
+}
+
+// table is an immutable snapshot of the registered backends.
+type table struct {
+	byID   map[uint64]*slot
+	maxNum int // every slot number is below maxNum
+}
+
+type shard struct {
+	mu     sync.RWMutex
+	chunks chunkTable
+	hs     holderSlab
+	_      [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+// holder says that slot holds the chunk; node is the slot's LRU node for it.
+type holder struct {
+	next int32 // next holder of the same chunk, -1 at the end
+	node int32
+	slot uint16
+}
+
+// maskSlots is the number of slots that chunk.mask covers.
+const maskSlots = 32
+
+const (
+	pageBits = 10
+	pageSize = 1 << pageBits
+	nilIdx   = -1
+)
+
+// holderSlab allocates holders in fixed pages, so growth never copies and wastes at most
+// one page per shard.
+type holderSlab struct {
+	pages [][]holder
+	n     int32
+	free  int32 // free list through holder.next
+}
+
+func (s *holderSlab) at(i int32) *holder { return &s.pages[i>>pageBits][i&(pageSize-1)] }
+
+func (s *holderSlab) alloc() int32 {
+	if i := s.free; i != nilIdx {
+		s.free = s.at(i).next
+		return i
+	}
+	if int(s.n)>>pageBits == len(s.pages) {
+		s.pages = append(s.pages, make([]holder, pageSize))
+	}
+	s.n++
+	return s.n - 1
+}
+
+func (s *holderSlab) release(i int32) {
+	*s.at(i) = holder{next: s.free}
+	s.free = i
+}
+
+// slot is one backend's part of the index: its LRU list of entries.
+type slot struct {
+	num  uint16
+	id   uint64
+	name string
+
+	removed   atomic.Bool   // retired; its number may belong to a new slot
+	epoch     atomic.Uint64 // the backend epoch the entries belong to
+	capacity  atomic.Int64  // effective capacity in chunks
+	count     atomic.Int64
+	evictions atomic.Uint64
+	rawCap    int64 // capacity before the global cap; guarded by Index.mu
+
+	mu    sync.Mutex // guards the fields below and the slot's holders
+	nodes []node
+	head  int32 // most recently used
+	tail  int32 // least recently used
+	free  int32 // free list through node.next
+}
+
+type node struct {
+	hash       uint64
+	used       int64 // unix nanoseconds of the last Record
+	prev, next int32
+}
+
+// New returns an empty Index.
+func New(o Options) *Index {
+	if o.ChunkTokens <= 0 {
+		o.ChunkTokens = configs.DefaultChunkTokens
+	}
+	if o.DefaultKVCacheTokens <= 0 {
+		o.DefaultKVCacheTokens = configs.DefaultKVCacheTokens
+	}
+	if o.MaxEntries == 0 {
+		o.MaxEntries = configs.DefaultMaxIndexEntries
+	}
+	n := 64
+	if o.Shards > 0 {
+		n = 1
+		for n < o.Shards {
+			n <<= 1
+		}
+	}
+	x := &Index{
+		chunkTokens: int64(o.ChunkTokens),
+		defaultKV:   o.DefaultKVCacheTokens,
+		maxEntries:  int64(o.MaxEntries),
+		mask:        uint64(n - 1),
+		shards:      make([]shard, n),
+	}
+	for i := range x.shards {
+		x.shards[i].hs.free = nilIdx
+	}
+	x.tab.Store(&table{byID: map[uint64]*slot{}})
+	return x
+}
+
+func (x *Index) shard(h uint64) *shard { return &x.shards[h&x.mask] }
+
+// norm maps the chunk hash 0, which marks empty table slots, to 1.
+func norm(h uint64) uint64 { return max(h, 1) }
+
+// SetBackends makes bs the registered backends (identified by ID): it frees the entries of
+// backends no longer listed and of backends whose epoch moved, registers new ones, and
+// recomputes every capacity (KV tokens may have changed, and the global cap is shared).
+func (x *Index) SetBackends(bs []*backend.Backend) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	old := x.tab.Load()
+	want := make(map[uint64]*backend.Backend, len(bs))
+	for _, b := range bs {
+		want[b.ID] = b
+	}
+	nt := &table{byID: make(map[uint64]*slot, len(bs))}
+	var used []bool
+	for id, s := range old.byID {
+		if want[id] == nil {
+			x.retire(s) // before its number can be reused
+			continue
+		}
+		nt.byID[id] = s
+		used = setBit(used, int(s.num))
+	}
+	for _, b := range bs {
+		if nt.byID[b.ID] != nil {
+			continue
+		}
+		num := slices.Index(used, false)
+		if num < 0 {
+			num = len(used)
+		}
+		if num > math.MaxUint16 {
+			continue // more backends than slots; they are simply not indexed
+		}
+		used = setBit(used, num)
+		s := &slot{num: uint16(num), id: b.ID, name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx}
+		s.epoch.Store(b.Epoch())
+		nt.byID[b.ID] = s
+	}
+	for id, s := range nt.byID {
+		s.rawCap = x.rawCapacity(want[id])
+	}
+	x.install(nt)
+	for id, s := range nt.byID {
+		b := want[id]
+		s.mu.Lock()
+		if e := b.Epoch(); e != s.epoch.Load() {
+			x.purge(s)
+			s.epoch.Store(e)
+		}
+		x.trim(s)
+		s.mu.Unlock()
+	}
+}
+
+// RemoveBackend frees all entries of b and forgets it. Unknown backends are ignored.
+func (x *Index) RemoveBackend(b *backend.Backend) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	old := x.tab.Load()
+	s := old.byID[b.ID]
+	if s == nil {
+		return
+	}
+	x.retire(s)
+	nt := &table{byID: make(map[uint64]*slot, len(old.byID))}
+	for id, o := range old.byID {
+		if o != s {
+			nt.byID[id] = o
+		}
+	}
+	x.install(nt) // capacities only grow here: nothing to trim
+}
+
+func setBit(bs []bool, i int) []bool {
+	for len(bs) <= i {
+		bs = append(bs, false)
+	}
+	bs[i] = true
+	return bs
+}
+
+func (x *Index) rawCapacity(b *backend.Backend) int64 {
+	kv := b.KVCacheTokens
+	if kv <= 0 {
+		kv = x.defaultKV
+	}
+	return kv / x.chunkTokens
+}
+
+// install scales capacities to the global cap and publishes nt. Called with x.mu held.
+func (x *Index) install(nt *table) {
+	var sum int64
+	for _, s := range nt.byID {
+		sum += s.rawCap
+		nt.maxNum = max(nt.maxNum, int(s.num)+1)
+	}
+	for _, s := range nt.byID {
+		c := s.rawCap
+		if x.maxEntries > 0 && sum > x.maxEntries {
+			c = int64(float64(c) * float64(x.maxEntries) / float64(sum)) // floor: Σ ≤ MaxEntries
+		}
+		s.capacity.Store(c)
+	}
+	x.tab.Store(nt)
+}
+
+// retire frees s's entries and marks it removed. Called with x.mu held.
+func (x *Index) retire(s *slot) {
+	s.mu.Lock()
+	x.purge(s)
+	s.removed.Store(true)
+	s.nodes = nil
+	s.mu.Unlock()
+}
+
+// Record marks b as holding every chunk of chunks (a prompt's chained hashes, in order) as
+// of now, making them its most recently used entries. A prompt longer than b's capacity is
+// recorded up to the capacity. Backends not registered with SetBackends are ignored.
+func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) {
+	if len(chunks) == 0 || b == nil {
+		return
+	}
+	s := x.tab.Load().byID[b.ID]
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.removed.Load() {
+		return
+	}
+	if e := b.Epoch(); e != s.epoch.Load() {
+		x.purge(s)
+		s.epoch.Store(e)
+	}
+	x.trim(s)
+	limit := s.capacity.Load()
+	if limit <= 0 {
+		return
+	}
+	if int64(len(chunks)) > limit {
+		chunks = chunks[:limit]
+	}
+	t := now.UnixNano()
+	// Deepest first, each moved to the front: the prompt ends up shallow-to-deep from the
+	// front of the list, so its deepest chunks are the first of it to be evicted.
+	for i := len(chunks) - 1; i >= 0; i-- {
+		h := norm(chunks[i])
+		sh := x.shard(h)
+		// Only this slot adds or removes its own holders, and s.mu is held: what find
+		// says stays true after the read lock is released.
+		sh.mu.RLock()
+		ni := sh.find(h, s.num)
+		sh.mu.RUnlock()
+		if ni != nilIdx {
+			s.touch(ni, t)
+			continue
+		}
+		if s.count.Load() >= limit {
+			x.evict(s) // locks the tail's shard; no shard lock is held here
+		}
+		ni = s.alloc(h, t, limit)
+		sh.mu.Lock()
+		sh.add(h, s.num, ni)
+		sh.mu.Unlock()
+	}
+}
+
+// Match sets out[j] to the number of leading chunks of chunks that cs[j] holds: chunk i
+// counts only if chunks 0..i all do. It walks the chunks from the start and stops at the
+// first chunk that no candidate still matching holds. It returns the largest out[j].
+// out must have room for len(cs); candidates must have distinct IDs. It allocates only when
+// there are more than 64 candidates or 256 registered backends.
+func (x *Index) Match(chunks []uint64, cs []*backend.Backend, out []int) int {
+	out = out[:len(cs)]
+	clear(out)
+	if len(chunks) == 0 || len(cs) == 0 {
+		return 0
+	}
+	tab := x.tab.Load()
+	var posBuf [256]uint16 // slot number → candidate index + 1
+	var slotBuf [64]*slot  // candidate index → slot
+	pos, slots := posBuf[:], slotBuf[:]
+	if tab.maxNum > len(pos) {
+		pos = make([]uint16, tab.maxNum)
+	}
+	if len(cs) > len(slots) {
+		slots = make([]*slot, len(cs))
+	}
+	var want uint32 // candidates' slot bits
+	wide := false   // some candidate's slot is beyond the mask
+	for j, b := range cs {
+		s := tab.byID[b.ID]
+		// A restarted backend's entries are ignored until they are purged.
+		if s == nil || s.epoch.Load() != b.Epoch() {
+			continue
+		}
+		slots[j] = s
+		pos[s.num] = uint16(j + 1)
+		if s.num < maskSlots {
+			want |= 1 << s.num
+		} else {
+			wide = true
+		}
+	}
+	var best int
+	switch {
+	case wide:
+		best = x.matchList(chunks, pos, out)
+	case want != 0:
+		best = x.matchMask(chunks, want, pos, out)
+	}
+	// A candidate whose slot was retired meanwhile may have been credited with holders of
+	// a new slot that reuses the number: retire happens before any reuse, so checking it
+	// after the walk is enough.
+	for j, s := range slots[:len(cs)] {
+		if s != nil && s.removed.Load() {
+			out[j] = 0
+		}
+	}
+	return best
+}
+
+// matchMask is Match for slots that all fit the chunk mask.
+func (x *Index) matchMask(chunks []uint64, want uint32, pos []uint16, out []int) int {
+	alive := want
+	for i, h := range chunks {
+		h = norm(h)
+		sh := x.shard(h)
+		var mask uint32
+		sh.mu.RLock()
+		if c := sh.chunks.get(h); c != nil {
+			mask = c.mask
+		}
+		sh.mu.RUnlock()
+		next := alive & mask
+		for gone := alive &^ next; gone != 0; gone &= gone - 1 {
+			out[pos[bits.TrailingZeros32(gone)]-1] = i
+		}
+		if alive = next; alive == 0 {
+			return i
+		}
+	}
+	for ; alive != 0; alive &= alive - 1 {
+		out[pos[bits.TrailingZeros32(alive)]-1] = len(chunks)
+	}
+	return len(chunks)
+}
+
+// matchList is Match through the holder lists, for slots beyond the chunk mask.
+func (x *Index) matchList(chunks []uint64, pos []uint16, out []int) int {
+	best := 0
+	for i, h := range chunks {
+		h = norm(h)
+		sh := x.shard(h)
+		advanced := false
+		sh.mu.RLock()
+		hi := int32(nilIdx)
+		if c := sh.chunks.get(h); c != nil {
+			hi = c.head
+		}
+		for hi != nilIdx {
+			hd := sh.hs.at(hi)
+			if p := int(pos[hd.slot]); p > 0 && out[p-1] == i {
+				out[p-1] = i + 1
+				advanced = true
+			}
+			hi = hd.next
+		}
+		sh.mu.RUnlock()
+		if !advanced {
+			break
+		}
+		best = i + 1
+	}
+	return best
+}
+
+// find returns the LRU node of slot's holder of h, or nilIdx. Called with sh.mu held.
+func (sh *shard) find(h uint64, slot uint16) int32 {
+	c := sh.chunks.get(h)
+	if c == nil || (slot < maskSlots && c.mask&(1<<slot) == 0) {
+		return nilIdx
+	}
+	for hi := c.head; hi != nilIdx; {
+		hd := sh.hs.at(hi)
+		if hd.slot == slot {
+			return hd.node
+		}
+		hi = hd.next
+	}
+	return nilIdx
+}
+
+// add links a new holder of h. Called with sh.mu held.
+func (sh *shard) add(h uint64, slot uint16, node int32) {
+	hi := sh.hs.alloc()
+	c := sh.chunks.put(h)
+	*sh.hs.at(hi) = holder{next: c.head, node: node, slot: slot}
+	c.head = hi
+	if slot < maskSlots {
+		c.mask |= 1 << slot
+	}
+}
+
+// remove unlinks slot's holder of h, if any. Called with sh.mu held.
+func (sh *shard) remove(h uint64, slot uint16) {
+	c := sh.chunks.get(h)
+	if c == nil {
+		return
+	}
+	prev := int32(nilIdx)
+	for hi := c.head; hi != nilIdx; {
+		hd := sh.hs.at(hi)
+		if hd.slot != slot {
+			prev, hi = hi, hd.next
+			continue
+		}
+		if prev != nilIdx {
+			sh.hs.at(prev).next = hd.next
+		} else {
+			c.head = hd.next
+		}
+		if slot < maskSlots {
+			c.mask &^= 1 << slot
+		}
+		sh.hs.release(hi)
+		if c.head == nilIdx {
+			sh.chunks.del(h)
+		}
+		return
+	}
+}
+
+// evict drops s's least recently used entry. Called with s.mu held and no shard lock.
+func (x *Index) evict(s *slot) {
+	ti := s.tail
+	if ti == nilIdx {
+		return
+	}
+	h := s.nodes[ti].hash
+	sh := x.shard(h)
+	sh.mu.Lock()
+	sh.remove(h, s.num)
+	sh.mu.Unlock()
+	s.unlink(ti)
+	s.release(ti)
+	s.evictions.Add(1)
+	x.evictions.Add(1)
+}
+
+// trim evicts until s is within its capacity (which SetBackends may have lowered).
+// Called with s.mu held.
+func (x *Index) trim(s *slot) {
+	for s.count.Load() > max(s.capacity.Load(), 0) {
+		x.evict(s)
+	}
+}
+
+// purge frees all of s's entries. Called with s.mu held.
+func (x *Index) purge(s *slot) {
+	for ni := s.head; ni != nilIdx; ni = s.nodes[ni].next {
+		h := s.nodes[ni].hash
+		sh := x.shard(h)
+		sh.mu.Lock()
+		sh.remove(h, s.num)
+		sh.mu.Unlock()
+	}
+	s.nodes = s.nodes[:0]
+	s.head, s.tail, s.free = nilIdx, nilIdx, nilIdx
+	s.count.Store(0)
+}
+
+// alloc takes a node for h and puts it at the front. limit bounds the slab's growth.
+func (s *slot) alloc(h uint64, t int64, limit int64) int32 {
+	ni := s.free
+	if ni != nilIdx {
+		s.free = s.nodes[ni].next
+	} else {
+		if len(s.nodes) == cap(s.nodes) {
+			want := min(max(2*len(s.nodes), 64), int(limit))
+			s.nodes = slices.Grow(s.nodes, max(want-len(s.nodes), 1))
+		}
+		s.nodes = append(s.nodes, node{})
+		ni = int32(len(s.nodes) - 1)
+	}
+	s.nodes[ni] = node{hash: h, used: t, prev: nilIdx, next: nilIdx}
+	s.pushFront(ni)
+	s.count.Add(1)
+	return ni
+}
+
+func (s *slot) release(ni int32) {
+	s.nodes[ni] = node{next: s.free}
+	s.free = ni
+	s.count.Add(-1)
+}
+
+func (s *slot) touch(ni int32, t int64) {
+	s.nodes[ni].used = t
+	if s.head != ni {
+		s.unlink(ni)
+		s.pushFront(ni)
+	}
+}
+
+func (s *slot) unlink(ni int32) {
+	n := &s.nodes[ni]
+	if n.prev != nilIdx {
+		s.nodes[n.prev].next = n.next
+	} else {
+		s.head = n.next
+	}
+	if n.next != nilIdx {
+		s.nodes[n.next].prev = n.prev
+	} else {
+		s.tail = n.prev
+	}
+	n.prev, n.next = nilIdx, nilIdx
+}
+
+func (s *slot) pushFront(ni int32) {
+	n := &s.nodes[ni]
+	n.prev, n.next = nilIdx, s.head
+	if s.head != nilIdx {
+		s.nodes[s.head].prev = ni
+	}
+	s.head = ni
+	if s.tail == nilIdx {
+		s.tail = ni
+	}
+}
+
+// BackendStats describes one backend's part of the index.
+type BackendStats struct {
+	ID   uint64
+	Name string
+	// Entries is the number of chunks recorded for the backend (including, until the next
+	// Record, entries of an old epoch that Match already ignores).
+	Entries int64
+	// Capacity is the most entries the backend may have, after the global cap.
+	Capacity int64
+	// Evictions counts entries dropped for capacity (not for restarts or removal).
+	Evictions uint64
+	// Oldest is the last use of the backend's least recently used entry (zero when empty):
+	// now − Oldest approximates how long a prefix survives in that backend's cache.
+	Oldest time.Time
+}
+
+// Stats appends one BackendStats per registered backend to dst, ordered by name.
+func (x *Index) Stats(dst []BackendStats) []BackendStats {
+	start := len(dst)
+	for _, s := range x.tab.Load().byID {
+		st := BackendStats{ID: s.id, Name: s.name, Capacity: s.capacity.Load(), Evictions: s.evictions.Load()}
+		s.mu.Lock()
+		st.Entries = s.count.Load()
+		if s.tail != nilIdx {
+			st.Oldest = time.Unix(0, s.nodes[s.tail].used)
+		}
+		s.mu.Unlock()
+		dst = append(dst, st)
+	}
+	slices.SortFunc(dst[start:], func(a, b BackendStats) int { return cmp.Compare(a.Name, b.Name) })
+	return dst
+}
+
+// Entries is the number of (chunk, backend) entries over all backends.
+func (x *Index) Entries() int64 {
+	var n int64
+	for _, s := range x.tab.Load().byID {
+		n += s.count.Load()
+	}
+	return n
+}
+
+// Chunks is the number of distinct chunk hashes held by at least one backend.
+func (x *Index) Chunks() int {
+	n := 0
+	for i := range x.shards {
+		sh := &x.shards[i]
+		sh.mu.RLock()
+		n += sh.chunks.n
+		sh.mu.RUnlock()
+	}
+	return n
+}
+
+// Evictions counts entries dropped for capacity since the Index was made.
+func (x *Index) Evictions() uint64 { return x.evictions.Load() }

@@ -1,0 +1,122 @@
+package index
+
+// chunkTable is an open-addressing hash table from chunk hash to chunk, with linear probing
+// and backward-shift deletion. The home slot is the top bits of the key times a Fibonacci
+// constant: one multiply, enough for keys that are already xxhash values and still safe for
+// keys that are not. Deletion leaves no tombstones, so a table under constant LRU churn
+// keeps its size; it shrinks when mostly empty. 16 bytes a slot, at most 3/4 full.
+type chunkTable struct {
+	slots []chunk // length a power of two, or nil
+	n     int
+	shift uint // 64 − log2(len(slots))
+}
+
+// chunk is what the index knows of one chained hash.
+type chunk struct {
+	key  uint64 // the chunk hash; 0 marks an empty slot (hash 0 is stored as 1)
+	head int32  // first holder
+	// mask has bit s set when slot s < maskSlots holds the chunk, so that Match, the hot
+	// path, reads one table slot per chunk and no list.
+	mask uint32
+}
+
+const minTableSlots = 16
+
+func (t *chunkTable) home(key uint64) int { return int((key * 0x9e3779b97f4a7c15) >> t.shift) }
+
+// get returns the chunk of key, or nil. The pointer is valid until the next put or del.
+func (t *chunkTable) get(key uint64) *chunk {
+	if t.n == 0 {
+		return nil
+	}
+	m := len(t.slots) - 1
+	for i := t.home(key); ; i = (i + 1) & m {
+		c := &t.slots[i]
+		if c.key == key {
+			return c
+		}
+		if c.key == 0 {
+			return nil
+		}
+	}
+}
+
+// put returns key's chunk, adding an empty one (head nilIdx) if absent. The pointer is
+// valid until the next put or del.
+func (t *chunkTable) put(key uint64) *chunk {
+	if 4*(t.n+1) > 3*len(t.slots) {
+		t.resize(max(2*len(t.slots), minTableSlots))
+	}
+	m := len(t.slots) - 1
+	for i := t.home(key); ; i = (i + 1) & m {
+		c := &t.slots[i]
+		if c.key == key {
+			return c
+		}
+		if c.key == 0 {
+			*c = chunk{key: key, head: nilIdx}
+			t.n++
+			return c
+		}
+	}
+}
+
+// del removes key, moving later members of its probe run back so that no gap breaks a run.
+func (t *chunkTable) del(key uint64) {
+	if t.n == 0 {
+		return
+	}
+	m := len(t.slots) - 1
+	i := t.home(key)
+	for ; t.slots[i].key != key; i = (i + 1) & m {
+		if t.slots[i].key == 0 {
+			return
+		}
+	}
+	for j := i; ; {
+		j = (j + 1) & m
+		k := t.slots[j].key
+		if k == 0 {
+			break
+		}
+		// The entry at j may move to the gap at i only if its home is not in (i, j],
+		// cyclically: otherwise the move would put it before its home.
+		h := t.home(k)
+		if (i < j && i < h && h <= j) || (j < i && (i < h || h <= j)) {
+			continue
+		}
+		t.slots[i] = t.slots[j]
+		i = j
+	}
+	t.slots[i] = chunk{}
+	t.n--
+	if len(t.slots) > minTableSlots && 8*t.n < len(t.slots) {
+		t.resize(len(t.slots) / 2)
+	}
+}
+
+func (t *chunkTable) resize(size int) {
+	old := t.slots
+	t.slots = make([]chunk, size)
+	t.shift = uint(64 - bitsLen(size-1))
+	m := size - 1
+	for _, c := range old {
+		if c.key == 0 {
+			continue
+		}
+		i := t.home(c.key)
+		for t.slots[i].key != 0 {
+			i = (i + 1) & m
+		}
+		t.slots[i] = c
+	}
+}
+
+// bitsLen is the number of bits needed to represent x.
+func bitsLen(x int) int {
+	n := 0
+	for ; x > 0; x >>= 1 {
+		n++
+	}
+	return n
+}

@@ -1,0 +1,51 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// benchmarkPickLearn picks and learns conversations whose first half is a prefix shared by
+// all 8 backends. With 128 conversations every backend's entries fit its capacity (6,250
+// chunks); with 256 of 128 KB they do not, and every Learn evicts.
+func benchmarkPickLearn(b *testing.B, promptBytes, conversations int) {
+	bs := prefixBackends(b, 8)
+	p, _ := newTestPrefix(b, bs)
+	n := promptBytes / 256
+	sys := chunkChain(nil).extend("shared", n/2)
+	keys := make([]*key.Key, conversations)
+	for i := range keys {
+		keys[i] = routedKey(sys.extend(fmt.Sprint("conversation ", i), n-n/2))
+		p.Learn(keys[i], bs[i%len(bs)])
+	}
+	for _, b := range bs {
+		p.Learn(routedKey(sys), b)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		k := keys[i%len(keys)]
+		d := p.Pick(k, bs)
+		p.Learn(k, d.Backend)
+	}
+}
+
+func BenchmarkPickLearn1KB(b *testing.B)        { benchmarkPickLearn(b, 1<<10, 128) }
+func BenchmarkPickLearn16KB(b *testing.B)       { benchmarkPickLearn(b, 16<<10, 128) }
+func BenchmarkPickLearn128KB(b *testing.B)      { benchmarkPickLearn(b, 128<<10, 128) }
+func BenchmarkPickLearn128KBEvict(b *testing.B) { benchmarkPickLearn(b, 128<<10, 256) }
+
+// BenchmarkPickCold measures the ring path: prompts nobody holds.
+func BenchmarkPickCold(b *testing.B) {
+	bs := prefixBackends(b, 8)
+	p, _ := newTestPrefix(b, bs)
+	keys := make([]*key.Key, 256)
+	for i := range keys {
+		keys[i] = routedKey(chunkChain(nil).extend(fmt.Sprint("cold ", i), 16))
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		p.Pick(keys[i%len(keys)], bs)
+	}
+}

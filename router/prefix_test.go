@@ -1,0 +1,444 @@
+package router
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// stepClock is an injected clock that moves only when told.
+type stepClock struct{ t time.Time }
+
+func (c *stepClock) now() time.Time { return c.t }
+
+func prefixBackends(t testing.TB, n int) []*backend.Backend {
+	t.Helper()
+	bs := make([]*backend.Backend, n)
+	for i := range bs {
+		b, err := backend.New(fmt.Sprintf("http://10.0.0.%d:8000", i+1), 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs[i] = b
+	}
+	return bs
+}
+
+func newTestPrefix(t testing.TB, bs []*backend.Backend) (*Prefix, *stepClock) {
+	t.Helper()
+	clk := &stepClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	p := NewPrefix(PrefixOptions{}, clk.now)
+	p.SetBackends(bs)
+	return p, clk
+}
+
+// chunkChain is a chain of chunk hashes built like the real key: each chunk's hash covers the
+// previous hash, so prompts that extend one another share their leading chunks.
+type chunkChain []uint64
+
+// extend returns a new chain: p followed by n chunks of text named by label.
+func (p chunkChain) extend(label string, n int) chunkChain {
+	out := slices.Clone(p)
+	var buf []byte
+	for i := range n {
+		var prev uint64
+		if len(out) > 0 {
+			prev = out[len(out)-1]
+		}
+		buf = binary.LittleEndian.AppendUint64(buf[:0], prev)
+		buf = fmt.Appendf(buf, "%s/%d", label, i)
+		out = append(out, xxhash.Sum64(buf))
+	}
+	return out
+}
+
+func routedKey(p chunkChain) *key.Key {
+	return &key.Key{Routed: true, OK: true, Chunks: p, PromptTokens: 64 * len(p)}
+}
+
+// inflight holds leases in flight, as the proxy would between dispatch and the end of the
+// response.
+type inflight []*backend.Lease
+
+func (rs *inflight) begin(b *backend.Backend, tokens int) {
+	l := new(backend.Lease)
+	l.Begin(b, int64(tokens))
+	*rs = append(*rs, l)
+}
+
+func (rs *inflight) releaseAll() {
+	for _, l := range *rs {
+		l.Release()
+	}
+	*rs = (*rs)[:0]
+}
+
+// releaseOldest ends the oldest request.
+func (rs *inflight) releaseOldest() {
+	(*rs)[0].Release()
+	*rs = (*rs)[1:]
+}
+
+// capNow is the bounded-load cap over candidates before the next request.
+func capNow(p *Prefix, cs []*backend.Backend) int64 {
+	var total int64
+	for _, b := range cs {
+		total += b.InFlight()
+	}
+	return loadCap(total, 1, len(cs), p.c, p.margin)
+}
+
+// pickAndLearn picks, checks the cap, learns and begins the request, as the proxy does.
+func pickAndLearn(t *testing.T, p *Prefix, k *key.Key, cs []*backend.Backend, rs *inflight) Decision {
+	t.Helper()
+	limit := capNow(p, cs)
+	d := p.Pick(k, cs)
+	if d.Backend == nil {
+		t.Fatal("no backend picked")
+	}
+	if in := d.Backend.InFlight(); in >= limit {
+		t.Fatalf("picked %s with %d in flight, at or over the cap %d", d.Backend.Name, in, limit)
+	}
+	p.Learn(k, d.Backend)
+	rs.begin(d.Backend, k.PromptTokens)
+	return d
+}
+
+func TestLoadCap(t *testing.T) {
+	tests := []struct {
+		total   int64
+		w, wsum int
+		c       float64
+		margin  int64
+		want    int64
+	}{
+		{0, 1, 4, 1.25, 2, 3},      // ceil(1.25/4)=1, +2
+		{3, 1, 4, 1.25, 2, 4},      // ceil(5/4)=2
+		{99, 1, 4, 1.25, 2, 34},    // ceil(125/4)=32
+		{99, 2, 5, 1.25, 0, 50},    // a weight-2 backend of 5 units
+		{7, 1, 8, 1.0, 0, 1},       // c=1: exactly the average
+		{1000, 1, 3, 1.25, 2, 420}, // ceil(1251.25/3)=418
+	}
+	for _, tt := range tests {
+		if g := loadCap(tt.total, tt.w, tt.wsum, tt.c, tt.margin); g != tt.want {
+			t.Errorf("loadCap(%d, %d/%d, c=%v, m=%d) = %d, want %d", tt.total, tt.w, tt.wsum, tt.c, tt.margin, g, tt.want)
+		}
+	}
+}
+
+// The selection on hand-made snapshots.
+func TestPickPrefixSnapshots(t *testing.T) {
+	chunks := chunkChain(nil).extend("x", 10)
+	c := func(id uint64, inFlight int64, matched int) cand {
+		return cand{id: id, inFlight: inFlight, weight: 1, matched: matched}
+	}
+	tests := []struct {
+		name   string
+		cs     []cand
+		want   uint64
+		reason Reason
+	}{
+		{"longest match", []cand{c(1, 0, 2), c(2, 0, 7), c(3, 0, 0)}, 2, ReasonMatch},
+		{"match beats lower load under the cap", []cand{c(1, 0, 2), c(2, 2, 7), c(3, 0, 0)}, 2, ReasonMatch},
+		{"match beyond the common part", []cand{c(1, 0, 5), c(2, 1, 6), c(3, 0, 5)}, 2, ReasonMatch},
+		{"equal useful match: lower load", []cand{c(1, 2, 6), c(2, 1, 6), c(3, 0, 5)}, 2, ReasonMatch},
+		{"best over the cap: next best", []cand{c(1, 9, 8), c(2, 1, 4), c(3, 0, 0)}, 2, ReasonOverload},
+		// Without a ring (none given here) placement falls back to the least loaded.
+		{"common prefix does not decide", []cand{c(1, 3, 5), c(2, 0, 5), c(3, 1, 5)}, 2, ReasonLeastLoad},
+		{"only holder over the cap", []cand{c(1, 9, 8), c(2, 1, 0), c(3, 0, 0)}, 3, ReasonOverload},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j, r := pickPrefix(chunks, slices.Clone(tt.cs), 1.25, 2, nil)
+			if tt.cs[j].id != tt.want || r != tt.reason {
+				t.Errorf("picked %d (%s), want %d (%s)", tt.cs[j].id, r, tt.want, tt.reason)
+			}
+		})
+	}
+}
+
+// Ties never go by list order: the same snapshot in any order picks the same backend, and
+// different prompts pick different backends.
+func TestTieBreakIndependentOfOrder(t *testing.T) {
+	cs := []cand{{id: 11, weight: 1, matched: 3}, {id: 22, weight: 1, matched: 3}, {id: 33, weight: 1, matched: 3}, {id: 44, weight: 1, matched: 0}}
+	seen := map[uint64]bool{}
+	for i := range 40 {
+		chunks := chunkChain(nil).extend(fmt.Sprint("p", i), 4)
+		j, _ := pickPrefix(chunks, slices.Clone(cs), 1.25, 2, nil)
+		want := cs[j].id
+		rev := slices.Clone(cs)
+		slices.Reverse(rev)
+		if k, _ := pickPrefix(chunks, rev, 1.25, 2, nil); rev[k].id != want {
+			t.Fatalf("prompt %d: picked %d in one order, %d in the other", i, want, rev[k].id)
+		}
+		seen[want] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("ties went to %d distinct backends over 40 prompts, want all 3 holders", len(seen))
+	}
+}
+
+func TestPickFallbacks(t *testing.T) {
+	bs := prefixBackends(t, 3)
+	p, _ := newTestPrefix(t, bs)
+	if d := p.Pick(routedKey(nil), nil); d.Backend != nil {
+		t.Errorf("no candidates: picked %v", d.Backend.Name)
+	}
+	var rs inflight
+	defer rs.releaseAll()
+	rs.begin(bs[0], 10)
+	rs.begin(bs[1], 10)
+	seen := map[*backend.Backend]bool{}
+	for range 3 {
+		d := p.Pick(&key.Key{}, bs)
+		if d.Reason != ReasonPassthrough {
+			t.Errorf("not routed: reason %s, want passthrough", d.Reason)
+		}
+		seen[d.Backend] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("passthrough used %d backends in 3 picks, want round-robin over 3", len(seen))
+	}
+	if d := p.Pick(&key.Key{Routed: true}, bs); d.Reason != ReasonParseFallback || d.Backend != bs[2] {
+		t.Errorf("unparsed: %s on %s, want parse-fallback on the idle %s", d.Reason, d.Backend.Name, bs[2].Name)
+	}
+	short := &key.Key{Routed: true, OK: true, PromptTokens: 20} // no full chunk
+	if d := p.Pick(short, bs); d.Reason != ReasonLeastLoad || d.Backend != bs[2] {
+		t.Errorf("no chunks: %s on %s, want least-load on %s", d.Reason, d.Backend.Name, bs[2].Name)
+	}
+}
+
+// (a) Groups of requests sharing long system prompts: each group sticks to one backend, its
+// home is where the ring puts the group's first chunk (so any prefixlb replica agrees), and
+// the groups spread as the ring spreads keys.
+func TestGroupsStickAndSpread(t *testing.T) {
+	for _, groups := range []int{8, 64} {
+		t.Run(fmt.Sprint(groups, " groups"), func(t *testing.T) {
+			bs := prefixBackends(t, 4)
+			p, clk := newTestPrefix(t, bs)
+			sys := make([]chunkChain, groups)
+			for g := range sys {
+				sys[g] = chunkChain(nil).extend(fmt.Sprint("system prompt of group ", g), 32)
+			}
+			home := make([]*backend.Backend, groups)
+			var rs inflight
+			for round := range 10 {
+				for g := range groups {
+					k := routedKey(sys[g].extend(fmt.Sprintf("question %d", round), 4))
+					owner := ringOwnerOf(p, bs, sys[g][0])
+					ownerFree := owner.InFlight() < capNow(p, bs)
+					d := pickAndLearn(t, p, k, bs, &rs)
+					if round == 0 {
+						home[g] = d.Backend
+						if d.Reason != ReasonCold || (ownerFree && d.Backend != owner) {
+							t.Errorf("group %d first request: %s (%s), want the ring owner %s (cold)", g, d.Backend.Name, d.Reason, owner.Name)
+						}
+						continue
+					}
+					if d.Backend != home[g] || d.Reason != ReasonMatch {
+						t.Errorf("round %d group %d: %s (%s), want its home %s", round, g, d.Backend.Name, d.Reason, home[g].Name)
+					}
+				}
+				rs.releaseAll() // a round's requests overlap, then finish
+				clk.t = clk.t.Add(time.Second)
+			}
+			per := map[string]int{}
+			for _, b := range home {
+				per[b.Name]++
+			}
+			t.Logf("groups per backend: %v", per)
+			if groups == 8 && len(per) < 3 {
+				t.Errorf("8 groups landed on %d backends, want at least 3", len(per))
+			}
+			if groups == 64 {
+				for _, b := range bs {
+					if n := per[b.Name]; n < 8 || n > 24 {
+						t.Errorf("%s is home to %d of 64 groups, want 8..24", b.Name, n)
+					}
+				}
+			}
+		})
+	}
+}
+
+// ringOwner is the backend the ring gives key when nobody is loaded.
+func ringOwnerOf(p *Prefix, bs []*backend.Backend, key uint64) *backend.Backend {
+	pl := p.ring.Load()
+	id := pl.ids[pl.ring.Get(key)]
+	for _, b := range bs {
+		if b.ID == id {
+			return b
+		}
+	}
+	return nil
+}
+
+// (b) Every request shares one long system prompt and then differs: the load spreads
+// within the cap (pickLearn checks every pick against it) instead of all going to the
+// first backend that learned the prompt. Once every backend holds the prompt it no longer
+// decides, and requests are placed by what follows it.
+func TestHotSharedPrefixSpreads(t *testing.T) {
+	bs := prefixBackends(t, 4)
+	p, _ := newTestPrefix(t, bs)
+	sys := chunkChain(nil).extend("the one system prompt", 48)
+	var rs inflight
+	run := func(requests, window int) (served map[*backend.Backend]int, reasons map[Reason]int) {
+		served, reasons = map[*backend.Backend]int{}, map[Reason]int{}
+		for i := range requests {
+			if len(rs) >= window {
+				rs.releaseOldest()
+			}
+			d := pickAndLearn(t, p, routedKey(sys.extend(fmt.Sprint("user ", window, i), 6)), bs, &rs)
+			served[d.Backend]++
+			reasons[d.Reason]++
+		}
+		return served, reasons
+	}
+	// Moderate load: 24 in flight, a cap of 10. Three holders can carry it all within
+	// the cap, so the fourth may stay idle; none is over the cap.
+	served, reasons := run(400, 24)
+	t.Logf("24 in flight: %v", reasons)
+	if len(served) < 3 {
+		t.Errorf("24 in flight: %d backends used, want at least 3", len(served))
+	}
+	for b, n := range served {
+		if n > 400*45/100 {
+			t.Errorf("24 in flight: %s served %d of 400", b.Name, n)
+		}
+	}
+	// High load: 160 in flight, a cap of 52: the fourth backend must take its share,
+	// learns the prompt, and from then on requests spread by their own first chunk.
+	served, reasons = run(800, 160)
+	t.Logf("160 in flight: %v", reasons)
+	for _, b := range bs {
+		if n := served[b]; n < 800*15/100 || n > 800*35/100 {
+			t.Errorf("160 in flight: %s served %d of 800, want 15..35%%", b.Name, n)
+		}
+	}
+	if reasons[ReasonCold] < 600 {
+		t.Errorf("160 in flight: reasons %v, want most placed cold", reasons)
+	}
+	rs.releaseAll()
+}
+
+// (c) A saturated backend's prefix requests go elsewhere.
+func TestSaturatedBackendOverflows(t *testing.T) {
+	bs := prefixBackends(t, 4)
+	p, _ := newTestPrefix(t, bs)
+	doc := chunkChain(nil).extend("a long document", 40)
+	p.Learn(routedKey(doc), bs[0])
+	p.Learn(routedKey(doc[:10]), bs[1])
+	k := routedKey(doc.extend("question", 2))
+	if d := p.Pick(k, bs); d.Backend != bs[0] || d.Reason != ReasonMatch || d.MatchedChunks != 40 {
+		t.Fatalf("idle: %s (%s, %d chunks), want %s (match, 40)", d.Backend.Name, d.Reason, d.MatchedChunks, bs[0].Name)
+	}
+	var rs inflight
+	defer rs.releaseAll()
+	for range 10 {
+		rs.begin(bs[0], 1000)
+	}
+	// The cap is ceil(1.25·11/4)+2 = 6: bs[0] with 10 is over; bs[1] holds the next best.
+	d := p.Pick(k, bs)
+	if d.Backend != bs[1] || d.Reason != ReasonOverload || d.MatchedChunks != 10 {
+		t.Errorf("saturated: %s (%s, %d chunks), want %s (overload-fallback, 10)", d.Backend.Name, d.Reason, d.MatchedChunks, bs[1].Name)
+	}
+	// Without a partial holder the ring places the overflow, still not on bs[0].
+	d = p.Pick(k, []*backend.Backend{bs[0], bs[2], bs[3]})
+	if d.Backend == bs[0] || d.Reason != ReasonOverload {
+		t.Errorf("saturated, no partial holder: %s (%s), want another backend (overload-fallback)", d.Backend.Name, d.Reason)
+	}
+}
+
+// (d) A removed or restarted backend loses its entries: matching no longer picks it.
+func TestRemovedOrRestartedForgotten(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		forget func(p *Prefix, bs []*backend.Backend)
+	}{
+		{"removed and re-added", func(p *Prefix, bs []*backend.Backend) {
+			p.SetBackends(bs[1:])
+			for _, s := range p.Index().Stats(nil) {
+				if s.ID == bs[0].ID {
+					t.Errorf("removed backend still in the index: %+v", s)
+				}
+			}
+			p.SetBackends(bs)
+		}},
+		{"restarted", func(_ *Prefix, bs []*backend.Backend) { bs[0].ResetCache() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := prefixBackends(t, 4)
+			p, _ := newTestPrefix(t, bs)
+			doc := chunkChain(nil).extend("doc", 20)
+			p.Learn(routedKey(doc), bs[0])
+			if d := p.Pick(routedKey(doc), bs); d.Backend != bs[0] || d.Reason != ReasonMatch {
+				t.Fatalf("before: %s (%s), want %s (match)", d.Backend.Name, d.Reason, bs[0].Name)
+			}
+			tt.forget(p, bs)
+			d := p.Pick(routedKey(doc), bs)
+			if d.Reason != ReasonCold || d.MatchedChunks != 0 {
+				t.Errorf("after: %s (%s, %d chunks), want cold with no match", d.Backend.Name, d.Reason, d.MatchedChunks)
+			}
+		})
+	}
+}
+
+// (e) Multi-turn: turn n+1 of a conversation goes where turn n went, under moderate load.
+func TestMultiTurnFollowsConversation(t *testing.T) {
+	bs := prefixBackends(t, 4)
+	p, clk := newTestPrefix(t, bs)
+	var background inflight
+	defer background.releaseAll()
+	for _, b := range bs {
+		background.begin(b, 500)
+		background.begin(b, 500)
+	}
+	sys := chunkChain(nil).extend("assistant system prompt", 4)
+	const convs = 16
+	conv := make([]chunkChain, convs)
+	where := make([]*backend.Backend, convs)
+	var rs inflight
+	for turn := range 6 {
+		for c := range convs {
+			conv[c] = conv[c].extend(fmt.Sprintf("conv %d turn %d", c, turn), 6)
+			if turn == 0 {
+				conv[c] = append(slices.Clone(sys), conv[c]...)
+			}
+			d := pickAndLearn(t, p, routedKey(conv[c]), bs, &rs)
+			if turn > 0 && (d.Backend != where[c] || d.Reason != ReasonMatch) {
+				t.Errorf("conv %d turn %d: %s (%s), want %s where turn %d went", c, turn, d.Backend.Name, d.Reason, where[c].Name, turn-1)
+			}
+			where[c] = d.Backend
+		}
+		rs.releaseAll()
+		clk.t = clk.t.Add(10 * time.Second)
+	}
+}
+
+// (f) Two independent prefixlb replicas (separate Backend objects, lists in different
+// order) place the same cold prefixes on the same backends.
+func TestIndependentInstancesAgree(t *testing.T) {
+	a, b := prefixBackends(t, 5), prefixBackends(t, 5)
+	slices.Reverse(b)
+	pa, _ := newTestPrefix(t, a)
+	pb, _ := newTestPrefix(t, b)
+	used := map[string]bool{}
+	for i := range 200 {
+		k := routedKey(chunkChain(nil).extend(fmt.Sprint("new prefix ", i), 8))
+		da, db := pa.Pick(k, a), pb.Pick(k, b)
+		if da.Backend.Name != db.Backend.Name || da.Reason != ReasonCold || db.Reason != ReasonCold {
+			t.Fatalf("prefix %d: %s (%s) vs %s (%s)", i, da.Backend.Name, da.Reason, db.Backend.Name, db.Reason)
+		}
+		used[da.Backend.Name] = true
+	}
+	if len(used) != 5 {
+		t.Errorf("200 cold prefixes used %d of 5 backends", len(used))
+	}
+}
