@@ -76,9 +76,7 @@ func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
 		b.Fatal(err)
 	}
 	if _, ok := s.policy.(*router.Prefix); mode == "prefix" && !ok {
-		// Until NewPolicy wires router.NewPrefix for mode prefix, measure the real policy.
-		s.policy = newBenchPrefix(cfg)
-		s.SetBackends(s.Backends())
+		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.policy)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,12 +91,8 @@ func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
 	return s, ln.Addr().String()
 }
 
-func newBenchPrefix(cfg *configs.Config) *router.Prefix {
-	return router.NewPrefix(router.PrefixOptions{
-		ChunkTokens: cfg.Prefix.ChunkTokens, LoadFactor: cfg.Prefix.LoadFactor, LoadMargin: cfg.Prefix.LoadMargin,
-		MaxIndexEntries: cfg.Prefix.MaxIndexEntries, DefaultKVCacheTokens: cfg.Prefix.DefaultKVCacheTokens,
-	}, nil)
-}
+// newBenchPrefix is the policy mode prefix runs, built as NewPolicy builds it.
+func newBenchPrefix(cfg *configs.Config) *router.Prefix { return newPrefixPolicy(cfg).(*router.Prefix) }
 
 // BenchmarkProxy sends chat completions through the proxy (fasthttp client → proxy →
 // zero-latency backend, all on loopback in this process) from 4×GOMAXPROCS goroutines.

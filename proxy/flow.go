@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -28,7 +29,8 @@ type flow struct {
 	lease backend.Lease
 	dec   router.Decision
 	resp  fasthttp.Response
-	raw   syscall.RawConn // client socket, for the watchdog
+	conn0 net.Conn        // client connection; the watchdog derives raw from it when it first looks
+	raw   syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
 
 	start    time.Time
 	method   []byte
@@ -48,8 +50,9 @@ type flow struct {
 	idle      time.Duration
 	done      atomic.Bool
 
-	usagePrompt int // backend-reported usage.prompt_tokens (0: not seen)
-	usageCached int // backend-reported usage.prompt_tokens_details.cached_tokens
+	readErr     error // the first error reading the backend's body
+	usagePrompt int   // backend-reported usage.prompt_tokens (0: not seen)
+	usageCached int   // backend-reported usage.prompt_tokens_details.cached_tokens
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.
@@ -134,6 +137,7 @@ func (f *flow) Read(p []byte) (int, error) {
 		return n, io.EOF
 	}
 	if err != nil {
+		f.readErr = err
 		switch {
 		case f.gone.Load():
 			err = f.goneErr()
@@ -152,8 +156,13 @@ func (f *flow) CloseWithError(werr error) error {
 	switch {
 	case werr != nil:
 		err = werr
-		if f.gone.Load() {
+		switch {
+		case f.gone.Load():
 			err = f.goneErr()
+		case f.readErr == nil:
+			// Reading from the backend went fine; writing to the client failed: the client
+			// left. That must not count against the backend.
+			err = fmt.Errorf("%w: %v", errClientGone, werr)
 		}
 	case !f.eof:
 		err = errUpstreamClosed
@@ -192,7 +201,9 @@ func (f *flow) finish(status int, err error) {
 	s.putFlow(f)
 }
 
+// isTimeout reports deadline errors: net.Error timeouts and fasthttp.ErrTimeout, which has a
+// Timeout method but no Temporary, so it is not a net.Error.
 func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, errHeaderTimeout) || (errors.As(err, &ne) && ne.Timeout())
+	var te interface{ Timeout() bool }
+	return errors.Is(err, errHeaderTimeout) || (errors.As(err, &te) && te.Timeout())
 }

@@ -215,7 +215,7 @@ func (s *Server) getFlow(ctx *fasthttp.RequestCtx) *flow {
 	f.done.Store(false)
 	f.gone.Store(false)
 	f.goneBy = nil
-	f.raw = rawConn(ctx.Conn())
+	f.conn0 = ctx.Conn() // SyscallConn allocates: the watchdog calls it only for flows still in flight at a tick
 	return f
 }
 
@@ -226,6 +226,7 @@ func (s *Server) putFlow(f *flow) {
 	f.dec = router.Decision{}
 	f.resp.Reset()
 	f.raw = nil
+	f.conn0 = nil
 	f.up = nil
 	f.body = nil
 	f.eof = false
@@ -233,6 +234,7 @@ func (s *Server) putFlow(f *flow) {
 	f.bytes = 0
 	f.attempts = 0
 	f.usagePrompt, f.usageCached = 0, 0
+	f.readErr = nil
 	f.method = f.method[:0]
 	f.path = f.path[:0]
 	s.flows.Put(f)
@@ -359,6 +361,12 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 			f.resp.StreamBody = true
 			f.resp.SkipBody = head
 			err = f.resp.Read(c.br)
+			if err == nil && hasBody(&f.resp, head) {
+				// vLLM sends stream headers at once, then queues and prefills. Nothing reaches
+				// the client before the first body byte (fasthttp sends headers with the first
+				// chunk), so a backend that dies in that window is still retried elsewhere.
+				_, err = c.br.Peek(1)
+			}
 		}
 		if err == nil {
 			break
@@ -413,6 +421,12 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	}
 	ctx.SetBodyStream(f, cl)
 	return nil
+}
+
+// hasBody reports whether a response has body bytes still to come on the connection.
+func hasBody(r *fasthttp.Response, head bool) bool {
+	st := r.StatusCode()
+	return !head && r.Header.ContentLength() != 0 && st >= 200 && st != fasthttp.StatusNoContent && st != fasthttp.StatusNotModified
 }
 
 // outcomeOf classifies a response status for passive health: 5xx counts against the backend,

@@ -74,6 +74,9 @@ func (w *watchdog) run() {
 			s := &w.shards[i]
 			s.mu.Lock()
 			for f := range s.flows {
+				if f.raw == nil && f.conn0 != nil {
+					f.raw = rawConn(f.conn0)
+				}
 				if f.raw != nil && peerClosed(f.raw, buf) {
 					f.abort(errClientGone)
 				}
