@@ -1,0 +1,131 @@
+package backend
+
+import (
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestNew(t *testing.T) {
+	cases := []struct {
+		url, addr, errPart string
+	}{
+		{"http://vllm-0.vllm:8000", "vllm-0.vllm:8000", ""},
+		{"http://vllm-0.vllm:8000/", "vllm-0.vllm:8000", ""},
+		{"https://api.example", "api.example:443", ""},
+		{"http://10.0.0.1", "10.0.0.1:80", ""},
+		{"http://[fd00::1]:8000", "[fd00::1]:8000", ""},
+		{"vllm-0:8000", "", "missing scheme"},
+		{"ftp://x", "", "unsupported scheme"},
+		{"http://", "", "missing host"},
+		{"", "", "empty"},
+	}
+	for _, c := range cases {
+		t.Run(c.url, func(t *testing.T) {
+			b, err := New(c.url, 0, 0)
+			if c.errPart != "" {
+				if err == nil || !strings.Contains(err.Error(), c.errPart) {
+					t.Fatalf("New(%q) error %v, want %q", c.url, err, c.errPart)
+				}
+				return
+			}
+			if err != nil || b.Addr != c.addr || b.Weight != 1 || b.ID == 0 {
+				t.Fatalf("New(%q) = %+v, %v; want addr %s", c.url, b, err, c.addr)
+			}
+		})
+	}
+	a, _ := New("http://x:1/", 0, 1)
+	b, _ := New("http://x:1", 0, 1)
+	if a.ID != b.ID {
+		t.Error("a trailing slash changed the backend's identity")
+	}
+}
+
+// Every path through a lease returns the counters to zero exactly once.
+func TestLeaseAccounting(t *testing.T) {
+	cases := []struct {
+		name  string
+		steps func(l *Lease)
+	}{
+		{"finish", func(l *Lease) { l.FirstByte(); l.Release() }},
+		{"fail before first byte", func(l *Lease) { l.Release() }},
+		{"double release", func(l *Lease) { l.Release(); l.Release() }},
+		{"first byte twice", func(l *Lease) { l.FirstByte(); l.FirstByte(); l.Release() }},
+		{"first byte after release", func(l *Lease) { l.Release(); l.FirstByte() }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b, _ := New("http://x:1", 0, 1)
+			var l Lease
+			l.Begin(b, 100)
+			if b.InFlight() != 1 || b.PrefillTokens() != 100 || b.Served() != 1 {
+				t.Fatalf("after Begin: in-flight %d prefill %d", b.InFlight(), b.PrefillTokens())
+			}
+			c.steps(&l)
+			if b.InFlight() != 0 || b.PrefillTokens() != 0 {
+				t.Errorf("in-flight %d, prefill %d; want 0, 0", b.InFlight(), b.PrefillTokens())
+			}
+		})
+	}
+	// Concurrent release and first byte (EOF, error and cancel racing).
+	b, _ := New("http://x:1", 0, 1)
+	for i := 0; i < 200; i++ {
+		var l Lease
+		l.Begin(b, 7)
+		var wg sync.WaitGroup
+		for j := 0; j < 3; j++ {
+			wg.Add(2)
+			go func() { defer wg.Done(); l.FirstByte() }()
+			go func() { defer wg.Done(); l.Release() }()
+		}
+		wg.Wait()
+	}
+	if b.InFlight() != 0 || b.PrefillTokens() != 0 {
+		t.Errorf("after racing releases: in-flight %d, prefill %d", b.InFlight(), b.PrefillTokens())
+	}
+}
+
+func TestLoadTakesTheLargerSignal(t *testing.T) {
+	b, _ := New("http://x:1", 0, 1)
+	var l Lease
+	l.Begin(b, 0)
+	defer l.Release()
+	if b.Load() != 1 {
+		t.Errorf("Load %d, want the in-flight count 1", b.Load())
+	}
+	b.SetScrapedLoad(9)
+	if b.Load() != 9 {
+		t.Errorf("Load %d, want the scraped 9", b.Load())
+	}
+	b.SetScrapedLoad(-3)
+	if b.Load() != 1 {
+		t.Errorf("Load %d after a failed scrape, want 1", b.Load())
+	}
+}
+
+func TestHealthyPanicMode(t *testing.T) {
+	mk := func(n int) []*Backend {
+		bs := make([]*Backend, n)
+		for i := range bs {
+			bs[i], _ = New("http://x:"+string(rune('1'+i)), 0, 1)
+		}
+		return bs
+	}
+	cases := []struct {
+		n, down   int
+		want      int
+		wantPanic bool
+	}{
+		{4, 0, 4, false}, {4, 1, 3, false}, {4, 2, 2, false}, {4, 3, 4, true}, {4, 4, 4, true}, {1, 1, 1, true}, {0, 0, 0, false},
+	}
+	for _, c := range cases {
+		bs := mk(c.n)
+		for i := 0; i < c.down; i++ {
+			bs[i].SetHealthy(false)
+		}
+		got, p := Healthy(nil, bs)
+		if len(got) != c.want || p != c.wantPanic {
+			t.Errorf("%d of %d down: %d candidates, panic %v; want %d, %v", c.down, c.n, len(got), p, c.want, c.wantPanic)
+		}
+	}
+}
