@@ -17,6 +17,7 @@ func Command() *cobra.Command {
 		replicas int
 		basePort int
 		host     string
+		zero     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -30,6 +31,9 @@ vLLM-named Prometheus metrics. Every model constant is a flag; --speedup K runs 
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if zero {
+				return runZero(ctx, cmd.OutOrStdout(), cfg.Model, replicas, host, basePort)
+			}
 			c, err := StartCluster(cfg, replicas, host, basePort)
 			if err != nil {
 				return err
@@ -46,6 +50,7 @@ vLLM-named Prometheus metrics. Every model constant is a flag; --speedup K runs 
 	fs.IntVar(&replicas, "replicas", 4, "number of replicas")
 	fs.IntVar(&basePort, "base-port", 8000, "port of the first replica (0: ephemeral ports)")
 	fs.StringVar(&host, "host", "127.0.0.1", "address to listen on")
+	fs.BoolVar(&zero, "zero-latency", false, "answer every completion at once (no engine; for measuring proxy overhead); only --model applies")
 	cfg.RegisterFlags(fs)
 	return cmd
 }

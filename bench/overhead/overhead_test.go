@@ -1,0 +1,284 @@
+package overhead
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+func approx(p *float64, want float64) bool { return p != nil && math.Abs(*p-want) < 1e-9 }
+
+func TestDerive(t *testing.T) {
+	rows := []Row{
+		{Target: TargetDirect, BodyBytes: 1024, RPS: 40000, LatRequests: 10, P50us: 100, P99MedUs: 300},
+		{Target: TargetHAProxy, BodyBytes: 1024, RPS: 20000, LatRequests: 10, P50us: 200, P99MedUs: 700},
+		{Target: TargetPrefixlbPfx, BodyBytes: 1024, RPS: 16000, LatRequests: 10, P50us: 250, P99MedUs: 900},
+		// Another size without haproxy: ratios against it stay nil.
+		{Target: TargetDirect, BodyBytes: 2048, RPS: 1000, LatRequests: 10, P50us: 100, P99MedUs: 200},
+		{Target: TargetPrefixlbRR, BodyBytes: 2048, RPS: 500, LatRequests: 10, P50us: 160, P99MedUs: 260},
+	}
+	Derive(rows)
+	d, h, p, rr := &rows[0], &rows[1], &rows[2], &rows[4]
+	if !approx(d.RPSvsDirect, 1) || !approx(d.AddedP50us, 0) || !approx(d.RPSvsHAProxy, 2) {
+		t.Errorf("direct: %+v", d)
+	}
+	if !approx(h.RPSvsHAProxy, 1) || !approx(h.AddedP50us, 100) || !approx(h.AddedP99us, 400) || !approx(h.AddedP50vsHAProxy, 1) {
+		t.Errorf("haproxy: %+v", h)
+	}
+	if !approx(p.RPSvsDirect, 0.4) || !approx(p.RPSvsHAProxy, 0.8) || !approx(p.AddedP50us, 150) || !approx(p.AddedP99us, 600) ||
+		!approx(p.AddedP50vsHAProxy, 1.5) || !approx(p.AddedP99vsHAProxy, 1.5) || !approx(p.P50vsHAProxy, 1.25) {
+		t.Errorf("prefix: %+v", p)
+	}
+	if !approx(rr.RPSvsDirect, 0.5) || !approx(rr.AddedP50us, 60) || rr.RPSvsHAProxy != nil || rr.AddedP50vsHAProxy != nil {
+		t.Errorf("rr without haproxy: %+v", rr)
+	}
+
+	// A reference with no successful requests gives no ratios.
+	rows = []Row{{Target: TargetDirect, BodyBytes: 1, RPS: 0}, {Target: TargetPrefixlbRR, BodyBytes: 1, RPS: 5, LatRequests: 1}}
+	Derive(rows)
+	if rows[1].RPSvsDirect != nil || rows[1].AddedP50us != nil {
+		t.Errorf("ratios against an empty reference: %+v", rows[1])
+	}
+}
+
+func TestChecksAndMarkdown(t *testing.T) {
+	rep := &Report{
+		Rows: []Row{
+			{Target: TargetDirect, BodyBytes: 16 << 10, RPS: 30000, LatRequests: 5, P50us: 100, P99MedUs: 400},
+			{Target: TargetPrefixlbPfx, BodyBytes: 16 << 10, RPS: 10000, LatRequests: 5, P50us: 180, P99MedUs: 900},
+			{Target: TargetHAProxy, BodyBytes: 1 << 10, RPS: 20000, LatRequests: 5, P50us: 150},
+			{Target: TargetPrefixlbPfx, BodyBytes: 1 << 10, RPS: 15000, LatRequests: 5, P50us: 160},
+		},
+		Routing: []RoutingResult{{BodyBytes: 128 << 10, Chunks: 511, P50us: 120, P99us: 200}},
+		Index:   &IndexMemory{Entries: 1_000_000, BytesPerEntry: 64.5},
+	}
+	Derive(rep.Rows)
+	rep.Checks = Checks(rep)
+	want := []bool{true, true, true, true, true} // p50 +80 ≤ 100, p99 +500 ≤ 1000, 0.75× ≥ 0.7, 120 ≤ 300, 64.5 ≤ 100
+	if len(rep.Checks) != len(want) {
+		t.Fatalf("%d checks, want %d", len(rep.Checks), len(want))
+	}
+	for i, c := range rep.Checks {
+		if c.Met == nil || *c.Met != want[i] {
+			t.Errorf("check %q: met %v, want %v (got %s)", c.Name, c.Met, want[i], c.Got)
+		}
+	}
+	rep.Rows[1].P50us = 260 // +160 µs: not met
+	Derive(rep.Rows)
+	if c := Checks(rep)[0]; c.Met == nil || *c.Met {
+		t.Errorf("p50 +160 µs counted as met: %+v", c)
+	}
+
+	rep.Checks = Checks(rep)
+	md := Markdown(rep)
+	for _, s := range []string{"| body | target | req/s (sat)", "| 16 KB | prefixlb-prefix | 10000 |", "| 128 KB | 511 |", "64.5 heap bytes/entry", "**no**"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md)
+		}
+	}
+
+	// Nothing measured: every check says so, none claims a result.
+	for _, c := range Checks(&Report{}) {
+		if c.Met != nil || c.Got != "not measured" {
+			t.Errorf("empty report: %+v", c)
+		}
+	}
+}
+
+func TestHAProxyConfig(t *testing.T) {
+	cfg := HAProxyConfig(19001, []string{"http://127.0.0.1:8001", "http://127.0.0.1:8002"})
+	for _, s := range []string{"bind 127.0.0.1:19001", "balance roundrobin", "option http-no-delay", "mode http",
+		"server s0 127.0.0.1:8001", "server s1 127.0.0.1:8002"} {
+		if !strings.Contains(cfg, s) {
+			t.Errorf("config lacks %q:\n%s", s, cfg)
+		}
+	}
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Log("haproxy not installed: config not checked by haproxy -c")
+		return
+	}
+	p := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-c", "-q", "-f", p).CombinedOutput(); err != nil {
+		t.Errorf("haproxy -c: %v: %s", err, out)
+	}
+}
+
+func TestProcParsing(t *testing.T) {
+	stat := []byte("4242 (prefix lb) (x) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 75 0 0 20 0 9 0 100 0 0")
+	d, err := parseStatCPU(stat)
+	if err != nil || d != 3250*time.Millisecond {
+		t.Errorf("parseStatCPU = %v, %v; want 3.25s", d, err)
+	}
+	if _, err := parseStatCPU([]byte("garbage")); err == nil {
+		t.Error("parseStatCPU accepted garbage")
+	}
+	status := []byte("Name:\tprefixlb\nVmPeak:\t  900 kB\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\n")
+	if n, err := parseStatusKB(status, "VmHWM"); err != nil || n != 20480<<10 {
+		t.Errorf("VmHWM = %d, %v", n, err)
+	}
+	if _, err := parseStatusKB(status, "VmSwap"); err == nil {
+		t.Error("missing field found")
+	}
+	// This process: CPU time moves forward, peak RSS is there.
+	if _, err := procCPU(os.Getpid()); err != nil {
+		t.Error(err)
+	}
+	if n, err := peakRSS(os.Getpid()); err != nil || n <= 0 {
+		t.Errorf("peakRSS = %d, %v", n, err)
+	}
+}
+
+func TestParseSizesAndMedian(t *testing.T) {
+	got, err := parseSizes("1k, 16384,128K")
+	if err != nil || len(got) != 3 || got[0] != 1024 || got[1] != 16384 || got[2] != 128<<10 {
+		t.Errorf("parseSizes = %v, %v", got, err)
+	}
+	if _, err := parseSizes("1x"); err == nil {
+		t.Error("parseSizes accepted 1x")
+	}
+	if m := median([]float64{5, 1, 3}); m != 3 {
+		t.Errorf("median = %v", m)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median = %v", m)
+	}
+}
+
+// Bodies come out near the requested size, are valid chat requests, and share their system
+// prompt's chunks while the user turn makes each one unique.
+func TestWorkloadBodies(t *testing.T) {
+	for _, size := range []int{1 << 10, 16 << 10, 128 << 10} {
+		wl := NewWorkload(size, WorkloadOptions{SystemPrompts: 2, StreamFraction: 0.5, Seed: 7})
+		kb := key.NewBuilder(0)
+		var k0, k1 key.Key
+		var buf []byte
+		streams, shared := 0, 0
+		for i := range uint64(40) {
+			var stream bool
+			buf, stream = wl.Body(buf, i)
+			if n := len(buf); n < size*9/10 || n > size*11/10 {
+				t.Fatalf("size %d: body %d is %d bytes", size, i, n)
+			}
+			var v struct {
+				Model    string `json:"model"`
+				Stream   bool   `json:"stream"`
+				Messages []struct{ Role, Content string }
+			}
+			if err := json.Unmarshal(buf, &v); err != nil || len(v.Messages) != 2 || v.Stream != stream {
+				t.Fatalf("size %d: body %d: %v %+v", size, i, err, v)
+			}
+			if stream {
+				streams++
+			}
+			if i == 0 {
+				kb.Build([]byte(chatPath), buf, &k0)
+				continue
+			}
+			kb.Build([]byte(chatPath), buf, &k1)
+			if !k1.OK || len(k1.Chunks) == 0 {
+				t.Fatalf("size %d: no routing key", size)
+			}
+			if k1.Chunks[len(k1.Chunks)-1] == k0.Chunks[len(k0.Chunks)-1] {
+				t.Fatalf("size %d: bodies 0 and %d end alike", size, i)
+			}
+			if k1.Chunks[0] == k0.Chunks[0] {
+				shared++
+			}
+		}
+		if streams == 0 || streams == 40 {
+			t.Errorf("size %d: %d of 40 streamed, want a mix", size, streams)
+		}
+		if shared == 0 || shared == 39 {
+			t.Errorf("size %d: %d of 39 share body 0's system prompt, want some (2 prompts)", size, shared)
+		}
+		b1, _ := wl.Body(nil, 12345)
+		b2, _ := wl.Body(nil, 12345)
+		if !bytes.Equal(b1, b2) {
+			t.Errorf("size %d: body 12345 not reproducible", size)
+		}
+	}
+}
+
+// The whole command, tiny: direct and prefixlb (in-process, both modes), no HAProxy. It
+// checks counts and structure, never timings.
+func TestSmokeRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts servers and sends load for a few seconds")
+	}
+	o := DefaultOptions()
+	o.Sizes = []int{1 << 10}
+	o.Targets = []string{TargetDirect, TargetPrefixlbRR, TargetPrefixlbPfx}
+	o.Conns = 4
+	o.Rounds = 1
+	o.Round = 150 * time.Millisecond
+	o.Warmup = 50 * time.Millisecond
+	o.Rate = 200
+	o.IndexEntries = 20_000
+	o.RoutingN = 50
+	o.Out = t.TempDir()
+	var log bytes.Buffer
+	rep, err := Run(context.Background(), o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(rep.Rows) != 3 {
+		t.Fatalf("%d rows, want 3", len(rep.Rows))
+	}
+	for _, r := range rep.Rows {
+		if r.SatRequests <= 0 || r.RPS <= 0 || r.LatRequests <= 0 || r.SatErrors+r.LatErrors != 0 || r.P50us <= 0 || r.P99us < r.P50us {
+			t.Errorf("%s: implausible row %+v", r.Target, r)
+		}
+		if r.Target != TargetDirect && (r.RPSvsDirect == nil || r.AddedP50us == nil) {
+			t.Errorf("%s: no ratio against direct", r.Target)
+		}
+		if r.RPSvsHAProxy != nil {
+			t.Errorf("%s: ratio against HAProxy without HAProxy", r.Target)
+		}
+		if r.SatCPUPer1k != nil || r.PeakRSSBytes != 0 {
+			t.Errorf("%s: CPU/RSS reported for an in-process target", r.Target)
+		}
+	}
+	if rr := rep.Rows[1].Routes; rr["round-robin"] == 0 {
+		t.Errorf("prefixlb-rr routes = %v", rr)
+	}
+	if pr := rep.Rows[2].Routes; pr["match"]+pr["cold"]+pr["overload-fallback"] == 0 {
+		t.Errorf("prefixlb-prefix routes = %v, want prefix reasons", pr)
+	}
+	if len(rep.Routing) != 1 || rep.Routing[0].Chunks == 0 || rep.Routing[0].P50us <= 0 {
+		t.Errorf("routing = %+v", rep.Routing)
+	}
+	if rep.Index == nil || rep.Index.Entries < 20_000 || rep.Index.BytesPerEntry <= 0 {
+		t.Errorf("index = %+v", rep.Index)
+	}
+	if len(rep.Checks) != 5 {
+		t.Errorf("%d checks", len(rep.Checks))
+	}
+	p, err := WriteJSON(rep, o.Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var back Report
+	if err := json.NewDecoder(f).Decode(&back); err != nil || len(back.Rows) != 3 {
+		t.Errorf("overhead.json: %v, %d rows", err, len(back.Rows))
+	}
+	_, _ = io.Copy(io.Discard, f)
+}

@@ -1,0 +1,256 @@
+package overhead
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Row is one target at one body size.
+type Row struct {
+	Target    string `json:"target"`
+	BodyBytes int    `json:"body_bytes"`
+
+	// Saturation: closed loop, Conns connections back to back, summed over the rounds.
+	SatRequests int64    `json:"sat_requests"`
+	SatErrors   int64    `json:"sat_errors"`
+	SatSeconds  float64  `json:"sat_seconds"`
+	RPS         float64  `json:"rps"`
+	SatCPUPer1k *float64 `json:"sat_cpu_s_per_1k,omitempty"` // the proxy process's CPU seconds per 1,000 requests
+	// HarnessCPUPer1k is the harness's own CPU (load generator and backends; with an
+	// in-process prefixlb, that too) per 1,000 requests at saturation.
+	HarnessCPUPer1k *float64 `json:"sat_harness_cpu_s_per_1k,omitempty"`
+	// BackendCPUPer1k is the zero-latency backends' CPU per 1,000 requests at saturation,
+	// when they run as a child process (the same work for every target: a sanity check).
+	BackendCPUPer1k *float64 `json:"sat_backend_cpu_s_per_1k,omitempty"`
+
+	// Latency: open loop at Rate requests/s (Poisson), summed over the rounds. Pxx are from
+	// the actual send to the end of the response; CoPxx from the scheduled send.
+	Rate        float64 `json:"rate"`
+	LatRequests int64   `json:"lat_requests"`
+	LatErrors   int64   `json:"lat_errors"`
+	Late        int64   `json:"late_sends"`
+	P50us       float64 `json:"p50_us"`
+	P90us       float64 `json:"p90_us"`
+	P99us       float64 `json:"p99_us"`
+	P999us      float64 `json:"p999_us"`
+	MaxUs       float64 `json:"max_us"`
+	// P99MedUs is the median over rounds of each round's p99: one noisy round (another
+	// process taking the CPUs) moves it less than it moves the p99 of all rounds together.
+	P99MedUs    float64   `json:"p99_median_of_rounds_us"`
+	P50RoundsUs []float64 `json:"p50_rounds_us,omitempty"`
+	P99RoundsUs []float64 `json:"p99_rounds_us,omitempty"`
+	CoP50us     float64   `json:"co_p50_us"`
+	CoP99us     float64   `json:"co_p99_us"`
+	LatCPUPer1k *float64  `json:"lat_cpu_s_per_1k,omitempty"`
+
+	PeakRSSBytes int64            `json:"peak_rss_bytes,omitempty"` // the proxy's VmHWM over this body size
+	Routes       map[string]int64 `json:"routes,omitempty"`         // x-prefixlb-route reasons seen
+
+	// Derived by Derive, against the direct and haproxy rows of the same body size.
+	RPSvsDirect       *float64 `json:"rps_vs_direct,omitempty"`
+	RPSvsHAProxy      *float64 `json:"rps_vs_haproxy,omitempty"`
+	AddedP50us        *float64 `json:"added_p50_us,omitempty"`
+	AddedP99us        *float64 `json:"added_p99_us,omitempty"` // from P99MedUs
+	P50vsHAProxy      *float64 `json:"p50_vs_haproxy,omitempty"`
+	P99vsHAProxy      *float64 `json:"p99_vs_haproxy,omitempty"`
+	AddedP50vsHAProxy *float64 `json:"added_p50_vs_haproxy,omitempty"`
+	AddedP99vsHAProxy *float64 `json:"added_p99_vs_haproxy,omitempty"`
+}
+
+// Check is one of the issue's targets and whether this run met it.
+type Check struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Met  *bool  `json:"met,omitempty"` // nil: not measured in this run
+}
+
+// Report is the outcome of one overhead run.
+type Report struct {
+	Started   time.Time         `json:"started"`
+	CPUs      int               `json:"cpus"`
+	GoVersion string            `json:"go_version"`
+	HAProxy   string            `json:"haproxy,omitempty"`
+	Options   Options           `json:"options"`
+	Targets   map[string]string `json:"targets"` // name → how it ran
+	Backends  string            `json:"backends"`
+	Rows      []Row             `json:"rows"`
+	Routing   []RoutingResult   `json:"routing,omitempty"`
+	Index     *IndexMemory      `json:"index,omitempty"`
+	Checks    []Check           `json:"checks"`
+	Notes     []string          `json:"notes,omitempty"`
+}
+
+func ptr(x float64) *float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return nil
+	}
+	return &x
+}
+
+func ratio(a, b float64) *float64 {
+	if b == 0 {
+		return nil
+	}
+	return ptr(a / b)
+}
+
+// Derive fills the ratio fields of rows from the direct and haproxy rows of each body size.
+// A row without a reference (haproxy skipped, or no successful request) keeps nil ratios.
+func Derive(rows []Row) {
+	find := func(size int, name string) *Row {
+		for i := range rows {
+			if rows[i].BodyBytes == size && rows[i].Target == name && rows[i].LatRequests > 0 {
+				return &rows[i]
+			}
+		}
+		return nil
+	}
+	for i := range rows {
+		r := &rows[i]
+		r.RPSvsDirect, r.RPSvsHAProxy, r.AddedP50us, r.AddedP99us = nil, nil, nil, nil
+		r.P50vsHAProxy, r.P99vsHAProxy, r.AddedP50vsHAProxy, r.AddedP99vsHAProxy = nil, nil, nil, nil
+		d, h := find(r.BodyBytes, TargetDirect), find(r.BodyBytes, TargetHAProxy)
+		if d != nil {
+			r.RPSvsDirect = ratio(r.RPS, d.RPS)
+			if r.LatRequests > 0 {
+				r.AddedP50us = ptr(r.P50us - d.P50us)
+				r.AddedP99us = ptr(r.P99MedUs - d.P99MedUs)
+			}
+		}
+		if h != nil {
+			r.RPSvsHAProxy = ratio(r.RPS, h.RPS)
+			if r.LatRequests > 0 {
+				r.P50vsHAProxy = ratio(r.P50us, h.P50us)
+				r.P99vsHAProxy = ratio(r.P99MedUs, h.P99MedUs)
+				if d != nil {
+					r.AddedP50vsHAProxy = ratio(r.P50us-d.P50us, h.P50us-d.P50us)
+					r.AddedP99vsHAProxy = ratio(r.P99MedUs-d.P99MedUs, h.P99MedUs-d.P99MedUs)
+				}
+			}
+		}
+	}
+}
+
+// The issue's targets (2-core machine, one run).
+const (
+	wantAddedP50us    = 100
+	wantAddedP99us    = 1000
+	wantRPSvsHAProxy  = 0.7
+	wantRoutingUs     = 300
+	wantBytesPerEntry = 100
+	checkLatencyBody  = 16 << 10
+	checkRPSBody      = 1 << 10
+	checkRoutingBody  = 128 << 10
+)
+
+func met(ok bool) *bool { return &ok }
+
+// Checks evaluates the issue's targets on a derived report.
+func Checks(rep *Report) []Check {
+	var out []Check
+	row := func(size int, name string) *Row {
+		for i := range rep.Rows {
+			if rep.Rows[i].BodyBytes == size && rep.Rows[i].Target == name {
+				return &rep.Rows[i]
+			}
+		}
+		return nil
+	}
+	p := row(checkLatencyBody, TargetPrefixlbPfx)
+	c50 := Check{Name: "prefix: added p50 over direct, 16 KB, open loop", Want: fmt.Sprintf("≤ %d µs", wantAddedP50us), Got: "not measured"}
+	c99 := Check{Name: "prefix: added p99 (median of rounds) over direct, 16 KB, open loop", Want: fmt.Sprintf("≤ %d µs", wantAddedP99us), Got: "not measured"}
+	if p != nil && p.AddedP50us != nil {
+		c50.Got, c50.Met = fmt.Sprintf("%+.0f µs", *p.AddedP50us), met(*p.AddedP50us <= wantAddedP50us)
+		c99.Got, c99.Met = fmt.Sprintf("%+.0f µs", *p.AddedP99us), met(*p.AddedP99us <= wantAddedP99us)
+	}
+	out = append(out, c50, c99)
+	cr := Check{Name: "prefix: requests/s at saturation vs HAProxy, 1 KB", Want: fmt.Sprintf("≥ %.1f×", wantRPSvsHAProxy), Got: "not measured"}
+	if p := row(checkRPSBody, TargetPrefixlbPfx); p != nil && p.RPSvsHAProxy != nil {
+		cr.Got, cr.Met = fmt.Sprintf("%.2f×", *p.RPSvsHAProxy), met(*p.RPSvsHAProxy >= wantRPSvsHAProxy)
+	}
+	out = append(out, cr)
+	cd := Check{Name: "routing decision (key.Build + Pick + Learn), 128 KB, p50 (p99)", Want: fmt.Sprintf("≤ %d µs", wantRoutingUs), Got: "not measured"}
+	for _, r := range rep.Routing {
+		if r.BodyBytes == checkRoutingBody {
+			cd.Got, cd.Met = fmt.Sprintf("%.0f µs (%.0f µs)", r.P50us, r.P99us), met(r.P50us <= wantRoutingUs)
+		}
+	}
+	out = append(out, cd)
+	ci := Check{Name: "prefix index: heap bytes per entry (1M entries)", Want: fmt.Sprintf("≤ %d B", wantBytesPerEntry), Got: "not measured"}
+	if rep.Index != nil {
+		ci.Got, ci.Met = fmt.Sprintf("%.1f B", rep.Index.BytesPerEntry), met(rep.Index.BytesPerEntry <= wantBytesPerEntry)
+	}
+	out = append(out, ci)
+	return out
+}
+
+func fx(p *float64, format string) string {
+	if p == nil {
+		return "–"
+	}
+	return fmt.Sprintf(format, *p)
+}
+
+func sizeName(n int) string {
+	if n%(1<<10) == 0 {
+		return fmt.Sprintf("%d KB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// Markdown renders the report: one table over targets × body sizes, the routing decision,
+// the index memory and the checks.
+func Markdown(rep *Report) string {
+	var b strings.Builder
+	b.WriteString("| body | target | req/s (sat) | ×direct | ×haproxy | rate | p50 µs | p99 µs (rounds' median / all) | +p50 µs | +p99 µs | +p50 ×haproxy | +p99 ×haproxy | CPU s/1k (sat) | CPU s/1k (rate) | peak RSS MiB | errors |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rep.Rows {
+		rss := "–"
+		if r.PeakRSSBytes > 0 {
+			rss = fmt.Sprintf("%.1f", float64(r.PeakRSSBytes)/(1<<20))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %s | %.0f | %.0f | %.0f / %.0f | %s | %s | %s | %s | %s | %s | %s | %d |\n",
+			sizeName(r.BodyBytes), r.Target, r.RPS, fx(r.RPSvsDirect, "%.2f"), fx(r.RPSvsHAProxy, "%.2f"),
+			r.Rate, r.P50us, r.P99MedUs, r.P99us, fx(r.AddedP50us, "%+.0f"), fx(r.AddedP99us, "%+.0f"),
+			fx(r.AddedP50vsHAProxy, "%.2f"), fx(r.AddedP99vsHAProxy, "%.2f"),
+			fx(r.SatCPUPer1k, "%.3f"), fx(r.LatCPUPer1k, "%.3f"), rss, r.SatErrors+r.LatErrors)
+	}
+	if len(rep.Routing) > 0 {
+		b.WriteString("\nRouting decision of mode prefix (in the harness, no load), µs:\n\n| body | chunks | p50 | p99 | build p50 | pick p50 | learn p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
+		for _, r := range rep.Routing {
+			fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", sizeName(r.BodyBytes), r.Chunks, r.P50us, r.P99us, r.BuildP50us, r.PickP50us, r.LearnP50us)
+		}
+	}
+	if x := rep.Index; x != nil {
+		fmt.Fprintf(&b, "\nPrefix index, %d entries (%d chunks): %.1f heap bytes/entry, heap %.1f MiB, process RSS %.1f MiB (+%.1f MiB)\n",
+			x.Entries, x.Chunks, x.BytesPerEntry, float64(x.HeapBytes)/(1<<20), float64(x.RSSBytes)/(1<<20), float64(x.RSSDeltaBytes)/(1<<20))
+	}
+	b.WriteString("\n| target | want | got | met |\n|---|---|---|---|\n")
+	for _, c := range rep.Checks {
+		m := "–"
+		if c.Met != nil {
+			m = map[bool]string{true: "yes", false: "**no**"}[*c.Met]
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, c.Want, c.Got, m)
+	}
+	return b.String()
+}
+
+// WriteJSON writes rep to dir/overhead.json and returns the path.
+func WriteJSON(rep *Report, dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "overhead.json")
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return p, os.WriteFile(p, append(data, '\n'), 0o644)
+}

@@ -1,0 +1,149 @@
+package overhead
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/index"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// RoutingResult is the cost of the whole routing decision of mode prefix for one body size,
+// measured in the harness process while no load runs: key.Build (parse, render, chunk
+// hashes) + Prefix.Pick + Prefix.Learn, on a policy whose index already holds the workload's
+// system prompts.
+type RoutingResult struct {
+	BodyBytes  int            `json:"body_bytes"`
+	Chunks     int            `json:"chunks"`
+	Decisions  int            `json:"decisions"`
+	P50us      float64        `json:"p50_us"`
+	P99us      float64        `json:"p99_us"`
+	BuildP50us float64        `json:"build_p50_us"`
+	PickP50us  float64        `json:"pick_p50_us"`
+	LearnP50us float64        `json:"learn_p50_us"`
+	Reasons    map[string]int `json:"reasons"`
+}
+
+// measureRouting times n routing decisions on bodies of wl over nb backends.
+func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
+	bs := make([]*backend.Backend, nb)
+	for i := range bs {
+		b, err := backend.New(fmt.Sprintf("http://10.0.0.%d:8000", i+1), 0, 1)
+		if err != nil {
+			return RoutingResult{}, err
+		}
+		bs[i] = b
+	}
+	pol := router.NewPrefix(router.PrefixOptions{ChunkTokens: configs.DefaultChunkTokens}, nil)
+	pol.SetBackends(bs)
+	kb := key.NewBuilder(configs.DefaultChunkTokens)
+	path := []byte(chatPath)
+	var k key.Key
+	var buf []byte
+	decide := func(i uint64) (build, pick, learn time.Duration, d router.Decision) {
+		buf, _ = wl.Body(buf, i)
+		t0 := time.Now()
+		kb.Build(path, buf, &k)
+		t1 := time.Now()
+		d = pol.Pick(&k, bs)
+		t2 := time.Now()
+		pol.Learn(&k, d.Backend)
+		t3 := time.Now()
+		return t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), d
+	}
+	base := uint64(1) << 40
+	for i := range uint64(200) { // learn the system prompts, warm the pools
+		decide(base + i)
+	}
+	total := make([]time.Duration, n)
+	build := make([]time.Duration, n)
+	pick := make([]time.Duration, n)
+	learn := make([]time.Duration, n)
+	reasons := map[string]int{}
+	for i := range n {
+		var d router.Decision
+		build[i], pick[i], learn[i], d = decide(base + 1000 + uint64(i))
+		reasons[d.Reason.String()]++
+		total[i] = build[i] + pick[i] + learn[i]
+	}
+	if !k.OK {
+		return RoutingResult{}, fmt.Errorf("routing: the workload's body did not parse")
+	}
+	return RoutingResult{
+		BodyBytes: wl.Size, Chunks: len(k.Chunks), Decisions: n,
+		P50us: pctUs(total, 50), P99us: pctUs(total, 99),
+		BuildP50us: pctUs(build, 50), PickP50us: pctUs(pick, 50), LearnP50us: pctUs(learn, 50),
+		Reasons: reasons,
+	}, nil
+}
+
+func pctUs(ds []time.Duration, p float64) float64 {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := min(int(float64(len(s))*p/100), len(s)-1)
+	return float64(s[i]) / 1e3
+}
+
+// IndexMemory is the prefix index's memory with Entries (chunk, backend) entries.
+type IndexMemory struct {
+	Entries       int64   `json:"entries"`
+	Chunks        int     `json:"chunks"`
+	BytesPerEntry float64 `json:"heap_bytes_per_entry"`
+	HeapBytes     int64   `json:"heap_bytes"`
+	RSSBytes      int64   `json:"process_rss_bytes"`
+	RSSDeltaBytes int64   `json:"rss_delta_bytes"`
+}
+
+// measureIndex fills an index with n entries (8 backends; each prompt of 25 chunks recorded
+// on two backends, as a shared prefix would be) with random 64-bit chunk hashes, and
+// measures the live heap it holds and the process RSS.
+func measureIndex(n int) (IndexMemory, error) {
+	const nb, perPrompt = 8, 25
+	per := int64(max(n/nb, 1))
+	bs := make([]*backend.Backend, nb)
+	for i := range bs {
+		b, err := backend.New(fmt.Sprintf("http://10.0.1.%d:8000", i+1), per*configs.DefaultChunkTokens, 1)
+		if err != nil {
+			return IndexMemory{}, err
+		}
+		bs[i] = b
+	}
+	pid := fmt.Sprint(os.Getpid())
+	var before, after runtime.MemStats
+	runtime.GC()
+	debug.FreeOSMemory()
+	runtime.ReadMemStats(&before)
+	rss0, _ := procStatusKB(pid, "VmRSS")
+	x := index.New(index.Options{ChunkTokens: configs.DefaultChunkTokens, MaxEntries: -1})
+	x.SetBackends(bs)
+	chunks := make([]uint64, perPrompt)
+	now := time.Now()
+	for p := 0; x.Entries() < per*nb; p++ { // every backend full (n rounded down to a multiple of 8)
+		for i := range chunks {
+			chunks[i] = mix64(uint64(p)<<8 | uint64(i))
+		}
+		x.Record(chunks, bs[p%nb], now)
+		x.Record(chunks, bs[(p+1)%nb], now)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	rss1, err := procStatusKB(pid, "VmRSS")
+	if err != nil {
+		return IndexMemory{}, err
+	}
+	m := IndexMemory{
+		Entries: x.Entries(), Chunks: x.Chunks(),
+		HeapBytes: int64(after.HeapAlloc) - int64(before.HeapAlloc),
+		RSSBytes:  rss1, RSSDeltaBytes: rss1 - rss0,
+	}
+	m.BytesPerEntry = float64(m.HeapBytes) / float64(m.Entries)
+	runtime.KeepAlive(x)
+	return m, nil
+}

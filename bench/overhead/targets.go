@@ -1,0 +1,447 @@
+package overhead
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/proxy"
+)
+
+// Target names.
+const (
+	TargetDirect      = "direct"
+	TargetHAProxy     = "haproxy"
+	TargetPrefixlbRR  = "prefixlb-rr"
+	TargetPrefixlbPfx = "prefixlb-prefix"
+)
+
+// AllTargets are the targets in report order.
+var AllTargets = []string{TargetDirect, TargetHAProxy, TargetPrefixlbRR, TargetPrefixlbPfx}
+
+// target is one way to reach the backends: directly, or through a proxy.
+type target struct {
+	name  string
+	addrs []string // what the load generator dials
+	pid   int      // the proxy's own process, measured for CPU and RSS (0: none)
+	note  string   // how it runs, for the report
+	cli   *client
+	stop  func() error
+}
+
+func (t *target) cpu() cpuMeter {
+	if t.pid == 0 {
+		return nil
+	}
+	return func() (time.Duration, error) { return procCPU(t.pid) }
+}
+
+func (t *target) close() error {
+	if t.cli != nil {
+		t.cli.close()
+	}
+	if t.stop != nil {
+		return t.stop()
+	}
+	return nil
+}
+
+// hostPorts turns "http://host:port" URLs into "host:port".
+func hostPorts(urls []string) []string {
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		out[i] = strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://")
+	}
+	return out
+}
+
+func directTarget(backends []string) *target {
+	return &target{name: TargetDirect, addrs: hostPorts(backends), note: "client alternates between the backends"}
+}
+
+// freePort reserves an ephemeral 127.0.0.1 port by listening on it and closing it.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// proc is a child process whose output goes to a file.
+type proc struct {
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+func startProc(dir, name string, argv []string, env ...string) (*proc, error) {
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive the harness
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", argv[0], err)
+	}
+	p := &proc{cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// tail returns the end of the process's output, for error messages.
+func (p *proc) tail() string {
+	b, _ := os.ReadFile(p.log)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stop sends SIGTERM and waits up to 10 s, then kills.
+func (p *proc) stop() error {
+	if p.exited() {
+		return nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s did not stop within 10s after SIGTERM; killed", p.cmd.Path)
+	}
+}
+
+// waitReady polls addr with GET /v1/models (passed through to a backend) until it answers
+// 200, the process exits, or 15 s pass.
+func waitReady(addr string, p *proc) error {
+	deadline := time.Now().Add(15 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		if p != nil && p.exited() {
+			return fmt.Errorf("exited early (%v): %s", p.err, p.tail())
+		}
+		code, _, err := fasthttp.GetTimeout(nil, "http://"+addr+"/v1/models", time.Second)
+		if err == nil && code == fasthttp.StatusOK {
+			return nil
+		}
+		last = err
+		if err == nil {
+			last = fmt.Errorf("status %d", code)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if p != nil {
+		return fmt.Errorf("not ready after 15s (%v): %s", last, p.tail())
+	}
+	return fmt.Errorf("not ready after 15s: %v", last)
+}
+
+// ---- backends ----
+
+// backendsProcess runs `<argv...> sim --zero-latency --replicas n --base-port 0` as a child
+// process (backends are separate processes in front of which a proxy is put, and their CPU is
+// then their own) and returns its URLs once it prints them.
+func backendsProcess(argv []string, dir string, n int) (urls []string, p *proc, err error) {
+	args := append(append([]string(nil), argv...), "sim", "--zero-latency", "--replicas", strconv.Itoa(n),
+		"--base-port", "0", "--host", "127.0.0.1")
+	p, err = startProc(dir, "backends", args)
+	if err != nil {
+		return nil, nil, err
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			return nil, nil, fmt.Errorf("zero-latency backends exited early (%v): %s", p.err, p.tail())
+		}
+		b, _ := os.ReadFile(p.log)
+		urls = urls[:0]
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if strings.HasPrefix(line, "http://") {
+				urls = append(urls, strings.TrimSpace(line))
+			}
+		}
+		if len(urls) == n {
+			for _, u := range urls {
+				if err := waitReady(strings.TrimPrefix(u, "http://"), p); err != nil {
+					_ = p.stop()
+					return nil, nil, fmt.Errorf("zero-latency backend %s: %w", u, err)
+				}
+			}
+			return urls, p, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = p.stop()
+	return nil, nil, fmt.Errorf("zero-latency backends did not print %d URLs within 15s: %s", n, p.tail())
+}
+
+// ---- HAProxy ----
+
+// errNoHAProxy means the haproxy binary is not installed.
+var errNoHAProxy = errors.New("haproxy not found in PATH (Debian: apt-get install haproxy)")
+
+// HAProxyConfig renders the HAProxy configuration of the comparison: one frontend on
+// 127.0.0.1:port, balance roundrobin over the backends, and option http-no-delay, without
+// which HAProxy holds small writes (SSE events) for up to ~200 ms.
+func HAProxyConfig(port int, backends []string) string {
+	var b strings.Builder
+	b.WriteString(`# written by prefixlb bench overhead
+global
+    maxconn 4096
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 600s
+    timeout server 600s
+    option http-no-delay
+
+frontend fe
+    bind 127.0.0.1:` + strconv.Itoa(port) + `
+    default_backend be
+
+backend be
+    balance roundrobin
+`)
+	for i, a := range hostPorts(backends) {
+		fmt.Fprintf(&b, "    server s%d %s\n", i, a)
+	}
+	return b.String()
+}
+
+// HAProxyVersion returns the first line of `haproxy -v`, or "" when haproxy is missing.
+func HAProxyVersion(bin string) string {
+	out, err := exec.Command(bin, "-v").Output()
+	if err != nil {
+		return ""
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(line)
+}
+
+func haproxyTarget(bin, dir string, backends []string) (*target, error) {
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, errNoHAProxy
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cfg := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfg, []byte(HAProxyConfig(port, backends)), 0o644); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command(path, "-c", "-q", "-f", cfg).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("haproxy -c: %v: %s", err, out)
+	}
+	p, err := startProc(dir, "haproxy", []string{path, "-db", "-f", cfg})
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	if err := waitReady(addr, p); err != nil {
+		_ = p.stop()
+		return nil, fmt.Errorf("haproxy: %w", err)
+	}
+	return &target{name: TargetHAProxy, addrs: []string{addr}, pid: p.cmd.Process.Pid,
+		note: "haproxy -db, balance roundrobin, option http-no-delay", stop: p.stop}, nil
+}
+
+// ---- prefixlb ----
+
+// prefixlbConfig renders the YAML of a benchmarked prefixlb.
+func prefixlbConfig(listen, mode, logLevel string, backends []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "listen: %q\nadmin_listen: \"127.0.0.1:0\"\nmode: %s\nlog:\n  level: %s\n  format: json\nbackends:\n", listen, mode, logLevel)
+	for _, u := range backends {
+		fmt.Fprintf(&b, "  - url: %q\n", u)
+	}
+	return b.String()
+}
+
+// prefixlbTarget starts `<argv...> serve --config FILE` as a child process, so that its CPU
+// time and peak RSS are its own.
+func prefixlbTarget(name string, argv []string, dir, mode, logLevel string, backends []string, profDir string, extraEnv []string) (*target, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	cfg := filepath.Join(dir, name+".yaml")
+	if err := os.WriteFile(cfg, []byte(prefixlbConfig(addr, mode, logLevel, backends)), 0o644); err != nil {
+		return nil, err
+	}
+	args := append(append([]string(nil), argv...), "serve", "--config", cfg)
+	env := append([]string(nil), extraEnv...)
+	if profDir != "" {
+		if err := os.MkdirAll(profDir, 0o755); err != nil {
+			return nil, err
+		}
+		abs, _ := filepath.Abs(filepath.Join(profDir, name+".prof"))
+		env = append(env, "PREFIXLB_CPUPROFILE="+abs)
+	}
+	p, err := startProc(dir, name, args, env...)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(addr, p); err != nil {
+		_ = p.stop()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &target{name: name, addrs: []string{addr}, pid: p.cmd.Process.Pid,
+		note: strings.TrimSpace(strings.Join(extraEnv, " ") + " " + filepath.Base(argv[0]) + " serve, mode " + mode + ", log level " + logLevel + " (child process)"), stop: p.stop}, nil
+}
+
+// prefixlbInProcess serves prefixlb inside the harness (proxy.New + Serve). Its CPU and RSS
+// cannot be told apart from the load generator's and are not reported.
+func prefixlbInProcess(name, mode string, backends []string) (*target, error) {
+	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0"}
+	for _, u := range backends {
+		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := proxy.New(cfg, zap.NewNop())
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = s.Serve(ln) }()
+	addr := ln.Addr().String()
+	stop := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := s.Shutdown(ctx)
+		wg.Wait()
+		return err
+	}
+	if err := waitReady(addr, nil); err != nil {
+		_ = stop()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &target{name: name, addrs: []string{addr}, note: "in-process (proxy.New + Serve): CPU and RSS not attributable", stop: stop}, nil
+}
+
+// ---- /proc ----
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat (100 on Linux/x86
+// and arm64 alike).
+const clockTicks = 100
+
+// procCPU returns the user + system CPU time of process pid (all threads).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseStatCPU(b)
+}
+
+// parseStatCPU reads utime and stime (fields 14 and 15) of a /proc/PID/stat line; the
+// command name (field 2) may hold spaces and parentheses, so fields are counted after the
+// last ')'.
+func parseStatCPU(b []byte) (time.Duration, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("/proc stat: no ')'")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 { // f[0] is field 3 (state): utime is f[11], stime f[12]
+		return 0, errors.New("/proc stat: short line")
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(u+s) * time.Second / clockTicks, nil
+}
+
+// procStatusKB returns a "Name: N kB" field of /proc/PID/status in bytes.
+func procStatusKB(pid, field string) (int64, error) {
+	f, err := os.Open("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return 0, err
+	}
+	return parseStatusKB(b, field)
+}
+
+func parseStatusKB(b []byte, field string) (int64, error) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || name != field {
+			continue
+		}
+		v := strings.Fields(rest)
+		if len(v) == 0 {
+			break
+		}
+		n, err := strconv.ParseInt(v[0], 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		return n << 10, nil
+	}
+	return 0, fmt.Errorf("/proc status: no %s", field)
+}
+
+// peakRSS is VmHWM of pid: the largest resident set since start or the last resetPeakRSS.
+func peakRSS(pid int) (int64, error) { return procStatusKB(strconv.Itoa(pid), "VmHWM") }
+
+// resetPeakRSS sets pid's VmHWM to its current RSS (writing 5 to clear_refs, Linux ≥ 4.0).
+func resetPeakRSS(pid int) error {
+	return os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0)
+}

@@ -1,0 +1,105 @@
+package overhead
+
+import (
+	"math/rand/v2"
+	"strconv"
+)
+
+// Workload makes chat-completion bodies of one target size with realistic prefix sharing:
+// each body is one of a small pool of system prompts (SharedFraction of the body) followed by
+// a user turn that no other body has (a window of a large word corpus at an offset drawn per
+// request). Bodies are built into a caller's buffer, so generating one costs a copy and no
+// allocation, and the load generator stays cheap next to the targets it measures.
+type Workload struct {
+	Size   int // target body size in bytes
+	model  string
+	system []string // the system prompts, JSON-safe
+	user   int      // user-turn length in bytes
+	corpus []byte   // JSON-safe words; user turns are windows of it
+	stream float64  // fraction of requests with "stream": true
+}
+
+// WorkloadOptions configure NewWorkload.
+type WorkloadOptions struct {
+	Model          string
+	SystemPrompts  int     // size of the system-prompt pool (default 4)
+	SharedFraction float64 // share of the body that is the system prompt (default 0.75)
+	StreamFraction float64 // share of streamed requests
+	Seed           uint64
+}
+
+// bodyOverhead is the JSON around the two message contents, roughly; the user turn absorbs
+// the difference so that bodies come out close to Size.
+const bodyOverhead = 160
+
+var words = []string{
+	"the", "model", "cache", "prefix", "token", "request", "replica", "latency", "throughput",
+	"summarize", "document", "section", "policy", "answer", "question", "context", "window",
+	"attention", "kernel", "batch", "schedule", "memory", "block", "evict", "route", "balance",
+	"stream", "server", "client", "vector", "matrix", "report", "table", "figure", "result",
+	"analysis", "compare", "measure", "quickly", "carefully", "because", "however", "therefore",
+	"and", "of", "to", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this",
+}
+
+// NewWorkload prepares the prompt pool and the corpus for bodies of size bytes.
+func NewWorkload(size int, o WorkloadOptions) *Workload {
+	if o.SystemPrompts <= 0 {
+		o.SystemPrompts = 4
+	}
+	if o.SharedFraction <= 0 || o.SharedFraction >= 1 {
+		o.SharedFraction = 0.75
+	}
+	if o.Model == "" {
+		o.Model = "meta-llama/Llama-3.1-8B-Instruct"
+	}
+	rng := rand.New(rand.NewPCG(o.Seed, uint64(size)))
+	content := max(size-bodyOverhead-len(o.Model), 64)
+	sys := int(float64(content) * o.SharedFraction)
+	w := &Workload{Size: size, model: o.Model, user: content - sys, stream: o.StreamFraction}
+	for i := range o.SystemPrompts {
+		p := "You are assistant #" + strconv.Itoa(i) + ". "
+		w.system = append(w.system, string(text(rng, []byte(p), sys)))
+	}
+	w.corpus = text(rng, nil, max(1<<20, 8*w.user))
+	return w
+}
+
+// text appends random words to dst until it is n bytes long.
+func text(rng *rand.Rand, dst []byte, n int) []byte {
+	for len(dst) < n {
+		dst = append(dst, words[rng.IntN(len(words))]...)
+		dst = append(dst, ' ')
+	}
+	return dst[:n]
+}
+
+// Body appends the body of request number i (any int; the same i gives the same body) to
+// dst[:0] and returns it, with whether it streams.
+func (w *Workload) Body(dst []byte, i uint64) ([]byte, bool) {
+	h := mix64(i)
+	sys := w.system[h%uint64(len(w.system))]
+	off := int((h >> 20) % uint64(len(w.corpus)-w.user))
+	stream := float64(h>>11)/(1<<53) < w.stream
+	dst = append(dst[:0], `{"model":"`...)
+	dst = append(dst, w.model...)
+	dst = append(dst, `","max_tokens":16,"messages":[{"role":"system","content":"`...)
+	dst = append(dst, sys...)
+	dst = append(dst, `"},{"role":"user","content":"Request `...)
+	dst = strconv.AppendUint(dst, i, 10)
+	dst = append(dst, ": "...)
+	dst = append(dst, w.corpus[off:off+w.user]...)
+	dst = append(dst, `"}],"stream":`...)
+	dst = strconv.AppendBool(dst, stream)
+	dst = append(dst, '}')
+	return dst, stream
+}
+
+// mix64 is the splitmix64 finaliser.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
