@@ -48,7 +48,8 @@ type Options struct {
 	// check, connect to end of headers (2 s). HAProxy checks every 2 s; vLLM's /health is
 	// cheap, 5 s keeps a hundred prefixlb replicas from adding up to a load.
 	Interval, Timeout time.Duration
-	// Rise is how many consecutive passes mark a backend healthy (2); Fall how many consecutive
+	// Rise is how many consecutive passes mark an unhealthy backend healthy again (2; a backend
+	// that never passed needs one, as Envoy's first check at start-up); Fall how many consecutive
 	// failures mark it unhealthy (3). HAProxy's defaults; sglang PR #9198 settled on the same
 	// after single results flapped.
 	Rise, Fall int
@@ -193,7 +194,8 @@ type bstate struct {
 
 	checkURL, metricsURL string
 
-	removed bool
+	removed    bool
+	everPassed bool // has passed an active check at least once
 	// Active checks.
 	activeOK     bool // the active verdict (true when active checks are disabled)
 	passes       int  // consecutive passes
@@ -471,7 +473,16 @@ func (c *Checker) recordCheck(st *bstate, err error) {
 		if st.passes < 1<<30 {
 			st.passes++
 		}
-		if !st.activeOK && st.passes >= c.o.Rise {
+		// A backend that never passed needs one pass (Envoy marks a host healthy on its first
+		// pass at start-up): every start of prefixlb, or a new pod from discovery, would
+		// otherwise route in panic mode for Interval × (Rise − 1). A backend that was up and
+		// went down needs Rise passes.
+		need := c.o.Rise
+		if !st.everPassed {
+			need = 1
+		}
+		if !st.activeOK && st.passes >= need {
+			st.everPassed = true
 			st.activeOK = true
 			if !c.applyLocked(st, "active checks passing") {
 				c.log.Info("active checks passing, backend still ejected",
