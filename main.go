@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"runtime/pprof"
 
 	"github.com/spf13/cobra"
 
+	"github.com/prefixlb/prefixlb/bench"
+	"github.com/prefixlb/prefixlb/bench/overhead"
 	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/proxy"
 )
@@ -16,15 +19,27 @@ import (
 var version = "dev"
 
 func main() {
+	// PREFIXLB_CPUPROFILE=FILE writes a CPU profile of the whole process to FILE (the overhead
+	// harness sets it on the prefixlb processes it starts, to profile the proxy under load).
+	if p := os.Getenv("PREFIXLB_CPUPROFILE"); p != "" {
+		_ = os.Unsetenv("PREFIXLB_CPUPROFILE")
+		if f, err := os.Create(p); err == nil && pprof.StartCPUProfile(f) == nil {
+			defer f.Close()
+			defer pprof.StopCPUProfile()
+		}
+	}
 	root := &cobra.Command{
 		Use:           "prefixlb",
 		Short:         "Prefix-aware load balancer for vLLM/SGLang replicas",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(proxy.ServeCommand(), sim.Command(), versionCommand())
+	b := bench.Command()
+	b.AddCommand(overhead.Command())
+	root.AddCommand(proxy.ServeCommand(), sim.Command(), b, versionCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "prefixlb:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }

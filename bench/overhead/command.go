@@ -201,7 +201,7 @@ decision alone, and the prefix index's memory at 1M entries; it writes DIR/overh
 	fs.StringVar(&o.Out, "out", o.Out, "directory for overhead.json")
 	fs.BoolVar(&o.KeepTemp, "keep", false, "keep the temp dir with configs and process logs")
 	fs.StringArrayVar(&o.PrefixlbEnv, "prefixlb-env", nil, "extra KEY=VALUE environment for the prefixlb children (repeatable), e.g. GOMAXPROCS=1")
-	fs.StringVar(&o.CPUProfileDir, "cpuprofile-dir", "", "ask each prefixlb child for a CPU profile DIR/<target>.prof (binaries that honour PREFIXLB_CPUPROFILE, e.g. bench/overhead/cmd/prefixlb-overhead)")
+	fs.StringVar(&o.CPUProfileDir, "cpuprofile-dir", "", "ask each prefixlb child for a CPU profile DIR/<target>.prof (the prefixlb binary honours PREFIXLB_CPUPROFILE)")
 	return c
 }
 

@@ -1,0 +1,375 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"go.uber.org/zap"
+	"gopkg.in/yaml.v3"
+
+	"github.com/prefixlb/prefixlb/bench/loadgen"
+	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/bench/workload"
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/proxy"
+)
+
+// Options configure a comparison.
+type Options struct {
+	Workload string
+	Flags    WorkloadFlags
+	// Modes are prefixlb modes, run one after another on fresh replicas.
+	Modes    []string
+	Replicas int
+	// Speedup runs the simulated replicas, think times and arrival gaps this many times faster
+	// than real time (sims only; 1 with external backends or target).
+	Speedup float64
+	// KVTokens is each simulated replica's KV-cache capacity in tokens (0: the sim's default;
+	// mooncake: MooncakeKVTokens).
+	KVTokens int64
+	// Backends: external replicas to put a prefixlb in front of (instead of sims).
+	Backends []string
+	// Target: an external endpoint (another proxy) to send to directly; Label names its row.
+	Target string
+	Label  string
+	// ProxyConfig is an optional prefixlb YAML whose settings the in-process proxy uses
+	// (mode, listen and backends are overridden).
+	ProxyConfig string
+	Model       string
+	IgnoreEOS   bool
+	Out         string
+	Quiet       bool
+	// DumpRequests writes every request's measurements to DIR/requests-<label>.jsonl.
+	DumpRequests bool
+	// RequestTimeout bounds one request (0: 10 minutes).
+	RequestTimeout time.Duration
+	// Stdout receives the table; Stderr progress and notes. Nil: os.Stdout / os.Stderr.
+	Stdout, Stderr io.Writer
+}
+
+// DefaultOptions are `prefixlb bench compare` with no flags.
+func DefaultOptions() Options {
+	return Options{Workload: "multi-turn", Modes: []string{"round-robin", "least-load", "prefix"},
+		Replicas: 4, Speedup: DefaultSpeedup, IgnoreEOS: true, Out: "bench-out"}
+}
+
+// Compare runs the workload once per mode and writes DIR/report.json and DIR/ttft_cdf.png.
+func Compare(ctx context.Context, o Options) (*report.Report, error) {
+	if o.Stdout == nil {
+		o.Stdout = os.Stdout
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	if o.Replicas < 1 {
+		return nil, errors.New("--replicas must be >= 1")
+	}
+	external := o.Target != "" || len(o.Backends) > 0
+	if o.Target != "" && len(o.Backends) > 0 {
+		return nil, errors.New("--target and --backends exclude each other")
+	}
+	if external {
+		o.Speedup = 1
+	}
+	if o.Speedup <= 0 {
+		o.Speedup = 1
+	}
+	simCfg := sim.DefaultConfig()
+	simCfg.Speedup = o.Speedup
+	if o.Model != "" {
+		simCfg.Model = o.Model
+	}
+	if o.KVTokens == 0 && o.Workload == "mooncake" {
+		o.KVTokens = MooncakeKVTokens
+	}
+	if o.KVTokens > 0 {
+		simCfg.NumGPUBlocks = int((o.KVTokens + int64(simCfg.BlockSize) - 1) / int64(simCfg.BlockSize))
+	}
+	kvTokens := int64(simCfg.KVCacheTokens())
+	replicas := o.Replicas
+	if len(o.Backends) > 0 {
+		replicas = len(o.Backends)
+	}
+	maxModelLen := simCfg.MaxModelLen
+	if external {
+		maxModelLen = 0
+	}
+	w, err := BuildWorkload(o.Workload, o.Flags, replicas, kvTokens, maxModelLen)
+	if err != nil {
+		return nil, err
+	}
+	base, err := baseProxyConfig(o.ProxyConfig)
+	if err != nil {
+		return nil, err
+	}
+
+	rep := &report.Report{Workload: w.Name, Params: w.Params, Replicas: replicas, Speedup: o.Speedup,
+		Target: o.Target, Started: time.Now().UTC(), Oracle: w.Oracle}
+	if o.Speedup != 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))
+	}
+	if len(o.Backends) > 0 {
+		rep.Notes = append(rep.Notes, "External backends: their caches were not emptied between modes.")
+	}
+
+	type run struct{ label, mode string }
+	var runs []run
+	if o.Target != "" {
+		runs = []run{{label: or(o.Label, o.Target)}}
+	} else {
+		for _, m := range o.Modes {
+			if !contains(configs.Modes, m) {
+				return nil, fmt.Errorf("--modes: %q is not one of %v", m, configs.Modes)
+			}
+			runs = append(runs, run{label: m, mode: m})
+		}
+		if len(runs) == 0 {
+			return nil, errors.New("--modes: none given")
+		}
+	}
+
+	for _, r := range runs {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		m, err := runOne(ctx, o, w, r.mode, r.label, simCfg, base)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", r.label, err)
+		}
+		rep.Modes = append(rep.Modes, m)
+		if !o.Quiet {
+			fmt.Fprintf(o.Stderr, "%s: %d requests, %d errors in %.1f s\n", r.label, m.Requests, m.Errors, m.DurationS)
+		}
+	}
+
+	if o.Target != "" {
+		rep.Replicas = 0 // unknown behind an external target
+		fmt.Fprintf(o.Stdout, "\nWorkload %s sent to %s, %d requests.\n\n%s", w.Name, o.Target, w.Requests(), report.Table(rep.Modes))
+	} else {
+		fmt.Fprintf(o.Stdout, "\nWorkload %s, %d replicas, %d requests per mode.\n\n%s", w.Name, replicas, w.Requests(), report.Table(rep.Modes))
+	}
+	if line := report.OracleLine(w.Oracle); line != "" {
+		fmt.Fprintf(o.Stdout, "\n%s\n", line)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(o.Stdout, "\n%s\n", n)
+	}
+	if o.Out != "" {
+		jp, pp := filepath.Join(o.Out, "report.json"), filepath.Join(o.Out, "ttft_cdf.png")
+		if err := rep.WriteJSON(jp); err != nil {
+			return rep, err
+		}
+		if err := report.PlotTTFTCDF(pp, fmt.Sprintf("TTFT CDF, %s", w.Name), rep.Modes); err != nil {
+			return rep, err
+		}
+		fmt.Fprintf(o.Stdout, "\nWrote %s and %s.\n", jp, pp)
+	}
+	return rep, nil
+}
+
+// runOne starts what the run needs (fresh sims and a prefixlb in mode, or nothing for an
+// external target), sends the workload, and shuts everything down.
+func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label string, simCfg sim.Config, base *configs.Config) (report.Mode, error) {
+	target := o.Target
+	backends := o.Backends
+	var cluster *sim.Cluster
+	if target == "" {
+		if len(backends) == 0 {
+			var err error
+			cluster, err = sim.StartCluster(simCfg, o.Replicas, "127.0.0.1", 0)
+			if err != nil {
+				return report.Mode{}, fmt.Errorf("start sims: %w", err)
+			}
+			defer cluster.Close()
+			backends = cluster.URLs()
+		}
+		url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster != nil)
+		if err != nil {
+			return report.Mode{}, err
+		}
+		defer stop()
+		target = url
+	}
+	model := o.Model
+	if model == "" {
+		if cluster != nil {
+			model = simCfg.Model
+		} else {
+			model = discoverModel(ctx, target)
+		}
+	}
+	conc := w.Users
+	if w.Loop == workload.Open {
+		conc = 256
+	}
+	client := &loadgen.Client{Base: target, Model: model, IgnoreEOS: o.IgnoreEOS, HTTP: loadgen.NewHTTPClient(conc)}
+	defer client.HTTP.CloseIdleConnections()
+	bar, visible := newBar(o, label, w.Requests())
+	out, err := loadgen.Run(ctx, w, loadgen.Options{Client: client, Speedup: o.Speedup,
+		RequestTimeout: o.RequestTimeout, OnResult: func(loadgen.Result) { _ = bar.Add(1) }})
+	if visible {
+		_ = bar.Finish()
+		fmt.Fprintln(o.Stderr)
+	}
+	if err != nil {
+		return report.Mode{}, err
+	}
+	var names []string
+	if o.Target == "" {
+		names = backends
+	}
+	if o.DumpRequests && o.Out != "" {
+		if err := report.WriteRequests(filepath.Join(o.Out, "requests-"+safeName(label)+".jsonl"), out); err != nil {
+			return report.Mode{}, err
+		}
+	}
+	return report.Summarize(label, out, names), nil
+}
+
+// startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port.
+func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, sims bool) (string, func(), error) {
+	cfg := *base
+	cfg.Mode = mode
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	if base.Log.Level == "" || base.Log.Level == "info" || base.Log.Level == "debug" {
+		cfg.Log.Level = "warn"
+	}
+	cfg.Log.Format = "console"
+	cfg.Backends = nil
+	for _, u := range backends {
+		b := configs.Backend{URL: u}
+		if sims {
+			b.KVCacheTokens = kvTokens // the proxy's index sized like the sims' caches
+		}
+		cfg.Backends = append(cfg.Backends, b)
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return "", nil, fmt.Errorf("proxy config: %w", err)
+	}
+	log, err := proxy.NewLogger(cfg.Log.Level, cfg.Log.Format)
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := proxy.New(&cfg, log)
+	if err != nil {
+		return "", nil, fmt.Errorf("proxy: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil {
+			log.Warn("proxy serve", zap.Error(err))
+		}
+	}()
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
+		_ = log.Sync()
+	}
+	return "http://" + ln.Addr().String(), stop, nil
+}
+
+func baseProxyConfig(path string) (*configs.Config, error) {
+	if path == "" {
+		return &configs.Config{}, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	// Parse validates, which needs a backend; the bench replaces them anyway.
+	c := &configs.Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// discoverModel asks the target's /v1/models for the first model id ("" if that fails; the
+// replicas then use their default).
+func discoverModel(ctx context.Context, base string) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/v1/models", nil)
+	if err != nil {
+		return ""
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if resp.StatusCode != 200 || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&v) != nil || len(v.Data) == 0 {
+		return ""
+	}
+	return v.Data[0].ID
+}
+
+// newBar returns a progress bar on stderr, invisible when stderr is not a terminal or quiet.
+func newBar(o Options, label string, total int) (*progressbar.ProgressBar, bool) {
+	visible := !o.Quiet && isTerminal(o.Stderr)
+	return progressbar.NewOptions(total,
+		progressbar.OptionSetWriter(o.Stderr),
+		progressbar.OptionSetVisibility(visible),
+		progressbar.OptionSetDescription(fmt.Sprintf("%-12s", label)),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionThrottle(200*time.Millisecond),
+		progressbar.OptionSetPredictTime(true),
+	), visible
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// safeName keeps letters, digits, '-' and '_' of a label for a file name.
+func safeName(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

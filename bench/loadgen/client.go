@@ -1,0 +1,276 @@
+// Package loadgen sends a workload to an OpenAI-compatible endpoint and measures every
+// streamed request: TTFT from the scheduled send time, inter-token gaps, end-to-end latency,
+// token counts and cached tokens from the final usage chunk, and the serving backend named by
+// prefixlb's x-prefixlb-backend header.
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// Response headers set by prefixlb.
+const (
+	// BackendHeader names the backend that served a request.
+	BackendHeader = "x-prefixlb-backend"
+	// RouteHeader says why: "REASON;chunks=N".
+	RouteHeader = "x-prefixlb-route"
+)
+
+// Result is the measurement of one request.
+type Result struct {
+	Conversation int
+	Turn         int
+	// Scheduled is when the request was due (after think time or at its arrival offset);
+	// latencies are measured from it, so a late send counts against the server, not hidden.
+	Scheduled time.Time
+	// TTFT: Scheduled → first data line with non-empty content. Zero if none arrived.
+	TTFT time.Duration
+	// ITL are the gaps between consecutive content events.
+	ITL []time.Duration
+	// E2E: Scheduled → end of the stream.
+	E2E time.Duration
+	// Usage from the final usage chunk (backend-reported).
+	PromptTokens int
+	OutputTokens int
+	CachedTokens int
+	// UsageSeen is true when a usage chunk arrived.
+	UsageSeen bool
+	// Backend is the x-prefixlb-backend response header ("" if absent).
+	Backend string
+	// Route is the x-prefixlb-route response header ("" if absent).
+	Route string
+	// Status is the HTTP status (0: no response).
+	Status int
+	// Err is a short reason when the request failed ("" on success).
+	Err string
+	// Reply is the assistant text received (carried into the next turn).
+	Reply string
+}
+
+// OK reports whether the request succeeded.
+func (r *Result) OK() bool { return r.Err == "" }
+
+// Client sends streamed chat/completions requests.
+type Client struct {
+	// Base is the target's base URL, e.g. http://127.0.0.1:8080 (no /v1).
+	Base      string
+	Model     string
+	IgnoreEOS bool
+	HTTP      *http.Client
+	// MaxReplyBytes caps how much reply text is kept for the next turn (0: unlimited).
+	MaxReplyBytes int
+}
+
+// NewHTTPClient returns an HTTP/1.1 client for concurrency parallel streams: keep-alive pool of
+// that size (net/http's default of 2 idle conns per host would re-dial constantly), no
+// compression, no overall timeout (streams are bounded by the request context).
+func NewHTTPClient(concurrency int) *http.Client {
+	concurrency = max(concurrency, 1)
+	tr := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        concurrency,
+		MaxIdleConnsPerHost: concurrency,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+	return &http.Client{Transport: tr}
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type chatRequest struct {
+	Model         string             `json:"model"`
+	Messages      []workload.Message `json:"messages,omitempty"`
+	Prompt        string             `json:"prompt,omitempty"`
+	MaxTokens     int                `json:"max_tokens"`
+	Stream        bool               `json:"stream"`
+	StreamOptions streamOptions      `json:"stream_options"`
+	IgnoreEOS     bool               `json:"ignore_eos,omitempty"`
+}
+
+type chunk struct {
+	Choices []struct {
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// Request is what one turn sends.
+type Request struct {
+	API       workload.API
+	Messages  []workload.Message // chat
+	Prompt    string             // completions
+	MaxTokens int
+}
+
+// Do sends req and reads the stream to its end. scheduled is when it was due. It never
+// returns an error: failures are recorded in the Result.
+func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Result {
+	res := Result{Scheduled: scheduled}
+	body := chatRequest{Model: c.Model, MaxTokens: req.MaxTokens, Stream: true,
+		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: c.IgnoreEOS}
+	path := "/v1/chat/completions"
+	if req.API == workload.Completions {
+		path = "/v1/completions"
+		body.Prompt = req.Prompt
+	} else {
+		body.Messages = req.Messages
+	}
+	buf, err := json.Marshal(&body)
+	if err != nil {
+		res.Err = "encode: " + err.Error()
+		return res
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.Base, "/")+path, bytes.NewReader(buf))
+	if err != nil {
+		res.Err = "request: " + err.Error()
+		return res
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "text/event-stream")
+	resp, err := c.HTTP.Do(hreq)
+	if err != nil {
+		res.E2E = time.Since(scheduled)
+		res.Err = transportReason(err)
+		return res
+	}
+	defer resp.Body.Close()
+	res.Status = resp.StatusCode
+	res.Backend = resp.Header.Get(BackendHeader)
+	res.Route = resp.Header.Get(RouteHeader)
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		res.E2E = time.Since(scheduled)
+		res.Err = fmt.Sprintf("status %d", resp.StatusCode)
+		return res
+	}
+	c.readStream(resp.Body, &res)
+	res.E2E = time.Since(scheduled)
+	return res
+}
+
+// readStream parses SSE lines with a bufio.Reader (no line-length limit, unlike bufio.Scanner).
+func (c *Client) readStream(r io.Reader, res *Result) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var reply strings.Builder
+	var last time.Time
+	events, done := 0, false
+	for !done {
+		line, err := br.ReadBytes('\n')
+		now := time.Now()
+		line = bytes.TrimRight(line, "\r\n")
+		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			data = bytes.TrimSpace(data)
+			switch {
+			case len(data) == 0:
+			case bytes.Equal(data, []byte("[DONE]")):
+				done = true
+			default:
+				var ch chunk
+				if jerr := json.Unmarshal(data, &ch); jerr != nil {
+					res.Err = "bad chunk"
+					return
+				}
+				if len(ch.Error) > 0 && !bytes.Equal(ch.Error, []byte("null")) {
+					res.Err = "stream error"
+					return
+				}
+				content := ""
+				if len(ch.Choices) > 0 {
+					content = ch.Choices[0].Delta.Content + ch.Choices[0].Text
+				}
+				if content != "" {
+					if events == 0 {
+						res.TTFT = now.Sub(res.Scheduled)
+					} else {
+						res.ITL = append(res.ITL, now.Sub(last))
+					}
+					last = now
+					events++
+					if c.MaxReplyBytes == 0 || reply.Len() < c.MaxReplyBytes {
+						reply.WriteString(content)
+					}
+				}
+				if u := ch.Usage; u != nil {
+					res.UsageSeen = true
+					res.PromptTokens = u.PromptTokens
+					res.OutputTokens = u.CompletionTokens
+					if u.PromptTokensDetails != nil {
+						res.CachedTokens = u.PromptTokensDetails.CachedTokens
+					}
+				}
+			}
+		}
+		if err != nil {
+			if !done {
+				if errors.Is(err, io.EOF) {
+					res.Err = "truncated stream"
+				} else {
+					res.Err = transportReason(err)
+				}
+			}
+			break
+		}
+	}
+	res.Reply = reply.String()
+	if res.Err == "" && events == 0 {
+		res.Err = "no content"
+	}
+	if !res.UsageSeen {
+		res.OutputTokens = events
+	}
+}
+
+// transportReason shortens a transport error to a countable reason.
+func transportReason(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "unexpected EOF"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	}
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 {
+		s = s[i+2:]
+	}
+	if len(s) > 60 {
+		s = s[:60]
+	}
+	return "transport: " + s
+}

@@ -1,0 +1,200 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// Options control one run.
+type Options struct {
+	Client *Client
+	// Speedup divides think times and arrival offsets, to pair with a simulator running K×
+	// faster than real time (1 or 0: real time).
+	Speedup float64
+	// RequestTimeout bounds one request, stream included (0: 10 minutes).
+	RequestTimeout time.Duration
+	// OnResult, if set, is called after every request (from several goroutines).
+	OnResult func(Result)
+}
+
+// Outcome is everything measured in one run.
+type Outcome struct {
+	Results []Result
+	// Start is when the run began (the origin of open-loop arrival offsets); End is when the
+	// last request finished.
+	Start, End time.Time
+}
+
+// Duration is the run's wall time.
+func (o *Outcome) Duration() time.Duration { return o.End.Sub(o.Start) }
+
+type runner struct {
+	w     *workload.Workload
+	opt   Options
+	mu    sync.Mutex
+	out   Outcome
+	scale float64
+}
+
+// Run sends w through opt.Client and returns the measurements. It returns early with what it
+// has when ctx ends.
+func Run(ctx context.Context, w *workload.Workload, opt Options) (*Outcome, error) {
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	if opt.Client == nil {
+		return nil, errors.New("loadgen: no client")
+	}
+	if opt.RequestTimeout <= 0 {
+		opt.RequestTimeout = 10 * time.Minute
+	}
+	scale := 1.0
+	if opt.Speedup > 0 {
+		scale = 1 / opt.Speedup
+	}
+	r := &runner{w: w, opt: opt, scale: scale}
+	r.out.Results = make([]Result, 0, w.Requests())
+	r.out.Start = time.Now()
+	switch w.Loop {
+	case workload.Closed:
+		r.closed(ctx)
+	default:
+		r.open(ctx)
+	}
+	r.out.End = time.Now()
+	return &r.out, ctx.Err()
+}
+
+func (r *runner) scaled(d time.Duration) time.Duration { return time.Duration(float64(d) * r.scale) }
+
+// convState is the client side of one conversation: the messages sent and received so far.
+type convState struct {
+	c       *workload.Conversation
+	next    int
+	history []workload.Message
+}
+
+func newConvState(c *workload.Conversation) *convState {
+	s := &convState{c: c}
+	if c.System != "" {
+		s.history = append(s.history, workload.Message{Role: "system", Content: c.System})
+	}
+	return s
+}
+
+// turn sends the conversation's next turn, due at scheduled, and records the reply.
+func (r *runner) turn(ctx context.Context, s *convState, scheduled time.Time) {
+	t := &s.c.Turns[s.next]
+	user := t.Text()
+	req := Request{API: r.w.API, MaxTokens: t.MaxTokens}
+	if r.w.API == workload.Completions {
+		req.Prompt = user
+		if s.c.System != "" {
+			req.Prompt = s.c.System + "\n\n" + user
+		}
+	} else {
+		s.history = append(s.history, workload.Message{Role: "user", Content: user})
+		req.Messages = s.history
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.opt.RequestTimeout)
+	res := r.opt.Client.Do(rctx, req, scheduled)
+	cancel()
+	res.Conversation, res.Turn = s.c.ID, s.next
+	if r.w.API != workload.Completions && res.Reply != "" {
+		s.history = append(s.history, workload.Message{Role: "assistant", Content: res.Reply})
+	}
+	res.Reply = "" // the history holds it; results stay small
+	s.next++
+	r.mu.Lock()
+	r.out.Results = append(r.out.Results, res)
+	r.mu.Unlock()
+	if r.opt.OnResult != nil {
+		r.opt.OnResult(res)
+	}
+}
+
+// sleep waits d or until ctx ends; false if ctx ended.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// closed runs Users workers over a FIFO of conversations: take one, wait its turn's think
+// time, send the turn, put it back at the end if it has turns left. A conversation is never in
+// flight twice.
+func (r *runner) closed(ctx context.Context) {
+	n := len(r.w.Conversations)
+	queue := make(chan *convState, n) // never more than n conversations exist: sends never block
+	for _, c := range r.w.Conversations {
+		queue <- newConvState(c)
+	}
+	var left atomic.Int64 // conversations with turns still to send
+	left.Store(int64(n))
+	var workers sync.WaitGroup
+	for u := 0; u < r.w.Users; u++ {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for {
+				var s *convState
+				var ok bool
+				select {
+				case s, ok = <-queue:
+				case <-ctx.Done():
+					return
+				}
+				if !ok {
+					return
+				}
+				if !sleep(ctx, r.scaled(s.c.Turns[s.next].Think)) {
+					return
+				}
+				r.turn(ctx, s, time.Now())
+				if s.next < len(s.c.Turns) {
+					queue <- s
+				} else if left.Add(-1) == 0 {
+					close(queue) // the last conversation is done: every worker's receive ends
+				}
+			}
+		}()
+	}
+	workers.Wait()
+}
+
+// open starts each conversation at Start + At (scaled), however many are outstanding; later
+// turns follow the reply after their think time.
+func (r *runner) open(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, c := range r.w.Conversations {
+		due := r.out.Start.Add(r.scaled(c.At))
+		if !sleep(ctx, time.Until(due)) {
+			break
+		}
+		wg.Add(1)
+		go func(s *convState, due time.Time) {
+			defer wg.Done()
+			r.turn(ctx, s, due)
+			for s.next < len(s.c.Turns) {
+				if !sleep(ctx, r.scaled(s.c.Turns[s.next].Think)) {
+					return
+				}
+				r.turn(ctx, s, time.Now())
+			}
+		}(newConvState(c), due)
+	}
+	wg.Wait()
+}

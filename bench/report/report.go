@@ -1,0 +1,283 @@
+// Package report turns load-generator results into the bench's numbers: latency percentiles
+// (HdrHistogram, microsecond resolution), throughput, the backends' cached-token ratio and
+// per-backend share; and renders them as a Markdown table, JSON and a TTFT CDF plot.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/prefixlb/prefixlb/bench/loadgen"
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// Histogram bounds: 1 µs to 1 hour at 3 significant digits.
+const (
+	histMinUs  = 1
+	histMaxUs  = int64(time.Hour / time.Microsecond)
+	histDigits = 3
+)
+
+// Latency holds one latency distribution's summary in milliseconds.
+type Latency struct {
+	P50   float64 `json:"p50_ms"`
+	P90   float64 `json:"p90_ms"`
+	P95   float64 `json:"p95_ms"`
+	P99   float64 `json:"p99_ms"`
+	Mean  float64 `json:"mean_ms"`
+	Max   float64 `json:"max_ms"`
+	Count int64   `json:"count"`
+}
+
+// Recorder accumulates durations into an HDR histogram (µs) and an exact sum for the mean.
+type Recorder struct {
+	h   *hdrhistogram.Histogram
+	sum float64 // µs
+}
+
+// NewRecorder returns an empty recorder.
+func NewRecorder() *Recorder { return &Recorder{h: hdrhistogram.New(histMinUs, histMaxUs, histDigits)} }
+
+// Record adds d (clamped to the histogram's range).
+func (r *Recorder) Record(d time.Duration) {
+	us := d.Microseconds()
+	us = min(max(us, histMinUs), histMaxUs)
+	_ = r.h.RecordValue(us)
+	r.sum += float64(us)
+}
+
+// Summary returns the percentiles; percentile p is the smallest recorded value (within the
+// histogram's 0.1% precision) at or below which p% of the values lie.
+func (r *Recorder) Summary() Latency {
+	n := r.h.TotalCount()
+	if n == 0 {
+		return Latency{}
+	}
+	ms := func(us int64) float64 { return float64(us) / 1000 }
+	return Latency{P50: ms(r.h.ValueAtQuantile(50)), P90: ms(r.h.ValueAtQuantile(90)),
+		P95: ms(r.h.ValueAtQuantile(95)), P99: ms(r.h.ValueAtQuantile(99)),
+		Mean: r.sum / float64(n) / 1000, Max: ms(r.h.Max()), Count: n}
+}
+
+// Mode is one row of the comparison: one mode (or label) run over the workload.
+type Mode struct {
+	Mode             string             `json:"mode"`
+	TTFT             Latency            `json:"ttft"`
+	ITL              Latency            `json:"itl"`
+	E2E              Latency            `json:"e2e"`
+	Requests         int                `json:"requests"`
+	Errors           int                `json:"errors"`
+	RPS              float64            `json:"rps"`
+	OutputTPS        float64            `json:"output_tps"`
+	CachedTokenRatio float64            `json:"cached_token_ratio"`
+	BackendShare     map[string]float64 `json:"backend_share"`
+	// Extras.
+	DurationS        float64        `json:"duration_s"`
+	PromptTokens     int64          `json:"prompt_tokens"`
+	CachedTokens     int64          `json:"cached_tokens"`
+	OutputTokens     int64          `json:"output_tokens"`
+	UsageMissing     int            `json:"usage_missing"`
+	MaxShareOverMean float64        `json:"max_share_over_mean"`
+	ErrorReasons     map[string]int `json:"error_reasons,omitempty"`
+	// Routes counts prefixlb's routing reasons (x-prefixlb-route), when present.
+	Routes map[string]int `json:"routes,omitempty"`
+	// TTFTFirstTurn and TTFTLaterTurns split TTFT by turn (multi-turn workloads): first turns
+	// are cold in every mode; later turns show what routing controls.
+	TTFTFirstTurn  *Latency `json:"ttft_first_turn,omitempty"`
+	TTFTLaterTurns *Latency `json:"ttft_later_turns,omitempty"`
+	// TTFTMs are the successful requests' TTFTs, sorted, for the CDF plot.
+	TTFTMs []float64 `json:"-"`
+}
+
+// Summarize computes a Mode from an outcome. backends lists the backends the proxy had, so a
+// backend that served nothing shows a share of 0 (nil: only those seen).
+func Summarize(mode string, out *loadgen.Outcome, backends []string) Mode {
+	m := Mode{Mode: mode, Requests: len(out.Results), BackendShare: map[string]float64{}}
+	ttft, itl, e2e := NewRecorder(), NewRecorder(), NewRecorder()
+	first, later := NewRecorder(), NewRecorder()
+	counts := map[string]int{}
+	for _, b := range backends {
+		counts[b] = 0
+	}
+	ok, withBackend := 0, 0
+	for i := range out.Results {
+		r := &out.Results[i]
+		if !r.OK() {
+			m.Errors++
+			if m.ErrorReasons == nil {
+				m.ErrorReasons = map[string]int{}
+			}
+			m.ErrorReasons[r.Err]++
+			continue
+		}
+		ok++
+		ttft.Record(r.TTFT)
+		if r.Turn == 0 {
+			first.Record(r.TTFT)
+		} else {
+			later.Record(r.TTFT)
+		}
+		m.TTFTMs = append(m.TTFTMs, float64(r.TTFT.Microseconds())/1000)
+		for _, g := range r.ITL {
+			itl.Record(g)
+		}
+		e2e.Record(r.E2E)
+		m.OutputTokens += int64(r.OutputTokens)
+		if r.UsageSeen {
+			m.PromptTokens += int64(r.PromptTokens)
+			m.CachedTokens += int64(r.CachedTokens)
+		} else {
+			m.UsageMissing++
+		}
+		if r.Backend != "" {
+			counts[r.Backend]++
+			withBackend++
+		}
+		if r.Route != "" {
+			if m.Routes == nil {
+				m.Routes = map[string]int{}
+			}
+			reason, _, _ := strings.Cut(r.Route, ";")
+			m.Routes[reason]++
+		}
+	}
+	sort.Float64s(m.TTFTMs)
+	m.TTFT, m.ITL, m.E2E = ttft.Summary(), itl.Summary(), e2e.Summary()
+	if later.h.TotalCount() > 0 {
+		f, l := first.Summary(), later.Summary()
+		m.TTFTFirstTurn, m.TTFTLaterTurns = &f, &l
+	}
+	m.DurationS = out.Duration().Seconds()
+	if m.DurationS > 0 {
+		m.RPS = float64(ok) / m.DurationS
+		m.OutputTPS = float64(m.OutputTokens) / m.DurationS
+	}
+	if m.PromptTokens > 0 {
+		m.CachedTokenRatio = float64(m.CachedTokens) / float64(m.PromptTokens)
+	}
+	if withBackend > 0 {
+		maxShare := 0.0
+		for b, c := range counts {
+			s := float64(c) / float64(withBackend)
+			m.BackendShare[b] = s
+			maxShare = math.Max(maxShare, s)
+		}
+		m.MaxShareOverMean = maxShare * float64(len(counts))
+	}
+	return m
+}
+
+// Report is the whole comparison, as written to report.json.
+type Report struct {
+	Workload string         `json:"workload"`
+	Params   map[string]any `json:"params,omitempty"`
+	Replicas int            `json:"replicas,omitempty"`
+	Speedup  float64        `json:"speedup,omitempty"`
+	Target   string         `json:"target,omitempty"`
+	Started  time.Time      `json:"started"`
+	Modes    []Mode         `json:"modes"`
+	// Oracle is the best cached-token ratio the trace allows (mooncake only).
+	Oracle *workload.Oracle `json:"oracle,omitempty"`
+	Notes  []string         `json:"notes,omitempty"`
+}
+
+// WriteJSON writes the report to path (indented).
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// Table renders the side-by-side Markdown table, one row per mode.
+func Table(modes []Mode) string {
+	var sb strings.Builder
+	sb.WriteString("| mode | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |\n")
+	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, m := range modes {
+		share := "-"
+		if len(m.BackendShare) > 0 {
+			share = fmt.Sprintf("%.2f", m.MaxShareOverMean)
+		}
+		fmt.Fprintf(&sb, "| %s | %d | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.3f | %s |\n",
+			m.Mode, m.Requests, m.Errors, fms(m.TTFT.P50), fms(m.TTFT.P95), fms(m.TTFT.P99),
+			fms(m.ITL.P50), fms(m.E2E.P95), m.RPS, m.OutputTPS, m.CachedTokenRatio, share)
+	}
+	return sb.String()
+}
+
+func fms(v float64) string {
+	if v >= 100 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+// OracleLine describes the oracle under the table.
+func OracleLine(o *workload.Oracle) string {
+	if o == nil {
+		return ""
+	}
+	return fmt.Sprintf("Oracle cached-token ratio (LRU over %d-token blocks, %d requests): %d replicas × %s tokens pooled into one cache %.3f; one infinite cache %.3f.",
+		o.BlockTokens, o.Requests, o.Replicas, humanTokens(o.ReplicaTokens), o.PooledRatio, o.InfiniteRatio)
+}
+
+func humanTokens(n int64) string {
+	switch {
+	case n >= 1_000_000 && n%100_000 == 0:
+		return fmt.Sprintf("%gM", float64(n)/1e6)
+	case n >= 1000 && n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return fmt.Sprint(n)
+}
+
+// requestLine is one line of requests-<mode>.jsonl.
+type requestLine struct {
+	Conversation int     `json:"conversation"`
+	Turn         int     `json:"turn"`
+	StartMs      float64 `json:"start_ms"`
+	TTFTMs       float64 `json:"ttft_ms"`
+	E2EMs        float64 `json:"e2e_ms"`
+	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	Backend      string  `json:"backend,omitempty"`
+	Route        string  `json:"route,omitempty"`
+	Error        string  `json:"error,omitempty"`
+}
+
+// WriteRequests writes one JSON line per request, in completion order.
+func WriteRequests(path string, out *loadgen.Outcome) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(f)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	for _, r := range out.Results {
+		if err := enc.Encode(requestLine{Conversation: r.Conversation, Turn: r.Turn,
+			StartMs: ms(r.Scheduled.Sub(out.Start)), TTFTMs: ms(r.TTFT), E2EMs: ms(r.E2E),
+			PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, OutputTokens: r.OutputTokens,
+			Backend: r.Backend, Route: r.Route, Error: r.Err}); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}

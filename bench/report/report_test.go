@@ -1,0 +1,189 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/bench/loadgen"
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+func near(got, want float64) bool { return math.Abs(got-want) <= want*0.001+1e-9 }
+
+func TestPercentiles(t *testing.T) {
+	r := NewRecorder()
+	for i := 1; i <= 100; i++ { // 1..100 ms
+		r.Record(time.Duration(i) * time.Millisecond)
+	}
+	s := r.Summary()
+	for name, c := range map[string][2]float64{"p50": {s.P50, 50}, "p90": {s.P90, 90}, "p95": {s.P95, 95},
+		"p99": {s.P99, 99}, "mean": {s.Mean, 50.5}, "max": {s.Max, 100}} {
+		if !near(c[0], c[1]) {
+			t.Errorf("%s = %.3f ms, want %.3f", name, c[0], c[1])
+		}
+	}
+	if s.Count != 100 {
+		t.Errorf("count %d", s.Count)
+	}
+
+	// 110 values as in the public measurement: p95 is the 6th worst.
+	r = NewRecorder()
+	for i := 1; i <= 110; i++ {
+		r.Record(time.Duration(i) * time.Millisecond)
+	}
+	if s := r.Summary(); !near(s.P95, 105) || !near(s.P99, 109) || !near(s.P50, 55) {
+		t.Errorf("110 values: p50 %.2f p95 %.2f p99 %.2f, want 55, 105, 109", s.P50, s.P95, s.P99)
+	}
+	// Microsecond resolution.
+	r = NewRecorder()
+	r.Record(1234 * time.Microsecond)
+	if s := r.Summary(); s.P50 != 1.234 {
+		t.Errorf("1234 µs → %.4f ms", s.P50)
+	}
+	if (NewRecorder().Summary() != Latency{}) {
+		t.Error("empty recorder must give zeros")
+	}
+}
+
+func outcome() *loadgen.Outcome {
+	start := time.Unix(1000, 0)
+	o := &loadgen.Outcome{Start: start, End: start.Add(10 * time.Second)}
+	for i := 0; i < 20; i++ {
+		o.Results = append(o.Results, loadgen.Result{Turn: i % 2, Route: []string{"match;chunks=4", "cold;chunks=0"}[i%2],
+			TTFT: time.Duration(i+1) * time.Millisecond,
+			ITL:  []time.Duration{time.Millisecond, 3 * time.Millisecond}, E2E: 50 * time.Millisecond,
+			PromptTokens: 100, CachedTokens: 25, OutputTokens: 3, UsageSeen: true,
+			Backend: []string{"http://a", "http://a", "http://a", "http://b"}[i%4]})
+	}
+	o.Results = append(o.Results, loadgen.Result{Err: "status 503"}, loadgen.Result{Err: "timeout"})
+	return o
+}
+
+func TestSummarize(t *testing.T) {
+	m := Summarize("prefix", outcome(), []string{"http://a", "http://b", "http://c"})
+	if m.Requests != 22 || m.Errors != 2 || m.ErrorReasons["status 503"] != 1 {
+		t.Fatalf("requests %d errors %d %v", m.Requests, m.Errors, m.ErrorReasons)
+	}
+	if !near(m.RPS, 2) || !near(m.OutputTPS, 6) || !near(m.CachedTokenRatio, 0.25) {
+		t.Fatalf("rps %.3f tps %.3f cached %.3f", m.RPS, m.OutputTPS, m.CachedTokenRatio)
+	}
+	if m.BackendShare["http://a"] != 0.75 || m.BackendShare["http://b"] != 0.25 || m.BackendShare["http://c"] != 0 {
+		t.Fatalf("share %v", m.BackendShare)
+	}
+	if !near(m.MaxShareOverMean, 2.25) {
+		t.Fatalf("max/mean %.3f, want 0.75 × 3", m.MaxShareOverMean)
+	}
+	if m.ITL.Count != 40 || !near(m.ITL.P50, 1) || !near(m.TTFT.P95, 19) || len(m.TTFTMs) != 20 {
+		t.Fatalf("itl %+v ttft %+v", m.ITL, m.TTFT)
+	}
+	if m.Routes["match"] != 10 || m.Routes["cold"] != 10 {
+		t.Fatalf("routes %v", m.Routes)
+	}
+	// Turn 0 got TTFTs 1,3,...,19 ms; later turns 2,4,...,20 ms.
+	if m.TTFTFirstTurn == nil || m.TTFTFirstTurn.Count != 10 || !near(m.TTFTFirstTurn.Mean, 10) || !near(m.TTFTLaterTurns.Mean, 11) {
+		t.Fatalf("first %+v later %+v", m.TTFTFirstTurn, m.TTFTLaterTurns)
+	}
+}
+
+func TestTableAndJSON(t *testing.T) {
+	modes := []Mode{Summarize("round-robin", outcome(), nil), Summarize("least-load", outcome(), nil),
+		Summarize("prefix", outcome(), nil)}
+	tab := Table(modes)
+	lines := strings.Split(strings.TrimSpace(tab), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("table has %d lines:\n%s", len(lines), tab)
+	}
+	for i, name := range []string{"round-robin", "least-load", "prefix"} {
+		if !strings.HasPrefix(lines[i+2], "| "+name+" |") {
+			t.Fatalf("row %d: %q", i, lines[i+2])
+		}
+		if n := strings.Count(lines[i+2], "|"); n != strings.Count(lines[0], "|") {
+			t.Fatalf("row %q has %d cells", lines[i+2], n)
+		}
+	}
+
+	dir := t.TempDir()
+	rep := &Report{Workload: "multi-turn", Modes: modes, Oracle: &workload.Oracle{PooledRatio: 0.2, InfiniteRatio: 0.3}}
+	path := filepath.Join(dir, "report.json")
+	if err := rep.WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc["workload"] != "multi-turn" {
+		t.Fatalf("workload %v", doc["workload"])
+	}
+	ms := doc["modes"].([]any)
+	if len(ms) != 3 {
+		t.Fatalf("%d modes", len(ms))
+	}
+	m := ms[2].(map[string]any)
+	if m["mode"] != "prefix" {
+		t.Fatalf("mode %v", m["mode"])
+	}
+	for _, k := range []string{"ttft", "itl", "e2e"} {
+		lat := m[k].(map[string]any)
+		for _, f := range []string{"p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms"} {
+			if _, ok := lat[f].(float64); !ok {
+				t.Fatalf("%s.%s missing", k, f)
+			}
+		}
+	}
+	for _, k := range []string{"requests", "errors", "rps", "output_tps", "cached_token_ratio"} {
+		if _, ok := m[k].(float64); !ok {
+			t.Fatalf("%s missing or not a number", k)
+		}
+	}
+	if share := m["backend_share"].(map[string]any); share["http://a"] != 0.75 {
+		t.Fatalf("backend_share %v", share)
+	}
+	if o := doc["oracle"].(map[string]any); o["pooled_lru_ratio"] != 0.2 {
+		t.Fatalf("oracle %v", o)
+	}
+}
+
+func TestWriteRequests(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "requests-prefix.jsonl")
+	if err := WriteRequests(path, outcome()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 22 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	var first map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &first); err != nil || first["ttft_ms"] != 1.0 || first["route"] != "match;chunks=4" {
+		t.Fatalf("%v %v", err, first)
+	}
+}
+
+func TestPlot(t *testing.T) {
+	modes := []Mode{Summarize("round-robin", outcome(), nil), Summarize("prefix", outcome(), nil)}
+	path := filepath.Join(t.TempDir(), "ttft_cdf.png")
+	if err := PlotTTFTCDF(path, "TTFT", modes); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(b, []byte("\x89PNG")) {
+		t.Fatal("not a PNG")
+	}
+}

@@ -1,0 +1,232 @@
+package bench
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// Workloads the bench knows.
+var Workloads = []string{"multi-turn", "shared-prefix", "mooncake", "oasst", "mt-bench"}
+
+// WorkloadFlags are the workload parameters a user can set. Zero values mean "the workload's
+// default" (see the flag help).
+type WorkloadFlags struct {
+	Seed uint64
+	// Common.
+	Users        int
+	Rate         float64
+	ThinkMin     time.Duration
+	ThinkMax     time.Duration
+	OutputTokens int
+	// multi-turn.
+	Conversations  int
+	Turns          int
+	DocTokens      int
+	QuestionTokens int
+	// shared-prefix.
+	Groups          int
+	PromptsPerGroup int
+	SystemTokens    int
+	// mooncake.
+	TracePath string
+	TimeScale float64
+	Window    string
+	Count     int
+	MaxOutput int
+	// oasst, mt-bench.
+	DatasetPath string
+
+	thinkSet bool // ThinkMin/ThinkMax were given
+}
+
+// Multi-turn defaults for `prefixlb bench compare` with no flags. They keep the public
+// measurement's shape (11 conversations over ~4k-token documents, 150-token replies, 4 users,
+// 0.5–2 s think time before every turn) and give each conversation 30 turns instead of 10; see
+// DefaultTurns.
+const (
+	DefaultConversations = 11
+	// DefaultTurns: in the 11×10 shape the first turns are 10% of the requests, and a first
+	// turn is a cold 4k-token prefill under any router, so every mode's p95 TTFT is a cold
+	// prefill (p95 of 110 requests is the 6th worst). At 30 turns the first turns are 3.3%
+	// of the requests and p95 measures what routing controls: whether later turns find their
+	// history cached on the replica they reach.
+	DefaultTurns     = 30
+	DefaultDocTokens = 4000
+	DefaultUsers     = 4
+	// DefaultSpeedup runs the simulated GPUs (and think times, and arrival gaps) 8× faster
+	// than real time, so that the default comparison (3 × 330 requests) takes about a minute
+	// on 2 cores. Much faster and a cold 4k-token prefill (≈230 ms of model time) shrinks
+	// toward the scheduling noise of a busy machine.
+	DefaultSpeedup = 8
+	// DefaultMooncakeCount replays the trace's first 1000 requests (330 s of trace time).
+	DefaultMooncakeCount = 1000
+	// MooncakeKVTokens is the per-replica KV capacity for the Mooncake trace (DESIGN: 2M-token
+	// replicas, as Mooncake served it from a large DRAM pool).
+	MooncakeKVTokens = 2_000_000
+)
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// BuildWorkload makes the named workload from the flags.
+func BuildWorkload(name string, f WorkloadFlags, replicas int, kvTokens int64, maxModelLen int) (*workload.Workload, error) {
+	seed := or(f.Seed, 1)
+	switch name {
+	case "multi-turn":
+		p := workload.PublicMultiTurn()
+		p.Conversations = or(f.Conversations, DefaultConversations)
+		p.Turns = or(f.Turns, DefaultTurns)
+		p.DocTokens = or(f.DocTokens, DefaultDocTokens)
+		p.QuestionTokens = or(f.QuestionTokens, p.QuestionTokens)
+		p.OutputTokens = or(f.OutputTokens, p.OutputTokens)
+		p.Users = or(f.Users, DefaultUsers)
+		if f.thinkSet {
+			p.ThinkMin, p.ThinkMax = f.ThinkMin, f.ThinkMax
+		}
+		p.Seed = seed
+		if f.Rate > 0 {
+			return nil, fmt.Errorf("multi-turn is closed-loop: use --users, not --rate")
+		}
+		return workload.MultiTurn(p)
+	case "shared-prefix":
+		p := workload.DefaultSharedPrefix()
+		p.Groups = or(f.Groups, p.Groups)
+		p.PromptsPerGroup = or(f.PromptsPerGroup, p.PromptsPerGroup)
+		p.SystemTokens = or(f.SystemTokens, p.SystemTokens)
+		p.QuestionTokens = or(f.QuestionTokens, p.QuestionTokens)
+		p.OutputTokens = or(f.OutputTokens, p.OutputTokens)
+		p.Rate = or(f.Rate, p.Rate)
+		if f.Users > 0 && f.Rate == 0 {
+			p.Rate, p.Users = 0, f.Users // closed loop when only --users is given
+		}
+		p.Seed = seed
+		return workload.SharedPrefix(p)
+	case "mooncake":
+		path := f.TracePath
+		if path == "" {
+			var err error
+			if path, err = workload.SharedFile(workload.MooncakeTrace); err != nil {
+				return nil, fmt.Errorf("mooncake: %w (or pass --trace)", err)
+			}
+		}
+		rows, err := workload.LoadMooncake(path)
+		if err != nil {
+			return nil, err
+		}
+		p := workload.MooncakeParams{TimeScale: or(f.TimeScale, 1), MaxOutput: f.MaxOutput, Seed: seed, Count: f.Count}
+		if f.Window != "" {
+			if p.Start, p.Duration, err = parseWindow(f.Window); err != nil {
+				return nil, err
+			}
+		}
+		if p.Count == 0 && p.Duration == 0 {
+			p.Count = DefaultMooncakeCount
+		}
+		if maxModelLen > 0 {
+			rows = fitModelLen(rows, maxModelLen, p.MaxOutput)
+		}
+		w, err := workload.Mooncake(rows, p)
+		if err != nil {
+			return nil, err
+		}
+		o := workload.ComputeOracle(p.Window(rows), replicas, kvTokens)
+		w.Oracle = &o
+		w.Params["trace"] = path
+		return w, nil
+	case "oasst", "mt-bench":
+		p := workload.DefaultConversationParams()
+		p.Conversations = f.Conversations
+		p.OutputTokens = or(f.OutputTokens, p.OutputTokens)
+		p.MaxOutput = or(f.MaxOutput, p.MaxOutput)
+		p.Users = or(f.Users, p.Users)
+		p.Rate = f.Rate
+		if f.thinkSet {
+			p.ThinkMin, p.ThinkMax = f.ThinkMin, f.ThinkMax
+		}
+		p.Seed = seed
+		rel := workload.OASSTThreads
+		if name == "mt-bench" {
+			rel = workload.MTBench
+		}
+		path := f.DatasetPath
+		if path == "" {
+			var err error
+			if path, err = workload.SharedFile(rel); err != nil {
+				return nil, fmt.Errorf("%s: %w (or pass --dataset)", name, err)
+			}
+		}
+		var w *workload.Workload
+		if name == "oasst" {
+			th, err := workload.LoadOASST(path)
+			if err != nil {
+				return nil, err
+			}
+			w, err = workload.OASST(th, p)
+			if err != nil {
+				return nil, err
+			}
+		} else {
+			qs, err := workload.LoadMTBench(path)
+			if err != nil {
+				return nil, err
+			}
+			if w, err = workload.MTBenchWorkload(qs, p); err != nil {
+				return nil, err
+			}
+		}
+		w.Params["dataset"] = path
+		return w, nil
+	}
+	return nil, fmt.Errorf("unknown workload %q (want one of %s)", name, strings.Join(Workloads, ", "))
+}
+
+// fitModelLen drops trace rows that a replica would refuse (prompt + output over the model
+// length, with a margin for the chat template).
+func fitModelLen(rows []workload.TraceRow, maxModelLen, maxOutput int) []workload.TraceRow {
+	out := rows[:0:0]
+	for _, r := range rows {
+		o := r.OutputLength
+		if maxOutput > 0 {
+			o = min(o, maxOutput)
+		}
+		if r.InputLength+o+64 <= maxModelLen {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// parseWindow parses "start,duration" (Go durations or seconds) into trace offsets.
+func parseWindow(s string) (start, dur time.Duration, err error) {
+	a, b, ok := strings.Cut(s, ",")
+	if !ok {
+		return 0, 0, fmt.Errorf("--window %q: want start,duration (e.g. 0,600 or 10m,5m)", s)
+	}
+	if start, err = parseSeconds(a); err != nil {
+		return 0, 0, fmt.Errorf("--window start: %w", err)
+	}
+	if dur, err = parseSeconds(b); err != nil {
+		return 0, 0, fmt.Errorf("--window duration: %w", err)
+	}
+	if start < 0 || dur <= 0 {
+		return 0, 0, fmt.Errorf("--window %q: start must be >= 0 and duration > 0", s)
+	}
+	return start, dur, nil
+}
+
+func parseSeconds(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if v, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(v * float64(time.Second)), nil
+	}
+	return time.ParseDuration(s)
+}
