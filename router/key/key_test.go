@@ -513,3 +513,23 @@ func TestSteadyStateAllocs(t *testing.T) {
 		Release(k)
 	}
 }
+
+// A chat message whose text extends another's (a long document, then more text in the same
+// message) shares the leading chunks, as the engine shares its KV blocks.
+func TestChatTextExtensionSharesChunks(t *testing.T) {
+	b := NewBuilder(16)
+	doc := strings.Repeat("The quarterly report covers revenue, costs and outlook. ", 40)
+	var k1, k2 Key
+	b.Build([]byte("/v1/chat/completions"), []byte(`{"model":"m","messages":[{"role":"user","content":"`+doc+`"}]}`), &k1)
+	b.Build([]byte("/v1/chat/completions"), []byte(`{"model":"m","messages":[{"role":"user","content":"`+doc+`What changed since last year?"}]}`), &k2)
+	if !k1.OK || !k2.OK || len(k1.Chunks) < 5 {
+		t.Fatalf("keys: %v %v, %d chunks", k1.OK, k2.OK, len(k1.Chunks))
+	}
+	shared := 0
+	for shared < len(k1.Chunks) && shared < len(k2.Chunks) && k1.Chunks[shared] == k2.Chunks[shared] {
+		shared++
+	}
+	if shared < len(k1.Chunks)-1 {
+		t.Errorf("extended message shares %d of %d chunks, want at least %d", shared, len(k1.Chunks), len(k1.Chunks)-1)
+	}
+}

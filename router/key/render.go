@@ -3,8 +3,9 @@ package key
 // Canonical rendering.
 //
 // The prompt of a chat or Responses API request is rendered as a byte stream in which every
-// variable-length item is length-framed and preceded by a one-byte tag, so that the stream can
-// be parsed back in exactly one way ("ab"+"c" never renders like "a"+"bc"):
+// variable-length item is preceded by a one-byte tag and length-framed, except message text,
+// which is NUL-terminated so that a text extending another shares its chunks; so the stream
+// parses back one way ("ab"+"c" never renders like "a"+"bc"):
 //
 //	stream  = header* item*
 //	header  = 'W' canon   ; "tools"           (each only when present and not null,
@@ -12,7 +13,7 @@ package key
 //	        | 'Y' canon   ; "response_format"
 //	item    = message | 'Z' canon              ; 'Z': an unknown Responses API input item
 //	message = 'M' str(role) ['N' str(name)] content* call* ['D' str(tool_call_id)]
-//	content = 'T' str(text)                    ; string content, text/input_text/output_text/refusal parts
+//	content = 'T' text 0x00                    ; string content, text/input_text/output_text/refusal parts
 //	        | 'I' str(part type) u64(hash)     ; any other part: xxhash64 of its URL or data
 //	call    = 'F' str(function name) args      ; tool_calls[].function, legacy function_call
 //	        | 'G' canon                        ; a tool call that has no "function" object
@@ -118,6 +119,19 @@ func (r *renderer) str(t byte, b []byte) {
 	n := binary.PutUvarint(r.tmp[1:], uint64(len(b)))
 	r.emit(r.tmp[:1+n])
 	r.emit(b)
+}
+
+// text emits tag, b, 0x00. Text is not length-framed, unlike other strings: a message whose
+// text extends another's (a document followed by a question, a growing completion-style chat
+// prompt) must share its leading chunks, as it shares the engine's KV blocks. The terminator
+// keeps "ab"+"c" apart from "a"+"bc"; text holding NUL (\u0000) can make two renderings
+// collide, which costs at most one misrouted request, never a wrong answer.
+func (r *renderer) text(b []byte) {
+	r.tmp[0] = tagText
+	r.emit(r.tmp[:1])
+	r.emit(b)
+	r.tmp[0] = 0
+	r.emit(r.tmp[:1])
 }
 
 func (r *renderer) media(typ []byte, h uint64) {
@@ -351,7 +365,7 @@ func (r *renderer) content(v *fastjson.Value) bool {
 	switch v.Type() {
 	case fastjson.TypeString:
 		b, _ := v.StringBytes()
-		r.str(tagText, b)
+		r.text(b)
 		return true
 	case fastjson.TypeArray:
 		a, _ := v.Array()
@@ -445,14 +459,14 @@ func (r *renderer) part(p *fastjson.Value) bool {
 			return false
 		}
 		b, _ := text.StringBytes()
-		r.str(tagText, b)
+		r.text(b)
 		return true
 	case "refusal":
 		if refusal == nil || refusal.Type() != fastjson.TypeString {
 			return false
 		}
 		b, _ := refusal.StringBytes()
-		r.str(tagText, b)
+		r.text(b)
 		return true
 	case "image_url":
 		payload = urlOrString(imageURL, "url")
@@ -487,7 +501,7 @@ func (r *renderer) responsesInput(instr, input *fastjson.Value) bool {
 	}
 	if hasInstr {
 		r.str(tagMessage, roleSystem)
-		r.str(tagText, instrB)
+		r.text(instrB)
 	}
 	if !present(input) {
 		return hasInstr
@@ -496,7 +510,7 @@ func (r *renderer) responsesInput(instr, input *fastjson.Value) bool {
 	case fastjson.TypeString:
 		b, _ := input.StringBytes()
 		r.str(tagMessage, roleUser)
-		r.str(tagText, b)
+		r.text(b)
 		return true
 	case fastjson.TypeArray:
 		a, _ := input.Array()
