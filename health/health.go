@@ -529,10 +529,15 @@ func (c *Checker) applyLocked(st *bstate, reason string, extra ...zap.Field) boo
 	return true
 }
 
-// panicCheckLocked logs entering and leaving panic mode, computed as backend.Healthy does.
+// panicCheckLocked logs entering and leaving panic mode, computed as backend.Healthy does
+// over the backends checked at least once.
 func (c *Checker) panicCheckLocked() {
-	n, healthy := len(c.order), 0
+	n, healthy := 0, 0
 	for _, st := range c.order {
+		if !c.o.Disabled && !st.everPassed && st.lastCheck.IsZero() {
+			continue // not checked yet: unknown, not down (no panic warning at every start)
+		}
+		n++
 		if st.healthyLocked() {
 			healthy++
 		}
