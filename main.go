@@ -50,7 +50,7 @@ func versionCommand() *cobra.Command {
 		Short: "Print the version",
 		Run: func(cmd *cobra.Command, _ []string) {
 			v := version
-			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" {
+			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 				v = bi.Main.Version
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), "prefixlb", v)

@@ -58,6 +58,9 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 	if u.Host == "" {
 		return nil, fmt.Errorf("missing host: %q", rawURL)
 	}
+	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
+		return nil, fmt.Errorf("%q has a path or query; give the server root (http://host:port): requests keep their own path", rawURL)
+	}
 	addr := u.Host
 	if u.Port() == "" {
 		if u.Scheme == "https" {

@@ -19,6 +19,8 @@ func TestNew(t *testing.T) {
 		{"ftp://x", "", "unsupported scheme"},
 		{"http://", "", "missing host"},
 		{"", "", "empty"},
+		{"http://127.0.0.1:8001/v1", "", "path or query"},
+		{"http://127.0.0.1:8001?x=1", "", "path or query"},
 	}
 	for _, c := range cases {
 		t.Run(c.url, func(t *testing.T) {

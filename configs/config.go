@@ -85,6 +85,8 @@ type Timeouts struct {
 	Idle Duration `yaml:"idle"`
 	// ShutdownGrace is how long in-flight streams may finish after SIGTERM/SIGINT.
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
+	// ClientRead bounds reading one client request, headers and body (slow or stalled clients).
+	ClientRead Duration `yaml:"client_read"`
 }
 
 // Prefix tunes the prefix-aware policy.
@@ -151,7 +153,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return err
+		return fmt.Errorf("line %d: %q is not a duration (want e.g. 500ms, 5s, 10m): %v", n.Line, s, err)
 	}
 	*d = Duration(v)
 	return nil
@@ -178,6 +180,9 @@ const (
 	DefaultResponseHeader = 10 * time.Minute
 	// DefaultIdle is Envoy's stream_idle_timeout.
 	DefaultIdle = 5 * time.Minute
+	// DefaultClientRead: a 64 MiB body at 10 Mbit/s takes about 55 s; a client that sends
+	// nothing (slowloris) is dropped after this.
+	DefaultClientRead = 60 * time.Second
 	// DefaultShutdownGrace matches Kubernetes' default terminationGracePeriodSeconds.
 	DefaultShutdownGrace = 30 * time.Second
 	// DefaultChunkTokens: 64 approximate tokens ≈ 256 bytes; smaller chunks blew up peers' memory.
@@ -253,6 +258,7 @@ func (c *Config) ApplyDefaults() {
 	setD(&c.Timeouts.ResponseHeader, DefaultResponseHeader)
 	setD(&c.Timeouts.Idle, DefaultIdle)
 	setD(&c.Timeouts.ShutdownGrace, DefaultShutdownGrace)
+	setD(&c.Timeouts.ClientRead, DefaultClientRead)
 	if c.Prefix.ChunkTokens == 0 {
 		c.Prefix.ChunkTokens = DefaultChunkTokens
 	}
@@ -321,7 +327,8 @@ func (c *Config) Validate() error {
 		name string
 		v    Duration
 	}{{"timeouts.connect", c.Timeouts.Connect}, {"timeouts.response_header", c.Timeouts.ResponseHeader},
-		{"timeouts.idle", c.Timeouts.Idle}, {"timeouts.shutdown_grace", c.Timeouts.ShutdownGrace}} {
+		{"timeouts.idle", c.Timeouts.Idle}, {"timeouts.shutdown_grace", c.Timeouts.ShutdownGrace},
+		{"timeouts.client_read", c.Timeouts.ClientRead}} {
 		if d.v < 0 {
 			return fmt.Errorf("%s: negative duration %s", d.name, d.v.D())
 		}

@@ -28,7 +28,7 @@ func TestExampleConfigNamesEveryField(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"listen:", "admin_listen:", "mode:", "max_request_body_bytes:", "level:", "format:",
-		"connect:", "response_header:", "idle:", "shutdown_grace:", "chunk_tokens:", "load_factor:", "load_margin:",
+		"connect:", "response_header:", "idle:", "shutdown_grace:", "client_read:", "chunk_tokens:", "load_factor:", "load_margin:",
 		"default_kv_cache_tokens:", "max_index_entries:", "url:", "kv_cache_tokens:", "weight:",
 		"discovery:", "dns:", "name:", "port:", "srv:", "scheme:", "interval:", "health:", "path:", "timeout:",
 		"healthy_threshold:", "unhealthy_threshold:", "consecutive_failures:", "base_ejection:", "max_ejection:",
@@ -74,7 +74,9 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"log:\n  level: loud\nbackends:\n - url: http://a:1", "log.level"},
 		{"log:\n  format: xml\nbackends:\n - url: http://a:1", "log.format"},
 		{"max_request_body_bytes: 10\nbackends:\n - url: http://a:1", "max_request_body_bytes"},
-		{"timeouts:\n  connect: soon\nbackends:\n - url: http://a:1", "time: invalid duration"},
+		{"timeouts:\n  connect: soon\nbackends:\n - url: http://a:1", `line 2: "soon" is not a duration`},
+		{"timeouts:\n  idle: 300\nbackends:\n - url: http://a:1", `line 2: "300" is not a duration`},
+		{"timeouts:\n  client_read: -1s\nbackends:\n - url: http://a:1", "timeouts.client_read"},
 		{"timeouts:\n  idle: -1s\nbackends:\n - url: http://a:1", "timeouts.idle"},
 		{"prefix:\n  chunk_tokens: 100000\nbackends:\n - url: http://a:1", "prefix.chunk_tokens"},
 		{"prefix:\n  load_factor: 0.5\nbackends:\n - url: http://a:1", "prefix.load_factor"},

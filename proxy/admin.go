@@ -32,6 +32,10 @@ func (s *Server) AdminHandler() http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
 		for _, b := range s.pool.Snapshot() {
 			if b.Healthy() {
 				_, _ = io.WriteString(w, "ready\n")

@@ -25,8 +25,8 @@ import (
 // is re-read on SIGHUP and when it changes; a bad file is rejected and the old one keeps serving.
 func ServeCommand() *cobra.Command {
 	var (
-		file, mode, listen, logLevel, logFormat string
-		backends                                []string
+		file, mode, listen, adminListen, logLevel, logFormat string
+		backends                                             []string
 	)
 	c := &cobra.Command{
 		Use:   "serve",
@@ -54,6 +54,9 @@ and/or --backend flags; flags override the file.`,
 				}
 				if f.Changed("listen") {
 					cfg.Listen = listen
+				}
+				if f.Changed("admin-listen") {
+					cfg.AdminListen = adminListen
 				}
 				if f.Changed("log-level") {
 					cfg.Log.Level = logLevel
@@ -93,6 +96,7 @@ and/or --backend flags; flags override the file.`,
 	fl.StringVarP(&file, "config", "c", "", "YAML config file")
 	fl.StringVar(&mode, "mode", configs.DefaultMode, "routing mode: prefix | round-robin | least-load")
 	fl.StringVar(&listen, "listen", configs.DefaultListen, "data listener host:port")
+	fl.StringVar(&adminListen, "admin-listen", configs.DefaultAdminListen, "admin listener host:port (metrics, health, debug)")
 	fl.StringVar(&logLevel, "log-level", "info", "debug | info | warn | error")
 	fl.StringVar(&logFormat, "log-format", "json", "json | console")
 	fl.StringArrayVar(&backends, "backend", nil, "backend URL (repeatable; appended to the config's backends)")
@@ -176,6 +180,7 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 		case got := <-sig:
 			if got == syscall.SIGHUP {
 				if rl.Load != nil {
+					stamp = fileStamp(rl.Path) // the poll must not reload the same content again
 					ctl.reload(rl.Load, "SIGHUP")
 				}
 				continue
@@ -287,6 +292,7 @@ func NewLogger(level, format string) (*zap.Logger, error) {
 		return nil, fmt.Errorf("log.format: %q is not one of json, console", format)
 	}
 	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.DisableStacktrace = true // one line per event; stack traces only for panics
 	zc.Sampling = nil
 	zc.EncoderConfig.TimeKey = "ts"
 	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder

@@ -44,7 +44,8 @@ func statusOf(err error) int {
 // errorType is the OpenAI error "type" for a status.
 func errorType(status int) string {
 	switch {
-	case status == fasthttp.StatusRequestEntityTooLarge:
+	case status == fasthttp.StatusRequestEntityTooLarge, status == fasthttp.StatusBadRequest,
+		status == fasthttp.StatusRequestHeaderFieldsTooLarge:
 		return "invalid_request_error"
 	case status == fasthttp.StatusServiceUnavailable:
 		return "service_unavailable"

@@ -38,20 +38,21 @@ const (
 
 // Server is one prefixlb data listener with its backends and policy.
 type Server struct {
-	cfg    *configs.Config
-	log    *zap.Logger
-	pool   *backend.Pool
-	ups    atomic.Pointer[map[*backend.Backend]*upstream]
-	policy router.Policy
-	pass   router.RoundRobin // passthrough endpoints
-	keys   *key.Builder
-	srv    *fasthttp.Server
-	wd     *watchdog
-	hc     *health.Checker
-	hcOnce sync.Once
-	m      *serverMetrics
-	flows  sync.Pool
-	nextID atomic.Uint64
+	cfg      *configs.Config
+	log      *zap.Logger
+	pool     *backend.Pool
+	ups      atomic.Pointer[map[*backend.Backend]*upstream]
+	policy   router.Policy
+	pass     router.RoundRobin // passthrough endpoints
+	keys     *key.Builder
+	srv      *fasthttp.Server
+	wd       *watchdog
+	hc       *health.Checker
+	draining atomic.Bool // Shutdown started: /readyz fails
+	hcOnce   sync.Once
+	m        *serverMetrics
+	flows    sync.Pool
+	nextID   atomic.Uint64
 
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
@@ -92,7 +93,9 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
 		ReadBufferSize:                64 << 10, // long Authorization/cookie headers; 431 above
 		WriteTimeout:                  0,        // a stream has no total timeout
+		ReadTimeout:                   cfg.Timeouts.ClientRead.D(),
 		IdleTimeout:                   90 * time.Second,
+		SecureErrorLogMessage:         true, // never echo request bytes (keys, prompts) in errors
 		DisableHeaderNamesNormalizing: true,
 		DisablePreParseMultipartForm:  true,
 		NoDefaultServerHeader:         true,
@@ -171,15 +174,17 @@ func (s *Server) Backends() []*backend.Backend { return s.pool.Snapshot() }
 // Policy returns the routing policy.
 func (s *Server) Policy() router.Policy { return s.policy }
 
-// Serve starts the health checker and accepts requests on ln until Shutdown.
+// Serve starts the health checker and accepts requests on ln until Shutdown. Temporary
+// accept errors (out of file descriptors) are retried with backoff instead of stopping.
 func (s *Server) Serve(ln net.Listener) error {
 	s.hcOnce.Do(s.hc.Start)
-	return s.srv.Serve(ln)
+	return s.srv.Serve(&retryListener{Listener: ln, log: s.log})
 }
 
 // Shutdown stops accepting, lets in-flight requests finish until ctx is done, then aborts
 // what is left (closing their upstream connections so the engines stop generating).
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
 	err := s.srv.ShutdownWithContext(ctx)
 	if err != nil {
 		s.abortAll(errShuttingDown)
@@ -355,9 +360,6 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 			err = c.bw.Flush()
 		}
 		if err == nil {
-			if l, ok := s.policy.(router.Learner); ok && f.k.Routed && f.k.OK {
-				l.Learn(&f.k, b)
-			}
 			f.resp.StreamBody = true
 			f.resp.SkipBody = head
 			err = f.resp.Read(c.br)
@@ -392,6 +394,11 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	}
 	status := f.resp.StatusCode()
 	s.hc.Observe(b, outcomeOf(status))
+	// Learn only once the backend accepted the prompt and started answering: a request it
+	// refused (400 context too long, 429, 503 retried elsewhere) left nothing in its cache.
+	if l, ok := s.policy.(router.Learner); ok && status < 400 && f.k.Routed && f.k.OK {
+		l.Learn(&f.k, b)
+	}
 	if canRetry && (status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusBadGateway) {
 		_ = f.resp.CloseBodyStream()
 		if cc := f.takeConn(); cc != nil {
@@ -500,7 +507,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 
 func (s *Server) logRequest(f *flow, status int, err error) {
 	lvl := zap.InfoLevel
-	if err != nil && status >= 500 {
+	if (err != nil && !errors.Is(err, errClientGone)) || status >= 500 {
 		lvl = zap.WarnLevel
 	}
 	ce := s.log.Check(lvl, "request")

@@ -108,6 +108,10 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 		return Decision{Backend: candidates[(p.next.Add(1)-1)%uint64(n)], Reason: ReasonPassthrough}
 	case !k.OK:
 		return Decision{Backend: LeastLoaded(candidates, p.next.Add(1)-1), Reason: ReasonParseFallback}
+	case len(k.Chunks) == 0:
+		// Shorter than one chunk: nothing to match or place; rotate among the least loaded
+		// so that short prompts do not all land on one backend at low load.
+		return Decision{Backend: LeastLoaded(candidates, p.next.Add(1)-1), Reason: ReasonLeastLoad}
 	}
 	var mbuf [maxStackCandidates]int
 	var cbuf [maxStackCandidates]cand

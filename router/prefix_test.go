@@ -442,3 +442,26 @@ func TestIndependentInstancesAgree(t *testing.T) {
 		t.Errorf("200 cold prefixes used %d of 5 backends", len(used))
 	}
 }
+
+// Prompts shorter than one chunk rotate among equally loaded backends instead of all going to
+// the one a fixed tie hash prefers.
+func TestShortPromptsRotate(t *testing.T) {
+	var bs []*backend.Backend
+	for i := 0; i < 3; i++ {
+		b, _ := backend.New(fmt.Sprintf("http://short-%d:8000", i), 0, 1)
+		bs = append(bs, b)
+	}
+	p := NewPrefix(PrefixOptions{}, nil)
+	p.SetBackends(bs)
+	seen := map[*backend.Backend]int{}
+	for i := 0; i < 9; i++ {
+		d := p.Pick(&key.Key{Routed: true, OK: true}, bs)
+		if d.Reason != ReasonLeastLoad {
+			t.Fatalf("reason %v, want least-load", d.Reason)
+		}
+		seen[d.Backend]++
+	}
+	if len(seen) != 3 {
+		t.Errorf("9 short prompts went to %d backends, want 3", len(seen))
+	}
+}

@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router"
+)
+
+type flakyListener struct {
+	net.Listener
+	fails int
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails > 0 {
+		l.fails--
+		return nil, &net.OpError{Op: "accept", Err: syscall.EMFILE}
+	}
+	return l.Listener.Accept()
+}
+
+// Running out of file descriptors pauses accepting; it does not stop the server.
+func TestAcceptSurvivesEMFILE(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer ln.Close()
+	rl := &retryListener{Listener: &flakyListener{Listener: ln, fails: 3}, log: zap.NewNop()}
+	go func() {
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			defer c.Close()
+			time.Sleep(time.Second)
+		}
+	}()
+	c, err := rl.Accept()
+	if err != nil {
+		t.Fatalf("Accept after EMFILE: %v", err)
+	}
+	c.Close()
+	if temporaryAccept(errors.New("use of closed network connection")) {
+		t.Error("a closed listener must end Serve")
+	}
+}
+
+// A client that opens a connection and sends nothing, or half a header, is dropped after
+// timeouts.client_read.
+func TestSlowClientIsDropped(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer ts.Close()
+	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) {
+		c.Timeouts.ClientRead = configs.Duration(300 * time.Millisecond)
+	})
+	for _, send := range []string{"", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo"} {
+		c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, send)
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		start := time.Now()
+		_, err = io.ReadAll(c)
+		c.Close()
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Errorf("connection sending %q still open after 5 s", send)
+		} else {
+			t.Logf("connection sending %d bytes closed after %v", len(send), time.Since(start))
+		}
+	}
+}
+
+// A request the backend refuses (400: context too long) teaches the index nothing.
+func TestRefusedRequestIsNotLearned(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Header.Get("X-Refuse") != "" {
+			w.WriteHeader(400)
+		}
+	}))
+	defer ts.Close()
+	s, url := startProxy(t, "prefix", []string{ts.URL}, nil)
+	entries := func() int64 { return s.Policy().(*router.Prefix).Index().Entries() }
+	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("long prompt ", 500))
+	for _, refuse := range []bool{true, false} {
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+		if refuse {
+			req.Header.Set("X-Refuse", "1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if refuse && entries() != 0 {
+			t.Errorf("a 400 left %d index entries", entries())
+		}
+		if !refuse && entries() == 0 {
+			t.Error("a 200 left no index entries")
+		}
+	}
+}
+
+// /readyz fails as soon as shutdown starts, so Kubernetes stops sending traffic.
+func TestReadyzFailsWhileDraining(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer ts.Close()
+	s, _ := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	admin := httptest.NewServer(s.AdminHandler())
+	defer admin.Close()
+	get := func() int {
+		resp, err := http.Get(admin.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := get(); c != 200 {
+		t.Fatalf("/readyz %d before shutdown", c)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.Shutdown(ctx)
+	if c := get(); c != 503 {
+		t.Errorf("/readyz %d after shutdown began, want 503", c)
+	}
+}
