@@ -40,30 +40,7 @@ func fltStartProxy(t *testing.T, mode string, urls []string, mutate func(*config
 		MaxEjection:    configs.Duration(time.Second),
 		ScrapeDisabled: true,
 	}}
-	for _, u := range urls {
-		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
-	}
-	if mutate != nil {
-		mutate(cfg)
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
+	s, base := serveConfig(t, cfg, urls, mutate)
 	if !cfg.Health.Disabled {
 		for _, b := range s.Backends() {
 			if _, ok := fltWaitHealthy(b, true, 10*time.Second); !ok {
@@ -71,7 +48,7 @@ func fltStartProxy(t *testing.T, mode string, urls []string, mutate func(*config
 			}
 		}
 	}
-	return s, "http://" + ln.Addr().String()
+	return s, base
 }
 
 // fltWaitHealthy polls b until its health is want (bounded) and returns how long it took.

@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -46,24 +44,7 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 			cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0",
 				Health: configs.Health{Interval: configs.Duration(100 * time.Millisecond), Timeout: configs.Duration(80 * time.Millisecond),
 					ScrapeInterval: configs.Duration(100 * time.Millisecond), ScrapeStaleAfter: configs.Duration(time.Second)}}
-			for _, u := range urls {
-				cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
-			}
-			cfg.ApplyDefaults()
-			if err := cfg.Validate(); err != nil {
-				t.Fatal(err)
-			}
-			s, err := New(cfg, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ln, _ := net.Listen("tcp", "127.0.0.1:0")
-			go func() { _ = s.Serve(ln) }()
-			defer func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = s.Shutdown(ctx)
-			}()
+			s, base := serveConfig(t, cfg, urls, nil)
 			deadline := time.Now().Add(5 * time.Second)
 			for s.Backends()[1].Load() < 51 || !s.Backends()[0].Healthy() || !s.Backends()[2].Healthy() {
 				if time.Now().After(deadline) {
@@ -71,7 +52,6 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			base := "http://" + ln.Addr().String()
 			for i := 0; i < 30; i++ {
 				// Distinct prompts: cold placements, spread by the ring within the load cap.
 				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat(fmt.Sprintf("topic %d ", i), 100))

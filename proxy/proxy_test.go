@@ -26,6 +26,13 @@ func startProxy(t *testing.T, mode string, urls []string, mutate func(*configs.C
 	// Test backends answer every path, /health included, with their test behaviour; active
 	// checks and scraping are tested in health_test.go.
 	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
+	return serveConfig(t, cfg, urls, mutate)
+}
+
+// serveConfig adds urls as backends to cfg, applies mutate, validates, and serves it on an
+// ephemeral 127.0.0.1 port until the test ends. It returns the server and its base URL.
+func serveConfig(t *testing.T, cfg *configs.Config, urls []string, mutate func(*configs.Config)) (*Server, string) {
+	t.Helper()
 	for _, u := range urls {
 		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
 	}
