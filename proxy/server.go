@@ -269,7 +269,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		if len(f.cands) == 0 || f.attempts >= 2 {
 			break
 		}
-		f.dec = s.pick(&f.k, f.cands)
+		if f.attempts == 0 {
+			f.dec = s.pick(&f.k, f.cands)
+		} else {
+			f.dec = s.repick(f)
+		}
 		if f.dec.Backend == nil {
 			break
 		}
@@ -314,6 +318,20 @@ func (s *Server) pick(k *key.Key, cands []*backend.Backend) router.Decision {
 		d.Reason = router.ReasonParseFallback
 	}
 	return d
+}
+
+// repick chooses the backend of a retry among the candidates not yet tried. The prefix
+// policy gives its next best; counter-based picks (round-robin, passthrough) take the next
+// candidate after the failed one instead of advancing their shared counter a second time,
+// which would make every first attempt land on the same backend.
+func (s *Server) repick(f *flow) router.Decision {
+	switch f.dec.Reason {
+	case router.ReasonRoundRobin, router.ReasonPassthrough:
+		d := f.dec
+		d.Backend = f.cands[f.id%uint64(len(f.cands))]
+		return d
+	}
+	return s.pick(&f.k, f.cands)
 }
 
 // retryStatus is a backend answer that says "not now" before any byte reached the client:
