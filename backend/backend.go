@@ -26,13 +26,15 @@ type Backend struct {
 	// ID is xxhash64(Name): a stable, deterministic identity used to break ties and to place
 	// the backend on the hash ring.
 	ID uint64
-	// KVCacheTokens is the replica's KV-cache capacity in tokens (0: unknown, use default).
+	// KVCacheTokens is the replica's configured KV-cache capacity in tokens (0: not
+	// configured; see KVCapacity).
 	KVCacheTokens int64
 	// Weight scales the backend's share on the hash ring (1 = normal).
 	Weight int
 
 	inFlight      atomic.Int64
 	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
+	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
 	unhealthy     atomic.Bool
 	epoch         atomic.Uint64
@@ -103,6 +105,25 @@ func (b *Backend) Load() int64 {
 // SetScrapedLoad stores the running + waiting requests the replica reported; 0 when the
 // scrape failed or is stale, so that Load falls back to the local in-flight count.
 func (b *Backend) SetScrapedLoad(requests int64) { b.scraped.Store(max(requests, 0)) }
+
+// KVCapacity is the replica's KV-cache capacity in tokens: the configured kv_cache_tokens,
+// else what the replica reports (vLLM cache_config_info num_gpu_blocks × block_size, SGLang
+// max_total_num_tokens), else def.
+func (b *Backend) KVCapacity(def int64) int64 {
+	if b.KVCacheTokens > 0 {
+		return b.KVCacheTokens
+	}
+	if s := b.kvScraped.Load(); s > 0 {
+		return s
+	}
+	return def
+}
+
+// SetScrapedKVCacheTokens stores the KV capacity the replica reported and reports whether it
+// changed.
+func (b *Backend) SetScrapedKVCacheTokens(tokens int64) bool {
+	return b.kvScraped.Swap(tokens) != tokens
+}
 
 // PrefillTokens is the sum of approximate prompt tokens of in-flight requests that have not
 // yet produced a first response byte: the prefill work queued on the replica.

@@ -390,11 +390,7 @@ func (c *Config) Validate() error {
 func (c *Config) NewBackends() ([]*backend.Backend, error) {
 	out := make([]*backend.Backend, 0, len(c.Backends))
 	for i, b := range c.Backends {
-		kv := b.KVCacheTokens
-		if kv == 0 {
-			kv = c.Prefix.DefaultKVCacheTokens
-		}
-		nb, err := backend.New(b.URL, kv, b.Weight)
+		nb, err := backend.New(b.URL, b.KVCacheTokens, b.Weight)
 		if err != nil {
 			return nil, fmt.Errorf("backends[%d].url: %w", i, err)
 		}

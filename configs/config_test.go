@@ -53,7 +53,7 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("defaults: got %+v %+v", c.Timeouts, c.Prefix)
 	}
 	bs, err := c.NewBackends()
-	if err != nil || bs[0].KVCacheTokens != DefaultKVCacheTokens || bs[0].Addr != "a:8000" {
+	if err != nil || bs[0].KVCapacity(c.Prefix.DefaultKVCacheTokens) != DefaultKVCacheTokens || bs[0].Addr != "a:8000" {
 		t.Errorf("NewBackends: %v %+v", err, bs[0])
 	}
 }

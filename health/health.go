@@ -164,6 +164,7 @@ func (o Options) withDefaults() Options {
 // Checker runs active checks, passive ejection and metrics scraping for a set of backends.
 // It is safe for concurrent use. Create it with New.
 type Checker struct {
+	kvHook atomic.Pointer[func(*backend.Backend)] // OnKVCapacity
 	o      Options
 	log    *zap.Logger
 	now    func() time.Time

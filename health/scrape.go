@@ -72,6 +72,10 @@ func (c *Checker) fresh(r *scrapeResult) bool {
 	return r.ok && r.good && c.now().Sub(r.load.At) <= c.o.ScrapeStaleAfter
 }
 
+// OnKVCapacity sets f to be called (from a scrape goroutine) when a backend's reported KV
+// capacity first appears or changes; the prefix index resizes that backend's share then.
+func (c *Checker) OnKVCapacity(f func(b *backend.Backend)) { c.kvHook.Store(&f) }
+
 // KVCapacityTokens returns b's KV-cache capacity in tokens from the last successful scrape:
 // num_gpu_blocks × block_size of vllm:cache_config_info, or sglang:max_total_num_tokens.
 // ok is false when the server never reported it. Capacity does not go stale: it changes only
@@ -142,6 +146,11 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	}
 	r.load, r.good, r.ok = l, true, true
 	st.b.SetScrapedLoad(int64(l.Running + l.Waiting + 0.5))
+	if l.NumGPUBlocks > 0 && l.BlockSize > 0 && st.b.SetScrapedKVCacheTokens(l.NumGPUBlocks*l.BlockSize) {
+		if h := c.kvHook.Load(); h != nil {
+			(*h)(st.b)
+		}
+	}
 	r.prompt, r.hasProm = m.prompt, m.hasPrompt
 	st.scrape.Store(r)
 	c.scraped(st, restarted, prev, l)

@@ -77,7 +77,7 @@ func (s *Server) BackendInfos() []BackendInfo {
 	for i, b := range bs {
 		idx[b.Name] = i
 		out = append(out, BackendInfo{Name: b.Name, Healthy: b.Healthy(), InFlight: b.InFlight(),
-			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(), KVCacheTokens: b.KVCacheTokens})
+			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(), KVCacheTokens: b.KVCapacity(s.cfg.Prefix.DefaultKVCacheTokens)})
 	}
 	if ix, ok := s.policy.(indexer); ok {
 		for _, st := range ix.Index().Stats(nil) {

@@ -249,7 +249,7 @@ func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r di
 // applyLocked sets the backends to the config's static list plus the discovered ones.
 func (c *controller) applyLocked() error {
 	specs := append(append([]configs.Backend(nil), c.cfg.Backends...), c.discovered...)
-	return c.s.UpdateBackends(specs, c.cfg.Prefix.DefaultKVCacheTokens)
+	return c.s.UpdateBackends(specs)
 }
 
 func (c *controller) shutdown() error {

@@ -69,3 +69,31 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 		})
 	}
 }
+
+// A backend without kv_cache_tokens gets the capacity its /metrics reports
+// (vllm:cache_config_info num_gpu_blocks × block_size), and the index is sized by it.
+func TestScrapedKVCapacitySizesIndex(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			fmt.Fprint(w, "vllm:num_requests_running{model_name=\"m\"} 0\nvllm:num_requests_waiting{model_name=\"m\"} 0\n"+
+				"vllm:cache_config_info{block_size=\"16\",model_name=\"m\",num_gpu_blocks=\"1000\"} 1.0\n")
+		}
+	}))
+	defer ts.Close()
+	cfg := &configs.Config{Mode: "prefix", Listen: "127.0.0.1:0",
+		Health: configs.Health{Interval: configs.Duration(100 * time.Millisecond), Timeout: configs.Duration(80 * time.Millisecond),
+			ScrapeInterval: configs.Duration(100 * time.Millisecond), ScrapeStaleAfter: configs.Duration(time.Second)}}
+	s, _ := serveConfig(t, cfg, []string{ts.URL}, nil)
+	want := int64(1000 * 16 / cfg.Prefix.ChunkTokens)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		infos := s.BackendInfos()
+		if infos[0].IndexCapacity == want && infos[0].KVCacheTokens == 16000 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("index capacity %d, kv %d; want %d from the scraped 16000 tokens", infos[0].IndexCapacity, infos[0].KVCacheTokens, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -49,6 +49,7 @@ type Server struct {
 	wd       *watchdog
 	hc       *health.Checker
 	draining atomic.Bool // Shutdown started: /readyz fails
+	setMu    sync.Mutex  // serializes backend-list changes
 	hcOnce   sync.Once
 	m        *serverMetrics
 	flows    sync.Pool
@@ -86,6 +87,11 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		connTimeout:   cfg.Timeouts.Connect.D(),
 	}
 	s.flows.New = func() any { return &flow{s: s} }
+	s.hc.OnKVCapacity(func(b *backend.Backend) {
+		log.Info("backend reported its KV-cache capacity", zap.String("backend", b.Name),
+			zap.Int64("kv_cache_tokens", b.KVCapacity(cfg.Prefix.DefaultKVCacheTokens)))
+		s.refreshPolicy()
+	})
 	s.SetBackends(bs)
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
@@ -121,9 +127,20 @@ func NewPolicy(cfg *configs.Config) (router.Policy, error) {
 	return nil, fmt.Errorf("mode: unknown mode %q", cfg.Mode)
 }
 
+// refreshPolicy hands the current backends to the policy again (capacities changed).
+func (s *Server) refreshPolicy() {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	if sb, ok := s.policy.(interface{ SetBackends([]*backend.Backend) }); ok {
+		sb.SetBackends(s.pool.Snapshot())
+	}
+}
+
 // SetBackends replaces the backend list. Connections to removed backends are closed once idle;
 // in-flight requests to them finish.
 func (s *Server) SetBackends(bs []*backend.Backend) {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
 	old := s.ups.Load()
 	m := make(map[*backend.Backend]*upstream, len(bs))
 	for _, b := range bs {

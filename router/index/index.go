@@ -265,11 +265,7 @@ func setBit(bs []bool, i int) []bool {
 }
 
 func (x *Index) rawCapacity(b *backend.Backend) int64 {
-	kv := b.KVCacheTokens
-	if kv <= 0 {
-		kv = x.defaultKV
-	}
-	return kv / x.chunkTokens
+	return b.KVCapacity(x.defaultKV) / x.chunkTokens
 }
 
 // install scales capacities to the global cap and publishes nt. Called with x.mu held.
