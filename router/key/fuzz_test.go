@@ -34,8 +34,8 @@ func FuzzBuild(f *testing.F) {
 		if !k.OK && (len(k.Chunks) != 0 || k.PromptTokens != 0) {
 			t.Fatalf("OK = false with %d chunks, %d tokens; want none", len(k.Chunks), k.PromptTokens)
 		}
-		if len(k.Chunks) != k.PromptTokens/b1.ChunkTokens {
-			t.Fatalf("len(Chunks) = %d, want PromptTokens/ChunkTokens = %d", len(k.Chunks), k.PromptTokens/b1.ChunkTokens)
+		if want := ChunkCount(k.PromptTokens*BytesPerToken, b1.ChunkTokens*BytesPerToken); len(k.Chunks) != want {
+			t.Fatalf("len(Chunks) = %d, want ChunkCount = %d", len(k.Chunks), want)
 		}
 		if k.PromptTokens > len(body)/2+1 {
 			t.Fatalf("PromptTokens = %d for a %d-byte body, want ≤ %d", k.PromptTokens, len(body), len(body)/2+1)
@@ -51,8 +51,8 @@ func FuzzBuild(f *testing.F) {
 		if k3.OK != k.OK || k3.PromptTokens != k.PromptTokens || string(k3.Model) != string(k.Model) || k3.Stream != k.Stream {
 			t.Fatalf("chunk size changed the key: %+v vs %+v", k3, k)
 		}
-		if len(k3.Chunks) != k3.PromptTokens/64 {
-			t.Fatalf("ChunkTokens 64: len(Chunks) = %d, want %d", len(k3.Chunks), k3.PromptTokens/64)
+		if want := ChunkCount(k3.PromptTokens*BytesPerToken, 64*BytesPerToken); len(k3.Chunks) != want {
+			t.Fatalf("ChunkTokens 64: len(Chunks) = %d, want %d", len(k3.Chunks), want)
 		}
 	})
 }

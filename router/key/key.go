@@ -19,9 +19,10 @@ type Key struct {
 	// PromptTokens is the approximate prompt length in tokens (rendered bytes / 4, or the
 	// exact count for token-id prompts).
 	PromptTokens int
-	// Chunks holds one chained hash per full chunk of ChunkTokens approximate tokens:
-	// Chunks[i] names the whole prefix up to and including chunk i, seeded with model and
-	// cache_salt. A trailing partial chunk is not included.
+	// Chunks holds one chained hash per full chunk: the first chunk is ChunkTokens/4
+	// approximate tokens, every later one ChunkTokens (see ChunkCount). Chunks[i] names the
+	// whole prefix up to and including chunk i, seeded with model and cache_salt. A trailing
+	// partial chunk is not included.
 	Chunks []uint64
 }
 

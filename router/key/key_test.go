@@ -100,7 +100,7 @@ func TestBuild(t *testing.T) {
 		unrouted bool
 	}{
 		{name: "chat simple", path: pathChat, body: `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, ok: true, model: "m", tokens: 2, chunks: 0},
-		{name: "chat long", path: pathChat, body: `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, ok: true, model: "m", tokens: (1 + 1 + 4 + 1 + 2 + 1350) / 4, chunks: 5},
+		{name: "chat long", path: pathChat, body: `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, ok: true, model: "m", tokens: (1 + 1 + 4 + 1 + 2 + 1350) / 4, chunks: 6},
 		{name: "chat trailing slash", path: pathChat + "/", body: `{"messages":[{"role":"user","content":"hi"}]}`, ok: true, tokens: -1, chunks: 0},
 		{name: "chat empty messages", path: pathChat, body: `{"model":"m","messages":[]}`, ok: true, model: "m", tokens: 0, chunks: 0},
 		{name: "chat null content", path: pathChat, body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, ok: true, tokens: -1, chunks: 0},
@@ -125,13 +125,13 @@ func TestBuild(t *testing.T) {
 		{name: "trailing garbage", path: pathChat, body: `{"messages":[]} x`, tokens: 0, chunks: 0},
 		{name: "invalid utf8", path: pathChat, body: "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", tokens: 0, chunks: 0},
 		{name: "deep nesting", path: pathChat, body: `{"messages":[{"role":"user","content":"x"}],"tools":` + strings.Repeat("[", 1000) + strings.Repeat("]", 1000) + `}`, tokens: 0, chunks: 0},
-		{name: "nesting within limit", path: pathChat, body: `{"messages":[],"tools":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}`, ok: true, tokens: 100, chunks: 1},
+		{name: "nesting within limit", path: pathChat, body: `{"messages":[],"tools":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}`, ok: true, tokens: 100, chunks: 2},
 		{name: "unicode", path: pathChat, body: `{"messages":[{"role":"user","content":"日本語のテキスト 😀 ünïcödé"}]}`, ok: true, tokens: -1, chunks: 0},
 
 		{name: "completions empty string", path: pathCompl, body: `{"model":"m","prompt":""}`, ok: true, model: "m", tokens: 0, chunks: 0},
 		{name: "completions tiny", path: pathCompl, body: `{"prompt":"hello"}`, ok: true, tokens: 1, chunks: 0},
-		{name: "completions text", path: pathCompl, body: `{"prompt":"` + long + `"}`, ok: true, tokens: 1350 / 4, chunks: 5},
-		{name: "completions list of strings", path: pathCompl, body: `{"prompt":["` + long + `","b"]}`, ok: true, tokens: 1350 / 4, chunks: 5},
+		{name: "completions text", path: pathCompl, body: `{"prompt":"` + long + `"}`, ok: true, tokens: 1350 / 4, chunks: 6},
+		{name: "completions list of strings", path: pathCompl, body: `{"prompt":["` + long + `","b"]}`, ok: true, tokens: 1350 / 4, chunks: 6},
 		{name: "completions token ids", path: pathCompl, body: `{"prompt":[` + ids + `]}`, ok: true, tokens: 130, chunks: 2},
 		{name: "completions list of id lists", path: pathCompl, body: `{"prompt":[[` + ids + `],[1,2]]}`, ok: true, tokens: 130, chunks: 2},
 		{name: "completions exactly one chunk of ids", path: pathCompl, body: `{"prompt":[` + strings.Repeat("7,", 63) + `7]}`, ok: true, tokens: 64, chunks: 1},
@@ -149,7 +149,7 @@ func TestBuild(t *testing.T) {
 
 		{name: "responses string", path: pathResp, body: `{"model":"m","input":"hi","stream":true}`, ok: true, stream: true, model: "m", tokens: (6 + 4) / 4, chunks: 0},
 		{name: "responses instructions only", path: pathResp, body: `{"instructions":"be nice"}`, ok: true, tokens: -1, chunks: 0},
-		{name: "responses items", path: pathResp, body: `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"https://x/y.png"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"},{"type":"reasoning","summary":[]}]}`, ok: true, tokens: -1, chunks: 0},
+		{name: "responses items", path: pathResp, body: `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"https://x/y.png"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"},{"type":"reasoning","summary":[]}]}`, ok: true, tokens: -1, chunks: 1},
 		{name: "responses no input", path: pathResp, body: `{"model":"m"}`, model: "m", tokens: 0, chunks: 0},
 		{name: "responses input number", path: pathResp, body: `{"input":3}`, tokens: 0, chunks: 0},
 		{name: "responses item not object", path: pathResp, body: `{"input":["hi"]}`, tokens: 0, chunks: 0},
@@ -179,8 +179,8 @@ func TestBuild(t *testing.T) {
 			if tt.chunks >= 0 && len(k.Chunks) != tt.chunks {
 				t.Errorf("len(Chunks) = %d, want %d", len(k.Chunks), tt.chunks)
 			}
-			if len(k.Chunks) != k.PromptTokens/b.ChunkTokens {
-				t.Errorf("len(Chunks) = %d, want PromptTokens/ChunkTokens = %d", len(k.Chunks), k.PromptTokens/b.ChunkTokens)
+			if want := ChunkCount(k.PromptTokens*BytesPerToken, b.ChunkTokens*BytesPerToken); len(k.Chunks) != want {
+				t.Errorf("len(Chunks) = %d, want ChunkCount = %d", len(k.Chunks), want)
 			}
 		})
 	}
@@ -355,18 +355,21 @@ func TestDifferentKey(t *testing.T) {
 }
 
 // TestChainFormula recomputes the chunk hashes of a text prompt and a token-id prompt from the
-// documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ chunk_i), Chunks[-1] = 0.
+// documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ chunk_i), Chunks[-1] = 0, the
+// first chunk a quarter of the others.
 func TestChainFormula(t *testing.T) {
 	var r renderer
 	chain := func(seed uint64, stream []byte, size int) []uint64 {
 		var out []uint64
 		var prev uint64
-		for len(stream) >= size {
+		n := size / 4 // the first chunk is a quarter of the others
+		for len(stream) >= n {
 			buf := binary.LittleEndian.AppendUint64(nil, seed)
 			buf = binary.LittleEndian.AppendUint64(buf, prev)
-			prev = xxhash.Sum64(append(buf, stream[:size]...))
+			prev = xxhash.Sum64(append(buf, stream[:n]...))
 			out = append(out, prev)
-			stream = stream[size:]
+			stream = stream[n:]
+			n = size
 		}
 		return out
 	}
