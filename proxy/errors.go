@@ -17,6 +17,7 @@ var (
 	errIdleTimeout    = errors.New("backend sent nothing within timeouts.idle")
 	errShuttingDown   = errors.New("prefixlb is shutting down")
 	errUpstreamClosed = errors.New("backend closed the connection")
+	errBackendRemoved = errors.New("backend removed by a config reload or discovery")
 )
 
 // StatusClientClosedRequest is nginx's 499: the client left before the response was complete.

@@ -282,7 +282,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 	f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
 	var lastErr error
-	for {
+	for removed := 0; ; {
 		if len(f.cands) == 0 || f.attempts >= 2 {
 			break
 		}
@@ -301,6 +301,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return // response handed to fasthttp; the relay finishes the flow
 		}
 		lastErr = err
+		if errors.Is(err, errBackendRemoved) && removed < 4 {
+			// A reload removed the picked backend between the snapshot and the dial: nothing
+			// was sent, so pick again from the current backends without spending the retry.
+			removed++
+			f.attempts--
+			f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
+			continue
+		}
 		if !retryable(err) || f.gone.Load() {
 			break
 		}
@@ -368,7 +376,7 @@ func retryable(err error) bool {
 func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canRetry bool) error {
 	up := (*s.ups.Load())[b]
 	if up == nil {
-		return &dialError{errors.New("backend removed")}
+		return &dialError{errBackendRemoved}
 	}
 	f.up = up
 	f.lease.Begin(b, int64(f.k.PromptTokens))
