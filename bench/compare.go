@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
 
@@ -80,11 +82,26 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if o.Target != "" && len(o.Backends) > 0 {
 		return nil, errors.New("--target and --backends exclude each other")
 	}
+	if o.Speedup <= 0 || math.IsNaN(o.Speedup) || math.IsInf(o.Speedup, 0) {
+		return nil, fmt.Errorf("--speedup must be > 0 (got %g)", o.Speedup)
+	}
+	if o.KVTokens < 0 {
+		return nil, fmt.Errorf("--kv-tokens must be >= 0 (got %d)", o.KVTokens)
+	}
 	if external {
 		o.Speedup = 1
 	}
-	if o.Speedup <= 0 {
-		o.Speedup = 1
+	if o.Out != "" {
+		// Fail before the run, not after minutes of measuring.
+		if err := os.MkdirAll(o.Out, 0o755); err != nil {
+			return nil, fmt.Errorf("--out: %w", err)
+		}
+		probe, err := os.CreateTemp(o.Out, ".write-test-*")
+		if err != nil {
+			return nil, fmt.Errorf("--out: %s is not writable: %w", o.Out, err)
+		}
+		probe.Close()
+		_ = os.Remove(probe.Name())
 	}
 	simCfg := sim.DefaultConfig()
 	simCfg.Speedup = o.Speedup
@@ -121,7 +138,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))
 	}
 	if len(o.Backends) > 0 {
-		rep.Notes = append(rep.Notes, "External backends: their caches were not emptied between modes.")
+		warn := "External backends: their KV caches were NOT emptied between modes, so every mode after the first starts warm and the comparison favours the later modes. Restart the replicas between modes (or run one mode per invocation with --modes) for a fair comparison."
+		rep.Notes = append(rep.Notes, warn)
+		fmt.Fprintf(o.Stderr, "warning: %s\n", warn)
 	}
 
 	type run struct{ label, mode string }
@@ -132,6 +151,11 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		for _, m := range o.Modes {
 			if !contains(configs.Modes, m) {
 				return nil, fmt.Errorf("--modes: %q is not one of %v", m, configs.Modes)
+			}
+			for _, r := range runs {
+				if r.mode == m {
+					return nil, fmt.Errorf("--modes: %q given twice", m)
+				}
 			}
 			runs = append(runs, run{label: m, mode: m})
 		}
@@ -176,7 +200,25 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		}
 		fmt.Fprintf(o.Stdout, "\nWrote %s and %s.\n", jp, pp)
 	}
+	for _, m := range rep.Modes {
+		if m.Requests > 0 && m.Errors == m.Requests {
+			return rep, fmt.Errorf("%s: every request failed (%s); see error_reasons in report.json", m.Mode, firstReasons(m.ErrorReasons))
+		}
+	}
 	return rep, nil
+}
+
+// firstReasons lists up to three error reasons with their counts.
+func firstReasons(rs map[string]int) string {
+	var out []string
+	for r, n := range rs {
+		out = append(out, fmt.Sprintf("%d× %s", n, r))
+	}
+	sort.Strings(out)
+	if len(out) > 3 {
+		out = out[:3]
+	}
+	return strings.Join(out, "; ")
 }
 
 // runOne starts what the run needs (fresh sims and a prefixlb in mode, or nothing for an

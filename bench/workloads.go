@@ -43,6 +43,28 @@ type WorkloadFlags struct {
 	thinkSet bool // ThinkMin/ThinkMax were given
 }
 
+// validate rejects negative values: zero means "the default", a negative number is a mistake
+// (a negative --count would otherwise replay the whole trace for an hour).
+func (f WorkloadFlags) validate() error {
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{
+		{"--users", float64(f.Users)}, {"--rate", f.Rate}, {"--output-tokens", float64(f.OutputTokens)},
+		{"--conversations", float64(f.Conversations)}, {"--turns", float64(f.Turns)},
+		{"--doc-tokens", float64(f.DocTokens)}, {"--question-tokens", float64(f.QuestionTokens)},
+		{"--groups", float64(f.Groups)}, {"--prompts-per-group", float64(f.PromptsPerGroup)},
+		{"--system-tokens", float64(f.SystemTokens)}, {"--time-scale", f.TimeScale},
+		{"--count", float64(f.Count)}, {"--max-output", float64(f.MaxOutput)},
+		{"--think-min", float64(f.ThinkMin)}, {"--think-max", float64(f.ThinkMax)},
+	} {
+		if c.v < 0 {
+			return fmt.Errorf("%s must not be negative (0 means the default)", c.name)
+		}
+	}
+	return nil
+}
+
 // Multi-turn defaults for `prefixlb bench compare` with no flags. They keep the public
 // measurement's shape (11 conversations over ~4k-token documents, 150-token replies, 4 users,
 // 0.5–2 s think time before every turn) and give each conversation 30 turns instead of 10; see
@@ -79,6 +101,9 @@ func or[T comparable](v, def T) T {
 
 // BuildWorkload makes the named workload from the flags.
 func BuildWorkload(name string, f WorkloadFlags, replicas int, kvTokens int64, maxModelLen int) (*workload.Workload, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
 	seed := or(f.Seed, 1)
 	switch name {
 	case "multi-turn":

@@ -211,6 +211,10 @@ func Table(modes []Mode) string {
 		if len(m.BackendShare) > 0 {
 			share = fmt.Sprintf("%.2f", m.MaxShareOverMean)
 		}
+		if m.Requests == m.Errors { // nothing succeeded: no latency to show
+			fmt.Fprintf(&sb, "| %s | %d | %d | - | - | - | - | - | - | - | - | %s |\n", m.Mode, m.Requests, m.Errors, share)
+			continue
+		}
 		fmt.Fprintf(&sb, "| %s | %d | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.3f | %s |\n",
 			m.Mode, m.Requests, m.Errors, fms(m.TTFT.P50), fms(m.TTFT.P95), fms(m.TTFT.P99),
 			fms(m.ITL.P50), fms(m.E2E.P95), m.RPS, m.OutputTPS, m.CachedTokenRatio, share)
