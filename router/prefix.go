@@ -35,6 +35,7 @@ type PrefixOptions struct {
 // backend ID), never by list order. No candidate takes a request once its in-flight count
 // reaches ceil(c × (total + 1) × w / W) + margin (w its weight, W the candidates' sum).
 type Prefix struct {
+	ct     int64 // chunk size in approximate tokens
 	c      float64
 	margin int64
 	clock  func() time.Time
@@ -64,7 +65,11 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 	if clock == nil {
 		clock = time.Now
 	}
+	if o.ChunkTokens <= 0 {
+		o.ChunkTokens = configs.DefaultChunkTokens
+	}
 	return &Prefix{
+		ct:     int64(o.ChunkTokens),
 		c:      o.LoadFactor,
 		margin: int64(o.LoadMargin),
 		clock:  clock,
@@ -124,7 +129,7 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	for j, b := range candidates {
 		cs = append(cs, cand{id: b.ID, inFlight: b.Load(), prefill: b.PrefillTokens(), weight: b.Weight, matched: matched[j]})
 	}
-	j, r := pickPrefix(k.Chunks, cs, p.c, p.margin, p.ring.Load())
+	j, r := pickPrefix(k.Chunks, cs, p.c, p.margin, p.ring.Load(), thin{ct: p.ct, prompt: int64(k.PromptTokens)})
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: matched[j]}
 }
 
@@ -167,7 +172,16 @@ func loadCap(total int64, w, wsum int, c float64, margin int64) int64 {
 //     part spreads requests that share only a hot system prompt, while a conversation's
 //     later turns, which keep that chunk, hash where its first turn did.
 //  3. No chunk or no candidate on the ring: the least loaded (ReasonLeastLoad).
-func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placement) (int, Reason) {
+//
+// A thin match (th): when the best holder's useful match is under a quarter of the prompt
+// and the holder already carries more than its fair share of the load, the match is not
+// worth concentrating load for: the ring places the request by the first chunk nobody
+// holds, and its new backend learns the shared part. This keeps a prefix that one replica
+// learned first (Mooncake's block shared by every request, a hot system prompt before every
+// backend has it) from pulling all requests to that replica until the cap binds, while a
+// conversation's turns (match ≈ the whole prompt) and shared-prefix groups (long system
+// prompt, short question) stay sticky.
+func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placement, th thin) (int, Reason) {
 	var total int64
 	wsum, common := 0, math.MaxInt
 	for i := range cs {
@@ -195,6 +209,14 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 			bestUnder = j
 		}
 	}
+	ringAt := common
+	if bestUnder >= 0 && th.ct > 0 && th.prompt > 0 {
+		b := &cs[bestUnder]
+		useful := MatchedTokens(b.matched, th.ct) - MatchedTokens(common, th.ct)
+		if useful*4 < th.prompt && b.inFlight*int64(wsum) > total*int64(b.weight) {
+			ringAt, bestUnder = b.matched, -1
+		}
+	}
 	switch {
 	case bestUnder >= 0 && bestUnder == best:
 		return best, ReasonMatch
@@ -207,7 +229,7 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 	}
 	if len(chunks) > 0 && pl != nil {
 		chosen := -1
-		pl.ring.Lookup(chunks[min(common, len(chunks)-1)], func(m int) bool {
+		pl.ring.Lookup(chunks[min(ringAt, len(chunks)-1)], func(m int) bool {
 			for j := range cs {
 				if cs[j].id == pl.ids[m] && under(j) {
 					chosen = j
@@ -230,6 +252,19 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 		reason = ReasonLeastLoad
 	}
 	return least, reason
+}
+
+// thin carries what the thin-match rule needs: chunk size and prompt length, in approximate
+// tokens (zero values turn the rule off).
+type thin struct{ ct, prompt int64 }
+
+// MatchedTokens is how many approximate tokens m leading chunks of ct tokens hold; the first
+// chunk is a quarter of the others (router/key).
+func MatchedTokens(m int, ct int64) int64 {
+	if m <= 0 {
+		return 0
+	}
+	return ct/4 + int64(m-1)*ct
 }
 
 // better ranks a before b by match, then load, then the tie hash.

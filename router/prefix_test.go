@@ -156,7 +156,7 @@ func TestPickPrefixSnapshots(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			j, r := pickPrefix(chunks, slices.Clone(tt.cs), 1.25, 2, nil)
+			j, r := pickPrefix(chunks, slices.Clone(tt.cs), 1.25, 2, nil, thin{})
 			if tt.cs[j].id != tt.want || r != tt.reason {
 				t.Errorf("picked %d (%s), want %d (%s)", tt.cs[j].id, r, tt.want, tt.reason)
 			}
@@ -171,11 +171,11 @@ func TestTieBreakIndependentOfOrder(t *testing.T) {
 	seen := map[uint64]bool{}
 	for i := range 40 {
 		chunks := chunkChain(nil).extend(fmt.Sprint("p", i), 4)
-		j, _ := pickPrefix(chunks, slices.Clone(cs), 1.25, 2, nil)
+		j, _ := pickPrefix(chunks, slices.Clone(cs), 1.25, 2, nil, thin{})
 		want := cs[j].id
 		rev := slices.Clone(cs)
 		slices.Reverse(rev)
-		if k, _ := pickPrefix(chunks, rev, 1.25, 2, nil); rev[k].id != want {
+		if k, _ := pickPrefix(chunks, rev, 1.25, 2, nil, thin{}); rev[k].id != want {
 			t.Fatalf("prompt %d: picked %d in one order, %d in the other", i, want, rev[k].id)
 		}
 		seen[want] = true
@@ -463,5 +463,32 @@ func TestShortPromptsRotate(t *testing.T) {
 	}
 	if len(seen) != 3 {
 		t.Errorf("9 short prompts went to %d backends, want 3", len(seen))
+	}
+}
+
+// A thin match (under a quarter of the prompt) on a backend above its fair share of the load
+// does not pull the request there: the ring places it by the first chunk nobody holds. A fat
+// match (a conversation's history) stays on its holder under the same load.
+func TestThinMatchDoesNotConcentrateLoad(t *testing.T) {
+	bs := prefixBackends(t, 4)
+	p, _ := newTestPrefix(t, bs)
+	hot := chunkChain(nil).extend("block every request starts with", 4) // 16 + 3×64 = 208 tokens
+	p.Learn(routedKey(hot), bs[0])
+	var held inflight
+	defer held.releaseAll()
+	held.begin(bs[0], 100) // bs[0] above its fair share (1 of 1 in flight)
+	thinHits := map[*backend.Backend]int{}
+	for i := 0; i < 40; i++ {
+		req := routedKey(append(slices.Clone(hot), chunkChain(nil).extend(fmt.Sprintf("request %d", i), 20)...))
+		d := p.Pick(req, bs)
+		thinHits[d.Backend]++
+	}
+	if thinHits[bs[0]] > 20 {
+		t.Errorf("thin matches: %d of 40 went to the busy holder, want them spread (%v)", thinHits[bs[0]], thinHits)
+	}
+	fat := routedKey(append(slices.Clone(hot), chunkChain(nil).extend("a long conversation", 30)...))
+	p.Learn(fat, bs[0])
+	if d := p.Pick(fat, bs); d.Backend != bs[0] || d.Reason != ReasonMatch {
+		t.Errorf("fat match: %s (%s), want the holder %s (match)", d.Backend.Name, d.Reason, bs[0].Name)
 	}
 }
