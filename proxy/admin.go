@@ -10,6 +10,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -67,6 +68,8 @@ type BackendInfo struct {
 	IndexEntries   int64  `json:"index_entries"`
 	IndexCapacity  int64  `json:"index_capacity"`
 	IndexEvictions uint64 `json:"index_evictions"`
+	// Health is the checker's view: active checks, ejections, last check and scrape, scraped load.
+	Health health.State `json:"health"`
 }
 
 // BackendInfos describes every backend.
@@ -77,7 +80,8 @@ func (s *Server) BackendInfos() []BackendInfo {
 	for i, b := range bs {
 		idx[b.Name] = i
 		out = append(out, BackendInfo{Name: b.Name, Healthy: b.Healthy(), InFlight: b.InFlight(),
-			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(), KVCacheTokens: b.KVCapacity(s.cfg.Prefix.DefaultKVCacheTokens)})
+			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(),
+			KVCacheTokens: b.KVCapacity(s.cfg.Prefix.DefaultKVCacheTokens), Health: s.hc.State(b)})
 	}
 	if ix, ok := s.policy.(indexer); ok {
 		for _, st := range ix.Index().Stats(nil) {

@@ -80,7 +80,8 @@ func TestAdminMetricsAfterTraffic(t *testing.T) {
 	var db struct {
 		Backends []BackendInfo `json:"backends"`
 	}
-	if code != 200 || json.Unmarshal([]byte(body), &db) != nil || len(db.Backends) != 1 || db.Backends[0].Served != 4 {
+	if code != 200 || json.Unmarshal([]byte(body), &db) != nil || len(db.Backends) != 1 || db.Backends[0].Served != 4 ||
+		!db.Backends[0].Health.Tracked || !strings.Contains(body, `"ejections"`) {
 		t.Errorf("/debug/backends: %d %s", code, body)
 	}
 	rr, err := http.Post(admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`))
