@@ -242,7 +242,7 @@ func (s *Server) getFlow(ctx *fasthttp.RequestCtx) *flow {
 }
 
 func (s *Server) putFlow(f *flow) {
-	f.k.Reset()
+	f.k.Recycle()
 	f.cands = f.cands[:0]
 	f.lease = backend.Lease{}
 	f.dec = router.Decision{}

@@ -97,33 +97,23 @@ type state struct {
 
 var statePool = sync.Pool{New: func() any { return new(state) }}
 
-var keyPool = sync.Pool{New: func() any { return new(Key) }}
-
-// Keys whose slices grew past these capacities are not pooled, so that one huge prompt does
-// not pin its memory: 4096 chunks cover a 1 MiB prompt at the default chunk size.
+// Keys whose slices grew past these capacities drop them on Recycle, so that one huge prompt
+// does not pin its memory in a pooled key: 4096 chunks cover a 1 MiB prompt at the default
+// chunk size.
 const (
 	maxPooledChunks = 4096
 	maxPooledModel  = 256
 )
 
-// Acquire returns a reset Key from a pool. Give it back with Release when the request is done.
-func Acquire() *Key {
-	k := keyPool.Get().(*Key)
+// Recycle resets k for the next request, keeping its buffers unless they grew unusually large.
+func (k *Key) Recycle() {
 	k.Reset()
-	return k
-}
-
-// Release resets k and returns it to the pool; k must not be used afterwards. Keys that grew
-// unusually large are dropped instead. Release(nil) does nothing.
-func Release(k *Key) {
-	if k == nil {
-		return
+	if cap(k.Chunks) > maxPooledChunks {
+		k.Chunks = nil
 	}
-	if cap(k.Chunks) > maxPooledChunks || cap(k.Model) > maxPooledModel {
-		return
+	if cap(k.Model) > maxPooledModel {
+		k.Model = nil
 	}
-	k.Reset()
-	keyPool.Put(k)
 }
 
 // Build fills k (after k.Reset()) from the body of a request to path (no query string).

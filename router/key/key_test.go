@@ -408,9 +408,7 @@ func TestChainFormula(t *testing.T) {
 // TestModelCopied: k.Model must not alias parser memory that the next request reuses.
 func TestModelCopied(t *testing.T) {
 	b := NewBuilder(64)
-	k1, k2 := Acquire(), Acquire()
-	defer Release(k1)
-	defer Release(k2)
+	k1, k2 := new(Key), new(Key)
 	b.Build([]byte(pathChat), []byte(`{"model":"first-model","messages":[]}`), k1)
 	b.Build([]byte(pathChat), []byte(`{"model":"XXXXXXXXXXX","messages":[]}`), k2)
 	if got := string(k1.Model); got != "first-model" {
@@ -421,7 +419,7 @@ func TestModelCopied(t *testing.T) {
 // TestKeyReuse: Build resets a reused key, including on fallback.
 func TestKeyReuse(t *testing.T) {
 	b := NewBuilder(1)
-	k := Acquire()
+	k := new(Key)
 	b.Build([]byte(pathChat), []byte(chat(`"model":"m","stream":true`, pad)), k)
 	if !k.OK || len(k.Chunks) == 0 {
 		t.Fatalf("first build: OK=%v chunks=%d, want OK and chunks", k.OK, len(k.Chunks))
@@ -430,13 +428,15 @@ func TestKeyReuse(t *testing.T) {
 	if k.OK || k.Stream || len(k.Model) != 0 || len(k.Chunks) != 0 || k.PromptTokens != 0 {
 		t.Errorf("after fallback build: %+v, want all zero but Routed", *k)
 	}
-	Release(k)
-	k = Acquire()
+	k.Recycle()
 	if k.Routed || k.OK || len(k.Chunks) != 0 || len(k.Model) != 0 {
-		t.Errorf("Acquire returned a dirty key: %+v", *k)
+		t.Errorf("Recycle left a dirty key: %+v", *k)
 	}
-	Release(k)
-	Release(nil)
+	k.Chunks = make([]uint64, 0, maxPooledChunks+1)
+	k.Recycle()
+	if k.Chunks != nil {
+		t.Error("Recycle kept an oversized chunk buffer")
+	}
 }
 
 // TestLargeBody: a body over the pooling limit still works and keys like a small one would.
@@ -471,8 +471,7 @@ func TestConcurrent(t *testing.T) {
 	errs := make(chan string, 64)
 	for g := range 8 {
 		wg.Go(func() {
-			k := Acquire()
-			defer Release(k)
+			k := new(Key)
 			for n := range 200 {
 				i := (g + n) % len(bodies)
 				b.Build([]byte(bodies[i].path), []byte(bodies[i].body), k)
@@ -502,7 +501,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	for _, size := range []int{1 << 10, 128 << 10} {
 		body := chatBody(size)
 		ids := idsBody(4000)
-		k := Acquire()
+		k := new(Key)
 		for _, x := range []struct{ path, body []byte }{{[]byte(pathChat), body}, {[]byte(pathCompl), ids}} {
 			b.Build(x.path, x.body, k)
 			if !k.OK {
@@ -513,7 +512,6 @@ func TestSteadyStateAllocs(t *testing.T) {
 				t.Errorf("%s %d bytes: %.2f allocs per Build, want 0", x.path, len(x.body), got)
 			}
 		}
-		Release(k)
 	}
 }
 
