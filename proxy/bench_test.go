@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -63,32 +61,11 @@ func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = z.Close() })
-	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0"}
-	for _, u := range z.URLs() {
-		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		b.Fatal(err)
-	}
-	s, err := New(cfg, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, base := serveConfig(b, &configs.Config{Mode: mode, Listen: "127.0.0.1:0"}, z.URLs(), nil)
 	if _, ok := s.policy.(*router.Prefix); mode == "prefix" && !ok {
 		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.policy)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	return s, ln.Addr().String()
+	return s, strings.TrimPrefix(base, "http://")
 }
 
 // newBenchPrefix is the policy mode prefix runs, built as NewPolicy builds it.

@@ -31,7 +31,7 @@ func startProxy(t *testing.T, mode string, urls []string, mutate func(*configs.C
 
 // serveConfig adds urls as backends to cfg, applies mutate, validates, and serves it on an
 // ephemeral 127.0.0.1 port until the test ends. It returns the server and its base URL.
-func serveConfig(t *testing.T, cfg *configs.Config, urls []string, mutate func(*configs.Config)) (*Server, string) {
+func serveConfig(t testing.TB, cfg *configs.Config, urls []string, mutate func(*configs.Config)) (*Server, string) {
 	t.Helper()
 	for _, u := range urls {
 		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})

@@ -23,33 +23,12 @@ func StartCluster(cfg Config, n int, host string, basePort int) (*Cluster, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if n < 1 {
-		return nil, fmt.Errorf("--replicas must be >= 1, got %d", n)
+	lns, urls, err := listenN(n, host, basePort)
+	if err != nil {
+		return nil, err
 	}
-	if basePort < 0 || basePort+n-1 > 65535 {
-		return nil, fmt.Errorf("--base-port %d does not leave room for %d ports", basePort, n)
-	}
-	c := &Cluster{}
-	lns := make([]net.Listener, 0, n)
+	c := &Cluster{urls: urls}
 	for i := range n {
-		port := 0
-		if basePort > 0 {
-			port = basePort + i
-		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-		if err != nil {
-			for _, l := range lns {
-				l.Close()
-			}
-			return nil, fmt.Errorf("replica %d: %w", i, err)
-		}
-		lns = append(lns, ln)
-		urlHost := host
-		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-			urlHost = "127.0.0.1"
-		}
-		_, p, _ := net.SplitHostPort(ln.Addr().String())
-		c.urls = append(c.urls, "http://"+net.JoinHostPort(urlHost, p))
 		c.replicas = append(c.replicas, NewReplica("sim-"+strconv.Itoa(i), cfg))
 	}
 	for i, rep := range c.replicas {
@@ -64,6 +43,41 @@ func StartCluster(cfg Config, n int, host string, basePort int) (*Cluster, error
 		}(rep, lns[i])
 	}
 	return c, nil
+}
+
+// listenN binds n listeners on host:basePort … host:basePort+n-1 (basePort 0: an ephemeral
+// port each) and returns them with their base URLs ("http://127.0.0.1:PORT" when host is
+// empty or unspecified). On failure it closes what it opened.
+func listenN(n int, host string, basePort int) ([]net.Listener, []string, error) {
+	if n < 1 {
+		return nil, nil, fmt.Errorf("--replicas must be >= 1, got %d", n)
+	}
+	if basePort < 0 || basePort+n-1 > 65535 {
+		return nil, nil, fmt.Errorf("--base-port %d does not leave room for %d ports", basePort, n)
+	}
+	urlHost := host
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		urlHost = "127.0.0.1"
+	}
+	lns := make([]net.Listener, 0, n)
+	urls := make([]string, 0, n)
+	for i := range n {
+		port := 0
+		if basePort > 0 {
+			port = basePort + i
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			return nil, nil, fmt.Errorf("replica %d: %w", i, err)
+		}
+		lns = append(lns, ln)
+		_, p, _ := net.SplitHostPort(ln.Addr().String())
+		urls = append(urls, "http://"+net.JoinHostPort(urlHost, p))
+	}
+	return lns, urls, nil
 }
 
 // URLs returns the replicas' base URLs ("http://127.0.0.1:PORT"), in replica order.

@@ -50,39 +50,19 @@ type ZeroCluster struct {
 // StartZero starts n zero-latency replicas on host:basePort … (basePort 0: ephemeral ports)
 // and serves them in the background until Close.
 func StartZero(n int, host string, basePort int, o ZeroOptions) (*ZeroCluster, error) {
-	if n < 1 {
-		return nil, fmt.Errorf("--replicas must be >= 1, got %d", n)
-	}
-	if basePort < 0 || basePort+n-1 > 65535 {
-		return nil, fmt.Errorf("--base-port %d does not leave room for %d ports", basePort, n)
-	}
 	if o.Model == "" {
 		o.Model = DefaultModel
 	}
 	if o.Chunks <= 0 {
 		o.Chunks = DefaultZeroChunks
 	}
-	z := &ZeroCluster{}
+	lns, urls, err := listenN(n, host, basePort)
+	if err != nil {
+		return nil, err
+	}
+	z := &ZeroCluster{lns: lns, urls: urls}
 	h := newZeroHandler(o, &z.served)
-	for i := range n {
-		port := 0
-		if basePort > 0 {
-			port = basePort + i
-		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-		if err != nil {
-			for _, l := range z.lns {
-				l.Close()
-			}
-			return nil, fmt.Errorf("zero replica %d: %w", i, err)
-		}
-		urlHost := host
-		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-			urlHost = "127.0.0.1"
-		}
-		_, p, _ := net.SplitHostPort(ln.Addr().String())
-		z.lns = append(z.lns, ln)
-		z.urls = append(z.urls, "http://"+net.JoinHostPort(urlHost, p))
+	for range n {
 		z.srvs = append(z.srvs, &fasthttp.Server{
 			Handler:                       h.serve,
 			Name:                          "sim-zero",
