@@ -80,19 +80,30 @@ func TestSlowClientIsDropped(t *testing.T) {
 }
 
 // A request the backend refuses (400: context too long) teaches the index nothing.
+// The index learns a prompt while the backend works on it; what a refusal (400, or a 503
+// retried elsewhere) added is withdrawn again, and what the backend held before stays.
 func TestRefusedRequestIsNotLearned(t *testing.T) {
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		if r.Header.Get("X-Refuse") != "" {
-			w.WriteHeader(400)
-		}
-	}))
-	defer ts.Close()
-	s, url := startProxy(t, "prefix", []string{ts.URL}, nil)
-	entries := func() int64 { return s.Policy().(*router.Prefix).Index().Entries() }
-	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("long prompt ", 500))
-	for _, refuse := range []bool{true, false} {
-		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	refuser := func(status int) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			switch {
+			case status != 200:
+				w.WriteHeader(status)
+			case r.Header.Get("X-Refuse") != "":
+				w.WriteHeader(400)
+			}
+		}))
+	}
+	ok, busy := refuser(200), refuser(503)
+	defer ok.Close()
+	defer busy.Close()
+	doc := strings.Repeat("long prompt ", 500)
+	body := func(text string) string {
+		return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, text)
+	}
+	send := func(t *testing.T, url, b string, refuse bool) string {
+		t.Helper()
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(b))
 		if refuse {
 			req.Header.Set("X-Refuse", "1")
 		}
@@ -101,13 +112,46 @@ func TestRefusedRequestIsNotLearned(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if refuse && entries() != 0 {
-			t.Errorf("a 400 left %d index entries", entries())
-		}
-		if !refuse && entries() == 0 {
-			t.Error("a 200 left no index entries")
-		}
+		return resp.Header.Get(HeaderBackend)
 	}
+
+	t.Run("400", func(t *testing.T) {
+		s, url := startProxy(t, "prefix", []string{ok.URL}, nil)
+		entries := func() int64 { return s.Policy().(*router.Prefix).Index().Entries() }
+		send(t, url, body(doc), true)
+		if n := entries(); n != 0 {
+			t.Fatalf("a 400 left %d index entries", n)
+		}
+		send(t, url, body(doc), false)
+		held := entries()
+		if held == 0 {
+			t.Fatal("a 200 left no index entries")
+		}
+		// The same document with a question appended, refused: the document's chunks were
+		// held before and stay; the question's are withdrawn.
+		send(t, url, body(doc+strings.Repeat("and a question ", 100)), true)
+		if n := entries(); n != held {
+			t.Errorf("after a refused extension: %d entries, want the %d held before", n, held)
+		}
+	})
+
+	t.Run("503 retried elsewhere", func(t *testing.T) {
+		s, url := startProxy(t, "prefix", []string{busy.URL, ok.URL}, nil)
+		ix := s.Policy().(*router.Prefix).Index()
+		for i := range 6 { // distinct prompts: some are placed on the busy backend first
+			if got := send(t, url, body(fmt.Sprintf("%d %s", i, doc)), false); got != ok.URL {
+				t.Fatalf("request %d answered by %q, want %q", i, got, ok.URL)
+			}
+		}
+		for _, st := range ix.Stats(nil) {
+			if st.Name == busy.URL && st.Entries != 0 {
+				t.Errorf("the backend that answered 503 holds %d entries", st.Entries)
+			}
+			if st.Name == ok.URL && st.Entries == 0 {
+				t.Errorf("the backend that answered holds no entries")
+			}
+		}
+	})
 }
 
 // /readyz fails as soon as shutdown starts, so Kubernetes stops sending traffic.

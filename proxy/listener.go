@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/internal/rawconn"
 )
 
 // retryListener keeps accepting through temporary errors. Out of file descriptors (EMFILE,
 // ENFILE) and aborted handshakes are retried with a backoff of 5 ms doubling to 1 s, as
 // net/http's Server does; fasthttp would otherwise stop serving and the process would exit,
-// cutting every in-flight stream.
+// cutting every in-flight stream. Accepted TCP connections are wrapped by rawconn.
 type retryListener struct {
 	net.Listener
 	log *zap.Logger
@@ -23,7 +25,7 @@ func (l *retryListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			return c, nil
+			return rawconn.Wrap(c), nil
 		}
 		if !temporaryAccept(err) {
 			return nil, err

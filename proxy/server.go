@@ -383,24 +383,33 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	req := &ctx.Request
 	req.Header.SetHost(b.Addr)
 	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))
+	// The prefix index learns as soon as the request is on its way, so that updating it
+	// overlaps the backend's work instead of delaying the response; a backend that then
+	// refuses the request (status ≥ 400) or never answers is unlearned again.
+	learner, _ := s.policy.(router.Learner)
+	learn := learner != nil && f.k.Routed && f.k.OK
+	learned := false
 	for fresh := 0; ; fresh++ {
 		now := time.Now()
 		c, reused, err := up.get(now)
 		if err != nil {
+			s.unlearn(f, b, learned)
 			f.lease.Release()
 			s.hc.Observe(b, health.OutcomeConnectError)
 			return err
 		}
 		if !f.setConn(c) {
 			_ = c.Close()
+			s.unlearn(f, b, learned)
 			f.lease.Release()
 			return f.goneErr()
 		}
 		deadline := now.Add(s.headerTimeout)
 		_ = c.SetDeadline(deadline)
-		err = req.Write(c.bw)
-		if err == nil {
-			err = c.bw.Flush()
+		err = c.writeRequest(req)
+		if err == nil && learn && !learned {
+			learner.Learn(&f.k, b)
+			learned = true
 		}
 		if err == nil {
 			f.resp.StreamBody = true
@@ -432,15 +441,16 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 			err = fmt.Errorf("%w: %v", errUpstreamClosed, err)
 			s.hc.Observe(b, health.OutcomeConnectError)
 		}
+		s.unlearn(f, b, learned)
 		f.lease.Release()
 		return err
 	}
 	status := f.resp.StatusCode()
 	s.hc.Observe(b, outcomeOf(status))
-	// Learn only once the backend accepted the prompt and started answering: a request it
-	// refused (400 context too long, 429, 503 retried elsewhere) left nothing in its cache.
-	if l, ok := s.policy.(router.Learner); ok && status < 400 && f.k.Routed && f.k.OK {
-		l.Learn(&f.k, b)
+	// A refused request (400 context too long, 429, 503 retried elsewhere) left nothing in
+	// the backend's cache.
+	if status >= 400 {
+		s.unlearn(f, b, learned)
 	}
 	if canRetry && (status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusBadGateway) {
 		_ = f.resp.CloseBodyStream()
@@ -471,6 +481,13 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	}
 	ctx.SetBodyStream(f, cl)
 	return nil
+}
+
+// unlearn withdraws what was learned for f on b (the backend refused it or never answered).
+func (s *Server) unlearn(f *flow, b *backend.Backend, learned bool) {
+	if learned {
+		s.policy.(router.Learner).Unlearn(&f.k, b, f.dec.MatchedChunks)
+	}
 }
 
 // hasBody reports whether a response has body bytes still to come on the connection.

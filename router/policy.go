@@ -55,9 +55,12 @@ type Policy interface {
 }
 
 // Learner is implemented by policies that learn from where a request was actually sent
-// (after retries). The proxy calls Learn once per request that reached a backend.
+// (after retries). The proxy calls Learn once the request is written to backend b, while b
+// works on it, and Unlearn if b then refuses it (status ≥ 400, or no answer): held is the
+// Decision's MatchedChunks for b, the chunks b held before, which stay learned.
 type Learner interface {
 	Learn(k *key.Key, b *backend.Backend)
+	Unlearn(k *key.Key, b *backend.Backend, held int)
 }
 
 // RoundRobin cycles through the candidates.

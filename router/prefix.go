@@ -141,6 +141,15 @@ func (p *Prefix) Learn(k *key.Key, b *backend.Backend) {
 	p.idx.Record(k.Chunks, b, p.clock())
 }
 
+// Unlearn withdraws what Learn(k, b) added beyond the first held chunks, which b held
+// already: b refused the request, so its KV cache did not gain the prompt.
+func (p *Prefix) Unlearn(k *key.Key, b *backend.Backend, held int) {
+	if k == nil || !k.Routed || !k.OK || b == nil || held >= len(k.Chunks) {
+		return
+	}
+	p.idx.Forget(k.Chunks[max(held, 0):], b)
+}
+
 // cand is one candidate as the selection sees it: a snapshot, so one decision uses one
 // consistent view of the loads.
 type cand struct {

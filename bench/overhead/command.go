@@ -375,10 +375,10 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		switch name {
 		case TargetDirect:
 			t = directTarget(urls)
-		case TargetHAProxy:
-			t, err = haproxyTarget(o.HAProxyBin, dir, urls)
+		case TargetHAProxy, TargetHAProxyTCP:
+			t, err = haproxyTarget(o.HAProxyBin, dir, urls, name == TargetHAProxyTCP)
 			if errors.Is(err, errNoHAProxy) {
-				msg := "HAProxy skipped: " + err.Error() + "; ratios against HAProxy are not reported"
+				msg := name + " skipped: " + err.Error() + "; ratios against HAProxy are not reported"
 				fmt.Fprintln(log, "overhead:", msg)
 				rep.Notes = append(rep.Notes, msg)
 				continue

@@ -96,24 +96,36 @@ func TestChecksAndMarkdown(t *testing.T) {
 }
 
 func TestHAProxyConfig(t *testing.T) {
-	cfg := HAProxyConfig(19001, []string{"http://127.0.0.1:8001", "http://127.0.0.1:8002"})
-	for _, s := range []string{"bind 127.0.0.1:19001", "balance roundrobin", "option http-no-delay", "mode http",
-		"server s0 127.0.0.1:8001", "server s1 127.0.0.1:8002"} {
-		if !strings.Contains(cfg, s) {
-			t.Errorf("config lacks %q:\n%s", s, cfg)
+	bin, lookErr := exec.LookPath("haproxy")
+	for _, tt := range []struct {
+		tcp       bool
+		want, not []string
+	}{
+		{false, []string{"mode http", "option http-no-delay"}, []string{"mode tcp"}},
+		{true, []string{"mode tcp"}, []string{"mode http", "http-no-delay"}},
+	} {
+		cfg := HAProxyConfig(19001, []string{"http://127.0.0.1:8001", "http://127.0.0.1:8002"}, tt.tcp)
+		for _, s := range append(tt.want, "bind 127.0.0.1:19001", "balance roundrobin", "server s0 127.0.0.1:8001", "server s1 127.0.0.1:8002") {
+			if !strings.Contains(cfg, s) {
+				t.Errorf("tcp=%v: config lacks %q:\n%s", tt.tcp, s, cfg)
+			}
 		}
-	}
-	bin, err := exec.LookPath("haproxy")
-	if err != nil {
-		t.Log("haproxy not installed: config not checked by haproxy -c")
-		return
-	}
-	p := filepath.Join(t.TempDir(), "haproxy.cfg")
-	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(bin, "-c", "-q", "-f", p).CombinedOutput(); err != nil {
-		t.Errorf("haproxy -c: %v: %s", err, out)
+		for _, s := range tt.not {
+			if strings.Contains(cfg, s) {
+				t.Errorf("tcp=%v: config has %q:\n%s", tt.tcp, s, cfg)
+			}
+		}
+		if lookErr != nil {
+			t.Log("haproxy not installed: config not checked by haproxy -c")
+			continue
+		}
+		p := filepath.Join(t.TempDir(), "haproxy.cfg")
+		if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(bin, "-c", "-q", "-f", p).CombinedOutput(); err != nil {
+			t.Errorf("tcp=%v: haproxy -c: %v: %s", tt.tcp, err, out)
+		}
 	}
 }
 

@@ -25,14 +25,17 @@ import (
 
 // Target names.
 const (
-	TargetDirect      = "direct"
-	TargetHAProxy     = "haproxy"
+	TargetDirect  = "direct"
+	TargetHAProxy = "haproxy"
+	// TargetHAProxyTCP is HAProxy relaying bytes (mode tcp, no HTTP parsing, a backend per
+	// client connection): what one more process on the path costs at the least.
+	TargetHAProxyTCP  = "haproxy-tcp"
 	TargetPrefixlbRR  = "prefixlb-rr"
 	TargetPrefixlbPfx = "prefixlb-prefix"
 )
 
 // AllTargets are the targets in report order.
-var AllTargets = []string{TargetDirect, TargetHAProxy, TargetPrefixlbRR, TargetPrefixlbPfx}
+var AllTargets = []string{TargetDirect, TargetHAProxyTCP, TargetHAProxy, TargetPrefixlbRR, TargetPrefixlbPfx}
 
 // target is one way to reach the backends: directly, or through a proxy.
 type target struct {
@@ -222,19 +225,27 @@ var errNoHAProxy = errors.New("haproxy not found in PATH (Debian: apt-get instal
 
 // HAProxyConfig renders the HAProxy configuration of the comparison: one frontend on
 // 127.0.0.1:port, balance roundrobin over the backends, and option http-no-delay, without
-// which HAProxy holds small writes (SSE events) for up to ~200 ms.
-func HAProxyConfig(port int, backends []string) string {
+// which HAProxy holds small writes (SSE events) for up to ~200 ms. With tcp, HAProxy relays
+// bytes instead (mode tcp): each client connection is paired with one backend connection.
+func HAProxyConfig(port int, backends []string, tcp bool) string {
 	var b strings.Builder
+	mode := "    mode http\n"
+	if tcp {
+		mode = "    mode tcp\n"
+	}
 	b.WriteString(`# written by prefixlb bench overhead
 global
     maxconn 4096
 
 defaults
-    mode http
-    timeout connect 5s
+` + mode + `    timeout connect 5s
     timeout client 600s
     timeout server 600s
-    option http-no-delay
+`)
+	if !tcp {
+		b.WriteString("    option http-no-delay\n")
+	}
+	b.WriteString(`
 
 frontend fe
     bind 127.0.0.1:` + strconv.Itoa(port) + `
@@ -259,7 +270,7 @@ func HAProxyVersion(bin string) string {
 	return strings.TrimSpace(line)
 }
 
-func haproxyTarget(bin, dir string, backends []string) (*target, error) {
+func haproxyTarget(bin, dir string, backends []string, tcp bool) (*target, error) {
 	path, err := exec.LookPath(bin)
 	if err != nil {
 		return nil, errNoHAProxy
@@ -268,24 +279,27 @@ func haproxyTarget(bin, dir string, backends []string) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(HAProxyConfig(port, backends)), 0o644); err != nil {
+	name, note := TargetHAProxy, "haproxy -db, balance roundrobin, option http-no-delay"
+	if tcp {
+		name, note = TargetHAProxyTCP, "haproxy -db, mode tcp, balance roundrobin (per connection)"
+	}
+	cfg := filepath.Join(dir, name+".cfg")
+	if err := os.WriteFile(cfg, []byte(HAProxyConfig(port, backends, tcp)), 0o644); err != nil {
 		return nil, err
 	}
 	if out, err := exec.Command(path, "-c", "-q", "-f", cfg).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("haproxy -c: %v: %s", err, out)
 	}
-	p, err := startProc(dir, "haproxy", []string{path, "-db", "-f", cfg})
+	p, err := startProc(dir, name, []string{path, "-db", "-f", cfg})
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	if err := waitReady(addr, p); err != nil {
 		_ = p.stop()
-		return nil, fmt.Errorf("haproxy: %w", err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	return &target{name: TargetHAProxy, addrs: []string{addr}, pid: p.cmd.Process.Pid,
-		note: "haproxy -db, balance roundrobin, option http-no-delay", stop: p.stop}, nil
+	return &target{name: name, addrs: []string{addr}, pid: p.cmd.Process.Pid, note: note, stop: p.stop}, nil
 }
 
 // ---- prefixlb ----

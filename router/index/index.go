@@ -347,6 +347,41 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) {
 	}
 }
 
+// Forget drops b's entries for chunks (those it holds; the others are skipped). The proxy
+// records a prompt as soon as the request is on its way to the backend, so that the index
+// update overlaps the backend's work, and forgets the part that was new when the backend
+// then refuses the request (a 400 for a too-long prompt, a 429/503 retried elsewhere): a
+// refused prompt left nothing in the engine's KV cache. Entries evicted by that Record stay
+// evicted.
+func (x *Index) Forget(chunks []uint64, b *backend.Backend) {
+	if len(chunks) == 0 || b == nil {
+		return
+	}
+	s := x.tab.Load().byID[b.ID]
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.removed.Load() || b.Epoch() != s.epoch.Load() {
+		return
+	}
+	for _, c := range chunks {
+		h := norm(c)
+		sh := x.shard(h)
+		sh.mu.Lock()
+		ni := sh.find(h, s.num)
+		if ni != nilIdx {
+			sh.remove(h, s.num)
+		}
+		sh.mu.Unlock()
+		if ni != nilIdx {
+			s.unlink(ni)
+			s.release(ni)
+		}
+	}
+}
+
 // Match sets out[j] to the number of leading chunks of chunks that cs[j] holds: chunk i
 // counts only if chunks 0..i all do. It walks the chunks from the start and stops at the
 // first chunk that no candidate still matching holds. It returns the largest out[j].

@@ -362,8 +362,10 @@ func TestConcurrent(t *testing.T) {
 			for i := range 3000 {
 				p := chain(uint64(rng.IntN(50)), 1+rng.IntN(20))
 				switch r := rng.IntN(100); {
-				case r < 45:
+				case r < 42:
 					x.Record(p, bs[rng.IntN(nb)], t0.Add(time.Duration(i)))
+				case r < 45:
+					x.Forget(p[rng.IntN(len(p)):], bs[rng.IntN(nb)])
 				case r < 97:
 					x.Match(p, bs, out)
 					for j, m := range out {
@@ -507,6 +509,50 @@ func BenchmarkMatch(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				x.Match(ps[i%len(ps)], bs, out)
 			}
+		})
+	}
+}
+
+func TestForget(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		held   int // chunks of p that a held before (recorded by an accepted request)
+		forget int // Forget(p[forget:]) after Record(p)
+		other  bool
+		wantA  int // p's match on a afterwards
+		wantB  int // p's match on b, which recorded p too when other is set
+	}{
+		{name: "nothing held before: all forgotten", held: 0, forget: 0, wantA: 0},
+		{name: "held part stays", held: 3, forget: 3, wantA: 3},
+		{name: "forget nothing", held: 2, forget: 8, wantA: 8},
+		{name: "another backend keeps its entries", held: 0, forget: 0, other: true, wantA: 0, wantB: 8},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := newBackend(t, "a", 64*64), newBackend(t, "b", 64*64)
+			x := New(Options{ChunkTokens: 64})
+			x.SetBackends([]*backend.Backend{a, b})
+			p := chain(1, 8)
+			if tt.held > 0 {
+				x.Record(p[:tt.held], a, t0)
+			}
+			if tt.other {
+				x.Record(p, b, t0)
+			}
+			x.Record(p, a, t0.Add(time.Second))
+			x.Forget(p[tt.forget:], a)
+			if got := match(x, p, a, b); got[0] != tt.wantA || got[1] != tt.wantB {
+				t.Errorf("match a, b = %v, want [%d %d]", got, tt.wantA, tt.wantB)
+			}
+			if st := stat(x, a); st.Entries != int64(tt.wantA) {
+				t.Errorf("a has %d entries, want %d", st.Entries, tt.wantA)
+			}
+			check(t, x)
+			// Freed nodes are reused: recording again fills a up to p's length.
+			x.Record(p, a, t0.Add(2*time.Second))
+			if got := match(x, p, a)[0]; got != 8 {
+				t.Errorf("after recording again a matched %d, want 8", got)
+			}
+			check(t, x)
 		})
 	}
 }
