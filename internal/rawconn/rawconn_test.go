@@ -44,7 +44,9 @@ func TestWrapIsRawOnLinux(t *testing.T) {
 	if raw != (runtime.GOOS == "linux") {
 		t.Fatalf("Wrap returned %T on %s", c, runtime.GOOS)
 	}
-	if _, ok := c.(interface{ SyscallConn() (syscall.RawConn, error) }); !ok {
+	if _, ok := c.(interface {
+		SyscallConn() (syscall.RawConn, error)
+	}); !ok {
 		t.Fatal("wrapped connection lost SyscallConn (the proxy's disconnect watchdog needs it)")
 	}
 }
