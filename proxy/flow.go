@@ -48,6 +48,7 @@ type flow struct {
 	firstByte time.Duration // TTFT as the proxy saw it: first body byte from the backend
 	bytes     int64
 	idle      time.Duration
+	idleSet   time.Time // when the connection's read deadline was last set to now + idle
 	done      atomic.Bool
 
 	readErr     error // the first error reading the backend's body
@@ -111,7 +112,13 @@ func (f *flow) Read(p []byte) (int, error) {
 		return 0, errUpstreamClosed
 	}
 	if f.idle > 0 {
-		_ = c.SetReadDeadline(time.Now().Add(f.idle))
+		// The idle deadline is moved only when it has aged by a sixteenth of the idle
+		// timeout: a stream that stalls is cut after between 15/16 and all of idle without
+		// a byte, and a stream of many small chunks does not reset a runtime timer per chunk.
+		if now := time.Now(); f.idleSet.IsZero() || now.Sub(f.idleSet) > f.idle/16 {
+			_ = c.SetReadDeadline(now.Add(f.idle))
+			f.idleSet = now
+		}
 	}
 	n, err := f.body.Read(p)
 	// fasthttp writes and flushes one client chunk per Read. Chunks the backend wrote back to

@@ -253,6 +253,7 @@ func (s *Server) putFlow(f *flow) {
 	f.body = nil
 	f.eof = false
 	f.firstByte = 0
+	f.idleSet = time.Time{}
 	f.bytes = 0
 	f.attempts = 0
 	f.usagePrompt, f.usageCached = 0, 0

@@ -121,9 +121,9 @@ func (u *upstream) dial() (*uconn, error) {
 	return &uconn{Conn: conn, br: bufio.NewReaderSize(conn, 16<<10), bw: bufio.NewWriterSize(conn, 16<<10)}, nil
 }
 
-// put returns a connection whose response was fully read.
+// put returns a connection whose response was fully read. Its deadlines are left as they
+// are: whoever takes it from the pool sets new ones before any read or write.
 func (u *upstream) put(c *uconn, now time.Time) {
-	_ = c.SetDeadline(time.Time{})
 	c.idleFrom = now
 	u.mu.Lock()
 	if !u.removed && len(u.idle) < maxIdlePerBackend {
