@@ -56,6 +56,8 @@ func TestChecksAndMarkdown(t *testing.T) {
 		Rows: []Row{
 			{Target: TargetDirect, BodyBytes: 16 << 10, RPS: 30000, LatRequests: 5, P50us: 100, P99MedUs: 400},
 			{Target: TargetPrefixlbPfx, BodyBytes: 16 << 10, RPS: 10000, LatRequests: 5, P50us: 180, P99MedUs: 900},
+			{Target: TargetHAProxyTCP, BodyBytes: 16 << 10, RPS: 25000, LatRequests: 5, P50us: 170, P99MedUs: 500},
+			{Target: TargetHAProxy, BodyBytes: 16 << 10, RPS: 20000, LatRequests: 5, P50us: 200, P99MedUs: 600},
 			{Target: TargetHAProxy, BodyBytes: 1 << 10, RPS: 20000, LatRequests: 5, P50us: 150},
 			{Target: TargetPrefixlbPfx, BodyBytes: 1 << 10, RPS: 15000, LatRequests: 5, P50us: 160},
 		},
@@ -64,14 +66,19 @@ func TestChecksAndMarkdown(t *testing.T) {
 	}
 	Derive(rep.Rows)
 	rep.Checks = Checks(rep)
-	want := []bool{true, true, true, true, true} // p50 +80 ≤ 100, p99 +500 ≤ 1000, 0.75× ≥ 0.7, 120 ≤ 300, 64.5 ≤ 100
+	// p50 +80 ≤ 100, p99 +500 ≤ 1000, floor +70 (context: no verdict), +80 vs HAProxy's
+	// +100 = 0.80× ≤ 1, 0.75× ≥ 0.7, 120 ≤ 300, 64.5 ≤ 100
+	want := []*bool{met(true), met(true), nil, met(true), met(true), met(true), met(true)}
 	if len(rep.Checks) != len(want) {
 		t.Fatalf("%d checks, want %d", len(rep.Checks), len(want))
 	}
 	for i, c := range rep.Checks {
-		if c.Met == nil || *c.Met != want[i] {
+		if (c.Met == nil) != (want[i] == nil) || (c.Met != nil && *c.Met != *want[i]) {
 			t.Errorf("check %q: met %v, want %v (got %s)", c.Name, c.Met, want[i], c.Got)
 		}
+	}
+	if c := rep.Checks[2]; c.Got != "+70 µs" {
+		t.Errorf("floor check got %q, want +70 µs", c.Got)
 	}
 	rep.Rows[1].P50us = 260 // +160 µs: not met
 	Derive(rep.Rows)
@@ -276,7 +283,7 @@ func TestSmokeRun(t *testing.T) {
 	if rep.Index == nil || rep.Index.Entries < 20_000 || rep.Index.BytesPerEntry <= 0 {
 		t.Errorf("index = %+v", rep.Index)
 	}
-	if len(rep.Checks) != 5 {
+	if len(rep.Checks) != 7 {
 		t.Errorf("%d checks", len(rep.Checks))
 	}
 	p, err := WriteJSON(rep, o.Out)

@@ -170,6 +170,17 @@ func Checks(rep *Report) []Check {
 		c99.Got, c99.Met = fmt.Sprintf("%+.0f µs", *p.AddedP99us), met(*p.AddedP99us <= wantAddedP99us)
 	}
 	out = append(out, c50, c99)
+	// Context for the absolute p50 target, in the same run: what one more process costs when
+	// it only relays bytes (the floor), and prefix against HAProxy parsing HTTP.
+	cf := Check{Name: "context: HAProxy mode tcp (relays bytes, no HTTP): added p50, 16 KB", Want: "–", Got: "not measured"}
+	if f := row(checkLatencyBody, TargetHAProxyTCP); f != nil && f.AddedP50us != nil {
+		cf.Got = fmt.Sprintf("%+.0f µs", *f.AddedP50us)
+	}
+	ch := Check{Name: "prefix: added p50 vs HAProxy's (mode http), 16 KB", Want: "≤ 1.00×", Got: "not measured"}
+	if p != nil && p.AddedP50vsHAProxy != nil {
+		ch.Got, ch.Met = fmt.Sprintf("%.2f×", *p.AddedP50vsHAProxy), met(*p.AddedP50vsHAProxy <= 1)
+	}
+	out = append(out, cf, ch)
 	cr := Check{Name: "prefix: requests/s at saturation vs HAProxy, 1 KB", Want: fmt.Sprintf("≥ %.1f×", wantRPSvsHAProxy), Got: "not measured"}
 	if p := row(checkRPSBody, TargetPrefixlbPfx); p != nil && p.RPSvsHAProxy != nil {
 		cr.Got, cr.Met = fmt.Sprintf("%.2f×", *p.RPSvsHAProxy), met(*p.RPSvsHAProxy >= wantRPSvsHAProxy)
