@@ -6,7 +6,9 @@
 // time and CPU beyond the direct path is the proxy's. Targets: direct (the load generator
 // alternates between the backends), HAProxy 2.x balance roundrobin with option http-no-delay
 // (its config is written to a temp dir and the process started and stopped here; skipped
-// with a message when haproxy is not installed), and prefixlb in modes round-robin and
+// with a message when haproxy is not installed), HAProxy in mode tcp (haproxy-tcp: it relays
+// bytes without parsing HTTP, a backend per client connection: the least one more process on
+// the path can cost), and prefixlb in modes round-robin and
 // prefix, each a `prefixlb serve` child process, so that its CPU time (/proc/PID/stat) and
 // peak RSS (VmHWM) are its own and not the load generator's.
 //
@@ -139,7 +141,8 @@ func Command() *cobra.Command {
 		Short: "Measure what prefixlb costs against direct and HAProxy on zero-latency backends",
 		Long: `overhead starts zero-latency simulated replicas (fasthttp; they answer at once) and sends load
 to them directly, through HAProxy (balance roundrobin, option http-no-delay; skipped if not
-installed) and through prefixlb in modes round-robin and prefix (each a "prefixlb serve" child
+installed), through HAProxy in mode tcp (haproxy-tcp: relays bytes, the floor of one more
+process on the path) and through prefixlb in modes round-robin and prefix (each a "prefixlb serve" child
 process, so that its CPU and peak RSS are its own), in interleaved rounds. It prints requests/s
 at saturation, p50/p99 and the latency added over direct at a moderate open-loop rate, ratios
 against direct and HAProxy, the proxy's CPU seconds per 1,000 requests and peak RSS, the routing
