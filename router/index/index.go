@@ -7,12 +7,16 @@
 // Structure. Chunk hashes are spread over shards (64 by default), each an open-addressing
 // table (table.go) from hash to a short list of holders, guarded by its own RWMutex. Each
 // backend gets a small slot number and its own LRU list of the chunks it holds, guarded by
-// the slot's mutex. Lock order is slot, then shard; no lock is held across a request, and
-// Match takes only shard read locks, one chunk at a time. A table slot (16 bytes) carries a
-// bitmask of the backend slots below 32 that hold the chunk, so Match reads one table slot
-// per chunk and no list. Lists link int32 indexes into slabs, not pointers: a (chunk,
-// backend) entry costs a 12-byte holder, a 24-byte LRU node and a share of a table slot,
-// 59–76 bytes in all at 1M entries, steady under eviction churn.
+// the slot's mutex. Lock order is slot, then shard; no goroutine holds two shard locks, no
+// lock is held across a request, and Match takes only shard read locks, one chunk at a
+// time. A table slot (16 bytes) carries a bitmask of the backend slots below 32 that hold
+// the chunk, so Match reads one table slot per chunk and no list. Lists link int32 indexes
+// into slabs, not pointers: a (chunk, backend) entry costs a 12-byte holder, a 24-byte LRU
+// node and a share of a table slot, 59–76 bytes in all at 1M entries, steady under eviction
+// churn. Each backend also keeps a small cache (8 KiB) of the LRU nodes of chunks Record
+// found it holding, so that Record touches a held system prompt without locking a shard; a
+// new chunk costs one shard write lock to look it up and add it, and at capacity one more
+// to drop the entry it evicts.
 //
 // Bounds. A backend holds at most its capacity in chunks (KV-cache tokens ÷ chunk tokens);
 // past it, its least recently used chunks go first. Record touches a prompt's chunks deepest
@@ -139,7 +143,19 @@ type slot struct {
 	head  int32 // most recently used
 	tail  int32 // least recently used
 	free  int32 // free list through node.next
+	// recent caches the nodes of chunks that Record found held, so that touching them
+	// again locks no shard. See recalled.
+	recent []uint64
 }
+
+// The recent cache is 2-way set associative: recentSets sets of two entries, the most
+// recently remembered first. An entry is a tag (the low 32 bits of the hash's Fibonacci
+// product, whose top bits pick the set) over the node index + 1 (0: empty): 8 KiB per
+// backend, allocated by its first Record.
+const (
+	recentBits = 9
+	recentSets = 1 << recentBits
+)
 
 type node struct {
 	hash       uint64
@@ -290,7 +306,7 @@ func (x *Index) retire(s *slot) {
 	s.mu.Lock()
 	x.purge(s)
 	s.removed.Store(true)
-	s.nodes = nil
+	s.nodes, s.recent = nil, nil
 	s.mu.Unlock()
 }
 
@@ -323,28 +339,98 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) {
 		chunks = chunks[:limit]
 	}
 	t := now.UnixNano()
+	var evicted uint64
+	// Chained hashes make a backend's entries whole prefixes, so walking deepest first the
+	// new chunks come before the held ones: until a chunk is found held, expect the next one
+	// to be new too, and look it up under the write lock that adding it takes anyway.
+	fresh := true
 	// Deepest first, each moved to the front: the prompt ends up shallow-to-deep from the
 	// front of the list, so its deepest chunks are the first of it to be evicted.
 	for i := len(chunks) - 1; i >= 0; i-- {
 		h := norm(chunks[i])
-		sh := x.shard(h)
-		// Only this slot adds or removes its own holders, and s.mu is held: what find
-		// says stays true after the read lock is released.
-		sh.mu.RLock()
-		ni := sh.find(h, s.num)
-		sh.mu.RUnlock()
-		if ni != nilIdx {
+		if ni := s.recalled(h); ni != nilIdx {
 			s.touch(ni, t)
+			fresh = false
 			continue
 		}
-		if s.count.Load() >= limit {
-			x.evict(s) // locks the tail's shard; no shard lock is held here
+		sh := x.shard(h)
+		// Only this slot adds or removes its own holders, and s.mu is held: what find
+		// says stays true after the lock is released.
+		if !fresh {
+			sh.mu.RLock()
+			ni := sh.find(h, s.num)
+			sh.mu.RUnlock()
+			if ni != nilIdx {
+				s.remember(h, ni)
+				s.touch(ni, t)
+				continue
+			}
+			fresh = true
 		}
-		ni = s.alloc(h, t, limit)
-		sh.mu.Lock()
-		sh.add(h, s.num, ni)
-		sh.mu.Unlock()
+		ni, held, ev := x.claim(s, sh, h, t, limit)
+		if held {
+			s.remember(h, ni)
+			s.touch(ni, t)
+			fresh = false
+		} else if ev {
+			evicted++
+		}
 	}
+	if evicted > 0 {
+		s.evictions.Add(evicted)
+		x.evictions.Add(evicted)
+	}
+}
+
+// claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's
+// most recently used entry, evicting the least recently used one at capacity: that entry's
+// node is reused for h, and its holder is removed after sh is released, so that no two
+// shard locks are ever held at once. Meanwhile both holders name the node, which only this
+// slot's own finds, under s.mu, could see. It returns s's node of h, whether s held h
+// already (then nothing changed), and whether an entry was evicted. Called with s.mu held.
+func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, held, evicted bool) {
+	ti := int32(nilIdx)
+	var old uint64
+	var osh *shard
+	if s.count.Load() >= limit {
+		ti = s.tail
+		old = s.nodes[ti].hash
+		osh = x.shard(old)
+	} else {
+		s.reserve(limit) // not while readers wait on sh
+	}
+	sh.mu.Lock()
+	if osh == sh {
+		// Rare: h shares the evicted entry's shard. Remove before adding, as evicting
+		// first would.
+		if ni := sh.find(h, s.num); ni != nilIdx {
+			sh.mu.Unlock()
+			return ni, true, false
+		}
+		sh.remove(old, s.num)
+		sh.add(h, s.num, ti)
+		sh.mu.Unlock()
+	} else {
+		c := sh.chunks.put(h) // one probe for the lookup and the insertion
+		if ni := sh.holderOf(c, s.num); ni != nilIdx {
+			sh.mu.Unlock()
+			return ni, true, false
+		}
+		if ti == nilIdx {
+			ni := s.alloc(h, t, limit)
+			sh.link(c, s.num, ni)
+			sh.mu.Unlock()
+			return ni, false, false
+		}
+		sh.link(c, s.num, ti)
+		sh.mu.Unlock()
+		osh.mu.Lock()
+		osh.remove(old, s.num)
+		osh.mu.Unlock()
+	}
+	s.nodes[ti].hash = h
+	s.touch(ti, t)
+	return ti, false, true
 }
 
 // Forget drops b's entries for chunks (those it holds; the others are skipped). The proxy
@@ -495,7 +581,15 @@ func (x *Index) matchList(chunks []uint64, pos []uint16, out []int) int {
 // find returns the LRU node of slot's holder of h, or nilIdx. Called with sh.mu held.
 func (sh *shard) find(h uint64, slot uint16) int32 {
 	c := sh.chunks.get(h)
-	if c == nil || (slot < maskSlots && c.mask&(1<<slot) == 0) {
+	if c == nil {
+		return nilIdx
+	}
+	return sh.holderOf(c, slot)
+}
+
+// holderOf returns the LRU node of slot's holder of c, or nilIdx. Called with sh.mu held.
+func (sh *shard) holderOf(c *chunk, slot uint16) int32 {
+	if slot < maskSlots && c.mask&(1<<slot) == 0 {
 		return nilIdx
 	}
 	for hi := c.head; hi != nilIdx; {
@@ -509,9 +603,11 @@ func (sh *shard) find(h uint64, slot uint16) int32 {
 }
 
 // add links a new holder of h. Called with sh.mu held.
-func (sh *shard) add(h uint64, slot uint16, node int32) {
-	hi := sh.hs.alloc()
-	c := sh.chunks.put(h)
+func (sh *shard) add(h uint64, slot uint16, node int32) { sh.link(sh.chunks.put(h), slot, node) }
+
+// link adds a holder to c, which put returned. Called with sh.mu held.
+func (sh *shard) link(c *chunk, slot uint16, node int32) {
+	hi := sh.hs.alloc() // does not move c
 	*sh.hs.at(hi) = holder{next: c.head, node: node, slot: slot}
 	c.head = hi
 	if slot < maskSlots {
@@ -587,16 +683,54 @@ func (x *Index) purge(s *slot) {
 	s.count.Store(0)
 }
 
+// recalled returns the node of h that recent remembers, or nilIdx. An entry is trusted only
+// while its node still carries h: a node holds one chunk at a time and each (chunk, slot)
+// has at most one node, so a node that carries h is what find would return, and stale
+// entries (the node freed, reused or purged) fail the check. Called with s.mu held.
+func (s *slot) recalled(h uint64) int32 {
+	if s.recent == nil {
+		return nilIdx
+	}
+	m := h * 0x9e3779b97f4a7c15
+	set := s.recent[2*(m>>(64-recentBits)):][:2]
+	tag := m << 32
+	for w, e := range set {
+		if e&^math.MaxUint32 != tag || uint32(e) == 0 {
+			continue
+		}
+		ni := int32(uint32(e)) - 1
+		if int(ni) >= len(s.nodes) || s.nodes[ni].hash != h {
+			return nilIdx
+		}
+		if w == 1 {
+			set[0], set[1] = e, set[0]
+		}
+		return ni
+	}
+	return nilIdx
+}
+
+// remember notes in recent that ni is the node of h. Called with s.mu held.
+func (s *slot) remember(h uint64, ni int32) {
+	if s.recent == nil {
+		s.recent = make([]uint64, 2*recentSets)
+	}
+	m := h * 0x9e3779b97f4a7c15
+	set := s.recent[2*(m>>(64-recentBits)):][:2]
+	e := m<<32 | uint64(uint32(ni+1))
+	if set[0]&^math.MaxUint32 != e&^math.MaxUint32 {
+		set[1] = set[0]
+	}
+	set[0] = e
+}
+
 // alloc takes a node for h and puts it at the front. limit bounds the slab's growth.
 func (s *slot) alloc(h uint64, t int64, limit int64) int32 {
 	ni := s.free
 	if ni != nilIdx {
 		s.free = s.nodes[ni].next
 	} else {
-		if len(s.nodes) == cap(s.nodes) {
-			want := min(max(2*len(s.nodes), 64), int(limit))
-			s.nodes = slices.Grow(s.nodes, max(want-len(s.nodes), 1))
-		}
+		s.reserve(limit)
 		s.nodes = append(s.nodes, node{})
 		ni = int32(len(s.nodes) - 1)
 	}
@@ -604,6 +738,15 @@ func (s *slot) alloc(h uint64, t int64, limit int64) int32 {
 	s.pushFront(ni)
 	s.count.Add(1)
 	return ni
+}
+
+// reserve grows the node slab, if full, so that the next alloc does not copy it. limit
+// bounds the growth.
+func (s *slot) reserve(limit int64) {
+	if s.free == nilIdx && len(s.nodes) == cap(s.nodes) {
+		want := min(max(2*len(s.nodes), 64), int(limit))
+		s.nodes = slices.Grow(s.nodes, max(want-len(s.nodes), 1))
+	}
 }
 
 func (s *slot) release(ni int32) {

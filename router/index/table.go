@@ -42,10 +42,10 @@ func (t *chunkTable) get(key uint64) *chunk {
 }
 
 // put returns key's chunk, adding an empty one (head nilIdx) if absent. The pointer is
-// valid until the next put or del.
+// valid until the next put or del. The table grows only when key is added.
 func (t *chunkTable) put(key uint64) *chunk {
-	if 4*(t.n+1) > 3*len(t.slots) {
-		t.resize(max(2*len(t.slots), minTableSlots))
+	if t.slots == nil {
+		t.resize(minTableSlots)
 	}
 	m := len(t.slots) - 1
 	for i := t.home(key); ; i = (i + 1) & m {
@@ -53,11 +53,16 @@ func (t *chunkTable) put(key uint64) *chunk {
 		if c.key == key {
 			return c
 		}
-		if c.key == 0 {
-			*c = chunk{key: key, head: nilIdx}
-			t.n++
-			return c
+		if c.key != 0 {
+			continue
 		}
+		if 4*(t.n+1) > 3*len(t.slots) {
+			t.resize(2 * len(t.slots))
+			return t.put(key)
+		}
+		*c = chunk{key: key, head: nilIdx}
+		t.n++
+		return c
 	}
 }
 

@@ -1,0 +1,125 @@
+package index
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// steady is the shape of a proxy relaying 16 KB chat bodies: prompts of 64 chunks, 48 of
+// them one of 4 shared system prompts that every backend already holds and 16 new, over 4
+// backends of the default KV capacity (6250 chunks), all at capacity, so that each Record
+// touches 48 entries and adds 16, evicting 16. Hashes are random, as xxhash values are.
+type steady struct {
+	x      *Index
+	bs     []*backend.Backend
+	shared [4][]uint64
+	prompt []uint64
+	seq    uint64
+	out    []int
+}
+
+const (
+	steadyShared = 48
+	steadyNew    = 16
+	steadyChunks = steadyShared + steadyNew
+)
+
+func newSteady(tb testing.TB) *steady {
+	st := &steady{prompt: make([]uint64, steadyChunks)}
+	st.bs = make([]*backend.Backend, 4)
+	for i := range st.bs {
+		st.bs[i] = newBackend(tb, fmt.Sprintf("b%d", i), 0) // default KV capacity
+	}
+	st.out = make([]int, len(st.bs))
+	st.x = New(Options{})
+	st.x.SetBackends(st.bs)
+	for p := range st.shared {
+		st.shared[p] = make([]uint64, steadyShared)
+		for i := range st.shared[p] {
+			st.shared[p][i] = mix64(uint64(p)<<32 | uint64(i) | 1<<63)
+		}
+	}
+	// Fill every backend past its capacity, then churn a while more.
+	capacity := stat(st.x, st.bs[0]).Capacity
+	for range 4 * int(capacity) * len(st.bs) / steadyNew {
+		st.record()
+	}
+	for _, s := range st.x.Stats(nil) {
+		if s.Entries != s.Capacity || s.Evictions == 0 {
+			tb.Fatalf("%s: %d entries of %d, %d evictions: not at steady state", s.Name, s.Entries, s.Capacity, s.Evictions)
+		}
+	}
+	return st
+}
+
+// next makes the next prompt and returns its backend.
+func (st *steady) next() *backend.Backend {
+	st.seq++
+	copy(st.prompt, st.shared[st.seq%4])
+	for i := steadyShared; i < steadyChunks; i++ {
+		st.prompt[i] = mix64(st.seq<<8 | uint64(i))
+	}
+	// The backend moves independently of the shared prompt, so every backend holds all 4.
+	return st.bs[mix64(st.seq)%uint64(len(st.bs))]
+}
+
+func (st *steady) record() { st.x.Record(st.prompt, st.next(), t0) }
+
+// mix64 is the splitmix64 finaliser.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// BenchmarkRecordSteadyState is Record (and Match, as the proxy's Pick calls it first) on
+// an index at capacity, in the shape of the proxy's 16 KB chat bodies (see steady).
+func BenchmarkRecordSteadyState(b *testing.B) {
+	for _, op := range []string{"Record", "Match", "MatchRecord"} {
+		b.Run(op, func(b *testing.B) {
+			st := newSteady(b)
+			b.ReportAllocs()
+			now := t0
+			for b.Loop() {
+				be := st.next()
+				if op != "Record" {
+					st.x.Match(st.prompt, st.bs, st.out)
+				}
+				if op != "Match" {
+					now = now.Add(time.Microsecond)
+					st.x.Record(st.prompt, be, now)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*steadyChunks), "ns/chunk")
+		})
+	}
+}
+
+// The steady-state shape keeps the invariants, and Match sees the shared prompt on every
+// backend and the new chunks on the one that recorded them.
+func TestSteadyState(t *testing.T) {
+	st := newSteady(t)
+	for range 1000 {
+		be := st.next()
+		st.x.Record(st.prompt, be, t0)
+		if best := st.x.Match(st.prompt, st.bs, st.out); best != steadyChunks {
+			t.Fatalf("Match after Record: best %d, want %d", best, steadyChunks)
+		}
+		for j, m := range st.out {
+			if want := steadyShared; st.bs[j] == be {
+				want = steadyChunks
+				if m != want {
+					t.Fatalf("backend %d matched %d, want %d", j, m, want)
+				}
+			} else if m < want {
+				t.Fatalf("backend %d matched %d, want at least %d", j, m, want)
+			}
+		}
+	}
+	check(t, st.x)
+}
