@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -177,5 +180,120 @@ func TestReadyzFailsWhileDraining(t *testing.T) {
 	_ = s.Shutdown(ctx)
 	if c := get(); c != 503 {
 		t.Errorf("/readyz %d after shutdown began, want 503", c)
+	}
+}
+
+// client_read bounds reading the request only: a response that takes longer (a long stream,
+// or a backend slow to send headers) is not cut as a disconnect. fasthttp leaves the request's
+// read deadline on the client socket while the response streams; the disconnect watchdog
+// must not read that as the client leaving.
+func TestClientReadDoesNotLimitResponses(t *testing.T) {
+	const clientRead = 300 * time.Millisecond
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Header.Get("X-Slow-Headers") != "" {
+			time.Sleep(3 * clientRead)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 10 { // 10 × 100 ms: over three times client_read
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(clientRead / 3)
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	defer ts.Close()
+	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) {
+		c.Timeouts.ClientRead = configs.Duration(clientRead)
+	})
+	for _, slow := range []bool{false, true} {
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
+		if slow {
+			req.Header.Set("X-Slow-Headers", "1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("slow headers %v: %v", slow, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+			t.Errorf("slow headers %v: status %d, err %v, body ends %q", slow, resp.StatusCode, err, tail(string(body), 20))
+		}
+	}
+}
+
+func tail(s string, n int) string { return s[max(len(s)-n, 0):] }
+
+// A backend that restarted closed every pooled connection: a request that meets one stale
+// connection is resent on a new one, not on the next stale one from the pool.
+func TestStalePoolAfterBackendRestart(t *testing.T) {
+	release := make(chan struct{})
+	var hold atomic.Bool
+	hold.Store(true)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if hold.Load() {
+			<-release
+		}
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer ts.Close()
+	_, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	post := func() (int, error) {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, nil
+	}
+	// Six concurrent requests leave six idle upstream connections in the pool.
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() { _, _ = post() })
+	}
+	time.Sleep(200 * time.Millisecond)
+	hold.Store(false)
+	close(release)
+	wg.Wait()
+	ts.CloseClientConnections() // the "restart": every pooled connection is now closed by the backend
+	time.Sleep(50 * time.Millisecond)
+	for i := range 3 {
+		if code, err := post(); err != nil || code != 200 {
+			t.Errorf("request %d after the restart: %d, %v", i, code, err)
+		}
+	}
+}
+
+// A request in absolute form (as sent to a forward proxy) is forwarded and routed in origin
+// form, and the userinfo in it is not passed on.
+func TestAbsoluteFormRequestTarget(t *testing.T) {
+	got := make(chan *http.Request, 1)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- r
+	}))
+	defer ts.Close()
+	_, url := startProxy(t, "prefix", []string{ts.URL}, nil)
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("absolute form ", 40))
+	fmt.Fprintf(c, "POST http://user:pass@example.invalid/v1/chat/completions?x=1 HTTP/1.1\r\nHost: example.invalid\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	r := <-got
+	if r.RequestURI != "/v1/chat/completions?x=1" || r.Header.Get("Authorization") != "" {
+		t.Errorf("backend saw %q with Authorization %q", r.RequestURI, r.Header.Get("Authorization"))
+	}
+	if route := resp.Header.Get(HeaderRoute); !strings.HasPrefix(route, "cold") && !strings.HasPrefix(route, "match") {
+		t.Errorf("route %q: the chat completion was not prefix-routed", route)
 	}
 }

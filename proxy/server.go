@@ -269,6 +269,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	f := s.getFlow(ctx)
 	req := &ctx.Request
 	uri := req.Header.RequestURI()
+	if len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
+		// Absolute form (POST http://host/v1/chat/completions, as sent to a forward proxy):
+		// forwarded and routed in origin form; userinfo in it is not passed on.
+		req.Header.SetRequestURIBytes(req.URI().RequestURI())
+		uri = req.Header.RequestURI()
+	}
 	path := uri
 	if i := bytes.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
@@ -392,7 +398,16 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	learned := false
 	for fresh := 0; ; fresh++ {
 		now := time.Now()
-		c, reused, err := up.get(now)
+		var c *uconn
+		var reused bool
+		var err error
+		if fresh == 0 {
+			c, reused, err = up.get(now)
+		} else {
+			// The pooled connection was stale: its siblings idle as long likely are too (a
+			// backend that restarted closed them all), so the resend dials.
+			c, err = up.dial()
+		}
 		if err != nil {
 			s.unlearn(f, b, learned)
 			f.lease.Release()

@@ -104,13 +104,15 @@ func rawConn(c net.Conn) syscall.RawConn {
 }
 
 // peerClosed peeks one byte without consuming it: 0 bytes and no error is EOF (the client
-// closed); EAGAIN means open and quiet; any other error (reset) means gone.
+// closed); EAGAIN means open and quiet; any other error (reset) means gone. It uses Control,
+// not Read: Read honours the connection's read deadline, and fasthttp leaves the request's
+// client_read deadline set while the response streams, so past it every peek would fail and
+// every stream longer than client_read would be cut as a disconnect.
 func peerClosed(rc syscall.RawConn, buf []byte) bool {
 	closed := false
-	err := rc.Read(func(fd uintptr) bool {
+	err := rc.Control(func(fd uintptr) {
 		n, _, err := syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 		closed = (n == 0 && err == nil) || (err != nil && err != syscall.EAGAIN && err != syscall.EINTR)
-		return true
 	})
 	return closed || err != nil
 }
