@@ -50,6 +50,32 @@ func chatBody(size int) []byte {
 	}
 }
 
+// plainWords is the vocabulary of plainChatBody: JSON-safe words, as in bench/overhead.
+var plainWords = strings.Fields(`the model cache prefix token request replica latency throughput
+summarize document section policy answer question context window attention kernel batch schedule
+memory block evict route balance stream server client vector matrix report table figure result
+analysis compare measure quickly carefully because however therefore and of to in is for on with
+as by at from that this`)
+
+// plainChatBody returns a chat body of about size bytes shaped like bench/overhead's workload
+// (workload.go): a system prompt of 3/4 of the content and one user turn, both plain words with
+// no character that JSON escapes, fields in the order model, max_tokens, messages, stream.
+func plainChatBody(size int) []byte {
+	words := func(n, seed int) string {
+		var sb strings.Builder
+		for i := seed; sb.Len() < n; i++ {
+			sb.WriteString(plainWords[(i*7+seed)%len(plainWords)])
+			sb.WriteByte(' ')
+		}
+		return sb.String()[:n]
+	}
+	content := max(size-160-32, 64)
+	sys := content * 3 / 4
+	return []byte(`{"model":"meta-llama/Llama-3.1-8B-Instruct","max_tokens":16,"messages":[` +
+		`{"role":"system","content":"You are assistant #1. ` + words(sys, 1) + `"},` +
+		`{"role":"user","content":"Request 42: ` + words(content-sys, 5) + `"}],"stream":true}`)
+}
+
 func idsBody(n int) []byte {
 	var sb strings.Builder
 	sb.WriteString(`{"model":"m","prompt":[`)
@@ -73,6 +99,8 @@ func BenchmarkBuild(b *testing.B) {
 		{"chat_1KB", []byte(pathChat), chatBody(1 << 10)},
 		{"chat_16KB", []byte(pathChat), chatBody(16 << 10)},
 		{"chat_128KB", []byte(pathChat), chatBody(128 << 10)},
+		{"plain_16KB", []byte(pathChat), plainChatBody(16 << 10)},
+		{"plain_128KB", []byte(pathChat), plainChatBody(128 << 10)},
 		{"ids_8k_tokens", []byte(pathCompl), idsBody(8192)},
 	}
 	for _, c := range cases {

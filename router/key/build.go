@@ -21,10 +21,11 @@ const BytesPerToken = 4
 // maxChunkTokens bounds ChunkTokens so that ChunkTokens*BytesPerToken cannot overflow.
 const maxChunkTokens = 1 << 24
 
-// maxPooledBody is the largest body, in bytes, whose parser state goes back to the pool. The
-// fastjson parser keeps a copy of the body and one Value per JSON value; keeping those for a
-// rare huge body would pin that memory for every later request. Larger bodies still parse, with
-// a parser that is dropped after the request (so they allocate).
+// maxPooledBody is the largest body, in bytes, whose scratch state goes back to the pool. The
+// fast path's arena holds the unescaped text of the body, and the fastjson parser a copy of
+// the body and one Value per JSON value; keeping those for a rare huge body would pin that
+// memory for every later request. Larger bodies still work, with state that is dropped after
+// the request (so they allocate).
 const maxPooledBody = 1 << 20
 
 // Builder turns request bodies into routing keys. It is immutable configuration and safe for
@@ -88,8 +89,10 @@ func classify(path []byte) endpoint {
 // slash. Everything else (/v1/models, /health, /v1/responses/{id}, ...) is passthrough.
 func Routed(path []byte) bool { return classify(path) != epNone }
 
-// state is the per-request scratch memory: parser, chunk hasher, side digest and buffers.
+// state is the per-request scratch memory: fast-path scanner, parser, chunk hasher, side
+// digest and buffers.
 type state struct {
+	f scanner
 	p fastjson.Parser
 	c chunker
 	r renderer
@@ -125,8 +128,9 @@ func (k *Key) Recycle() {
 // k.PromptTokens is 0; k.Model and k.Stream are still set when the body parsed.
 //
 // The prompt is rendered canonically (see render.go for the byte format), and the rendered
-// byte stream is cut into chunks of ChunkTokens×4 bytes; Chunks[i] = xxhash64(seed ‖ prev ‖
-// chunk i) with prev = Chunks[i-1] (0 for i = 0), little-endian uint64s. The seed is a hash of
+// byte stream is cut into chunks of ChunkTokens×4 bytes (the first a quarter of that);
+// Chunks[i] = xxhash64(seed ‖ prev ‖ xxhash64(chunk i)) with prev = Chunks[i-1] (0 for i = 0),
+// little-endian uint64s (see chunker in chunk.go). The seed is a hash of
 // the prompt kind (chat-like, text, token ids), "model" and "cache_salt", so requests that
 // differ in model (LoRA adapters are model names) or salt share no chunk hash. A trailing
 // partial chunk is not hashed. PromptTokens = rendered bytes / 4, or the exact id count for
@@ -138,8 +142,12 @@ func (k *Key) Recycle() {
 // arguments, unknown parts) keep their own key order; whitespace and string escapes are
 // normalised because parsed values are hashed, not raw bytes.
 //
-// Steady state allocates nothing: the parser, the hasher and k's slices are reused. Bodies
-// over 1 MiB use a parser that is not pooled.
+// Chat and completions bodies of the usual shapes are rendered straight from the body by a
+// fast path (scan.go); the rest are parsed with fastjson and rendered from the tree
+// (render.go). Both give the same key for the same body.
+//
+// Steady state allocates nothing: the scanner's arena, the parser, the hasher and k's slices
+// are reused. Bodies over 1 MiB use scratch memory that is not pooled.
 func (b *Builder) Build(path []byte, body []byte, k *Key) {
 	k.Reset()
 	ep := classify(path)
@@ -165,7 +173,19 @@ type top struct {
 	tools, functions, responseFormat *fastjson.Value
 }
 
+// build fills k by the fast path (scan.go) when it handles the body, else by the fastjson path.
 func (s *state) build(ep endpoint, chunkTokens int, body []byte, k *Key) {
+	if s.fastBuild(ep, chunkTokens, body, k) {
+		return
+	}
+	k.Reset()
+	k.Routed = true
+	s.parseBuild(ep, chunkTokens, body, k)
+}
+
+// parseBuild fills k from the fastjson parse tree of body: the reference for every body, and
+// the only path for those the fast path hands back.
+func (s *state) parseBuild(ep endpoint, chunkTokens int, body []byte, k *Key) {
 	v, err := s.p.ParseBytes(body)
 	if err != nil {
 		return

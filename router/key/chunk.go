@@ -1,7 +1,7 @@
 package key
 
 import (
-	"encoding/binary"
+	"math/bits"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -15,42 +15,47 @@ const (
 
 // seedDomain versions the key format: change it whenever the rendering or chaining changes, so
 // that keys from different prefixlb versions (e.g. during a rolling upgrade with a shared or
-// persisted index) never match by accident.
-const seedDomain = "prefixlb/key/v2"
+// persisted index) never match by accident. v3: chunks are hashed on their own and chained by
+// a hash of (seed, previous, chunk hash), instead of one hash over seed ‖ previous ‖ chunk.
+const seedDomain = "prefixlb/key/v3"
+
+// maxPartBytes is the largest chunk, in bytes, that the chunker buffers when it arrives in
+// pieces; a larger one is hashed as a stream instead, so that a huge configured chunk size
+// does not make the pooled buffer huge. 4 KiB covers ChunkTokens up to 1024.
+const maxPartBytes = 4 << 10
 
 // chunker cuts a byte stream into chunks and appends one chained hash per full chunk to
-// k.Chunks: h_i = xxhash64(seed ‖ h_{i-1} ‖ chunk_i), h_{-1} = 0, the two uint64s
-// little-endian. It hashes as bytes arrive and never buffers the stream.
+// k.Chunks:
+//
+//	h_i = xxhash64(seed ‖ h_{i-1} ‖ xxhash64(chunk_i)), h_{-1} = 0
+//
+// the three uint64s little-endian (24 bytes). Hashing each chunk on its own lets a chunk that
+// lies within one write be hashed in place by xxhash.Sum64 (assembly on amd64 and arm64), with
+// no header to prepend; the chain costs one 24-byte hash. A chunk that straddles writes
+// (framing bytes, text around a tag) is gathered in part and hashed when complete, or, past
+// maxPartBytes, streamed through an xxhash.Digest; all give the same hash.
 //
 // The first chunk is a quarter of the others (16 tokens at the default 64): a conversation
 // whose first turn is a short question (most MT-Bench and chatbot first turns are under 64
 // tokens) still leaves a chunk in the index, so its second turn finds the replica that holds
 // the first instead of being placed cold elsewhere.
 type chunker struct {
-	d    xxhash.Digest
 	seed uint64
 	prev uint64
 	size int // chunk size in bytes
+	cur  int // size of the current chunk in bytes (the first one is smaller)
 	rem  int // bytes still missing from the current chunk
 	n    int // total bytes written since start
 	k    *Key
-	hdr  [16]byte
+	part []byte        // the current chunk's bytes so far, when cur <= maxPartBytes
+	d    xxhash.Digest // the current chunk's bytes so far, when cur > maxPartBytes
 }
 
 func (c *chunker) start(size int, seed uint64, k *Key) {
 	c.size, c.seed, c.prev, c.n, c.k = size, seed, 0, 0, k
-	c.begin()
-}
-
-func (c *chunker) begin() {
-	binary.LittleEndian.PutUint64(c.hdr[0:8], c.seed)
-	binary.LittleEndian.PutUint64(c.hdr[8:16], c.prev)
-	c.d.Reset()
-	_, _ = c.d.Write(c.hdr[:])
-	c.rem = c.size
-	if len(c.k.Chunks) == 0 {
-		c.rem = firstChunkBytes(c.size)
-	}
+	c.part = c.part[:0]
+	c.cur = firstChunkBytes(size)
+	c.rem = c.cur
 }
 
 // firstChunkBytes is the size of the first chunk for chunks of size bytes: a quarter, at
@@ -70,13 +75,87 @@ func ChunkCount(n, size int) int {
 
 func (c *chunker) write(p []byte) {
 	c.n += len(p)
-	for len(p) >= c.rem {
-		_, _ = c.d.Write(p[:c.rem])
-		p = p[c.rem:]
-		c.prev = c.d.Sum64()
-		c.k.Chunks = append(c.k.Chunks, c.prev)
-		c.begin()
+	if c.rem < c.cur { // the current chunk has begun
+		if len(p) < c.rem {
+			c.add(p)
+			return
+		}
+		need := c.rem
+		c.add(p[:need])
+		p = p[need:]
+		if c.cur <= maxPartBytes {
+			c.push(xxhash.Sum64(c.part))
+			c.part = c.part[:0]
+		} else {
+			c.push(c.d.Sum64())
+		}
 	}
-	_, _ = c.d.Write(p)
+	for len(p) >= c.rem {
+		n := c.rem
+		c.push(xxhash.Sum64(p[:n]))
+		p = p[n:]
+	}
+	if len(p) > 0 {
+		c.add(p)
+	}
+}
+
+// add appends p (shorter than c.rem) to the current chunk.
+func (c *chunker) add(p []byte) {
+	if c.cur <= maxPartBytes {
+		c.part = append(c.part, p...)
+	} else {
+		if c.rem == c.cur {
+			c.d.Reset()
+		}
+		_, _ = c.d.Write(p)
+	}
 	c.rem -= len(p)
+}
+
+// push chains the hash of a completed chunk, records it and begins the next chunk.
+func (c *chunker) push(h uint64) {
+	c.prev = chain(c.seed, c.prev, h)
+	c.k.Chunks = append(c.k.Chunks, c.prev)
+	c.cur = c.size
+	c.rem = c.size
+}
+
+// reset drops a part buffer that grew unusually large and the key reference.
+func (c *chunker) reset() {
+	c.k = nil
+	if cap(c.part) > maxPartBytes {
+		c.part = nil
+	}
+}
+
+// XXH64 constants (github.com/Cyan4973/xxHash, as in github.com/cespare/xxhash/v2).
+const (
+	prime1 uint64 = 11400714785074694791
+	prime2 uint64 = 14029467366897019727
+	prime3 uint64 = 1609587929392839161
+	prime4 uint64 = 9650029242287828579
+	prime5 uint64 = 2870177450012600261
+)
+
+// chain is xxhash64 (seed 0) of the 24 bytes seed ‖ prev ‖ h, little-endian: xxhash.Sum64 of
+// that buffer, without building it.
+func chain(seed, prev, h uint64) uint64 {
+	x := prime5 + 24 // under 32 bytes: no stripes, three 8-byte tail words
+	x = xxhWord(x, seed)
+	x = xxhWord(x, prev)
+	x = xxhWord(x, h)
+	x ^= x >> 33
+	x *= prime2
+	x ^= x >> 29
+	x *= prime3
+	x ^= x >> 32
+	return x
+}
+
+func xxhWord(h, k uint64) uint64 {
+	k *= prime2
+	k = bits.RotateLeft64(k, 31) * prime1
+	h ^= k
+	return bits.RotateLeft64(h, 27)*prime1 + prime4
 }

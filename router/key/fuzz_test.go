@@ -18,9 +18,16 @@ var fuzzPaths = []string{pathChat, pathCompl, pathResp, pathModels}
 //   - the rendering at most doubles the body (canonical numbers are the worst case: "1," → '#',
 //     1, '1'), so PromptTokens ≤ len(body)/2 + 1; for a completions string prompt (or list of
 //     strings) the rendering is the prompt text itself, so 4·PromptTokens ≤ len(body);
-//   - OK, PromptTokens and Model do not depend on the chunk size, and Build is deterministic.
+//   - OK, PromptTokens and Model do not depend on the chunk size, and Build is deterministic;
+//   - when the fast path (scan.go) takes a body, its key equals the fastjson path's.
 func FuzzBuild(f *testing.F) {
 	f.Add(uint8(0), []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	for _, x := range fastBodies {
+		f.Add(uint8(slices.Index(fuzzPaths, x.path)), []byte(x.body))
+	}
+	for _, x := range slowBodies {
+		f.Add(uint8(slices.Index(fuzzPaths, x.path)), []byte(x.body))
+	}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		path := fuzzPaths[int(which)%len(fuzzPaths)]
 		b1, b64 := NewBuilder(1), NewBuilder(64)
@@ -54,6 +61,8 @@ func FuzzBuild(f *testing.F) {
 		if want := ChunkCount(k3.PromptTokens*BytesPerToken, 64*BytesPerToken); len(k3.Chunks) != want {
 			t.Fatalf("ChunkTokens 64: len(Chunks) = %d, want %d", len(k3.Chunks), want)
 		}
+		checkFast(t, b1, path, body)
+		checkFast(t, b64, path, body)
 	})
 }
 

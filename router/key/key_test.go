@@ -355,8 +355,8 @@ func TestDifferentKey(t *testing.T) {
 }
 
 // TestChainFormula recomputes the chunk hashes of a text prompt and a token-id prompt from the
-// documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ chunk_i), Chunks[-1] = 0, the
-// first chunk a quarter of the others.
+// documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ xxhash64(chunk_i)),
+// Chunks[-1] = 0, the first chunk a quarter of the others.
 func TestChainFormula(t *testing.T) {
 	var r renderer
 	chain := func(seed uint64, stream []byte, size int) []uint64 {
@@ -366,7 +366,8 @@ func TestChainFormula(t *testing.T) {
 		for len(stream) >= n {
 			buf := binary.LittleEndian.AppendUint64(nil, seed)
 			buf = binary.LittleEndian.AppendUint64(buf, prev)
-			prev = xxhash.Sum64(append(buf, stream[:n]...))
+			buf = binary.LittleEndian.AppendUint64(buf, xxhash.Sum64(stream[:n]))
+			prev = xxhash.Sum64(buf)
 			out = append(out, prev)
 			stream = stream[n:]
 			n = size

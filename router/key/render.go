@@ -96,8 +96,9 @@ func (r *renderer) reset() {
 }
 
 func (s *state) reset() {
+	s.f.reset()
 	s.r.reset()
-	s.c.k = nil
+	s.c.reset()
 }
 
 func (r *renderer) emit(p []byte) {
