@@ -502,8 +502,11 @@ func TestSteadyStateAllocs(t *testing.T) {
 	for _, size := range []int{1 << 10, 128 << 10} {
 		body := chatBody(size)
 		ids := idsBody(4000)
+		// The fastjson path (the Responses API, media parts) as well as the fast path.
+		resp := []byte(`{"model":"m","instructions":"be brief","input":` + string(body[bytes.Index(body, []byte(`[`)):bytes.LastIndex(body, []byte(`]`))+1]) + `}`)
+		media := append([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},`), body[bytes.Index(body, []byte(`[`))+1:]...)
 		k := new(Key)
-		for _, x := range []struct{ path, body []byte }{{[]byte(pathChat), body}, {[]byte(pathCompl), ids}} {
+		for _, x := range []struct{ path, body []byte }{{[]byte(pathChat), body}, {[]byte(pathCompl), ids}, {[]byte(pathResp), resp}, {[]byte(pathChat), media}} {
 			b.Build(x.path, x.body, k)
 			if !k.OK {
 				t.Fatalf("body not OK")
