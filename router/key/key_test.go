@@ -502,7 +502,7 @@ func TestSteadyStateAllocs(t *testing.T) {
 	for _, size := range []int{1 << 10, 128 << 10} {
 		body := chatBody(size)
 		ids := idsBody(4000)
-		// The fastjson path (the Responses API, media parts) as well as the fast path.
+		// The fastjson path (the Responses API) as well as the fast path (text, ids, media parts).
 		resp := []byte(`{"model":"m","instructions":"be brief","input":` + string(body[bytes.Index(body, []byte(`[`)):bytes.LastIndex(body, []byte(`]`))+1]) + `}`)
 		media := append([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},`), body[bytes.Index(body, []byte(`[`))+1:]...)
 		k := new(Key)

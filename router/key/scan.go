@@ -2,8 +2,8 @@ package key
 
 // The fast path.
 //
-// Most bodies are chat requests whose messages hold string role, name and content (or text
-// parts), maybe with tools and tool calls, or completions requests with a string or token-id
+// Most bodies are chat requests whose messages hold string role, name and content (or content
+// parts: text, images, audio, files), maybe with tools and tool calls, or completions requests with a string or token-id
 // prompt. For those, fastBuild renders the canonical stream (render.go) straight from the
 // body, without a parse tree. A first pass validates the whole body, notes where the fields it
 // needs start, and unescapes message contents and completions prompts into an arena (a string
@@ -13,9 +13,9 @@ package key
 // produces, and hands anything else back to that path (TestFastPath, and FuzzBuild on every
 // input, compare the two):
 //
-//   - the Responses API, and other shapes: media and other non-text parts, a field of an
-//     unexpected type, a completions prompt that is not a string or a list of strings, ids or
-//     id lists: the fastjson path renders or rejects them;
+//   - the Responses API, and other shapes: a field of an unexpected type, a completions
+//     prompt that is not a string or a list of strings, ids or id lists: the fastjson path
+//     renders or rejects them;
 //   - JSON that fastjson would reject, or would accept only by its own leniency (NaN, Inf),
 //     and string escapes that it keeps or replaces rather than decodes (an unknown escape, a
 //     lone surrogate): its "best effort" result is the reference, so it computes it;
@@ -31,6 +31,8 @@ import (
 	"encoding/binary"
 	"math"
 	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // maxFastDepth bounds the nesting, counted as fastjson does (the body's object is 1), that the
@@ -329,7 +331,8 @@ func (f *scanner) text(r *renderer, v int) bool {
 	return true
 }
 
-// parts renders an array of content parts; only text and refusal parts are handled here.
+// parts renders an array of content parts like renderer.part: text parts as text, any other
+// part as its type and a hash of its URL or data, or of its canonical encoding.
 func (f *scanner) parts(r *renderer, v int) bool {
 	b := f.b
 	for i, first := v, true; ; first = false {
@@ -343,7 +346,7 @@ func (f *scanner) parts(r *renderer, v int) bool {
 		if b[p] != '{' {
 			return false
 		}
-		var typ, text, refusal int
+		var typ, text, refusal, imageURL, audio, file, videoURL, audioURL, fileID, fileData, fileURL int
 		i = p
 		for first := true; ; first = false {
 			key, fv, st := f.member(i, first)
@@ -361,26 +364,128 @@ func (f *scanner) parts(r *renderer, v int) bool {
 				text = fv
 			case "refusal":
 				refusal = fv
+			case "image_url":
+				imageURL = fv
+			case "input_audio":
+				audio = fv
+			case "file":
+				file = fv
+			case "video_url":
+				videoURL = fv
+			case "audio_url":
+				audioURL = fv
+			case "file_id":
+				fileID = fv
+			case "file_data":
+				fileData = fv
+			case "file_url":
+				fileURL = fv
 			}
 			if i = f.skip(fv, 6); i < 0 {
 				return false
 			}
 		}
-		typB, has, ok := f.field(typ)
-		if !ok || !has {
+		typB, _, ok := f.field(typ)
+		if !ok {
 			return false
 		}
+		var payload int // the string whose hash stands for the part; 0: none
 		switch string(typB) {
 		case "text", "input_text", "output_text":
+			if text == 0 || b[text] != '"' || !f.text(r, text) {
+				return false
+			}
+			continue
 		case "refusal":
-			text = refusal
-		default:
-			return false // media and unknown parts: the fastjson path hashes them
+			if refusal == 0 || b[refusal] != '"' || !f.text(r, refusal) {
+				return false
+			}
+			continue
+		case "image_url":
+			payload = f.urlOrString(imageURL, "url")
+		case "video_url":
+			payload = f.urlOrString(videoURL, "url")
+		case "audio_url":
+			payload = f.urlOrString(audioURL, "url")
+		case "input_audio":
+			payload = f.urlOrString(audio, "data")
+		case "file":
+			if payload = f.urlOrString(file, "file_data"); payload == 0 {
+				payload = f.urlOrString(file, "file_id")
+			}
+		case "input_image":
+			payload = f.firstString(imageURL, fileID)
+		case "input_file":
+			payload = f.firstString(fileData, fileID, fileURL)
 		}
-		if text == 0 || b[text] != '"' || !f.text(r, text) {
+		if payload < 0 {
 			return false
 		}
+		// typB may be in the arena; it stays valid while more strings are unescaped.
+		var h uint64
+		if payload > 0 {
+			s, e := f.str(payload)
+			if e < 0 {
+				return false
+			}
+			h = xxhash.Sum64(s)
+		} else {
+			r.side.Reset()
+			r.toSide = true
+			e := f.canon(r, p)
+			r.toSide = false
+			if e < 0 {
+				return false
+			}
+			h = r.side.Sum64()
+		}
+		r.media(typB, h)
 	}
+}
+
+// urlOrString is renderer's urlOrString on positions: v itself when it is a string, else its
+// string field "field" (the last of duplicates); 0 when there is none, -1 on a syntax error.
+func (f *scanner) urlOrString(v int, field string) int {
+	if v == 0 {
+		return 0
+	}
+	switch f.b[v] {
+	case '"':
+		return v
+	case '{':
+	default:
+		return 0
+	}
+	found := 0
+	for i, first := v, true; ; first = false {
+		key, fv, st := f.member(i, first)
+		if st < 0 {
+			return -1
+		}
+		if st > 0 {
+			break
+		}
+		if string(key) == field {
+			found = fv
+		}
+		if i = f.skip(fv, 8); i < 0 {
+			return -1
+		}
+	}
+	if found != 0 && f.b[found] == '"' {
+		return found
+	}
+	return 0
+}
+
+// firstString returns the first of vs that is a string, or 0.
+func (f *scanner) firstString(vs ...int) int {
+	for _, v := range vs {
+		if v != 0 && f.b[v] == '"' {
+			return v
+		}
+	}
+	return 0
 }
 
 // toolCall renders one element of tool_calls at v and returns the position after it, or -1.

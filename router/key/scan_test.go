@@ -59,6 +59,22 @@ var fastBodies = []struct{ name, path, body string }{
 	{"duplicates last wins", pathChat, `{"model":"a","messages":5,"model":"b","messages":[{"role":"x","role":"user","content":1,"content":"hi"}]}`},
 	{"messages then chat fields", pathChat, `{"messages":[{"content":"hi","role":"user"}],"model":"m","stream":false,"temperature":0.7,"n":1,"stop":["\n"],"logit_bias":{"1":-1e5}}`},
 	{"text parts", pathChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"input_text","text":"b\n"},{"type":"output_text","text":"c"},{"type":"refusal","refusal":"no","extra":{"x":[1]}}]}]}`},
+	{"media parts", pathChat, `{"messages":[{"role":"user","content":[` +
+		`{"type":"image_url","image_url":{"url":"https://x/a.png","detail":"high"}},` +
+		`{"type":"image_url","image_url":"data:image/png;base64,AAAA"},` +
+		`{"type":"image_url","image_url":{"url":""}},` +
+		`{"type":"image_url","image_url":{"url":"a","url":"b\/c"}},` +
+		`{"type":"image_url","image_url":{"url":1}},` +
+		`{"type":"image_url","image_url":{"detail":"low"}},` +
+		`{"type":"image_url","image_url":[1]},` +
+		`{"type":"image_url"},` +
+		`{"type":"video_url","video_url":{"url":"v"}},{"type":"audio_url","audio_url":"au"},` +
+		`{"type":"input_audio","input_audio":{"data":"QUJD","format":"wav"}},` +
+		`{"type":"file","file":{"file_data":"fd","file_id":"fi"}},{"type":"file","file":{"file_id":"fi"}},{"type":"file","file":{}},` +
+		`{"type":"input_image","image_url":"u","file_id":"f"},{"type":"input_image","file_id":"f"},{"type":"input_image","image_url":null,"file_id":"f"},` +
+		`{"type":"input_file","file_url":"u","file_id":"f","file_data":"d"},{"type":"input_file","file_url":"u"},{"type":"input_file"},` +
+		`{"type":"mystery","x":[1,{"y":"\u00e9"}]},{"text":"no type"},{"type":null,"text":"null type"},` +
+		`{"type":"te\u0078t","text":"escaped type"},{"type":"text","text":"after"}]}]}`},
 	{"tools", pathChat, `{"tools":[{"type":"function","function":{"name":"f","description":"d\u00e9","parameters":{"type":"object","properties":{"q":{"type":"string","enum":["a","b"]}},"required":["q"],"n":-1.5e+3,"t":true,"f":false,"z":null,"e":{},"a":[]}}}],"functions":[{"name":"g"}],"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi"}]}`},
 	{"tool calls", pathChat, `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}},{"id":"c2","function":{"name":"g","arguments":{"y":[1,2]}}},{"id":"c3","function":{"name":"h"}},{"id":"c4","type":"custom","custom":{"input":"x"}},{"function":null}]},{"role":"tool","tool_call_id":"c1","content":"42"},{"role":"assistant","function_call":{"name":"f","arguments":"{}"}}]}`},
 	{"numbers as fastjson reads them", pathChat, `{"x":[0,-0,1.5,1e9,1E-9,-2.5e+10,01,1.2.3,e5,+1,--1,.5],"tools":[01,1.2.3,e5,+1,.5],"messages":[]}`},
@@ -94,8 +110,9 @@ var slowBodies = []struct{ name, path, body string }{
 	{"prompt list of objects", pathCompl, `{"prompt":[{}]}`},
 	{"prompt number", pathCompl, `{"prompt":1}`},
 
-	{"image part", pathChat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`},
-	{"part without type", pathChat, `{"messages":[{"role":"user","content":[{"text":"a"}]}]}`},
+	{"part type number", pathChat, `{"messages":[{"role":"user","content":[{"type":1}]}]}`},
+	{"text part text number", pathChat, `{"messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`},
+	{"media url bad escape", pathChat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"\q"}]}]}`},
 	{"lone high surrogate", pathChat, `{"messages":[{"role":"user","content":"\ud83d x"}]}`},
 	{"lone low surrogate", pathChat, `{"messages":[{"role":"user","content":"\ude00\ude00"}]}`},
 	{"high then non-low", pathChat, `{"messages":[{"role":"user","content":"\ud83d\u0041"}]}`},
@@ -305,9 +322,26 @@ func TestFastPathRandom(t *testing.T) {
 			case 1:
 				ms = append(ms, member("name", pick(str(), "null")))
 			case 2, 3:
-				ms = append(ms, member("content", pick(str(), str(), "null", "[]",
-					`[{"type":"text","text":`+str()+`}]`, `[{"type":"refusal","refusal":`+str()+`},{"text":"x","type":"input_text"}]`,
-					`[{"type":"image_url","image_url":{"url":"u"}}]`, "5")))
+				var parts []string
+				for range rng.IntN(4) {
+					var fs []string
+					for range rng.IntN(4) {
+						k := pick("type", "type", "text", "refusal", "image_url", "input_audio", "file", "video_url", "audio_url", "file_id", "file_data", "file_url", "detail")
+						v := value(1)
+						switch {
+						case k == "type":
+							v = pick(`"text"`, `"input_text"`, `"output_text"`, `"refusal"`, `"image_url"`, `"video_url"`, `"audio_url"`,
+								`"input_audio"`, `"file"`, `"input_image"`, `"input_file"`, `"mystery"`, "null", "1", str())
+						case rng.IntN(2) == 0:
+							v = str()
+						case rng.IntN(2) == 0:
+							v = "{" + member(pick("url", "data", "file_data", "file_id"), pick(str(), "1", "null")) + "}"
+						}
+						fs = append(fs, member(k, v))
+					}
+					parts = append(parts, "{"+strings.Join(fs, ",")+"}")
+				}
+				ms = append(ms, member("content", pick(str(), str(), "null", "5", "["+strings.Join(parts, ",")+"]")))
 			case 4:
 				ms = append(ms, member("tool_calls", pick("null", "[]",
 					`[{"id":"1","function":{"name":`+str()+`,"arguments":`+pick(str(), value(0))+`}}]`,
