@@ -297,3 +297,59 @@ func TestAbsoluteFormRequestTarget(t *testing.T) {
 		t.Errorf("route %q: the chat completion was not prefix-routed", route)
 	}
 }
+
+// Unlearning a request that fails withdraws only what it added: request B (a long prompt
+// sharing A's document) is learned, stalls and is abandoned by its client; meanwhile A, with
+// the same document, is accepted. After B's unlearn, A's whole prompt must still match.
+func TestUnlearnKeepsWhatAnotherRequestLearned(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Header.Get("X-Stall") != "" {
+			<-r.Context().Done() // until prefixlb closes the connection: B's client left
+			return
+		}
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer ts.Close()
+	other := httptest.NewServer(ts.Config.Handler) // a second backend, so that a match is "useful"
+	defer other.Close()
+	s, url := startProxy(t, "prefix", []string{ts.URL, other.URL}, nil)
+	doc := strings.Repeat("a shared document of some length ", 60)
+	body := func(q string) string {
+		return fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, doc, q)
+	}
+	post := func(ctx context.Context, b string, stall bool) (string, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(b))
+		if stall {
+			req.Header.Set("X-Stall", "1")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return "", err
+		}
+		resp.Body.Close()
+		return resp.Header.Get(HeaderRoute), nil
+	}
+	ctxB, leave := context.WithCancel(context.Background())
+	defer leave() // before the backends close: their stalled handler waits for it
+	doneB := make(chan struct{})
+	go func() {
+		defer close(doneB)
+		_, _ = post(ctxB, body(strings.Repeat("question b ", 80)), true)
+	}()
+	time.Sleep(200 * time.Millisecond) // B is written to the backend and learned
+	a := body(strings.Repeat("question a ", 80))
+	if _, err := post(context.Background(), a, false); err != nil {
+		t.Fatal(err)
+	}
+	full, err := post(context.Background(), a, false) // A again: every chunk matches
+	if err != nil || !strings.HasPrefix(full, "match;") {
+		t.Fatalf("A's second route %q, %v", full, err)
+	}
+	leave()
+	<-doneB
+	waitInFlightZero(t, s) // B's flow has finished, its unlearn included
+	if got, err := post(context.Background(), a, false); err != nil || got != full {
+		t.Errorf("after B was unlearned A routes %q, want %q as before", got, full)
+	}
+}

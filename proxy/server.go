@@ -395,7 +395,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	// refuses the request (status ≥ 400) or never answers is unlearned again.
 	learner, _ := s.policy.(router.Learner)
 	learn := learner != nil && f.k.Routed && f.k.OK
-	learned := false
+	var learned router.Learned
 	for fresh := 0; ; fresh++ {
 		now := time.Now()
 		var c *uconn
@@ -423,9 +423,8 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		deadline := now.Add(s.headerTimeout)
 		_ = c.SetDeadline(deadline)
 		err = c.writeRequest(req)
-		if err == nil && learn && !learned {
-			learner.Learn(&f.k, b)
-			learned = true
+		if err == nil && learn && learned == 0 {
+			learned = learner.Learn(&f.k, b)
 		}
 		if err == nil {
 			f.resp.StreamBody = true
@@ -500,9 +499,9 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 }
 
 // unlearn withdraws what was learned for f on b (the backend refused it or never answered).
-func (s *Server) unlearn(f *flow, b *backend.Backend, learned bool) {
-	if learned {
-		s.policy.(router.Learner).Unlearn(&f.k, b, f.dec.MatchedChunks)
+func (s *Server) unlearn(f *flow, b *backend.Backend, learned router.Learned) {
+	if learned != 0 {
+		s.policy.(router.Learner).Unlearn(&f.k, b, learned)
 	}
 }
 

@@ -56,12 +56,15 @@ type Policy interface {
 
 // Learner is implemented by policies that learn from where a request was actually sent
 // (after retries). The proxy calls Learn once the request is written to backend b, while b
-// works on it, and Unlearn if b then refuses it (status ≥ 400, or no answer): held is the
-// Decision's MatchedChunks for b, the chunks b held before, which stay learned.
+// works on it, and Unlearn with what Learn returned if b then refuses it (status ≥ 400) or
+// never answers: Unlearn withdraws what that Learn added and nobody has learned again since.
 type Learner interface {
-	Learn(k *key.Key, b *backend.Backend)
-	Unlearn(k *key.Key, b *backend.Backend, held int)
+	Learn(k *key.Key, b *backend.Backend) Learned
+	Unlearn(k *key.Key, b *backend.Backend, l Learned)
 }
+
+// Learned identifies one Learn call for Unlearn; zero means that nothing was learned.
+type Learned int64
 
 // RoundRobin cycles through the candidates.
 type RoundRobin struct{ next atomic.Uint64 }

@@ -134,20 +134,21 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 }
 
 // Learn records that b now holds every chunk of k's prompt.
-func (p *Prefix) Learn(k *key.Key, b *backend.Backend) {
+func (p *Prefix) Learn(k *key.Key, b *backend.Backend) Learned {
 	if k == nil || !k.Routed || !k.OK || b == nil {
-		return
+		return 0
 	}
-	p.idx.Record(k.Chunks, b, p.clock())
+	return Learned(p.idx.Record(k.Chunks, b, p.clock()))
 }
 
-// Unlearn withdraws what Learn(k, b) added beyond the first held chunks, which b held
-// already: b refused the request, so its KV cache did not gain the prompt.
-func (p *Prefix) Unlearn(k *key.Key, b *backend.Backend, held int) {
-	if k == nil || !k.Routed || !k.OK || b == nil || held >= len(k.Chunks) {
+// Unlearn withdraws what Learn(k, b) returning l added: b refused the request, so its KV
+// cache did not gain the prompt. What b held before, or has been learned to hold since by
+// another request, stays.
+func (p *Prefix) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
+	if k == nil || l == 0 || b == nil {
 		return
 	}
-	p.idx.Forget(k.Chunks[max(held, 0):], b)
+	p.idx.Forget(k.Chunks, b, index.Stamp(l))
 }
 
 // cand is one candidate as the selection sees it: a snapshot, so one decision uses one

@@ -143,6 +143,7 @@ type slot struct {
 	head  int32 // most recently used
 	tail  int32 // least recently used
 	free  int32 // free list through node.next
+	stamp int64 // the last Record's stamp (see Stamp)
 	// recent caches the nodes of chunks that Record found held, so that touching them
 	// again locks no shard. See recalled.
 	recent []uint64
@@ -158,9 +159,30 @@ const (
 )
 
 type node struct {
-	hash       uint64
-	used       int64 // unix nanoseconds of the last Record
+	hash uint64
+	// used is the stamp of the last Record that touched the entry, with the low bit set when
+	// that Record added it: unix nanoseconds to within 1 ns (plus the few ns by which
+	// same-instant Records are kept apart).
+	used       int64
 	prev, next int32
+}
+
+// Stamp names one Record call on one backend, for Forget. It is the Record's time in unix
+// nanoseconds, made even and strictly increasing per backend, so no two Records of a backend
+// share one; 0 means that nothing was recorded.
+type Stamp int64
+
+// added marks a node's used stamp as "added by this Record" (rather than touched).
+const added = 1
+
+// nextStamp returns the stamp of a Record on s at now. Called with s.mu held.
+func (s *slot) nextStamp(now int64) int64 {
+	t := now &^ added
+	if t <= s.stamp {
+		t = s.stamp + 2
+	}
+	s.stamp = t
+	return t
 }
 
 // New returns an empty Index.
@@ -313,18 +335,18 @@ func (x *Index) retire(s *slot) {
 // Record marks b as holding every chunk of chunks (a prompt's chained hashes, in order) as
 // of now, making them its most recently used entries. A prompt longer than b's capacity is
 // recorded up to the capacity. Backends not registered with SetBackends are ignored.
-func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) {
+func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp {
 	if len(chunks) == 0 || b == nil {
-		return
+		return 0
 	}
 	s := x.tab.Load().byID[b.ID]
 	if s == nil {
-		return
+		return 0
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.removed.Load() {
-		return
+		return 0
 	}
 	if e := b.Epoch(); e != s.epoch.Load() {
 		x.purge(s)
@@ -333,12 +355,12 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) {
 	x.trim(s)
 	limit := s.capacity.Load()
 	if limit <= 0 {
-		return
+		return 0
 	}
 	if int64(len(chunks)) > limit {
 		chunks = chunks[:limit]
 	}
-	t := now.UnixNano()
+	t := s.nextStamp(now.UnixNano())
 	var evicted uint64
 	// Chained hashes make a backend's entries whole prefixes, so walking deepest first the
 	// new chunks come before the held ones: until a chunk is found held, expect the next one
@@ -380,6 +402,7 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) {
 		s.evictions.Add(evicted)
 		x.evictions.Add(evicted)
 	}
+	return Stamp(t)
 }
 
 // claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's
@@ -417,7 +440,7 @@ func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, h
 			return ni, true, false
 		}
 		if ti == nilIdx {
-			ni := s.alloc(h, t, limit)
+			ni := s.alloc(h, t|added, limit)
 			sh.link(c, s.num, ni)
 			sh.mu.Unlock()
 			return ni, false, false
@@ -429,18 +452,21 @@ func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, h
 		osh.mu.Unlock()
 	}
 	s.nodes[ti].hash = h
-	s.touch(ti, t)
+	s.touch(ti, t|added)
 	return ti, false, true
 }
 
-// Forget drops b's entries for chunks (those it holds; the others are skipped). The proxy
-// records a prompt as soon as the request is on its way to the backend, so that the index
-// update overlaps the backend's work, and forgets the part that was new when the backend
-// then refuses the request (a 400 for a too-long prompt, a 429/503 retried elsewhere): a
-// refused prompt left nothing in the engine's KV cache. Entries evicted by that Record stay
-// evicted.
-func (x *Index) Forget(chunks []uint64, b *backend.Backend) {
-	if len(chunks) == 0 || b == nil {
+// Forget withdraws what the Record stamped st added to b's entries among chunks: entries it
+// created that no Record has touched since. Entries b held before that Record, and entries
+// another Record has touched or re-added since (another request that b accepted), stay.
+//
+// The proxy records a prompt as soon as the request is on its way to the backend, so that
+// the index update overlaps the backend's work, and forgets it when the backend then refuses
+// the request (a 400 for a too-long prompt, a 429/503 retried elsewhere) or never answers:
+// a refused prompt left nothing in the engine's KV cache. Entries evicted by that Record
+// stay evicted.
+func (x *Index) Forget(chunks []uint64, b *backend.Backend, st Stamp) {
+	if len(chunks) == 0 || b == nil || st == 0 {
 		return
 	}
 	s := x.tab.Load().byID[b.ID]
@@ -452,13 +478,16 @@ func (x *Index) Forget(chunks []uint64, b *backend.Backend) {
 	if s.removed.Load() || b.Epoch() != s.epoch.Load() {
 		return
 	}
+	mark := int64(st) | added
 	for _, c := range chunks {
 		h := norm(c)
 		sh := x.shard(h)
 		sh.mu.Lock()
 		ni := sh.find(h, s.num)
-		if ni != nilIdx {
+		if ni != nilIdx && s.nodes[ni].used == mark {
 			sh.remove(h, s.num)
+		} else {
+			ni = nilIdx
 		}
 		sh.mu.Unlock()
 		if ni != nilIdx {
@@ -814,7 +843,7 @@ func (x *Index) Stats(dst []BackendStats) []BackendStats {
 		s.mu.Lock()
 		st.Entries = s.count.Load()
 		if s.tail != nilIdx {
-			st.Oldest = time.Unix(0, s.nodes[s.tail].used)
+			st.Oldest = time.Unix(0, s.nodes[s.tail].used&^added)
 		}
 		s.mu.Unlock()
 		dst = append(dst, st)

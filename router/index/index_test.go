@@ -365,7 +365,8 @@ func TestConcurrent(t *testing.T) {
 				case r < 42:
 					x.Record(p, bs[rng.IntN(nb)], t0.Add(time.Duration(i)))
 				case r < 45:
-					x.Forget(p[rng.IntN(len(p)):], bs[rng.IntN(nb)])
+					b := bs[rng.IntN(nb)]
+					x.Forget(p[rng.IntN(len(p)):], b, x.Record(p, b, t0.Add(time.Duration(i))))
 				case r < 97:
 					x.Match(p, bs, out)
 					for j, m := range out {
@@ -514,37 +515,55 @@ func BenchmarkMatch(b *testing.B) {
 }
 
 func TestForget(t *testing.T) {
+	p := chain(1, 8)
 	for _, tt := range []struct {
-		name   string
-		held   int // chunks of p that a held before (recorded by an accepted request)
-		forget int // Forget(p[forget:]) after Record(p)
-		other  bool
-		wantA  int // p's match on a afterwards
-		wantB  int // p's match on b, which recorded p too when other is set
+		name  string
+		setup func(x *Index, a, b *backend.Backend) Stamp // returns the stamp to forget
+		wantA int                                         // p's match on a after Forget(p, a, stamp)
+		wantB int
 	}{
-		{name: "nothing held before: all forgotten", held: 0, forget: 0, wantA: 0},
-		{name: "held part stays", held: 3, forget: 3, wantA: 3},
-		{name: "forget nothing", held: 2, forget: 8, wantA: 8},
-		{name: "another backend keeps its entries", held: 0, forget: 0, other: true, wantA: 0, wantB: 8},
+		{"nothing held before: all forgotten", func(x *Index, a, _ *backend.Backend) Stamp {
+			return x.Record(p, a, t0)
+		}, 0, 0},
+		{"held part stays", func(x *Index, a, _ *backend.Backend) Stamp {
+			x.Record(p[:3], a, t0)
+			return x.Record(p, a, t0.Add(time.Second))
+		}, 3, 0},
+		{"all held before: nothing forgotten", func(x *Index, a, _ *backend.Backend) Stamp {
+			x.Record(p, a, t0)
+			return x.Record(p, a, t0.Add(time.Second))
+		}, 8, 0},
+		{"another backend keeps its entries", func(x *Index, a, b *backend.Backend) Stamp {
+			x.Record(p, b, t0)
+			return x.Record(p, a, t0)
+		}, 0, 8},
+		{"touched since by another Record: kept", func(x *Index, a, _ *backend.Backend) Stamp {
+			st := x.Record(p, a, t0)
+			x.Record(p[:5], a, t0) // same instant: still a distinct stamp
+			return st
+		}, 5, 0},
+		{"stale stamp of an older Record: nothing forgotten", func(x *Index, a, _ *backend.Backend) Stamp {
+			st := x.Record(p, a, t0)
+			x.Record(p, a, t0.Add(time.Second))
+			return st
+		}, 8, 0},
+		{"zero stamp: nothing forgotten", func(x *Index, a, _ *backend.Backend) Stamp {
+			x.Record(p, a, t0)
+			return 0
+		}, 8, 0},
+		{"restarted since: nothing to forget", func(x *Index, a, _ *backend.Backend) Stamp {
+			st := x.Record(p, a, t0)
+			a.ResetCache()
+			return st
+		}, 0, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a, b := newBackend(t, "a", 64*64), newBackend(t, "b", 64*64)
 			x := New(Options{ChunkTokens: 64})
 			x.SetBackends([]*backend.Backend{a, b})
-			p := chain(1, 8)
-			if tt.held > 0 {
-				x.Record(p[:tt.held], a, t0)
-			}
-			if tt.other {
-				x.Record(p, b, t0)
-			}
-			x.Record(p, a, t0.Add(time.Second))
-			x.Forget(p[tt.forget:], a)
+			x.Forget(p, a, tt.setup(x, a, b))
 			if got := match(x, p, a, b); got[0] != tt.wantA || got[1] != tt.wantB {
 				t.Errorf("match a, b = %v, want [%d %d]", got, tt.wantA, tt.wantB)
-			}
-			if st := stat(x, a); st.Entries != int64(tt.wantA) {
-				t.Errorf("a has %d entries, want %d", st.Entries, tt.wantA)
 			}
 			check(t, x)
 			// Freed nodes are reused: recording again fills a up to p's length.

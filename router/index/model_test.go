@@ -14,9 +14,11 @@ import (
 // chunks from most to least recently used, with their last use.
 type lruModel struct {
 	capacity  int
-	order     []uint64 // most recently used first
-	used      map[uint64]int64
+	order     []uint64         // most recently used first
+	used      map[uint64]int64 // stamp of the last Record, +1 if that Record added the chunk
 	evictions uint64
+	stamp     int64   // the last Record's stamp
+	stamps    []Stamp // every Record's stamp, for Forget
 }
 
 func (m *lruModel) evictTail() {
@@ -26,7 +28,15 @@ func (m *lruModel) evictTail() {
 	m.evictions++
 }
 
-func (m *lruModel) record(chunks []uint64, t int64) {
+func (m *lruModel) record(chunks []uint64, now int64) Stamp {
+	if len(chunks) == 0 {
+		return 0
+	}
+	t := now &^ 1
+	if t <= m.stamp {
+		t = m.stamp + 2
+	}
+	m.stamp = t
 	for len(m.order) > m.capacity {
 		m.evictTail()
 	}
@@ -35,20 +45,30 @@ func (m *lruModel) record(chunks []uint64, t int64) {
 	}
 	for i := len(chunks) - 1; i >= 0; i-- {
 		h := norm(chunks[i])
+		u := t
 		if j := slices.Index(m.order, h); j >= 0 {
 			m.order = slices.Delete(m.order, j, j+1)
-		} else if len(m.order) >= m.capacity {
-			m.evictTail()
+		} else {
+			if len(m.order) >= m.capacity {
+				m.evictTail()
+			}
+			u |= 1
 		}
 		m.order = slices.Insert(m.order, 0, h)
-		m.used[h] = t
+		m.used[h] = u
 	}
+	m.stamps = append(m.stamps, Stamp(t))
+	return Stamp(t)
 }
 
-func (m *lruModel) forget(chunks []uint64) {
+// forget drops the chunks the Record stamped st added and nobody touched since.
+func (m *lruModel) forget(chunks []uint64, st Stamp) {
+	if st == 0 {
+		return
+	}
 	for _, c := range chunks {
 		h := norm(c)
-		if j := slices.Index(m.order, h); j >= 0 {
+		if j := slices.Index(m.order, h); j >= 0 && m.used[h] == int64(st)|1 {
 			m.order = slices.Delete(m.order, j, j+1)
 			delete(m.used, h)
 		}
@@ -106,14 +126,20 @@ func TestAgainstModel(t *testing.T) {
 				switch r := rng.IntN(100); {
 				case r < 80:
 					now := t0.Add(time.Duration(step))
-					x.Record(p, b, now)
-					m.record(p, now.UnixNano())
+					got, want := x.Record(p, b, now), m.record(p, now.UnixNano())
+					if len(p) > 0 && got != want {
+						t.Fatalf("step %d: Record stamp %d, model %d", step, got, want)
+					}
 				case r < 97:
 					if len(p) > 0 {
 						p = p[rng.IntN(len(p)):]
 					}
-					x.Forget(p, b)
-					m.forget(p)
+					var st Stamp // usually the last Record's; sometimes an older one, or none
+					if n := len(m.stamps); n > 0 && rng.IntN(10) > 0 {
+						st = m.stamps[max(n-1-rng.IntN(3), 0)]
+					}
+					x.Forget(p, b, st)
+					m.forget(p, st)
 				default:
 					b.ResetCache()
 					m.order, m.used = m.order[:0], map[uint64]int64{}
