@@ -150,7 +150,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 			for i := range uint64(64) {
 				buf = bb.body(buf, 1<<40+i)
 				kb.Build(path, buf, &k)
-				pol.Learn(&k, pol.Pick(&k, bs).Backend)
+				pol.Learn(&k, pol.Pick(&k, bs).Backend, 0)
 			}
 			b.SetBytes(int64(len(buf)))
 			b.ReportAllocs()
@@ -159,7 +159,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 				buf = bb.body(buf, i)
 				kb.Build(path, buf, &k)
 				d := pol.Pick(&k, bs)
-				pol.Learn(&k, d.Backend)
+				pol.Learn(&k, d.Backend, d.MatchedChunks)
 			}
 			b.StopTimer()
 			if !k.OK || len(k.Chunks) == 0 {

@@ -424,7 +424,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		_ = c.SetDeadline(deadline)
 		err = c.writeRequest(req)
 		if err == nil && learn && learned == 0 {
-			learned = learner.Learn(&f.k, b)
+			learned = learner.Learn(&f.k, b, f.dec.MatchedChunks)
 		}
 		if err == nil {
 			f.resp.StreamBody = true

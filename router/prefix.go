@@ -133,12 +133,13 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: matched[j]}
 }
 
-// Learn records that b now holds every chunk of k's prompt.
-func (p *Prefix) Learn(k *key.Key, b *backend.Backend) Learned {
+// Learn records that b now holds every chunk of k's prompt; held is how many leading chunks
+// b was found to hold when the request was routed (0 if unknown), see index.RecordHeld.
+func (p *Prefix) Learn(k *key.Key, b *backend.Backend, held int) Learned {
 	if k == nil || !k.Routed || !k.OK || b == nil {
 		return 0
 	}
-	return Learned(p.idx.Record(k.Chunks, b, p.clock()))
+	return Learned(p.idx.RecordHeld(k.Chunks, b, p.clock(), held))
 }
 
 // Unlearn withdraws what Learn(k, b) returning l added: b refused the request, so its KV

@@ -18,16 +18,16 @@ func benchmarkPickLearn(b *testing.B, promptBytes, conversations int) {
 	keys := make([]*key.Key, conversations)
 	for i := range keys {
 		keys[i] = routedKey(sys.extend(fmt.Sprint("conversation ", i), n-n/2))
-		p.Learn(keys[i], bs[i%len(bs)])
+		p.Learn(keys[i], bs[i%len(bs)], 0)
 	}
 	for _, b := range bs {
-		p.Learn(routedKey(sys), b)
+		p.Learn(routedKey(sys), b, 0)
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		k := keys[i%len(keys)]
 		d := p.Pick(k, bs)
-		p.Learn(k, d.Backend)
+		p.Learn(k, d.Backend, d.MatchedChunks)
 	}
 }
 

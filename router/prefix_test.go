@@ -106,7 +106,7 @@ func pickAndLearn(t *testing.T, p *Prefix, k *key.Key, cs []*backend.Backend, rs
 	if in := d.Backend.InFlight(); in >= limit {
 		t.Fatalf("picked %s with %d in flight, at or over the cap %d", d.Backend.Name, in, limit)
 	}
-	p.Learn(k, d.Backend)
+	p.Learn(k, d.Backend, d.MatchedChunks)
 	rs.begin(d.Backend, k.PromptTokens)
 	return d
 }
@@ -333,8 +333,8 @@ func TestSaturatedBackendOverflows(t *testing.T) {
 	bs := prefixBackends(t, 4)
 	p, _ := newTestPrefix(t, bs)
 	doc := chunkChain(nil).extend("a long document", 40)
-	p.Learn(routedKey(doc), bs[0])
-	p.Learn(routedKey(doc[:10]), bs[1])
+	p.Learn(routedKey(doc), bs[0], 0)
+	p.Learn(routedKey(doc[:10]), bs[1], 0)
 	k := routedKey(doc.extend("question", 2))
 	if d := p.Pick(k, bs); d.Backend != bs[0] || d.Reason != ReasonMatch || d.MatchedChunks != 40 {
 		t.Fatalf("idle: %s (%s, %d chunks), want %s (match, 40)", d.Backend.Name, d.Reason, d.MatchedChunks, bs[0].Name)
@@ -377,7 +377,7 @@ func TestRemovedOrRestartedForgotten(t *testing.T) {
 			bs := prefixBackends(t, 4)
 			p, _ := newTestPrefix(t, bs)
 			doc := chunkChain(nil).extend("doc", 20)
-			p.Learn(routedKey(doc), bs[0])
+			p.Learn(routedKey(doc), bs[0], 0)
 			if d := p.Pick(routedKey(doc), bs); d.Backend != bs[0] || d.Reason != ReasonMatch {
 				t.Fatalf("before: %s (%s), want %s (match)", d.Backend.Name, d.Reason, bs[0].Name)
 			}
@@ -473,7 +473,7 @@ func TestThinMatchDoesNotConcentrateLoad(t *testing.T) {
 	bs := prefixBackends(t, 4)
 	p, _ := newTestPrefix(t, bs)
 	hot := chunkChain(nil).extend("block every request starts with", 4) // 16 + 3×64 = 208 tokens
-	p.Learn(routedKey(hot), bs[0])
+	p.Learn(routedKey(hot), bs[0], 0)
 	var held inflight
 	defer held.releaseAll()
 	held.begin(bs[0], 100) // bs[0] above its fair share (1 of 1 in flight)
@@ -487,7 +487,7 @@ func TestThinMatchDoesNotConcentrateLoad(t *testing.T) {
 		t.Errorf("thin matches: %d of 40 went to the busy holder, want them spread (%v)", thinHits[bs[0]], thinHits)
 	}
 	fat := routedKey(append(slices.Clone(hot), chunkChain(nil).extend("a long conversation", 30)...))
-	p.Learn(fat, bs[0])
+	p.Learn(fat, bs[0], 0)
 	if d := p.Pick(fat, bs); d.Backend != bs[0] || d.Reason != ReasonMatch {
 		t.Errorf("fat match: %s (%s), want the holder %s (match)", d.Backend.Name, d.Reason, bs[0].Name)
 	}

@@ -54,7 +54,7 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		t1 := time.Now()
 		d = pol.Pick(&k, bs)
 		t2 := time.Now()
-		pol.Learn(&k, d.Backend)
+		pol.Learn(&k, d.Backend, d.MatchedChunks)
 		t3 := time.Now()
 		return t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), d
 	}

@@ -336,6 +336,22 @@ func (x *Index) retire(s *slot) {
 // of now, making them its most recently used entries. A prompt longer than b's capacity is
 // recorded up to the capacity. Backends not registered with SetBackends are ignored.
 func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp {
+	return x.RecordHeld(chunks, b, now, 0)
+}
+
+// freshWindow bounds how recently a held prefix must have been touched for RecordHeld to
+// leave it as it is: 50 ms, or a sixteenth of the backend's LRU horizon (now minus its
+// oldest entry's last use) when that is shorter.
+const freshWindow = 50 * time.Millisecond
+
+// RecordHeld is Record for a prompt whose first held chunks b was found to hold when the
+// request was routed (router.Decision.MatchedChunks). When b still holds chunk held-1 and
+// touched it within the fresh window, the held chunks are not touched again: every request
+// that shares a hot system prompt would otherwise move the same chunks to the front of the
+// LRU, a few cache misses each, for a recency that changes by milliseconds. A Record touches
+// a whole prefix at once, so the skipped chunks are at most two windows staler than a full
+// Record would leave them. held ≤ 0 (or a stale hint) records every chunk.
+func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, held int) Stamp {
 	if len(chunks) == 0 || b == nil {
 		return 0
 	}
@@ -361,6 +377,10 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp
 		chunks = chunks[:limit]
 	}
 	t := s.nextStamp(now.UnixNano())
+	lo := 0 // the shallowest chunk to record
+	if held > 0 && held <= len(chunks) && x.heldFresh(s, norm(chunks[held-1]), t) {
+		lo = held
+	}
 	var evicted uint64
 	// Chained hashes make a backend's entries whole prefixes, so walking deepest first the
 	// new chunks come before the held ones: until a chunk is found held, expect the next one
@@ -368,7 +388,7 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp
 	fresh := true
 	// Deepest first, each moved to the front: the prompt ends up shallow-to-deep from the
 	// front of the list, so its deepest chunks are the first of it to be evicted.
-	for i := len(chunks) - 1; i >= 0; i-- {
+	for i := len(chunks) - 1; i >= lo; i-- {
 		h := norm(chunks[i])
 		if ni := s.recalled(h); ni != nilIdx {
 			s.touch(ni, t)
@@ -403,6 +423,27 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp
 		x.evictions.Add(evicted)
 	}
 	return Stamp(t)
+}
+
+// heldFresh reports whether s holds h and touched it within the fresh window before t.
+// Called with s.mu held.
+func (x *Index) heldFresh(s *slot, h uint64, t int64) bool {
+	ni := s.recalled(h)
+	if ni == nilIdx {
+		sh := x.shard(h)
+		sh.mu.RLock()
+		ni = sh.find(h, s.num)
+		sh.mu.RUnlock()
+		if ni == nilIdx {
+			return false
+		}
+		s.remember(h, ni)
+	}
+	window := int64(freshWindow)
+	if s.tail != nilIdx {
+		window = min(window, (t-s.nodes[s.tail].used&^added)/16)
+	}
+	return t-s.nodes[ni].used&^added < window
 }
 
 // claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's

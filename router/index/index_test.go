@@ -363,7 +363,7 @@ func TestConcurrent(t *testing.T) {
 				p := chain(uint64(rng.IntN(50)), 1+rng.IntN(20))
 				switch r := rng.IntN(100); {
 				case r < 42:
-					x.Record(p, bs[rng.IntN(nb)], t0.Add(time.Duration(i)))
+					x.RecordHeld(p, bs[rng.IntN(nb)], t0.Add(time.Duration(i)*time.Millisecond), rng.IntN(len(p)+1))
 				case r < 45:
 					b := bs[rng.IntN(nb)]
 					x.Forget(p[rng.IntN(len(p)):], b, x.Record(p, b, t0.Add(time.Duration(i))))
@@ -570,6 +570,64 @@ func TestForget(t *testing.T) {
 			x.Record(p, a, t0.Add(2*time.Second))
 			if got := match(x, p, a)[0]; got != 8 {
 				t.Errorf("after recording again a matched %d, want 8", got)
+			}
+			check(t, x)
+		})
+	}
+}
+
+// usedOf returns when b's entry of chunk c was last touched (zero time if b lacks it).
+func usedOf(x *Index, b *backend.Backend, c uint64) time.Time {
+	s := x.tab.Load().byID[b.ID]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := x.shard(norm(c))
+	sh.mu.RLock()
+	ni := sh.find(norm(c), s.num)
+	sh.mu.RUnlock()
+	if ni == nilIdx {
+		return time.Time{}
+	}
+	return time.Unix(0, s.nodes[ni].used&^added)
+}
+
+func TestRecordHeldSkipsFreshPrefix(t *testing.T) {
+	sys := chain(1, 8)                     // a shared system prompt
+	p := append(sys[:8:8], chain(2, 4)...) // sys + a question (distinct hashes; chained in reality)
+	for _, tt := range []struct {
+		name        string
+		prior       []uint64      // recorded at t0
+		horizon     time.Duration // the LRU tail is this old at t0
+		after       time.Duration // RecordHeld(p, held) at t0 + after
+		held        int
+		wantTouched bool // sys re-touched by the RecordHeld
+	}{
+		{"fresh shared prefix: left as it is", sys, time.Hour, 10 * time.Millisecond, 8, false},
+		{"older than the window: touched", sys, time.Hour, 80 * time.Millisecond, 8, true},
+		{"no hint: touched", sys, time.Hour, 10 * time.Millisecond, 0, true},
+		{"stale hint (prefix not held): recorded", nil, time.Hour, 10 * time.Millisecond, 8, true},
+		{"hint past the prompt: recorded in full", sys, time.Hour, 10 * time.Millisecond, 20, true},
+		{"short LRU horizon shrinks the window", sys, 100 * time.Millisecond, 10 * time.Millisecond, 8, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newBackend(t, "a", 64*64)
+			x := New(Options{ChunkTokens: 64})
+			x.SetBackends([]*backend.Backend{a})
+			x.Record(chain(9, 1), a, t0.Add(-tt.horizon)) // the LRU tail
+			if tt.prior != nil {
+				x.Record(tt.prior, a, t0)
+			}
+			now := t0.Add(tt.after)
+			x.RecordHeld(p, a, now, tt.held)
+			if got := match(x, p, a)[0]; got != len(p) {
+				t.Fatalf("p matched %d of %d after RecordHeld", got, len(p))
+			}
+			if got := usedOf(x, a, p[len(p)-1]); !got.Equal(now) {
+				t.Errorf("the new chunks were last used %v, want %v", got, now)
+			}
+			touched := usedOf(x, a, sys[0]).Equal(now) && usedOf(x, a, sys[7]).Equal(now)
+			if touched != tt.wantTouched {
+				t.Errorf("system prompt touched = %v, want %v (used %v)", touched, tt.wantTouched, usedOf(x, a, sys[0]))
 			}
 			check(t, x)
 		})
