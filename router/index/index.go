@@ -64,9 +64,13 @@ type Index struct {
 	mask        uint64
 	shards      []shard
 
-	mu        sync.Mutex // serialises SetBackends and RemoveBackend
-	tab       atomic.Pointer[table]
-	evictions atomic.Uint64
+	mu sync.Mutex // serialises SetBackends and RemoveBackend
+	// retiredStamp is the largest stamp a retired slot issued; a new slot's stamps start
+	// above it, so that a stamp of a backend removed and added again never matches entries
+	// of its new slot. Guarded by mu.
+	retiredStamp int64
+	tab          atomic.Pointer[table]
+	evictions    atomic.Uint64
 }
 
 // table is an immutable snapshot of the registered backends.
@@ -255,7 +259,7 @@ func (x *Index) SetBackends(bs []*backend.Backend) {
 			continue // more backends than slots; they are simply not indexed
 		}
 		used = setBit(used, num)
-		s := &slot{num: uint16(num), id: b.ID, name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx}
+		s := &slot{num: uint16(num), id: b.ID, name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx, stamp: x.retiredStamp}
 		s.epoch.Store(b.Epoch())
 		nt.byID[b.ID] = s
 	}
@@ -326,6 +330,7 @@ func (x *Index) install(nt *table) {
 // retire frees s's entries and marks it removed. Called with x.mu held.
 func (x *Index) retire(s *slot) {
 	s.mu.Lock()
+	x.retiredStamp = max(x.retiredStamp, s.stamp)
 	x.purge(s)
 	s.removed.Store(true)
 	s.nodes, s.recent = nil, nil
@@ -350,7 +355,9 @@ const freshWindow = 50 * time.Millisecond
 // that shares a hot system prompt would otherwise move the same chunks to the front of the
 // LRU, a few cache misses each, for a recency that changes by milliseconds. A Record touches
 // a whole prefix at once, so the skipped chunks are at most two windows staler than a full
-// Record would leave them. held ≤ 0 (or a stale hint) records every chunk.
+// Record would leave them. A prefix still marked as added by an earlier Record that no later
+// one touched is touched in full (that Record may yet be withdrawn by Forget). held ≤ 0 (or
+// a stale hint) records every chunk.
 func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, held int) Stamp {
 	if len(chunks) == 0 || b == nil {
 		return 0
@@ -391,7 +398,7 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	for i := len(chunks) - 1; i >= lo; i-- {
 		h := norm(chunks[i])
 		if ni := s.recalled(h); ni != nilIdx {
-			s.touch(ni, t)
+			s.retouch(ni, t)
 			fresh = false
 			continue
 		}
@@ -404,7 +411,7 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 			sh.mu.RUnlock()
 			if ni != nilIdx {
 				s.remember(h, ni)
-				s.touch(ni, t)
+				s.retouch(ni, t)
 				continue
 			}
 			fresh = true
@@ -412,7 +419,7 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 		ni, held, ev := x.claim(s, sh, h, t, limit)
 		if held {
 			s.remember(h, ni)
-			s.touch(ni, t)
+			s.retouch(ni, t)
 			fresh = false
 		} else if ev {
 			evicted++
@@ -439,11 +446,17 @@ func (x *Index) heldFresh(s *slot, h uint64, t int64) bool {
 		}
 		s.remember(h, ni)
 	}
+	u := s.nodes[ni].used
+	if u&added != 0 {
+		// Added by a Record that may yet be withdrawn (Forget) and that no later Record has
+		// touched: touch the prefix, which confirms it, rather than leave it to that Forget.
+		return false
+	}
 	window := int64(freshWindow)
 	if s.tail != nilIdx {
 		window = min(window, (t-s.nodes[s.tail].used&^added)/16)
 	}
-	return t-s.nodes[ni].used&^added < window
+	return t-u < window
 }
 
 // claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's
@@ -823,6 +836,15 @@ func (s *slot) release(ni int32) {
 	s.nodes[ni] = node{next: s.free}
 	s.free = ni
 	s.count.Add(-1)
+}
+
+// retouch is touch for a Record stamped t: a chunk that this same Record added (a prompt
+// that repeats a chunk hash) keeps its added mark, so that Forget still withdraws it.
+func (s *slot) retouch(ni int32, t int64) {
+	if s.nodes[ni].used == t|added {
+		t |= added
+	}
+	s.touch(ni, t)
 }
 
 func (s *slot) touch(ni int32, t int64) {

@@ -601,13 +601,15 @@ func TestRecordHeldSkipsFreshPrefix(t *testing.T) {
 		after       time.Duration // RecordHeld(p, held) at t0 + after
 		held        int
 		wantTouched bool // sys re-touched by the RecordHeld
+		unconfirmed bool // prior was added at t0 and not touched since
 	}{
-		{"fresh shared prefix: left as it is", sys, time.Hour, 10 * time.Millisecond, 8, false},
-		{"older than the window: touched", sys, time.Hour, 80 * time.Millisecond, 8, true},
-		{"no hint: touched", sys, time.Hour, 10 * time.Millisecond, 0, true},
-		{"stale hint (prefix not held): recorded", nil, time.Hour, 10 * time.Millisecond, 8, true},
-		{"hint past the prompt: recorded in full", sys, time.Hour, 10 * time.Millisecond, 20, true},
-		{"short LRU horizon shrinks the window", sys, 100 * time.Millisecond, 10 * time.Millisecond, 8, true},
+		{"fresh shared prefix: left as it is", sys, time.Hour, 10 * time.Millisecond, 8, false, false},
+		{"older than the window: touched", sys, time.Hour, 80 * time.Millisecond, 8, true, false},
+		{"no hint: touched", sys, time.Hour, 10 * time.Millisecond, 0, true, false},
+		{"stale hint (prefix not held): recorded", nil, time.Hour, 10 * time.Millisecond, 8, true, false},
+		{"hint past the prompt: recorded in full", sys, time.Hour, 10 * time.Millisecond, 20, true, false},
+		{"short LRU horizon shrinks the window", sys, 100 * time.Millisecond, 10 * time.Millisecond, 8, true, false},
+		{"added and never touched since (may be withdrawn): touched", sys, time.Hour, 10 * time.Millisecond, 8, true, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a := newBackend(t, "a", 64*64)
@@ -615,6 +617,9 @@ func TestRecordHeldSkipsFreshPrefix(t *testing.T) {
 			x.SetBackends([]*backend.Backend{a})
 			x.Record(chain(9, 1), a, t0.Add(-tt.horizon)) // the LRU tail
 			if tt.prior != nil {
+				if !tt.unconfirmed {
+					x.Record(tt.prior, a, t0.Add(-time.Millisecond)) // added, then touched at t0
+				}
 				x.Record(tt.prior, a, t0)
 			}
 			now := t0.Add(tt.after)
@@ -630,6 +635,58 @@ func TestRecordHeldSkipsFreshPrefix(t *testing.T) {
 				t.Errorf("system prompt touched = %v, want %v (used %v)", touched, tt.wantTouched, usedOf(x, a, sys[0]))
 			}
 			check(t, x)
+		})
+	}
+}
+
+// Forget and RecordHeld together (break-it findings): what an accepted request relies on,
+// or a later incarnation of the backend holds, is never withdrawn by another Record's Forget.
+func TestForgetNeverTakesWhatOthersHold(t *testing.T) {
+	sys := chain(1, 4)
+	pa := append(sys[:4:4], chain(2, 2)...)
+	pb := append(sys[:4:4], chain(3, 2)...)
+	for _, tt := range []struct {
+		name string
+		run  func(x *Index, a *backend.Backend) (probe []uint64, want int64)
+	}{
+		{"B routed onto A's new prefix skips re-touching it; A is refused", func(x *Index, a *backend.Backend) ([]uint64, int64) {
+			stA := x.Record(pa, a, t0)
+			held := match(x, pb, a)[0]
+			x.RecordHeld(pb, a, t0.Add(5*time.Millisecond), held)
+			x.Forget(pa, a, stA)
+			return pb, int64(len(pb))
+		}},
+		{"a chunk hash repeated in one prompt is still withdrawn", func(x *Index, a *backend.Backend) ([]uint64, int64) {
+			p := []uint64{0, 1, 5} // 0 and 1 are the same entry
+			x.Forget(p, a, x.Record(p, a, t0))
+			return p, 0
+		}},
+		{"a stamp from before the backend was removed and added again", func(x *Index, a *backend.Backend) ([]uint64, int64) {
+			p := chain(1, 4)
+			st := x.Record(p, a, t0)
+			x.SetBackends(nil)
+			x.SetBackends([]*backend.Backend{a})
+			x.Record(p, a, t0) // the same instant: a coarse or stepped-back clock
+			x.Forget(p, a, st)
+			return p, 4
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newBackend(t, "a", 64*64)
+			x := New(Options{ChunkTokens: 64})
+			x.SetBackends([]*backend.Backend{a})
+			x.Record(chain(9, 1), a, t0.Add(-time.Hour)) // a long LRU horizon
+			probe, want := tt.run(x, a)
+			check(t, x)
+			if want == 0 {
+				if got := match(x, probe, a)[0]; got != 0 {
+					t.Errorf("matched %d chunks after the Forget, want 0", got)
+				}
+				return
+			}
+			if got := match(x, probe, a)[0]; int64(got) != want {
+				t.Errorf("matched %d chunks, want %d", got, want)
+			}
 		})
 	}
 }
