@@ -43,6 +43,7 @@ type Server struct {
 	pool     *backend.Pool
 	ups      atomic.Pointer[map[*backend.Backend]*upstream]
 	policy   router.Policy
+	learner  router.Learner    // the policy, when it learns; nil otherwise
 	pass     router.RoundRobin // passthrough endpoints
 	keys     *key.Builder
 	srv      *fasthttp.Server
@@ -86,6 +87,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		idleTimeout:   cfg.Timeouts.Idle.D(),
 		connTimeout:   cfg.Timeouts.Connect.D(),
 	}
+	s.learner, _ = pol.(router.Learner)
 	s.flows.New = func() any { return &flow{s: s} }
 	s.hc.OnKVCapacity(func(b *backend.Backend) {
 		log.Info("backend reported its KV-cache capacity", zap.String("backend", b.Name),
@@ -393,8 +395,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	// The prefix index learns as soon as the request is on its way, so that updating it
 	// overlaps the backend's work instead of delaying the response; a backend that then
 	// refuses the request (status ≥ 400) or never answers is unlearned again.
-	learner, _ := s.policy.(router.Learner)
-	learn := learner != nil && f.k.Routed && f.k.OK
+	learn := s.learner != nil && f.k.Routed && f.k.OK
 	var learned router.Learned
 	for fresh := 0; ; fresh++ {
 		now := time.Now()
@@ -424,7 +425,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		_ = c.SetDeadline(deadline)
 		err = c.writeRequest(req)
 		if err == nil && learn && learned == 0 {
-			learned = learner.Learn(&f.k, b, f.dec.MatchedChunks)
+			learned = s.learner.Learn(&f.k, b, f.dec.MatchedChunks)
 		}
 		if err == nil {
 			f.resp.StreamBody = true
@@ -501,7 +502,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 // unlearn withdraws what was learned for f on b (the backend refused it or never answered).
 func (s *Server) unlearn(f *flow, b *backend.Backend, learned router.Learned) {
 	if learned != 0 {
-		s.policy.(router.Learner).Unlearn(&f.k, b, learned)
+		s.learner.Unlearn(&f.k, b, learned)
 	}
 }
 

@@ -16,7 +16,6 @@ package rawconn
 
 import (
 	"errors"
-	"io"
 	"net"
 	"os"
 )
@@ -51,9 +50,6 @@ func opError(op string, c net.Conn, err error) error {
 		e := *oe
 		e.Op = op
 		return &e
-	}
-	if err == io.EOF {
-		return err
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, err)}
 }

@@ -48,7 +48,9 @@ func (m *lruModel) record(chunks []uint64, now int64) Stamp {
 		u := t
 		if j := slices.Index(m.order, h); j >= 0 {
 			m.order = slices.Delete(m.order, j, j+1)
-			u |= m.used[h] & 1 & boolInt(m.used[h]&^1 == t) // repeated in this prompt: still added by it
+			if m.used[h] == t|1 {
+				u |= 1 // repeated in this prompt: still added by it
+			}
 		} else {
 			if len(m.order) >= m.capacity {
 				m.evictTail()
@@ -60,13 +62,6 @@ func (m *lruModel) record(chunks []uint64, now int64) Stamp {
 	}
 	m.stamps = append(m.stamps, Stamp(t))
 	return Stamp(t)
-}
-
-func boolInt(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // forget drops the chunks the Record stamped st added and nobody touched since.
