@@ -232,6 +232,29 @@ func TestWorkloadBodies(t *testing.T) {
 	}
 }
 
+// keyFixture is a body of this benchmark's workload, committed for router/key's tests and
+// benchmarks (which cannot import this package): they check that the key's fast path takes
+// what the overhead benchmark sends.
+const keyFixture = "../../router/key/testdata/overhead_chat_16k.json"
+
+// TestKeyFixtureIsWorkloadBody: the committed fixture is byte for byte what Workload makes
+// now. PREFIXLB_UPDATE_FIXTURES=1 rewrites it after a deliberate change to the workload.
+func TestKeyFixtureIsWorkloadBody(t *testing.T) {
+	body, _ := NewWorkload(16<<10, WorkloadOptions{Seed: 1}).Body(nil, 42)
+	if os.Getenv("PREFIXLB_UPDATE_FIXTURES") != "" {
+		if err := os.WriteFile(keyFixture, body, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(keyFixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, body) {
+		t.Fatalf("%s (%d bytes) is not what Workload makes now (%d bytes); rerun with PREFIXLB_UPDATE_FIXTURES=1 to regenerate it", keyFixture, len(got), len(body))
+	}
+}
+
 // The whole command, tiny: direct and prefixlb (in-process, both modes), no HAProxy. It
 // checks counts and structure, never timings.
 func TestSmokeRun(t *testing.T) {

@@ -1,8 +1,10 @@
 package key
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -50,30 +52,33 @@ func chatBody(size int) []byte {
 	}
 }
 
-// plainWords is the vocabulary of plainChatBody: JSON-safe words, as in bench/overhead.
-var plainWords = strings.Fields(`the model cache prefix token request replica latency throughput
-summarize document section policy answer question context window attention kernel batch schedule
-memory block evict route balance stream server client vector matrix report table figure result
-analysis compare measure quickly carefully because however therefore and of to in is for on with
-as by at from that this`)
+// overheadBody is a 16 KiB chat body exactly as bench/overhead's Workload makes it (plain
+// words that JSON does not escape; fields model, max_tokens, messages, stream), committed
+// there by TestKeyFixtureIsWorkloadBody, which fails when the two drift apart.
+var overheadBody = mustRead("testdata/overhead_chat_16k.json")
 
-// plainChatBody returns a chat body of about size bytes shaped like bench/overhead's workload
-// (workload.go): a system prompt of 3/4 of the content and one user turn, both plain words with
-// no character that JSON escapes, fields in the order model, max_tokens, messages, stream.
-func plainChatBody(size int) []byte {
-	words := func(n, seed int) string {
-		var sb strings.Builder
-		for i := seed; sb.Len() < n; i++ {
-			sb.WriteString(plainWords[(i*7+seed)%len(plainWords)])
-			sb.WriteByte(' ')
-		}
-		return sb.String()[:n]
+func mustRead(name string) []byte {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		panic(err)
 	}
-	content := max(size-160-32, 64)
-	sys := content * 3 / 4
-	return []byte(`{"model":"meta-llama/Llama-3.1-8B-Instruct","max_tokens":16,"messages":[` +
-		`{"role":"system","content":"You are assistant #1. ` + words(sys, 1) + `"},` +
-		`{"role":"user","content":"Request 42: ` + words(content-sys, 5) + `"}],"stream":true}`)
+	return b
+}
+
+// widenSystem returns body with its system prompt repeated n times: the overhead workload's
+// shape at about n times the size.
+func widenSystem(body []byte, n int) []byte {
+	const open, end = `"role":"system","content":"`, `"},{"role":"user"`
+	i := bytes.Index(body, []byte(open)) + len(open)
+	j := bytes.Index(body, []byte(end))
+	if i < len(open) || j < i {
+		panic("widenSystem: no system prompt in body")
+	}
+	out := append([]byte(nil), body[:i]...)
+	for range n {
+		out = append(out, body[i:j]...)
+	}
+	return append(out, body[j:]...)
 }
 
 func idsBody(n int) []byte {
@@ -99,8 +104,8 @@ func BenchmarkBuild(b *testing.B) {
 		{"chat_1KB", []byte(pathChat), chatBody(1 << 10)},
 		{"chat_16KB", []byte(pathChat), chatBody(16 << 10)},
 		{"chat_128KB", []byte(pathChat), chatBody(128 << 10)},
-		{"plain_16KB", []byte(pathChat), plainChatBody(16 << 10)},
-		{"plain_128KB", []byte(pathChat), plainChatBody(128 << 10)},
+		{"plain_16KB", []byte(pathChat), overheadBody},
+		{"plain_128KB", []byte(pathChat), widenSystem(overheadBody, 10)},
 		{"ids_8k_tokens", []byte(pathCompl), idsBody(8192)},
 	}
 	for _, c := range cases {

@@ -358,7 +358,6 @@ func TestDifferentKey(t *testing.T) {
 // documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ xxhash64(chunk_i)),
 // Chunks[-1] = 0, the first chunk a quarter of the others.
 func TestChainFormula(t *testing.T) {
-	var r renderer
 	chain := func(seed uint64, stream []byte, size int) []uint64 {
 		var out []uint64
 		var prev uint64
@@ -381,21 +380,28 @@ func TestChainFormula(t *testing.T) {
 		idList[i] = fmt.Sprint(i * 70001)
 		idStream = binary.LittleEndian.AppendUint32(idStream, uint32(i*70001))
 	}
+	// The seeds are pinned: xxhash64 of the key-format domain, the prompt kind ('p' text,
+	// 'i' token ids), 'm' uvarint(len) model, 's' uvarint(len) cache_salt. A new key format
+	// must change them on purpose.
 	tests := []struct {
 		name   string
 		body   string
 		kind   byte
+		seed   uint64
 		stream []byte
 		tokens int
 	}{
-		{"text", `{"model":"m","cache_salt":"s","prompt":"` + string(text) + `"}`, kindText, text, 160},
-		{"ids", `{"model":"m","cache_salt":"s","prompt":[` + strings.Join(idList, ",") + `]}`, kindIDs, idStream, 100},
+		{"text", `{"model":"m","cache_salt":"s","prompt":"` + string(text) + `"}`, 'p', 0xe48b8748d77e014b, text, 160},
+		{"ids", `{"model":"m","cache_salt":"s","prompt":[` + strings.Join(idList, ",") + `]}`, 'i', 0xad67ece05058d054, idStream, 100},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if got := xxhash.Sum64String("prefixlb/key/v3" + string(tt.kind) + "m\x01m" + "s\x01s"); got != tt.seed {
+				t.Fatalf("seed formula gives %#x, pinned %#x", got, tt.seed)
+			}
 			b := NewBuilder(16)
 			k := build(b, pathCompl, tt.body)
-			want := chain(r.seed(tt.kind, []byte("m"), []byte("s")), tt.stream, 64)
+			want := chain(tt.seed, tt.stream, 64)
 			if !slices.Equal(k.Chunks, want) {
 				t.Errorf("Chunks = %x\nwant %x", k.Chunks, want)
 			}

@@ -22,15 +22,33 @@ func sharedFile(t *testing.T, rel string) string {
 	}
 	p := filepath.Join(dir, rel)
 	if _, err := os.Stat(p); err != nil {
-		t.Skipf("shared data file %s not available (%v); set PREFIXLB_SHARED to the shared folder to run this test", p, err)
+		t.Skipf("optional extra: shared data file %s not available (%v); set PREFIXLB_SHARED to the shared folder to run it (the committed %s covers the same properties)", p, err, fixtureThreads)
 	}
 	return p
+}
+
+// fixtureThreads is a small hand-written set of multi-turn conversations (OpenAssistant's
+// thread format: {"messages": [{"role", "content"}...]}), committed so that the prefix
+// properties are checked on every checkout; the shared datasets add volume where present.
+// Threads hold system messages, long documents, code with quotes, backslashes and tabs,
+// non-ASCII text and emoji, and turns as short as "ok".
+const fixtureThreads = "testdata/threads.jsonl"
+
+// thread is one conversation of fixtureThreads or of the shared OASST file.
+type thread struct {
+	Messages []msg `json:"messages"`
 }
 
 // readLines decodes every JSON line of a shared file into T.
 func readLines[T any](t *testing.T, rel string) []T {
 	t.Helper()
-	f, err := os.Open(sharedFile(t, rel))
+	return readJSONL[T](t, sharedFile(t, rel))
+}
+
+// readJSONL decodes every JSON line of the file at path into T; an empty file fails t.
+func readJSONL[T any](t *testing.T, path string) []T {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +59,7 @@ func readLines[T any](t *testing.T, rel string) []T {
 	for sc.Scan() {
 		var v T
 		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
-			t.Fatalf("%s line %d: %v", rel, len(out)+1, err)
+			t.Fatalf("%s line %d: %v", path, len(out)+1, err)
 		}
 		out = append(out, v)
 	}
@@ -49,7 +67,7 @@ func readLines[T any](t *testing.T, rel string) []T {
 		t.Fatal(err)
 	}
 	if len(out) == 0 {
-		t.Fatalf("%s: no lines", rel)
+		t.Fatalf("%s: no lines", path)
 	}
 	return out
 }
@@ -138,10 +156,9 @@ func checkPrefix(t *testing.T, v variant, conv string, msgs []msg) int {
 	return len(prev.Chunks)
 }
 
-func TestPrefixPropertyOASST(t *testing.T) {
-	threads := readLines[struct {
-		Messages []msg `json:"messages"`
-	}](t, "datasets/oasst_en_100_threads.jsonl")
+// checkPrefixThreads runs checkPrefix for every variant over every thread. Each variant must
+// give some thread more than one chunk, or it would check nothing.
+func checkPrefixThreads(t *testing.T, threads []thread) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			total, multi := 0, 0
@@ -158,6 +175,25 @@ func TestPrefixPropertyOASST(t *testing.T) {
 			t.Logf("%d threads, %d chunks, %d threads with >1 chunk", len(threads), total, multi)
 		})
 	}
+}
+
+// TestPrefixPropertyFixture: turn n's chunks are a prefix of turn n+1's in every API shape
+// (chat with and without a system prompt, tools and cache_salt, 16-token chunks, the
+// Responses API, multimodal parts), on the committed conversations.
+func TestPrefixPropertyFixture(t *testing.T) {
+	threads := readJSONL[thread](t, fixtureThreads)
+	for i, th := range threads {
+		if len(th.Messages) < 3 {
+			t.Fatalf("%s thread %d: %d messages, want a multi-turn conversation", fixtureThreads, i, len(th.Messages))
+		}
+	}
+	checkPrefixThreads(t, threads)
+}
+
+// TestPrefixPropertyOASST is TestPrefixPropertyFixture over the 100 OpenAssistant threads of
+// the shared datasets (an optional extra).
+func TestPrefixPropertyOASST(t *testing.T) {
+	checkPrefixThreads(t, readLines[thread](t, "datasets/oasst_en_100_threads.jsonl"))
 }
 
 func TestPrefixPropertyMTBench(t *testing.T) {
@@ -184,18 +220,21 @@ func TestPrefixPropertyMTBench(t *testing.T) {
 	}
 }
 
-// TestPrefixPropertyCompletions: a text prompt that extends another shares its chunks.
-func TestPrefixPropertyCompletions(t *testing.T) {
-	threads := readLines[struct {
-		Messages []msg `json:"messages"`
-	}](t, "datasets/oasst_en_100_threads.jsonl")
+// checkCompletionsPrefix renders each thread as a growing completions prompt ("role:
+// content" lines) and checks that turn n's chunks are a prefix of turn n+1's. Some thread must
+// span more than one chunk.
+func checkCompletionsPrefix(t *testing.T, threads []thread) {
 	b := NewBuilder(16)
-	for i, th := range threads[:50] {
+	multi := 0
+	for i, th := range threads {
 		var prompt strings.Builder
 		var prev Key
 		for n, m := range th.Messages {
 			prompt.WriteString(m.Role + ": " + m.Content + "\n")
-			body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt.String()})
+			body, err := json.Marshal(map[string]any{"model": "m", "prompt": prompt.String()})
+			if err != nil {
+				t.Fatal(err)
+			}
 			k := build(b, pathCompl, string(body))
 			if !k.OK {
 				t.Fatalf("thread %d turn %d: OK = false", i, n)
@@ -205,5 +244,23 @@ func TestPrefixPropertyCompletions(t *testing.T) {
 			}
 			prev = k
 		}
+		if len(prev.Chunks) > 1 {
+			multi++
+		}
 	}
+	if multi == 0 {
+		t.Errorf("no completions prompt produced more than one chunk; the test checks nothing")
+	}
+}
+
+// TestPrefixPropertyCompletionsFixture: a text prompt that extends another shares its chunks,
+// on the committed conversations.
+func TestPrefixPropertyCompletionsFixture(t *testing.T) {
+	checkCompletionsPrefix(t, readJSONL[thread](t, fixtureThreads))
+}
+
+// TestPrefixPropertyCompletions is TestPrefixPropertyCompletionsFixture over 50 shared
+// OpenAssistant threads (an optional extra).
+func TestPrefixPropertyCompletions(t *testing.T) {
+	checkCompletionsPrefix(t, readLines[thread](t, "datasets/oasst_en_100_threads.jsonl")[:50])
 }

@@ -91,7 +91,8 @@ var fastBodies = []struct{ name, path, body string }{
 	{"raw control bytes in a string", pathChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\tb\x01c\"}]}"},
 	{"unicode", pathChat, `{"messages":[{"role":"user","content":"日本語のテキスト 😀 ünïcödé"}]}`},
 	{"chatBody", pathChat, string(chatBody(4 << 10))},
-	{"plainChatBody", pathChat, string(plainChatBody(4 << 10))},
+	{"overhead workload body", pathChat, string(overheadBody)},
+	{"overhead workload body, 128 KiB", pathChat, string(widenSystem(overheadBody, 10))},
 }
 
 // slowBodies are bodies the fast path must hand back to the fastjson path.
@@ -209,11 +210,9 @@ func TestFastPathEscapings(t *testing.T) {
 	}
 }
 
-// TestFastPathDatasets runs the prefix-test conversations through both paths.
-func TestFastPathDatasets(t *testing.T) {
-	threads := readLines[struct {
-		Messages []msg `json:"messages"`
-	}](t, "datasets/oasst_en_100_threads.jsonl")
+// fastPathThreads runs the prefix-test conversations, in every variant, through both paths.
+func fastPathThreads(t *testing.T, threads []thread) {
+	t.Helper()
 	took := 0
 	for _, v := range variants {
 		b := NewBuilder(v.chunk)
@@ -230,6 +229,17 @@ func TestFastPathDatasets(t *testing.T) {
 	if took < 3*len(threads) {
 		t.Errorf("fast path took %d bodies, want at least %d (the chat variants)", took, 3*len(threads))
 	}
+}
+
+// TestFastPathFixture runs the committed conversations through both paths.
+func TestFastPathFixture(t *testing.T) {
+	fastPathThreads(t, readJSONL[thread](t, fixtureThreads))
+}
+
+// TestFastPathDatasets runs the shared OpenAssistant threads through both paths (an optional
+// extra).
+func TestFastPathDatasets(t *testing.T) {
+	fastPathThreads(t, readLines[thread](t, "datasets/oasst_en_100_threads.jsonl"))
 }
 
 // TestChain: chain(seed, prev, h) = xxhash64 of the 24 bytes seed ‖ prev ‖ h, little-endian.
