@@ -2,9 +2,16 @@ package configs
 
 import (
 	"os"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/prefixlb/prefixlb/health"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 func TestExampleConfigParses(t *testing.T) {
@@ -20,41 +27,263 @@ func TestExampleConfigParses(t *testing.T) {
 	}
 }
 
-// The example file documents every field: parsing it with known-fields and re-marshalling the
-// zero config must not name a field the file lacks.
+// exampleFile documents every field of Config.
+const exampleFile = "prefixlb.yaml"
+
+// fieldPath is a Config field as YAML names it: "timeouts.connect", "backends.url" (a field of
+// every list element). optional: the path passes through a pointer, a section whose presence
+// turns a feature on (discovery.dns), or holds only such sections (discovery), so the example
+// may show it commented out.
+type fieldPath struct {
+	path     string
+	optional bool
+}
+
+var yamlUnmarshaler = reflect.TypeFor[yaml.Unmarshaler]()
+
+// yamlPaths lists the YAML path of every field of struct type t (below prefix), parents before
+// children. Structs are walked through pointers and slices; types that decode themselves
+// (Duration), maps and scalars are leaves. Fields follow yaml.v3's naming: the tag's name,
+// else the lowercased Go name; ",inline" merges a struct into its parent; "-" skips a field.
+func yamlPaths(t reflect.Type, prefix string, optional bool) []fieldPath {
+	var out []fieldPath
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag := f.Tag.Get("yaml")
+		name, flags, _ := strings.Cut(tag, ",")
+		if name == "-" {
+			continue
+		}
+		ft, opt := f.Type, optional
+		for ft.Kind() == reflect.Pointer || ft.Kind() == reflect.Slice {
+			opt = opt || ft.Kind() == reflect.Pointer
+			ft = ft.Elem()
+		}
+		walk := ft.Kind() == reflect.Struct && !reflect.PointerTo(ft).Implements(yamlUnmarshaler)
+		if strings.Contains(flags, "inline") && walk {
+			out = append(out, yamlPaths(ft, prefix, opt)...)
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		p := prefix + name
+		var sub []fieldPath
+		if walk {
+			sub = yamlPaths(ft, p+".", opt)
+			// A section that holds only optional sections is optional too (discovery).
+			opt = opt || len(sub) > 0 && !slices.ContainsFunc(sub, func(f fieldPath) bool { return !f.optional })
+		}
+		out = append(out, fieldPath{p, opt})
+		out = append(out, sub...)
+	}
+	return out
+}
+
+// lookup reports whether the dotted path names a key in the YAML node n (a document or a
+// mapping). Below a list the rest of the path must be found in at least one element. Only keys
+// count: a comment or a value that reads like a key does not, and "path" is not
+// "metrics_path".
+func lookup(n *yaml.Node, path string) bool {
+	if n.Kind == yaml.DocumentNode {
+		return len(n.Content) == 1 && lookup(n.Content[0], path)
+	}
+	if n.Kind == yaml.SequenceNode {
+		for _, e := range n.Content {
+			if lookup(e, path) {
+				return true
+			}
+		}
+		return false
+	}
+	if n.Kind != yaml.MappingNode {
+		return false
+	}
+	head, rest, deeper := strings.Cut(path, ".")
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == head {
+			return !deeper || lookup(n.Content[i+1], rest)
+		}
+	}
+	return false
+}
+
+// commentedSections returns, uncommented, the sections the example shows commented out: a line
+// "# key:" where key is a top-level Config field, and the indented comment lines ("#   ...")
+// that follow it. Prose comments are not sections and are not returned.
+func commentedSections(t *testing.T, data []byte) []byte {
+	t.Helper()
+	top := map[string]bool{}
+	for _, p := range yamlPaths(reflect.TypeFor[Config](), "", false) {
+		if !strings.Contains(p.path, ".") {
+			top[p.path] = true
+		}
+	}
+	var out []string
+	in := false
+	for _, line := range strings.Split(string(data), "\n") {
+		rest, isComment := strings.CutPrefix(line, "# ")
+		switch {
+		case isComment && top[strings.TrimSuffix(rest, ":")]:
+			in = true
+		case in && isComment && strings.HasPrefix(rest, "  "):
+		default:
+			in = false
+		}
+		if in {
+			out = append(out, rest)
+		}
+	}
+	return []byte(strings.Join(out, "\n"))
+}
+
+// TestExampleConfigNamesEveryField: configs/prefixlb.yaml sets every field of Config (found by
+// reflection, so a new field must be documented there), as a YAML key, not in a comment. Only
+// an optional section (behind a pointer: discovery.dns) may be shown commented out, and then
+// it must itself be valid configuration.
 func TestExampleConfigNamesEveryField(t *testing.T) {
-	data, err := os.ReadFile("prefixlb.yaml")
+	data, err := os.ReadFile(exampleFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"listen:", "admin_listen:", "mode:", "max_request_body_bytes:", "level:", "format:",
-		"connect:", "response_header:", "idle:", "shutdown_grace:", "client_read:", "chunk_tokens:", "load_factor:", "load_margin:",
-		"default_kv_cache_tokens:", "max_index_entries:", "url:", "kv_cache_tokens:", "weight:",
-		"discovery:", "dns:", "name:", "port:", "srv:", "scheme:", "interval:", "health:", "path:", "timeout:",
-		"healthy_threshold:", "unhealthy_threshold:", "consecutive_failures:", "base_ejection:", "max_ejection:",
-		"max_ejected_percent:", "scrape_disabled:", "scrape_interval:", "metrics_path:", "scrape_stale_after:", "disabled:"} {
-		if !strings.Contains(string(data), f) {
-			t.Errorf("configs/prefixlb.yaml does not document %s", f)
+	var live, commented yaml.Node
+	if err := yaml.Unmarshal(data, &live); err != nil {
+		t.Fatal(err)
+	}
+	sections := commentedSections(t, data)
+	if err := yaml.Unmarshal(sections, &commented); err != nil {
+		t.Fatalf("commented-out sections of %s are not YAML: %v\n%s", exampleFile, err, sections)
+	}
+	if len(sections) > 0 {
+		if _, err := ParseRaw(sections); err != nil {
+			t.Fatalf("commented-out sections of %s are not configuration: %v\n%s", exampleFile, err, sections)
+		}
+	}
+	paths := yamlPaths(reflect.TypeFor[Config](), "", false)
+	if len(paths) < 40 {
+		t.Fatalf("reflection found %d fields, want the whole Config", len(paths))
+	}
+	for _, p := range paths {
+		if lookup(&live, p.path) {
+			continue
+		}
+		if p.optional && lookup(&commented, p.path) {
+			continue
+		}
+		t.Errorf("%s does not set %s", exampleFile, p.path)
+	}
+}
+
+// The lookup itself: keys only, whole names, through lists.
+func TestExampleLookup(t *testing.T) {
+	var n yaml.Node
+	doc := "health:\n  metrics_path: /m   # path: in a comment\n  scrape_interval: 1s\nbackends:\n  - url: a\n  - weight: 2\nnote: \"interval: 5s\"\n"
+	if err := yaml.Unmarshal([]byte(doc), &n); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]bool{
+		"health": true, "health.metrics_path": true, "health.path": false, "health.interval": false,
+		"interval": false, "backends.url": true, "backends.weight": true, "backends.kv_cache_tokens": false,
+		"note": true, "note.interval": false,
+	} {
+		if got := lookup(&n, path); got != want {
+			t.Errorf("lookup(%q) = %v, want %v", path, got, want)
 		}
 	}
 }
 
+// defaulted is what Parse makes of a config naming one backend: every default of the README's
+// configuration table, written out here rather than taken from the package's constants.
+var defaulted = Config{
+	Listen:              "0.0.0.0:8080",
+	AdminListen:         "127.0.0.1:9090",
+	Mode:                "prefix",
+	MaxRequestBodyBytes: 67108864,
+	Log:                 Log{Level: "info", Format: "json"},
+	Timeouts: Timeouts{
+		Connect:        Duration(5 * time.Second),
+		ResponseHeader: Duration(10 * time.Minute),
+		Idle:           Duration(5 * time.Minute),
+		ShutdownGrace:  Duration(30 * time.Second),
+		ClientRead:     Duration(60 * time.Second),
+	},
+	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: 2, DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
+	Health: Health{
+		Path: "/health", Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
+		HealthyThreshold: 2, UnhealthyThreshold: 3, ConsecutiveFailures: 5,
+		BaseEjection: Duration(30 * time.Second), MaxEjection: Duration(300 * time.Second), MaxEjectedPercent: 50,
+		ScrapeInterval: Duration(time.Second), MetricsPath: "/metrics", ScrapeStaleAfter: Duration(5 * time.Second),
+	},
+	Backends: []Backend{{URL: "http://a:8000", Weight: 1}},
+}
+
+// TestDefaults compares the whole defaulted Config with the literal above, field by field.
 func TestDefaults(t *testing.T) {
 	c, err := Parse([]byte("backends:\n  - url: http://a:8000\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{Listen: DefaultListen, AdminListen: DefaultAdminListen, Mode: DefaultMode,
-		MaxRequestBodyBytes: 64 << 20}
-	if c.Listen != want.Listen || c.AdminListen != want.AdminListen || c.Mode != want.Mode || c.MaxRequestBodyBytes != want.MaxRequestBodyBytes {
-		t.Errorf("defaults: got %+v", c)
-	}
-	if c.Timeouts.Connect.D() != 5*time.Second || c.Timeouts.Idle.D() != 5*time.Minute || c.Prefix.ChunkTokens != 64 || c.Backends[0].Weight != 1 {
-		t.Errorf("defaults: got %+v %+v", c.Timeouts, c.Prefix)
-	}
+	diffFields(t, "", reflect.ValueOf(*c), reflect.ValueOf(defaulted))
 	bs, err := c.NewBackends()
-	if err != nil || bs[0].KVCapacity(c.Prefix.DefaultKVCacheTokens) != DefaultKVCacheTokens || bs[0].Addr != "a:8000" {
+	if err != nil || bs[0].KVCapacity(c.Prefix.DefaultKVCacheTokens) != 400000 || bs[0].Addr != "a:8000" {
 		t.Errorf("NewBackends: %v %+v", err, bs[0])
+	}
+
+	// A discovery.dns section takes its own defaults.
+	c, err = Parse([]byte("discovery:\n  dns:\n    name: vllm.default.svc\n    port: 8000\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := c.Discovery.DNS; d == nil || *d != (DNSDiscovery{Name: "vllm.default.svc", Port: 8000, Scheme: "http", Interval: Duration(10 * time.Second)}) {
+		t.Errorf("discovery.dns defaults: %+v", d)
+	}
+}
+
+// diffFields reports every leaf where got and want differ, named by its YAML path.
+func diffFields(t *testing.T, path string, got, want reflect.Value) {
+	t.Helper()
+	switch got.Kind() {
+	case reflect.Struct:
+		for i := range got.NumField() {
+			name, _, _ := strings.Cut(got.Type().Field(i).Tag.Get("yaml"), ",")
+			if name == "" {
+				name = got.Type().Field(i).Name
+			}
+			diffFields(t, strings.TrimPrefix(path+"."+name, "."), got.Field(i), want.Field(i))
+		}
+	default:
+		g, w := got.Interface(), want.Interface()
+		if d, ok := g.(Duration); ok {
+			g, w = d.D(), w.(Duration).D()
+		}
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("default %s = %v, want %v", path, g, w)
+		}
+	}
+}
+
+// The health defaults configs applies are the health package's own (one set of numbers, two
+// places), and the chunk size is router/key's.
+func TestDefaultsAgreeWithPackages(t *testing.T) {
+	c, err := Parse([]byte("backends:\n  - url: http://a:8000\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Health
+	got := health.Options{
+		Path: h.Path, Interval: h.Interval.D(), Timeout: h.Timeout.D(), Rise: h.HealthyThreshold, Fall: h.UnhealthyThreshold,
+		ConsecutiveFailures: h.ConsecutiveFailures, BaseEjection: h.BaseEjection.D(), MaxEjection: h.MaxEjection.D(),
+		MaxEjectedPercent: h.MaxEjectedPercent, ScrapeInterval: h.ScrapeInterval.D(), MetricsPath: h.MetricsPath,
+		ScrapeStaleAfter: h.ScrapeStaleAfter.D(),
+	}
+	if want := health.DefaultOptions(); got != want {
+		t.Errorf("configs health defaults map to %+v\nhealth.DefaultOptions() is %+v", got, want)
+	}
+	if c.Prefix.ChunkTokens != key.DefaultChunkTokens {
+		t.Errorf("prefix.chunk_tokens default %d, router/key's %d", c.Prefix.ChunkTokens, key.DefaultChunkTokens)
 	}
 }
 
