@@ -227,7 +227,7 @@ func (m *metrics) load(at time.Time) Load {
 	}
 	l.KVCacheUsage = min(max(l.KVCacheUsage, 0), 1)
 	switch {
-	case m.blocks > 0 && m.blockSize > 0:
+	case m.blocks > 0 && m.blockSize > 0 && m.blocks <= math.MaxInt64/m.blockSize:
 		l.NumGPUBlocks, l.BlockSize = m.blocks, m.blockSize
 	case m.sglTokens >= 1:
 		l.NumGPUBlocks, l.BlockSize = int64(m.sglTokens), 1
@@ -329,16 +329,16 @@ func (m *metrics) line(line []byte) {
 	}
 	switch kind {
 	case mRunning:
-		m.running += v
+		m.running = addSample(m.running, v)
 		m.hasRunning = true
 	case mWaiting:
-		m.waiting += v
+		m.waiting = addSample(m.waiting, v)
 		m.hasWaiting = true
 	case mKV:
-		m.kvSum += v
+		m.kvSum = addSample(m.kvSum, v)
 		m.kvN++
 	case mGPU:
-		m.gpuSum += v
+		m.gpuSum = addSample(m.gpuSum, v)
 		m.gpuN++
 	case mCacheConfig:
 		var blocks, size int64
@@ -351,21 +351,29 @@ func (m *metrics) line(line []byte) {
 			}
 		})
 		if blocks > 0 && size > 0 {
-			m.blocks += blocks
+			m.blocks = min(m.blocks, math.MaxInt64-blocks) + blocks // saturates, never wraps
 			m.blockSize = max(m.blockSize, size)
 		}
 	case mSglTokens:
-		m.sglTokens += v
+		m.sglTokens = addSample(m.sglTokens, v)
 	case mStart:
 		m.startTime = max(m.startTime, v)
 	case mPrompt:
-		m.prompt += v
+		m.prompt = addSample(m.prompt, v)
 		m.hasPrompt = true
 	}
 }
 
+// maxSample caps a sum of samples at 2^53: beyond any real count of requests or tokens and
+// still an exact integer, so that sums stay finite and convert to int64 without overflow.
+const maxSample = 1 << 53
+
+// addSample returns sum + v, capped at maxSample. sum ≤ maxSample and v finite: never Inf.
+func addSample(sum, v float64) float64 { return min(sum+v, maxSample) }
+
 // sampleValue parses the value after the metric name and labels: " 12.5" or " 12.5 1712345"
-// (with a timestamp). NaN and infinities are rejected.
+// (with a timestamp). NaN, infinities and negative values are rejected: every metric read
+// here is a count, a fraction, a size or a timestamp.
 func sampleValue(rest []byte) (float64, bool) {
 	rest = bytes.TrimLeft(rest, " \t")
 	end := bytes.IndexAny(rest, " \t\r\n")
@@ -376,7 +384,7 @@ func sampleValue(rest []byte) (float64, bool) {
 		return 0, false
 	}
 	v, err := strconv.ParseFloat(string(rest), 64)
-	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 		return 0, false
 	}
 	return v, true
