@@ -2,6 +2,7 @@ package health
 
 import (
 	"bufio"
+	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -258,6 +259,32 @@ func BenchmarkParseVLLM(b *testing.B) {
 	}
 }
 
+// checkParsed fails t unless every field parseMetrics produced is a finite, non-negative
+// number (NaN fails: both comparisons with it are false), usage is within 0..1, and the KV
+// capacity NumGPUBlocks × BlockSize fits an int64.
+func checkParsed(t *testing.T, input string, m *metrics) {
+	t.Helper()
+	l := m.load(time.Time{})
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Running", l.Running}, {"Waiting", l.Waiting}, {"KVCacheUsage", l.KVCacheUsage}, {"StartTime", l.StartTime},
+		{"prompt tokens", m.prompt}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			t.Fatalf("%q: %s = %v, want finite and >= 0", input, f.name, f.v)
+		}
+	}
+	if l.KVCacheUsage > 1 {
+		t.Fatalf("%q: KVCacheUsage %v above 1", input, l.KVCacheUsage)
+	}
+	if l.NumGPUBlocks < 0 || l.BlockSize < 0 {
+		t.Fatalf("%q: NumGPUBlocks %d BlockSize %d, want >= 0", input, l.NumGPUBlocks, l.BlockSize)
+	}
+	if l.BlockSize > 0 && l.NumGPUBlocks > math.MaxInt64/l.BlockSize {
+		t.Fatalf("%q: capacity %d blocks × %d tokens overflows", input, l.NumGPUBlocks, l.BlockSize)
+	}
+}
+
 func FuzzParseMetrics(f *testing.F) {
 	for _, name := range []string{"testdata/vllm_metrics.txt", "testdata/sglang_metrics.txt"} {
 		data, err := os.ReadFile(name)
@@ -268,12 +295,106 @@ func FuzzParseMetrics(f *testing.F) {
 	}
 	f.Add(`vllm:cache_config_info{block_size="16\",num_gpu_blocks="1"} 1`)
 	f.Add("vllm:num_requests_running{")
+	for _, tt := range validExposition {
+		f.Add(tt.text)
+	}
+	for _, s := range hostileSamples {
+		f.Add(s)
+	}
 	f.Fuzz(func(t *testing.T, s string) {
 		var m metrics
 		_ = parseMetrics(bufio.NewReaderSize(strings.NewReader(s), 64), &m)
-		l := m.load(time.Time{})
-		if l.KVCacheUsage < 0 || l.KVCacheUsage > 1 {
-			t.Fatalf("usage %v out of 0..1", l.KVCacheUsage)
-		}
+		checkParsed(t, s, &m)
 	})
+}
+
+// hostileSamples are expositions a broken or hostile model server could send: NaN and
+// infinite samples, negative gauges and counters, sums that overflow to infinity, sizes
+// beyond int64.
+var hostileSamples = []string{
+	"vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc NaN\nprocess_start_time_seconds NaN\n",
+	"vllm:num_requests_running +Inf\nsglang:max_total_num_tokens +Inf\nvllm:prompt_tokens_total -Inf\n",
+	"vllm:num_requests_running -1\n",
+	"vllm:num_requests_waiting -0.5\nvllm:num_requests_waiting 0.25\n",
+	"vllm:num_requests_running 1e308\nvllm:num_requests_running 1e308\n",
+	"sglang:num_queue_reqs 1.7e308\nsglang:num_queue_reqs 1.7e308\nsglang:num_queue_reqs -1.7e308\n",
+	"vllm:kv_cache_usage_perc -3\n",
+	"vllm:kv_cache_usage_perc 1e308\nvllm:kv_cache_usage_perc 1e308\n",
+	"process_start_time_seconds -5\n",
+	"vllm:prompt_tokens_total -7\nvllm:prompt_tokens_total 1e308\nvllm:prompt_tokens_total 1e308\n",
+	"sglang:max_total_num_tokens 1e300\n",
+	"sglang:max_total_num_tokens -4\n",
+	`vllm:cache_config_info{num_gpu_blocks="9223372036854775807",block_size="16"} 1` + "\n",
+	`vllm:cache_config_info{num_gpu_blocks="9223372036854775807",block_size="1"} 1` + "\n" +
+		`vllm:cache_config_info{num_gpu_blocks="9223372036854775807",block_size="1"} 1` + "\n",
+	`vllm:cache_config_info{num_gpu_blocks="-5",block_size="-16"} 1` + "\n",
+}
+
+// The hostile samples give finite, non-negative loads.
+func TestParseMetricsHostile(t *testing.T) {
+	for _, s := range hostileSamples {
+		var m metrics
+		if err := parseMetrics(bufio.NewReader(strings.NewReader(s)), &m); err != nil {
+			t.Fatal(err)
+		}
+		checkParsed(t, s, &m)
+	}
+}
+
+// validExposition is a hand-written table of well-formed Prometheus text (format 0.0.4) with
+// the values a conforming parser reads from it: the check a differential test against a
+// reference parser would make (none is in the module graph).
+var validExposition = []struct {
+	desc, text string
+	want       Load
+	prompt     float64
+}{
+	{"HELP and TYPE lines, engines summed",
+		"# HELP vllm:num_requests_running Number of requests.\n# TYPE vllm:num_requests_running gauge\n" +
+			`vllm:num_requests_running{engine="0",model_name="m"} 7.0` + "\n" + `vllm:num_requests_running{engine="1",model_name="m"} 5` + "\n",
+		Load{Running: 12}, 0},
+	{"float forms", "vllm:num_requests_running 1e1\nvllm:num_requests_waiting +2.5E+0\nsglang:num_queue_reqs .5\nsglang:num_running_reqs 0.25e1\n",
+		Load{Running: 12.5, Waiting: 3}, 0},
+	{"negative zero is zero", "vllm:num_requests_running -0\nvllm:num_requests_running 4\n", Load{Running: 4}, 0},
+	{"empty label set and trailing comma", `vllm:num_requests_running{} 1` + "\n" + `vllm:num_requests_running{model_name="m",} 2` + "\n",
+		Load{Running: 3}, 0},
+	{"escapes and spaces in label values",
+		`vllm:num_requests_waiting{model_name="a \"b\" \\ c\nd",x="}{"} 6` + "\n", Load{Waiting: 6}, 0},
+	{"tabs and spaces around the value, negative timestamp",
+		"vllm:num_requests_running\t 3 -1712345678000\nvllm:num_requests_waiting  2\t1712345678000\n",
+		Load{Running: 3, Waiting: 2}, 0},
+	{"usage averaged over engines", "vllm:kv_cache_usage_perc{engine=\"0\"} 0.5\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.25\n",
+		Load{KVCacheUsage: 0.375}, 0},
+	{"cache config summed over engines",
+		`vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="27000"} 1` + "\n" +
+			`vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="27000"} 1` + "\n",
+		Load{NumGPUBlocks: 54000, BlockSize: 16}, 0},
+	{"sglang token pool", "sglang:max_total_num_tokens 161721\nsglang:token_usage 0.2\n",
+		Load{NumGPUBlocks: 161721, BlockSize: 1, KVCacheUsage: 0.2}, 0},
+	{"start time and prompt counters",
+		"process_start_time_seconds 1.75412345678e+09\nvllm:prompt_tokens_total{engine=\"0\"} 1.5e+06\nvllm:prompt_tokens_total{engine=\"1\"} 500000\n",
+		Load{StartTime: 1.75412345678e9}, 2e6},
+	{"other families and histograms are ignored",
+		"# TYPE vllm:time_to_first_token_seconds histogram\nvllm:time_to_first_token_seconds_bucket{le=\"0.1\"} 9\n" +
+			"vllm:time_to_first_token_seconds_sum 3.5\nvllm:time_to_first_token_seconds_count 9\npython_gc_objects_collected_total{generation=\"0\"} 1234\n" +
+			"vllm:num_requests_running 1\n",
+		Load{Running: 1}, 0},
+}
+
+func TestParseMetricsValidExposition(t *testing.T) {
+	for _, tt := range validExposition {
+		t.Run(tt.desc, func(t *testing.T) {
+			var m metrics
+			if err := parseMetrics(bufio.NewReader(strings.NewReader(tt.text)), &m); err != nil {
+				t.Fatal(err)
+			}
+			if got := m.load(time.Time{}); !loadEqual(got, tt.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
+			}
+			if m.prompt != tt.prompt {
+				t.Fatalf("prompt tokens %v, want %v", m.prompt, tt.prompt)
+			}
+			checkParsed(t, tt.text, &m)
+		})
+	}
 }
