@@ -6,7 +6,8 @@ import (
 )
 
 // The table against a Go map, under random puts and deletes, with keys that crowd a few
-// home slots so that probe runs wrap around the end.
+// home slots so that probe runs wrap around the end: present keys carry their value, absent
+// ones (deleted or never added) are not found.
 func TestChunkTableAgainstMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for _, keySpace := range []uint64{40, 5000} {
@@ -28,6 +29,13 @@ func TestChunkTableAgainstMap(t *testing.T) {
 				for k, v := range ref {
 					if c := tab.get(k); c == nil || c.head != v {
 						t.Fatalf("step %d: key %d: got %v, want head %d", i, k, c, v)
+					}
+				}
+				// Deleted and never-added keys are absent: a deletion leaves nothing
+				// findable behind (the key space, plus keys beyond it).
+				for k := uint64(1); k <= keySpace+8; k++ {
+					if _, in := ref[k]; !in && tab.get(k) != nil {
+						t.Fatalf("step %d: key %d found, but it was deleted or never added", i, k)
 					}
 				}
 			}
