@@ -10,6 +10,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/hashring"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -216,8 +217,9 @@ func TestPickFallbacks(t *testing.T) {
 }
 
 // (a) Groups of requests sharing long system prompts: each group sticks to one backend, its
-// home is where the ring puts the group's first chunk (so any prefixlb replica agrees), and
-// the groups spread as the ring spreads keys.
+// home is where the ring puts the group's first chunk (a ring built here from the backends'
+// names, as any prefixlb replica builds it; and a second, independent Prefix agrees), and the
+// groups spread as the ring spreads keys.
 func TestGroupsStickAndSpread(t *testing.T) {
 	for _, groups := range []int{8, 64} {
 		t.Run(fmt.Sprint(groups, " groups"), func(t *testing.T) {
@@ -228,15 +230,17 @@ func TestGroupsStickAndSpread(t *testing.T) {
 				sys[g] = chunkChain(nil).extend(fmt.Sprint("system prompt of group ", g), 32)
 			}
 			home := make([]*backend.Backend, groups)
+			ownerHome := make([]bool, groups) // the first request went to the ring owner, unloaded
 			var rs inflight
 			for round := range 10 {
 				for g := range groups {
 					k := routedKey(sys[g].extend(fmt.Sprintf("question %d", round), 4))
-					owner := ringOwnerOf(p, bs, sys[g][0])
+					owner := ringOwner(bs, sys[g][0])
 					ownerFree := owner.InFlight() < capNow(p, bs)
 					d := pickAndLearn(t, p, k, bs, &rs)
 					if round == 0 {
 						home[g] = d.Backend
+						ownerHome[g] = ownerFree && d.Backend == owner
 						if d.Reason != ReasonCold || (ownerFree && d.Backend != owner) {
 							t.Errorf("group %d first request: %s (%s), want the ring owner %s (cold)", g, d.Backend.Name, d.Reason, owner.Name)
 						}
@@ -248,6 +252,26 @@ func TestGroupsStickAndSpread(t *testing.T) {
 				}
 				rs.releaseAll() // a round's requests overlap, then finish
 				clk.t = clk.t.Add(time.Second)
+			}
+			// Another prefixlb replica (its own Backend objects, listed in another order) sends
+			// each group's first request where this one did when nothing was in flight.
+			other := prefixBackends(t, 4)
+			slices.Reverse(other)
+			q, _ := newTestPrefix(t, other)
+			agreed := 0
+			for g := range groups {
+				if !ownerHome[g] {
+					continue
+				}
+				k := routedKey(sys[g].extend("question 0", 4))
+				if d := q.Pick(k, other); d.Backend.Name != home[g].Name || d.Reason != ReasonCold {
+					t.Errorf("group %d: an independent Prefix picks %s (%s), this one %s", g, d.Backend.Name, d.Reason, home[g].Name)
+				}
+				agreed++
+			}
+			t.Logf("%d of %d groups placed on an unloaded ring owner, checked against an independent Prefix", agreed, groups)
+			if agreed < groups/2 {
+				t.Errorf("only %d of %d groups were placed on an unloaded ring owner; the agreement check is too weak", agreed, groups)
 			}
 			per := map[string]int{}
 			for _, b := range home {
@@ -268,16 +292,14 @@ func TestGroupsStickAndSpread(t *testing.T) {
 	}
 }
 
-// ringOwner is the backend the ring gives key when nobody is loaded.
-func ringOwnerOf(p *Prefix, bs []*backend.Backend, key uint64) *backend.Backend {
-	pl := p.ring.Load()
-	id := pl.ids[pl.ring.Get(key)]
-	for _, b := range bs {
-		if b.ID == id {
-			return b
-		}
+// ringOwner is the backend that owns key on a ring built from bs's names and weights, as
+// every prefixlb replica builds it: an oracle independent of the Prefix under test.
+func ringOwner(bs []*backend.Backend, key uint64) *backend.Backend {
+	ms := make([]hashring.Member, len(bs))
+	for i, b := range bs {
+		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
 	}
-	return nil
+	return bs[hashring.New(ms, nil).Get(key)]
 }
 
 // (b) Every request shares one long system prompt and then differs: the load spreads
@@ -481,10 +503,14 @@ func TestThinMatchDoesNotConcentrateLoad(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		req := routedKey(append(slices.Clone(hot), chunkChain(nil).extend(fmt.Sprintf("request %d", i), 20)...))
 		d := p.Pick(req, bs)
+		// Placed as a cold prompt by its first unheld chunk; nobody is at the cap.
+		if want := ringOwner(bs, req.Chunks[len(hot)]); d.Backend != want {
+			t.Errorf("thin match %d: %s (%s), want the ring owner of its first unheld chunk, %s", i, d.Backend.Name, d.Reason, want.Name)
+		}
 		thinHits[d.Backend]++
 	}
-	if thinHits[bs[0]] > 20 {
-		t.Errorf("thin matches: %d of 40 went to the busy holder, want them spread (%v)", thinHits[bs[0]], thinHits)
+	if thinHits[bs[0]] > 14 {
+		t.Errorf("thin matches: %d of 40 went to the busy holder, want about its ring share of 10 (%v)", thinHits[bs[0]], thinHits)
 	}
 	fat := routedKey(append(slices.Clone(hot), chunkChain(nil).extend("a long conversation", 30)...))
 	p.Learn(fat, bs[0], 0)
