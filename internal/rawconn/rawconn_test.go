@@ -7,12 +7,18 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// pair returns a wrapped client connection and the server side of a loopback TCP pair.
+// waitLimit bounds every wait in these tests: a blocked Read or Write fails the test with a
+// deadline error instead of hanging the package.
+const waitLimit = 30 * time.Second
+
+// pair returns a wrapped client connection and the server side of a loopback TCP pair, both
+// with a waitLimit deadline (a test may set its own).
 func pair(t *testing.T) (net.Conn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -29,11 +35,20 @@ func pair(t *testing.T) (net.Conn, *net.TCPConn) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := <-acc
+	var s net.Conn
+	select {
+	case s = <-acc:
+	case <-time.After(waitLimit):
+		t.Fatal("accept did not return")
+	}
 	if s == nil {
 		t.Fatal("accept failed")
 	}
 	w := Wrap(c)
+	deadline := time.Now().Add(waitLimit)
+	if err := errors.Join(w.SetDeadline(deadline), s.SetDeadline(deadline)); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { w.Close(); s.Close() })
 	return w, s.(*net.TCPConn)
 }
@@ -76,8 +91,13 @@ func TestReadWrite(t *testing.T) {
 			if err != nil || n != tt.a+tt.b {
 				t.Fatalf("WriteVector = %d, %v; want %d, nil", n, err, tt.a+tt.b)
 			}
-			if g := <-got; !bytes.Equal(g, append(a, b...)) {
-				t.Fatalf("peer read %d bytes, not what was written", len(g))
+			select {
+			case g := <-got:
+				if !bytes.Equal(g, append(a, b...)) {
+					t.Fatalf("peer read %d bytes, not what was written", len(g))
+				}
+			case <-time.After(waitLimit):
+				t.Fatal("peer did not finish reading")
 			}
 			// And back, through Read, in whatever pieces the socket hands over.
 			go func() { _, _ = s.Write(append(b, a...)) }()
@@ -121,12 +141,14 @@ func TestErrors(t *testing.T) {
 			setup: func(_ net.Conn, s *net.TCPConn) {
 				_ = s.SetLinger(0) // close with RST
 				s.Close()
-				time.Sleep(20 * time.Millisecond)
 			},
 			do: func(c net.Conn) error {
+				// The first write may go out before the RST is back; write until one fails.
 				var err error
-				for i := 0; i < 100 && err == nil; i++ {
-					_, err = c.Write([]byte("x"))
+				for end := time.Now().Add(waitLimit); err == nil && time.Now().Before(end); {
+					if _, err = c.Write([]byte("x")); err == nil {
+						time.Sleep(time.Millisecond)
+					}
 				}
 				return err
 			},
@@ -159,7 +181,9 @@ func TestErrors(t *testing.T) {
 }
 
 // A Read parked in the netpoller returns when another goroutine closes the connection,
-// as the proxy's watchdog does when the client leaves.
+// as the proxy's watchdog does when the client leaves. The close comes only once the reading
+// goroutine is seen parked ("IO wait"), so the test exercises a parked Read, not a Read of
+// an already closed connection.
 func TestCloseUnblocksRead(t *testing.T) {
 	c, _ := pair(t)
 	done := make(chan error, 1)
@@ -167,7 +191,11 @@ func TestCloseUnblocksRead(t *testing.T) {
 		_, err := c.Read(make([]byte, 10))
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	for end := time.Now().Add(waitLimit); !parkedReading("TestCloseUnblocksRead.func"); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the reading goroutine never parked in the netpoller within %v", waitLimit)
+		}
+	}
 	c.Close()
 	select {
 	case err := <-done:
@@ -177,6 +205,20 @@ func TestCloseUnblocksRead(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Read did not return after Close")
 	}
+}
+
+// parkedReading reports whether a goroutine started by the function fn (a name fragment such
+// as "TestX.func") is blocked in the netpoller ([IO wait]) inside a Read.
+func parkedReading(fn string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(header, "[IO wait") && strings.Contains(g, ").Read(") && strings.Contains(g, fn) {
+			return true
+		}
+	}
+	return false
 }
 
 func BenchmarkRoundTrip(b *testing.B) {
