@@ -1,7 +1,9 @@
 package workload
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -227,14 +229,143 @@ func TestSharedDirEnv(t *testing.T) {
 	}
 }
 
-// sharedOrSkip returns the path of a shared data file or skips the test.
+// sharedOrSkip returns the path of a shared data file or skips the test: the shared runs are
+// optional extras over the full datasets; the loaders and builders are tested on committed or
+// hand-written data below.
 func sharedOrSkip(t *testing.T, rel string) string {
 	t.Helper()
 	p, err := SharedFile(rel)
 	if err != nil {
-		t.Skipf("shared data absent, skipping: %v", err)
+		t.Skipf("optional extra, shared data absent: %v (the loaders are tested on committed data without it)", err)
 	}
 	return p
+}
+
+// fixtureThreads is router/key's committed set of conversations, in OpenAssistant's thread
+// format; nothing of ../shared is copied into the repository.
+const fixtureThreads = "../../router/key/testdata/threads.jsonl"
+
+// writeFile writes a hand-written data file into a temporary directory and returns its path.
+func writeFile(t *testing.T, name, data string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// OASST on the committed threads: user turns in order, the thread's own system message, the
+// reply length as max_tokens (within [16, MaxOutput]), OutputTokens for a final user turn.
+func TestOASSTFixture(t *testing.T) {
+	th, err := LoadOASST(fixtureThreads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(th) < 5 {
+		t.Fatalf("%d threads, want the fixture's 8", len(th))
+	}
+	p := DefaultConversationParams()
+	p.Shuffle = false
+	w, err := OASST(th, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Conversations) != len(th) || w.Loop != Closed || w.Users != p.Users {
+		t.Fatalf("%d conversations of %d threads, loop %s users %d", len(w.Conversations), len(th), w.Loop, w.Users)
+	}
+	for i, c := range w.Conversations {
+		var users []Message
+		var sys string
+		for j, m := range th[i].Messages {
+			switch {
+			case m.Role == "system" && j == 0:
+				sys = m.Content
+			case m.Role == "user":
+				users = append(users, m)
+			}
+		}
+		if c.System != sys || len(c.Turns) != len(users) {
+			t.Fatalf("thread %d: system %q, %d turns; want %q, %d", i, c.System, len(c.Turns), sys, len(users))
+		}
+		for j, tr := range c.Turns {
+			if tr.User != users[j].Content {
+				t.Fatalf("thread %d turn %d is not the thread's user message %d", i, j, j)
+			}
+		}
+		// The fixture's threads end with a user turn: no reply length, so OutputTokens.
+		if last := c.Turns[len(c.Turns)-1]; last.MaxTokens != min(p.OutputTokens, p.MaxOutput) {
+			t.Fatalf("thread %d: final turn max_tokens %d, want %d", i, last.MaxTokens, p.OutputTokens)
+		}
+	}
+	// Reply lengths: thread 4 ("hi" → "Hello! How can I help?", 22 bytes) asks for the floor of 16.
+	if got := w.Conversations[4].Turns[0].MaxTokens; got != 16 {
+		t.Errorf("a 22-byte reply gave max_tokens %d, want 16 (the floor)", got)
+	}
+	if got, want := w.Conversations[0].Turns[0].MaxTokens, max(16, len(th[0].Messages[1].Content)/4); got != want {
+		t.Errorf("reply of %d bytes gave max_tokens %d, want %d", len(th[0].Messages[1].Content), got, want)
+	}
+}
+
+func TestMTBenchFile(t *testing.T) {
+	path := writeFile(t, "question.jsonl",
+		`{"question_id": 81, "category": "writing", "turns": ["Compose a travel blog post about Hawaii.", "Rewrite it starting every sentence with A."]}`+"\n\n"+
+			`{"question_id": 101, "category": "reasoning", "turns": ["You overtake the second person in a race. What position are you in?", "And if you overtake the last person?"]}`+"\n")
+	qs, err := LoadMTBench(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(qs) != 2 || qs[1].ID != 101 || qs[0].Category != "writing" || len(qs[1].Turns) != 2 {
+		t.Fatalf("questions %+v", qs)
+	}
+	p := DefaultConversationParams()
+	p.Shuffle = false
+	w, err := MTBenchWorkload(qs, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Conversations) != 2 || w.Requests() != 4 || w.Conversations[1].Turns[1].User != "And if you overtake the last person?" {
+		t.Fatalf("%d conversations, %d requests: %+v", len(w.Conversations), w.Requests(), w.Conversations)
+	}
+	for _, c := range w.Conversations {
+		for _, tr := range c.Turns {
+			if tr.MaxTokens != p.OutputTokens || tr.Think < p.ThinkMin || tr.Think > p.ThinkMax {
+				t.Fatalf("turn %+v", tr)
+			}
+		}
+	}
+	if _, err := LoadMTBench(writeFile(t, "empty.jsonl", "\n")); err == nil {
+		t.Error("an empty file loaded")
+	}
+	if _, err := LoadMTBench(writeFile(t, "bad.jsonl", `{"question_id": 1}`+"\n{oops\n")); err == nil || !strings.Contains(err.Error(), ":2:") {
+		t.Errorf("a malformed line 2: err = %v, want one naming line 2", err)
+	}
+}
+
+func TestLoadMooncakeFile(t *testing.T) {
+	var sb strings.Builder
+	for _, r := range testTrace {
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb.Write(append(b, '\n'))
+	}
+	rows, err := LoadMooncake(writeFile(t, "trace.jsonl", sb.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(rows, testTrace) {
+		t.Fatalf("rows %+v, want %+v", rows, testTrace)
+	}
+	bad := `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}` + "\n" +
+		`{"timestamp": 5, "input_length": -1, "output_length": 1, "hash_ids": [1]}` + "\n"
+	if _, err := LoadMooncake(writeFile(t, "neg.jsonl", bad)); err == nil || !strings.Contains(err.Error(), ":2: negative length") {
+		t.Errorf("negative input_length: err = %v, want line 2 named", err)
+	}
+	if _, err := LoadMooncake(writeFile(t, "none.jsonl", "")); err == nil {
+		t.Error("an empty trace loaded")
+	}
 }
 
 func TestLoadMooncakeShared(t *testing.T) {
