@@ -28,7 +28,7 @@ func TestExampleConfigNamesEveryField(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"listen:", "admin_listen:", "mode:", "max_request_body_bytes:", "level:", "format:",
-		"connect:", "response_header:", "idle:", "shutdown_grace:", "client_read:", "chunk_tokens:", "load_factor:", "load_margin:",
+		"connect:", "response_header:", "idle:", "shutdown_grace:", "client_read:", "client_write:", "chunk_tokens:", "load_factor:", "load_margin:",
 		"default_kv_cache_tokens:", "max_index_entries:", "url:", "kv_cache_tokens:", "weight:",
 		"discovery:", "dns:", "name:", "port:", "srv:", "scheme:", "interval:", "health:", "path:", "timeout:",
 		"healthy_threshold:", "unhealthy_threshold:", "consecutive_failures:", "base_ejection:", "max_ejection:",
@@ -49,7 +49,8 @@ func TestDefaults(t *testing.T) {
 	if c.Listen != want.Listen || c.AdminListen != want.AdminListen || c.Mode != want.Mode || c.MaxRequestBodyBytes != want.MaxRequestBodyBytes {
 		t.Errorf("defaults: got %+v", c)
 	}
-	if c.Timeouts.Connect.D() != 5*time.Second || c.Timeouts.Idle.D() != 5*time.Minute || c.Prefix.ChunkTokens != 64 || c.Backends[0].Weight != 1 {
+	if c.Timeouts.Connect.D() != 5*time.Second || c.Timeouts.Idle.D() != 5*time.Minute || c.Timeouts.ClientWrite.D() != time.Minute ||
+		c.Prefix.ChunkTokens != 64 || c.Backends[0].Weight != 1 {
 		t.Errorf("defaults: got %+v %+v", c.Timeouts, c.Prefix)
 	}
 	bs, err := c.NewBackends()
@@ -77,6 +78,7 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"timeouts:\n  connect: soon\nbackends:\n - url: http://a:1", `line 2: "soon" is not a duration`},
 		{"timeouts:\n  idle: 300\nbackends:\n - url: http://a:1", `line 2: "300" is not a duration`},
 		{"timeouts:\n  client_read: -1s\nbackends:\n - url: http://a:1", "timeouts.client_read"},
+		{"timeouts:\n  client_write: -1s\nbackends:\n - url: http://a:1", "timeouts.client_write"},
 		{"timeouts:\n  idle: -1s\nbackends:\n - url: http://a:1", "timeouts.idle"},
 		{"prefix:\n  chunk_tokens: 100000\nbackends:\n - url: http://a:1", "prefix.chunk_tokens"},
 		{"prefix:\n  load_factor: 0.5\nbackends:\n - url: http://a:1", "prefix.load_factor"},
