@@ -87,6 +87,10 @@ type Timeouts struct {
 	ShutdownGrace Duration `yaml:"shutdown_grace"`
 	// ClientRead bounds reading one client request, headers and body (slow or stalled clients).
 	ClientRead Duration `yaml:"client_read"`
+	// ClientWrite bounds how long a client may leave the response unread: a write to it that
+	// makes no progress for this long closes the client and the backend connection (the
+	// backend's in-flight slot is freed). Not a total timeout: a stream read steadily never hits it.
+	ClientWrite Duration `yaml:"client_write"`
 }
 
 // Prefix tunes the prefix-aware policy.
@@ -183,6 +187,10 @@ const (
 	// DefaultClientRead: a 64 MiB body at 10 Mbit/s takes about 55 s; a client that sends
 	// nothing (slowloris) is dropped after this.
 	DefaultClientRead = 60 * time.Second
+	// DefaultClientWrite: a client that has read nothing of its response for a minute has
+	// stopped reading (a hung script, a laptop asleep); a slow but live link drains a 16 KB
+	// chunk in well under that.
+	DefaultClientWrite = 60 * time.Second
 	// DefaultShutdownGrace matches Kubernetes' default terminationGracePeriodSeconds.
 	DefaultShutdownGrace = 30 * time.Second
 	// DefaultChunkTokens: 64 approximate tokens ≈ 256 bytes; smaller chunks blew up peers' memory.
@@ -259,6 +267,7 @@ func (c *Config) ApplyDefaults() {
 	setD(&c.Timeouts.Idle, DefaultIdle)
 	setD(&c.Timeouts.ShutdownGrace, DefaultShutdownGrace)
 	setD(&c.Timeouts.ClientRead, DefaultClientRead)
+	setD(&c.Timeouts.ClientWrite, DefaultClientWrite)
 	if c.Prefix.ChunkTokens == 0 {
 		c.Prefix.ChunkTokens = DefaultChunkTokens
 	}
@@ -328,7 +337,7 @@ func (c *Config) Validate() error {
 		v    Duration
 	}{{"timeouts.connect", c.Timeouts.Connect}, {"timeouts.response_header", c.Timeouts.ResponseHeader},
 		{"timeouts.idle", c.Timeouts.Idle}, {"timeouts.shutdown_grace", c.Timeouts.ShutdownGrace},
-		{"timeouts.client_read", c.Timeouts.ClientRead}} {
+		{"timeouts.client_read", c.Timeouts.ClientRead}, {"timeouts.client_write", c.Timeouts.ClientWrite}} {
 		if d.v < 0 {
 			return fmt.Errorf("%s: negative duration %s", d.name, d.v.D())
 		}

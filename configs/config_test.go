@@ -209,6 +209,7 @@ var defaulted = Config{
 		Idle:           Duration(5 * time.Minute),
 		ShutdownGrace:  Duration(30 * time.Second),
 		ClientRead:     Duration(60 * time.Second),
+		ClientWrite:    Duration(60 * time.Second),
 	},
 	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: 2, DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
 	Health: Health{

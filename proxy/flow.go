@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -50,6 +49,14 @@ type flow struct {
 	idle      time.Duration
 	idleSet   time.Time // when the connection's read deadline was last set to now + idle
 	done      atomic.Bool
+
+	// The client's write deadline, moved as the relay progresses (timeouts.client_write):
+	// through ctx, so that fasthttp clears it after the response, or on hj, the connection
+	// hijacked for a close-delimited HTTP/1.0 body.
+	ctx          *fasthttp.RequestCtx
+	hj           net.Conn
+	clientWrite  time.Duration
+	clientWriteA time.Time // when the client's write deadline was last set to now + clientWrite
 
 	readErr     error // the first error reading the backend's body
 	usagePrompt int   // backend-reported usage.prompt_tokens (0: not seen)
@@ -100,7 +107,13 @@ func (f *flow) goneErr() error {
 	return f.goneBy
 }
 
-// Read relays the backend's body. Each read may wait at most the idle timeout.
+// deadlineSteps: a stream's idle and client-write deadlines move only when they have aged by
+// 1/deadlineSteps of their timeout, so that a stream of many small chunks does not reset a
+// runtime timer per chunk; a stall is cut after between 1-1/deadlineSteps and all of it.
+const deadlineSteps = 16
+
+// Read relays the backend's body. Each read may wait at most the idle timeout; what it
+// returns the client must take within timeouts.client_write.
 func (f *flow) Read(p []byte) (int, error) {
 	f.mu.Lock()
 	c := f.conn
@@ -115,7 +128,7 @@ func (f *flow) Read(p []byte) (int, error) {
 		// The idle deadline is moved only when it has aged by a sixteenth of the idle
 		// timeout: a stream that stalls is cut after between 15/16 and all of idle without
 		// a byte, and a stream of many small chunks does not reset a runtime timer per chunk.
-		if now := time.Now(); f.idleSet.IsZero() || now.Sub(f.idleSet) > f.idle/16 {
+		if now := time.Now(); f.idleSet.IsZero() || now.Sub(f.idleSet) > f.idle/deadlineSteps {
 			_ = c.SetReadDeadline(now.Add(f.idle))
 			f.idleSet = now
 		}
@@ -130,6 +143,15 @@ func (f *flow) Read(p []byte) (int, error) {
 		var m int
 		m, err = f.body.Read(p[n:])
 		n += m
+	}
+	if f.clientWrite > 0 {
+		// Moved after the read, which may have waited on the backend for long: the deadline
+		// bounds the client, not the backend. Throttled like the idle deadline: a client that
+		// takes nothing is cut after between 15/16 and all of clientWrite.
+		if now := time.Now(); now.Sub(f.clientWriteA) > f.clientWrite/deadlineSteps {
+			f.setClientWriteDeadline(now.Add(f.clientWrite))
+			f.clientWriteA = now
+		}
 	}
 	if n > 0 {
 		if f.bytes == 0 {
@@ -150,10 +172,60 @@ func (f *flow) Read(p []byte) (int, error) {
 			err = f.goneErr()
 		case isTimeout(err):
 			err = errIdleTimeout
+		default:
+			err = &failure{errTruncated, err}
 		}
 	}
 	return n, err
 }
+
+// setClientWriteDeadline sets the write deadline of the client's connection. fasthttp writes
+// with no deadline of its own (WriteTimeout 0); one set through ctx is cleared after the
+// response, so a later response on the connection starts without it.
+func (f *flow) setClientWriteDeadline(t time.Time) {
+	if f.hj != nil {
+		_ = f.hj.SetWriteDeadline(t)
+	} else if f.ctx != nil {
+		_ = f.ctx.SetWriteDeadline(t)
+	}
+}
+
+// relayClosing relays the body to an HTTP/1.0 client, which knows no chunked coding, as a
+// close-delimited body (RFC 9112 §6.3): fasthttp chunks a stream of unknown length for every
+// client, so the connection is hijacked once the handler returns, and the head (without
+// Content-Length or Transfer-Encoding, with Connection: close), then the body as the backend
+// sends it, are written on it; fasthttp closes it after. The flow ends as with fasthttp's
+// relay, through CloseWithError.
+func (f *flow) relayClosing(ctx *fasthttp.RequestCtx) {
+	h := &ctx.Response.Header
+	h.SetContentLength(-2) // identity; sets Connection: close
+	head := append([]byte(nil), h.Header()...)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(c net.Conn) {
+		f.hj = c
+		if f.clientWrite > 0 {
+			f.setClientWriteDeadline(time.Now().Add(f.clientWrite))
+		}
+		_, err := c.Write(head)
+		buf := make([]byte, relayBufferSize)
+		for err == nil {
+			n, rerr := f.Read(buf)
+			if n > 0 {
+				_, err = c.Write(buf[:n])
+			}
+			if rerr == io.EOF {
+				break
+			}
+			if err == nil {
+				err = rerr
+			}
+		}
+		_ = f.CloseWithError(err)
+	})
+}
+
+// relayBufferSize is the read size of relayClosing, as fasthttp's body copy buffer.
+const relayBufferSize = 32 << 10
 
 // CloseWithError ends the relay: fasthttp calls it once with nil after a complete response
 // or with the error that stopped writing to the client.
@@ -162,17 +234,21 @@ func (f *flow) CloseWithError(werr error) error {
 	var err error
 	switch {
 	case werr != nil:
-		err = werr
+		err = werr // what Read returned (a class), or the error writing to the client
 		switch {
 		case f.gone.Load():
 			err = f.goneErr()
+		case f.readErr == nil && isTimeout(werr):
+			// The client took nothing for timeouts.client_write: cut both sides, so that the
+			// backend's in-flight slot is free. Not the backend's fault.
+			err = &failure{errClientWriteTimeout, werr}
 		case f.readErr == nil:
 			// Reading from the backend went fine; writing to the client failed: the client
 			// left. That must not count against the backend.
-			err = fmt.Errorf("%w: %v", errClientGone, werr)
+			err = &failure{errClientGone, werr}
 		}
 	case !f.eof:
-		err = errUpstreamClosed
+		err = errTruncated
 	}
 	f.finish(status, err)
 	return nil
@@ -188,8 +264,9 @@ func (f *flow) finish(status int, err error) {
 	s.wd.remove(f)
 	c := f.takeConn()
 	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
-	s.m.observe(f, status, err)
-	if f.body != nil && err != nil && !errors.Is(err, errClientGone) {
+	res := f.result(err)
+	s.m.observe(f, status, res)
+	if f.body != nil && (res == resultTruncated || res == resultIdleTimeout) {
 		s.hc.Observe(f.lease.Backend(), health.OutcomeServerError) // died or stalled mid-response
 	}
 	if f.body != nil {
@@ -204,8 +281,48 @@ func (f *flow) finish(status int, err error) {
 		}
 	}
 	f.lease.Release()
-	s.logRequest(f, status, err)
+	s.logRequest(f, status, err, res)
+	f.ctx, f.hj, f.clientWrite, f.clientWriteA = nil, nil, 0, time.Time{}
 	s.putFlow(f)
+}
+
+// result is what became of a request, for its log line and the stream-error counters.
+type result uint8
+
+const (
+	resultOK                 result = iota // complete
+	resultFailed                           // no backend response: the proxy's own error status
+	resultTruncated                        // the backend's body ended early (closed, reset, bad framing)
+	resultIdleTimeout                      // the backend sent nothing for timeouts.idle mid-response
+	resultClientGone                       // the client left
+	resultClientWriteTimeout               // the client took nothing for timeouts.client_write
+	resultShutdown                         // aborted at the end of the shutdown grace
+	nResults
+)
+
+var resultNames = [nResults]string{"ok", "failed", "truncated", "idle_timeout", "client_gone", "client_write_timeout", "shutdown"}
+
+func (r result) String() string { return resultNames[r] }
+
+// result classifies err, the reason the flow ended (nil: complete). Call before the body
+// stream is released: a flow whose response started (headers handed to the client) fails
+// differently from one that never got one.
+func (f *flow) result(err error) result {
+	switch {
+	case err == nil:
+		return resultOK
+	case errors.Is(err, errClientGone):
+		return resultClientGone
+	case errors.Is(err, errClientWriteTimeout):
+		return resultClientWriteTimeout
+	case errors.Is(err, errShuttingDown):
+		return resultShutdown
+	case f.body == nil && f.bytes == 0:
+		return resultFailed
+	case errors.Is(err, errIdleTimeout):
+		return resultIdleTimeout
+	}
+	return resultTruncated
 }
 
 // isTimeout reports deadline errors: net.Error timeouts and fasthttp.ErrTimeout, which has a

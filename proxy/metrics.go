@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -32,7 +31,7 @@ type serverMetrics struct {
 	parseFallbacks *metrics.Counter
 	rejected413    *metrics.Counter
 	noBackend      *metrics.Counter
-	streamErrors   *metrics.Counter
+	streamErrors   streamErrorCounters
 	clientGone     *metrics.Counter
 	matchedRatio   *metrics.PrometheusHistogram
 }
@@ -46,10 +45,35 @@ func newServerMetrics(mode string) *serverMetrics {
 		parseFallbacks: s.NewCounter(`prefixlb_parse_fallbacks_total`),
 		rejected413:    s.NewCounter(`prefixlb_request_body_too_large_total`),
 		noBackend:      s.NewCounter(`prefixlb_no_backend_total`),
-		streamErrors:   s.NewCounter(`prefixlb_stream_errors_total`),
+		streamErrors:   newStreamErrorCounters(s),
 		clientGone:     s.NewCounter(`prefixlb_client_disconnects_total`),
 		matchedRatio:   s.NewPrometheusHistogramExt(`prefixlb_matched_prefix_ratio`, ratioBuckets),
 	}
+}
+
+// streamErrorCounters is prefixlb_stream_errors_total{reason}: responses that started (their
+// status already went to the client, and prefixlb_requests_total counts that status) but did
+// not complete, by what ended them. Indexed by result; nil for results that are not stream
+// errors (a client that left is prefixlb_client_disconnects_total).
+type streamErrorCounters [nResults]*metrics.Counter
+
+func newStreamErrorCounters(s *metrics.Set) streamErrorCounters {
+	var c streamErrorCounters
+	for _, r := range []result{resultTruncated, resultIdleTimeout, resultClientWriteTimeout, resultShutdown} {
+		c[r] = s.NewCounter(fmt.Sprintf(`prefixlb_stream_errors_total{reason=%q}`, r))
+	}
+	return c
+}
+
+// Get is the total over the reasons.
+func (c *streamErrorCounters) Get() uint64 {
+	var n uint64
+	for _, x := range c {
+		if x != nil {
+			n += x.Get()
+		}
+	}
+	return n
 }
 
 // backendMetrics are one backend's series.
@@ -94,15 +118,14 @@ func (bm *backendMetrics) request(r router.Reason, status int) {
 	c.Inc()
 }
 
-// observe records a finished flow; err is why it ended early (nil: complete).
-func (sm *serverMetrics) observe(f *flow, status int, err error) {
+// observe records a finished flow with the status the client saw and what became of it.
+func (sm *serverMetrics) observe(f *flow, status int, res result) {
 	switch {
-	case err == nil:
-	case errors.Is(err, errClientGone):
+	case res == resultClientGone:
 		sm.clientGone.Inc()
-	case f.bytes > 0 || f.body != nil:
-		// The backend failed after the response started: the client sees a truncated body.
-		sm.streamErrors.Inc()
+	case sm.streamErrors[res] != nil && (f.bytes > 0 || f.body != nil):
+		// The response started and did not complete: the client sees a truncated body.
+		sm.streamErrors[res].Inc()
 	}
 	if f.k.Routed && !f.k.OK {
 		sm.parseFallbacks.Inc()

@@ -377,8 +377,14 @@ func (r retryStatus) Error() string { return fmt.Sprintf("backend answered %d", 
 func retryable(err error) bool {
 	var rs retryStatus
 	var de *dialError
-	return errors.As(err, &rs) || errors.As(err, &de) || errors.Is(err, errHeaderTimeout) || errors.Is(err, errUpstreamClosed)
+	return errors.As(err, &rs) || errors.As(err, &de) || errors.Is(err, errHeaderTimeout) ||
+		errors.Is(err, errUpstreamClosed) || errors.Is(err, errInvalidResponse)
 }
+
+// earlyResponseWait bounds the read of a response after writing the request failed: a
+// backend that answered before reading the whole body (413, 400) and closed has its answer
+// in the socket already; a connection that carries none is given up on at once.
+const earlyResponseWait = time.Second
 
 // try sends the request to b and, when response headers arrive, hands the response to
 // fasthttp. A nil error means the flow now belongs to the relay.
@@ -397,6 +403,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	// refuses the request (status ≥ 400) or never answers is unlearned again.
 	learn := s.learner != nil && f.k.Routed && f.k.OK
 	var learned router.Learned
+	early := false // the response was read after writing the request failed
 	for fresh := 0; ; fresh++ {
 		now := time.Now()
 		var c *uconn
@@ -427,16 +434,23 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		if err == nil && learn && learned == 0 {
 			learned = s.learner.Learn(&f.k, b, f.dec.MatchedChunks)
 		}
+		early = false
 		if err == nil {
-			f.resp.StreamBody = true
-			f.resp.SkipBody = head
-			err = f.resp.Read(c.br)
-			if err == nil && hasBody(&f.resp, head) {
-				// vLLM sends stream headers at once, then queues and prefills. Nothing reaches
-				// the client before the first body byte (fasthttp sends headers with the first
-				// chunk), so a backend that dies in that window is still retried elsewhere.
-				_, err = c.br.Peek(1)
+			err = readHead(f, c, head)
+		} else if !f.gone.Load() && !isTimeout(err) {
+			// The backend may have answered before reading all of the body (413, 400) and
+			// closed, which makes the write fail: its answer is in the socket. Relay it and
+			// judge the backend by its status; the connection is not reused.
+			_ = c.SetReadDeadline(earliest(deadline, time.Now().Add(earlyResponseWait)))
+			if readHead(f, c, head) == nil {
+				err, early = nil, true
 			}
+		}
+		if err == nil && f.resp.StatusCode() < fasthttp.StatusOK {
+			// 101 Switching Protocols: the connection now speaks another protocol (fasthttp
+			// consumes 100, 103 and the other 1xx before the final response). prefixlb does not
+			// tunnel upgrades; the connection is closed, never pooled.
+			err = &failure{errInvalidResponse, errUnexpected1xx}
 		}
 		if err == nil {
 			break
@@ -451,10 +465,12 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		case reused && fresh == 0 && staleConn(err):
 			continue
 		case isTimeout(err):
-			err = errHeaderTimeout
+			err = &failure{errHeaderTimeout, err}
 			s.hc.Observe(b, health.OutcomeTimeout)
 		default:
-			err = fmt.Errorf("%w: %v", errUpstreamClosed, err)
+			if !errors.Is(err, errInvalidResponse) {
+				err = classify(err)
+			}
 			s.hc.Observe(b, health.OutcomeConnectError)
 		}
 		s.unlearn(f, b, learned)
@@ -480,6 +496,9 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 
 	// Headers arrived: from here on the response belongs to the client.
 	f.resp.Header.CopyTo(&ctx.Response.Header)
+	if early {
+		f.resp.SetConnectionClose() // the request was not written whole: the connection is done
+	}
 	stripHopResponse(&ctx.Response.Header)
 	ctx.Response.Header.Set(HeaderBackend, b.Name)
 	var rh [48]byte
@@ -491,9 +510,14 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		f.finish(status, nil)
 		return nil
 	}
+	f.ctx, f.clientWrite = ctx, s.cfg.Timeouts.ClientWrite.D()
 	cl := f.resp.Header.ContentLength()
 	if cl < 0 {
 		cl = -1
+		if !ctx.Request.Header.IsHTTP11() {
+			f.relayClosing(ctx)
+			return nil
+		}
 	}
 	ctx.SetBodyStream(f, cl)
 	return nil
@@ -581,9 +605,12 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	ctx.SetConnectionClose()
 }
 
-func (s *Server) logRequest(f *flow, status int, err error) {
+// logRequest writes the request's line: status is what the client saw, res what became of
+// the request (a stream cut after its 200 is result truncated, not a success); err, when set,
+// appears as its class only, and at debug with a sanitised detail, never the backend's bytes.
+func (s *Server) logRequest(f *flow, status int, err error, res result) {
 	lvl := zap.InfoLevel
-	if (err != nil && !errors.Is(err, errClientGone)) || status >= 500 {
+	if (res != resultOK && res != resultClientGone && res != resultClientWriteTimeout) || status >= 500 {
 		lvl = zap.WarnLevel
 	}
 	ce := s.log.Check(lvl, "request")
@@ -606,9 +633,13 @@ func (s *Server) logRequest(f *flow, status int, err error) {
 		zap.Duration("duration", time.Since(f.start)),
 		zap.Int64("bytes", f.bytes),
 		zap.Int("attempts", f.attempts),
+		zap.Stringer("result", res),
 	}
 	if err != nil {
-		fields = append(fields, zap.Error(err))
+		fields = append(fields, zap.String("error", err.Error()))
+		if s.log.Core().Enabled(zap.DebugLevel) {
+			fields = append(fields, zap.String("detail", errDetail(err)))
+		}
 	}
 	ce.Write(fields...)
 }

@@ -24,13 +24,68 @@ const maxIdleAge = 4 * time.Second
 // maxIdlePerBackend bounds the idle pool of one backend.
 const maxIdlePerBackend = 1024
 
+// connBufferSize is the read and the write buffer of an upstream connection, bytes.
+const connBufferSize = 16 << 10
+
+// tcpKeepAlive is the keep-alive probe period of upstream connections.
+const tcpKeepAlive = 30 * time.Second
+
 // uconn is one upstream connection with its buffers.
 type uconn struct {
 	net.Conn
+	raw      syscall.RawConn // the TCP socket under Conn (under TLS too); nil if it has none
+	tls      bool            // Conn is a *tls.Conn
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	idleFrom time.Time
+
+	peekFn    func(fd uintptr) // peek bound once at dial, so that silent does not allocate
+	peekQuiet bool
+	peekBuf   [1]byte
 }
+
+// silent reports whether an idle connection is as a finished response left it: nothing
+// buffered, and nothing readable on the socket, neither data nor EOF. Bytes there are the
+// tail of a misframed response (more than its Content-Length, a body on a HEAD reply, a
+// chunk after the last one) or an unsolicited answer; sending another user's request on the
+// connection would hand them over as that user's response. One non-blocking recv(MSG_PEEK)
+// per reuse, as HAProxy checks a connection before reusing it. Under TLS, plaintext already
+// decrypted past the response counts, and so does any readable byte on the socket (it may be
+// a record the TLS layer would consume, but a quiet connection has nothing to send).
+func (c *uconn) silent() bool {
+	if c.br.Buffered() > 0 {
+		return false
+	}
+	if c.tls {
+		// Decrypted bytes are in neither br nor the socket. With a deadline already passed, a
+		// read returns them or times out without touching the socket.
+		_ = c.SetReadDeadline(longAgo)
+		_, err := c.br.Peek(1)
+		if !isTimeout(err) {
+			return false
+		}
+	}
+	if c.raw == nil {
+		return true
+	}
+	c.peekQuiet = false
+	return c.raw.Control(c.peekFn) == nil && c.peekQuiet
+}
+
+// peek is silent's look at the socket: quiet when a non-blocking peek finds nothing. No error
+// is data or EOF (0 bytes); an error other than EAGAIN is a reset.
+func (c *uconn) peek(fd uintptr) {
+	for {
+		_, _, err := syscall.Recvfrom(int(fd), c.peekBuf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		if err != syscall.EINTR {
+			c.peekQuiet = err == syscall.EAGAIN
+			return
+		}
+	}
+}
+
+// longAgo is a deadline that has passed.
+var longAgo = time.Unix(1, 0)
 
 // writeRequest sends req (its body read in full) on c. A request that fits the write
 // buffer goes out in one write; a larger one (a long prompt) as one writev of the header
@@ -53,6 +108,29 @@ func (c *uconn) writeRequest(req *fasthttp.Request) error {
 	}
 	_, err := rawconn.WriteVector(c.Conn, hdr, body)
 	return err
+}
+
+// readHead reads the response head from c into f.resp, the body left to stream. When a body
+// follows, it also waits for its first byte: vLLM sends stream headers at once, then queues
+// and prefills, and nothing reaches the client before the first body byte (fasthttp sends
+// headers with the first chunk), so a backend that dies in that window is still retried
+// elsewhere.
+func readHead(f *flow, c *uconn, head bool) error {
+	f.resp.StreamBody = true
+	f.resp.SkipBody = head
+	err := f.resp.Read(c.br)
+	if err == nil && hasBody(&f.resp, head) {
+		_, err = c.br.Peek(1)
+	}
+	return err
+}
+
+// earliest is the earlier of two times.
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // upstream dials and pools connections to one backend. Connections are handed out one request
@@ -80,32 +158,40 @@ func newUpstream(b *backend.Backend, connectTimeout time.Duration, m *backendMet
 	return u
 }
 
-// get returns a pooled connection (reused=true) or dials a new one.
+// get returns a pooled connection (reused=true) or dials a new one. A pooled connection that
+// aged past maxIdleAge or is not silent is closed instead of reused.
 func (u *upstream) get(now time.Time) (c *uconn, reused bool, err error) {
-	u.mu.Lock()
-	for len(u.idle) > 0 {
-		c = u.idle[len(u.idle)-1]
-		u.idle[len(u.idle)-1] = nil
-		u.idle = u.idle[:len(u.idle)-1]
-		if now.Sub(c.idleFrom) < maxIdleAge {
+	for {
+		u.mu.Lock()
+		n := len(u.idle)
+		if n == 0 {
 			u.mu.Unlock()
+			break
+		}
+		c = u.idle[n-1]
+		u.idle[n-1] = nil
+		u.idle = u.idle[:n-1]
+		u.mu.Unlock()
+		if now.Sub(c.idleFrom) < maxIdleAge && c.silent() {
 			return c, true, nil
 		}
 		_ = c.Close()
 	}
-	u.mu.Unlock()
 	c, err = u.dial()
 	return c, false, err
 }
 
 func (u *upstream) dial() (*uconn, error) {
-	d := net.Dialer{Timeout: u.timeout, KeepAlive: 30 * time.Second}
+	d := net.Dialer{Timeout: u.timeout, KeepAlive: tcpKeepAlive}
 	conn, err := d.Dial("tcp", u.b.Addr)
 	if err != nil {
 		return nil, &dialError{err}
 	}
+	uc := &uconn{}
+	uc.peekFn = uc.peek
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
+		uc.raw, _ = tc.SyscallConn()
 		conn = rawconn.Wrap(tc)
 	}
 	if u.tls != nil {
@@ -117,16 +203,20 @@ func (u *upstream) dial() (*uconn, error) {
 		}
 		_ = tc.SetDeadline(time.Time{})
 		conn = tc
+		uc.tls = true
 	}
-	return &uconn{Conn: conn, br: bufio.NewReaderSize(conn, 16<<10), bw: bufio.NewWriterSize(conn, 16<<10)}, nil
+	uc.Conn, uc.br, uc.bw = conn, bufio.NewReaderSize(conn, connBufferSize), bufio.NewWriterSize(conn, connBufferSize)
+	return uc, nil
 }
 
 // put returns a connection whose response was fully read. Its deadlines are left as they
-// are: whoever takes it from the pool sets new ones before any read or write.
+// are: whoever takes it from the pool sets new ones before any read or write. A connection
+// with bytes buffered past the response (the backend sent more than it framed) is closed:
+// those bytes would become the next user's response.
 func (u *upstream) put(c *uconn, now time.Time) {
 	c.idleFrom = now
 	u.mu.Lock()
-	if !u.removed && len(u.idle) < maxIdlePerBackend {
+	if !u.removed && len(u.idle) < maxIdlePerBackend && c.br.Buffered() == 0 {
 		u.idle = append(u.idle, c)
 		c = nil
 	}
@@ -153,8 +243,9 @@ func (u *upstream) retire() {
 // to send elsewhere.
 type dialError struct{ err error }
 
-func (e *dialError) Error() string { return "connect: " + e.err.Error() }
-func (e *dialError) Unwrap() error { return e.err }
+// Error is the class only: the cause names the backend's address (dial tcp 10.1.2.3:8000).
+func (e *dialError) Error() string   { return errConnect.Error() }
+func (e *dialError) Unwrap() []error { return []error{errConnect, e.err} }
 
 // staleConn reports whether err on a reused keep-alive connection means that the backend had
 // closed it before reading the request (EOF / reset before any response byte): the request

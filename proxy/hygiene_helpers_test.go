@@ -1,0 +1,226 @@
+package proxy
+
+// Helpers of the hostile-backend tests (upstream_hygiene_test.go, client_stream_test.go): a
+// proxy whose every log entry is captured, and backends written in raw bytes.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/prefixlb/prefixlb/configs"
+)
+
+// logSink collects every log entry, all levels, as JSON lines.
+type logSink struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logSink) Sync() error { return nil }
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// entries returns the logged entries whose message is msg, decoded.
+func (l *logSink) entries(t testing.TB, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var e map[string]any
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("log line is not JSON: %v: %.200s", err, line)
+		}
+		if e["msg"] == msg {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// hygieneProxy is startProxy with every log entry, debug included, captured in the sink.
+func hygieneProxy(t *testing.T, urls []string, mutate func(*configs.Config)) (*Server, string, *logSink) {
+	t.Helper()
+	return hygieneProxyPrep(t, urls, mutate, nil)
+}
+
+// hygieneProxyPrep is hygieneProxy with prep run on the server before it serves.
+func hygieneProxyPrep(t *testing.T, urls []string, mutate func(*configs.Config), prep func(*Server)) (*Server, string, *logSink) {
+	t.Helper()
+	cfg := &configs.Config{Mode: "round-robin", Listen: "127.0.0.1:0", Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
+	for _, u := range urls {
+		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
+	}
+	if mutate != nil {
+		mutate(cfg)
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	sink := &logSink{}
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), sink, zapcore.DebugLevel))
+	s, err := New(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prep != nil {
+		prep(s)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(func() { shutdownWithin(s, 5*time.Second) })
+	return s, "http://" + ln.Addr().String(), sink
+}
+
+// shutdownWithin shuts s down, aborting what is left after limit.
+func shutdownWithin(s *Server, limit time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	_ = s.Shutdown(ctx)
+}
+
+// rawBackend is a backend written in raw bytes: serve runs for each accepted connection and the
+// connection is closed when it returns. It counts connections accepted and finished.
+type rawBackend struct {
+	ln       net.Listener
+	scheme   string
+	accepted atomic.Int64
+	finished atomic.Int64
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func newRawBackend(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) *rawBackend {
+	return newRawBackendTLS(t, nil, serve)
+}
+
+// newRawBackendTLS is newRawBackend speaking TLS with cfg (nil: plain TCP).
+func newRawBackendTLS(t *testing.T, cfg *tls.Config, serve func(c net.Conn, br *bufio.Reader)) *rawBackend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &rawBackend{ln: ln, scheme: "http"}
+	if cfg != nil {
+		b.ln, b.scheme = tls.NewListener(ln, cfg), "https"
+	}
+	go func() {
+		for {
+			c, err := b.ln.Accept()
+			if err != nil {
+				return
+			}
+			b.accepted.Add(1)
+			b.mu.Lock()
+			b.conns = append(b.conns, c)
+			b.mu.Unlock()
+			go func() {
+				defer b.finished.Add(1)
+				defer c.Close()
+				serve(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for _, c := range b.conns {
+			_ = c.Close()
+		}
+	})
+	return b
+}
+
+func (b *rawBackend) URL() string  { return b.scheme + "://" + b.ln.Addr().String() }
+func (b *rawBackend) Addr() string { return b.ln.Addr().String() }
+
+// testTLS is a server certificate for 127.0.0.1 and, for the proxy, a pool that trusts it.
+func testTLS(t *testing.T) (*tls.Config, *x509.CertPool) {
+	t.Helper()
+	ts := httptest.NewUnstartedServer(nil)
+	ts.StartTLS()
+	cfg := &tls.Config{Certificates: ts.TLS.Certificates, NextProtos: []string{"http/1.1"}}
+	pool := x509.NewCertPool()
+	pool.AddCert(ts.Certificate())
+	ts.Close()
+	return cfg, pool
+}
+
+// trustUpstreams returns a prep that makes the server's TLS upstreams trust pool.
+func trustUpstreams(pool *x509.CertPool) func(*Server) {
+	return func(s *Server) {
+		for _, u := range *s.ups.Load() {
+			if u.tls != nil {
+				u.tls.RootCAs = pool
+			}
+		}
+	}
+}
+
+// readRequest reads one request from br, its body included; it fails when the proxy closed
+// the connection.
+func readRequest(br *bufio.Reader) (*http.Request, error) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return nil, err
+	}
+	_, err = io.Copy(io.Discard, req.Body)
+	return req, err
+}
+
+// jsonResponse is a well-framed 200 with body.
+func jsonResponse(body string) string {
+	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+// userDo sends one request as user to url and returns status and body (bounded by the client).
+func userDo(t *testing.T, c *http.Client, method, url, user string) (int, string) {
+	t.Helper()
+	var body io.Reader
+	if method == http.MethodPost {
+		body = strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello from ` + user + `"}]}`)
+	}
+	req, _ := http.NewRequest(method, url+"/v1/chat/completions", body)
+	req.Header.Set("X-Test-User", user)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("user %s: %v", user, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
