@@ -37,6 +37,7 @@ type Backend struct {
 	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
 	unhealthy     atomic.Bool
+	neverPassed   atomic.Bool
 	epoch         atomic.Uint64
 	served        atomic.Uint64
 }
@@ -138,6 +139,16 @@ func (b *Backend) Healthy() bool { return !b.unhealthy.Load() }
 // SetHealthy marks the backend healthy or not and reports whether the state changed.
 func (b *Backend) SetHealthy(ok bool) bool { return b.unhealthy.Swap(!ok) == ok }
 
+// NeverPassed reports whether the backend is waiting for its first passing active check: a
+// new replica, typically still loading its model weights. Such a backend takes no traffic,
+// not even in panic mode, and does not count toward the panic threshold (Envoy's
+// ignore_new_hosts_until_first_hc). A new Backend is not marked; the health checker marks
+// the backends it tracks with active checks on and clears the mark on their first pass.
+func (b *Backend) NeverPassed() bool { return b.neverPassed.Load() }
+
+// SetNeverPassed sets or clears the NeverPassed mark.
+func (b *Backend) SetNeverPassed(v bool) { b.neverPassed.Store(v) }
+
 // Epoch counts how often the backend's KV cache was lost (restart, return from unhealthy,
 // removal). Index entries are valid only for the epoch they were recorded in.
 func (b *Backend) Epoch() uint64 { return b.epoch.Load() }
@@ -226,18 +237,31 @@ func (p *Pool) Set(bs []*Backend) {
 	p.list.Store(&c)
 }
 
-// Healthy appends the healthy backends of bs to dst and returns it. When fewer than half of
-// bs are healthy it returns all of bs (panic mode, as Envoy's 50% panic threshold): routing
-// to a possibly-dead replica beats refusing every request.
+// Healthy appends the healthy backends of bs to dst and returns it. Backends that never
+// passed an active check (NeverPassed) are neither returned nor counted. When fewer than half
+// of the others are healthy it returns all of those others (panic mode, as Envoy's 50% panic
+// threshold): routing to a replica that was up and may be dead beats refusing every request,
+// but a replica that never came up (still loading its weights) would only fail the request.
 func Healthy(dst, bs []*Backend) (out []*Backend, panicMode bool) {
 	dst = dst[:0]
+	counted := 0
 	for _, b := range bs {
+		if b.NeverPassed() {
+			continue
+		}
+		counted++
 		if b.Healthy() {
 			dst = append(dst, b)
 		}
 	}
-	if len(bs) > 0 && 2*len(dst) < len(bs) {
-		return append(dst[:0], bs...), true
+	if 2*len(dst) >= counted {
+		return dst, false
 	}
-	return dst, false
+	dst = dst[:0]
+	for _, b := range bs {
+		if !b.NeverPassed() {
+			dst = append(dst, b)
+		}
+	}
+	return dst, true
 }

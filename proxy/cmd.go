@@ -140,6 +140,15 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	defer aln.Close()
 	log.Info("prefixlb serving", zap.String("listen", ln.Addr().String()), zap.String("admin_listen", aln.Addr().String()),
 		zap.String("mode", cfg.Mode), zap.Int("backends", len(cfg.Backends)))
+	if !cfg.Health.Disabled {
+		// A backend that never passed a check takes no traffic: check every backend once
+		// before serving (bounded by one check's timeout), so that requests arriving right
+		// after a start are not refused while the first checks are on their way. Requests
+		// that arrive meanwhile wait in the listen backlog.
+		wctx, cancel := context.WithTimeout(ctx, cfg.Health.Timeout.D())
+		s.Health().CheckOnce(wctx)
+		cancel()
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(ln) }()
 	go func() { _ = s.ServeAdmin(aln) }()
