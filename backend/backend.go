@@ -4,6 +4,7 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -43,26 +44,37 @@ type Backend struct {
 }
 
 // New parses rawURL ("http://host:port", optional path is ignored) into a Backend.
-// Errors say what is wrong with the URL; the caller prefixes the config field name.
+// Errors say what is wrong with the URL; the caller prefixes the config field name. A URL
+// with credentials (user:password@host) is refused: prefixlb would never send them, and the
+// URL is the backend's name in the x-prefixlb-backend header, logs and metric labels. No
+// error message repeats the credentials.
 func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 	if rawURL == "" {
 		return nil, fmt.Errorf("empty")
 	}
+	shown := redactURL(rawURL)
 	if !strings.Contains(rawURL, "://") {
-		return nil, fmt.Errorf("missing scheme (want http:// or https://): %q", rawURL)
+		return nil, fmt.Errorf("missing scheme (want http:// or https://): %q", shown)
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its message quotes the whole URL
+		}
+		return nil, fmt.Errorf("%q is not a URL: %v", shown, err)
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%q has credentials (user:password@): prefixlb does not send them, and the URL is the backend's name in headers, logs and metrics; remove them", shown)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return nil, fmt.Errorf("unsupported scheme %q (want http or https)", u.Scheme)
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("missing host: %q", rawURL)
+		return nil, fmt.Errorf("missing host: %q", shown)
 	}
-	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
-		return nil, fmt.Errorf("%q has a path or query; give the server root (http://host:port): requests keep their own path", rawURL)
+	if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("%q has a path or query (or a #fragment); give the server root (http://host:port): requests keep their own path", shown)
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -84,6 +96,24 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 		KVCacheTokens: kvCacheTokens,
 		Weight:        weight,
 	}, nil
+}
+
+// redactURL returns raw with its userinfo (what precedes an '@' in the authority) replaced
+// by "xxxxx", for error messages; raw need not parse.
+func redactURL(raw string) string {
+	start := 0
+	if i := strings.Index(raw, "://"); i >= 0 {
+		start = i + len("://")
+	}
+	end := len(raw)
+	if i := strings.IndexAny(raw[start:], "/?#"); i >= 0 {
+		end = start + i
+	}
+	at := strings.LastIndexByte(raw[start:end], '@')
+	if at < 0 {
+		return raw
+	}
+	return raw[:start] + "xxxxx" + raw[start+at:]
 }
 
 // InFlight is the number of requests dispatched to the backend whose response has not

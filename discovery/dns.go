@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
 )
 
 // Resolver is the part of *net.Resolver discovery uses; tests inject their own.
@@ -71,6 +73,13 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 		}
 		for _, a := range addrs {
 			urls = append(urls, scheme+"://"+net.JoinHostPort(a, strconv.Itoa(d.Port)))
+		}
+	}
+	for i, u := range urls {
+		// A record that does not make a plain http(s)://host:port URL (credentials, a path)
+		// fails the whole answer, so that the previous list keeps serving.
+		if _, err := backend.New(u, 0, 1); err != nil {
+			return nil, fmt.Errorf("discovery.dns: %s: record %d: %w", d.Name, i, err)
 		}
 	}
 	slices.Sort(urls)

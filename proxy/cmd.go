@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/discovery"
 )
@@ -64,7 +65,12 @@ and/or --backend flags; flags override the file.`,
 				if f.Changed("log-format") {
 					cfg.Log.Format = logFormat
 				}
-				for _, u := range backends {
+				for i, u := range backends {
+					// Named as given on the command line: backends[N] would point into a file
+					// that does not have it.
+					if _, err := backend.New(u, 0, 1); err != nil {
+						return nil, fmt.Errorf("--backend (#%d): %w", i+1, err)
+					}
 					cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
 				}
 				cfg.ApplyDefaults()
