@@ -242,7 +242,7 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 
 func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r discovery.Resolver) {
 	dns := &discovery.DNS{Name: d.Name, Port: d.Port, SRV: d.SRV, Scheme: d.Scheme, Interval: d.Interval.D(),
-		Timeout: 5 * time.Second, Resolver: r}
+		Timeout: 5 * time.Second, Resolver: r, Log: c.log}
 	dns.Run(ctx, func(urls []string) {
 		c.mu.Lock()
 		c.discovered = c.discovered[:0]
@@ -256,9 +256,7 @@ func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r di
 			return
 		}
 		c.log.Info("discovery: backends changed", zap.String("name", d.Name), zap.Strings("urls", urls))
-	}, func(err error) {
-		c.log.Warn("discovery: resolution failed; keeping the previous backends", zap.Error(err))
-	})
+	}, nil) // failures are logged by dns.Run, once per change of state
 }
 
 // applyLocked sets the backends to the config's static list plus the discovered ones.
