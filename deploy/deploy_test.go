@@ -147,7 +147,7 @@ func TestKubectlKustomize(t *testing.T) {
 		}
 		n++
 	}
-	if n != 4 {
-		t.Errorf("kustomize rendered %d objects, want 4", n)
+	if n != 5 {
+		t.Errorf("kustomize rendered %d objects, want 5", n)
 	}
 }
