@@ -4,6 +4,7 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -37,31 +38,43 @@ type Backend struct {
 	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
 	unhealthy     atomic.Bool
+	neverPassed   atomic.Bool
 	epoch         atomic.Uint64
 	served        atomic.Uint64
 }
 
 // New parses rawURL ("http://host:port", optional path is ignored) into a Backend.
-// Errors say what is wrong with the URL; the caller prefixes the config field name.
+// Errors say what is wrong with the URL; the caller prefixes the config field name. A URL
+// with credentials (user:password@host) is refused: prefixlb would never send them, and the
+// URL is the backend's name in the x-prefixlb-backend header, logs and metric labels. No
+// error message repeats the credentials.
 func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 	if rawURL == "" {
 		return nil, fmt.Errorf("empty")
 	}
+	shown := redactURL(rawURL)
 	if !strings.Contains(rawURL, "://") {
-		return nil, fmt.Errorf("missing scheme (want http:// or https://): %q", rawURL)
+		return nil, fmt.Errorf("missing scheme (want http:// or https://): %q", shown)
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, err
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its message quotes the whole URL
+		}
+		return nil, fmt.Errorf("%q is not a URL: %v", shown, err)
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("%q has credentials (user:password@): prefixlb does not send them, and the URL is the backend's name in headers, logs and metrics; remove them", shown)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return nil, fmt.Errorf("unsupported scheme %q (want http or https)", u.Scheme)
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("missing host: %q", rawURL)
+		return nil, fmt.Errorf("missing host: %q", shown)
 	}
-	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
-		return nil, fmt.Errorf("%q has a path or query; give the server root (http://host:port): requests keep their own path", rawURL)
+	if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("%q has a path or query (or a #fragment); give the server root (http://host:port): requests keep their own path", shown)
 	}
 	addr := u.Host
 	if u.Port() == "" {
@@ -83,6 +96,24 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 		KVCacheTokens: kvCacheTokens,
 		Weight:        weight,
 	}, nil
+}
+
+// redactURL returns raw with its userinfo (what precedes an '@' in the authority) replaced
+// by "xxxxx", for error messages; raw need not parse.
+func redactURL(raw string) string {
+	start := 0
+	if i := strings.Index(raw, "://"); i >= 0 {
+		start = i + len("://")
+	}
+	end := len(raw)
+	if i := strings.IndexAny(raw[start:], "/?#"); i >= 0 {
+		end = start + i
+	}
+	at := strings.LastIndexByte(raw[start:end], '@')
+	if at < 0 {
+		return raw
+	}
+	return raw[:start] + "xxxxx" + raw[start+at:]
 }
 
 // InFlight is the number of requests dispatched to the backend whose response has not
@@ -137,6 +168,16 @@ func (b *Backend) Healthy() bool { return !b.unhealthy.Load() }
 
 // SetHealthy marks the backend healthy or not and reports whether the state changed.
 func (b *Backend) SetHealthy(ok bool) bool { return b.unhealthy.Swap(!ok) == ok }
+
+// NeverPassed reports whether the backend is waiting for its first passing active check: a
+// new replica, typically still loading its model weights. Such a backend takes no traffic,
+// not even in panic mode, and does not count toward the panic threshold (Envoy's
+// ignore_new_hosts_until_first_hc). A new Backend is not marked; the health checker marks
+// the backends it tracks with active checks on and clears the mark on their first pass.
+func (b *Backend) NeverPassed() bool { return b.neverPassed.Load() }
+
+// SetNeverPassed sets or clears the NeverPassed mark.
+func (b *Backend) SetNeverPassed(v bool) { b.neverPassed.Store(v) }
 
 // Epoch counts how often the backend's KV cache was lost (restart, return from unhealthy,
 // removal). Index entries are valid only for the epoch they were recorded in.
@@ -226,18 +267,31 @@ func (p *Pool) Set(bs []*Backend) {
 	p.list.Store(&c)
 }
 
-// Healthy appends the healthy backends of bs to dst and returns it. When fewer than half of
-// bs are healthy it returns all of bs (panic mode, as Envoy's 50% panic threshold): routing
-// to a possibly-dead replica beats refusing every request.
+// Healthy appends the healthy backends of bs to dst and returns it. Backends that never
+// passed an active check (NeverPassed) are neither returned nor counted. When fewer than half
+// of the others are healthy it returns all of those others (panic mode, as Envoy's 50% panic
+// threshold): routing to a replica that was up and may be dead beats refusing every request,
+// but a replica that never came up (still loading its weights) would only fail the request.
 func Healthy(dst, bs []*Backend) (out []*Backend, panicMode bool) {
 	dst = dst[:0]
+	counted := 0
 	for _, b := range bs {
+		if b.NeverPassed() {
+			continue
+		}
+		counted++
 		if b.Healthy() {
 			dst = append(dst, b)
 		}
 	}
-	if len(bs) > 0 && 2*len(dst) < len(bs) {
-		return append(dst[:0], bs...), true
+	if 2*len(dst) >= counted {
+		return dst, false
 	}
-	return dst, false
+	dst = dst[:0]
+	for _, b := range bs {
+		if !b.NeverPassed() {
+			dst = append(dst, b)
+		}
+	}
+	return dst, true
 }

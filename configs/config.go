@@ -29,6 +29,8 @@ type Config struct {
 	Mode string `yaml:"mode"`
 	// MaxRequestBodyBytes caps a request body (bytes); larger bodies get 413.
 	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
+	// ResponseHeaders chooses the headers prefixlb adds to responses.
+	ResponseHeaders ResponseHeaders `yaml:"response_headers"`
 	// Log configures logging.
 	Log Log `yaml:"log"`
 	// Timeouts are the proxy's timeouts.
@@ -42,6 +44,17 @@ type Config struct {
 	// Discovery adds backends found at runtime (besides Backends).
 	Discovery Discovery `yaml:"discovery"`
 }
+
+// ResponseHeaders chooses the headers prefixlb adds to each response. x-prefixlb-route (the
+// routing reason and matched chunks) is always added.
+type ResponseHeaders struct {
+	// Backend adds x-prefixlb-backend: the URL of the replica that served the request (nil:
+	// the default, true). Off, the header is absent, also when a backend sent one.
+	Backend *bool `yaml:"backend"`
+}
+
+// BackendOn reports whether x-prefixlb-backend is added (Backend, true when unset).
+func (r ResponseHeaders) BackendOn() bool { return r.Backend == nil || *r.Backend }
 
 // Discovery configures dynamic backends.
 type Discovery struct {
@@ -204,6 +217,9 @@ const (
 	// 2 bytes = 128 KiB of KV per token; an 80 GB H100 at vLLM's gpu_memory_utilization 0.9
 	// leaves ≈ 56 GB after 16 GB of weights and activations: ≈ 430k tokens, rounded to 400k.
 	DefaultKVCacheTokens = 400_000
+	// DefaultResponseHeaderBackend: x-prefixlb-backend is on, for debugging routing from the
+	// client side.
+	DefaultResponseHeaderBackend = true
 	// DefaultMaxIndexEntries bounds the index to 4M chunks (≈ 256M tokens of prefixes).
 	DefaultMaxIndexEntries = 4 << 20
 )
@@ -257,6 +273,10 @@ func (c *Config) ApplyDefaults() {
 	setS(&c.Listen, DefaultListen)
 	setS(&c.AdminListen, DefaultAdminListen)
 	setS(&c.Mode, DefaultMode)
+	if c.ResponseHeaders.Backend == nil {
+		on := DefaultResponseHeaderBackend
+		c.ResponseHeaders.Backend = &on
+	}
 	setS(&c.Log.Level, "info")
 	setS(&c.Log.Format, "json")
 	if c.MaxRequestBodyBytes == 0 {

@@ -203,6 +203,7 @@ var defaulted = Config{
 	Mode:                "prefix",
 	MaxRequestBodyBytes: 67108864,
 	Log:                 Log{Level: "info", Format: "json"},
+	ResponseHeaders:     ResponseHeaders{Backend: new(true)},
 	Timeouts: Timeouts{
 		Connect:        Duration(5 * time.Second),
 		ResponseHeader: Duration(10 * time.Minute),

@@ -11,6 +11,10 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/backend"
 )
 
 // Resolver is the part of *net.Resolver discovery uses; tests inject their own.
@@ -35,6 +39,9 @@ type DNS struct {
 	Timeout time.Duration
 	// Resolver answers lookups; nil means net.DefaultResolver.
 	Resolver Resolver
+	// Log, if set, gets one line per change of state of Run's resolutions: the first failure
+	// (warn), the first success after failures (info); repeated failures log at debug only.
+	Log *zap.Logger
 }
 
 // Resolve returns the sorted, de-duplicated backend URLs the name resolves to now.
@@ -73,6 +80,13 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 			urls = append(urls, scheme+"://"+net.JoinHostPort(a, strconv.Itoa(d.Port)))
 		}
 	}
+	for i, u := range urls {
+		// A record that does not make a plain http(s)://host:port URL (credentials, a path)
+		// fails the whole answer, so that the previous list keeps serving.
+		if _, err := backend.New(u, 0, 1); err != nil {
+			return nil, fmt.Errorf("discovery.dns: %s: record %d: %w", d.Name, i, err)
+		}
+	}
 	slices.Sort(urls)
 	urls = slices.Compact(urls)
 	if len(urls) == 0 {
@@ -82,14 +96,21 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 }
 
 // Run resolves now and then every Interval until ctx is done, calling onChange with the
-// URL list whenever it differs from the last one delivered, and onError on failures (the
-// last good list stays in use).
+// URL list whenever it differs from the last one delivered, and onError (if not nil) on every
+// failure; the last good list stays in use. Log hears of changes of state only: a name that
+// fails for hours logs one warning, not one per Interval.
 func (d *DNS) Run(ctx context.Context, onChange func([]string), onError func(error)) {
 	var last []string
 	interval := d.Interval
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
+	log := d.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	var failures int // consecutive failed resolutions
+	var failingSince time.Time
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -99,12 +120,28 @@ func (d *DNS) Run(ctx context.Context, onChange func([]string), onError func(err
 			if ctx.Err() != nil {
 				return
 			}
+			failures++
+			if failures == 1 {
+				failingSince = time.Now()
+				log.Warn("discovery: resolution failed; keeping the previous backends",
+					zap.String("name", d.Name), zap.Error(err))
+			} else {
+				log.Debug("discovery: resolution still failing", zap.String("name", d.Name),
+					zap.Int("failures", failures), zap.Error(err))
+			}
 			if onError != nil {
 				onError(err)
 			}
-		case !slices.Equal(urls, last):
-			last = urls
-			onChange(urls)
+		default:
+			if failures > 0 {
+				log.Info("discovery: resolution recovered", zap.String("name", d.Name),
+					zap.Int("failures", failures), zap.Duration("failing_for", time.Since(failingSince)))
+				failures = 0
+			}
+			if !slices.Equal(urls, last) {
+				last = urls
+				onChange(urls)
+			}
 		}
 		select {
 		case <-ctx.Done():

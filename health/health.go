@@ -305,8 +305,9 @@ func (c *Checker) newState(b *backend.Backend) *bstate {
 		metricsURL: base + c.o.MetricsPath,
 		activeOK:   c.o.Disabled,
 	}
-	// A backend that has never passed a check takes no traffic.
+	// A backend that has never passed a check takes no traffic, not even in panic mode.
 	b.SetHealthy(c.o.Disabled)
+	b.SetNeverPassed(!c.o.Disabled)
 	return st
 }
 
@@ -484,6 +485,7 @@ func (c *Checker) recordCheck(st *bstate, err error) {
 		}
 		if !st.activeOK && st.passes >= need {
 			st.everPassed = true
+			st.b.SetNeverPassed(false)
 			st.activeOK = true
 			if !c.applyLocked(st, "active checks passing") {
 				c.log.Info("active checks passing, backend still ejected",
@@ -530,13 +532,15 @@ func (c *Checker) applyLocked(st *bstate, reason string, extra ...zap.Field) boo
 	return true
 }
 
-// panicCheckLocked logs entering and leaving panic mode, computed as backend.Healthy does
-// over the backends checked at least once.
+// panicCheckLocked logs entering and leaving panic mode, computed as backend.Healthy does:
+// over the backends that passed an active check at least once (all, when checks are
+// disabled). A backend that never passed (not checked yet, or still loading its model) is
+// neither routed to nor counted, so a scale-up or a start does not look like an outage.
 func (c *Checker) panicCheckLocked() {
 	n, healthy := 0, 0
 	for _, st := range c.order {
-		if !c.o.Disabled && !st.everPassed && st.lastCheck.IsZero() {
-			continue // not checked yet: unknown, not down (no panic warning at every start)
+		if !c.o.Disabled && !st.everPassed {
+			continue
 		}
 		n++
 		if st.healthyLocked() {
@@ -564,6 +568,9 @@ type State struct {
 	Healthy bool `json:"healthy"`
 	// ActiveHealthy is the active-check verdict (true when active checks are disabled).
 	ActiveHealthy bool `json:"active_healthy"`
+	// NeverPassed is true until the backend's first passing active check: it takes no
+	// traffic, not even in panic mode (backend.NeverPassed).
+	NeverPassed bool `json:"never_passed"`
 	// ConsecutivePasses and ConsecutiveFails count the latest run of active-check results.
 	ConsecutivePasses int `json:"consecutive_passes"`
 	ConsecutiveFails  int `json:"consecutive_fails"`
@@ -598,6 +605,7 @@ func (c *Checker) State(b *backend.Backend) State {
 	c.mu.Lock()
 	s.Healthy = b.Healthy()
 	s.ActiveHealthy = st.activeOK
+	s.NeverPassed = !c.o.Disabled && !st.everPassed
 	s.ConsecutivePasses, s.ConsecutiveFails = st.passes, st.fails
 	s.Ejections = st.ejections
 	s.EjectedUntil = st.ejectedUntil

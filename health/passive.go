@@ -42,8 +42,8 @@ func (o Outcome) String() string {
 
 // Observe records the outcome of one attempt on b; the proxy calls it after each attempt,
 // retries included. ConsecutiveFailures counted outcomes in a row eject b (see Options),
-// unless that would leave more than MaxEjectedPercent of the backends ejected or unhealthy;
-// the count then stays where it is and the next counted failure tries again. Failures of a
+// unless that would leave more than MaxEjectedPercent of the backends ejected or unhealthy
+// (counting, as panic mode does, only backends that passed an active check once); the count then stays where it is and the next counted failure tries again. Failures of a
 // backend that is already ejected do not extend its ejection. Unknown backends are ignored.
 // Observe is cheap: one lock-free map lookup and an atomic, except when it ejects.
 func (c *Checker) Observe(b *backend.Backend, o Outcome) {
@@ -85,18 +85,24 @@ func (c *Checker) eject(st *bstate, last Outcome) {
 		st.consec.Store(0) // already out; traffic it still gets (panic mode) does not extend it
 		return
 	}
-	down := 0
+	// The cap counts the backends panic mode counts: one that never passed an active check
+	// (a new replica loading its model) is neither up nor down yet.
+	down, counted := 0, 0
 	for _, o := range c.order {
+		if !c.o.Disabled && !o.everPassed && o != st {
+			continue
+		}
+		counted++
 		if o != st && !o.healthyLocked() {
 			down++
 		}
 	}
-	if (down+1)*100 > c.o.MaxEjectedPercent*len(c.order) {
+	if (down+1)*100 > c.o.MaxEjectedPercent*counted {
 		if !st.capLogged {
 			st.capLogged = true
 			c.log.Warn("backend failing but not ejected: max ejected percent reached",
 				zap.String("backend", st.b.Name), zap.Int("consecutive_failures", n),
-				zap.Int("unhealthy_or_ejected", down), zap.Int("backends", len(c.order)),
+				zap.Int("unhealthy_or_ejected", down), zap.Int("backends", counted),
 				zap.Int("max_ejected_percent", c.o.MaxEjectedPercent))
 		}
 		return

@@ -50,10 +50,39 @@ func (s *Server) AdminHandler() http.Handler {
 	return mux
 }
 
-// ServeAdmin serves AdminHandler on ln until the listener is closed.
+// Admin listener timeouts: generous for /metrics with many backends and for a large
+// /debug/route body, short enough that a slow or stalled client (slowloris, a half-sent body,
+// a reader that stopped) cannot hold connections and goroutines open.
+const (
+	// adminReadHeaderTimeout bounds reading one request's headers.
+	adminReadHeaderTimeout = 10 * time.Second
+	// adminReadTimeout bounds reading one whole request, headers and body (a /debug/route
+	// body of up to 64 MiB).
+	adminReadTimeout = 30 * time.Second
+	// adminWriteTimeout bounds one response, from the end of the request headers.
+	adminWriteTimeout = 60 * time.Second
+	// adminIdleTimeout bounds the wait for the next request on a kept-alive connection
+	// (Prometheus scrapes every 15–60 s and keeps its connection).
+	adminIdleTimeout = 2 * time.Minute
+)
+
+// adminTimeouts are the admin server's http.Server timeouts.
+type adminTimeouts struct{ readHeader, read, write, idle time.Duration }
+
+var defaultAdminTimeouts = adminTimeouts{
+	readHeader: adminReadHeaderTimeout, read: adminReadTimeout, write: adminWriteTimeout, idle: adminIdleTimeout,
+}
+
+// ServeAdmin serves AdminHandler on ln until the listener is closed. A connection is closed
+// when its request headers take over 10 s, the whole request over 30 s, the response over
+// 60 s, or it idles over 2 minutes between requests.
 func (s *Server) ServeAdmin(ln net.Listener) error {
-	hs := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 10 * time.Second}
-	return hs.Serve(ln)
+	return s.adminServer(defaultAdminTimeouts).Serve(ln)
+}
+
+func (s *Server) adminServer(t adminTimeouts) *http.Server {
+	return &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read,
+		WriteTimeout: t.write, IdleTimeout: t.idle}
 }
 
 // BackendInfo is one entry of /debug/backends.

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/discovery"
 )
@@ -64,7 +65,12 @@ and/or --backend flags; flags override the file.`,
 				if f.Changed("log-format") {
 					cfg.Log.Format = logFormat
 				}
-				for _, u := range backends {
+				for i, u := range backends {
+					// Named as given on the command line: backends[N] would point into a file
+					// that does not have it.
+					if _, err := backend.New(u, 0, 1); err != nil {
+						return nil, fmt.Errorf("--backend (#%d): %w", i+1, err)
+					}
 					cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
 				}
 				cfg.ApplyDefaults()
@@ -140,6 +146,15 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	defer aln.Close()
 	log.Info("prefixlb serving", zap.String("listen", ln.Addr().String()), zap.String("admin_listen", aln.Addr().String()),
 		zap.String("mode", cfg.Mode), zap.Int("backends", len(cfg.Backends)))
+	if !cfg.Health.Disabled {
+		// A backend that never passed a check takes no traffic: check every backend once
+		// before serving (bounded by one check's timeout), so that requests arriving right
+		// after a start are not refused while the first checks are on their way. Requests
+		// that arrive meanwhile wait in the listen backlog.
+		wctx, cancel := context.WithTimeout(ctx, cfg.Health.Timeout.D())
+		s.Health().CheckOnce(wctx)
+		cancel()
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- s.Serve(ln) }()
 	go func() { _ = s.ServeAdmin(aln) }()
@@ -210,11 +225,12 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	c.mu.Lock()
 	old := c.cfg
 	if nc.Mode != old.Mode || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
-		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes {
-		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, timeouts, prefix and limits")
+		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes ||
+		nc.ResponseHeaders.BackendOn() != old.ResponseHeaders.BackendOn() {
+		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, timeouts, prefix, limits and response headers")
 	}
-	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes =
-		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes
+	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders =
+		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders
 	c.cfg = nc
 	err = c.applyLocked()
 	c.mu.Unlock()
@@ -227,7 +243,7 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 
 func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r discovery.Resolver) {
 	dns := &discovery.DNS{Name: d.Name, Port: d.Port, SRV: d.SRV, Scheme: d.Scheme, Interval: d.Interval.D(),
-		Timeout: 5 * time.Second, Resolver: r}
+		Timeout: 5 * time.Second, Resolver: r, Log: c.log}
 	dns.Run(ctx, func(urls []string) {
 		c.mu.Lock()
 		c.discovered = c.discovered[:0]
@@ -241,9 +257,7 @@ func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r di
 			return
 		}
 		c.log.Info("discovery: backends changed", zap.String("name", d.Name), zap.Strings("urls", urls))
-	}, func(err error) {
-		c.log.Warn("discovery: resolution failed; keeping the previous backends", zap.Error(err))
-	})
+	}, nil) // failures are logged by dns.Run, once per change of state
 }
 
 // applyLocked sets the backends to the config's static list plus the discovered ones.

@@ -59,6 +59,7 @@ type Server struct {
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	connTimeout   time.Duration
+	backendHeader bool // add HeaderBackend (response_headers.backend)
 }
 
 // New builds a Server from a validated config. It starts nothing until Serve.
@@ -86,6 +87,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		headerTimeout: cfg.Timeouts.ResponseHeader.D(),
 		idleTimeout:   cfg.Timeouts.Idle.D(),
 		connTimeout:   cfg.Timeouts.Connect.D(),
+		backendHeader: cfg.ResponseHeaders.BackendOn(),
 	}
 	s.learner, _ = pol.(router.Learner)
 	s.flows.New = func() any { return &flow{s: s} }
@@ -500,7 +502,11 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		f.resp.SetConnectionClose() // the request was not written whole: the connection is done
 	}
 	stripHopResponse(&ctx.Response.Header)
-	ctx.Response.Header.Set(HeaderBackend, b.Name)
+	if s.backendHeader {
+		ctx.Response.Header.Set(HeaderBackend, b.Name)
+	} else {
+		ctx.Response.Header.Del(HeaderBackend) // a backend's own (a prefixlb in front of others)
+	}
 	var rh [48]byte
 	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(rh[:0], f.dec))
 	f.body = f.resp.BodyStream()

@@ -1,0 +1,55 @@
+package backend
+
+import (
+	"strings"
+	"testing"
+)
+
+// A backend URL with credentials is refused: prefixlb never sends them, and the URL would be
+// published as the backend's name (x-prefixlb-backend, logs, metric labels). No error message
+// repeats the secret, whichever check the URL fails first.
+func TestNewRefusesCredentials(t *testing.T) {
+	const secret = "s3cret"
+	cases := []struct{ url, errPart string }{
+		{"http://user:" + secret + "@vllm-0:8000", "has credentials"},
+		{"https://" + secret + "@vllm-0:8000", "has credentials"},
+		{"http://user:" + secret + "@vllm-0:8000/", "has credentials"},
+		{"http://:" + secret + "@vllm-0:8000", "has credentials"},
+		{"http://@vllm-0:8000", "has credentials"},
+		{"http://user:" + secret + "@vllm-0:8000/v1", "has credentials"},
+		{"user:" + secret + "@vllm-0:8000", "missing scheme"},
+		{"http://user:" + secret + "@vllm 0:8000", "is not a URL"},
+		{"http://user:" + secret + "%zz@vllm-0:8000", "is not a URL"},
+		{"ftp://user:" + secret + "@vllm-0", "has credentials"},
+		{"http://vllm-0:8000#" + "frag", "path or query"},
+	}
+	for _, c := range cases {
+		t.Run(c.url, func(t *testing.T) {
+			b, err := New(c.url, 0, 1)
+			if err == nil {
+				t.Fatalf("New(%q) accepted as %q", c.url, b.Name)
+			}
+			if !strings.Contains(err.Error(), c.errPart) {
+				t.Errorf("New(%q) error %q, want it to contain %q", c.url, err, c.errPart)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("New(%q) error repeats the secret: %q", c.url, err)
+			}
+		})
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"http://vllm-0:8000", "http://vllm-0:8000"},
+		{"http://u:p@vllm-0:8000/x@y", "http://xxxxx@vllm-0:8000/x@y"},
+		{"u:p@vllm-0:8000", "xxxxx@vllm-0:8000"},
+		{"http://a@b@vllm-0", "http://xxxxx@vllm-0"},
+		{"http://vllm-0/?q=a@b", "http://vllm-0/?q=a@b"},
+	}
+	for _, c := range cases {
+		if got := redactURL(c.in); got != c.want {
+			t.Errorf("redactURL(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
