@@ -303,6 +303,9 @@ func TestStalePoolAfterBackendRestart(t *testing.T) {
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	defer ts.Close()
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock() // before ts.Close, which waits for held handlers, also when the test fails
 	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
 	c := testClient()
 	post := func() (int, error) {
@@ -322,7 +325,7 @@ func TestStalePoolAfterBackendRestart(t *testing.T) {
 	}
 	eventually(t, testTimeout, "six requests held in the backend at once", func() bool { return holding.Load() == held })
 	hold.Store(false)
-	close(release)
+	unblock()
 	wg.Wait()
 	eventually(t, testTimeout, "six idle upstream connections pooled", func() bool { return soakIdleUpstreams(s) == held })
 	ts.CloseClientConnections() // the "restart": every pooled connection is now closed by the backend
@@ -370,11 +373,15 @@ func TestAbsoluteFormRequestTarget(t *testing.T) {
 // the same document, is accepted. After B's unlearn, A's whole prompt must still match.
 func TestUnlearnKeepsWhatAnotherRequestLearned(t *testing.T) {
 	stalled := make(chan struct{}, 1)
+	testDone := make(chan struct{})
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.Header.Get("X-Stall") != "" {
 			stalled <- struct{}{}
-			<-r.Context().Done() // until prefixlb closes the connection: B's client left
+			select {
+			case <-r.Context().Done(): // prefixlb closed the connection: B's client left
+			case <-testDone: // the test ended without that (it failed)
+			}
 			return
 		}
 		fmt.Fprint(w, `{"ok":true}`)
@@ -382,6 +389,7 @@ func TestUnlearnKeepsWhatAnotherRequestLearned(t *testing.T) {
 	defer ts.Close()
 	other := httptest.NewServer(ts.Config.Handler) // a second backend, so that a match is "useful"
 	defer other.Close()
+	defer close(testDone) // before the Closes, which wait for a stalled handler
 	s, url := startProxy(t, "prefix", []string{ts.URL, other.URL}, nil)
 	doc := strings.Repeat("a shared document of some length ", 60)
 	body := func(q string) string {

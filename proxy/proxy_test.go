@@ -186,8 +186,11 @@ func TestSSETTFTDirectVsProxy(t *testing.T) {
 const abortHold = 50 * watchInterval
 
 // abortBound is how soon after the client leaves the backend must see the upstream close:
-// the watchdog peeks every watchInterval (the README's "about 200 ms"); the rest is slack
-// for a loaded machine under -race. A watchdog five times slower fails.
+// the watchdog peeks every watchInterval (the README's "about 200 ms"), the rest is slack
+// for a loaded machine under -race. The bound is loose on purpose: what the test pins is
+// the mechanism (the close reaches a backend that still holds the response, and is counted
+// as a client disconnect); a watchdog that stopped peeking fails, one that peeks a few times
+// slower only sometimes does.
 const abortBound = 5 * watchInterval
 
 // cancelBackend records when each request's context is cancelled (the proxy closed the
@@ -272,8 +275,10 @@ func TestClientDisconnectAbortsBackend(t *testing.T) {
 				t.Fatal("the backend request neither ended nor was cancelled")
 			}
 			waitInFlightZero(t, s)
-			if gone, se := s.m.clientGone.Get(), s.m.streamErrors.Get(); gone != 1 || se != 0 {
-				t.Errorf("prefixlb_client_disconnects_total %d, prefixlb_stream_errors_total %d; want 1 and 0", gone, se)
+			// A flow without a response releases its backend before it is counted: wait.
+			eventually(t, testTimeout, "the disconnect is counted", func() bool { return s.m.clientGone.Get() == 1 })
+			if se := s.m.streamErrors.Get(); se != 0 {
+				t.Errorf("prefixlb_stream_errors_total %d after a client disconnect, want 0", se)
 			}
 		})
 	}
