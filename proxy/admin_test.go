@@ -2,15 +2,91 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prefixlb/prefixlb/configs"
 )
 
-// After traffic, /metrics has each family with sane values, and the debug endpoints answer.
+// metricSample is one sample line of a Prometheus text page.
+type metricSample struct {
+	name   string
+	labels map[string]string
+	value  string
+}
+
+var labelRE = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+
+// parseMetrics reads the sample lines of a Prometheus text page.
+func parseMetrics(t *testing.T, page string) []metricSample {
+	t.Helper()
+	var out []metricSample
+	for _, line := range strings.Split(page, "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		if sp < 0 {
+			t.Fatalf("/metrics line without a value: %q", line)
+		}
+		m := metricSample{name: line[:sp], value: line[sp+1:], labels: map[string]string{}}
+		if i := strings.IndexByte(m.name, '{'); i >= 0 {
+			for _, kv := range labelRE.FindAllStringSubmatch(m.name[i:], -1) {
+				m.labels[kv[1]] = kv[2]
+			}
+			m.name = m.name[:i]
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// readmeMetrics are the families of the README's metric table with the labels each sample
+// carries (a histogram's le aside). prefixlb_index_chunks counts distinct chunk hashes over
+// all backends, so it has no backend label, although the README's table row gives it one.
+var readmeMetrics = []struct {
+	name      string
+	labels    []string
+	histogram bool
+	prefix    bool // only in mode prefix (the index families)
+}{
+	{name: "prefixlb_requests_total", labels: []string{"backend", "mode", "reason", "status"}},
+	{name: "prefixlb_ttft_seconds", labels: []string{"backend"}, histogram: true},
+	{name: "prefixlb_request_duration_seconds", labels: []string{"backend"}, histogram: true},
+	{name: "prefixlb_matched_prefix_ratio", histogram: true},
+	{name: "prefixlb_backend_prompt_tokens_total", labels: []string{"backend"}},
+	{name: "prefixlb_backend_cached_tokens_total", labels: []string{"backend"}},
+	{name: "prefixlb_backend_inflight", labels: []string{"backend"}},
+	{name: "prefixlb_backend_prefill_tokens", labels: []string{"backend"}},
+	{name: "prefixlb_backend_healthy", labels: []string{"backend"}},
+	{name: "prefixlb_index_entries", labels: []string{"backend"}, prefix: true},
+	{name: "prefixlb_index_capacity_entries", labels: []string{"backend"}, prefix: true},
+	{name: "prefixlb_index_evictions_total", labels: []string{"backend"}, prefix: true},
+	{name: "prefixlb_index_chunks", prefix: true},
+	{name: "prefixlb_retries_total"},
+	{name: "prefixlb_parse_fallbacks_total"},
+	{name: "prefixlb_request_body_too_large_total"},
+	{name: "prefixlb_no_backend_total"},
+}
+
+// After traffic (streamed chat completions, one body that does not parse, one over the size
+// limit, one with no backend to route to), /metrics has every family of the README's table
+// with its labels and sane values, in round-robin and in prefix mode, and the debug
+// endpoints answer.
 func TestAdminMetricsAfterTraffic(t *testing.T) {
+	for _, mode := range []string{"round-robin", "prefix"} {
+		t.Run(mode, func(t *testing.T) { adminMetricsAfterTraffic(t, mode) })
+	}
+}
+
+func adminMetricsAfterTraffic(t *testing.T, mode string) {
+	const bodyLimit = 64 << 10
 	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -19,28 +95,43 @@ func TestAdminMetricsAfterTraffic(t *testing.T) {
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	defer be.Close()
-	s, url := startProxy(t, "round-robin", []string{be.URL}, nil)
-	for i := 0; i < 3; i++ {
-		resp, err := http.Post(url+"/v1/chat/completions", "application/json",
-			strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"`+strings.Repeat("word ", 200)+`"}]}`))
+	s, url := startProxy(t, mode, []string{be.URL}, func(c *configs.Config) { c.MaxRequestBodyBytes = bodyLimit })
+	c := testClient()
+	post := func(body string) int {
+		t.Helper()
+		resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+		return resp.StatusCode
 	}
-	// One request whose body does not parse: still forwarded, counted as a parse fallback.
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":`))
-	if err != nil {
+	// Nothing to route to while the only backend is removed: 503, counted.
+	if err := s.UpdateBackends(nil); err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	if code := post(`{"model":"m","messages":[]}`); code != 503 {
+		t.Errorf("with no backend: %d, want 503", code)
+	}
+	if err := s.UpdateBackends([]configs.Backend{{URL: be.URL, Weight: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		post(`{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 200) + `"}]}`)
+	}
+	// One request whose body does not parse: still forwarded, counted as a parse fallback.
+	post(`{"model":`)
+	// One over max_request_body_bytes: 413, counted.
+	if code := post(strings.Repeat("x", bodyLimit+1)); code != 413 {
+		t.Errorf("over the body limit: %d, want 413", code)
+	}
 	waitInFlightZero(t, s)
 
 	admin := httptest.NewServer(s.AdminHandler())
 	defer admin.Close()
 	get := func(path string) (int, string) {
-		resp, err := http.Get(admin.URL + path)
+		resp, err := c.Get(admin.URL + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,22 +143,75 @@ func TestAdminMetricsAfterTraffic(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("/metrics: %d", code)
 	}
+	samples := parseMetrics(t, m)
+	for _, f := range readmeMetrics {
+		n := 0
+		for _, sm := range samples {
+			base := sm.name
+			if f.histogram {
+				for _, suf := range []string{"_bucket", "_sum", "_count"} {
+					base = strings.TrimSuffix(base, suf)
+				}
+			}
+			if base != f.name {
+				continue
+			}
+			n++
+			var got []string
+			for k := range sm.labels {
+				if !(f.histogram && k == "le") {
+					got = append(got, k)
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, f.labels) {
+				t.Errorf("%s%v: labels %v, want %v", sm.name, sm.labels, got, f.labels)
+			}
+		}
+		switch {
+		case n == 0 && (!f.prefix || mode == "prefix"):
+			t.Errorf("/metrics lacks %s", f.name)
+		case n > 0 && f.prefix && mode != "prefix":
+			t.Errorf("/metrics has %s in mode %s, which keeps no index", f.name, mode)
+		}
+	}
+
 	lbl := `backend="` + be.URL + `"`
-	for _, want := range []string{
-		`prefixlb_requests_total{` + lbl + `,mode="round-robin",reason="round-robin",status="200"} 3`,
-		`prefixlb_requests_total{` + lbl + `,mode="round-robin",reason="parse-fallback",status="200"} 1`,
+	reason := "round-robin"
+	if mode == "prefix" {
+		reason = "cold" // one backend: it holds whatever any holds, so no match is useful
+	}
+	want := []string{
+		fmt.Sprintf(`prefixlb_requests_total{%s,mode=%q,reason=%q,status="200"} 3`, lbl, mode, reason),
+		fmt.Sprintf(`prefixlb_requests_total{%s,mode=%q,reason="parse-fallback",status="200"} 1`, lbl, mode),
 		`prefixlb_ttft_seconds_count{` + lbl + `} 4`,
 		`prefixlb_request_duration_seconds_count{` + lbl + `} 4`,
 		`prefixlb_backend_prompt_tokens_total{` + lbl + `} 480`,
 		`prefixlb_backend_cached_tokens_total{` + lbl + `} 384`,
 		`prefixlb_backend_inflight{` + lbl + `} 0`,
+		`prefixlb_backend_prefill_tokens{` + lbl + `} 0`,
 		`prefixlb_backend_healthy{` + lbl + `} 1`,
 		`prefixlb_parse_fallbacks_total 1`,
 		`prefixlb_retries_total 0`,
+		`prefixlb_request_body_too_large_total 1`,
+		`prefixlb_no_backend_total 1`,
 		`prefixlb_matched_prefix_ratio_count 3`,
-	} {
-		if !strings.Contains(m, want+"\n") {
-			t.Errorf("/metrics lacks %q", want)
+	}
+	if mode == "prefix" {
+		want = append(want,
+			fmt.Sprintf(`prefixlb_index_capacity_entries{%s} %d`, lbl, configs.DefaultKVCacheTokens/configs.DefaultChunkTokens),
+			`prefixlb_index_evictions_total{`+lbl+`} 0`)
+	}
+	for _, w := range want {
+		if !strings.Contains(m, w+"\n") {
+			t.Errorf("/metrics lacks %q", w)
+		}
+	}
+	if mode == "prefix" {
+		for _, sm := range samples {
+			if (sm.name == "prefixlb_index_entries" || sm.name == "prefixlb_index_chunks") && (sm.value == "0" || sm.value == "") {
+				t.Errorf("%s%v = %s after three learned prompts", sm.name, sm.labels, sm.value)
+			}
 		}
 	}
 	if code, _ := get("/healthz"); code != 200 {
@@ -84,7 +228,7 @@ func TestAdminMetricsAfterTraffic(t *testing.T) {
 		!db.Backends[0].Health.Tracked || !strings.Contains(body, `"ejections"`) {
 		t.Errorf("/debug/backends: %d %s", code, body)
 	}
-	rr, err := http.Post(admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`))
+	rr, err := c.Post(admin.URL+"/debug/route", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,8 +55,9 @@ func TestBackToBackChunksArriveIntact(t *testing.T) {
 	}))
 	defer be.Close()
 	_, url := startProxy(t, "round-robin", []string{be.URL}, nil)
+	c := testClient()
 	for range 5 {
-		resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+		resp, err := c.Post(url+"/v1/chat/completions", "application/json",
 			strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
 		if err != nil {
 			t.Fatal(err)

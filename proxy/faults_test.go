@@ -28,14 +28,20 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// fltStartProxy runs a proxy on 127.0.0.1 with active health checks on (every 100 ms, the
-// config minimum), scraping off and short ejections; mutate may change anything. It waits
+// fltCheckEvery is the active-check interval and timeout of fltStartProxy. The config allows
+// no timeout longer than the interval; 250 ms keeps a check of a good backend on a loaded
+// 2-core machine under -race from timing out three times in a row (which would mark it
+// unhealthy), where the config minimum of 100 ms did not.
+const fltCheckEvery = 250 * time.Millisecond
+
+// fltStartProxy runs a proxy on 127.0.0.1 with active health checks on (every
+// fltCheckEvery), scraping off and short ejections; mutate may change anything. It waits
 // (bounded) until every backend has passed its first checks.
 func fltStartProxy(t *testing.T, mode string, urls []string, mutate func(*configs.Config)) (*Server, string) {
 	t.Helper()
 	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", Health: configs.Health{
-		Interval:       configs.Duration(100 * time.Millisecond),
-		Timeout:        configs.Duration(100 * time.Millisecond),
+		Interval:       configs.Duration(fltCheckEvery),
+		Timeout:        configs.Duration(fltCheckEvery),
 		BaseEjection:   configs.Duration(300 * time.Millisecond),
 		MaxEjection:    configs.Duration(time.Second),
 		ScrapeDisabled: true,
@@ -237,10 +243,9 @@ func (ta *fltTally) String() string {
 		ta.sent(), ta.get(fltOK), ta.get(fltErrStatus), ta.get(fltErrStream), ta.get(fltErrConn), ta.get(fltLost))
 }
 
-// fltClient is a client with its own connection pool.
-func fltClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}}
-}
+// fltClient is a client with its own connection pool and testTimeout per request (fltDo
+// sets a shorter limit of its own).
+func fltClient() *http.Client { return testClient() }
 
 // fltDo sends one request and classifies it. stream says the body must end with [DONE]. A
 // request that takes longer than limit counts as lost (the proxy left the client hanging).
@@ -258,6 +263,19 @@ func fltDo(c *http.Client, method, url string, body []byte, stream bool, limit t
 	}
 	defer resp.Body.Close()
 	be, route = resp.Header.Get(HeaderBackend), resp.Header.Get(HeaderRoute)
+	if resp.StatusCode == 200 && stream {
+		sr := newSSEReader(resp.Body)
+		o := sr.drain()
+		switch {
+		case ctx.Err() != nil:
+			return fltLost, 200, be, route, "body hung"
+		case o == sseCut:
+			return fltErrStream, 200, be, route, fmt.Sprintf("after %d bytes: %v", sr.bytes, sr.err)
+		case o == sseUnterminated:
+			return fltLost, 200, be, route, fmt.Sprintf("stream ended cleanly without [DONE] after %d bytes", sr.bytes)
+		}
+		return fltOK, 200, be, route, ""
+	}
 	b, err := io.ReadAll(resp.Body)
 	switch {
 	case ctx.Err() != nil:
@@ -269,8 +287,6 @@ func fltDo(c *http.Client, method, url string, body []byte, stream bool, limit t
 		return fltErrStatus, resp.StatusCode, be, route, fmt.Sprintf("status %d: %.200s", resp.StatusCode, b)
 	case err != nil:
 		return fltErrStream, 200, be, route, fmt.Sprintf("after %d bytes: %v", len(b), err)
-	case stream && !bytes.HasSuffix(b, []byte("data: [DONE]\n\n")):
-		return fltLost, 200, be, route, fmt.Sprintf("stream ended cleanly without [DONE] after %d bytes", len(b))
 	}
 	return fltOK, 200, be, route, ""
 }
@@ -296,8 +312,9 @@ func fltChatBody(conv, turn int) []byte {
 
 // A backend dies after sending 200 and the SSE headers, before its first body byte (vLLM
 // flushes stream headers at once, then queues and prefills): no byte reached the client, so
-// the request must be retried on the other backend, as a connect error would be. Today the
-// proxy commits to the backend at its headers and the client gets a bare connection close.
+// the request must be retried on the other backend, as a connect error would be. The proxy
+// does so: it sends the client nothing before the first body byte (fasthttp writes headers
+// with the first chunk), so every request succeeds.
 func TestFaultBackendDiesAfterHeadersBeforeFirstByte(t *testing.T) {
 	ok := &fltLLM{events: 3}
 	good := fltNewBackend(t, ok)
@@ -445,22 +462,14 @@ func fltKillUnderLoad(t *testing.T, headersFirst bool) {
 	defer load.end()
 
 	// Warm up until every backend served something and holds index entries.
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		warm := true
+	eventually(t, 15*time.Second, "warm-up: every backend served 3 requests and holds index entries", func() bool {
 		for _, u := range urls {
 			if load.okOn(u) < 3 || fltIndexEntries(s, fltBackendByURL(t, s, u)) <= 0 {
-				warm = false
+				return false
 			}
 		}
-		if warm {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("warm-up incomplete: %s, per backend %v", &load.ta, load.ta.byBE)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return true
+	})
 	vi := 0
 	for i, u := range urls {
 		if fltIndexEntries(s, fltBackendByURL(t, s, u)) > fltIndexEntries(s, fltBackendByURL(t, s, urls[vi])) {
@@ -484,14 +493,20 @@ func fltKillUnderLoad(t *testing.T, headersFirst bool) {
 	var k key.Key
 	s.keys.Build([]byte("/v1/chat/completions"), fltChatBody(0, 2), &k)
 	perReq := int64(k.PromptTokens) + 8 // the longest turn, with margin
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
-		n, p := victim.InFlight(), victim.PrefillTokens()
-		if n >= 2 && p > 0 && p <= (n-1)*perReq {
+	var inflight, prefill int64
+	waitStart := time.Now()
+	for {
+		// Bounded: fails below. The window is often milliseconds wide, so poll fast.
+		inflight, prefill = victim.InFlight(), victim.PrefillTokens()
+		if inflight >= 2 && prefill > 0 && prefill <= (inflight-1)*perReq {
 			break
 		}
-		time.Sleep(500 * time.Microsecond)
+		if time.Since(waitStart) > 10*time.Second {
+			t.Fatalf("within 10 s the victim never had a request in prefill and one streaming at once (last: %d in flight, %d prefill tokens)", inflight, prefill)
+		}
+		time.Sleep(200 * time.Microsecond)
 	}
-	inflight, prefill := victim.InFlight(), victim.PrefillTokens()
+	t.Logf("kill window reached after %v", time.Since(waitStart).Round(time.Millisecond))
 	bes[vi].kill()
 	ejectIn, ok := fltWaitHealthy(victim, false, 10*time.Second)
 	if !ok {
@@ -502,11 +517,18 @@ func fltKillUnderLoad(t *testing.T, headersFirst bool) {
 	if st.Ejections > 0 {
 		how = "passive ejection"
 	}
-	// Stay down long enough for the passive ejection (300 ms) and a housekeeping tick to pass:
-	// the return is then up to the active checks.
-	time.Sleep(1500 * time.Millisecond)
-	servedDown := victim.Served()
-	time.Sleep(200 * time.Millisecond)
+	// Stay down until active checks call it unhealthy and any passive ejection (300 ms) has
+	// ended: its return is then up to the active checks. (A passive ejection that ends first
+	// lets it be tried again, and ejected again: correct, and not what is measured here.)
+	eventually(t, 10*time.Second, "active checks call the dead backend unhealthy and its ejection ends", func() bool {
+		st := s.Health().State(victim)
+		return !st.ActiveHealthy && st.EjectedUntil.IsZero()
+	})
+	// Attempts dispatched to it before that have failed over. From here on it must get no
+	// request while 20 more go to the others.
+	eventually(t, 10*time.Second, "the attempts on the dead backend end", func() bool { return victim.InFlight() == 0 })
+	servedDown, sentDown := victim.Served(), load.ta.sent()
+	eventually(t, 10*time.Second, "20 requests while the backend is down", func() bool { return load.ta.sent() >= sentDown+20 })
 	if d := victim.Served() - servedDown; d != 0 {
 		t.Errorf("the dead backend got %d requests while unhealthy", d)
 	}
@@ -525,18 +547,8 @@ func fltKillUnderLoad(t *testing.T, headersFirst bool) {
 	}
 	staleEntries := fltIndexEntries(s, victim)
 	okBefore := load.okOn(urls[vi])
-	var trafficIn time.Duration
-	for time.Since(restartedAt) < 15*time.Second {
-		if load.okOn(urls[vi]) > okBefore {
-			trafficIn = time.Since(restartedAt)
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	if trafficIn == 0 {
-		t.Errorf("the returned backend got no successful request within 15 s")
-	}
-	time.Sleep(200 * time.Millisecond)
+	eventually(t, 15*time.Second, "the returned backend serves a request", func() bool { return load.okOn(urls[vi]) > okBefore })
+	trafficIn := time.Since(restartedAt)
 	load.end()
 	waitInFlightZero(t, s)
 
@@ -658,12 +670,9 @@ func TestFaultSilentBackendHeaderTimeout(t *testing.T) {
 			t.Errorf("slowest request took %v with a %v header timeout", slowest, headerTimeout)
 		}
 		// The proxy closes the connections of timed-out attempts.
-		for end := time.Now().Add(5 * time.Second); sl.closed.Load() < sl.accepted.Load() && time.Now().Before(end); {
-			time.Sleep(5 * time.Millisecond)
-		}
-		if sl.closed.Load() != sl.accepted.Load() {
-			t.Errorf("%d of %d connections to the silent backend left open", sl.accepted.Load()-sl.closed.Load(), sl.accepted.Load())
-		}
+		eventually(t, 5*time.Second, "the proxy closes every connection to the silent backend", func() bool {
+			return sl.closed.Load() == sl.accepted.Load()
+		})
 	})
 
 	// Nowhere else to go: the client gets 504 in the OpenAI shape after the header timeout.
@@ -782,10 +791,19 @@ func TestFaultErrorStatusEjection(t *testing.T) {
 		if ta.get(fltErrStatus) != hitsAtEject {
 			t.Errorf("clients saw %d error statuses, want the %d 500s passed through", ta.get(fltErrStatus), hitsAtEject)
 		}
-		// While ejected the others serve everything.
+		// While ejected the others serve everything: requests are sent only while the
+		// ejection has comfortably long to run, so a slow machine sends fewer of them but
+		// never one that the returning backend may rightly take.
+		const ejectedMargin = 250 * time.Millisecond
+		until := s.Health().State(bad).EjectedUntil
 		var after fltTally
-		send(c, url, 20, &after)
-		if after.get(fltOK) != 20 || e500.h.(*fltStatusBackend).hits.Load() != hitsAtEject {
+		for i := 0; i < 20 && time.Until(until) > ejectedMargin; i++ {
+			send(c, url, 1, &after)
+		}
+		if after.sent() == 0 {
+			t.Fatalf("the ejection (until %v) ended before a request could be sent", until)
+		}
+		if after.get(fltOK) != after.sent() || e500.h.(*fltStatusBackend).hits.Load() != hitsAtEject {
 			t.Errorf("while ejected: %s, ejected backend hits %d (was %d)", &after, e500.h.(*fltStatusBackend).hits.Load(), hitsAtEject)
 		}
 		// Repaired: it returns when the ejection (1 s) ends, at the next housekeeping tick.

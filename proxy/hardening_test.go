@@ -56,28 +56,35 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	}
 }
 
+// slowClientSlack is how much later than timeouts.client_read a slow client may be dropped
+// on a loaded machine.
+const slowClientSlack = time.Second
+
 // A client that opens a connection and sends nothing, or half a header, is dropped after
-// timeouts.client_read.
+// timeouts.client_read: not before it, and not much later.
 func TestSlowClientIsDropped(t *testing.T) {
+	const clientRead = 300 * time.Millisecond
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer ts.Close()
 	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) {
-		c.Timeouts.ClientRead = configs.Duration(300 * time.Millisecond)
+		c.Timeouts.ClientRead = configs.Duration(clientRead)
 	})
 	for _, send := range []string{"", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo"} {
-		c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+		start := time.Now() // client_read runs from the connection's accept
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(url, "http://"), testTimeout)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, _ = io.WriteString(c, send)
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		start := time.Now()
+		_ = c.SetReadDeadline(time.Now().Add(clientRead + slowClientSlack))
 		_, err = io.ReadAll(c)
+		d := time.Since(start)
 		c.Close()
+		t.Logf("connection sending %d bytes closed after %v", len(send), d)
 		if ne, ok := err.(net.Error); ok && ne.Timeout() {
-			t.Errorf("connection sending %q still open after 5 s", send)
-		} else {
-			t.Logf("connection sending %d bytes closed after %v", len(send), time.Since(start))
+			t.Errorf("connection sending %q still open after %v (client_read %v)", send, clientRead+slowClientSlack, clientRead)
+		} else if d < clientRead-clientRead/10 {
+			t.Errorf("connection sending %q closed after %v, before client_read (%v)", send, d, clientRead)
 		}
 	}
 }
@@ -104,13 +111,14 @@ func TestRefusedRequestIsNotLearned(t *testing.T) {
 	body := func(text string) string {
 		return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, text)
 	}
+	c := testClient()
 	send := func(t *testing.T, url, b string, refuse bool) string {
 		t.Helper()
 		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(b))
 		if refuse {
 			req.Header.Set("X-Refuse", "1")
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,29 +165,81 @@ func TestRefusedRequestIsNotLearned(t *testing.T) {
 	})
 }
 
-// /readyz fails as soon as shutdown starts, so Kubernetes stops sending traffic.
+// /readyz fails as soon as shutdown starts, while streams are still draining, so Kubernetes
+// stops sending traffic before the pod goes away.
 func TestReadyzFailsWhileDraining(t *testing.T) {
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/chat/completions" {
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"i\":0}\n\n")
+		w.(http.Flusher).Flush()
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
 	defer ts.Close()
-	s, _ := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock() // before ts.Close, which waits for the handler
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
 	admin := httptest.NewServer(s.AdminHandler())
 	defer admin.Close()
+	c := testClient()
 	get := func() int {
-		resp, err := http.Get(admin.URL + "/readyz")
+		resp, err := c.Get(admin.URL + "/readyz")
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if c := get(); c != 200 {
-		t.Fatalf("/readyz %d before shutdown", c)
+	if code := get(); code != 200 {
+		t.Fatalf("/readyz %d before shutdown", code)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = s.Shutdown(ctx)
-	if c := get(); c != 503 {
-		t.Errorf("/readyz %d after shutdown began, want 503", c)
+	streamed := make(chan error, 1)
+	go func() {
+		resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatStreamBody))
+		if err != nil {
+			streamed <- err
+			return
+		}
+		defer resp.Body.Close()
+		if o := newSSEReader(resp.Body).drain(); o != sseComplete {
+			streamed <- fmt.Errorf("stream %s", o)
+			return
+		}
+		streamed <- nil
+	}()
+	recvWithin(t, entered, testTimeout, "the stream reaches the backend")
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	eventually(t, testTimeout, "/readyz fails once shutdown began", func() bool { return get() == 503 })
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned (%v) with a stream still held by its backend", err)
+	default:
+	}
+	if n := s.Backends()[0].InFlight(); n != 1 {
+		t.Errorf("in flight %d while draining, want the held stream", n)
+	}
+	unblock()
+	if err := recvWithin(t, streamed, testTimeout, "the drained stream ends"); err != nil {
+		t.Errorf("the stream in flight at shutdown: %v", err)
+	}
+	if err := recvWithin(t, shut, testTimeout, "Shutdown returns once the stream ended"); err != nil {
+		t.Errorf("shutdown: %v", err)
 	}
 }
 
@@ -206,12 +266,13 @@ func TestClientReadDoesNotLimitResponses(t *testing.T) {
 	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) {
 		c.Timeouts.ClientRead = configs.Duration(clientRead)
 	})
+	c := testClient()
 	for _, slow := range []bool{false, true} {
 		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true,"messages":[]}`))
 		if slow {
 			req.Header.Set("X-Slow-Headers", "1")
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := c.Do(req)
 		if err != nil {
 			t.Fatalf("slow headers %v: %v", slow, err)
 		}
@@ -228,20 +289,27 @@ func tail(s string, n int) string { return s[max(len(s)-n, 0):] }
 // A backend that restarted closed every pooled connection: a request that meets one stale
 // connection is resent on a new one, not on the next stale one from the pool.
 func TestStalePoolAfterBackendRestart(t *testing.T) {
+	const held = 6
 	release := make(chan struct{})
 	var hold atomic.Bool
+	var holding atomic.Int32
 	hold.Store(true)
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if hold.Load() {
+			holding.Add(1)
 			<-release
 		}
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	defer ts.Close()
-	_, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock() // before ts.Close, which waits for held handlers, also when the test fails
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	c := testClient()
 	post := func() (int, error) {
-		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+		resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
 		if err != nil {
 			return 0, err
 		}
@@ -249,17 +317,18 @@ func TestStalePoolAfterBackendRestart(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return resp.StatusCode, nil
 	}
-	// Six concurrent requests leave six idle upstream connections in the pool.
+	// Six concurrent requests held in the backend at once leave six idle upstream
+	// connections in the pool.
 	var wg sync.WaitGroup
-	for range 6 {
+	for range held {
 		wg.Go(func() { _, _ = post() })
 	}
-	time.Sleep(200 * time.Millisecond)
+	eventually(t, testTimeout, "six requests held in the backend at once", func() bool { return holding.Load() == held })
 	hold.Store(false)
-	close(release)
+	unblock()
 	wg.Wait()
+	eventually(t, testTimeout, "six idle upstream connections pooled", func() bool { return soakIdleUpstreams(s) == held })
 	ts.CloseClientConnections() // the "restart": every pooled connection is now closed by the backend
-	time.Sleep(50 * time.Millisecond)
 	for i := range 3 {
 		if code, err := post(); err != nil || code != 200 {
 			t.Errorf("request %d after the restart: %d, %v", i, code, err)
@@ -277,11 +346,12 @@ func TestAbsoluteFormRequestTarget(t *testing.T) {
 	}))
 	defer ts.Close()
 	_, url := startProxy(t, "prefix", []string{ts.URL}, nil)
-	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(url, "http://"), testTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(testTimeout))
 	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("absolute form ", 40))
 	fmt.Fprintf(c, "POST http://user:pass@example.invalid/v1/chat/completions?x=1 HTTP/1.1\r\nHost: example.invalid\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -289,7 +359,7 @@ func TestAbsoluteFormRequestTarget(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	r := <-got
+	r := recvWithin(t, got, testTimeout, "the backend gets the request")
 	if r.RequestURI != "/v1/chat/completions?x=1" || r.Header.Get("Authorization") != "" {
 		t.Errorf("backend saw %q with Authorization %q", r.RequestURI, r.Header.Get("Authorization"))
 	}
@@ -302,10 +372,16 @@ func TestAbsoluteFormRequestTarget(t *testing.T) {
 // sharing A's document) is learned, stalls and is abandoned by its client; meanwhile A, with
 // the same document, is accepted. After B's unlearn, A's whole prompt must still match.
 func TestUnlearnKeepsWhatAnotherRequestLearned(t *testing.T) {
+	stalled := make(chan struct{}, 1)
+	testDone := make(chan struct{})
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.Header.Get("X-Stall") != "" {
-			<-r.Context().Done() // until prefixlb closes the connection: B's client left
+			stalled <- struct{}{}
+			select {
+			case <-r.Context().Done(): // prefixlb closed the connection: B's client left
+			case <-testDone: // the test ended without that (it failed)
+			}
 			return
 		}
 		fmt.Fprint(w, `{"ok":true}`)
@@ -313,17 +389,19 @@ func TestUnlearnKeepsWhatAnotherRequestLearned(t *testing.T) {
 	defer ts.Close()
 	other := httptest.NewServer(ts.Config.Handler) // a second backend, so that a match is "useful"
 	defer other.Close()
+	defer close(testDone) // before the Closes, which wait for a stalled handler
 	s, url := startProxy(t, "prefix", []string{ts.URL, other.URL}, nil)
 	doc := strings.Repeat("a shared document of some length ", 60)
 	body := func(q string) string {
 		return fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, doc, q)
 	}
+	c := testClient()
 	post := func(ctx context.Context, b string, stall bool) (string, error) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(b))
 		if stall {
 			req.Header.Set("X-Stall", "1")
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := c.Do(req)
 		if err != nil {
 			return "", err
 		}
@@ -337,7 +415,10 @@ func TestUnlearnKeepsWhatAnotherRequestLearned(t *testing.T) {
 		defer close(doneB)
 		_, _ = post(ctxB, body(strings.Repeat("question b ", 80)), true)
 	}()
-	time.Sleep(200 * time.Millisecond) // B is written to the backend and learned
+	// B is written to the backend (its handler runs) and learned (right after the write).
+	recvWithin(t, stalled, testTimeout, "B reaches the backend")
+	ix := s.Policy().(*router.Prefix).Index()
+	eventually(t, testTimeout, "B is learned", func() bool { return ix.Entries() > 0 })
 	a := body(strings.Repeat("question a ", 80))
 	if _, err := post(context.Background(), a, false); err != nil {
 		t.Fatal(err)
@@ -347,7 +428,7 @@ func TestUnlearnKeepsWhatAnotherRequestLearned(t *testing.T) {
 		t.Fatalf("A's second route %q, %v", full, err)
 	}
 	leave()
-	<-doneB
+	recvWithin(t, doneB, testTimeout, "B's client returns once it left")
 	waitInFlightZero(t, s) // B's flow has finished, its unlearn included
 	if got, err := post(context.Background(), a, false); err != nil || got != full {
 		t.Errorf("after B was unlearned A routes %q, want %q as before", got, full)

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -33,31 +32,7 @@ func startProxy(t *testing.T, mode string, urls []string, mutate func(*configs.C
 // ephemeral 127.0.0.1 port until the test ends. It returns the server and its base URL.
 func serveConfig(t testing.TB, cfg *configs.Config, urls []string, mutate func(*configs.Config)) (*Server, string) {
 	t.Helper()
-	for _, u := range urls {
-		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
-	}
-	if mutate != nil {
-		mutate(cfg)
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	})
-	return s, "http://" + ln.Addr().String()
+	return serveConfigWith(t, cfg, urls, mutate, serveOpts{})
 }
 
 // waitInFlightZero waits (bounded) until every backend's in-flight count is 0.
@@ -109,27 +84,33 @@ func (b *sseBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, "data: [DONE]\n\n")
 }
 
-// readEvents posts a streaming chat request and returns the arrival time of each data line.
-func readEvents(t *testing.T, url string) (arrivals []time.Time, start time.Time, hdr http.Header) {
-	t.Helper()
-	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+// chatStreamBody is a short streaming chat completion request.
+const chatStreamBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+// readEvents posts a streaming chat request with c and returns the arrival time of each
+// data event carrying a JSON object. It reports errors instead of failing the test, so that
+// it can run in a goroutine.
+func readEvents(c *http.Client, url string) (arrivals []time.Time, start time.Time, hdr http.Header, err error) {
 	start = time.Now()
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatStreamBody))
 	if err != nil {
-		t.Fatal(err)
+		return nil, start, nil, err
 	}
 	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
+	sr := newSSEReader(resp.Body)
 	for {
-		line, err := br.ReadString('\n')
-		if strings.HasPrefix(line, "data: {") {
-			arrivals = append(arrivals, time.Now())
-		}
-		if err != nil {
+		data, ok := sr.next()
+		if !ok {
 			break
 		}
+		if len(data) > 0 && data[0] == '{' {
+			arrivals = append(arrivals, time.Now())
+		}
 	}
-	return arrivals, start, resp.Header
+	if o := sr.outcome(); o != sseComplete {
+		return arrivals, start, resp.Header, fmt.Errorf("stream %s after %d events (status %d): %v", o, sr.events, resp.StatusCode, sr.err)
+	}
+	return arrivals, start, resp.Header, nil
 }
 
 // Events written 200 ms apart arrive one by one through the proxy, each before the next is sent.
@@ -138,7 +119,10 @@ func TestSSEStreamsChunkByChunk(t *testing.T) {
 	ts := httptest.NewServer(be)
 	defer ts.Close()
 	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
-	arr, _, hdr := readEvents(t, url)
+	arr, _, hdr, err := readEvents(testClient(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(arr) != be.n {
 		t.Fatalf("got %d events, want %d", len(arr), be.n)
 	}
@@ -156,34 +140,68 @@ func TestSSEStreamsChunkByChunk(t *testing.T) {
 	waitInFlightZero(t, s)
 }
 
-// TTFT direct vs through the proxy, median of 20 (logged, not asserted: machines are noisy).
+// ttftGap is the backend's gap between its first and second event in the TTFT test: a proxy
+// that held the first event back until more data came would add at least this much.
+const ttftGap = 40 * time.Millisecond
+
+// TTFT through the proxy: the first event of every stream is relayed before the backend
+// writes the second (it is not held back for more data), so the median TTFT added by the
+// proxy is below the gap between the two. The README's "within about a millisecond" is the
+// logged measurement (go test -v -run TestSSETTFTDirectVsProxy ./proxy/), not asserted:
+// the machine's noise is larger than the claim.
 func TestSSETTFTDirectVsProxy(t *testing.T) {
-	be := &sseBackend{n: 2, gap: 5 * time.Millisecond}
+	const runs = 11
+	be := &sseBackend{n: 2, gap: ttftGap}
 	ts := httptest.NewServer(be)
 	defer ts.Close()
 	_, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
-	median := func(base string) time.Duration {
+	c := testClient()
+	median := func(base string, proxied bool) time.Duration {
 		var ds []time.Duration
-		for i := 0; i < 20; i++ {
-			arr, start, _ := readEvents(t, base)
-			if len(arr) == 0 {
-				t.Fatal("no events")
+		for i := 0; i < runs; i++ {
+			arr, start, _, err := readEvents(c, base)
+			if err != nil || len(arr) != be.n {
+				t.Fatalf("%s: %d events, %v", base, len(arr), err)
+			}
+			be.mu.Lock()
+			second := be.at[1]
+			be.mu.Unlock()
+			if proxied && !arr[0].Before(second) {
+				t.Errorf("request %d: the first event arrived %v after the backend wrote the second: held back", i, arr[0].Sub(second))
 			}
 			ds = append(ds, arr[0].Sub(start))
 		}
 		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 		return ds[len(ds)/2]
 	}
-	direct, proxied := median(ts.URL), median(url)
-	t.Logf("TTFT median of 20: direct %v, through prefixlb %v, added %v", direct, proxied, proxied-direct)
+	direct, proxied := median(ts.URL, false), median(url, true)
+	t.Logf("TTFT median of %d: direct %v, through prefixlb %v, added %v", runs, direct, proxied, proxied-direct)
+	if proxied-direct >= ttftGap {
+		t.Errorf("median TTFT added by the proxy %v, at least the %v until the backend's next event", proxied-direct, ttftGap)
+	}
 }
 
-// cancelBackend records when each request's context is cancelled. mode "stream" sends an
-// event every 50 ms; "silent" sends headers then nothing (prefill); "queued" sends nothing.
+// abortHold is how long cancelBackend holds a request before it would end it by itself: far
+// longer than the watchdog needs, so a cancel seen before it is the proxy closing upstream.
+const abortHold = 50 * watchInterval
+
+// abortBound is how soon after the client leaves the backend must see the upstream close:
+// the watchdog peeks every watchInterval (the README's "about 200 ms"), the rest is slack
+// for a loaded machine under -race. The bound is loose on purpose: what the test pins is
+// the mechanism (the close reaches a backend that still holds the response, and is counted
+// as a client disconnect); a watchdog that stopped peeking fails, one that peeks a few times
+// slower only sometimes does.
+const abortBound = 5 * watchInterval
+
+// cancelBackend records when each request's context is cancelled (the proxy closed the
+// upstream connection) while it still holds the response. mode "stream" sends an event
+// every 50 ms; "silent" sends headers then nothing (prefill); "queued" sends nothing.
+// A request it held to the end (abortHold) is reported on ended instead.
 type cancelBackend struct {
 	mode      string
 	started   chan struct{}
 	cancelled chan time.Time
+	ended     chan struct{}
 }
 
 func (b *cancelBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -199,13 +217,14 @@ func (b *cancelBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(20 * time.Second)
+	deadline := time.After(abortHold)
 	for {
 		select {
 		case <-r.Context().Done():
 			b.cancelled <- time.Now()
 			return
 		case <-deadline:
+			b.ended <- struct{}{}
 			return
 		case <-tick.C:
 			if b.mode == "stream" {
@@ -217,26 +236,25 @@ func (b *cancelBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // A client that leaves (mid-stream, during a silent prefill, or while queued before any
-// header) makes the proxy close the upstream connection within about a second.
+// header) makes the proxy close the upstream connection while the backend still holds the
+// response: the backend sees the close (its request context ends) long before it would end
+// the response itself, within a few watchdog intervals, and the proxy counts a client
+// disconnect, not a stream error.
 func TestClientDisconnectAbortsBackend(t *testing.T) {
 	for _, mode := range []string{"stream", "silent", "queued"} {
 		t.Run(mode, func(t *testing.T) {
-			be := &cancelBackend{mode: mode, started: make(chan struct{}, 1), cancelled: make(chan time.Time, 1)}
+			be := &cancelBackend{mode: mode, started: make(chan struct{}, 1), cancelled: make(chan time.Time, 1), ended: make(chan struct{}, 1)}
 			ts := httptest.NewServer(be)
 			defer ts.Close()
 			s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
-			conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+			conn, err := net.DialTimeout("tcp", strings.TrimPrefix(url, "http://"), testTimeout)
 			if err != nil {
 				t.Fatal(err)
 			}
-			body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-			select {
-			case <-be.started:
-			case <-time.After(5 * time.Second):
-				t.Fatal("backend never got the request")
-			}
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatStreamBody), chatStreamBody)
+			recvWithin(t, be.started, testTimeout, "the backend gets the request")
 			if mode == "stream" {
+				_ = conn.SetReadDeadline(time.Now().Add(testTimeout))
 				buf := make([]byte, 512)
 				if _, err := conn.Read(buf); err != nil {
 					t.Fatal(err)
@@ -247,39 +265,64 @@ func TestClientDisconnectAbortsBackend(t *testing.T) {
 			select {
 			case at := <-be.cancelled:
 				d := at.Sub(closedAt)
-				t.Logf("%s: backend saw the cancel %v after the client left", mode, d)
-				if d > 2*time.Second {
-					t.Errorf("backend cancelled after %v, want about 1 s", d)
+				t.Logf("%s: backend saw the upstream close %v after the client left", mode, d)
+				if d > abortBound {
+					t.Errorf("backend saw the close %v after the client left, want within %v (watchdog every %v)", d, abortBound, watchInterval)
 				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("backend request was never cancelled")
+			case <-be.ended:
+				t.Fatalf("the backend held the response to its end (%v): the proxy never closed the upstream connection", abortHold)
+			case <-time.After(abortHold + testTimeout):
+				t.Fatal("the backend request neither ended nor was cancelled")
 			}
 			waitInFlightZero(t, s)
+			// A flow without a response releases its backend before it is counted: wait.
+			eventually(t, testTimeout, "the disconnect is counted", func() bool { return s.m.clientGone.Get() == 1 })
+			if se := s.m.streamErrors.Get(); se != 0 {
+				t.Errorf("prefixlb_stream_errors_total %d after a client disconnect, want 0", se)
+			}
 		})
 	}
 }
 
+// A body over max_request_body_bytes, with a Content-Length or chunked, gets 413 with an
+// OpenAI-shaped error naming the limit, never reaches a backend, and is counted.
 func TestOverLimitBodyGets413JSON(t *testing.T) {
+	const limit = 4096
 	var hits atomic.Int32
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
 	defer ts.Close()
-	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) { c.MaxRequestBodyBytes = 4096 })
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(strings.Repeat("x", 10000)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 413 {
-		t.Fatalf("status %d, want 413", resp.StatusCode)
-	}
-	var e struct {
-		Error struct{ Message, Type string } `json:"error"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
-		t.Fatalf("413 body is not JSON: %v", err)
-	}
-	if !strings.Contains(e.Error.Message, "max_request_body_bytes") || !strings.Contains(e.Error.Message, "4096") {
-		t.Errorf("413 message %q does not name the limit", e.Error.Message)
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) { c.MaxRequestBodyBytes = limit })
+	c := testClient()
+	for i, chunked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
+			var body io.Reader = strings.NewReader(strings.Repeat("x", 10000))
+			if chunked {
+				body = io.MultiReader(body) // hides the length: Transfer-Encoding: chunked
+			}
+			resp, err := c.Post(url+"/v1/chat/completions", "application/json", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != 413 {
+				t.Fatalf("status %d, want 413", resp.StatusCode)
+			}
+			var e struct {
+				Error struct{ Message, Type, Code string } `json:"error"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatalf("413 body is not JSON: %v", err)
+			}
+			if !strings.Contains(e.Error.Message, "max_request_body_bytes") || !strings.Contains(e.Error.Message, fmt.Sprint(limit)) {
+				t.Errorf("413 message %q does not name the limit", e.Error.Message)
+			}
+			if e.Error.Type != "invalid_request_error" || e.Error.Code != "prefixlb_413" {
+				t.Errorf("413 error type %q code %q, want invalid_request_error and prefixlb_413", e.Error.Type, e.Error.Code)
+			}
+			if got := s.m.rejected413.Get(); got != uint64(i+1) {
+				t.Errorf("prefixlb_request_body_too_large_total = %d, want %d", got, i+1)
+			}
+		})
 	}
 	if hits.Load() != 0 {
 		t.Errorf("backend got %d requests, want 0", hits.Load())
@@ -304,6 +347,7 @@ func TestForwardingHeadersAndPaths(t *testing.T) {
 	}))
 	defer ts.Close()
 	_, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	cl := testClient()
 	cases := []struct{ method, path, body string }{
 		{"POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
 		{"POST", "/v1/embeddings", `{"model":"e","input":"x"}`},
@@ -319,13 +363,13 @@ func TestForwardingHeadersAndPaths(t *testing.T) {
 			req.Header.Set("X-Hop", "drop-me")
 			req.Header.Set("X-Forwarded-For", "10.0.0.1")
 			req.Header.Set("X-End", "keep-me")
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := cl.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
 			rb, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			s := <-got
+			s := recvWithin(t, got, testTimeout, "the backend gets the request")
 			if s.method != c.method || s.uri != c.path || s.body != c.body {
 				t.Errorf("backend saw %s %s %q, want %s %s %q", s.method, s.uri, s.body, c.method, c.path, c.body)
 			}
@@ -347,70 +391,6 @@ func TestForwardingHeadersAndPaths(t *testing.T) {
 			if resp.Header.Get(HeaderBackend) != ts.URL {
 				t.Errorf("%s = %q", HeaderBackend, resp.Header.Get(HeaderBackend))
 			}
-		})
-	}
-}
-
-// No backend reachable: 502 in the OpenAI error shape, after trying each backend once.
-func TestNoBackendReachable(t *testing.T) {
-	dead := func() string {
-		ln, _ := net.Listen("tcp", "127.0.0.1:0")
-		a := ln.Addr().String()
-		ln.Close()
-		return "http://" + a
-	}
-	s, url := startProxy(t, "round-robin", []string{dead(), dead()}, nil)
-	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var e struct {
-		Error struct {
-			Message string `json:"message"`
-			Type    string `json:"type"`
-			Code    string `json:"code"`
-		} `json:"error"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != 502 || e.Error.Message == "" || e.Error.Code != "prefixlb_502" {
-		t.Errorf("got %d %+v, want 502 with an OpenAI-shaped error", resp.StatusCode, e)
-	}
-	waitInFlightZero(t, s)
-}
-
-// A backend that refuses connections, or answers 503, is retried once on another backend.
-func TestRetryBeforeFirstByte(t *testing.T) {
-	var okHits atomic.Int32
-	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		okHits.Add(1)
-		_, _ = w.Write([]byte("fine"))
-	}))
-	defer ok.Close()
-	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(503)
-	}))
-	defer busy.Close()
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
-	for _, other := range []string{dead, busy.URL} {
-		t.Run(other, func(t *testing.T) {
-			s, url := startProxy(t, "round-robin", []string{other, ok.URL}, nil)
-			for i := 0; i < 6; i++ {
-				resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 || string(b) != "fine" {
-					t.Fatalf("request %d: %d %q, want 200 from the healthy backend", i, resp.StatusCode, b)
-				}
-			}
-			waitInFlightZero(t, s)
 		})
 	}
 }
@@ -440,8 +420,9 @@ func TestInFlightAccounting(t *testing.T) {
 	defer ts.Close()
 	defer close(release)
 	s, url := startProxy(t, "least-load", []string{ts.URL}, nil)
+	c := testClient()
 	for _, p := range []string{"/ok", "/fail", "/reset"} {
-		resp, err := http.Get(url + p)
+		resp, err := c.Get(url + p)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -456,19 +437,13 @@ func TestInFlightAccounting(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			req, _ := http.NewRequestWithContext(ctx, "GET", url+"/hold", nil)
-			if resp, err := http.DefaultClient.Do(req); err == nil {
+			if resp, err := c.Do(req); err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
 		}()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Backends()[0].InFlight() != 3 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if got := s.Backends()[0].InFlight(); got != 3 {
-		t.Errorf("in-flight %d with 3 held requests, want 3", got)
-	}
+	eventually(t, 5*time.Second, "in-flight 3 with 3 held requests", func() bool { return s.Backends()[0].InFlight() == 3 })
 	cancel()
 	wg.Wait()
 	waitInFlightZero(t, s)
@@ -491,8 +466,9 @@ func TestDistribution(t *testing.T) {
 				hits[i].Store(0)
 			}
 			_, url := startProxy(t, mode, urls, nil)
+			c := testClient()
 			for i := 0; i < 30; i++ {
-				resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"same"}`))
+				resp, err := c.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"same"}`))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -525,28 +501,6 @@ func TestLeastLoadPicksIdleBackend(t *testing.T) {
 	}
 }
 
-// SIGTERM-style shutdown lets an in-flight stream finish.
-func TestGracefulShutdownDrainsStreams(t *testing.T) {
-	be := &sseBackend{n: 4, gap: 150 * time.Millisecond}
-	ts := httptest.NewServer(be)
-	defer ts.Close()
-	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
-	done := make(chan int, 1)
-	go func() {
-		arr, _, _ := readEvents(t, url)
-		done <- len(arr)
-	}()
-	time.Sleep(100 * time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := s.Shutdown(ctx); err != nil {
-		t.Fatalf("shutdown: %v", err)
-	}
-	if n := <-done; n != 4 {
-		t.Errorf("stream got %d of 4 events across shutdown", n)
-	}
-}
-
 // A backend that dies mid-stream ends the client's stream with a visible error (the chunked
 // body is cut without its terminator), is not retried, and is counted.
 func TestBackendDiesMidStream(t *testing.T) {
@@ -560,7 +514,7 @@ func TestBackendDiesMidStream(t *testing.T) {
 	}))
 	defer ts.Close()
 	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	resp, err := testClient().Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,6 +548,7 @@ func TestPrefixModeRoutesConversationsByPrefix(t *testing.T) {
 		urls = append(urls, ts.URL)
 	}
 	s, url := startProxy(t, "prefix", urls, nil)
+	c := testClient()
 	used := map[string]bool{}
 	for conv := 0; conv < 6; conv++ {
 		system := strings.Repeat(fmt.Sprintf("You are assistant number %d. Follow the policy. ", conv), 60)
@@ -602,7 +557,7 @@ func TestPrefixModeRoutesConversationsByPrefix(t *testing.T) {
 		for turn := 0; turn < 3; turn++ {
 			msgs += fmt.Sprintf(`,{"role":"user","content":"question %d of conversation %d"}`, turn, conv)
 			body := `{"model":"m","messages":[` + msgs + `]}`
-			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 			if err != nil {
 				t.Fatal(err)
 			}

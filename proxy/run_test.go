@@ -8,97 +8,131 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/prefixlb/prefixlb/configs"
 )
 
+// reloadFile is a config file that a test rewrites atomically (write + rename, as
+// ConfigMap updates and editors do).
+type reloadFile struct {
+	t    *testing.T
+	path string
+}
+
+func newReloadFile(t *testing.T) *reloadFile {
+	return &reloadFile{t: t, path: filepath.Join(t.TempDir(), "prefixlb.yaml")}
+}
+
+func (f *reloadFile) write(body string) {
+	f.t.Helper()
+	if err := os.WriteFile(f.path+".tmp", []byte(body), 0o644); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Rename(f.path+".tmp", f.path); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *reloadFile) load() (*configs.Config, error) { return configs.Load(f.path) }
+
+// reloadConf is a valid round-robin config with active checks off and the given backends.
+func reloadConf(urls ...string) string {
+	s := "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nmode: round-robin\nhealth:\n  disabled: true\n  scrape_disabled: true\nbackends:\n"
+	for _, u := range urls {
+		s += "  - url: " + u + "\n"
+	}
+	return s
+}
+
+// badConf does not validate: its backend URL has no scheme.
+const badConf = "backends:\n  - url: nope\n"
+
+// badField is the field the rejection of badConf must name.
+const badField = "backends[0].url"
+
+// reloadRejected returns the rejections of a reload logged so far whose error names field.
+func reloadRejected(logs *logRecorder, trigger, field string) int {
+	return logs.count(func(e logEntry) bool {
+		return strings.Contains(e.message, "reload rejected") && e.fields["trigger"] == trigger &&
+			strings.Contains(fmt.Sprint(e.fields["error"]), field)
+	})
+}
+
 // Backends are added and removed by rewriting the config file under load, without a failed
-// request; a bad new config is rejected and the old one keeps serving.
+// request; a bad new config is rejected with an error naming the field and the old one keeps
+// serving; a removed backend gets no request that started after its removal.
 func TestConfigReloadUnderLoad(t *testing.T) {
-	var hits [3]atomic.Int32
 	var urls [3]string
 	for i := range urls {
-		i := i
-		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			hits[i].Add(1)
-			_, _ = io.WriteString(w, "ok")
-		}))
-		defer ts.Close()
+		ts, _ := statusBackend(t, 200, "ok")
 		urls[i] = ts.URL
 	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, "prefixlb.yaml")
-	write := func(body string) {
-		if err := os.WriteFile(path+".tmp", []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
-			t.Fatal(err)
-		}
-	}
-	conf := func(bs ...string) string {
-		s := "listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nmode: round-robin\nhealth:\n  disabled: true\n  scrape_disabled: true\nbackends:\n"
-		for _, b := range bs {
-			s += "  - url: " + b + "\n"
-		}
-		return s
-	}
-	write(conf(urls[0], urls[1]))
-	load := func() (*configs.Config, error) { return configs.Load(path) }
-	cfg, err := load()
+	f := newReloadFile(t)
+	f.write(reloadConf(urls[0], urls[1]))
+	cfg, err := f.load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan *Server, 1)
-	addr := make(chan net.Addr, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, cfg, zap.NewNop(), RunOptions{Load: load, Path: path, PollInterval: 20 * time.Millisecond,
-			OnReady: func(s *Server, d, _ net.Addr) { ready <- s; addr <- d }})
-	}()
-	s := <-ready
-	base := "http://" + (<-addr).String()
+	log, logs := recordingLogger()
+	h := startRun(t, cfg, log, RunOptions{Load: f.load, Path: f.path, PollInterval: 20 * time.Millisecond})
+	s := h.s
 
-	stop := make(chan struct{})
-	failed := make(chan string, 100)
-	var sent atomic.Int32
+	// The load: one client in a loop; each request numbered before it is sent.
+	const maxFailures = 20
+	var (
+		seq      atomic.Int64
+		mu       sync.Mutex
+		failures []string
+		servedBy = map[string][]int64{} // backend → numbers of the requests it answered
+	)
+	stop, loadDone := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(loadDone)
+		c := testClient()
 		for {
 			select {
 			case <-stop:
-				close(failed)
 				return
 			default:
 			}
-			sent.Add(1)
-			resp, err := http.Get(base + "/v1/models")
-			if err != nil {
-				failed <- err.Error()
-				continue
+			n := seq.Add(1)
+			resp, err := c.Get(h.base + "/v1/models")
+			mu.Lock()
+			switch {
+			case err != nil:
+				if len(failures) < maxFailures {
+					failures = append(failures, err.Error())
+				}
+			default:
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 && len(failures) < maxFailures {
+					failures = append(failures, fmt.Sprint("status ", resp.StatusCode))
+				}
+				be := resp.Header.Get(HeaderBackend)
+				servedBy[be] = append(servedBy[be], n)
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				failed <- fmt.Sprint("status ", resp.StatusCode)
-			}
+			mu.Unlock()
 		}
 	}()
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+	var stopOnce sync.Once
+	stopLoad := func() {
+		stopOnce.Do(func() { close(stop) })
+		recvWithin(t, loadDone, testTimeout, "the load generator stops")
+	}
+	t.Cleanup(stopLoad) // before Run is stopped, also when the test fails early
+	served := func(be string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(servedBy[be])
 	}
 	names := func() (out []string) {
 		for _, b := range s.Backends() {
@@ -106,34 +140,104 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 		}
 		return out
 	}
+
 	first := s.Backends()[0]
-	write(conf(urls[0], urls[1], urls[2]))
-	waitFor("a third backend", func() bool { return len(s.Backends()) == 3 })
+	f.write(reloadConf(urls[0], urls[1], urls[2]))
+	eventually(t, testTimeout, "a third backend", func() bool { return len(s.Backends()) == 3 })
 	if s.Backends()[0] != first {
 		t.Error("an unchanged backend was replaced: its state (in-flight, index) would be lost")
 	}
-	waitFor("traffic on the new backend", func() bool { return hits[2].Load() > 0 })
-	write("backends:\n  - url: nope\n")
-	time.Sleep(100 * time.Millisecond)
-	if n := len(s.Backends()); n != 3 {
-		t.Errorf("a bad config changed the backends: %v", names())
+	eventually(t, testTimeout, "traffic on the new backend", func() bool { return served(urls[2]) > 0 })
+
+	f.write(badConf)
+	eventually(t, testTimeout, "the bad file's rejection, naming "+badField, func() bool { return reloadRejected(logs, "file changed", badField) > 0 })
+	if got := names(); len(got) != 3 {
+		t.Errorf("a bad config changed the backends: %v", got)
 	}
-	write(conf(urls[2]))
-	waitFor("removal of two backends", func() bool { return len(s.Backends()) == 1 })
-	time.Sleep(50 * time.Millisecond) // a request picked just before the removal drains there
-	before := hits[0].Load() + hits[1].Load()
-	time.Sleep(100 * time.Millisecond)
-	if after := hits[0].Load() + hits[1].Load(); after != before {
-		t.Errorf("removed backends still got %d requests", after-before)
+	before := seq.Load()
+	eventually(t, testTimeout, "requests served after the rejection", func() bool { return seq.Load() > before+10 })
+
+	f.write(reloadConf(urls[2]))
+	eventually(t, testTimeout, "removal of two backends", func() bool { return len(s.Backends()) == 1 })
+	cut := seq.Load() // every request numbered above cut started after the removal
+	eventually(t, testTimeout, "requests after the removal", func() bool { return seq.Load() > cut+20 })
+	stopLoad()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, u := range urls[:2] {
+		for _, n := range servedBy[u] {
+			if n > cut {
+				t.Errorf("removed backend %s answered request %d, which started after its removal (at %d)", u, n, cut)
+			}
+		}
 	}
-	close(stop)
-	for f := range failed {
+	for _, f := range failures {
 		t.Errorf("request failed during reload: %s", f)
 	}
-	t.Logf("%d requests across three reloads", sent.Load())
-	cancel()
-	if err := <-done; err != nil {
+	t.Logf("%d requests across three reloads", seq.Load())
+}
+
+// Run re-reads the config file on SIGHUP (the file is not watched here, so only the signal
+// can trigger it); a file that does not validate is rejected on SIGHUP with an error naming
+// the field, and the backends stay as they were.
+func TestSIGHUPReloadsConfig(t *testing.T) {
+	// While any channel is registered for SIGHUP, the signal does not terminate the process;
+	// registering one here first makes signalling this test binary safe whether or not Run
+	// has registered its own yet. Its Stop runs after Run's cleanup (cleanups run last first).
+	own := make(chan os.Signal, 1)
+	signal.Notify(own, syscall.SIGHUP)
+	t.Cleanup(func() { signal.Stop(own) })
+
+	a, _ := statusBackend(t, 200, "a")
+	b, _ := statusBackend(t, 200, "b")
+	f := newReloadFile(t)
+	f.write(reloadConf(a.URL))
+	cfg, err := f.load()
+	if err != nil {
 		t.Fatal(err)
+	}
+	log, logs := recordingLogger()
+	h := startRun(t, cfg, log, RunOptions{Load: f.load}) // no Path: SIGHUP only
+	// hup signals until cond holds: Run registers for SIGHUP just after it starts listening.
+	hup := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(testTimeout); !cond(); {
+			if time.Now().After(end) {
+				t.Fatalf("not within %v of SIGHUPs: %s", testTimeout, what)
+			}
+			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			for wait := time.Now().Add(100 * time.Millisecond); !cond() && time.Now().Before(wait); {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}
+
+	f.write(reloadConf(a.URL, b.URL))
+	hup("the second backend added", func() bool { return len(h.s.Backends()) == 2 })
+	if n := len(logs.withMessage("config reloaded")); n == 0 {
+		t.Error("no \"config reloaded\" entry")
+	}
+	for _, e := range logs.withMessage("config reloaded") {
+		if e.fields["trigger"] != "SIGHUP" {
+			t.Errorf("reload triggered by %v, want SIGHUP (the file is not watched)", e.fields["trigger"])
+		}
+	}
+	kept := h.s.Backends()
+
+	f.write(badConf)
+	hup("the bad file's rejection, naming "+badField, func() bool { return reloadRejected(logs, "SIGHUP", badField) > 0 })
+	if got := h.s.Backends(); len(got) != 2 || got[0] != kept[0] || got[1] != kept[1] {
+		t.Errorf("a rejected file changed the backends: %v", got)
+	}
+	resp, err := testClient().Get(h.base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("after the rejected reload: status %d", resp.StatusCode)
 	}
 }
 
@@ -147,7 +251,9 @@ func (r *staticResolver) LookupSRV(ctx context.Context, _, _, name string) (stri
 	return "", nil, fmt.Errorf("no SRV for %s", name)
 }
 
-// DNS discovery adds the pods a headless Service resolves to, and follows changes.
+// DNS discovery adds the pods a headless Service resolves to, and follows changes: a new pod
+// is added, a pod that left is removed; an answer with no pod at all (a Service momentarily
+// without a ready pod) keeps the previous backends serving.
 func TestDNSDiscoveryFeedsBackends(t *testing.T) {
 	var hits atomic.Int32
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
@@ -161,35 +267,51 @@ func TestDNSDiscoveryFeedsBackends(t *testing.T) {
 	}
 	r := &staticResolver{}
 	r.hosts.Store(&[]string{"127.0.0.1"})
-	ready := make(chan *Server, 1)
-	addr := make(chan net.Addr, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		_ = Run(ctx, cfg, zap.NewNop(), RunOptions{Resolver: r, OnReady: func(s *Server, d, _ net.Addr) { ready <- s; addr <- d }})
-	}()
-	s := <-ready
-	base := "http://" + (<-addr).String()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(s.Backends()) != 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	log, logs := recordingLogger()
+	h := startRun(t, cfg, log, RunOptions{Resolver: r})
+	s := h.s
+	pod1, pod2 := "http://127.0.0.1:"+port, "http://127.0.0.2:"+port
+	is := func(want ...string) func() bool {
+		return func() bool {
+			got := s.Backends()
+			if len(got) != len(want) {
+				return false
+			}
+			for i := range got {
+				if got[i].Name != want[i] {
+					return false
+				}
+			}
+			return true
+		}
 	}
-	if got := s.Backends(); len(got) != 1 || got[0].Name != "http://127.0.0.1:"+port {
-		t.Fatalf("backends after discovery: %v", got)
+	c := testClient()
+	get := func() int {
+		resp, err := c.Get(h.base + "/v1/models")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
 	}
-	resp, err := http.Get(base + "/v1/models")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 || hits.Load() != 1 {
-		t.Errorf("request through a discovered backend: %d, hits %d", resp.StatusCode, hits.Load())
+	eventually(t, testTimeout, "the resolved pod becomes a backend", is(pod1))
+	if code := get(); code != 200 || hits.Load() != 1 {
+		t.Errorf("request through a discovered backend: %d, hits %d", code, hits.Load())
 	}
 	r.hosts.Store(&[]string{"127.0.0.1", "127.0.0.2"})
-	for len(s.Backends()) != 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	eventually(t, testTimeout, "a new pod is added", is(pod1, pod2))
+	r.hosts.Store(&[]string{"127.0.0.1"})
+	eventually(t, testTimeout, "a pod that left is removed", is(pod1))
+	failed := func() int {
+		return logs.count(func(e logEntry) bool { return strings.Contains(e.message, "resolution failed") })
 	}
-	if len(s.Backends()) != 2 {
-		t.Errorf("a new pod was not added: %d backends", len(s.Backends()))
+	before := failed()
+	r.hosts.Store(&[]string{})
+	eventually(t, testTimeout, "an empty answer is reported", func() bool { return failed() > before })
+	if !is(pod1)() {
+		t.Errorf("an empty answer changed the backends: %v", s.Backends())
+	}
+	if code := get(); code != 200 {
+		t.Errorf("after an empty answer: status %d, want 200 from the previous backend", code)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"runtime"
@@ -145,36 +144,29 @@ func soakOne(cl *http.Client, url string, rng *rand.Rand, c *soakCounts) {
 		}
 		return
 	}
-	br := bufio.NewReader(resp.Body)
-	events := 0
+	sr := newSSEReader(resp.Body)
 	for {
-		line, err := br.ReadBytes('\n')
-		if bytes.HasPrefix(line, []byte("data: [DONE]")) {
-			c.completed.Add(1)
+		if _, ok := sr.next(); !ok {
+			break
+		}
+		if sr.events == midAfter {
+			cancelled.Store(true)
+			cancel()
+			c.cancelledMid.Add(1)
 			return
 		}
-		if bytes.HasPrefix(line, []byte("data: ")) {
-			events++
-			if events == midAfter {
-				cancelled.Store(true)
-				cancel()
-				c.cancelledMid.Add(1)
-				return
-			}
-		}
-		if err != nil {
-			switch {
-			case cancelled.Load() && events == 0:
-				c.cancelledEarly.Add(1)
-			case cancelled.Load():
-				c.cancelledMid.Add(1)
-			case err == io.EOF:
-				c.fail(true, "stream ended cleanly without [DONE] after %d events", events)
-			default:
-				c.fail(ctx.Err() != nil, "stream cut after %d events: %v", events, err)
-			}
-			return
-		}
+	}
+	switch o := sr.outcome(); {
+	case o == sseComplete:
+		c.completed.Add(1)
+	case cancelled.Load() && sr.events == 0:
+		c.cancelledEarly.Add(1)
+	case cancelled.Load():
+		c.cancelledMid.Add(1)
+	case o == sseUnterminated:
+		c.fail(true, "stream ended cleanly without [DONE] after %d events", sr.events)
+	default:
+		c.fail(ctx.Err() != nil, "stream cut after %d events: %v", sr.events, sr.err)
 	}
 }
 
@@ -205,38 +197,32 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 	for _, u := range cluster.URLs() {
 		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u, KVCacheTokens: int64(scfg.KVCacheTokens())})
 	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// fasthttp keeps idle workers for 10 s by default; reap them sooner so the goroutine count
-	// can settle within the test's bounded wait.
-	s.srv.MaxIdleWorkerDuration = 500 * time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
-	}()
-	url := "http://" + ln.Addr().String()
+	s, url := serveConfigWith(t, cfg, nil, nil, serveOpts{hook: func(s *Server) {
+		// fasthttp keeps idle workers for 10 s by default; reap them sooner so the goroutine
+		// count can settle within the test's bounded wait.
+		s.srv.MaxIdleWorkerDuration = 500 * time.Millisecond
+	}})
 	for _, b := range s.Backends() {
 		if _, ok := fltWaitHealthy(b, true, 10*time.Second); !ok {
 			t.Fatalf("%s never healthy", b.Name)
 		}
 	}
-	time.Sleep(500 * time.Millisecond) // checks and scrapes have their connections
+	// The checker's and scraper's connections exist (and their goroutines) before the
+	// baseline: a check and a scrape of every backend finished after the first ones did.
+	settled := time.Now()
+	eventually(t, 10*time.Second, "a check and a scrape of every backend after start-up", func() bool {
+		for _, b := range s.Backends() {
+			st := s.Health().State(b)
+			if !st.LastCheck.After(settled) || !st.LastScrape.After(settled) {
+				return false
+			}
+		}
+		return true
+	})
 	g0 := runtime.NumGoroutine() - soakIdleUpstreams(s)
 
 	tr := &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
-	cl := &http.Client{Transport: tr}
+	cl := &http.Client{Transport: tr, Timeout: testTimeout}
 	const clients = 8
 	var counts, warm soakCounts
 	run := func(d time.Duration, seed uint64, counts *soakCounts) {
@@ -276,7 +262,7 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 	waitInFlightZero(t, s)
 	// The engines: nothing running or waiting once every stream ended or was aborted.
 	var stats []sim.Stats
-	for end := time.Now().Add(10 * time.Second); ; {
+	eventually(t, 10*time.Second, "no replica runs or queues a request after the load: aborts reach the engines", func() bool {
 		stats = stats[:0]
 		busy := 0
 		for _, r := range cluster.Replicas() {
@@ -284,18 +270,12 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 			stats = append(stats, st)
 			busy += st.Running + st.Waiting
 		}
-		if busy == 0 || time.Now().After(end) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return busy == 0
+	})
 	var finished, aborted uint64
-	for i, st := range stats {
+	for _, st := range stats {
 		finished += st.RequestsFinished
 		aborted += st.RequestsAborted
-		if st.Running != 0 || st.Waiting != 0 {
-			t.Errorf("replica %d: %d running, %d waiting after the load: aborts did not reach the engine", i, st.Running, st.Waiting)
-		}
 	}
 	for i, u := range cluster.URLs() {
 		if v := soakGauge(t, u+"/metrics", "vllm:num_requests_running"); v != "0" {
@@ -345,9 +325,17 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 	for _, b := range s.Backends() {
 		ejections = append(ejections, s.Health().State(b).Ejections)
 	}
-	// No backend failed: ejections here come from client cancellations counted against a
-	// backend (see TestFaultClientCancelsDoNotEjectBackend).
+	// No backend failed: an ejection here, or a stream error, would be a client cancellation
+	// counted against a backend (see TestFaultClientCancelsDoNotEjectBackend).
 	t.Logf("ejections per backend %v; prefixlb_stream_errors_total %d", ejections, s.m.streamErrors.Get())
+	for i, n := range ejections {
+		if n != 0 {
+			t.Errorf("backend %d ejected %d times during a soak where no backend failed", i, n)
+		}
+	}
+	if n := s.m.streamErrors.Get(); n != 0 {
+		t.Errorf("prefixlb_stream_errors_total = %d during a soak where no backend failed: client cancellations counted as stream errors", n)
+	}
 	t.Logf("goroutines %d -> %d (+%d idle upstream connections); heap %.1f -> %.1f MiB",
 		g0, g, soakIdleUpstreams(s), float64(heap0)/(1<<20), float64(heap1)/(1<<20))
 	t.Logf("fault-table | soak %v, %d clients, ~40%% cancel (mid-stream / before first byte) | sent %d | ok %d + cancelled by client %d | failed with error %d | lost %d | eject - | recover -",
@@ -367,7 +355,7 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 // soakGauge returns the value of the first sample of metric in a Prometheus text page.
 func soakGauge(t *testing.T, url, metric string) string {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := testClient().Get(url)
 	if err != nil {
 		t.Errorf("GET %s: %v", url, err)
 		return ""
