@@ -130,6 +130,11 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 		ctx = context.Background()
 	}
 	stamp := fileStamp(rl.Path) // before serving: a change from here on is a reload
+	// Signals are taken over before the listeners open: a SIGHUP sent as soon as the port
+	// answers (a config tool reacting to readiness) must reload, not kill the process.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sig)
 	s, err := New(cfg, log)
 	if err != nil {
 		return err
@@ -169,9 +174,6 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 		go ctl.discover(bg, d, rl.Resolver)
 	}
 
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(sig)
 	poll := rl.PollInterval
 	if poll <= 0 {
 		poll = 2 * time.Second
