@@ -28,7 +28,7 @@ func TestExampleConfigNamesEveryField(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"listen:", "admin_listen:", "mode:", "max_request_body_bytes:", "level:", "format:",
-		"connect:", "response_header:", "idle:", "shutdown_grace:", "client_read:", "chunk_tokens:", "load_factor:", "load_margin:",
+		"connect:", "response_header:", "idle:", "shutdown_grace:", "client_read:", "client_body_idle:", "limits:", "max_buffered_body_bytes:", "chunk_tokens:", "load_factor:", "load_margin:",
 		"default_kv_cache_tokens:", "max_index_entries:", "url:", "kv_cache_tokens:", "weight:",
 		"discovery:", "dns:", "name:", "port:", "srv:", "scheme:", "interval:", "health:", "path:", "timeout:",
 		"healthy_threshold:", "unhealthy_threshold:", "consecutive_failures:", "base_ejection:", "max_ejection:",
@@ -51,6 +51,9 @@ func TestDefaults(t *testing.T) {
 	}
 	if c.Timeouts.Connect.D() != 5*time.Second || c.Timeouts.Idle.D() != 5*time.Minute || c.Prefix.ChunkTokens != 64 || c.Backends[0].Weight != 1 {
 		t.Errorf("defaults: got %+v %+v", c.Timeouts, c.Prefix)
+	}
+	if c.Limits.MaxBufferedBodyBytes != 1<<30 || c.Timeouts.ClientBodyIdle.D() != 10*time.Second {
+		t.Errorf("defaults: limits %+v, client_body_idle %s", c.Limits, c.Timeouts.ClientBodyIdle.D())
 	}
 	bs, err := c.NewBackends()
 	if err != nil || bs[0].KVCapacity(c.Prefix.DefaultKVCacheTokens) != DefaultKVCacheTokens || bs[0].Addr != "a:8000" {
@@ -78,6 +81,8 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"timeouts:\n  idle: 300\nbackends:\n - url: http://a:1", `line 2: "300" is not a duration`},
 		{"timeouts:\n  client_read: -1s\nbackends:\n - url: http://a:1", "timeouts.client_read"},
 		{"timeouts:\n  idle: -1s\nbackends:\n - url: http://a:1", "timeouts.idle"},
+		{"timeouts:\n  client_body_idle: -1s\nbackends:\n - url: http://a:1", "timeouts.client_body_idle"},
+		{"limits:\n  max_buffered_body_bytes: 1000\nbackends:\n - url: http://a:1", "limits.max_buffered_body_bytes"},
 		{"prefix:\n  chunk_tokens: 100000\nbackends:\n - url: http://a:1", "prefix.chunk_tokens"},
 		{"prefix:\n  load_factor: 0.5\nbackends:\n - url: http://a:1", "prefix.load_factor"},
 		{"prefix:\n  load_margin: -1\nbackends:\n - url: http://a:1", "prefix.load_margin"},
