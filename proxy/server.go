@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -285,8 +284,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	f.path = append(f.path, path...)
 	s.keys.Build(path, req.Body(), &f.k)
 
-	stripHopRequest(&req.Header)
-	appendForwardedFor(ctx)
+	prepareRequestHeader(&req.Header, peerAddr(ctx))
 	s.wd.add(f)
 
 	f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
@@ -544,23 +542,6 @@ func without(cs []*backend.Backend, b *backend.Backend) []*backend.Backend {
 		}
 	}
 	return out
-}
-
-// appendForwardedFor appends the client address to X-Forwarded-For.
-func appendForwardedFor(ctx *fasthttp.RequestCtx) {
-	ta, ok := ctx.RemoteAddr().(*net.TCPAddr)
-	if !ok {
-		return
-	}
-	ip := ta.AddrPort().Addr().Unmap()
-	var buf [64]byte
-	b := buf[:0]
-	if prior := ctx.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
-		b = append(b, prior...)
-		b = append(b, ", "...)
-	}
-	b = netip.Addr.AppendTo(ip, b)
-	ctx.Request.Header.SetBytesV("X-Forwarded-For", b)
 }
 
 // handleParseError answers requests fasthttp could not read: 413 for bodies over
