@@ -1,11 +1,14 @@
 package proxy
 
 // Request-side hardening (issue 11): hop-by-hop fields in any spelling, X-Forwarded-For and
-// Forwarded that a client cannot spoof, and Expect not forwarded. Clients and backends
-// here are raw sockets: net/http would normalise what these tests send.
+// Forwarded that a client cannot spoof, CONNECT/TRACE and unknown versions refused, Expect
+// not forwarded, bare-LF requests answered at once, and no header value in a log or an
+// error. Clients and backends here are raw sockets: net/http would normalise what these
+// tests send.
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -19,6 +22,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/prefixlb/prefixlb/configs"
 )
@@ -287,6 +292,53 @@ func TestAppendForwardedFor(t *testing.T) {
 	}
 }
 
+// CONNECT and TRACE are answered 405 with Allow and an OpenAI-shaped error; nothing reaches
+// the backend.
+func TestConnectAndTraceRefused(t *testing.T) {
+	be := newRQBackend(t, "")
+	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	for _, raw := range []string{
+		"CONNECT internal.example:443 HTTP/1.1\r\nHost: internal.example:443\r\n\r\n",
+		"TRACE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+		"trace / HTTP/1.1\r\nHost: x\r\n\r\n",
+	} {
+		resp, body := rqRoundTrip(t, base, raw)
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") == "" || !bytes.Contains(body, []byte(`"code":"prefixlb_405"`)) {
+			t.Errorf("%.20q: %d Allow=%q %s, want 405 with Allow and an OpenAI error", raw, resp.StatusCode, resp.Header.Get("Allow"), body)
+		}
+	}
+	select {
+	case s := <-be.seen:
+		t.Errorf("backend received %q", s.line)
+	default:
+	}
+}
+
+// A request line naming another HTTP version than 1.0 or 1.1 is answered 505 and not
+// forwarded as sent.
+func TestUnknownHTTPVersionRefused(t *testing.T) {
+	be := newRQBackend(t, "")
+	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	for _, v := range []string{"HTTP/2.0", "HTTP/9.9", "HTTP/1.2", "HTTP/0.9"} {
+		resp, body := rqRoundTrip(t, base, "GET /v1/models "+v+"\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+		if resp.StatusCode != 505 || !bytes.Contains(body, []byte(`"code":"prefixlb_505"`)) {
+			t.Errorf("%s: %d %s, want 505 with an OpenAI error", v, resp.StatusCode, body)
+		}
+	}
+	select {
+	case s := <-be.seen:
+		t.Errorf("backend received %q", s.line)
+	default:
+	}
+	// 1.0 and 1.1 are forwarded.
+	for _, v := range []string{"HTTP/1.0", "HTTP/1.1"} {
+		if resp, _ := rqRoundTrip(t, base, "GET /v1/models "+v+"\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
+			t.Errorf("%s: %d, want 200", v, resp.StatusCode)
+		}
+		recvWithin(t, be.seen, 10*time.Second, v+" request not forwarded")
+	}
+}
+
 // Expect: 100-continue is answered by prefixlb (it reads the body before forwarding), so it
 // is not forwarded: the backend gets the body at once.
 func TestExpectNotForwarded(t *testing.T) {
@@ -317,6 +369,115 @@ func TestExpectNotForwarded(t *testing.T) {
 	s := recvWithin(t, be.seen, 10*time.Second, "the backend got no request")
 	if s.has("Expect") || string(s.body) != body {
 		t.Errorf("backend received Expect %q, body %q", s.values("Expect"), s.body)
+	}
+}
+
+// A request in bare-LF line endings is answered at once (400), not left waiting for a CRLF
+// CRLF until timeouts.client_read. CRLF requests with blank lines in their bodies, and the
+// CRLF a client may send between requests, are unaffected.
+func TestBareLFRequestAnsweredAtOnce(t *testing.T) {
+	be := newRQBackend(t, "")
+	_, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
+		c.Timeouts.ClientRead = configs.Duration(30 * time.Second) // a hang shows as no answer within 10 s
+	})
+	for _, raw := range []string{
+		"GET /v1/models HTTP/1.1\nHost: x\n\n",
+		"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: 2\n\n{}",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\n\n",
+		"GET /v1/models HTTP/1.1\nHost: x\n\r\n",
+	} {
+		resp, body := rqRoundTrip(t, base, raw)
+		if resp.StatusCode != 400 || !bytes.Contains(body, []byte("CRLF")) {
+			t.Errorf("%q: %d %s, want 400 naming CRLF", raw, resp.StatusCode, body)
+		}
+	}
+	// One connection: a body with blank lines, then CRLF, then another request.
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	pretty := "{\n\n  \"model\": \"m\",\n\n  \"messages\": []\n}\n\n"
+	for i, raw := range []string{rqPost("", pretty), "\r\n" + rqPost("", `{}`), rqPost("", pretty[:3])} {
+		if _, err := io.WriteString(c, raw); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the kept-alive connection: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("request %d: status %d", i, resp.StatusCode)
+		}
+		recvWithin(t, be.seen, 10*time.Second, "request not forwarded")
+	}
+}
+
+// The lfScan state machine on its own, fed in every split.
+func TestLFScan(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		bare bool
+	}{
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false},
+		{"GET / HTTP/1.1\r\nHost: x\r\n\r\n{\n\n}", false},
+		{"\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n", false},
+		{"\n\nGET / HTTP/1.1\r\nHost: x\r\n", false},
+		{"GET / HTTP/1.1\nHost: x\r\n\r\n", false},
+		{"GET / HTTP/1.1\nHost: x\n\n", true},
+		{"GET / HTTP/1.1\r\nHost: x\r\n\n", true},
+		{"GET / HTTP/1.1\nHost: x\n\r\n", true},
+		{"GET / HTTP/1.1\nHost: x\n\nbody\r\n\r\n", false},
+	} {
+		for split := 0; split <= len(tc.in); split++ {
+			var s lfScan
+			s.scan([]byte(tc.in[:split]))
+			s.scan([]byte(tc.in[split:]))
+			if s.bare != tc.bare {
+				t.Errorf("%q split at %d: bare %v, want %v", tc.in, split, s.bare, tc.bare)
+			}
+		}
+	}
+}
+
+// fasthttp's parse errors quote the offending bytes. None of them reaches a log line (any
+// level, fasthttp's own messages included) or the client: a marker secret in an
+// Authorization value, a header name or the request line never shows up.
+func TestParseErrorsNeverShowHeaderValues(t *testing.T) {
+	const secret = "sk-MARKER-7f3a9c"
+	core, logs := observer.New(zapcore.DebugLevel)
+	be := newRQBackend(t, "")
+	_, base := rqStartProxy(t, []string{be.URL()}, zap.New(core), nil)
+	for _, raw := range []string{
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\rX\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\x00\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-" + secret + "\x01: v\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization : Bearer " + secret + "\r\n\r\n",
+		"GET /" + secret + "\x7f HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GETX/v1\r\nAuthorization: Bearer " + secret + "\r\n\r\n",
+		"GET /v1/models HTTP/1.1\r\nHost: x\r\nHost: y\r\nAuthorization: Bearer " + secret + "\r\n\r\n",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nTransfer-Encoding: gzip, " + secret + "\r\n\r\n",
+		"GET /v1/models HTTP/1.1\nAuthorization: Bearer " + secret + "\nHost: x\n\n",
+	} {
+		resp, body := rqRoundTrip(t, base, raw)
+		if resp.StatusCode < 400 || resp.StatusCode >= 600 {
+			t.Errorf("%.40q: status %d, want an error", raw, resp.StatusCode)
+		}
+		if bytes.Contains(body, []byte(secret)) || strings.Contains(fmt.Sprint(resp.Header), secret) {
+			t.Errorf("%.40q: the response echoes the secret: %s", raw, body)
+		}
+	}
+	eventually(t, 5*time.Second, "a rejected-request log line per request", func() bool {
+		return logs.FilterMessage("rejected request").Len() >= 9
+	})
+	for _, e := range logs.All() {
+		if line := fmt.Sprintf("%s %v", e.Message, e.ContextMap()); strings.Contains(line, secret) {
+			t.Errorf("log line at %s shows the secret: %s", e.Level, line)
+		}
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,7 +109,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		NoDefaultDate:                 true,
 		CloseOnShutdown:               true,
 		ErrorHandler:                  s.handleParseError,
-		Logger:                        fasthttpLogger{log},
+		Logger:                        fasthttpLogger{l: log, s: s},
 	}
 	return s, nil
 }
@@ -267,6 +266,10 @@ func (s *Server) putFlow(f *flow) {
 // handle is the request path: classify and key, pick, forward (retrying once elsewhere before
 // any byte reached the client), relay.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	defer s.endRequest(ctx)
+	if !s.admit(ctx) {
+		return
+	}
 	f := s.getFlow(ctx)
 	req := &ctx.Request
 	uri := req.Header.RequestURI()
@@ -544,24 +547,6 @@ func without(cs []*backend.Backend, b *backend.Backend) []*backend.Backend {
 	return out
 }
 
-// handleParseError answers requests fasthttp could not read: 413 for bodies over
-// max_request_body_bytes, 431 for oversized headers, 400 otherwise. Each is logged once.
-func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
-	status, msg := fasthttp.StatusBadRequest, "malformed HTTP request: "+err.Error()
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.m.rejected413.Inc()
-		status = fasthttp.StatusRequestEntityTooLarge
-		msg = fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.cfg.MaxRequestBodyBytes)
-	case strings.Contains(err.Error(), "small read buffer"):
-		status = fasthttp.StatusRequestHeaderFieldsTooLarge
-		msg = "request headers too large"
-	}
-	s.log.Warn("rejected request", zap.Int("status", status), zap.String("remote", ctx.RemoteAddr().String()), zap.Error(err))
-	writeError(ctx, status, msg)
-	ctx.SetConnectionClose()
-}
-
 func (s *Server) logRequest(f *flow, status int, err error) {
 	lvl := zap.InfoLevel
 	if (err != nil && !errors.Is(err, errClientGone)) || status >= 500 {
@@ -592,12 +577,4 @@ func (s *Server) logRequest(f *flow, status int, err error) {
 		fields = append(fields, zap.Error(err))
 	}
 	ce.Write(fields...)
-}
-
-// fasthttpLogger routes fasthttp's own messages to zap at debug: they are mostly the expected
-// "use of closed network connection" of aborted streams.
-type fasthttpLogger struct{ l *zap.Logger }
-
-func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.l.Debug("fasthttp", zap.String("msg", fmt.Sprintf(format, args...)))
 }
