@@ -30,11 +30,12 @@ var (
 	proto11       = []byte("HTTP/1.1")
 )
 
-// admit runs before a request is routed: it refuses CONNECT and TRACE (405) and HTTP
-// versions other than 1.0 and 1.1 on this HTTP/1 connection (505: "HTTP/2.0" or "HTTP/9.9"
-// in a request line is not HTTP/2, and would reach the backend as sent). It reports
-// whether the request may go on; when not, it has answered it.
-func (s *Server) admit(ctx *fasthttp.RequestCtx) bool {
+// admit runs before a request is routed: it refuses CONNECT and TRACE (405), HTTP versions
+// other than 1.0 and 1.1 on this HTTP/1 connection (505: "HTTP/2.0" or "HTTP/9.9" in a
+// request line is not HTTP/2, and would reach the backend as sent), and reads the body
+// within the budget (readBody). It reports whether the request may go on; when not, it has
+// answered it.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, bl *bodyLease) bool {
 	if cc, ok := ctx.Conn().(*clientConn); ok {
 		cc.beginRequest()
 	}
@@ -55,12 +56,22 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx) bool {
 		closeAfterRefusal(ctx)
 		return false
 	}
+	if why := s.readBody(ctx, bl, ctx.Time()); why != bodyOK {
+		s.refuseBody(ctx, why)
+		return false
+	}
 	return true
 }
 
-// endRequest runs when handle returns, on every path: it tells the client connection that
-// the next bytes start a new request header.
-func (s *Server) endRequest(ctx *fasthttp.RequestCtx) {
+// endRequest runs when handle returns, on every path: it gives back the body's budget and
+// buffer (the request is written by then; the relay needs neither) and tells the client
+// connection that the next bytes start a new request header. It is the one place a body
+// reservation is released.
+func (s *Server) endRequest(ctx *fasthttp.RequestCtx, bl *bodyLease) {
+	if bl.buf != nil {
+		ctx.Request.ResetBody() // the body points into bl.buf, which goes back to the pool
+	}
+	s.bodies.release(bl)
 	if cc, ok := ctx.Conn().(*clientConn); ok {
 		cc.endRequest()
 	}

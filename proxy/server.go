@@ -57,6 +57,10 @@ type Server struct {
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	connTimeout   time.Duration
+
+	bodies     *bodyBudget   // limits.max_buffered_body_bytes
+	bodyIdle   time.Duration // timeouts.client_body_idle
+	clientRead time.Duration // timeouts.client_read
 }
 
 // New builds a Server from a validated config. It starts nothing until Serve.
@@ -93,6 +97,8 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		s.refreshPolicy()
 	})
 	s.SetBackends(bs)
+	s.bodies = newBodyBudget(cfg.Limits.MaxBufferedBodyBytes, s.m.set)
+	s.bodyIdle, s.clientRead = cfg.Timeouts.ClientBodyIdle.D(), cfg.Timeouts.ClientRead.D()
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
 		Name:                          "prefixlb",
@@ -110,6 +116,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		CloseOnShutdown:               true,
 		ErrorHandler:                  s.handleParseError,
 		Logger:                        fasthttpLogger{l: log, s: s},
+		StreamRequestBody:             true, // handle reads bodies within limits.max_buffered_body_bytes (bodybudget.go)
 	}
 	return s, nil
 }
@@ -266,8 +273,9 @@ func (s *Server) putFlow(f *flow) {
 // handle is the request path: classify and key, pick, forward (retrying once elsewhere before
 // any byte reached the client), relay.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	defer s.endRequest(ctx)
-	if !s.admit(ctx) {
+	var bl bodyLease
+	defer s.endRequest(ctx, &bl)
+	if !s.admit(ctx, &bl) {
 		return
 	}
 	f := s.getFlow(ctx)
