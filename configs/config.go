@@ -31,6 +31,8 @@ type Config struct {
 	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
 	// ResponseHeaders chooses the headers prefixlb adds to responses.
 	ResponseHeaders ResponseHeaders `yaml:"response_headers"`
+	// Limits bound what all requests together may hold.
+	Limits Limits `yaml:"limits"`
 	// Log configures logging.
 	Log Log `yaml:"log"`
 	// Timeouts are the proxy's timeouts.
@@ -78,6 +80,13 @@ type DNSDiscovery struct {
 	KVCacheTokens int64 `yaml:"kv_cache_tokens"`
 }
 
+// Limits bound the memory that requests in flight hold together.
+type Limits struct {
+	// MaxBufferedBodyBytes caps the request-body bytes buffered at once over all requests
+	// (bytes). A request whose body does not fit the rest of it gets 503 at once.
+	MaxBufferedBodyBytes int64 `yaml:"max_buffered_body_bytes"`
+}
+
 // Log configures zap.
 type Log struct {
 	// Level: debug | info | warn | error.
@@ -104,6 +113,9 @@ type Timeouts struct {
 	// makes no progress for this long closes the client and the backend connection (the
 	// backend's in-flight slot is freed). Not a total timeout: a stream read steadily never hits it.
 	ClientWrite Duration `yaml:"client_write"`
+	// ClientBodyIdle bounds the silence between two reads of a request body: a client that
+	// stalls mid-body gives its share of limits.max_buffered_body_bytes back after this.
+	ClientBodyIdle Duration `yaml:"client_body_idle"`
 }
 
 // Prefix tunes the prefix-aware policy.
@@ -204,6 +216,13 @@ const (
 	// stopped reading (a hung script, a laptop asleep); a slow but live link drains a 16 KB
 	// chunk in well under that.
 	DefaultClientWrite = 60 * time.Second
+	// DefaultClientBodyIdle: longer than a run of TCP retransmissions on a lossy link
+	// (200 ms doubling: 6.2 s for five), short enough that a stalled upload frees its budget.
+	DefaultClientBodyIdle = 10 * time.Second
+	// DefaultMaxBufferedBodyBytes is 1 GiB: a pod with a 2 GiB memory limit keeps the
+	// prefix index (about 350 MB at max_index_entries) and the rest beside it; sixteen
+	// maximum-size bodies fit at once, thousands of ordinary chat requests.
+	DefaultMaxBufferedBodyBytes = 1 << 30
 	// DefaultShutdownGrace matches Kubernetes' default terminationGracePeriodSeconds.
 	DefaultShutdownGrace = 30 * time.Second
 	// DefaultChunkTokens: 64 approximate tokens ≈ 256 bytes; smaller chunks blew up peers' memory.
@@ -282,6 +301,10 @@ func (c *Config) ApplyDefaults() {
 	if c.MaxRequestBodyBytes == 0 {
 		c.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
 	}
+	if c.Limits.MaxBufferedBodyBytes == 0 {
+		c.Limits.MaxBufferedBodyBytes = DefaultMaxBufferedBodyBytes
+	}
+	setD(&c.Timeouts.ClientBodyIdle, DefaultClientBodyIdle)
 	setD(&c.Timeouts.Connect, DefaultConnect)
 	setD(&c.Timeouts.ResponseHeader, DefaultResponseHeader)
 	setD(&c.Timeouts.Idle, DefaultIdle)
@@ -352,12 +375,17 @@ func (c *Config) Validate() error {
 	if c.MaxRequestBodyBytes < 1024 {
 		return fmt.Errorf("max_request_body_bytes: %d is below 1024", c.MaxRequestBodyBytes)
 	}
+	if c.Limits.MaxBufferedBodyBytes < int64(c.MaxRequestBodyBytes) {
+		return fmt.Errorf("limits.max_buffered_body_bytes: %d is below max_request_body_bytes (%d): a body of the maximum size could never be accepted",
+			c.Limits.MaxBufferedBodyBytes, c.MaxRequestBodyBytes)
+	}
 	for _, d := range []struct {
 		name string
 		v    Duration
 	}{{"timeouts.connect", c.Timeouts.Connect}, {"timeouts.response_header", c.Timeouts.ResponseHeader},
 		{"timeouts.idle", c.Timeouts.Idle}, {"timeouts.shutdown_grace", c.Timeouts.ShutdownGrace},
-		{"timeouts.client_read", c.Timeouts.ClientRead}, {"timeouts.client_write", c.Timeouts.ClientWrite}} {
+		{"timeouts.client_read", c.Timeouts.ClientRead}, {"timeouts.client_write", c.Timeouts.ClientWrite},
+		{"timeouts.client_body_idle", c.Timeouts.ClientBodyIdle}} {
 		if d.v < 0 {
 			return fmt.Errorf("%s: negative duration %s", d.name, d.v.D())
 		}

@@ -204,6 +204,7 @@ var defaulted = Config{
 	MaxRequestBodyBytes: 67108864,
 	Log:                 Log{Level: "info", Format: "json"},
 	ResponseHeaders:     ResponseHeaders{Backend: new(true)},
+	Limits:              Limits{MaxBufferedBodyBytes: 1 << 30},
 	Timeouts: Timeouts{
 		Connect:        Duration(5 * time.Second),
 		ResponseHeader: Duration(10 * time.Minute),
@@ -211,6 +212,7 @@ var defaulted = Config{
 		ShutdownGrace:  Duration(30 * time.Second),
 		ClientRead:     Duration(60 * time.Second),
 		ClientWrite:    Duration(60 * time.Second),
+		ClientBodyIdle: Duration(10 * time.Second),
 	},
 	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: 2, DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
 	Health: Health{
@@ -309,6 +311,8 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"timeouts:\n  idle: 300\nbackends:\n - url: http://a:1", `line 2: "300" is not a duration`},
 		{"timeouts:\n  client_read: -1s\nbackends:\n - url: http://a:1", "timeouts.client_read"},
 		{"timeouts:\n  idle: -1s\nbackends:\n - url: http://a:1", "timeouts.idle"},
+		{"timeouts:\n  client_body_idle: -1s\nbackends:\n - url: http://a:1", "timeouts.client_body_idle"},
+		{"limits:\n  max_buffered_body_bytes: 1000\nbackends:\n - url: http://a:1", "limits.max_buffered_body_bytes"},
 		{"prefix:\n  chunk_tokens: 100000\nbackends:\n - url: http://a:1", "prefix.chunk_tokens"},
 		{"prefix:\n  load_factor: 0.5\nbackends:\n - url: http://a:1", "prefix.load_factor"},
 		{"prefix:\n  load_margin: -1\nbackends:\n - url: http://a:1", "prefix.load_margin"},

@@ -125,7 +125,8 @@ func statusOf(err error) int {
 func errorType(status int) string {
 	switch {
 	case status == fasthttp.StatusRequestEntityTooLarge, status == fasthttp.StatusBadRequest,
-		status == fasthttp.StatusRequestHeaderFieldsTooLarge:
+		status == fasthttp.StatusRequestHeaderFieldsTooLarge, status == fasthttp.StatusMethodNotAllowed,
+		status == fasthttp.StatusRequestTimeout, status == fasthttp.StatusHTTPVersionNotSupported:
 		return "invalid_request_error"
 	case status == fasthttp.StatusServiceUnavailable:
 		return "service_unavailable"

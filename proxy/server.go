@@ -11,9 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +58,10 @@ type Server struct {
 	idleTimeout   time.Duration
 	connTimeout   time.Duration
 	backendHeader bool // add HeaderBackend (response_headers.backend)
+
+	bodies     *bodyBudget   // limits.max_buffered_body_bytes
+	bodyIdle   time.Duration // timeouts.client_body_idle
+	clientRead time.Duration // timeouts.client_read
 }
 
 // New builds a Server from a validated config. It starts nothing until Serve.
@@ -97,6 +99,8 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		s.refreshPolicy()
 	})
 	s.SetBackends(bs)
+	s.bodies = newBodyBudget(cfg.Limits.MaxBufferedBodyBytes, s.m.set)
+	s.bodyIdle, s.clientRead = cfg.Timeouts.ClientBodyIdle.D(), cfg.Timeouts.ClientRead.D()
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
 		Name:                          "prefixlb",
@@ -113,7 +117,8 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		NoDefaultDate:                 true,
 		CloseOnShutdown:               true,
 		ErrorHandler:                  s.handleParseError,
-		Logger:                        fasthttpLogger{log},
+		Logger:                        fasthttpLogger{l: log, s: s},
+		StreamRequestBody:             true, // handle reads bodies within limits.max_buffered_body_bytes (bodybudget.go)
 	}
 	return s, nil
 }
@@ -270,6 +275,11 @@ func (s *Server) putFlow(f *flow) {
 // handle is the request path: classify and key, pick, forward (retrying once elsewhere before
 // any byte reached the client), relay.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	var bl bodyLease
+	defer s.endRequest(ctx, &bl)
+	if !s.admit(ctx, &bl) {
+		return
+	}
 	f := s.getFlow(ctx)
 	req := &ctx.Request
 	uri := req.Header.RequestURI()
@@ -287,8 +297,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	f.path = append(f.path, path...)
 	s.keys.Build(path, req.Body(), &f.k)
 
-	stripHopRequest(&req.Header)
-	appendForwardedFor(ctx)
+	prepareRequestHeader(&req.Header, peerAddr(ctx))
 	s.wd.add(f)
 
 	f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
@@ -576,41 +585,6 @@ func without(cs []*backend.Backend, b *backend.Backend) []*backend.Backend {
 	return out
 }
 
-// appendForwardedFor appends the client address to X-Forwarded-For.
-func appendForwardedFor(ctx *fasthttp.RequestCtx) {
-	ta, ok := ctx.RemoteAddr().(*net.TCPAddr)
-	if !ok {
-		return
-	}
-	ip := ta.AddrPort().Addr().Unmap()
-	var buf [64]byte
-	b := buf[:0]
-	if prior := ctx.Request.Header.Peek("X-Forwarded-For"); len(prior) > 0 {
-		b = append(b, prior...)
-		b = append(b, ", "...)
-	}
-	b = netip.Addr.AppendTo(ip, b)
-	ctx.Request.Header.SetBytesV("X-Forwarded-For", b)
-}
-
-// handleParseError answers requests fasthttp could not read: 413 for bodies over
-// max_request_body_bytes, 431 for oversized headers, 400 otherwise. Each is logged once.
-func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
-	status, msg := fasthttp.StatusBadRequest, "malformed HTTP request: "+err.Error()
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.m.rejected413.Inc()
-		status = fasthttp.StatusRequestEntityTooLarge
-		msg = fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.cfg.MaxRequestBodyBytes)
-	case strings.Contains(err.Error(), "small read buffer"):
-		status = fasthttp.StatusRequestHeaderFieldsTooLarge
-		msg = "request headers too large"
-	}
-	s.log.Warn("rejected request", zap.Int("status", status), zap.String("remote", ctx.RemoteAddr().String()), zap.Error(err))
-	writeError(ctx, status, msg)
-	ctx.SetConnectionClose()
-}
-
 // logRequest writes the request's line: status is what the client saw, res what became of
 // the request (a stream cut after its 200 is result truncated, not a success); err, when set,
 // appears as its class only, and at debug with a sanitised detail, never the backend's bytes.
@@ -648,12 +622,4 @@ func (s *Server) logRequest(f *flow, status int, err error, res result) {
 		}
 	}
 	ce.Write(fields...)
-}
-
-// fasthttpLogger routes fasthttp's own messages to zap at debug: they are mostly the expected
-// "use of closed network connection" of aborted streams.
-type fasthttpLogger struct{ l *zap.Logger }
-
-func (l fasthttpLogger) Printf(format string, args ...any) {
-	l.l.Debug("fasthttp", zap.String("msg", fmt.Sprintf(format, args...)))
 }

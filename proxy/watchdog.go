@@ -13,9 +13,10 @@ const watchInterval = 200 * time.Millisecond
 
 // watchdog notices clients that disconnect while their request is in flight, including while
 // the backend is still silent (queued or prefilling) and nothing is being written. fasthttp
-// offers no disconnect signal (fasthttp #874), so one goroutine peeks every watched client
-// socket with recv(MSG_PEEK|MSG_DONTWAIT): 0 bytes means the peer closed. The registry is
-// sharded so that registering a request takes no global lock.
+// offers no disconnect signal (fasthttp #874), so one goroutine asks the kernel about every
+// watched client socket (peerClosed: poll with POLLRDHUP on Linux, which sees the client's
+// FIN even behind bytes it sent after its request). The registry is sharded so that
+// registering a request takes no global lock.
 type watchdog struct {
 	shards [16]watchShard
 	stop   chan struct{}
@@ -63,7 +64,7 @@ func (w *watchdog) run() {
 	defer close(w.done)
 	t := time.NewTicker(watchInterval)
 	defer t.Stop()
-	buf := make([]byte, 1)
+	var ps peekScratch
 	for {
 		select {
 		case <-w.stop:
@@ -77,7 +78,7 @@ func (w *watchdog) run() {
 				if f.raw == nil && f.conn0 != nil {
 					f.raw = rawConn(f.conn0)
 				}
-				if f.raw != nil && peerClosed(f.raw, buf) {
+				if f.raw != nil && peerClosed(f.raw, &ps) {
 					f.abort(errClientGone)
 				}
 			}
@@ -101,18 +102,4 @@ func rawConn(c net.Conn) syscall.RawConn {
 		return nil
 	}
 	return rc
-}
-
-// peerClosed peeks one byte without consuming it: 0 bytes and no error is EOF (the client
-// closed); EAGAIN means open and quiet; any other error (reset) means gone. It uses Control,
-// not Read: Read honours the connection's read deadline, and fasthttp leaves the request's
-// client_read deadline set while the response streams, so past it every peek would fail and
-// every stream longer than client_read would be cut as a disconnect.
-func peerClosed(rc syscall.RawConn, buf []byte) bool {
-	closed := false
-	err := rc.Control(func(fd uintptr) {
-		n, _, err := syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		closed = (n == 0 && err == nil) || (err != nil && err != syscall.EAGAIN && err != syscall.EINTR)
-	})
-	return closed || err != nil
 }
