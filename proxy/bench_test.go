@@ -62,6 +62,16 @@ func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
 	}
 	b.Cleanup(func() { _ = z.Close() })
 	s, base := serveConfig(b, &configs.Config{Mode: mode, Listen: "127.0.0.1:0"}, z.URLs(), nil)
+	// A backend that never passed a check takes no traffic (Run checks them all before it
+	// serves): wait for the first checks, or the first requests get 503 no backend.
+	eventually(b, testTimeout, "every backend passed its first health check", func() bool {
+		for _, be := range s.Backends() {
+			if !be.Healthy() {
+				return false
+			}
+		}
+		return true
+	})
 	if _, ok := s.policy.(*router.Prefix); mode == "prefix" && !ok {
 		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.policy)
 	}
