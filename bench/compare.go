@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/prefixlb/prefixlb/bench/workload"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/proxy"
+	"github.com/prefixlb/prefixlb/router"
 )
 
 // Options configure a comparison.
@@ -149,8 +151,8 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		runs = []run{{label: or(o.Label, o.Target)}}
 	} else {
 		for _, m := range o.Modes {
-			if !contains(configs.Modes, m) {
-				return nil, fmt.Errorf("--modes: %q is not one of %v", m, configs.Modes)
+			if !slices.Contains(router.ModeNames(), m) {
+				return nil, fmt.Errorf("--modes: %q is not one of %v", m, router.ModeNames())
 			}
 			for _, r := range runs {
 				if r.mode == m {
@@ -405,13 +407,4 @@ func safeName(s string) string {
 		}
 	}
 	return string(b)
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }

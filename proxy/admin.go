@@ -112,8 +112,8 @@ func (s *Server) BackendInfos() []BackendInfo {
 			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(),
 			KVCacheTokens: b.KVCapacity(s.cfg.Prefix.DefaultKVCacheTokens), Health: s.hc.State(b)})
 	}
-	if ix, ok := s.policy.(indexer); ok {
-		for _, st := range ix.Index().Stats(nil) {
+	if ix := s.decider.Index(); ix != nil {
+		for _, st := range ix.Stats(nil) {
 			if i, ok := idx[st.Name]; ok {
 				out[i].IndexEntries, out[i].IndexCapacity, out[i].IndexEvictions = st.Entries, st.Capacity, st.Evictions
 			}
@@ -158,7 +158,7 @@ func (s *Server) Explain(path string, body []byte) RouteInfo {
 	var k key.Key
 	s.keys.Build([]byte(path), body, &k)
 	cands, _ := backend.Healthy(nil, s.pool.Snapshot())
-	d := s.pick(&k, cands)
+	d := s.decider.Pick(&k, cands)
 	ri := RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,
 		Chunks: len(k.Chunks), Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks}
 	if d.Backend != nil {

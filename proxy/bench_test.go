@@ -72,14 +72,16 @@ func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
 		}
 		return true
 	})
-	if _, ok := s.policy.(*router.Prefix); mode == "prefix" && !ok {
-		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.policy)
+	if _, ok := s.Policy().(*router.Prefix); mode == "prefix" && !ok {
+		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.Policy())
 	}
 	return s, strings.TrimPrefix(base, "http://")
 }
 
 // newBenchPrefix is the policy mode prefix runs, built as NewPolicy builds it.
-func newBenchPrefix(cfg *configs.Config) *router.Prefix { return newPrefixPolicy(cfg).(*router.Prefix) }
+func newBenchPrefix(cfg *configs.Config) *router.Prefix {
+	return router.NewPrefix(prefixOptions(cfg), nil)
+}
 
 // BenchmarkProxy sends chat completions through the proxy (fasthttp client → proxy →
 // zero-latency backend, all on loopback in this process) from 4×GOMAXPROCS goroutines.

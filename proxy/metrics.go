@@ -10,7 +10,6 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/prefixlb/prefixlb/router"
-	"github.com/prefixlb/prefixlb/router/index"
 )
 
 // Latency buckets, seconds: 5 ms … 10 min. TTFT spans cached prefills of a few ms to minutes of
@@ -166,8 +165,7 @@ func (s *Server) writeGauges(w io.Writer) {
 		}
 		metrics.WriteGaugeUint64(w, `prefixlb_backend_healthy`+l, h)
 	}
-	if ix, ok := s.policy.(indexer); ok {
-		x := ix.Index()
+	if x := s.decider.Index(); x != nil {
 		for _, st := range x.Stats(nil) {
 			l := fmt.Sprintf(`{backend=%q}`, st.Name)
 			metrics.WriteGaugeUint64(w, `prefixlb_index_entries`+l, uint64(max(st.Entries, 0)))
@@ -207,9 +205,4 @@ func intAfter(p, key []byte) (int, bool) {
 		v = v*10 + int(p[j]-'0')
 	}
 	return v, j > 0
-}
-
-// indexer is implemented by the prefix policy.
-type indexer interface {
-	Index() *index.Index
 }

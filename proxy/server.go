@@ -40,9 +40,7 @@ type Server struct {
 	log      *zap.Logger
 	pool     *backend.Pool
 	ups      atomic.Pointer[map[*backend.Backend]*upstream]
-	policy   router.Policy
-	learner  router.Learner    // the policy, when it learns; nil otherwise
-	pass     router.RoundRobin // passthrough endpoints
+	decider  *router.Decider // the mode's policy, with passthrough, parse-fallback and retries
 	keys     *key.Builder
 	srv      *fasthttp.Server
 	wd       *watchdog
@@ -81,7 +79,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		cfg:           cfg,
 		log:           log,
 		pool:          backend.NewPool(nil),
-		policy:        pol,
+		decider:       router.NewDecider(pol),
 		keys:          key.NewBuilder(cfg.Prefix.ChunkTokens),
 		wd:            newWatchdog(),
 		hc:            health.New(HealthOptions(cfg.Health), log, nil),
@@ -91,7 +89,6 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		connTimeout:   cfg.Timeouts.Connect.D(),
 		backendHeader: cfg.ResponseHeaders.BackendOn(),
 	}
-	s.learner, _ = pol.(router.Learner)
 	s.flows.New = func() any { return &flow{s: s} }
 	s.hc.OnKVCapacity(func(b *backend.Backend) {
 		log.Info("backend reported its KV-cache capacity", zap.String("backend", b.Name),
@@ -123,26 +120,20 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 	return s, nil
 }
 
-// NewPolicy returns the policy for cfg.Mode.
+// NewPolicy returns the policy for cfg.Mode, from router's table of modes.
 func NewPolicy(cfg *configs.Config) (router.Policy, error) {
-	switch cfg.Mode {
-	case "round-robin":
-		return &router.RoundRobin{}, nil
-	case "least-load":
-		return &router.LeastLoad{}, nil
-	case "prefix":
-		return newPrefixPolicy(cfg), nil
+	p, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: prefixOptions(cfg)})
+	if err != nil {
+		return nil, fmt.Errorf("mode: %w", err)
 	}
-	return nil, fmt.Errorf("mode: unknown mode %q", cfg.Mode)
+	return p, nil
 }
 
 // refreshPolicy hands the current backends to the policy again (capacities changed).
 func (s *Server) refreshPolicy() {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
-	if sb, ok := s.policy.(interface{ SetBackends([]*backend.Backend) }); ok {
-		sb.SetBackends(s.pool.Snapshot())
-	}
+	s.decider.SetBackends(s.pool.Snapshot())
 }
 
 // SetBackends replaces the backend list. Connections to removed backends are closed once idle;
@@ -164,9 +155,7 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 	s.ups.Store(&m)
 	s.hc.SetBackends(bs)
 	s.pool.Set(bs)
-	if sb, ok := s.policy.(interface{ SetBackends([]*backend.Backend) }); ok {
-		sb.SetBackends(bs)
-	}
+	s.decider.SetBackends(bs)
 	if old != nil {
 		for b, u := range *old {
 			if _, ok := m[b]; !ok {
@@ -198,7 +187,7 @@ func (s *Server) Health() *health.Checker { return s.hc }
 func (s *Server) Backends() []*backend.Backend { return s.pool.Snapshot() }
 
 // Policy returns the routing policy.
-func (s *Server) Policy() router.Policy { return s.policy }
+func (s *Server) Policy() router.Policy { return s.decider.Policy() }
 
 // Serve starts the health checker and accepts requests on ln until Shutdown. Temporary
 // accept errors (out of file descriptors) are retried with backoff instead of stopping.
@@ -307,9 +296,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			break
 		}
 		if f.attempts == 0 {
-			f.dec = s.pick(&f.k, f.cands)
+			f.dec = s.decider.Pick(&f.k, f.cands)
 		} else {
-			f.dec = s.repick(f)
+			f.dec = s.decider.Repick(&f.k, f.dec, f.cands, f.id)
 		}
 		if f.dec.Backend == nil {
 			break
@@ -352,33 +341,6 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	f.finish(status, lastErr)
 }
 
-func (s *Server) pick(k *key.Key, cands []*backend.Backend) router.Decision {
-	if !k.Routed {
-		d := s.pass.Pick(k, cands)
-		d.Reason = router.ReasonPassthrough
-		return d
-	}
-	d := s.policy.Pick(k, cands)
-	if !k.OK {
-		d.Reason = router.ReasonParseFallback
-	}
-	return d
-}
-
-// repick chooses the backend of a retry among the candidates not yet tried. The prefix
-// policy gives its next best; counter-based picks (round-robin, passthrough) take the next
-// candidate after the failed one instead of advancing their shared counter a second time,
-// which would make every first attempt land on the same backend.
-func (s *Server) repick(f *flow) router.Decision {
-	switch f.dec.Reason {
-	case router.ReasonRoundRobin, router.ReasonPassthrough:
-		d := f.dec
-		d.Backend = f.cands[f.id%uint64(len(f.cands))]
-		return d
-	}
-	return s.pick(&f.k, f.cands)
-}
-
 // retryStatus is a backend answer that says "not now" before any byte reached the client:
 // 502/503 (overloaded, starting, behind its own proxy) and 429 (busy).
 type retryStatus int
@@ -412,7 +374,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	// The prefix index learns as soon as the request is on its way, so that updating it
 	// overlaps the backend's work instead of delaying the response; a backend that then
 	// refuses the request (status ≥ 400) or never answers is unlearned again.
-	learn := s.learner != nil && f.k.Routed && f.k.OK
+	learn := s.decider.Learns(&f.k)
 	var learned router.Learned
 	early := false // the response was read after writing the request failed
 	for fresh := 0; ; fresh++ {
@@ -443,7 +405,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		_ = c.SetDeadline(deadline)
 		err = c.writeRequest(req)
 		if err == nil && learn && learned == 0 {
-			learned = s.learner.Learn(&f.k, b, f.dec.MatchedChunks)
+			learned = s.decider.Learn(&f.k, b, f.dec.MatchedChunks)
 		}
 		early = false
 		if err == nil {
@@ -540,9 +502,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 
 // unlearn withdraws what was learned for f on b (the backend refused it or never answered).
 func (s *Server) unlearn(f *flow, b *backend.Backend, learned router.Learned) {
-	if learned != 0 {
-		s.learner.Unlearn(&f.k, b, learned)
-	}
+	s.decider.Unlearn(&f.k, b, learned)
 }
 
 // hasBody reports whether a response has body bytes still to come on the connection.

@@ -1,5 +1,6 @@
 // Package router decides which backend serves a request. A Policy picks; it never does I/O.
-// Modes: round-robin, least-load and prefix (the default).
+// Modes (modes.go): prefix (the default), round-robin and least-load. The Decider wraps a
+// mode's policy with the rules every mode shares (passthrough, parse-fallback, retries).
 package router
 
 import (
@@ -7,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -54,11 +56,23 @@ type Policy interface {
 	Pick(k *key.Key, candidates []*backend.Backend) Decision
 }
 
+// A policy is one type with a Pick method. It may have any of the abilities below as well;
+// the Decider finds them once, by these names, and the proxy asks the Decider.
+
+// BackendSetter is implemented by policies that keep state per configured backend (the
+// prefix policy's hash ring and index). SetBackends gets every configured backend, healthy
+// or not, at start, whenever the list changes and whenever a backend's KV capacity changes;
+// the candidates of later Picks are among them.
+type BackendSetter interface {
+	SetBackends(all []*backend.Backend)
+}
+
 // Learner is implemented by policies that learn from where a request was actually sent
 // (after retries). The proxy calls Learn once the request is written to backend b, while b
 // works on it, with held the Decision's MatchedChunks for b, and Unlearn with what Learn
 // returned if b then refuses it (status ≥ 400) or never answers: Unlearn withdraws what that
-// Learn added and nobody has learned again since.
+// Learn added and nobody has learned again since. Only requests whose key parsed are learned
+// (Decider.Learns).
 type Learner interface {
 	Learn(k *key.Key, b *backend.Backend, held int) Learned
 	Unlearn(k *key.Key, b *backend.Backend, l Learned)
@@ -66,6 +80,20 @@ type Learner interface {
 
 // Learned identifies one Learn call for Unlearn; zero means that nothing was learned.
 type Learned int64
+
+// IndexHolder is implemented by policies that keep a prefix index; the proxy reports its
+// size per backend in /metrics and /debug/backends.
+type IndexHolder interface {
+	Index() *index.Index
+}
+
+// Repicker is implemented by policies whose retry is not a second Pick. After the attempt
+// on failed.Backend failed before any byte reached the client, Repick chooses among the
+// candidates left (healthy, not yet tried; never empty); seq is the request's sequence
+// number, distinct per request. A policy without Repick is asked to Pick again.
+type Repicker interface {
+	Repick(k *key.Key, failed Decision, candidates []*backend.Backend, seq uint64) Decision
+}
 
 // RoundRobin cycles through the candidates.
 type RoundRobin struct{ next atomic.Uint64 }
@@ -77,6 +105,17 @@ func (p *RoundRobin) Pick(_ *key.Key, cs []*backend.Backend) Decision {
 	}
 	i := p.next.Add(1) - 1
 	return Decision{Backend: cs[i%uint64(len(cs))], Reason: ReasonRoundRobin}
+}
+
+// Repick takes the candidate at seq in turn, keeping failed's reason. It leaves the shared
+// counter alone: a retry that advanced it a second time would shift the first attempts of
+// the requests after it, and with two backends send every first attempt to the same one.
+func (p *RoundRobin) Repick(_ *key.Key, failed Decision, cs []*backend.Backend, seq uint64) Decision {
+	if len(cs) == 0 {
+		return Decision{}
+	}
+	failed.Backend = cs[seq%uint64(len(cs))]
+	return failed
 }
 
 // LeastLoad picks the candidate with the lowest Load (in-flight, or the replica's own running +
@@ -110,6 +149,7 @@ func LeastLoaded(cs []*backend.Backend, start uint64) *backend.Backend {
 }
 
 var (
-	_ Policy = (*RoundRobin)(nil)
-	_ Policy = (*LeastLoad)(nil)
+	_ Policy   = (*RoundRobin)(nil)
+	_ Repicker = (*RoundRobin)(nil)
+	_ Policy   = (*LeastLoad)(nil)
 )

@@ -101,21 +101,16 @@ func (p *Prefix) Index() *index.Index { return p.idx }
 // maxStackCandidates is how many candidates Pick handles without allocating.
 const maxStackCandidates = 32
 
-// Pick chooses among candidates (healthy, not yet tried). Requests that are not
-// prefix-routed go round-robin (passthrough); bodies that did not parse go to the least
-// loaded (parse-fallback).
+// Pick chooses among candidates (healthy, not yet tried). Passthrough and parse-fallback
+// are the Decider's: a body that did not parse has no chunks and is placed as below.
 func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	n := len(candidates)
 	switch {
 	case n == 0:
 		return Decision{}
-	case k == nil || !k.Routed:
-		return Decision{Backend: candidates[(p.next.Add(1)-1)%uint64(n)], Reason: ReasonPassthrough}
-	case !k.OK:
-		return Decision{Backend: LeastLoaded(candidates, p.next.Add(1)-1), Reason: ReasonParseFallback}
-	case len(k.Chunks) == 0:
-		// Shorter than one chunk: nothing to match or place; rotate among the least loaded
-		// so that short prompts do not all land on one backend at low load.
+	case k == nil || len(k.Chunks) == 0:
+		// Shorter than one chunk (or not parsed): nothing to match or place; rotate among
+		// the least loaded so that short prompts do not all land on one backend at low load.
 		return Decision{Backend: LeastLoaded(candidates, p.next.Add(1)-1), Reason: ReasonLeastLoad}
 	}
 	var mbuf [maxStackCandidates]int
@@ -309,6 +304,8 @@ func mix(x uint64) uint64 {
 }
 
 var (
-	_ Policy  = (*Prefix)(nil)
-	_ Learner = (*Prefix)(nil)
+	_ Policy        = (*Prefix)(nil)
+	_ BackendSetter = (*Prefix)(nil)
+	_ Learner       = (*Prefix)(nil)
+	_ IndexHolder   = (*Prefix)(nil)
 )

@@ -196,19 +196,10 @@ func TestPickFallbacks(t *testing.T) {
 	defer rs.releaseAll()
 	rs.begin(bs[0], 10)
 	rs.begin(bs[1], 10)
-	seen := map[*backend.Backend]bool{}
-	for range 3 {
-		d := p.Pick(&key.Key{}, bs)
-		if d.Reason != ReasonPassthrough {
-			t.Errorf("not routed: reason %s, want passthrough", d.Reason)
-		}
-		seen[d.Backend] = true
-	}
-	if len(seen) != 3 {
-		t.Errorf("passthrough used %d backends in 3 picks, want round-robin over 3", len(seen))
-	}
-	if d := p.Pick(&key.Key{Routed: true}, bs); d.Reason != ReasonParseFallback || d.Backend != bs[2] {
-		t.Errorf("unparsed: %s on %s, want parse-fallback on the idle %s", d.Reason, d.Backend.Name, bs[2].Name)
+	// Passthrough and parse-fallback are the Decider's (decider_test.go); an unparsed body
+	// has no chunks and is placed as a short prompt is.
+	if d := p.Pick(&key.Key{Routed: true}, bs); d.Reason != ReasonLeastLoad || d.Backend != bs[2] {
+		t.Errorf("unparsed: %s on %s, want least-load on the idle %s", d.Reason, d.Backend.Name, bs[2].Name)
 	}
 	short := &key.Key{Routed: true, OK: true, PromptTokens: 20} // no full chunk
 	if d := p.Pick(short, bs); d.Reason != ReasonLeastLoad || d.Backend != bs[2] {

@@ -1,0 +1,99 @@
+package router
+
+import (
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/index"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// Decider is a mode's Policy with the rules every mode shares, decided here and nowhere else:
+//
+//   - a request that is not prefix-routed (Key.Routed false: /v1/models, /v1/embeddings, …)
+//     goes round-robin whatever the mode, on a counter of its own (ReasonPassthrough);
+//   - a prefix-routed request whose body did not parse (Key.OK false, so no chunks) is
+//     placed by the policy like any key without chunks and labelled ReasonParseFallback;
+//     it is not learned;
+//   - a retry asks the policy's Repick when it is a Repicker and the key parsed, else picks
+//     again (passthrough retries take the next candidate in turn, see RoundRobin.Repick).
+//
+// It finds the policy's optional abilities once. It is safe for concurrent use.
+type Decider struct {
+	policy   Policy
+	pass     RoundRobin    // passthrough requests
+	setter   BackendSetter // nil when the policy has none of it
+	learner  Learner
+	indexed  IndexHolder
+	repicker Repicker
+}
+
+// NewDecider wraps p.
+func NewDecider(p Policy) *Decider {
+	d := &Decider{policy: p}
+	d.setter, _ = p.(BackendSetter)
+	d.learner, _ = p.(Learner)
+	d.indexed, _ = p.(IndexHolder)
+	d.repicker, _ = p.(Repicker)
+	return d
+}
+
+// Policy returns the wrapped policy.
+func (d *Decider) Policy() Policy { return d.policy }
+
+// Pick decides the first attempt of a request among candidates (healthy); an empty list
+// gives a Decision without a Backend.
+func (d *Decider) Pick(k *key.Key, candidates []*backend.Backend) Decision {
+	if !k.Routed {
+		dec := d.pass.Pick(k, candidates)
+		dec.Reason = ReasonPassthrough
+		return dec
+	}
+	dec := d.policy.Pick(k, candidates)
+	if !k.OK {
+		dec.Reason = ReasonParseFallback
+	}
+	return dec
+}
+
+// Repick decides a retry after the attempt on failed.Backend failed before any byte reached
+// the client; candidates are those left (healthy, not yet tried) and seq is the request's
+// sequence number.
+func (d *Decider) Repick(k *key.Key, failed Decision, candidates []*backend.Backend, seq uint64) Decision {
+	switch {
+	case !k.Routed:
+		return d.pass.Repick(k, failed, candidates, seq)
+	case k.OK && d.repicker != nil:
+		return d.repicker.Repick(k, failed, candidates, seq)
+	}
+	return d.Pick(k, candidates)
+}
+
+// SetBackends hands every configured backend to the policy, if it keeps state per backend.
+func (d *Decider) SetBackends(all []*backend.Backend) {
+	if d.setter != nil {
+		d.setter.SetBackends(all)
+	}
+}
+
+// Learns reports whether a request with key k is learned once sent: the policy is a Learner
+// and k parsed.
+func (d *Decider) Learns(k *key.Key) bool { return d.learner != nil && k.Routed && k.OK }
+
+// Learn records that b took k's request (see Learner); call it only when Learns(k).
+func (d *Decider) Learn(k *key.Key, b *backend.Backend, held int) Learned {
+	return d.learner.Learn(k, b, held)
+}
+
+// Unlearn withdraws what Learn returned l for (see Learner); l == 0 does nothing.
+func (d *Decider) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
+	if l != 0 {
+		d.learner.Unlearn(k, b, l)
+	}
+}
+
+// Index returns the policy's prefix index, nil when it has none.
+func (d *Decider) Index() *index.Index {
+	if d.indexed == nil {
+		return nil
+	}
+	return d.indexed.Index()
+}
