@@ -9,10 +9,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prefixlb/prefixlb/app"
 	"github.com/prefixlb/prefixlb/bench"
 	"github.com/prefixlb/prefixlb/bench/overhead"
 	"github.com/prefixlb/prefixlb/bench/sim"
-	"github.com/prefixlb/prefixlb/proxy"
 )
 
 // version is set at build time: -ldflags "-X main.version=v0.1.0".
@@ -36,7 +36,7 @@ func main() {
 	}
 	b := bench.Command()
 	b.AddCommand(overhead.Command())
-	root.AddCommand(proxy.ServeCommand(), sim.Command(), b, versionCommand())
+	root.AddCommand(app.ServeCommand(), sim.Command(), b, versionCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "prefixlb:", err)
 		pprof.StopCPUProfile()

@@ -1,10 +1,12 @@
-package proxy
+package app
 
 import (
 	"context"
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // --backend flags are checked as the config file is: a URL with credentials is refused before
@@ -18,11 +20,11 @@ func TestServeRefusesBackendFlagWithCredentials(t *testing.T) {
 	cmd.SetErr(io.Discard)
 	cmd.SilenceUsage = true
 	// Accepted, the command would serve until ctx ends and return nil.
-	ctx, cancel := context.WithTimeout(context.Background(), testTimeout/2)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout/2)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
-	err := recvWithin(t, done, testTimeout, "prefixlb serve returns")
+	err := testutil.RecvWithin(t, done, testutil.Timeout, "prefixlb serve returns")
 	const want = `--backend (#2): "http://xxxxx@127.0.0.1:2" has credentials`
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("serve with a credentialed --backend: %v; want an error containing %q", err, want)

@@ -1,4 +1,4 @@
-package proxy
+package app
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // failingResolver fails every lookup while failing is set, and answers 127.0.0.1 otherwise.
@@ -51,16 +52,16 @@ func TestDiscoveryFailureLoggedOnce(t *testing.T) {
 	go func() { done <- Run(ctx, cfg, zap.New(core), RunOptions{Resolver: r}) }()
 	t.Cleanup(func() {
 		cancel()
-		recvWithin(t, done, testTimeout, "Run returns after its context is cancelled")
+		testutil.RecvWithin(t, done, testutil.Timeout, "Run returns after its context is cancelled")
 	})
-	eventually(t, testTimeout, "8 failed resolutions", func() bool { return r.calls.Load() >= 8 })
+	testutil.Eventually(t, testutil.Timeout, "8 failed resolutions", func() bool { return r.calls.Load() >= 8 })
 	if n := logs.FilterMessage(msgFailed).Len(); n != 1 {
 		t.Fatalf("%d failed resolutions: %d warnings, want 1", r.calls.Load(), n)
 	}
 	r.failing.Store(false)
-	eventually(t, testTimeout, "the recovery is logged", func() bool { return logs.FilterMessage(msgRecovered).Len() == 1 })
+	testutil.Eventually(t, testutil.Timeout, "the recovery is logged", func() bool { return logs.FilterMessage(msgRecovered).Len() == 1 })
 	from := r.calls.Load()
-	eventually(t, testTimeout, "3 more resolutions", func() bool { return r.calls.Load() >= from+3 })
+	testutil.Eventually(t, testutil.Timeout, "3 more resolutions", func() bool { return r.calls.Load() >= from+3 })
 	if n, m := logs.FilterMessage(msgFailed).Len(), logs.FilterMessage(msgRecovered).Len(); n != 1 || m != 1 {
 		t.Errorf("after recovery: %d warnings, %d recovery lines; want 1, 1", n, m)
 	}

@@ -1,4 +1,4 @@
-package proxy
+package app
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/internal/testutil"
+	"github.com/prefixlb/prefixlb/proxy"
 )
 
 // reloadFile is a config file that a test rewrites atomically (write + rename, as
@@ -59,10 +61,10 @@ const badConf = "backends:\n  - url: nope\n"
 const badField = "backends[0].url"
 
 // reloadRejected returns the rejections of a reload logged so far whose error names field.
-func reloadRejected(logs *logRecorder, trigger, field string) int {
-	return logs.count(func(e logEntry) bool {
-		return strings.Contains(e.message, "reload rejected") && e.fields["trigger"] == trigger &&
-			strings.Contains(fmt.Sprint(e.fields["error"]), field)
+func reloadRejected(logs *testutil.LogRecorder, trigger, field string) int {
+	return logs.Count(func(e testutil.LogEntry) bool {
+		return strings.Contains(e.Message, "reload rejected") && e.Fields["trigger"] == trigger &&
+			strings.Contains(fmt.Sprint(e.Fields["error"]), field)
 	})
 }
 
@@ -72,7 +74,7 @@ func reloadRejected(logs *logRecorder, trigger, field string) int {
 func TestConfigReloadUnderLoad(t *testing.T) {
 	var urls [3]string
 	for i := range urls {
-		ts, _ := statusBackend(t, 200, "ok")
+		ts, _ := testutil.StatusBackend(t, 200, "ok")
 		urls[i] = ts.URL
 	}
 	f := newReloadFile(t)
@@ -81,7 +83,7 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, logs := recordingLogger()
+	log, logs := testutil.RecordingLogger()
 	h := startRun(t, cfg, log, RunOptions{Load: f.load, Path: f.path, PollInterval: 20 * time.Millisecond})
 	s := h.s
 
@@ -96,7 +98,7 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 	stop, loadDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(loadDone)
-		c := testClient()
+		c := testutil.Client()
 		for {
 			select {
 			case <-stop:
@@ -117,7 +119,7 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 				if resp.StatusCode != 200 && len(failures) < maxFailures {
 					failures = append(failures, fmt.Sprint("status ", resp.StatusCode))
 				}
-				be := resp.Header.Get(HeaderBackend)
+				be := resp.Header.Get(proxy.HeaderBackend)
 				servedBy[be] = append(servedBy[be], n)
 			}
 			mu.Unlock()
@@ -126,7 +128,7 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 	var stopOnce sync.Once
 	stopLoad := func() {
 		stopOnce.Do(func() { close(stop) })
-		recvWithin(t, loadDone, testTimeout, "the load generator stops")
+		testutil.RecvWithin(t, loadDone, testutil.Timeout, "the load generator stops")
 	}
 	t.Cleanup(stopLoad) // before Run is stopped, also when the test fails early
 	served := func(be string) int {
@@ -143,24 +145,24 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 
 	first := s.Backends()[0]
 	f.write(reloadConf(urls[0], urls[1], urls[2]))
-	eventually(t, testTimeout, "a third backend", func() bool { return len(s.Backends()) == 3 })
+	testutil.Eventually(t, testutil.Timeout, "a third backend", func() bool { return len(s.Backends()) == 3 })
 	if s.Backends()[0] != first {
 		t.Error("an unchanged backend was replaced: its state (in-flight, index) would be lost")
 	}
-	eventually(t, testTimeout, "traffic on the new backend", func() bool { return served(urls[2]) > 0 })
+	testutil.Eventually(t, testutil.Timeout, "traffic on the new backend", func() bool { return served(urls[2]) > 0 })
 
 	f.write(badConf)
-	eventually(t, testTimeout, "the bad file's rejection, naming "+badField, func() bool { return reloadRejected(logs, "file changed", badField) > 0 })
+	testutil.Eventually(t, testutil.Timeout, "the bad file's rejection, naming "+badField, func() bool { return reloadRejected(logs, "file changed", badField) > 0 })
 	if got := names(); len(got) != 3 {
 		t.Errorf("a bad config changed the backends: %v", got)
 	}
 	before := seq.Load()
-	eventually(t, testTimeout, "requests served after the rejection", func() bool { return seq.Load() > before+10 })
+	testutil.Eventually(t, testutil.Timeout, "requests served after the rejection", func() bool { return seq.Load() > before+10 })
 
 	f.write(reloadConf(urls[2]))
-	eventually(t, testTimeout, "removal of two backends", func() bool { return len(s.Backends()) == 1 })
+	testutil.Eventually(t, testutil.Timeout, "removal of two backends", func() bool { return len(s.Backends()) == 1 })
 	cut := seq.Load() // every request numbered above cut started after the removal
-	eventually(t, testTimeout, "requests after the removal", func() bool { return seq.Load() > cut+20 })
+	testutil.Eventually(t, testutil.Timeout, "requests after the removal", func() bool { return seq.Load() > cut+20 })
 	stopLoad()
 	mu.Lock()
 	defer mu.Unlock()
@@ -188,22 +190,22 @@ func TestSIGHUPReloadsConfig(t *testing.T) {
 	signal.Notify(own, syscall.SIGHUP)
 	t.Cleanup(func() { signal.Stop(own) })
 
-	a, _ := statusBackend(t, 200, "a")
-	b, _ := statusBackend(t, 200, "b")
+	a, _ := testutil.StatusBackend(t, 200, "a")
+	b, _ := testutil.StatusBackend(t, 200, "b")
 	f := newReloadFile(t)
 	f.write(reloadConf(a.URL))
 	cfg, err := f.load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, logs := recordingLogger()
+	log, logs := testutil.RecordingLogger()
 	h := startRun(t, cfg, log, RunOptions{Load: f.load}) // no Path: SIGHUP only
 	// hup signals until cond holds: Run registers for SIGHUP just after it starts listening.
 	hup := func(what string, cond func() bool) {
 		t.Helper()
-		for end := time.Now().Add(testTimeout); !cond(); {
+		for end := time.Now().Add(testutil.Timeout); !cond(); {
 			if time.Now().After(end) {
-				t.Fatalf("not within %v of SIGHUPs: %s", testTimeout, what)
+				t.Fatalf("not within %v of SIGHUPs: %s", testutil.Timeout, what)
 			}
 			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 				t.Fatal(err)
@@ -216,12 +218,12 @@ func TestSIGHUPReloadsConfig(t *testing.T) {
 
 	f.write(reloadConf(a.URL, b.URL))
 	hup("the second backend added", func() bool { return len(h.s.Backends()) == 2 })
-	if n := len(logs.withMessage("config reloaded")); n == 0 {
+	if n := len(logs.WithMessage("config reloaded")); n == 0 {
 		t.Error("no \"config reloaded\" entry")
 	}
-	for _, e := range logs.withMessage("config reloaded") {
-		if e.fields["trigger"] != "SIGHUP" {
-			t.Errorf("reload triggered by %v, want SIGHUP (the file is not watched)", e.fields["trigger"])
+	for _, e := range logs.WithMessage("config reloaded") {
+		if e.Fields["trigger"] != "SIGHUP" {
+			t.Errorf("reload triggered by %v, want SIGHUP (the file is not watched)", e.Fields["trigger"])
 		}
 	}
 	kept := h.s.Backends()
@@ -231,7 +233,7 @@ func TestSIGHUPReloadsConfig(t *testing.T) {
 	if got := h.s.Backends(); len(got) != 2 || got[0] != kept[0] || got[1] != kept[1] {
 		t.Errorf("a rejected file changed the backends: %v", got)
 	}
-	resp, err := testClient().Get(h.base + "/v1/models")
+	resp, err := testutil.Client().Get(h.base + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +269,7 @@ func TestDNSDiscoveryFeedsBackends(t *testing.T) {
 	}
 	r := &staticResolver{}
 	r.hosts.Store(&[]string{"127.0.0.1"})
-	log, logs := recordingLogger()
+	log, logs := testutil.RecordingLogger()
 	h := startRun(t, cfg, log, RunOptions{Resolver: r})
 	s := h.s
 	pod1, pod2 := "http://127.0.0.1:"+port, "http://127.0.0.2:"+port
@@ -285,7 +287,7 @@ func TestDNSDiscoveryFeedsBackends(t *testing.T) {
 			return true
 		}
 	}
-	c := testClient()
+	c := testutil.Client()
 	get := func() int {
 		resp, err := c.Get(h.base + "/v1/models")
 		if err != nil {
@@ -294,24 +296,57 @@ func TestDNSDiscoveryFeedsBackends(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	eventually(t, testTimeout, "the resolved pod becomes a backend", is(pod1))
+	testutil.Eventually(t, testutil.Timeout, "the resolved pod becomes a backend", is(pod1))
 	if code := get(); code != 200 || hits.Load() != 1 {
 		t.Errorf("request through a discovered backend: %d, hits %d", code, hits.Load())
 	}
 	r.hosts.Store(&[]string{"127.0.0.1", "127.0.0.2"})
-	eventually(t, testTimeout, "a new pod is added", is(pod1, pod2))
+	testutil.Eventually(t, testutil.Timeout, "a new pod is added", is(pod1, pod2))
 	r.hosts.Store(&[]string{"127.0.0.1"})
-	eventually(t, testTimeout, "a pod that left is removed", is(pod1))
+	testutil.Eventually(t, testutil.Timeout, "a pod that left is removed", is(pod1))
 	failed := func() int {
-		return logs.count(func(e logEntry) bool { return strings.Contains(e.message, "resolution failed") })
+		return logs.Count(func(e testutil.LogEntry) bool { return strings.Contains(e.Message, "resolution failed") })
 	}
 	before := failed()
 	r.hosts.Store(&[]string{})
-	eventually(t, testTimeout, "an empty answer is reported", func() bool { return failed() > before })
+	testutil.Eventually(t, testutil.Timeout, "an empty answer is reported", func() bool { return failed() > before })
 	if !is(pod1)() {
 		t.Errorf("an empty answer changed the backends: %v", s.Backends())
 	}
 	if code := get(); code != 200 {
 		t.Errorf("after an empty answer: status %d, want 200 from the previous backend", code)
+	}
+}
+
+// Run checks every backend once before it serves: a backend that never passed takes no
+// traffic, so without that first round the requests of the first milliseconds after a start
+// would find no backend.
+func TestRunChecksBackendsBeforeServing(t *testing.T) {
+	up, _ := testutil.StatusBackend(t, http.StatusOK, `{"choices":[{"text":"ok"}]}`)
+	cfg, err := configs.Parse([]byte("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nhealth:\n  scrape_disabled: true\n" +
+		"backends:\n  - url: " + up.URL + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type ready struct {
+		healthy bool
+		data    string
+	}
+	readyc := make(chan ready, 1)
+	startRun(t, cfg, nil, RunOptions{OnReady: func(s *proxy.Server, d, _ net.Addr) {
+		readyc <- ready{healthy: s.Backends()[0].Healthy(), data: "http://" + d.String()}
+	}})
+	r := testutil.RecvWithin(t, readyc, testutil.Timeout, "Run calls OnReady")
+	if !r.healthy {
+		t.Fatal("serving before the backend's first check: the first requests would get 503")
+	}
+	resp, err := testutil.Client().Post(r.data+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first request after start: %d", resp.StatusCode)
 	}
 }

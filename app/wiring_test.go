@@ -1,4 +1,4 @@
-package proxy
+package app
 
 // The config reaches the code it configures: `serve` flags override the file, the health
 // section becomes the Checker's options (rise and fall not swapped), and the prefix section
@@ -22,6 +22,8 @@ import (
 
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/health"
+	"github.com/prefixlb/prefixlb/internal/testutil"
+	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -40,11 +42,11 @@ func listening(addr string) bool {
 // unused, the flag's mode routes, the flag's log settings shape stderr), and --backend adds
 // to the file's backends.
 func TestServeFlagsOverrideFile(t *testing.T) {
-	a, aHits := statusBackend(t, 200, "a")
+	a, aHits := testutil.StatusBackend(t, 200, "a")
 	// --backend's replica answers 500: its request lines are warnings, the lines --log-level
 	// warn must keep (a 413 is the client's error, logged at info, and must not appear).
-	b, bHits := statusBackend(t, 500, "b")
-	fileData, fileAdmin, flagData, flagAdmin := freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)
+	b, bHits := testutil.StatusBackend(t, 500, "b")
+	fileData, fileAdmin, flagData, flagAdmin := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
 	f := newReloadFile(t)
 	f.write(fmt.Sprintf("listen: %s\nadmin_listen: %s\nmode: round-robin\nmax_request_body_bytes: 1024\n"+
 		"log:\n  level: debug\n  format: console\ntimeouts:\n  shutdown_grace: 1s\n"+
@@ -79,13 +81,13 @@ func TestServeFlagsOverrideFile(t *testing.T) {
 		if !stopped {
 			stopped = true
 			cancel()
-			if err := recvWithin(t, done, testTimeout, "serve returns once its context is cancelled"); err != nil {
+			if err := testutil.RecvWithin(t, done, testutil.Timeout, "serve returns once its context is cancelled"); err != nil {
 				t.Errorf("serve: %v", err)
 			}
 		}
 	}
 	defer stop()
-	eventually(t, testTimeout, "serve listens on --listen and --admin-listen", func() bool {
+	testutil.Eventually(t, testutil.Timeout, "serve listens on --listen and --admin-listen", func() bool {
 		select {
 		case err := <-done:
 			stopped = true
@@ -99,7 +101,7 @@ func TestServeFlagsOverrideFile(t *testing.T) {
 		t.Errorf("the file's listeners %s / %s are open although --listen and --admin-listen were given", fileData, fileAdmin)
 	}
 
-	c := testClient()
+	c := testutil.Client()
 	const requests = 4
 	for i := 0; i < requests; i++ {
 		resp, err := c.Post("http://"+flagData+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
@@ -108,7 +110,7 @@ func TestServeFlagsOverrideFile(t *testing.T) {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if route := resp.Header.Get(HeaderRoute); !strings.HasPrefix(route, "least-load;") {
+		if route := resp.Header.Get(proxy.HeaderRoute); !strings.HasPrefix(route, "least-load;") {
 			t.Errorf("request %d routed %q: --mode least-load did not override the file's round-robin", i, route)
 		}
 	}
@@ -200,7 +202,7 @@ backends:
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _ := serveConfig(t, cfg, nil, nil)
+	s := startConfig(t, cfg)
 	want := health.Options{Path: "/health", Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond,
 		Rise: rise, Fall: fall, ConsecutiveFailures: 7, BaseEjection: 11 * time.Second, MaxEjection: 13 * time.Second,
 		MaxEjectedPercent: 40, ScrapeInterval: 0, MetricsPath: "/custom-metrics", ScrapeStaleAfter: 17 * time.Second}
@@ -210,12 +212,12 @@ backends:
 
 	b := s.Backends()[0]
 	hc := s.Health()
-	eventually(t, testTimeout, "the backend passes its first check", func() bool { return hc.State(b).ActiveHealthy })
+	testutil.Eventually(t, testutil.Timeout, "the backend passes its first check", func() bool { return hc.State(b).ActiveHealthy })
 	// transition polls b's active verdict until it is want, checking at every look that the
 	// run of results behind the verdict is as long as the threshold says.
 	transition := func(want bool, threshold int, run func(health.State) int, name string) {
 		t.Helper()
-		eventually(t, testTimeout, fmt.Sprintf("active verdict %v after %d %s", want, threshold, name), func() bool {
+		testutil.Eventually(t, testutil.Timeout, fmt.Sprintf("active verdict %v after %d %s", want, threshold, name), func() bool {
 			st := hc.State(b)
 			n := run(st)
 			if st.ActiveHealthy == want {
@@ -261,7 +263,7 @@ func TestMaxIndexEntriesFromConfig(t *testing.T) {
 	const maxEntries = 10
 	var urls []string
 	for range 2 {
-		ts, _ := statusBackend(t, 200, `{"choices":[]}`)
+		ts, _ := testutil.StatusBackend(t, 200, `{"choices":[]}`)
 		urls = append(urls, ts.URL)
 	}
 	cfg, err := configs.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\nmode: prefix\nprefix:\n  max_index_entries: %d\n"+
@@ -269,14 +271,15 @@ func TestMaxIndexEntriesFromConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, url := serveConfig(t, cfg, nil, nil)
+	s := startConfig(t, cfg)
+	url := s.URL()
 	ix := s.Policy().(*router.Prefix).Index()
 	for _, st := range ix.Stats(nil) {
 		if st.Capacity != maxEntries/2 {
 			t.Errorf("%s: index capacity %d entries, want %d (max_index_entries %d over 2 backends)", st.Name, st.Capacity, maxEntries/2, maxEntries)
 		}
 	}
-	c := testClient()
+	c := testutil.Client()
 	for i := range 4 {
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat(fmt.Sprintf("conversation %d says ", i), 200))
 		resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
@@ -286,7 +289,7 @@ func TestMaxIndexEntriesFromConfig(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
-	waitInFlightZero(t, s)
+	testutil.WaitInFlightZero(t, s.Backends)
 	if n := ix.Entries(); n == 0 || n > maxEntries {
 		t.Errorf("index holds %d entries, want 1..%d", n, maxEntries)
 	}
@@ -316,9 +319,9 @@ func TestLoadCapFromConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, url := serveConfig(t, cfg, nil, nil)
+	url := startConfig(t, cfg).URL()
 	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("one shared prompt ", 200))
-	c := testClient()
+	c := testutil.Client()
 	routes := make(chan string, fits+1)
 	held := func() (int32, int32) { return hbs[0].holding.Load(), hbs[1].holding.Load() }
 	for i := 1; i <= fits+1; i++ {
@@ -330,9 +333,9 @@ func TestLoadCapFromConfig(t *testing.T) {
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			routes <- resp.Header.Get(HeaderRoute)
+			routes <- resp.Header.Get(proxy.HeaderRoute)
 		}()
-		eventually(t, testTimeout, fmt.Sprintf("%d requests held in the backends", i), func() bool { h0, h1 := held(); return h0+h1 == int32(i) })
+		testutil.Eventually(t, testutil.Timeout, fmt.Sprintf("%d requests held in the backends", i), func() bool { h0, h1 := held(); return h0+h1 == int32(i) })
 	}
 	h0, h1 := held()
 	if !(h0 == fits && h1 == 1 || h0 == 1 && h1 == fits) {
@@ -342,7 +345,7 @@ func TestLoadCapFromConfig(t *testing.T) {
 	hbs[1].release()
 	var got []string
 	for range fits + 1 {
-		r := recvWithin(t, routes, testTimeout, "a held request returns")
+		r := testutil.RecvWithin(t, routes, testutil.Timeout, "a held request returns")
 		got = append(got, strings.SplitN(r, ";", 2)[0])
 	}
 	count := map[string]int{}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,12 +20,12 @@ import (
 	"go.uber.org/zap"
 	"gopkg.in/yaml.v3"
 
+	"github.com/prefixlb/prefixlb/app"
 	"github.com/prefixlb/prefixlb/bench/loadgen"
 	"github.com/prefixlb/prefixlb/bench/report"
 	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/bench/workload"
 	"github.com/prefixlb/prefixlb/configs"
-	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -299,38 +298,31 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		}
 		cfg.Backends = append(cfg.Backends, b)
 	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		return "", nil, fmt.Errorf("proxy config: %w", err)
-	}
-	log, err := proxy.NewLogger(cfg.Log.Level, cfg.Log.Format)
+	log, err := app.NewLogger(cfg.Log.Level, cfg.Log.Format)
 	if err != nil {
 		return "", nil, err
 	}
-	srv, err := proxy.New(&cfg, log)
+	sv, err := app.Start(context.Background(), &cfg, log)
 	if err != nil {
 		return "", nil, fmt.Errorf("proxy: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(ln); err != nil {
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), proxyStopGrace)
+		defer cancel()
+		if err := sv.Stop(sctx); err != nil {
+			log.Warn("proxy stop", zap.Error(err))
+		}
+		if err := sv.Err(); err != nil {
 			log.Warn("proxy serve", zap.Error(err))
 		}
-	}()
-	stop := func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		<-done
 		_ = log.Sync()
 	}
-	return "http://" + ln.Addr().String(), stop, nil
+	return sv.URL(), stop, nil
 }
+
+// proxyStopGrace bounds the in-process proxy's shutdown after a mode's run: the load is
+// over, so only streams cut by a request timeout can still be draining.
+const proxyStopGrace = 5 * time.Second
 
 func baseProxyConfig(path string) (*configs.Config, error) {
 	if path == "" {

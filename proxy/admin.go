@@ -110,7 +110,7 @@ func (s *Server) BackendInfos() []BackendInfo {
 		idx[b.Name] = i
 		out = append(out, BackendInfo{Name: b.Name, Healthy: b.Healthy(), InFlight: b.InFlight(),
 			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(),
-			KVCacheTokens: b.KVCapacity(s.cfg.Prefix.DefaultKVCacheTokens), Health: s.hc.State(b)})
+			KVCacheTokens: b.KVCapacity(s.defaultKV), Health: s.hc.State(b)})
 	}
 	if ix := s.decider.Index(); ix != nil {
 		for _, st := range ix.Stats(nil) {
@@ -123,7 +123,7 @@ func (s *Server) BackendInfos() []BackendInfo {
 }
 
 func (s *Server) debugBackends(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"mode": s.cfg.Mode, "backends": s.BackendInfos()})
+	writeJSON(w, http.StatusOK, map[string]any{"mode": s.mode, "backends": s.BackendInfos()})
 }
 
 // RouteInfo is the answer of /debug/route.

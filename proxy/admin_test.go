@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // metricSample is one sample line of a Prometheus text page.
@@ -95,7 +96,7 @@ func adminMetricsAfterTraffic(t *testing.T, mode string) {
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	defer be.Close()
-	s, url := startProxy(t, mode, []string{be.URL}, func(c *configs.Config) { c.MaxRequestBodyBytes = bodyLimit })
+	s, url := startProxy(t, mode, []string{be.URL}, func(o *Options) { o.MaxRequestBodyBytes = bodyLimit })
 	c := testClient()
 	post := func(body string) int {
 		t.Helper()
@@ -108,15 +109,11 @@ func adminMetricsAfterTraffic(t *testing.T, mode string) {
 		return resp.StatusCode
 	}
 	// Nothing to route to while the only backend is removed: 503, counted.
-	if err := s.UpdateBackends(nil); err != nil {
-		t.Fatal(err)
-	}
+	s.UpdateBackends(nil)
 	if code := post(`{"model":"m","messages":[]}`); code != 503 {
 		t.Errorf("with no backend: %d, want 503", code)
 	}
-	if err := s.UpdateBackends([]configs.Backend{{URL: be.URL, Weight: 1}}); err != nil {
-		t.Fatal(err)
-	}
+	s.UpdateBackends(testBackends(t, be.URL))
 	for i := 0; i < 3; i++ {
 		post(`{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 200) + `"}]}`)
 	}
@@ -199,7 +196,7 @@ func adminMetricsAfterTraffic(t *testing.T, mode string) {
 	}
 	if mode == "prefix" {
 		want = append(want,
-			fmt.Sprintf(`prefixlb_index_capacity_entries{%s} %d`, lbl, configs.DefaultKVCacheTokens/configs.DefaultChunkTokens),
+			fmt.Sprintf(`prefixlb_index_capacity_entries{%s} %d`, lbl, configs.DefaultKVCacheTokens/key.DefaultChunkTokens),
 			`prefixlb_index_evictions_total{`+lbl+`} 0`)
 	}
 	for _, w := range want {

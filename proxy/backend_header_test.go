@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 // rawHeaderBackend answers every request on a raw 127.0.0.1 socket with a 200 carrying the
@@ -93,30 +91,27 @@ func backendHeaderValues(lines []string) []string {
 	return out
 }
 
-// response_headers.backend: false leaves x-prefixlb-backend out of every response, also one
+// Options.OmitBackendHeader (response_headers.backend: false) leaves x-prefixlb-backend out of every response, also one
 // that a backend sent itself (a prefixlb in front of others); on (the default), there is
 // exactly one, naming the backend.
 func TestBackendHeaderSetting(t *testing.T) {
-	off := false
 	cases := []struct {
 		name  string
-		setTo *bool
+		omit  bool // Options.OmitBackendHeader
 		extra string
 		want  func(url string) []string
 	}{
-		{"default on", nil, "", func(u string) []string { return []string{u} }},
-		{"default on, backend sends its own", nil, HeaderBackend + ": http://10.0.0.9:8000\r\n", func(u string) []string { return []string{u} }},
-		{"off", &off, "", func(string) []string { return nil }},
-		{"off, backend sends its own", &off, HeaderBackend + ": http://10.0.0.9:8000\r\n", func(string) []string { return nil }},
-		{"off, backend sends its own in another case", &off, "X-Prefixlb-Backend: http://10.0.0.9:8000\r\n", func(string) []string { return nil }},
-		{"on, backend sends its own in another case", nil, "X-PREFIXLB-BACKEND: http://10.0.0.9:8000\r\n", func(u string) []string { return []string{u} }},
+		{"default on", false, "", func(u string) []string { return []string{u} }},
+		{"default on, backend sends its own", false, HeaderBackend + ": http://10.0.0.9:8000\r\n", func(u string) []string { return []string{u} }},
+		{"off", true, "", func(string) []string { return nil }},
+		{"off, backend sends its own", true, HeaderBackend + ": http://10.0.0.9:8000\r\n", func(string) []string { return nil }},
+		{"off, backend sends its own in another case", true, "X-Prefixlb-Backend: http://10.0.0.9:8000\r\n", func(string) []string { return nil }},
+		{"on, backend sends its own in another case", false, "X-PREFIXLB-BACKEND: http://10.0.0.9:8000\r\n", func(u string) []string { return []string{u} }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			be := rawHeaderBackend(t, c.extra)
-			_, base := startProxy(t, "round-robin", []string{be}, func(cfg *configs.Config) {
-				cfg.ResponseHeaders.Backend = c.setTo
-			})
+			_, base := startProxy(t, "round-robin", []string{be}, func(o *Options) { o.OmitBackendHeader = c.omit })
 			got := backendHeaderValues(rawResponseHeaders(t, base))
 			want := c.want(be)
 			if strings.Join(got, ",") != strings.Join(want, ",") {

@@ -1,29 +1,22 @@
 package proxy
 
 import (
-	"fmt"
-
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
 )
 
-// UpdateBackends reconciles the running backends with specs (config reload, discovery).
-// A spec without kv_cache_tokens takes the capacity the replica reports, else the default.
-// A backend whose URL, KV capacity and weight are unchanged keeps its state: in-flight
-// count, health, index entries. Removed backends stop taking new requests, finish what they
-// have in flight, and lose their index entries. Specs are deduplicated by URL (first wins).
-func (s *Server) UpdateBackends(specs []configs.Backend) error {
+// UpdateBackends reconciles the running backends with bs (config reload, discovery), which
+// the caller builds afresh. A backend whose name (URL), KV capacity and weight match a
+// running one is replaced by the running one, which keeps its state: in-flight count,
+// health, index entries. Removed backends stop taking new requests, finish what they have
+// in flight, and lose their index entries. bs is deduplicated by name (first wins).
+func (s *Server) UpdateBackends(bs []*backend.Backend) {
 	cur := map[string]*backend.Backend{}
 	for _, b := range s.pool.Snapshot() {
 		cur[b.Name] = b
 	}
 	seen := map[string]bool{}
-	out := make([]*backend.Backend, 0, len(specs))
-	for i, sp := range specs {
-		nb, err := backend.New(sp.URL, sp.KVCacheTokens, sp.Weight)
-		if err != nil {
-			return fmt.Errorf("backends[%d].url: %w", i, err)
-		}
+	out := make([]*backend.Backend, 0, len(bs))
+	for _, nb := range bs {
 		if seen[nb.Name] {
 			continue
 		}
@@ -34,5 +27,4 @@ func (s *Server) UpdateBackends(specs []configs.Backend) error {
 		out = append(out, nb)
 	}
 	s.SetBackends(out)
-	return nil
 }

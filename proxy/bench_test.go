@@ -12,7 +12,6 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/bench/sim"
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -61,26 +60,11 @@ func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = z.Close() })
-	s, base := serveConfig(b, &configs.Config{Mode: mode, Listen: "127.0.0.1:0"}, z.URLs(), nil)
-	// A backend that never passed a check takes no traffic (Run checks them all before it
-	// serves): wait for the first checks, or the first requests get 503 no backend.
-	eventually(b, testTimeout, "every backend passed its first health check", func() bool {
-		for _, be := range s.Backends() {
-			if !be.Healthy() {
-				return false
-			}
-		}
-		return true
-	})
+	s, base := serve(b, testOptions(b, mode, z.URLs()...), nil)
 	if _, ok := s.Policy().(*router.Prefix); mode == "prefix" && !ok {
 		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.Policy())
 	}
 	return s, strings.TrimPrefix(base, "http://")
-}
-
-// newBenchPrefix is the policy mode prefix runs, built as NewPolicy builds it.
-func newBenchPrefix(cfg *configs.Config) *router.Prefix {
-	return router.NewPrefix(prefixOptions(cfg), nil)
 }
 
 // BenchmarkProxy sends chat completions through the proxy (fasthttp client → proxy →
@@ -143,9 +127,7 @@ func benchProxyRequests(b *testing.B, mode string, stream bool, size int) {
 func BenchmarkRoutingDecision(b *testing.B) {
 	for _, size := range []int{1 << 10, 16 << 10, 128 << 10} {
 		b.Run(fmt.Sprintf("body=%dKB", size>>10), func(b *testing.B) {
-			cfg := &configs.Config{Mode: "prefix"}
-			cfg.ApplyDefaults()
-			pol := newBenchPrefix(cfg)
+			pol := router.NewPrefix(router.PrefixOptions{}, nil) // the defaults, as mode prefix runs
 			bs := make([]*backend.Backend, 4)
 			for i := range bs {
 				var err error
@@ -154,7 +136,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 				}
 			}
 			pol.SetBackends(bs)
-			kb := key.NewBuilder(cfg.Prefix.ChunkTokens)
+			kb := key.NewBuilder(0) // key.DefaultChunkTokens, the policy's
 			bb := newBenchBodies(size, true)
 			path := []byte("/v1/chat/completions")
 			var k key.Key

@@ -206,7 +206,7 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, bl *bodyLease, start time.Ti
 	if st == nil {
 		return bodyOK // not streamed: any body is whole already
 	}
-	limit := s.cfg.MaxRequestBodyBytes
+	limit := s.maxBody
 	cl := req.Header.ContentLength()
 	var n int
 	switch {
@@ -324,7 +324,7 @@ func (s *Server) refuseBody(ctx *fasthttp.RequestCtx, why bodyRefusal) {
 	case bodyTooLarge:
 		s.m.rejected413.Inc()
 		status, class = fasthttp.StatusRequestEntityTooLarge, "body_too_large"
-		msg = fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.cfg.MaxRequestBodyBytes)
+		msg = fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.maxBody)
 	case bodyNoBudget:
 		s.bodies.rejected.Inc()
 		status, class = fasthttp.StatusServiceUnavailable, "body_budget_exhausted"

@@ -22,8 +22,6 @@ import (
 	"time"
 
 	vm "github.com/VictoriaMetrics/metrics"
-
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 // bbPattern is the body bytes every upload sends, over and over: a client never holds a
@@ -206,10 +204,10 @@ func TestBodyBudgetSoak(t *testing.T) {
 		slack    = 32 << 20 // heap the rest of the test process may add meanwhile
 	)
 	be := newBBHoldBackend(t)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
-		c.MaxRequestBodyBytes = 2 * body
-		c.Limits.MaxBufferedBodyBytes = budget
-		c.Timeouts.ClientRead = configs.Duration(60 * time.Second)
+	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+		o.MaxRequestBodyBytes = 2 * body
+		o.MaxBufferedBodyBytes = budget
+		o.Timeouts.ClientRead = 60 * time.Second
 	})
 	runtime.GC() // a clean baseline; nothing below collects on the proxy's behalf
 	heap0, rss0 := heapObjects(), vmRSS()
@@ -316,9 +314,9 @@ func bbChunked(t *testing.T, base string, n int) bbUpload {
 // that fits is forwarded whole; the budget is back to 0 after each.
 func TestBodyBudgetChunked(t *testing.T) {
 	be := newBBHoldBackend(t)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
-		c.MaxRequestBodyBytes = 4 << 20
-		c.Limits.MaxBufferedBodyBytes = 6 << 20
+	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+		o.MaxRequestBodyBytes = 4 << 20
+		o.MaxBufferedBodyBytes = 6 << 20
 	})
 	// A 4 MiB upload the backend holds leaves 2 MiB of the budget.
 	held := make(chan bbUpload, 1)
@@ -358,9 +356,9 @@ func TestBodyBudgetChunked(t *testing.T) {
 func TestBodyBudgetStalledOrGoneClient(t *testing.T) {
 	be := newBBHoldBackend(t)
 	close(be.release)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
-		c.Timeouts.ClientRead = configs.Duration(60 * time.Second)
-		c.Timeouts.ClientBodyIdle = configs.Duration(300 * time.Millisecond)
+	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+		o.Timeouts.ClientRead = 60 * time.Second
+		o.Timeouts.ClientBodyIdle = 300 * time.Millisecond
 	})
 	for _, leave := range []bool{false, true} {
 		c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
@@ -454,8 +452,8 @@ func TestBodyBudgetAccounting(t *testing.T) {
 func TestRefusedUploadStillGetsTheAnswer(t *testing.T) {
 	be := newBBHoldBackend(t)
 	close(be.release)
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
-		c.MaxRequestBodyBytes = 1 << 20
+	_, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+		o.MaxRequestBodyBytes = 1 << 20
 	})
 	const n = 16 << 20
 	c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)

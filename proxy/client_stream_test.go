@@ -16,8 +16,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 // metricsText is the server's Prometheus text.
@@ -90,8 +88,8 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 			}
 		}
 	})
-	s, url, sink := hygieneProxy(t, []string{be.URL()}, func(c *configs.Config) {
-		c.Timeouts.ClientWrite = configs.Duration(clientWrite)
+	s, url, sink := hygieneProxy(t, []string{be.URL()}, func(o *Options) {
+		o.Timeouts.ClientWrite = clientWrite
 	})
 	cc := rawPost(t, url, "HTTP/1.1") // and never read
 
@@ -130,8 +128,8 @@ func TestSlowBackendIsNotCutByClientWrite(t *testing.T) {
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	defer ts.Close()
-	s, url, _ := hygieneProxy(t, []string{ts.URL}, func(c *configs.Config) {
-		c.Timeouts.ClientWrite = configs.Duration(150 * time.Millisecond)
+	s, url, _ := hygieneProxy(t, []string{ts.URL}, func(o *Options) {
+		o.Timeouts.ClientWrite = 150 * time.Millisecond
 	})
 	resp, err := testClient().Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
 	if err != nil {
@@ -254,8 +252,8 @@ func TestIncompleteResponseIsCountedAsWhatItWas(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			be := newRawBackend(t, tt.serve)
-			s, url, sink := hygieneProxy(t, []string{be.URL()}, func(c *configs.Config) {
-				c.Timeouts.Idle = configs.Duration(300 * time.Millisecond)
+			s, url, sink := hygieneProxy(t, []string{be.URL()}, func(o *Options) {
+				o.Timeouts.Idle = 300 * time.Millisecond
 			})
 			c := rawPost(t, url, "HTTP/1.1")
 			_ = c.SetReadDeadline(time.Now().Add(testTimeout))

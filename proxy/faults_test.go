@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -37,17 +36,17 @@ const fltCheckEvery = 250 * time.Millisecond
 // fltStartProxy runs a proxy on 127.0.0.1 with active health checks on (every
 // fltCheckEvery), scraping off and short ejections; mutate may change anything. It waits
 // (bounded) until every backend has passed its first checks.
-func fltStartProxy(t *testing.T, mode string, urls []string, mutate func(*configs.Config)) (*Server, string) {
+func fltStartProxy(t *testing.T, mode string, urls []string, mutate func(*Options)) (*Server, string) {
 	t.Helper()
-	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", Health: configs.Health{
-		Interval:       configs.Duration(fltCheckEvery),
-		Timeout:        configs.Duration(fltCheckEvery),
-		BaseEjection:   configs.Duration(300 * time.Millisecond),
-		MaxEjection:    configs.Duration(time.Second),
-		ScrapeDisabled: true,
-	}}
-	s, base := serveConfig(t, cfg, urls, mutate)
-	if !cfg.Health.Disabled {
+	o := testOptions(t, mode, urls...)
+	h := &o.Health
+	h.Interval, h.Timeout, h.ScrapeInterval = fltCheckEvery, fltCheckEvery, 0
+	h.BaseEjection, h.MaxEjection = 300*time.Millisecond, time.Second
+	if mutate != nil {
+		mutate(&o)
+	}
+	s, base := serve(t, o, nil)
+	if !o.Health.Disabled {
 		for _, b := range s.Backends() {
 			if _, ok := fltWaitHealthy(b, true, 10*time.Second); !ok {
 				t.Fatalf("%s never passed its first health checks", b.Name)
@@ -627,7 +626,7 @@ func (sl *fltSilent) URL() string { return "http://" + sl.ln.Addr().String() }
 // timeouts the silent backend is ejected. The proxy closes every connection it opened to it.
 func TestFaultSilentBackendHeaderTimeout(t *testing.T) {
 	const headerTimeout = 300 * time.Millisecond
-	setTimeout := func(c *configs.Config) { c.Timeouts.ResponseHeader = configs.Duration(headerTimeout) }
+	setTimeout := func(o *Options) { o.Timeouts.ResponseHeader = headerTimeout }
 
 	t.Run("retried-elsewhere", func(t *testing.T) {
 		sl := fltNewSilent(t)
@@ -709,8 +708,8 @@ func TestFaultSilentBackendHeaderTimeout(t *testing.T) {
 			w.(http.Flusher).Flush()
 			fltSleep(r.Context(), 20*time.Second)
 		}))
-		s, url := startProxy(t, "round-robin", []string{stall.URL()}, func(c *configs.Config) {
-			c.Timeouts.Idle = configs.Duration(headerTimeout)
+		s, url := startProxy(t, "round-robin", []string{stall.URL()}, func(o *Options) {
+			o.Timeouts.Idle = headerTimeout
 		})
 		c := fltClient()
 		var ta fltTally
@@ -768,9 +767,9 @@ func TestFaultErrorStatusEjection(t *testing.T) {
 			return 200
 		}})
 		ok1, ok2 := fltNewBackend(t, okHandler), fltNewBackend(t, okHandler)
-		s, url := startProxy(t, "round-robin", []string{e500.URL(), ok1.URL(), ok2.URL()}, func(c *configs.Config) {
-			c.Health.BaseEjection = configs.Duration(time.Second)
-			c.Health.MaxEjection = configs.Duration(2 * time.Second)
+		s, url := startProxy(t, "round-robin", []string{e500.URL(), ok1.URL(), ok2.URL()}, func(o *Options) {
+			o.Health.BaseEjection = time.Second
+			o.Health.MaxEjection = 2 * time.Second
 		})
 		bad := fltBackendByURL(t, s, e500.URL())
 		c := fltClient()

@@ -17,8 +17,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 // openAIError is the error body the proxy writes (writeError).
@@ -42,20 +40,6 @@ func decodeError(t *testing.T, r io.Reader) openAIError {
 		t.Errorf("error body %+v lacks message, type or code", e)
 	}
 	return e
-}
-
-// statusBackend answers every request with status and counts the requests.
-func statusBackend(t *testing.T, status int, body string) (*httptest.Server, *atomic.Int32) {
-	t.Helper()
-	var hits atomic.Int32
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		hits.Add(1)
-		w.WriteHeader(status)
-		_, _ = io.WriteString(w, body)
-	}))
-	t.Cleanup(ts.Close)
-	return ts, &hits
 }
 
 // No backend reachable: 502 in the OpenAI error shape, after trying each backend once (one
@@ -175,17 +159,9 @@ func TestRetryHappensOnce(t *testing.T) {
 // Nothing to route to (no backend configured, discovery found none): 503 with an OpenAI
 // error, counted in prefixlb_no_backend_total.
 func TestNoBackendGets503(t *testing.T) {
-	cfg, err := configs.Parse([]byte("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nmode: prefix\n" +
-		"health:\n  disabled: true\n  scrape_disabled: true\n" +
-		"discovery:\n  dns:\n    name: vllm.test.svc\n    port: 8000\n    interval: 100ms\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &staticResolver{}
-	r.hosts.Store(&[]string{})
-	h := startRun(t, cfg, nil, RunOptions{Resolver: r})
+	s, url := startProxy(t, "prefix", nil, nil)
 	c := testClient()
-	resp, err := c.Post(h.base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,10 +170,12 @@ func TestNoBackendGets503(t *testing.T) {
 	if resp.StatusCode != 503 || e.Error.Code != "prefixlb_503" || e.Error.Type != "service_unavailable" {
 		t.Errorf("got %d %+v, want 503 service_unavailable", resp.StatusCode, e)
 	}
-	if got := h.s.m.noBackend.Get(); got != 1 {
+	if got := s.m.noBackend.Get(); got != 1 {
 		t.Errorf("prefixlb_no_backend_total = %d, want 1", got)
 	}
-	mresp, err := c.Get(h.admin + "/metrics")
+	admin := httptest.NewServer(s.AdminHandler())
+	defer admin.Close()
+	mresp, err := c.Get(admin.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,12 +200,9 @@ func TestRequestLogLine(t *testing.T) {
 		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"ok\"}}]}\n\ndata: [DONE]\n\n")
 	}))
 	defer be.Close()
-	cfg := &configs.Config{Mode: "prefix", Listen: "127.0.0.1:0", MaxRequestBodyBytes: 64 << 10,
-		Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
-	s, url := serveConfigWith(t, cfg, []string{be.URL}, nil, serveOpts{log: log})
-	cfgDead := &configs.Config{Mode: "round-robin", Listen: "127.0.0.1:0", Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
+	s, url := startProxy(t, "prefix", []string{be.URL}, func(o *Options) { o.MaxRequestBodyBytes, o.Log = 64<<10, log })
 	dead := deadURL(t)
-	_, deadProxy := serveConfigWith(t, cfgDead, []string{dead}, nil, serveOpts{log: log.With(zap.String("proxy", "dead"))})
+	_, deadProxy := startProxy(t, "round-robin", []string{dead}, func(o *Options) { o.Log = log.With(zap.String("proxy", "dead")) })
 
 	long := strings.Repeat(secretPrompt+" and more words. ", 40)
 	chat := func(stream bool) string {
@@ -247,7 +222,7 @@ func TestRequestLogLine(t *testing.T) {
 	var seen []logEntry // every entry, for the prompt check at the end
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			seen = append(seen, logs.take()...)
+			seen = append(seen, logs.Take()...)
 			req, _ := http.NewRequest("POST", tc.base+tc.path, strings.NewReader(tc.body))
 			req.Header.Set("Authorization", "Bearer sk-"+secretPrompt)
 			resp, err := c.Do(req)
@@ -262,8 +237,8 @@ func TestRequestLogLine(t *testing.T) {
 			var lines []map[string]any
 			eventually(t, 5*time.Second, "the request's log line", func() bool {
 				lines = lines[:0]
-				for _, e := range logs.withMessage("request") {
-					lines = append(lines, e.fields)
+				for _, e := range logs.WithMessage("request") {
+					lines = append(lines, e.Fields)
 				}
 				return len(lines) > 0
 			})
@@ -296,7 +271,7 @@ func TestRequestLogLine(t *testing.T) {
 		})
 	}
 	// Over the size limit: refused before routing, one "rejected request" line.
-	seen = append(seen, logs.take()...)
+	seen = append(seen, logs.Take()...)
 	resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chat(false)+strings.Repeat(" ", 64<<10)))
 	if err != nil {
 		t.Fatal(err)
@@ -305,10 +280,10 @@ func TestRequestLogLine(t *testing.T) {
 	if resp.StatusCode != 413 {
 		t.Errorf("oversized body: %d, want 413", resp.StatusCode)
 	}
-	eventually(t, 5*time.Second, "the 413's log line", func() bool { return len(logs.withMessage("rejected request")) == 1 })
+	eventually(t, 5*time.Second, "the 413's log line", func() bool { return len(logs.WithMessage("rejected request")) == 1 })
 	waitInFlightZero(t, s)
-	for _, e := range append(seen, logs.take()...) {
-		if txt := e.text(); strings.Contains(txt, secretPrompt) {
+	for _, e := range append(seen, logs.Take()...) {
+		if txt := e.Text(); strings.Contains(txt, secretPrompt) {
 			t.Errorf("a log entry carries the prompt or the Authorization header: %.300s", txt)
 		}
 	}

@@ -18,7 +18,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -66,8 +65,8 @@ func TestSlowClientIsDropped(t *testing.T) {
 	const clientRead = 300 * time.Millisecond
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer ts.Close()
-	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) {
-		c.Timeouts.ClientRead = configs.Duration(clientRead)
+	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(o *Options) {
+		o.Timeouts.ClientRead = clientRead
 	})
 	for _, send := range []string{"", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mo"} {
 		start := time.Now() // client_read runs from the connection's accept
@@ -263,8 +262,8 @@ func TestClientReadDoesNotLimitResponses(t *testing.T) {
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))
 	defer ts.Close()
-	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) {
-		c.Timeouts.ClientRead = configs.Duration(clientRead)
+	_, url := startProxy(t, "round-robin", []string{ts.URL}, func(o *Options) {
+		o.Timeouts.ClientRead = clientRead
 	})
 	c := testClient()
 	for _, slow := range []bool{false, true} {

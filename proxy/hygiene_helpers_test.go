@@ -6,7 +6,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -19,12 +18,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 // logSink collects every log entry, all levels, as JSON lines.
@@ -67,48 +63,23 @@ func (l *logSink) entries(t testing.TB, msg string) []map[string]any {
 }
 
 // hygieneProxy is startProxy with every log entry, debug included, captured in the sink.
-func hygieneProxy(t *testing.T, urls []string, mutate func(*configs.Config)) (*Server, string, *logSink) {
+func hygieneProxy(t *testing.T, urls []string, mutate func(*Options)) (*Server, string, *logSink) {
 	t.Helper()
 	return hygieneProxyPrep(t, urls, mutate, nil)
 }
 
 // hygieneProxyPrep is hygieneProxy with prep run on the server before it serves.
-func hygieneProxyPrep(t *testing.T, urls []string, mutate func(*configs.Config), prep func(*Server)) (*Server, string, *logSink) {
+func hygieneProxyPrep(t *testing.T, urls []string, mutate func(*Options), prep func(*Server)) (*Server, string, *logSink) {
 	t.Helper()
-	cfg := &configs.Config{Mode: "round-robin", Listen: "127.0.0.1:0", Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
-	for _, u := range urls {
-		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
-	}
-	if mutate != nil {
-		mutate(cfg)
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
 	sink := &logSink{}
-	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), sink, zapcore.DebugLevel))
-	s, err := New(cfg, log)
-	if err != nil {
-		t.Fatal(err)
+	o := testOptions(t, "round-robin", urls...)
+	noHealthChecks(&o)
+	o.Log = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), sink, zapcore.DebugLevel))
+	if mutate != nil {
+		mutate(&o)
 	}
-	if prep != nil {
-		prep(s)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() { shutdownWithin(s, 5*time.Second) })
-	return s, "http://" + ln.Addr().String(), sink
-}
-
-// shutdownWithin shuts s down, aborting what is left after limit.
-func shutdownWithin(s *Server, limit time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	_ = s.Shutdown(ctx)
+	s, url := serve(t, o, prep)
+	return s, url, sink
 }
 
 // rawBackend is a backend written in raw bytes: serve runs for each accepted connection and the

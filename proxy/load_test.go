@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // A replica whose /metrics reports a long waiting queue gets fewer new requests: the scraped
@@ -43,10 +43,9 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 			}
 			// A scrape stays fresh for 5 s: a few slow scrapes on a loaded machine must not
 			// drop replica 1's reported queue from its load mid-test.
-			cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0",
-				Health: configs.Health{Interval: configs.Duration(100 * time.Millisecond), Timeout: configs.Duration(80 * time.Millisecond),
-					ScrapeInterval: configs.Duration(100 * time.Millisecond), ScrapeStaleAfter: configs.Duration(5 * time.Second)}}
-			s, base := serveConfig(t, cfg, urls, nil)
+			o := testOptions(t, mode, urls...)
+			fastChecks(&o, 5*time.Second)
+			s, base := serve(t, o, nil)
 			eventually(t, 5*time.Second, "the scrape feeds replica 1's queue into its load, the others healthy", func() bool {
 				return s.Backends()[1].Load() >= 51 && s.Backends()[0].Healthy() && s.Backends()[2].Healthy()
 			})
@@ -81,13 +80,20 @@ func TestScrapedKVCapacitySizesIndex(t *testing.T) {
 		}
 	}))
 	defer ts.Close()
-	cfg := &configs.Config{Mode: "prefix", Listen: "127.0.0.1:0",
-		Health: configs.Health{Interval: configs.Duration(100 * time.Millisecond), Timeout: configs.Duration(80 * time.Millisecond),
-			ScrapeInterval: configs.Duration(100 * time.Millisecond), ScrapeStaleAfter: configs.Duration(time.Second)}}
-	s, _ := serveConfig(t, cfg, []string{ts.URL}, nil)
-	want := int64(1000 * 16 / cfg.Prefix.ChunkTokens)
+	o := testOptions(t, "prefix", ts.URL)
+	fastChecks(&o, time.Second)
+	s, _ := serve(t, o, nil)
+	want := int64(1000 * 16 / key.DefaultChunkTokens)
 	eventually(t, 5*time.Second, fmt.Sprintf("index capacity %d from the scraped 16000 KV tokens", want), func() bool {
 		infos := s.BackendInfos()
 		return infos[0].IndexCapacity == want && infos[0].KVCacheTokens == 16000
 	})
+}
+
+// fastChecks checks and scrapes every 100 ms (checks time out after 80 ms); a scrape counts
+// for staleAfter.
+func fastChecks(o *Options, staleAfter time.Duration) {
+	h := &o.Health
+	h.Interval, h.Timeout = 100*time.Millisecond, 80*time.Millisecond
+	h.ScrapeInterval, h.ScrapeStaleAfter = 100*time.Millisecond, staleAfter
 }

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
-	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/health"
 )
 
 // panicTestRequests is how many requests each panic-mode test sends.
@@ -49,10 +45,11 @@ func newSwitchableReplica(t *testing.T) *switchableReplica {
 	return r
 }
 
-// activeChecks turns the proxy's active checks on, 100 ms apart, rise 2 / fall 3.
-func activeChecks(c *configs.Config) {
-	c.Health = configs.Health{Interval: configs.Duration(100 * time.Millisecond),
-		Timeout: configs.Duration(100 * time.Millisecond), ScrapeDisabled: true}
+// activeChecks turns the proxy's active checks on, 100 ms apart, rise 2 / fall 3; scraping
+// off.
+func activeChecks(o *Options) {
+	o.Health = health.DefaultOptions()
+	o.Health.Interval, o.Health.Timeout, o.Health.ScrapeInterval = 100*time.Millisecond, 100*time.Millisecond, 0
 }
 
 // postCompletions sends n completion requests and returns the status and x-prefixlb-backend
@@ -80,8 +77,9 @@ func postCompletions(t *testing.T, base string, n int) (statuses []int, servedBy
 // routed to the refusing ports came back 502 when the retry landed on the other one too.
 func TestPanicModeSkipsNeverPassedBackends(t *testing.T) {
 	up := newSwitchableReplica(t)
-	s, base := serveConfig(t, &configs.Config{Mode: "round-robin", Listen: "127.0.0.1:0"},
-		[]string{up.srv.URL, deadURL(t), deadURL(t)}, activeChecks)
+	o := testOptions(t, "round-robin", up.srv.URL, deadURL(t), deadURL(t))
+	activeChecks(&o)
+	s, base := serve(t, o, nil)
 	bs := s.Backends()
 	eventually(t, healthWait, "the replica that is up passes its first check", bs[0].Healthy)
 	statuses, _ := postCompletions(t, base, panicTestRequests)
@@ -108,8 +106,9 @@ func TestPanicModeSkipsNeverPassedBackends(t *testing.T) {
 // /health that flaps while generation works): below half healthy, they take traffic again.
 func TestPanicModeCoversBackendsThatPassedOnce(t *testing.T) {
 	rs := []*switchableReplica{newSwitchableReplica(t), newSwitchableReplica(t), newSwitchableReplica(t)}
-	s, base := serveConfig(t, &configs.Config{Mode: "round-robin", Listen: "127.0.0.1:0"},
-		[]string{rs[0].srv.URL, rs[1].srv.URL, rs[2].srv.URL}, activeChecks)
+	o := testOptions(t, "round-robin", rs[0].srv.URL, rs[1].srv.URL, rs[2].srv.URL)
+	activeChecks(&o)
+	s, base := serve(t, o, nil)
 	bs := s.Backends()
 	eventually(t, healthWait, "all three replicas pass their first check", func() bool {
 		return bs[0].Healthy() && bs[1].Healthy() && bs[2].Healthy()
@@ -134,40 +133,5 @@ func TestPanicModeCoversBackendsThatPassedOnce(t *testing.T) {
 	}
 	if bs[1].NeverPassed() || bs[2].NeverPassed() {
 		t.Error("replicas that passed once are marked never passed")
-	}
-}
-
-// Run checks every backend once before it serves: a backend that never passed takes no
-// traffic, so without that first round the requests of the first milliseconds after a start
-// would find no backend.
-func TestRunChecksBackendsBeforeServing(t *testing.T) {
-	up := newSwitchableReplica(t)
-	cfg, err := configs.Parse([]byte("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nhealth:\n  scrape_disabled: true\n" +
-		"backends:\n  - url: " + up.srv.URL + "\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	type ready struct {
-		healthy bool
-		data    string
-	}
-	readyc := make(chan ready, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- Run(ctx, cfg, zap.NewNop(), RunOptions{OnReady: func(s *Server, d, _ net.Addr) {
-			readyc <- ready{healthy: s.Backends()[0].Healthy(), data: "http://" + d.String()}
-		}})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		recvWithin(t, done, testTimeout, "Run returns after its context is cancelled")
-	})
-	r := recvWithin(t, readyc, testTimeout, "Run calls OnReady")
-	if !r.healthy {
-		t.Fatal("serving before the backend's first check: the first requests would get 503")
-	}
-	if statuses, _ := postCompletions(t, r.data, 1); statuses[0] != http.StatusOK {
-		t.Fatalf("first request after start: %d", statuses[0])
 	}
 }

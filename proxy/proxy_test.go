@@ -16,45 +16,21 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router"
 )
 
-// startProxy runs a proxy on 127.0.0.1 in front of urls and returns its base URL.
-func startProxy(t *testing.T, mode string, urls []string, mutate func(*configs.Config)) (*Server, string) {
+// startProxy runs a proxy in mode on 127.0.0.1 in front of urls, with mutate applied to its
+// options (nil: none), and returns it and its base URL.
+func startProxy(t *testing.T, mode string, urls []string, mutate func(*Options)) (*Server, string) {
 	t.Helper()
 	// Test backends answer every path, /health included, with their test behaviour; active
 	// checks and scraping are tested in health_test.go.
-	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
-	return serveConfig(t, cfg, urls, mutate)
-}
-
-// serveConfig adds urls as backends to cfg, applies mutate, validates, and serves it on an
-// ephemeral 127.0.0.1 port until the test ends. It returns the server and its base URL.
-func serveConfig(t testing.TB, cfg *configs.Config, urls []string, mutate func(*configs.Config)) (*Server, string) {
-	t.Helper()
-	return serveConfigWith(t, cfg, urls, mutate, serveOpts{})
-}
-
-// waitInFlightZero waits (bounded) until every backend's in-flight count is 0.
-func waitInFlightZero(t *testing.T, s *Server) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		total := int64(0)
-		for _, b := range s.Backends() {
-			total += b.InFlight()
-			if b.PrefillTokens() != 0 && b.InFlight() == 0 {
-				t.Fatalf("%s: prefill tokens %d with nothing in flight", b.Name, b.PrefillTokens())
-			}
-		}
-		if total == 0 {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+	o := testOptions(t, mode, urls...)
+	noHealthChecks(&o)
+	if mutate != nil {
+		mutate(&o)
 	}
-	for _, b := range s.Backends() {
-		t.Errorf("%s: in-flight %d, want 0", b.Name, b.InFlight())
-	}
+	return serve(t, o, nil)
 }
 
 // sseBackend emits n SSE events `gap` apart and records when each was written.
@@ -291,7 +267,7 @@ func TestOverLimitBodyGets413JSON(t *testing.T) {
 	var hits atomic.Int32
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) }))
 	defer ts.Close()
-	s, url := startProxy(t, "round-robin", []string{ts.URL}, func(c *configs.Config) { c.MaxRequestBodyBytes = limit })
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, func(o *Options) { o.MaxRequestBodyBytes = limit })
 	c := testClient()
 	for i, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
@@ -493,7 +469,7 @@ func TestLeastLoadPicksIdleBackend(t *testing.T) {
 	l1.Begin(bs[2], 0)
 	defer l0.Release()
 	defer l1.Release()
-	pol, _ := NewPolicy(&configs.Config{Mode: "least-load"})
+	pol, _ := router.NewPolicy("least-load", router.PolicyOptions{})
 	for i := 0; i < 5; i++ {
 		if d := pol.Pick(nil, bs); d.Backend != bs[1] {
 			t.Fatalf("pick %d: %s, want the idle backend %s", i, d.Backend.Name, bs[1].Name)

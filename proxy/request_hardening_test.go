@@ -9,7 +9,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -24,8 +23,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 // rqSeen is one request as a raw backend read it: its request line, its header lines
@@ -144,34 +141,14 @@ func rqRoundTrip(t *testing.T, base, raw string) (*http.Response, []byte) {
 }
 
 // rqStartProxy serves a round-robin proxy in front of urls whose logger is log (nil: none).
-func rqStartProxy(t *testing.T, urls []string, log *zap.Logger, mutate func(*configs.Config)) (*Server, string) {
+func rqStartProxy(t *testing.T, urls []string, log *zap.Logger, mutate func(*Options)) (*Server, string) {
 	t.Helper()
-	cfg := &configs.Config{Mode: "round-robin", Listen: "127.0.0.1:0", Health: configs.Health{Disabled: true, ScrapeDisabled: true}}
-	for _, u := range urls {
-		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
-	}
-	if mutate != nil {
-		mutate(cfg)
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(cfg, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
+	return startProxy(t, "round-robin", urls, func(o *Options) {
+		o.Log = log
+		if mutate != nil {
+			mutate(o)
+		}
 	})
-	return s, "http://" + ln.Addr().String()
 }
 
 func rqPost(extra, body string) string {
@@ -377,8 +354,8 @@ func TestExpectNotForwarded(t *testing.T) {
 // CRLF a client may send between requests, are unaffected.
 func TestBareLFRequestAnsweredAtOnce(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
-		c.Timeouts.ClientRead = configs.Duration(30 * time.Second) // a hang shows as no answer within 10 s
+	_, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+		o.Timeouts.ClientRead = 30 * time.Second // a hang shows as no answer within 10 s
 	})
 	for _, raw := range []string{
 		"GET /v1/models HTTP/1.1\nHost: x\n\n",

@@ -125,7 +125,7 @@ func (s *Server) classifyParseError(err error) (status int, class, msg string) {
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		return fasthttp.StatusRequestEntityTooLarge, "body_too_large",
-			fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.cfg.MaxRequestBodyBytes)
+			fmt.Sprintf("request body exceeds max_request_body_bytes (%d bytes)", s.maxBody)
 	case errors.As(err, &small), errors.Is(err, fasthttp.ErrSmallReadBuffer):
 		return fasthttp.StatusRequestHeaderFieldsTooLarge, "header_too_large", "request headers too large"
 	case errors.Is(err, errBareLF):

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -36,7 +35,6 @@ const (
 
 // Server is one prefixlb data listener with its backends and policy.
 type Server struct {
-	cfg      *configs.Config
 	log      *zap.Logger
 	pool     *backend.Pool
 	ups      atomic.Pointer[map[*backend.Backend]*upstream]
@@ -52,59 +50,66 @@ type Server struct {
 	flows    sync.Pool
 	nextID   atomic.Uint64
 
+	mode      string // Options.Mode
+	defaultKV int64  // Options.DefaultKVCacheTokens
+
 	headerTimeout time.Duration
 	idleTimeout   time.Duration
 	connTimeout   time.Duration
-	backendHeader bool // add HeaderBackend (response_headers.backend)
+	clientWrite   time.Duration
+	backendHeader bool // add HeaderBackend (not Options.OmitBackendHeader)
 
-	bodies     *bodyBudget   // limits.max_buffered_body_bytes
-	bodyIdle   time.Duration // timeouts.client_body_idle
-	clientRead time.Duration // timeouts.client_read
+	maxBody    int           // Options.MaxRequestBodyBytes
+	bodies     *bodyBudget   // Options.MaxBufferedBodyBytes
+	bodyIdle   time.Duration // Timeouts.ClientBodyIdle
+	clientRead time.Duration // Timeouts.ClientRead
 }
 
-// New builds a Server from a validated config. It starts nothing until Serve.
-func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
-	if log == nil {
-		log = zap.NewNop()
+// errNoPolicy is New's answer to Options without a Policy.
+var errNoPolicy = errors.New("proxy: Options.Policy is required")
+
+// New builds a Server from o (zero fields take the defaults, see Options). It starts
+// nothing until Serve.
+func New(o Options) (*Server, error) {
+	if o.Policy == nil {
+		return nil, errNoPolicy
 	}
-	bs, err := cfg.NewBackends()
-	if err != nil {
-		return nil, err
-	}
-	pol, err := NewPolicy(cfg)
-	if err != nil {
-		return nil, err
-	}
+	o = o.withDefaults()
+	log := o.Log
 	s := &Server{
-		cfg:           cfg,
 		log:           log,
 		pool:          backend.NewPool(nil),
-		decider:       router.NewDecider(pol),
-		keys:          key.NewBuilder(cfg.Prefix.ChunkTokens),
+		decider:       router.NewDecider(o.Policy),
+		keys:          key.NewBuilder(o.ChunkTokens),
 		wd:            newWatchdog(),
-		hc:            health.New(HealthOptions(cfg.Health), log, nil),
-		m:             newServerMetrics(cfg.Mode),
-		headerTimeout: cfg.Timeouts.ResponseHeader.D(),
-		idleTimeout:   cfg.Timeouts.Idle.D(),
-		connTimeout:   cfg.Timeouts.Connect.D(),
-		backendHeader: cfg.ResponseHeaders.BackendOn(),
+		hc:            health.New(o.Health, log, nil),
+		m:             newServerMetrics(o.Mode),
+		mode:          o.Mode,
+		defaultKV:     o.DefaultKVCacheTokens,
+		headerTimeout: o.Timeouts.ResponseHeader,
+		idleTimeout:   o.Timeouts.Idle,
+		connTimeout:   o.Timeouts.Connect,
+		clientWrite:   o.Timeouts.ClientWrite,
+		backendHeader: !o.OmitBackendHeader,
+		maxBody:       o.MaxRequestBodyBytes,
+		bodyIdle:      o.Timeouts.ClientBodyIdle,
+		clientRead:    o.Timeouts.ClientRead,
 	}
 	s.flows.New = func() any { return &flow{s: s} }
 	s.hc.OnKVCapacity(func(b *backend.Backend) {
 		log.Info("backend reported its KV-cache capacity", zap.String("backend", b.Name),
-			zap.Int64("kv_cache_tokens", b.KVCapacity(cfg.Prefix.DefaultKVCacheTokens)))
+			zap.Int64("kv_cache_tokens", b.KVCapacity(s.defaultKV)))
 		s.refreshPolicy()
 	})
-	s.SetBackends(bs)
-	s.bodies = newBodyBudget(cfg.Limits.MaxBufferedBodyBytes, s.m.set)
-	s.bodyIdle, s.clientRead = cfg.Timeouts.ClientBodyIdle.D(), cfg.Timeouts.ClientRead.D()
+	s.SetBackends(o.Backends)
+	s.bodies = newBodyBudget(o.MaxBufferedBodyBytes, s.m.set)
 	s.srv = &fasthttp.Server{
 		Handler:                       s.handle,
 		Name:                          "prefixlb",
-		MaxRequestBodySize:            cfg.MaxRequestBodyBytes,
+		MaxRequestBodySize:            o.MaxRequestBodyBytes,
 		ReadBufferSize:                64 << 10, // long Authorization/cookie headers; 431 above
 		WriteTimeout:                  0,        // a stream has no total timeout
-		ReadTimeout:                   cfg.Timeouts.ClientRead.D(),
+		ReadTimeout:                   o.Timeouts.ClientRead,
 		IdleTimeout:                   90 * time.Second,
 		SecureErrorLogMessage:         true, // never echo request bytes (keys, prompts) in errors
 		DisableHeaderNamesNormalizing: true,
@@ -115,18 +120,9 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		CloseOnShutdown:               true,
 		ErrorHandler:                  s.handleParseError,
 		Logger:                        fasthttpLogger{l: log, s: s},
-		StreamRequestBody:             true, // handle reads bodies within limits.max_buffered_body_bytes (bodybudget.go)
+		StreamRequestBody:             true, // handle reads bodies within Options.MaxBufferedBodyBytes (bodybudget.go)
 	}
 	return s, nil
-}
-
-// NewPolicy returns the policy for cfg.Mode, from router's table of modes.
-func NewPolicy(cfg *configs.Config) (router.Policy, error) {
-	p, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: prefixOptions(cfg)})
-	if err != nil {
-		return nil, fmt.Errorf("mode: %w", err)
-	}
-	return p, nil
 }
 
 // refreshPolicy hands the current backends to the policy again (capacities changed).
@@ -164,20 +160,6 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 			}
 		}
 	}
-}
-
-// HealthOptions maps the health section of the config onto the health package's options.
-func HealthOptions(h configs.Health) health.Options {
-	o := health.Options{
-		Path: h.Path, Interval: h.Interval.D(), Timeout: h.Timeout.D(), Rise: h.HealthyThreshold,
-		Fall: h.UnhealthyThreshold, Disabled: h.Disabled, ConsecutiveFailures: h.ConsecutiveFailures,
-		BaseEjection: h.BaseEjection.D(), MaxEjection: h.MaxEjection.D(), MaxEjectedPercent: h.MaxEjectedPercent,
-		ScrapeInterval: h.ScrapeInterval.D(), MetricsPath: h.MetricsPath, ScrapeStaleAfter: h.ScrapeStaleAfter.D(),
-	}
-	if h.ScrapeDisabled {
-		o.ScrapeInterval = 0
-	}
-	return o
 }
 
 // Health is the backend health checker.
@@ -487,7 +469,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		f.finish(status, nil)
 		return nil
 	}
-	f.ctx, f.clientWrite = ctx, s.cfg.Timeouts.ClientWrite.D()
+	f.ctx, f.clientWrite = ctx, s.clientWrite
 	cl := f.resp.Header.ContentLength()
 	if cl < 0 {
 		cl = -1

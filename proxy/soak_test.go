@@ -23,8 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/bench/sim"
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -189,19 +189,20 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 		}
 	}()
 
-	cfg := &configs.Config{Mode: "prefix", Listen: "127.0.0.1:0", Health: configs.Health{
-		Interval:       configs.Duration(200 * time.Millisecond),
-		Timeout:        configs.Duration(200 * time.Millisecond),
-		ScrapeInterval: configs.Duration(200 * time.Millisecond),
-	}}
+	o := testOptions(t, "prefix")
+	o.Health.Interval, o.Health.Timeout, o.Health.ScrapeInterval = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
 	for _, u := range cluster.URLs() {
-		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u, KVCacheTokens: int64(scfg.KVCacheTokens())})
+		b, err := backend.New(u, int64(scfg.KVCacheTokens()), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Backends = append(o.Backends, b)
 	}
-	s, url := serveConfigWith(t, cfg, nil, nil, serveOpts{hook: func(s *Server) {
+	s, url := serve(t, o, func(s *Server) {
 		// fasthttp keeps idle workers for 10 s by default; reap them sooner so the goroutine
 		// count can settle within the test's bounded wait.
 		s.srv.MaxIdleWorkerDuration = 500 * time.Millisecond
-	}})
+	})
 	for _, b := range s.Backends() {
 		if _, ok := fltWaitHealthy(b, true, 10*time.Second); !ok {
 			t.Fatalf("%s never healthy", b.Name)

@@ -23,7 +23,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 const user1Secret = "PRIVATE-USER1-COMPLETION"
@@ -227,8 +226,8 @@ func TestEarlyErrorResponseIsRelayed(t *testing.T) {
 		_, _ = io.WriteString(c, fmt.Sprintf("HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer))
 		// Closing with the body unread makes the kernel reset the connection.
 	})
-	s, url, _ := hygieneProxy(t, []string{be.URL()}, func(c *configs.Config) {
-		c.Health.MaxEjectedPercent = 100 // the one backend may be ejected: 5 counted failures would
+	s, url, _ := hygieneProxy(t, []string{be.URL()}, func(o *Options) {
+		o.Health.MaxEjectedPercent = 100 // the one backend may be ejected: 5 counted failures would
 	})
 	big := bytes.Repeat([]byte("x"), 16<<20) // far beyond the socket buffers: the write must fail
 	c := testClient()
@@ -290,8 +289,8 @@ func TestErrorsCarryNoUpstreamBytesOrAddresses(t *testing.T) {
 				be := newRawBackend(t, tt.serve)
 				url, addr = be.URL(), be.Addr()
 			}
-			_, purl, sink := hygieneProxy(t, []string{url}, func(c *configs.Config) {
-				c.Timeouts.ResponseHeader = configs.Duration(300 * time.Millisecond)
+			_, purl, sink := hygieneProxy(t, []string{url}, func(o *Options) {
+				o.Timeouts.ResponseHeader = 300 * time.Millisecond
 			})
 			st, body := userDo(t, testClient(), http.MethodPost, purl, "1")
 			if st != tt.status {

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prefixlb/prefixlb/configs"
 )
 
 // A client that sent anything after its request (the CRLF RFC 9112 allows, or a pipelined
@@ -44,8 +42,8 @@ func TestDisconnectSeenBehindTrailingBytes(t *testing.T) {
 					closed <- struct{}{}
 				}
 			}()
-			s, base := rqStartProxy(t, []string{"http://" + ln.Addr().String()}, nil, func(c *configs.Config) {
-				c.Timeouts.ResponseHeader = configs.Duration(60 * time.Second)
+			s, base := rqStartProxy(t, []string{"http://" + ln.Addr().String()}, nil, func(o *Options) {
+				o.Timeouts.ResponseHeader = 60 * time.Second
 			})
 			c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
 			if err != nil {

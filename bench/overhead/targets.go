@@ -12,15 +12,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
+	"github.com/prefixlb/prefixlb/app"
 	"github.com/prefixlb/prefixlb/configs"
-	"github.com/prefixlb/prefixlb/proxy"
 )
 
 // Target names.
@@ -347,42 +346,32 @@ func prefixlbTarget(name string, argv []string, dir, mode, logLevel string, back
 		note: strings.TrimSpace(strings.Join(extraEnv, " ") + " " + filepath.Base(argv[0]) + " serve, mode " + mode + ", log level " + logLevel + " (child process)"), stop: p.stop}, nil
 }
 
-// prefixlbInProcess serves prefixlb inside the harness (proxy.New + Serve). Its CPU and RSS
-// cannot be told apart from the load generator's and are not reported.
+// prefixlbInProcess serves prefixlb inside the harness (app.Start). Its CPU and RSS cannot
+// be told apart from the load generator's and are not reported.
 func prefixlbInProcess(name, mode string, backends []string) (*target, error) {
 	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0"}
 	for _, u := range backends {
 		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
 	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	s, err := proxy.New(cfg, zap.NewNop())
+	sv, err := app.Start(context.Background(), cfg, zap.NewNop())
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = s.Serve(ln) }()
-	addr := ln.Addr().String()
+	addr := sv.Addr().String()
 	stop := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), inProcessStopGrace)
 		defer cancel()
-		err := s.Shutdown(ctx)
-		wg.Wait()
-		return err
+		return sv.Stop(ctx)
 	}
 	if err := waitReady(addr, nil); err != nil {
 		_ = stop()
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	return &target{name: name, addrs: []string{addr}, note: "in-process (proxy.New + Serve): CPU and RSS not attributable", stop: stop}, nil
+	return &target{name: name, addrs: []string{addr}, note: "in-process (app.Start): CPU and RSS not attributable", stop: stop}, nil
 }
+
+// inProcessStopGrace bounds the in-process prefixlb's shutdown once a run's load is over.
+const inProcessStopGrace = 5 * time.Second
 
 // ---- /proc ----
 

@@ -1,0 +1,95 @@
+package app
+
+import (
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/health"
+	"github.com/prefixlb/prefixlb/proxy"
+	"github.com/prefixlb/prefixlb/router"
+)
+
+// ProxyOptions maps a validated config onto the proxy's options: the policy of cfg.Mode with
+// the prefix section, the static backends, the health section, timeouts, limits and
+// response headers. Listeners, logging, shutdown grace and discovery are Run's.
+func ProxyOptions(cfg *configs.Config, log *zap.Logger) (proxy.Options, error) {
+	pol, err := newPolicy(cfg)
+	if err != nil {
+		return proxy.Options{}, err
+	}
+	bs, err := newBackends(cfg.Backends)
+	if err != nil {
+		return proxy.Options{}, err
+	}
+	t := cfg.Timeouts
+	return proxy.Options{
+		Mode:                 cfg.Mode,
+		Policy:               pol,
+		Backends:             bs,
+		ChunkTokens:          cfg.Prefix.ChunkTokens,
+		DefaultKVCacheTokens: cfg.Prefix.DefaultKVCacheTokens,
+		Health:               healthOptions(cfg.Health),
+		Timeouts: proxy.Timeouts{Connect: t.Connect.D(), ResponseHeader: t.ResponseHeader.D(), Idle: t.Idle.D(),
+			ClientRead: t.ClientRead.D(), ClientWrite: t.ClientWrite.D(), ClientBodyIdle: t.ClientBodyIdle.D()},
+		MaxRequestBodyBytes:  cfg.MaxRequestBodyBytes,
+		MaxBufferedBodyBytes: cfg.Limits.MaxBufferedBodyBytes,
+		OmitBackendHeader:    !cfg.ResponseHeaders.BackendOn(),
+		Log:                  log,
+	}, nil
+}
+
+// newServer builds the proxy of a validated config.
+func newServer(cfg *configs.Config, log *zap.Logger) (*proxy.Server, error) {
+	o, err := ProxyOptions(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return proxy.New(o)
+}
+
+// newPolicy returns the policy of cfg.Mode from router's table of modes.
+func newPolicy(cfg *configs.Config) (router.Policy, error) {
+	p := cfg.Prefix
+	pol, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: router.PrefixOptions{
+		ChunkTokens:          p.ChunkTokens,
+		LoadFactor:           p.LoadFactor,
+		LoadMargin:           p.LoadMargin,
+		MaxIndexEntries:      p.MaxIndexEntries,
+		DefaultKVCacheTokens: p.DefaultKVCacheTokens,
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("mode: %w", err)
+	}
+	return pol, nil
+}
+
+// healthOptions maps the health section of the config onto the health package's options.
+func healthOptions(h configs.Health) health.Options {
+	o := health.Options{
+		Path: h.Path, Interval: h.Interval.D(), Timeout: h.Timeout.D(), Rise: h.HealthyThreshold,
+		Fall: h.UnhealthyThreshold, Disabled: h.Disabled, ConsecutiveFailures: h.ConsecutiveFailures,
+		BaseEjection: h.BaseEjection.D(), MaxEjection: h.MaxEjection.D(), MaxEjectedPercent: h.MaxEjectedPercent,
+		ScrapeInterval: h.ScrapeInterval.D(), MetricsPath: h.MetricsPath, ScrapeStaleAfter: h.ScrapeStaleAfter.D(),
+	}
+	if h.ScrapeDisabled {
+		o.ScrapeInterval = 0
+	}
+	return o
+}
+
+// newBackends builds the runtime backends of specs; an error names the spec by its index, as
+// backends[i] of the config.
+func newBackends(specs []configs.Backend) ([]*backend.Backend, error) {
+	out := make([]*backend.Backend, 0, len(specs))
+	for i, sp := range specs {
+		b, err := backend.New(sp.URL, sp.KVCacheTokens, sp.Weight)
+		if err != nil {
+			return nil, fmt.Errorf("backends[%d].url: %w", i, err)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
