@@ -28,3 +28,40 @@ func (s *Server) UpdateBackends(bs []*backend.Backend) {
 	}
 	s.SetBackends(out)
 }
+
+// refreshPolicy hands the current backends to the policy again (capacities changed).
+func (s *Server) refreshPolicy() {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	s.decider.SetBackends(s.pool.Snapshot())
+}
+
+// SetBackends replaces the backend list. Connections to removed backends are closed once idle;
+// in-flight requests to them finish.
+func (s *Server) SetBackends(bs []*backend.Backend) {
+	s.setMu.Lock()
+	defer s.setMu.Unlock()
+	old := s.ups.Load()
+	ups := make(map[*backend.Backend]*upstream, len(bs))
+	for _, b := range bs {
+		if old != nil {
+			if up, ok := (*old)[b]; ok {
+				ups[b] = up
+				continue
+			}
+		}
+		ups[b] = newUpstream(b, s.connTimeout, s.m.forBackend(b.Name))
+	}
+	s.ups.Store(&ups)
+	s.hc.SetBackends(bs)
+	s.pool.Set(bs)
+	s.decider.SetBackends(bs)
+	if old != nil {
+		for b, up := range *old {
+			if _, ok := ups[b]; !ok {
+				up.retire()
+				b.ResetCache()
+			}
+		}
+	}
+}

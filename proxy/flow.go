@@ -27,9 +27,11 @@ type flow struct {
 	cands []*backend.Backend
 	lease backend.Lease
 	dec   router.Decision
-	resp  fasthttp.Response
-	conn0 net.Conn        // client connection; the watchdog derives raw from it when it first looks
-	raw   syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
+	// learned is what the policy learned from this attempt (0: nothing, or withdrawn).
+	learned router.Learned
+	resp    fasthttp.Response
+	conn0   net.Conn        // client connection; the watchdog derives raw from it when it first looks
+	raw     syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
 
 	start    time.Time
 	method   []byte

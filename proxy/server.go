@@ -9,9 +9,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,43 +123,6 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// refreshPolicy hands the current backends to the policy again (capacities changed).
-func (s *Server) refreshPolicy() {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
-	s.decider.SetBackends(s.pool.Snapshot())
-}
-
-// SetBackends replaces the backend list. Connections to removed backends are closed once idle;
-// in-flight requests to them finish.
-func (s *Server) SetBackends(bs []*backend.Backend) {
-	s.setMu.Lock()
-	defer s.setMu.Unlock()
-	old := s.ups.Load()
-	m := make(map[*backend.Backend]*upstream, len(bs))
-	for _, b := range bs {
-		if old != nil {
-			if u, ok := (*old)[b]; ok {
-				m[b] = u
-				continue
-			}
-		}
-		m[b] = newUpstream(b, s.connTimeout, s.m.forBackend(b.Name))
-	}
-	s.ups.Store(&m)
-	s.hc.SetBackends(bs)
-	s.pool.Set(bs)
-	s.decider.SetBackends(bs)
-	if old != nil {
-		for b, u := range *old {
-			if _, ok := m[b]; !ok {
-				u.retire()
-				b.ResetCache()
-			}
-		}
-	}
-}
-
 // Health is the backend health checker.
 func (s *Server) Health() *health.Checker { return s.hc }
 
@@ -226,6 +187,7 @@ func (s *Server) putFlow(f *flow) {
 	f.cands = f.cands[:0]
 	f.lease = backend.Lease{}
 	f.dec = router.Decision{}
+	f.learned = 0
 	f.resp.Reset()
 	f.raw = nil
 	f.conn0 = nil
@@ -243,15 +205,34 @@ func (s *Server) putFlow(f *flow) {
 	s.flows.Put(f)
 }
 
+// Attempt limits of one request.
+const (
+	// maxAttempts: a request is tried once, and once more on another backend when the first
+	// attempt failed before any byte reached the client.
+	maxAttempts = 2
+	// maxRemovedRepicks bounds the picks again of a request whose backend a reload removed
+	// between the snapshot of the candidates and the dial (they do not spend the retry).
+	maxRemovedRepicks = 4
+)
+
 // handle is the request path: classify and key, pick, forward (retrying once elsewhere before
 // any byte reached the client), relay.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	var bl bodyLease
-	defer s.endRequest(ctx, &bl)
-	if !s.admit(ctx, &bl) {
+	var body bodyLease
+	defer s.endRequest(ctx, &body)
+	if !s.admit(ctx, &body) {
 		return
 	}
 	f := s.getFlow(ctx)
+	s.prepare(ctx, f)
+	if err := s.forward(ctx, f); err != nil {
+		s.fail(ctx, f, err)
+	}
+}
+
+// prepare puts the request in origin form, keys it, rewrites its forwarding headers and
+// hands the flow to the watchdog.
+func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 	req := &ctx.Request
 	uri := req.Header.RequestURI()
 	if len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
@@ -270,13 +251,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 	prepareRequestHeader(&req.Header, peerAddr(ctx))
 	s.wd.add(f)
+}
 
+// forward picks a backend and tries it, then, if that failed before any byte reached the
+// client, another. nil means the response was handed to fasthttp and the relay finishes the
+// flow; otherwise the error is the last attempt's (or errNoBackend).
+func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 	f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
-	var lastErr error
-	for removed := 0; ; {
-		if len(f.cands) == 0 || f.attempts >= 2 {
-			break
-		}
+	lastErr := errNoBackend
+	for removed := 0; len(f.cands) > 0 && f.attempts < maxAttempts; {
 		if f.attempts == 0 {
 			f.dec = s.decider.Pick(&f.k, f.cands)
 		} else {
@@ -286,13 +269,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			break
 		}
 		f.attempts++
-		canRetry := f.attempts < 2 && len(f.cands) > 1
+		canRetry := f.attempts < maxAttempts && len(f.cands) > 1
 		err := s.try(ctx, f, f.dec.Backend, canRetry)
 		if err == nil {
-			return // response handed to fasthttp; the relay finishes the flow
+			return nil
 		}
 		lastErr = err
-		if errors.Is(err, errBackendRemoved) && removed < 4 {
+		if errors.Is(err, errBackendRemoved) && removed < maxRemovedRepicks {
 			// A reload removed the picked backend between the snapshot and the dial: nothing
 			// was sent, so pick again from the current backends without spending the retry.
 			removed++
@@ -306,215 +289,24 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.log.Debug("retrying on another backend", zap.String("backend", f.dec.Backend.Name), zap.Error(err))
 		f.cands = without(f.cands, f.dec.Backend)
 	}
-	if lastErr == nil {
-		lastErr = errNoBackend
-	}
+	return lastErr
+}
+
+// fail answers a request that no backend took: the OpenAI error of err, or only the status
+// when the client is gone; and finishes the flow.
+func (s *Server) fail(ctx *fasthttp.RequestCtx, f *flow, err error) {
 	if f.gone.Load() {
-		lastErr = f.goneErr()
+		err = f.goneErr()
 	}
-	status := statusOf(lastErr)
+	status := statusOf(err)
 	if status == StatusClientClosedRequest {
 		ctx.SetConnectionClose()
 		ctx.SetStatusCode(status)
 	} else {
-		writeError(ctx, status, lastErr.Error())
+		writeError(ctx, status, err.Error())
 	}
 	f.resp.SetStatusCode(status)
-	f.finish(status, lastErr)
-}
-
-// retryStatus is a backend answer that says "not now" before any byte reached the client:
-// 502/503 (overloaded, starting, behind its own proxy) and 429 (busy).
-type retryStatus int
-
-func (r retryStatus) Error() string { return fmt.Sprintf("backend answered %d", int(r)) }
-
-func retryable(err error) bool {
-	var rs retryStatus
-	var de *dialError
-	return errors.As(err, &rs) || errors.As(err, &de) || errors.Is(err, errHeaderTimeout) ||
-		errors.Is(err, errUpstreamClosed) || errors.Is(err, errInvalidResponse)
-}
-
-// earlyResponseWait bounds the read of a response after writing the request failed: a
-// backend that answered before reading the whole body (413, 400) and closed has its answer
-// in the socket already; a connection that carries none is given up on at once.
-const earlyResponseWait = time.Second
-
-// try sends the request to b and, when response headers arrive, hands the response to
-// fasthttp. A nil error means the flow now belongs to the relay.
-func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canRetry bool) error {
-	up := (*s.ups.Load())[b]
-	if up == nil {
-		return &dialError{errBackendRemoved}
-	}
-	f.up = up
-	f.lease.Begin(b, int64(f.k.PromptTokens))
-	req := &ctx.Request
-	req.Header.SetHost(b.Addr)
-	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))
-	// The prefix index learns as soon as the request is on its way, so that updating it
-	// overlaps the backend's work instead of delaying the response; a backend that then
-	// refuses the request (status ≥ 400) or never answers is unlearned again.
-	learn := s.decider.Learns(&f.k)
-	var learned router.Learned
-	early := false // the response was read after writing the request failed
-	for fresh := 0; ; fresh++ {
-		now := time.Now()
-		var c *uconn
-		var reused bool
-		var err error
-		if fresh == 0 {
-			c, reused, err = up.get(now)
-		} else {
-			// The pooled connection was stale: its siblings idle as long likely are too (a
-			// backend that restarted closed them all), so the resend dials.
-			c, err = up.dial()
-		}
-		if err != nil {
-			s.unlearn(f, b, learned)
-			f.lease.Release()
-			s.hc.Observe(b, health.OutcomeConnectError)
-			return err
-		}
-		if !f.setConn(c) {
-			_ = c.Close()
-			s.unlearn(f, b, learned)
-			f.lease.Release()
-			return f.goneErr()
-		}
-		deadline := now.Add(s.headerTimeout)
-		_ = c.SetDeadline(deadline)
-		err = c.writeRequest(req)
-		if err == nil && learn && learned == 0 {
-			learned = s.decider.Learn(&f.k, b, f.dec.MatchedChunks)
-		}
-		early = false
-		if err == nil {
-			err = readHead(f, c, head)
-		} else if !f.gone.Load() && !isTimeout(err) {
-			// The backend may have answered before reading all of the body (413, 400) and
-			// closed, which makes the write fail: its answer is in the socket. Relay it and
-			// judge the backend by its status; the connection is not reused.
-			_ = c.SetReadDeadline(earliest(deadline, time.Now().Add(earlyResponseWait)))
-			if readHead(f, c, head) == nil {
-				err, early = nil, true
-			}
-		}
-		if err == nil && f.resp.StatusCode() < fasthttp.StatusOK {
-			// 101 Switching Protocols: the connection now speaks another protocol (fasthttp
-			// consumes 100, 103 and the other 1xx before the final response). prefixlb does not
-			// tunnel upgrades; the connection is closed, never pooled.
-			err = &failure{errInvalidResponse, errUnexpected1xx}
-		}
-		if err == nil {
-			break
-		}
-		if cc := f.takeConn(); cc != nil {
-			_ = cc.Close()
-		}
-		f.resp.Reset()
-		switch {
-		case f.gone.Load():
-			err = f.goneErr()
-		case reused && fresh == 0 && staleConn(err):
-			continue
-		case isTimeout(err):
-			err = &failure{errHeaderTimeout, err}
-			s.hc.Observe(b, health.OutcomeTimeout)
-		default:
-			if !errors.Is(err, errInvalidResponse) {
-				err = classify(err)
-			}
-			s.hc.Observe(b, health.OutcomeConnectError)
-		}
-		s.unlearn(f, b, learned)
-		f.lease.Release()
-		return err
-	}
-	status := f.resp.StatusCode()
-	s.hc.Observe(b, outcomeOf(status))
-	// A refused request (400 context too long, 429, 503 retried elsewhere) left nothing in
-	// the backend's cache.
-	if status >= 400 {
-		s.unlearn(f, b, learned)
-	}
-	if canRetry && (status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests || status == fasthttp.StatusBadGateway) {
-		_ = f.resp.CloseBodyStream()
-		if cc := f.takeConn(); cc != nil {
-			_ = cc.Close()
-		}
-		f.resp.Reset()
-		f.lease.Release()
-		return retryStatus(status)
-	}
-
-	// Headers arrived: from here on the response belongs to the client.
-	f.resp.Header.CopyTo(&ctx.Response.Header)
-	if early {
-		f.resp.SetConnectionClose() // the request was not written whole: the connection is done
-	}
-	stripHopResponse(&ctx.Response.Header)
-	if s.backendHeader {
-		ctx.Response.Header.Set(HeaderBackend, b.Name)
-	} else {
-		ctx.Response.Header.Del(HeaderBackend) // a backend's own (a prefixlb in front of others)
-	}
-	var rh [48]byte
-	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(rh[:0], f.dec))
-	f.body = f.resp.BodyStream()
-	if f.body == nil { // HEAD, 204, 304
-		f.eof = true
-		ctx.Response.SkipBody = head
-		f.finish(status, nil)
-		return nil
-	}
-	f.ctx, f.clientWrite = ctx, s.clientWrite
-	cl := f.resp.Header.ContentLength()
-	if cl < 0 {
-		cl = -1
-		if !ctx.Request.Header.IsHTTP11() {
-			f.relayClosing(ctx)
-			return nil
-		}
-	}
-	ctx.SetBodyStream(f, cl)
-	return nil
-}
-
-// unlearn withdraws what was learned for f on b (the backend refused it or never answered).
-func (s *Server) unlearn(f *flow, b *backend.Backend, learned router.Learned) {
-	s.decider.Unlearn(&f.k, b, learned)
-}
-
-// hasBody reports whether a response has body bytes still to come on the connection.
-func hasBody(r *fasthttp.Response, head bool) bool {
-	st := r.StatusCode()
-	return !head && r.Header.ContentLength() != 0 && st >= 200 && st != fasthttp.StatusNoContent && st != fasthttp.StatusNotModified
-}
-
-// outcomeOf classifies a response status for passive health: 5xx counts against the backend,
-// 429 means busy (not dead), other 4xx are the client's fault.
-func outcomeOf(status int) health.Outcome {
-	switch {
-	case status == fasthttp.StatusTooManyRequests:
-		return health.OutcomeBusy
-	case status >= 500:
-		return health.OutcomeServerError
-	case status >= 400:
-		return health.OutcomeClientError
-	}
-	return health.OutcomeOK
-}
-
-func routeHeader(d router.Decision) string { return string(appendRouteHeader(nil, d)) }
-
-// appendRouteHeader appends the x-prefixlb-route value "REASON;chunks=N" (no fmt: this runs
-// on every request).
-func appendRouteHeader(dst []byte, d router.Decision) []byte {
-	dst = append(dst, d.Reason.String()...)
-	dst = append(dst, ";chunks="...)
-	return strconv.AppendInt(dst, int64(d.MatchedChunks), 10)
+	f.finish(status, err)
 }
 
 func without(cs []*backend.Backend, b *backend.Backend) []*backend.Backend {
