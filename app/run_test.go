@@ -340,13 +340,7 @@ func TestRunChecksBackendsBeforeServing(t *testing.T) {
 	if !r.healthy {
 		t.Fatal("serving before the backend's first check: the first requests would get 503")
 	}
-	resp, err := testutil.Client().Post(r.data+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("first request after start: %d", resp.StatusCode)
+	if status := testutil.PostJSON(t, r.data+"/v1/completions", `{"model":"m","prompt":"x"}`); status != http.StatusOK {
+		t.Fatalf("first request after start: %d", status)
 	}
 }

@@ -2,12 +2,12 @@ package proxy
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // Start checks every backend once before it serves: a backend that never passed a check takes
@@ -22,14 +22,8 @@ func TestStartChecksBackendsFirst(t *testing.T) {
 	if !s.Backends()[0].Healthy() {
 		t.Fatal("serving before the backend's first check")
 	}
-	resp, err := testClient().Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("first request after Start: %d, want 200", resp.StatusCode)
+	if status := testutil.PostJSON(t, url+"/v1/completions", `{"model":"m","prompt":"x"}`); status != http.StatusOK {
+		t.Errorf("first request after Start: %d, want 200", status)
 	}
 }
 

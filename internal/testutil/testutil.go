@@ -102,6 +102,21 @@ func StatusBackend(t testing.TB, status int, body string) (*httptest.Server, *at
 	return ts, &hits
 }
 
+// PostJSON posts the JSON body to url with a Client of its own, reads the whole response and
+// returns its status; a failed request fails the test.
+func PostJSON(t testing.TB, url, body string) int {
+	t.Helper()
+	resp, err := Client().Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatalf("reading the response of %s: %v", url, err)
+	}
+	return resp.StatusCode
+}
+
 // WaitInFlightZero waits (bounded) until no request is in flight on the backends, failing
 // the test if one still is, or if a backend counts prefill tokens with nothing in flight.
 func WaitInFlightZero(t testing.TB, backends func() []*backend.Backend) {
