@@ -443,19 +443,6 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// NewBackends builds the runtime backends of a validated config.
-func (c *Config) NewBackends() ([]*backend.Backend, error) {
-	out := make([]*backend.Backend, 0, len(c.Backends))
-	for i, b := range c.Backends {
-		nb, err := backend.New(b.URL, b.KVCacheTokens, b.Weight)
-		if err != nil {
-			return nil, fmt.Errorf("backends[%d].url: %w", i, err)
-		}
-		out = append(out, nb)
-	}
-	return out, nil
-}
-
 func (h *Health) validate() error {
 	switch {
 	case len(h.Path) == 0 || h.Path[0] != '/':

@@ -231,10 +231,6 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	diffFields(t, "", reflect.ValueOf(*c), reflect.ValueOf(defaulted))
-	bs, err := c.NewBackends()
-	if err != nil || bs[0].KVCapacity(c.Prefix.DefaultKVCacheTokens) != 400000 || bs[0].Addr != "a:8000" {
-		t.Errorf("NewBackends: %v %+v", err, bs[0])
-	}
 
 	// A discovery.dns section takes its own defaults.
 	c, err = Parse([]byte("discovery:\n  dns:\n    name: vllm.default.svc\n    port: 8000\n"))
