@@ -78,6 +78,20 @@ func ChunkCount(n, size int) int {
 	return 1 + (n-f)/size
 }
 
+// PrefixTokens is how many approximate tokens (or token ids) the first n chunks of a key hold
+// when it was built with chunks of chunkTokens tokens (chunkTokens as NewBuilder takes it:
+// <= 0 is DefaultChunkTokens): the first chunk is a quarter of the others (at least one
+// token), every later one chunkTokens. n <= 0 holds none. A key of PromptTokens tokens has
+// ChunkCount(PromptTokens×BytesPerToken, chunkTokens×BytesPerToken) chunks, and its chunk i
+// ends at token PrefixTokens(i+1, chunkTokens).
+func PrefixTokens(n, chunkTokens int) int {
+	if n <= 0 {
+		return 0
+	}
+	size := normChunkTokens(chunkTokens) * BytesPerToken
+	return (firstChunkBytes(size) + (n-1)*size) / BytesPerToken
+}
+
 func (c *chunker) write(p []byte) {
 	c.written += len(p)
 	if c.missing < c.curSize { // the current chunk has begun
