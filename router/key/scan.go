@@ -166,10 +166,10 @@ func (sc *scanner) top(ep endpoint, top *scanTop) bool {
 	}
 	for first := true; ; first = false {
 		name, v, got := sc.member(i, first)
-		if got == stepBad {
-			return false
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return false
+			}
 			i = v
 			break
 		}
@@ -208,10 +208,10 @@ func (sc *scanner) indexMessages(v int) int {
 	i := v
 	for first := true; ; first = false {
 		m, got := sc.element(i, first)
-		if got == stepBad {
-			return badPos
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return badPos
+			}
 			return m
 		}
 		if b[m] != '{' {
@@ -221,10 +221,10 @@ func (sc *scanner) indexMessages(v int) int {
 		i = m
 		for first := true; ; first = false {
 			name, value, got := sc.member(i, first)
-			if got == stepBad {
-				return badPos
-			}
-			if got == stepEnd {
+			if got != stepNext {
+				if got == stepBad {
+					return badPos
+				}
 				i = value
 				break
 			}

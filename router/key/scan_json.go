@@ -13,7 +13,8 @@ import (
 	"unicode/utf8"
 )
 
-// step is what member and element found.
+// step is what member and element found. Callers test got != stepNext first, so that the
+// common case costs one branch.
 type step int
 
 const (
@@ -125,10 +126,10 @@ func (sc *scanner) skip(i, depth int) int {
 		}
 		for first := true; ; first = false {
 			_, v, got := sc.member(i, first)
-			if got == stepBad {
-				return badPos
-			}
-			if got == stepEnd {
+			if got != stepNext {
+				if got == stepBad {
+					return badPos
+				}
 				return v
 			}
 			if i = sc.skip(v, depth+1); i < 0 {
@@ -141,10 +142,10 @@ func (sc *scanner) skip(i, depth int) int {
 		}
 		for first := true; ; first = false {
 			v, got := sc.element(i, first)
-			if got == stepBad {
-				return badPos
-			}
-			if got == stepEnd {
+			if got != stepNext {
+				if got == stepBad {
+					return badPos
+				}
 				return v
 			}
 			if i = sc.skip(v, depth+1); i < 0 {

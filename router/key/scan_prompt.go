@@ -34,10 +34,10 @@ func (sc *scanner) prompt(v int) (kind byte, out []byte, end int) {
 	ids := len(sc.arena)
 	for i, first := v, true; ; first = false {
 		elem, got := sc.element(i, first)
-		if got == stepBad {
-			return 0, nil, badPos
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return 0, nil, badPos
+			}
 			if firstClass == classNumber {
 				out = sc.arena[ids:]
 			}
@@ -77,10 +77,10 @@ func (sc *scanner) prompt(v int) (kind byte, out []byte, end int) {
 func (sc *scanner) ids(v int) int {
 	for i, first := v, true; ; first = false {
 		elem, got := sc.element(i, first)
-		if got == stepBad {
-			return badPos
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return badPos
+			}
 			return elem
 		}
 		if i = sc.id(elem); i < 0 {

@@ -42,10 +42,10 @@ func (sc *scanner) message(r *renderer, m *scanMessage) bool {
 		}
 		for i, first := calls, true; ; first = false {
 			call, got := sc.element(i, first)
-			if got == stepBad {
-				return false
-			}
-			if got == stepEnd {
+			if got != stepNext {
+				if got == stepBad {
+					return false
+				}
 				break
 			}
 			if i = sc.toolCall(r, call); i < 0 {
@@ -79,10 +79,10 @@ func (sc *scanner) parts(r *renderer, v int) bool {
 	b := sc.body
 	for i, first := v, true; ; first = false {
 		p, got := sc.element(i, first)
-		if got == stepBad {
-			return false
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return false
+			}
 			return true
 		}
 		if b[p] != '{' {
@@ -92,10 +92,10 @@ func (sc *scanner) parts(r *renderer, v int) bool {
 		i = p
 		for first := true; ; first = false {
 			name, value, got := sc.member(i, first)
-			if got == stepBad {
-				return false
-			}
-			if got == stepEnd {
+			if got != stepNext {
+				if got == stepBad {
+					return false
+				}
 				i = value
 				break
 			}
@@ -165,10 +165,10 @@ func (sc *scanner) mediaPayload(v int, src mediaSource) int {
 	found := 0
 	for i, first := v, true; ; first = false {
 		name, value, got := sc.member(i, first)
-		if got == stepBad {
-			return badPos
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return badPos
+			}
 			break
 		}
 		if string(name) == src.sub {
@@ -193,10 +193,10 @@ func (sc *scanner) toolCall(r *renderer, v int) int {
 	fn, end := 0, 0
 	for i, first := v, true; ; first = false {
 		name, value, got := sc.member(i, first)
-		if got == stepBad {
-			return badPos
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return badPos
+			}
 			end = value
 			break
 		}
@@ -227,10 +227,10 @@ func (sc *scanner) function(r *renderer, v int) int {
 	end := 0
 	for i, first := v, true; ; first = false {
 		name, value, got := sc.member(i, first)
-		if got == stepBad {
-			return badPos
-		}
-		if got == stepEnd {
+		if got != stepNext {
+			if got == stepBad {
+				return badPos
+			}
 			end = value
 			break
 		}
@@ -270,10 +270,10 @@ func (sc *scanner) canon(r *renderer, v int) int {
 		r.tag(canonObject)
 		for i, first := v, true; ; first = false {
 			name, value, got := sc.member(i, first)
-			if got == stepBad {
-				return badPos
-			}
-			if got == stepEnd {
+			if got != stepNext {
+				if got == stepBad {
+					return badPos
+				}
 				r.tag(canonObjectEnd)
 				return value
 			}
@@ -286,10 +286,10 @@ func (sc *scanner) canon(r *renderer, v int) int {
 		r.tag(canonArray)
 		for i, first := v, true; ; first = false {
 			elem, got := sc.element(i, first)
-			if got == stepBad {
-				return badPos
-			}
-			if got == stepEnd {
+			if got != stepNext {
+				if got == stepBad {
+					return badPos
+				}
 				r.tag(canonArrayEnd)
 				return elem
 			}
