@@ -223,7 +223,7 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 	ringAt := common
 	if bestUnder >= 0 && th.ct > 0 && th.prompt > 0 {
 		b := &cs[bestUnder]
-		useful := MatchedTokens(b.matched, th.ct) - MatchedTokens(common, th.ct)
+		useful := int64(key.PrefixTokens(b.matched, int(th.ct)) - key.PrefixTokens(common, int(th.ct)))
 		if useful*4 < th.prompt && b.inFlight*int64(wsum) > total*int64(b.weight) {
 			ringAt, bestUnder = b.matched, -1
 		}
@@ -268,15 +268,6 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 // thin carries what the thin-match rule needs: chunk size and prompt length, in approximate
 // tokens (zero values turn the rule off).
 type thin struct{ ct, prompt int64 }
-
-// MatchedTokens is how many approximate tokens m leading chunks of ct tokens hold; the first
-// chunk is a quarter of the others (router/key).
-func MatchedTokens(m int, ct int64) int64 {
-	if m <= 0 {
-		return 0
-	}
-	return ct/4 + int64(m-1)*ct
-}
 
 // better ranks a before b by match, then load, then the tie hash.
 func better(a, b *cand, first uint64) bool {
