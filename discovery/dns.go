@@ -17,6 +17,17 @@ import (
 	"github.com/prefixlb/prefixlb/backend"
 )
 
+// Defaults of a DNS left at zero.
+const (
+	// DefaultInterval is the time between two resolutions: 10 s, twice the 5 s TTL that
+	// CoreDNS (the kubernetes plugin's default) gives a Service's records, so that a pod that
+	// became ready takes traffic within about 15 s without a lookup per request.
+	DefaultInterval = 10 * time.Second
+	// DefaultScheme is the URL scheme of discovered backends: vLLM and SGLang serve plain
+	// HTTP unless started with TLS certificates.
+	DefaultScheme = "http"
+)
+
 // Resolver is the part of *net.Resolver discovery uses; tests inject their own.
 type Resolver interface {
 	LookupHost(ctx context.Context, host string) ([]string, error)
@@ -31,11 +42,11 @@ type DNS struct {
 	Port int
 	// SRV selects SRV lookup of Name (targets and ports from the records) instead of A/AAAA.
 	SRV bool
-	// Scheme is http or https.
+	// Scheme is http or https ("": DefaultScheme).
 	Scheme string
-	// Interval between resolutions.
+	// Interval between resolutions (0 or below: DefaultInterval).
 	Interval time.Duration
-	// Timeout bounds one resolution.
+	// Timeout bounds one resolution (0 or below: no bound but ctx's).
 	Timeout time.Duration
 	// Resolver answers lookups; nil means net.DefaultResolver.
 	Resolver Resolver
@@ -59,7 +70,7 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 	}
 	scheme := d.Scheme
 	if scheme == "" {
-		scheme = "http"
+		scheme = DefaultScheme
 	}
 	var urls []string
 	if d.SRV {
@@ -83,7 +94,7 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 	for i, u := range urls {
 		// A record that does not make a plain http(s)://host:port URL (credentials, a path)
 		// fails the whole answer, so that the previous list keeps serving.
-		if _, err := backend.New(u, 0, 1); err != nil {
+		if _, err := backend.New(u, 0, backend.DefaultWeight); err != nil {
 			return nil, fmt.Errorf("discovery.dns: %s: record %d: %w", d.Name, i, err)
 		}
 	}
@@ -103,7 +114,7 @@ func (d *DNS) Run(ctx context.Context, onChange func([]string), onError func(err
 	var last []string
 	interval := d.Interval
 	if interval <= 0 {
-		interval = 10 * time.Second
+		interval = DefaultInterval
 	}
 	log := d.Log
 	if log == nil {

@@ -77,20 +77,33 @@ type Options struct {
 	ScrapeStaleAfter time.Duration
 }
 
-// Defaults, from DESIGN.md "Reliability defaults users expect".
+// Defaults of Options left at zero (DESIGN.md "Reliability defaults users expect"; the
+// reasons are on the fields of Options).
 const (
-	DefaultPath                = "/health"
-	DefaultInterval            = 5 * time.Second
-	DefaultTimeout             = 2 * time.Second
-	DefaultRise                = 2
-	DefaultFall                = 3
+	// DefaultPath is the active-check path, served by vLLM and SGLang (200 once the model is loaded).
+	DefaultPath = "/health"
+	// DefaultInterval between active checks of one backend: 5 s.
+	DefaultInterval = 5 * time.Second
+	// DefaultTimeout bounds one active check or scrape, connect to end of headers: 2 s.
+	DefaultTimeout = 2 * time.Second
+	// DefaultRise is 2 consecutive passes to turn healthy again (HAProxy's rise).
+	DefaultRise = 2
+	// DefaultFall is 3 consecutive failures to turn unhealthy (HAProxy's fall).
+	DefaultFall = 3
+	// DefaultConsecutiveFailures is 5 counted failures in a row to eject (Envoy's consecutive_5xx).
 	DefaultConsecutiveFailures = 5
-	DefaultBaseEjection        = 30 * time.Second
-	DefaultMaxEjection         = 300 * time.Second
-	DefaultMaxEjectedPercent   = 50
-	DefaultScrapeInterval      = time.Second
-	DefaultMetricsPath         = "/metrics"
-	DefaultScrapeStaleAfter    = 5 * time.Second
+	// DefaultBaseEjection is the first ejection's length, 30 s (Envoy's base_ejection_time).
+	DefaultBaseEjection = 30 * time.Second
+	// DefaultMaxEjection caps an ejection's length at 300 s (Envoy's max_ejection_time).
+	DefaultMaxEjection = 300 * time.Second
+	// DefaultMaxEjectedPercent: at most 50 % of the backends ejected or unhealthy.
+	DefaultMaxEjectedPercent = 50
+	// DefaultScrapeInterval between metrics scrapes of one backend: 1 s.
+	DefaultScrapeInterval = time.Second
+	// DefaultMetricsPath is the model server's Prometheus text endpoint.
+	DefaultMetricsPath = "/metrics"
+	// DefaultScrapeStaleAfter is how old a scrape may be before its load is not fresh: 5 s.
+	DefaultScrapeStaleAfter = 5 * time.Second
 )
 
 // housekeepingEvery is how often ejection deadlines are looked at when nothing else happens.

@@ -6,23 +6,41 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/hashring"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// PrefixOptions tune the prefix policy. Zero fields take the configs package defaults.
+// Defaults of the prefix policy's bounded-load cap, for PrefixOptions left at zero.
+const (
+	// DefaultLoadFactor is c = 1.25 in the cap ceil(c × (total in-flight + 1) / n): the
+	// bounded-load factor of Mirrokni, Thorup and Zadimoghaddam, as HAProxy's
+	// hash-balance-factor 125. 1 would be perfect balance and no affinity.
+	DefaultLoadFactor = 1.25
+	// DefaultLoadMargin is 2 requests added to the cap: an absolute margin, because a
+	// relative factor alone misfires at low load, where it allows a request or two (smg PR
+	// #2150).
+	DefaultLoadMargin = 2
+	// NoLoadMargin, as PrefixOptions.LoadMargin, is a cap without margin (any negative value
+	// is): the zero value takes DefaultLoadMargin.
+	NoLoadMargin = -1
+)
+
+// PrefixOptions tune the prefix policy. Zero fields take the defaults of the package that
+// uses them: DefaultLoadFactor and DefaultLoadMargin here, key.DefaultChunkTokens, and
+// index.Options' for the index.
 type PrefixOptions struct {
 	// ChunkTokens is the chunk size in approximate tokens, as the keys were built with.
 	ChunkTokens int
 	// LoadFactor is c in the bounded-load cap ceil(c × (total in-flight + 1) / n) + margin.
 	LoadFactor float64
-	// LoadMargin is the cap's absolute margin in requests (0: default 2; negative: none).
+	// LoadMargin is the cap's absolute margin in requests (0: DefaultLoadMargin;
+	// NoLoadMargin or any negative value: none).
 	LoadMargin int
-	// MaxIndexEntries caps the prefix index's (chunk, backend) entries.
+	// MaxIndexEntries caps the prefix index's (chunk, backend) entries (index.Options.MaxEntries).
 	MaxIndexEntries int
-	// DefaultKVCacheTokens is a backend's KV capacity when its KVCacheTokens is 0.
+	// DefaultKVCacheTokens is a backend's KV capacity in tokens when its KVCacheTokens is 0
+	// (index.Options.DefaultKVCacheTokens).
 	DefaultKVCacheTokens int64
 }
 
@@ -54,11 +72,11 @@ type placement struct {
 // SetBackends before use: backends not set are neither learned nor placed by the ring.
 func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 	if o.LoadFactor <= 0 {
-		o.LoadFactor = configs.DefaultLoadFactor
+		o.LoadFactor = DefaultLoadFactor
 	}
 	switch {
 	case o.LoadMargin == 0:
-		o.LoadMargin = configs.DefaultLoadMargin
+		o.LoadMargin = DefaultLoadMargin
 	case o.LoadMargin < 0:
 		o.LoadMargin = 0
 	}
@@ -66,7 +84,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		clock = time.Now
 	}
 	if o.ChunkTokens <= 0 {
-		o.ChunkTokens = configs.DefaultChunkTokens
+		o.ChunkTokens = key.DefaultChunkTokens
 	}
 	return &Prefix{
 		ct:     int64(o.ChunkTokens),

@@ -42,16 +42,32 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// Options configure an Index. Zero fields take the configs package defaults.
+// Defaults of an Index, for Options left at zero.
+const (
+	// DefaultKVCacheTokens is a backend's KV-cache capacity, in tokens, when neither the
+	// configuration nor the replica's metrics give one. Llama-3-8B in bf16 keeps 2 × 32
+	// layers × 8 KV heads × 128 dims × 2 bytes = 128 KiB of KV per token; an 80 GB H100 at
+	// vLLM's gpu_memory_utilization 0.9 leaves ≈ 56 GB after 16 GB of weights and
+	// activations: ≈ 430k tokens, rounded down to 400k.
+	DefaultKVCacheTokens = 400_000
+	// DefaultMaxEntries bounds the index to 4M (chunk, backend) entries, ≈ 256M tokens of
+	// prefixes at 64-token chunks; at 57–79 bytes an entry (see the package comment) that
+	// is at most ≈ 330 MB of heap.
+	DefaultMaxEntries = 4 << 20
+)
+
+// Options configure an Index. Zero fields take the defaults above and key.DefaultChunkTokens.
 type Options struct {
-	// ChunkTokens is the number of approximate tokens per chunk.
+	// ChunkTokens is the number of approximate tokens per chunk (0: key.DefaultChunkTokens).
 	ChunkTokens int
-	// DefaultKVCacheTokens is a backend's KV capacity in tokens when its KVCacheTokens is 0.
+	// DefaultKVCacheTokens is a backend's KV capacity in tokens when its KVCacheTokens is 0
+	// and it reported none (0: DefaultKVCacheTokens).
 	DefaultKVCacheTokens int64
-	// MaxEntries caps the (chunk, backend) entries over all backends; negative: no cap.
+	// MaxEntries caps the (chunk, backend) entries over all backends (0: DefaultMaxEntries;
+	// negative: no cap).
 	MaxEntries int
 	// Shards is the number of hash shards, rounded up to a power of two (default 64).
 	Shards int
@@ -194,13 +210,13 @@ func (s *slot) nextStamp(now int64) int64 {
 // New returns an empty Index.
 func New(o Options) *Index {
 	if o.ChunkTokens <= 0 {
-		o.ChunkTokens = configs.DefaultChunkTokens
+		o.ChunkTokens = key.DefaultChunkTokens
 	}
 	if o.DefaultKVCacheTokens <= 0 {
-		o.DefaultKVCacheTokens = configs.DefaultKVCacheTokens
+		o.DefaultKVCacheTokens = DefaultKVCacheTokens
 	}
 	if o.MaxEntries == 0 {
-		o.MaxEntries = configs.DefaultMaxIndexEntries
+		o.MaxEntries = DefaultMaxEntries
 	}
 	n := 64
 	if o.Shards > 0 {
