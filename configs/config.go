@@ -124,8 +124,9 @@ type Prefix struct {
 	ChunkTokens int `yaml:"chunk_tokens"`
 	// LoadFactor is c in the bounded-load cap ceil(c × (total in-flight + 1) / n).
 	LoadFactor float64 `yaml:"load_factor"`
-	// LoadMargin is an absolute number of requests added to the cap so low load does not flap.
-	LoadMargin int `yaml:"load_margin"`
+	// LoadMargin is an absolute number of requests added to the cap so low load does not
+	// flap. Left out: router.DefaultLoadMargin (2); 0: no margin.
+	LoadMargin OptionalInt `yaml:"load_margin"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -169,6 +170,35 @@ type Backend struct {
 	KVCacheTokens int64 `yaml:"kv_cache_tokens"`
 	// Weight scales the replica's share of cold prefixes (default 1).
 	Weight int `yaml:"weight"`
+}
+
+// OptionalInt is an integer field whose zero is a meaningful value (prefix.load_margin: 0 is
+// no margin), so that a 0 written in the file is told apart from a field left out: Set
+// records that the file, or ApplyDefaults, gave the field its value V. In YAML it is a plain
+// integer; a null leaves it unset.
+type OptionalInt struct {
+	V   int
+	Set bool
+}
+
+// UnmarshalYAML reads an integer and marks the field set.
+func (o *OptionalInt) UnmarshalYAML(n *yaml.Node) error {
+	var v int
+	if err := n.Decode(&v); err != nil {
+		return err
+	}
+	*o = OptionalInt{V: v, Set: true}
+	return nil
+}
+
+// MarshalYAML writes the integer.
+func (o OptionalInt) MarshalYAML() (any, error) { return o.V, nil }
+
+// orDefault sets o to def when the file left it out.
+func (o *OptionalInt) orDefault(def int) {
+	if !o.Set {
+		*o = OptionalInt{V: def, Set: true}
+	}
 }
 
 // Duration is a time.Duration written as "5s", "10m" in YAML.
@@ -314,7 +344,7 @@ func (c *Config) ApplyDefaults() {
 	if p.LoadFactor == 0 {
 		p.LoadFactor = router.DefaultLoadFactor
 	}
-	setI(&p.LoadMargin, router.DefaultLoadMargin)
+	p.LoadMargin.orDefault(router.DefaultLoadMargin)
 	if p.DefaultKVCacheTokens == 0 {
 		p.DefaultKVCacheTokens = index.DefaultKVCacheTokens
 	}
@@ -360,6 +390,22 @@ func setD(p *Duration, v time.Duration) {
 	}
 }
 
+// RouterOptions are the prefix policy's options from a defaulted prefix section: a
+// load_margin of 0 becomes router.NoLoadMargin, so that it means no margin.
+func (p Prefix) RouterOptions() router.PrefixOptions {
+	margin := p.LoadMargin.V
+	if p.LoadMargin.Set && margin == 0 {
+		margin = router.NoLoadMargin
+	}
+	return router.PrefixOptions{
+		ChunkTokens:          p.ChunkTokens,
+		LoadFactor:           p.LoadFactor,
+		LoadMargin:           margin,
+		MaxIndexEntries:      p.MaxIndexEntries,
+		DefaultKVCacheTokens: p.DefaultKVCacheTokens,
+	}
+}
+
 // Validate checks every field; the error names the first wrong field as it is written in YAML.
 func (c *Config) Validate() error {
 	if err := checkHostPort(c.Listen); err != nil {
@@ -396,8 +442,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("prefix.chunk_tokens: %d is outside 1..%d", p.ChunkTokens, maxChunkTokens)
 	case p.LoadFactor < 1:
 		return fmt.Errorf("prefix.load_factor: %g is below 1 (1 = perfect balance, no affinity)", p.LoadFactor)
-	case p.LoadMargin < 0:
-		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin)
+	case p.LoadMargin.V < 0:
+		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin.V)
 	case p.DefaultKVCacheTokens < int64(p.ChunkTokens):
 		return fmt.Errorf("prefix.default_kv_cache_tokens: %d is below one chunk (%d tokens)", p.DefaultKVCacheTokens, p.ChunkTokens)
 	case p.MaxIndexEntries < 1:
