@@ -24,9 +24,9 @@ func TestPrefixOptionsDefaults(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := NewPrefix(c.o, nil)
-			if p.ct != c.chunkTokens || p.c != c.factor || p.margin != c.margin {
+			if p.chunkTokens != c.chunkTokens || p.loadFactor != c.factor || p.margin != c.margin {
 				t.Errorf("NewPrefix(%+v): chunk tokens %d, load factor %g, margin %d; want %d, %g, %d",
-					c.o, p.ct, p.c, p.margin, c.chunkTokens, c.factor, c.margin)
+					c.o, p.chunkTokens, p.loadFactor, p.margin, c.chunkTokens, c.factor, c.margin)
 			}
 		})
 	}

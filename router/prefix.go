@@ -53,13 +53,13 @@ type PrefixOptions struct {
 // backend ID), never by list order. No candidate takes a request once its in-flight count
 // reaches ceil(c × (total + 1) × w / W) + margin (w its weight, W the candidates' sum).
 type Prefix struct {
-	ct     int64 // chunk size in approximate tokens
-	c      float64
-	margin int64
-	clock  func() time.Time
-	idx    *index.Index
-	ring   atomic.Pointer[placement]
-	next   atomic.Uint64
+	chunkTokens int64   // chunk size in approximate tokens
+	loadFactor  float64 // c in the bounded-load cap
+	margin      int64   // the cap's absolute margin in requests
+	clock       func() time.Time
+	idx         *index.Index
+	ring        atomic.Pointer[placement]
+	next        atomic.Uint64
 }
 
 // placement is an immutable ring over the configured backends.
@@ -87,10 +87,10 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		o.ChunkTokens = key.DefaultChunkTokens
 	}
 	return &Prefix{
-		ct:     int64(o.ChunkTokens),
-		c:      o.LoadFactor,
-		margin: int64(o.LoadMargin),
-		clock:  clock,
+		chunkTokens: int64(o.ChunkTokens),
+		loadFactor:  o.LoadFactor,
+		margin:      int64(o.LoadMargin),
+		clock:       clock,
 		idx: index.New(index.Options{
 			ChunkTokens:          o.ChunkTokens,
 			DefaultKVCacheTokens: o.DefaultKVCacheTokens,
@@ -147,7 +147,7 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	for j, b := range candidates {
 		cs = append(cs, cand{id: b.ID, inFlight: b.Load(), prefill: b.PrefillTokens(), weight: b.Weight, matched: matched[j]})
 	}
-	j, r := pickPrefix(k.Chunks, cs, p.c, p.margin, p.ring.Load(), thin{ct: p.ct, prompt: int64(k.PromptTokens)})
+	j, r := pickPrefix(k.Chunks, cs, p.loadFactor, p.margin, p.ring.Load(), thin{chunkTokens: p.chunkTokens, promptTokens: int64(k.PromptTokens)})
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: matched[j]}
 }
 
@@ -185,12 +185,12 @@ type cand struct {
 // loadCap is the bounded-load cap of a backend of weight w: ceil(c·(total+1)·w/W) + margin.
 // The +1 counts the request being placed; the margin keeps low load from flapping, where
 // the relative bound alone is a request or two.
-func loadCap(total int64, w, wsum int, c float64, margin int64) int64 {
-	return int64(math.Ceil(c*float64(total+1)*float64(w)/float64(wsum))) + margin
+func loadCap(total int64, w, wsum int, loadFactor float64, margin int64) int64 {
+	return int64(math.Ceil(loadFactor*float64(total+1)*float64(w)/float64(wsum))) + margin
 }
 
 // pickPrefix is the selection of mode prefix over a snapshot of the candidates; it returns
-// the chosen index into cs and why. pl may be nil (no ring).
+// the chosen index into cs and why. place may be nil (no ring).
 //
 //  1. The useful match of a candidate is what it holds beyond the prefix every candidate
 //     holds. Among candidates under the cap, the best useful match wins (ReasonMatch);
@@ -202,7 +202,7 @@ func loadCap(total int64, w, wsum int, c float64, margin int64) int64 {
 //     later turns, which keep that chunk, hash where its first turn did.
 //  3. No chunk or no candidate on the ring: the least loaded (ReasonLeastLoad).
 //
-// A thin match (th): when the best holder's useful match is under a quarter of the prompt
+// A thin match (rule): when the best holder's useful match is under a quarter of the prompt
 // and the holder already carries more than its fair share of the load, the match is not
 // worth concentrating load for: the ring places the request by the first chunk nobody
 // holds, and its new backend learns the shared part. This keeps a prefix that one replica
@@ -210,7 +210,7 @@ func loadCap(total int64, w, wsum int, c float64, margin int64) int64 {
 // backend has it) from pulling all requests to that replica until the cap binds, while a
 // conversation's turns (match ≈ the whole prompt) and shared-prefix groups (long system
 // prompt, short question) stay sticky.
-func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placement, th thin) (int, Reason) {
+func pickPrefix(chunks []uint64, cs []cand, loadFactor float64, margin int64, place *placement, rule thin) (int, Reason) {
 	var total int64
 	wsum, common := 0, math.MaxInt
 	for i := range cs {
@@ -224,7 +224,7 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 		first = chunks[0]
 	}
 	under := func(j int) bool {
-		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, c, margin)
+		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, loadFactor, margin)
 	}
 	best, bestUnder := -1, -1
 	for j := range cs {
@@ -239,11 +239,11 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 		}
 	}
 	ringAt := common
-	if bestUnder >= 0 && th.ct > 0 && th.prompt > 0 {
-		b := &cs[bestUnder]
-		useful := MatchedTokens(b.matched, th.ct) - MatchedTokens(common, th.ct)
-		if useful*4 < th.prompt && b.inFlight*int64(wsum) > total*int64(b.weight) {
-			ringAt, bestUnder = b.matched, -1
+	if bestUnder >= 0 && rule.chunkTokens > 0 && rule.promptTokens > 0 {
+		holder := &cs[bestUnder]
+		useful := MatchedTokens(holder.matched, rule.chunkTokens) - MatchedTokens(common, rule.chunkTokens)
+		if useful*thinShare < rule.promptTokens && holder.inFlight*int64(wsum) > total*int64(holder.weight) {
+			ringAt, bestUnder = holder.matched, -1
 		}
 	}
 	switch {
@@ -256,11 +256,11 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 	if best >= 0 {
 		reason = ReasonOverload
 	}
-	if len(chunks) > 0 && pl != nil {
+	if len(chunks) > 0 && place != nil {
 		chosen := -1
-		pl.ring.Lookup(chunks[min(ringAt, len(chunks)-1)], func(m int) bool {
+		place.ring.Lookup(chunks[min(ringAt, len(chunks)-1)], func(m int) bool {
 			for j := range cs {
-				if cs[j].id == pl.ids[m] && under(j) {
+				if cs[j].id == place.ids[m] && under(j) {
 					chosen = j
 					return true
 				}
@@ -285,15 +285,18 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 
 // thin carries what the thin-match rule needs: chunk size and prompt length, in approximate
 // tokens (zero values turn the rule off).
-type thin struct{ ct, prompt int64 }
+type thin struct{ chunkTokens, promptTokens int64 }
 
-// MatchedTokens is how many approximate tokens m leading chunks of ct tokens hold; the first
-// chunk is a quarter of the others (router/key).
-func MatchedTokens(m int, ct int64) int64 {
+// thinShare: a useful match under 1/thinShare of the prompt is thin.
+const thinShare = 4
+
+// MatchedTokens is how many approximate tokens m leading chunks of chunkTokens tokens hold;
+// the first chunk is a quarter of the others (router/key).
+func MatchedTokens(m int, chunkTokens int64) int64 {
 	if m <= 0 {
 		return 0
 	}
-	return ct/4 + int64(m-1)*ct
+	return chunkTokens/4 + int64(m-1)*chunkTokens
 }
 
 // better ranks a before b by match, then load, then the tie hash.

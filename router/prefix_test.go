@@ -93,7 +93,7 @@ func capNow(p *Prefix, cs []*backend.Backend) int64 {
 	for _, b := range cs {
 		total += b.InFlight()
 	}
-	return loadCap(total, 1, len(cs), p.c, p.margin)
+	return loadCap(total, 1, len(cs), p.loadFactor, p.margin)
 }
 
 // pickAndLearn picks, checks the cap, learns and begins the request, as the proxy does.
