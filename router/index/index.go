@@ -69,9 +69,14 @@ type Options struct {
 	// MaxEntries caps the (chunk, backend) entries over all backends (0: DefaultMaxEntries;
 	// negative: no cap).
 	MaxEntries int
-	// Shards is the number of hash shards, rounded up to a power of two (default 64).
+	// Shards is the number of hash shards, rounded up to a power of two (0: defaultShards).
 	Shards int
 }
+
+// defaultShards spreads the chunk hashes over 64 shards, each with its own lock: Records and
+// Matches of different prompts rarely wait on one another, and an empty shard costs a few
+// hundred bytes.
+const defaultShards = 64
 
 // Index maps chained chunk hashes to the backends that hold them. It is safe for concurrent
 // use. Backends must be registered with SetBackends before Record learns anything about them.
@@ -108,7 +113,7 @@ func New(o Options) *Index {
 	if o.MaxEntries == 0 {
 		o.MaxEntries = DefaultMaxEntries
 	}
-	n := 64
+	n := defaultShards
 	if o.Shards > 0 {
 		n = 1
 		for n < o.Shards {
@@ -145,18 +150,18 @@ func (x *Index) SetBackends(bs []*backend.Backend) {
 	for _, b := range bs {
 		want[b.ID] = b
 	}
-	nt := &table{byID: make(map[uint64]*slot, len(bs))}
+	next := &table{byID: make(map[uint64]*slot, len(bs))}
 	var used []bool
 	for id, s := range old.byID {
 		if want[id] == nil {
 			x.retire(s) // before its number can be reused
 			continue
 		}
-		nt.byID[id] = s
+		next.byID[id] = s
 		used = setBit(used, int(s.num))
 	}
 	for _, b := range bs {
-		if nt.byID[b.ID] != nil {
+		if next.byID[b.ID] != nil {
 			continue
 		}
 		num := slices.Index(used, false)
@@ -169,20 +174,15 @@ func (x *Index) SetBackends(bs []*backend.Backend) {
 		used = setBit(used, num)
 		s := &slot{num: uint16(num), id: b.ID, name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx, stamp: x.retiredStamp}
 		s.epoch.Store(b.Epoch())
-		nt.byID[b.ID] = s
+		next.byID[b.ID] = s
 	}
-	for id, s := range nt.byID {
+	for id, s := range next.byID {
 		s.rawCap = x.rawCapacity(want[id])
 	}
-	x.install(nt)
-	for id, s := range nt.byID {
-		b := want[id]
+	x.install(next)
+	for id, s := range next.byID {
 		s.mu.Lock()
-		if e := b.Epoch(); e != s.epoch.Load() {
-			x.purge(s)
-			s.epoch.Store(e)
-		}
-		x.trim(s)
+		x.catchUp(s, want[id].Epoch())
 		s.mu.Unlock()
 	}
 }
@@ -197,13 +197,13 @@ func (x *Index) RemoveBackend(b *backend.Backend) {
 		return
 	}
 	x.retire(s)
-	nt := &table{byID: make(map[uint64]*slot, len(old.byID))}
-	for id, o := range old.byID {
-		if o != s {
-			nt.byID[id] = o
+	next := &table{byID: make(map[uint64]*slot, len(old.byID))}
+	for id, other := range old.byID {
+		if other != s {
+			next.byID[id] = other
 		}
 	}
-	x.install(nt) // capacities only grow here: nothing to trim
+	x.install(next) // capacities only grow here: nothing to trim
 }
 
 func setBit(bs []bool, i int) []bool {
@@ -218,21 +218,21 @@ func (x *Index) rawCapacity(b *backend.Backend) int64 {
 	return b.KVCapacity(x.defaultKV) / x.chunkTokens
 }
 
-// install scales capacities to the global cap and publishes nt. Called with x.mu held.
-func (x *Index) install(nt *table) {
+// install scales capacities to the global cap and publishes tab. Called with x.mu held.
+func (x *Index) install(tab *table) {
 	var sum int64
-	for _, s := range nt.byID {
+	for _, s := range tab.byID {
 		sum += s.rawCap
-		nt.maxNum = max(nt.maxNum, int(s.num)+1)
+		tab.maxNum = max(tab.maxNum, int(s.num)+1)
 	}
-	for _, s := range nt.byID {
-		c := s.rawCap
+	for _, s := range tab.byID {
+		capacity := s.rawCap
 		if x.maxEntries > 0 && sum > x.maxEntries {
-			c = int64(float64(c) * float64(x.maxEntries) / float64(sum)) // floor: Σ ≤ MaxEntries
+			capacity = int64(float64(capacity) * float64(x.maxEntries) / float64(sum)) // floor: Σ ≤ MaxEntries
 		}
-		s.capacity.Store(c)
+		s.capacity.Store(capacity)
 	}
-	x.tab.Store(nt)
+	x.tab.Store(tab)
 }
 
 // retire frees s's entries and marks it removed. Called with x.mu held.

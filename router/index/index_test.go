@@ -95,7 +95,7 @@ func check(t *testing.T, x *Index) {
 			}
 			var mask uint32
 			for hi := c.head; hi != nilIdx; hi = sh.hs.at(hi).next {
-				if s := sh.hs.at(hi).slot; s < maskSlots {
+				if s := sh.hs.at(hi).num; s < maskSlots {
 					mask |= 1 << s
 				}
 				holders++

@@ -33,14 +33,21 @@ type slot struct {
 	recent []uint64
 }
 
-// The recent cache is 2-way set associative: recentSets sets of two entries, the most
+// The recent cache is 2-way set associative: recentSets sets of recentWays entries, the most
 // recently remembered first. An entry is a tag (the low 32 bits of the hash's Fibonacci
-// product, whose top bits pick the set) over the node index + 1 (0: empty): 8 KiB per
+// product, whose top recentBits pick the set) over the node index + 1 (0: empty): 8 KiB per
 // backend, allocated by its first Record.
 const (
 	recentBits = 9
 	recentSets = 1 << recentBits
+	recentWays = 2
+	// recentTagShift puts the tag in an entry's high 32 bits, above the node index + 1.
+	recentTagShift = 32
 )
+
+// fibonacci is 2^64 / φ, the multiplier of Fibonacci hashing: the top bits of its product
+// with a key depend on every bit of the key (the recent cache's set, table.go's home slot).
+const fibonacci = 0x9e3779b97f4a7c15
 
 type node struct {
 	hash uint64
@@ -59,11 +66,14 @@ type Stamp int64
 // added marks a node's used stamp as "added by this Record" (rather than touched).
 const added = 1
 
+// stampStep separates two Records' stamps: stamps are even, the low bit is the added mark.
+const stampStep = 2 * added
+
 // nextStamp returns the stamp of a Record on s at now. Called with s.mu held.
 func (s *slot) nextStamp(now int64) int64 {
 	t := now &^ added
 	if t <= s.stamp {
-		t = s.stamp + 2
+		t = s.stamp + stampStep
 	}
 	s.stamp = t
 	return t
@@ -71,17 +81,14 @@ func (s *slot) nextStamp(now int64) int64 {
 
 // evict drops s's least recently used entry. Called with s.mu held and no shard lock.
 func (x *Index) evict(s *slot) {
-	ti := s.tail
-	if ti == nilIdx {
+	tail := s.tail
+	if tail == nilIdx {
 		return
 	}
-	h := s.nodes[ti].hash
-	sh := x.shard(h)
-	sh.mu.Lock()
-	sh.remove(h, s.num)
-	sh.mu.Unlock()
-	s.unlink(ti)
-	s.release(ti)
+	h := s.nodes[tail].hash
+	x.shard(h).drop(h, s.num)
+	s.unlink(tail)
+	s.release(tail)
 	s.evictions.Add(1)
 	x.evictions.Add(1)
 }
@@ -94,14 +101,22 @@ func (x *Index) trim(s *slot) {
 	}
 }
 
+// catchUp brings s up to date with its backend before it is used: when the backend's cache
+// epoch moved (restart, return from unhealthy) its entries are freed, and s is trimmed to its
+// capacity. Called with s.mu held.
+func (x *Index) catchUp(s *slot, epoch uint64) {
+	if epoch != s.epoch.Load() {
+		x.purge(s)
+		s.epoch.Store(epoch)
+	}
+	x.trim(s)
+}
+
 // purge frees all of s's entries. Called with s.mu held.
 func (x *Index) purge(s *slot) {
 	for ni := s.head; ni != nilIdx; ni = s.nodes[ni].next {
 		h := s.nodes[ni].hash
-		sh := x.shard(h)
-		sh.mu.Lock()
-		sh.remove(h, s.num)
-		sh.mu.Unlock()
+		x.shard(h).drop(h, s.num)
 	}
 	s.nodes = s.nodes[:0]
 	s.head, s.tail, s.free = nilIdx, nilIdx, nilIdx
@@ -116,19 +131,17 @@ func (s *slot) recalled(h uint64) int32 {
 	if s.recent == nil {
 		return nilIdx
 	}
-	m := h * 0x9e3779b97f4a7c15
-	set := s.recent[2*(m>>(64-recentBits)):][:2]
-	tag := m << 32
-	for w, e := range set {
-		if e&^math.MaxUint32 != tag || uint32(e) == 0 {
+	set, tag := s.recentSet(h)
+	for way, entry := range set {
+		if entry&^math.MaxUint32 != tag || uint32(entry) == 0 {
 			continue
 		}
-		ni := int32(uint32(e)) - 1
+		ni := int32(uint32(entry)) - 1
 		if int(ni) >= len(s.nodes) || s.nodes[ni].hash != h {
 			return nilIdx
 		}
-		if w == 1 {
-			set[0], set[1] = e, set[0]
+		if way == 1 {
+			set[0], set[1] = entry, set[0]
 		}
 		return ni
 	}
@@ -138,15 +151,19 @@ func (s *slot) recalled(h uint64) int32 {
 // remember notes in recent that ni is the node of h. Called with s.mu held.
 func (s *slot) remember(h uint64, ni int32) {
 	if s.recent == nil {
-		s.recent = make([]uint64, 2*recentSets)
+		s.recent = make([]uint64, recentWays*recentSets)
 	}
-	m := h * 0x9e3779b97f4a7c15
-	set := s.recent[2*(m>>(64-recentBits)):][:2]
-	e := m<<32 | uint64(uint32(ni+1))
-	if set[0]&^math.MaxUint32 != e&^math.MaxUint32 {
+	set, tag := s.recentSet(h)
+	if set[0]&^math.MaxUint32 != tag {
 		set[1] = set[0]
 	}
-	set[0] = e
+	set[0] = tag | uint64(uint32(ni+1))
+}
+
+// recentSet returns the set of recent where h's entry may be, and h's tag.
+func (s *slot) recentSet(h uint64) (set []uint64, tag uint64) {
+	prod := h * fibonacci
+	return s.recent[recentWays*(prod>>(64-recentBits)):][:recentWays], prod << recentTagShift
 }
 
 // retouch is touch for a Record stamped t: a chunk that this same Record added (a prompt

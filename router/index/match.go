@@ -12,7 +12,7 @@ import (
 // counts only if chunks 0..i all do. It walks the chunks from the start and stops at the
 // first chunk that no candidate still matching holds. It returns the largest out[j].
 // out must have room for len(cs); candidates must have distinct IDs. It allocates only when
-// there are more than 64 candidates or 256 registered backends.
+// there are more than matchStackCandidates candidates or matchStackSlots registered backends.
 func (x *Index) Match(chunks []uint64, cs []*backend.Backend, out []int) int {
 	out = out[:len(cs)]
 	clear(out)
@@ -20,8 +20,8 @@ func (x *Index) Match(chunks []uint64, cs []*backend.Backend, out []int) int {
 		return 0
 	}
 	tab := x.tab.Load()
-	var posBuf [256]uint16 // slot number → candidate index + 1
-	var slotBuf [64]*slot  // candidate index → slot
+	var posBuf [matchStackSlots]uint16      // slot number → candidate index + 1
+	var slotBuf [matchStackCandidates]*slot // candidate index → slot
 	pos, slots := posBuf[:], slotBuf[:]
 	if tab.maxNum > len(pos) {
 		pos = make([]uint16, tab.maxNum)
@@ -63,6 +63,13 @@ func (x *Index) Match(chunks []uint64, cs []*backend.Backend, out []int) int {
 	return best
 }
 
+// Match works on the stack for up to matchStackCandidates candidates and
+// matchStackSlots registered backends (1 KiB of stack in all).
+const (
+	matchStackCandidates = 64
+	matchStackSlots      = 256
+)
+
 // matchMask is Match for slots that all fit the chunk mask.
 func (x *Index) matchMask(chunks []uint64, want uint32, pos []uint16, out []int) int {
 	alive := want
@@ -71,8 +78,8 @@ func (x *Index) matchMask(chunks []uint64, want uint32, pos []uint16, out []int)
 		sh := x.shard(h)
 		var mask uint32
 		sh.mu.RLock()
-		if c := sh.chunks.get(h); c != nil {
-			mask = c.mask
+		if ch := sh.chunks.get(h); ch != nil {
+			mask = ch.mask
 		}
 		sh.mu.RUnlock()
 		next := alive & mask
@@ -98,16 +105,16 @@ func (x *Index) matchList(chunks []uint64, pos []uint16, out []int) int {
 		advanced := false
 		sh.mu.RLock()
 		hi := int32(nilIdx)
-		if c := sh.chunks.get(h); c != nil {
-			hi = c.head
+		if ch := sh.chunks.get(h); ch != nil {
+			hi = ch.head
 		}
 		for hi != nilIdx {
-			hd := sh.hs.at(hi)
-			if p := int(pos[hd.slot]); p > 0 && out[p-1] == i {
+			hold := sh.hs.at(hi)
+			if p := int(pos[hold.num]); p > 0 && out[p-1] == i {
 				out[p-1] = i + 1
 				advanced = true
 			}
-			hi = hd.next
+			hi = hold.next
 		}
 		sh.mu.RUnlock()
 		if !advanced {

@@ -16,9 +16,12 @@ func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp
 }
 
 // freshWindow bounds how recently a held prefix must have been touched for RecordHeld to
-// leave it as it is: 50 ms, or a sixteenth of the backend's LRU horizon (now minus its
-// oldest entry's last use) when that is shorter.
-const freshWindow = 50 * time.Millisecond
+// leave it as it is: 50 ms, or 1/freshHorizonShare of the backend's LRU horizon (now minus
+// its oldest entry's last use) when that is shorter.
+const (
+	freshWindow       = 50 * time.Millisecond
+	freshHorizonShare = 16
+)
 
 // RecordHeld is Record for a prompt whose first held chunks b was found to hold when the
 // request was routed (router.Decision.MatchedChunks). When b still holds chunk held-1 and
@@ -42,11 +45,7 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	if s.removed.Load() {
 		return 0
 	}
-	if e := b.Epoch(); e != s.epoch.Load() {
-		x.purge(s)
-		s.epoch.Store(e)
-	}
-	x.trim(s)
+	x.catchUp(s, b.Epoch())
 	limit := s.capacity.Load()
 	if limit <= 0 {
 		return 0
@@ -77,22 +76,19 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 		// Only this slot adds or removes its own holders, and s.mu is held: what find
 		// says stays true after the lock is released.
 		if !fresh {
-			sh.mu.RLock()
-			ni := sh.find(h, s.num)
-			sh.mu.RUnlock()
-			if ni != nilIdx {
+			if ni := sh.lookup(h, s.num); ni != nilIdx {
 				s.remember(h, ni)
 				s.retouch(ni, t)
 				continue
 			}
 			fresh = true
 		}
-		ni, held, ev := x.claim(s, sh, h, t, limit)
-		if held {
+		ni, already, evictedOne := x.claim(s, sh, h, t, limit)
+		if already {
 			s.remember(h, ni)
 			s.retouch(ni, t)
 			fresh = false
-		} else if ev {
+		} else if evictedOne {
 			evicted++
 		}
 	}
@@ -108,26 +104,22 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 func (x *Index) heldFresh(s *slot, h uint64, t int64) bool {
 	ni := s.recalled(h)
 	if ni == nilIdx {
-		sh := x.shard(h)
-		sh.mu.RLock()
-		ni = sh.find(h, s.num)
-		sh.mu.RUnlock()
-		if ni == nilIdx {
+		if ni = x.shard(h).lookup(h, s.num); ni == nilIdx {
 			return false
 		}
 		s.remember(h, ni)
 	}
-	u := s.nodes[ni].used
-	if u&added != 0 {
+	used := s.nodes[ni].used
+	if used&added != 0 {
 		// Added by a Record that may yet be withdrawn (Forget) and that no later Record has
 		// touched: touch the prefix, which confirms it, rather than leave it to that Forget.
 		return false
 	}
 	window := int64(freshWindow)
 	if s.tail != nilIdx {
-		window = min(window, (t-s.nodes[s.tail].used&^added)/16)
+		window = min(window, (t-s.nodes[s.tail].used&^added)/freshHorizonShare)
 	}
-	return t-u < window
+	return t-used < window
 }
 
 // claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's
@@ -137,51 +129,49 @@ func (x *Index) heldFresh(s *slot, h uint64, t int64) bool {
 // slot's own finds, under s.mu, could see. It returns s's node of h, whether s held h
 // already (then nothing changed), and whether an entry was evicted. Called with s.mu held.
 func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, held, evicted bool) {
-	ti := int32(nilIdx)
-	var old uint64
-	var osh *shard
+	victim := int32(nilIdx) // the node evicted for h, if s is at capacity
+	var victimHash uint64
+	var victimShard *shard
 	if s.count.Load() >= limit {
-		ti = s.tail
-		old = s.nodes[ti].hash
-		osh = x.shard(old)
+		victim = s.tail
+		victimHash = s.nodes[victim].hash
+		victimShard = x.shard(victimHash)
 	} else {
 		s.reserve(limit) // not while readers wait on sh
 	}
 	sh.mu.Lock()
-	if osh == sh {
+	if victimShard == sh {
 		// Rare: h shares the evicted entry's shard. Remove before adding, as evicting
 		// first would.
 		if ni := sh.find(h, s.num); ni != nilIdx {
 			sh.mu.Unlock()
 			return ni, true, false
 		}
-		sh.remove(old, s.num)
-		sh.add(h, s.num, ti)
+		sh.remove(victimHash, s.num)
+		sh.add(h, s.num, victim)
 		sh.mu.Unlock()
 	} else {
-		c := sh.chunks.put(h) // one probe for the lookup and the insertion
-		if ni := sh.holderOf(c, s.num); ni != nilIdx {
+		ch := sh.chunks.put(h) // one probe for the lookup and the insertion
+		if ni := sh.holderOf(ch, s.num); ni != nilIdx {
 			sh.mu.Unlock()
 			return ni, true, false
 		}
-		if ti == nilIdx {
+		if victim == nilIdx {
 			ni := s.alloc(h, t|added, limit)
-			sh.link(c, s.num, ni)
+			sh.link(ch, s.num, ni)
 			sh.mu.Unlock()
 			return ni, false, false
 		}
-		sh.link(c, s.num, ti)
+		sh.link(ch, s.num, victim)
 		sh.mu.Unlock()
-		osh.mu.Lock()
-		osh.remove(old, s.num)
-		osh.mu.Unlock()
+		victimShard.drop(victimHash, s.num)
 	}
-	s.nodes[ti].hash = h
-	s.touch(ti, t|added)
-	return ti, false, true
+	s.nodes[victim].hash = h
+	s.touch(victim, t|added)
+	return victim, false, true
 }
 
-// Forget withdraws what the Record stamped st added to b's entries among chunks: entries it
+// Forget withdraws what the Record stamped stamp added to b's entries among chunks: entries it
 // created that no Record has touched since. Entries b held before that Record, and entries
 // another Record has touched or re-added since (another request that b accepted), stay.
 //
@@ -190,8 +180,8 @@ func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, h
 // the request (a 400 for a too-long prompt, a 429/503 retried elsewhere) or never answers:
 // a refused prompt left nothing in the engine's KV cache. Entries evicted by that Record
 // stay evicted.
-func (x *Index) Forget(chunks []uint64, b *backend.Backend, st Stamp) {
-	if len(chunks) == 0 || b == nil || st == 0 {
+func (x *Index) Forget(chunks []uint64, b *backend.Backend, stamp Stamp) {
+	if len(chunks) == 0 || b == nil || stamp == 0 {
 		return
 	}
 	s := x.tab.Load().byID[b.ID]
@@ -203,9 +193,9 @@ func (x *Index) Forget(chunks []uint64, b *backend.Backend, st Stamp) {
 	if s.removed.Load() || b.Epoch() != s.epoch.Load() {
 		return
 	}
-	mark := int64(st) | added
-	for _, c := range chunks {
-		h := norm(c)
+	mark := int64(stamp) | added
+	for _, hash := range chunks {
+		h := norm(hash)
 		sh := x.shard(h)
 		sh.mu.Lock()
 		ni := sh.find(h, s.num)

@@ -3,10 +3,13 @@
 
 package index
 
+// nilIdx ends a list and stands for no holder or node.
+const nilIdx = -1
+
+// A holder slab page holds pageSize holders (12 KiB).
 const (
 	pageBits = 10
 	pageSize = 1 << pageBits
-	nilIdx   = -1
 )
 
 // holderSlab allocates holders in fixed pages, so growth never copies and wastes at most
