@@ -2,13 +2,14 @@
 //
 // It combines three signals per backend:
 //
-//   - active checks: GET Path every Interval; Rise consecutive passes mark a backend healthy,
-//     Fall consecutive failures mark it unhealthy (HAProxy's rise 2 / fall 3);
-//   - passive outlier ejection: the proxy reports the outcome of every attempt (Observe);
-//     ConsecutiveFailures connect errors, timeouts or 5xx in a row eject the backend for
-//     BaseEjection × n, capped at MaxEjection (Envoy outlier detection: 5, 30 s, 300 s);
-//   - model-server metrics: GET MetricsPath every ScrapeInterval, parsed for the vLLM and
-//     SGLang load gauges, the KV-cache capacity and the process start time.
+//   - active checks (active.go): GET Path every Interval; Rise consecutive passes mark a
+//     backend healthy, Fall consecutive failures mark it unhealthy (HAProxy's rise 2 / fall 3);
+//   - passive outlier ejection (passive.go): the proxy reports the outcome of every attempt
+//     (Observe); ConsecutiveFailures connect errors, timeouts or 5xx in a row eject the
+//     backend for BaseEjection × n, capped at MaxEjection (Envoy outlier detection: 5, 30 s,
+//     300 s);
+//   - model-server metrics (scrape.go): GET MetricsPath every ScrapeInterval, parsed for the
+//     vLLM and SGLang load gauges, the KV-cache capacity and the process start time.
 //
 // A backend is healthy when its active verdict is healthy (always, when active checks are
 // Disabled) and it is not ejected. The Checker writes that with backend.SetHealthy; panic
@@ -24,8 +25,6 @@ package health
 
 import (
 	"context"
-	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"runtime/debug"
@@ -38,141 +37,8 @@ import (
 	"github.com/prefixlb/prefixlb/backend"
 )
 
-// Options configures a Checker. Zero values take the defaults of DefaultOptions, except
-// ScrapeInterval, where 0 turns scraping off, and Disabled.
-type Options struct {
-	// Path is the active-check path: "/health" (vLLM and SGLang both serve it; 200 once the
-	// model is loaded).
-	Path string
-	// Interval is the time between active checks of one backend (5 s). Timeout bounds one
-	// check, connect to end of headers (2 s). HAProxy checks every 2 s; vLLM's /health is
-	// cheap, 5 s keeps a hundred prefixlb replicas from adding up to a load.
-	Interval, Timeout time.Duration
-	// Rise is how many consecutive passes mark an unhealthy backend healthy again (2; a backend
-	// that never passed needs one, as Envoy's first check at start-up); Fall how many consecutive
-	// failures mark it unhealthy (3). HAProxy's defaults; sglang PR #9198 settled on the same
-	// after single results flapped.
-	Rise, Fall int
-	// Disabled turns active checks off: backends are healthy unless passively ejected.
-	Disabled bool
-	// ConsecutiveFailures is how many connect errors, header timeouts or 5xx responses in a
-	// row eject a backend (5, Envoy's consecutive_5xx). 4xx and 429 never count. Negative
-	// turns passive ejection off.
-	ConsecutiveFailures int
-	// BaseEjection × n is how long the n-th ejection of a backend lasts (30 s, Envoy's
-	// base_ejection_time), capped at MaxEjection (300 s, Envoy's max_ejection_time).
-	BaseEjection, MaxEjection time.Duration
-	// MaxEjectedPercent caps passive ejection: a backend is not ejected when that would leave
-	// more than this percentage of backends ejected or unhealthy (50; Envoy's default is 10%
-	// but it always allows one host, which with 2–4 LLM replicas is the same or more).
-	MaxEjectedPercent int
-	// ScrapeInterval is the time between scrapes of MetricsPath (1 s: vLLM's gauges move with
-	// every engine step, and routing on 10 s old load piles onto a replica, as sglang-router's
-	// 10 s poll does). 0 turns scraping off.
-	ScrapeInterval time.Duration
-	// MetricsPath is the Prometheus text endpoint of the model server ("/metrics").
-	MetricsPath string
-	// ScrapeStaleAfter is how old the last successful scrape may be before Load reports it
-	// not fresh (5 s).
-	ScrapeStaleAfter time.Duration
-}
-
-// Defaults of Options left at zero (DESIGN.md "Reliability defaults users expect"; the
-// reasons are on the fields of Options).
-const (
-	// DefaultPath is the active-check path, served by vLLM and SGLang (200 once the model is loaded).
-	DefaultPath = "/health"
-	// DefaultInterval between active checks of one backend: 5 s.
-	DefaultInterval = 5 * time.Second
-	// DefaultTimeout bounds one active check or scrape, connect to end of headers: 2 s.
-	DefaultTimeout = 2 * time.Second
-	// DefaultRise is 2 consecutive passes to turn healthy again (HAProxy's rise).
-	DefaultRise = 2
-	// DefaultFall is 3 consecutive failures to turn unhealthy (HAProxy's fall).
-	DefaultFall = 3
-	// DefaultConsecutiveFailures is 5 counted failures in a row to eject (Envoy's consecutive_5xx).
-	DefaultConsecutiveFailures = 5
-	// DefaultBaseEjection is the first ejection's length, 30 s (Envoy's base_ejection_time).
-	DefaultBaseEjection = 30 * time.Second
-	// DefaultMaxEjection caps an ejection's length at 300 s (Envoy's max_ejection_time).
-	DefaultMaxEjection = 300 * time.Second
-	// DefaultMaxEjectedPercent: at most 50 % of the backends ejected or unhealthy.
-	DefaultMaxEjectedPercent = 50
-	// DefaultScrapeInterval between metrics scrapes of one backend: 1 s.
-	DefaultScrapeInterval = time.Second
-	// DefaultMetricsPath is the model server's Prometheus text endpoint.
-	DefaultMetricsPath = "/metrics"
-	// DefaultScrapeStaleAfter is how old a scrape may be before its load is not fresh: 5 s.
-	DefaultScrapeStaleAfter = 5 * time.Second
-)
-
 // housekeepingEvery is how often ejection deadlines are looked at when nothing else happens.
 const housekeepingEvery = time.Second
-
-// DefaultOptions returns the defaults documented on Options.
-func DefaultOptions() Options {
-	return Options{
-		Path:                DefaultPath,
-		Interval:            DefaultInterval,
-		Timeout:             DefaultTimeout,
-		Rise:                DefaultRise,
-		Fall:                DefaultFall,
-		ConsecutiveFailures: DefaultConsecutiveFailures,
-		BaseEjection:        DefaultBaseEjection,
-		MaxEjection:         DefaultMaxEjection,
-		MaxEjectedPercent:   DefaultMaxEjectedPercent,
-		ScrapeInterval:      DefaultScrapeInterval,
-		MetricsPath:         DefaultMetricsPath,
-		ScrapeStaleAfter:    DefaultScrapeStaleAfter,
-	}
-}
-
-func (o Options) withDefaults() Options {
-	d := DefaultOptions()
-	if o.Path == "" {
-		o.Path = d.Path
-	}
-	if o.Interval <= 0 {
-		o.Interval = d.Interval
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = d.Timeout
-	}
-	if o.Rise <= 0 {
-		o.Rise = d.Rise
-	}
-	if o.Fall <= 0 {
-		o.Fall = d.Fall
-	}
-	if o.ConsecutiveFailures == 0 {
-		o.ConsecutiveFailures = d.ConsecutiveFailures
-	}
-	if o.BaseEjection <= 0 {
-		o.BaseEjection = d.BaseEjection
-	}
-	if o.MaxEjection <= 0 {
-		o.MaxEjection = d.MaxEjection
-	}
-	if o.MaxEjection < o.BaseEjection {
-		o.MaxEjection = o.BaseEjection
-	}
-	if o.MaxEjectedPercent <= 0 {
-		o.MaxEjectedPercent = d.MaxEjectedPercent
-	}
-	if o.MaxEjectedPercent > 100 {
-		o.MaxEjectedPercent = 100
-	}
-	if o.ScrapeInterval < 0 {
-		o.ScrapeInterval = 0
-	}
-	if o.MetricsPath == "" {
-		o.MetricsPath = d.MetricsPath
-	}
-	if o.ScrapeStaleAfter <= 0 {
-		o.ScrapeStaleAfter = d.ScrapeStaleAfter
-	}
-	return o
-}
 
 // Checker runs active checks, passive ejection and metrics scraping for a set of backends.
 // It is safe for concurrent use. Create it with New.
@@ -397,24 +263,6 @@ func (c *Checker) Close() {
 	})
 }
 
-// CheckOnce runs one active check of every tracked backend, concurrently, records the
-// results and then ends expired ejections. It returns when all checks are done or ctx ends.
-// The loops Start runs do the same per backend on the Interval; tests and startup code may
-// call it directly. It does nothing after Close and, when active checks are Disabled, only
-// ends ejections.
-func (c *Checker) CheckOnce(ctx context.Context) {
-	if !c.o.Disabled {
-		c.each(ctx, c.checkOne)
-	}
-	c.tick()
-}
-
-// ScrapeOnce scrapes every tracked backend's metrics once, concurrently, and returns when all
-// scrapes are done or ctx ends. It scrapes even when ScrapeInterval is 0; not after Close.
-func (c *Checker) ScrapeOnce(ctx context.Context) {
-	c.each(ctx, c.scrapeOne)
-}
-
 func (c *Checker) each(ctx context.Context, f func(context.Context, *bstate)) {
 	// Close cancels these too.
 	ctx, cancel := context.WithCancel(ctx)
@@ -452,70 +300,6 @@ func (c *Checker) get(ctx context.Context, url string) (*http.Response, context.
 		return nil, nil, err
 	}
 	return resp, cancel, nil
-}
-
-// checkOne runs one active check of st and records it.
-func (c *Checker) checkOne(ctx context.Context, st *bstate) {
-	resp, cancel, err := c.get(ctx, st.checkURL)
-	if err == nil {
-		// Drain a little so the connection is reused; /health bodies are empty or tiny.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		_ = resp.Body.Close()
-		cancel()
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			err = fmt.Errorf("GET %s: status %d", st.checkURL, resp.StatusCode)
-		}
-	}
-	if ctx.Err() != nil {
-		return // shutting down or removed: the failure says nothing about the backend
-	}
-	c.recordCheck(st, err)
-}
-
-// recordCheck applies one active-check result: Rise passes in a row turn the verdict
-// healthy, Fall failures in a row unhealthy.
-func (c *Checker) recordCheck(st *bstate, err error) {
-	now := c.now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if st.removed {
-		return
-	}
-	st.lastCheck = now
-	if err == nil {
-		st.lastCheckErr = ""
-		st.fails = 0
-		if st.passes < 1<<30 {
-			st.passes++
-		}
-		// A backend that never passed needs one pass (Envoy marks a host healthy on its first
-		// pass at start-up): every start of prefixlb, or a new pod from discovery, would
-		// otherwise route in panic mode for Interval × (Rise − 1). A backend that was up and
-		// went down needs Rise passes.
-		need := c.o.Rise
-		if !st.everPassed {
-			need = 1
-		}
-		if !st.activeOK && st.passes >= need {
-			st.everPassed = true
-			st.b.SetNeverPassed(false)
-			st.activeOK = true
-			if !c.applyLocked(st, "active checks passing") {
-				c.log.Info("active checks passing, backend still ejected",
-					zap.String("backend", st.b.Name), zap.Time("ejected_until", st.ejectedUntil))
-			}
-		}
-		return
-	}
-	st.lastCheckErr = err.Error()
-	st.passes = 0
-	if st.fails < 1<<30 {
-		st.fails++
-	}
-	if st.activeOK && st.fails >= c.o.Fall {
-		st.activeOK = false
-		c.applyLocked(st, "active checks failing")
-	}
 }
 
 // applyLocked writes st's combined verdict to the backend. On a change it logs one line
@@ -572,63 +356,4 @@ func (c *Checker) panicCheckLocked() {
 		c.log.Info("half or more of the backends are healthy again: leaving panic mode",
 			zap.Int("healthy", healthy), zap.Int("backends", n))
 	}
-}
-
-// State is a backend's health as shown by /debug/backends.
-type State struct {
-	Name string `json:"name"`
-	// Healthy is the backend's flag as the proxy sees it (backend.Healthy).
-	Healthy bool `json:"healthy"`
-	// ActiveHealthy is the active-check verdict (true when active checks are disabled).
-	ActiveHealthy bool `json:"active_healthy"`
-	// NeverPassed is true until the backend's first passing active check: it takes no
-	// traffic, not even in panic mode (backend.NeverPassed).
-	NeverPassed bool `json:"never_passed"`
-	// ConsecutivePasses and ConsecutiveFails count the latest run of active-check results.
-	ConsecutivePasses int `json:"consecutive_passes"`
-	ConsecutiveFails  int `json:"consecutive_fails"`
-	// PassiveFailures counts consecutive failed attempts reported by Observe.
-	PassiveFailures int `json:"passive_failures"`
-	// Ejections is the ejection count that sets the length of the next ejection.
-	Ejections int `json:"ejections"`
-	// EjectedUntil is when the current ejection ends (zero: not ejected).
-	EjectedUntil time.Time `json:"ejected_until,omitzero"`
-	// LastCheck is when the last active check finished; LastCheckError its error, if any.
-	LastCheck      time.Time `json:"last_check,omitzero"`
-	LastCheckError string    `json:"last_check_error,omitempty"`
-	// LastScrape is when the last scrape was attempted; LastScrapeError its error, if any.
-	LastScrape      time.Time `json:"last_scrape,omitzero"`
-	LastScrapeError string    `json:"last_scrape_error,omitempty"`
-	// Load is the last successfully scraped load; LoadFresh as Checker.Load reports it.
-	Load      Load `json:"load"`
-	LoadFresh bool `json:"load_fresh"`
-	// CacheEpoch is the backend's cache epoch (backend.Epoch).
-	CacheEpoch uint64 `json:"cache_epoch"`
-	// Tracked is false for a backend the Checker does not know; the other fields are then zero.
-	Tracked bool `json:"tracked"`
-}
-
-// State returns b's health state for debugging.
-func (c *Checker) State(b *backend.Backend) State {
-	st := c.lookup(b)
-	if st == nil {
-		return State{Name: b.Name, Healthy: b.Healthy(), CacheEpoch: b.Epoch()}
-	}
-	s := State{Name: b.Name, Tracked: true, PassiveFailures: int(st.consec.Load())}
-	c.mu.Lock()
-	s.Healthy = b.Healthy()
-	s.ActiveHealthy = st.activeOK
-	s.NeverPassed = !c.o.Disabled && !st.everPassed
-	s.ConsecutivePasses, s.ConsecutiveFails = st.passes, st.fails
-	s.Ejections = st.ejections
-	s.EjectedUntil = st.ejectedUntil
-	s.LastCheck, s.LastCheckError = st.lastCheck, st.lastCheckErr
-	c.mu.Unlock()
-	s.CacheEpoch = b.Epoch()
-	if r := st.scrape.Load(); r != nil {
-		s.LastScrape, s.LastScrapeError = r.attempt, r.err
-		s.Load = r.load
-		s.LoadFresh = c.fresh(r)
-	}
-	return s
 }

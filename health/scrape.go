@@ -92,6 +92,12 @@ func (c *Checker) KVCapacityTokens(b *backend.Backend) (tokens int64, ok bool) {
 	return r.load.NumGPUBlocks * r.load.BlockSize, true
 }
 
+// ScrapeOnce scrapes every tracked backend's metrics once, concurrently, and returns when all
+// scrapes are done or ctx ends. It scrapes even when ScrapeInterval is 0; not after Close.
+func (c *Checker) ScrapeOnce(ctx context.Context) {
+	c.each(ctx, c.scrapeOne)
+}
+
 // maxMetricsBytes bounds what a scrape reads: vLLM's full exposition with histograms is
 // 50–300 KB.
 const maxMetricsBytes = 16 << 20
