@@ -5,8 +5,6 @@ package health
 
 import (
 	"context"
-	"fmt"
-	"io"
 
 	"go.uber.org/zap"
 )
@@ -23,18 +21,12 @@ func (c *Checker) CheckOnce(ctx context.Context) {
 	c.tick()
 }
 
+// maxRun caps the counts of consecutive passes and failures, far above any threshold.
+const maxRun = 1 << 30
+
 // checkOne runs one active check of st and records it.
 func (c *Checker) checkOne(ctx context.Context, st *bstate) {
-	resp, cancel, err := c.get(ctx, st.checkURL)
-	if err == nil {
-		// Drain a little so the connection is reused; /health bodies are empty or tiny.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		_ = resp.Body.Close()
-		cancel()
-		if resp.StatusCode < 200 || resp.StatusCode > 299 {
-			err = fmt.Errorf("GET %s: status %d", st.checkURL, resp.StatusCode)
-		}
-	}
+	err := c.get(ctx, st.checkURL, nil)
 	if ctx.Err() != nil {
 		return // shutting down or removed: the failure says nothing about the backend
 	}
@@ -54,7 +46,7 @@ func (c *Checker) recordCheck(st *bstate, err error) {
 	if err == nil {
 		st.lastCheckErr = ""
 		st.fails = 0
-		if st.passes < 1<<30 {
+		if st.passes < maxRun {
 			st.passes++
 		}
 		// A backend that never passed needs one pass (Envoy marks a host healthy on its first
@@ -78,7 +70,7 @@ func (c *Checker) recordCheck(st *bstate, err error) {
 	}
 	st.lastCheckErr = err.Error()
 	st.passes = 0
-	if st.fails < 1<<30 {
+	if st.fails < maxRun {
 		st.fails++
 	}
 	if st.activeOK && st.fails >= c.o.Fall {

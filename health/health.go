@@ -25,6 +25,8 @@ package health
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime/debug"
@@ -83,12 +85,12 @@ type bstate struct {
 	lastCheck    time.Time
 	lastCheckErr string
 	// Passive ejection.
-	consec        atomic.Int32 // consecutive counted failures (lock-free for Observe)
-	ejections     int          // ejections so far (decays, see eject)
-	ejectedUntil  time.Time    // zero: not ejected
-	lastReturn    time.Time    // when the last ejection ended
-	capLogged     bool         // "not ejected: cap" logged for the current streak
-	resetSinceScr bool         // the epoch was bumped since the last successful scrape
+	passiveFails     atomic.Int32 // consecutive counted failures (lock-free for Observe)
+	ejections        int          // ejections so far (decays, see eject)
+	ejectedUntil     time.Time    // zero: not ejected
+	lastReturn       time.Time    // when the last ejection ended
+	capLogged        bool         // "not ejected: cap" logged for the current streak
+	resetSinceScrape bool         // the epoch was bumped since the last successful scrape
 	// Scraping: written by the backend's scrape goroutine (or ScrapeOnce), read lock-free.
 	scrape     atomic.Pointer[scrapeResult]
 	scrapeMu   sync.Mutex // serialises scrapes of this backend
@@ -108,11 +110,11 @@ func New(o Options, log *zap.Logger, clock func() time.Time) *Checker {
 		clock = time.Now
 	}
 	o = o.withDefaults()
-	tr := &http.Transport{
+	transport := &http.Transport{
 		Proxy:               nil, // checks go straight to the replica, never through HTTP_PROXY
-		DialContext:         (&net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConnsPerHost: 2, // one for checks, one for scrapes
-		IdleConnTimeout:     90 * time.Second,
+		DialContext:         (&net.Dialer{Timeout: o.Timeout, KeepAlive: dialKeepAlive}).DialContext,
+		MaxIdleConnsPerHost: idleConnsPerBackend,
+		IdleConnTimeout:     idleConnTimeout,
 		// Metrics text compresses well, but on a cluster network decompressing every second
 		// costs more CPU than the bytes are worth.
 		DisableCompression:    true,
@@ -123,8 +125,8 @@ func New(o Options, log *zap.Logger, clock func() time.Time) *Checker {
 		o:      o,
 		log:    log.Named("health"),
 		now:    clock,
-		tr:     tr,
-		client: &http.Client{Transport: tr, CheckRedirect: noRedirect},
+		tr:     transport,
+		client: &http.Client{Transport: transport, CheckRedirect: noRedirect},
 		ctx:    ctx,
 		cancel: cancel,
 	}
@@ -132,6 +134,23 @@ func New(o Options, log *zap.Logger, clock func() time.Time) *Checker {
 	c.states.Store(&empty)
 	return c
 }
+
+// The checker's connections to the replicas.
+const (
+	// dialKeepAlive is the TCP keep-alive period of a connection, as net/http's default
+	// transport.
+	dialKeepAlive = 30 * time.Second
+	// idleConnsPerBackend: one connection for active checks, one for scrapes.
+	idleConnsPerBackend = 2
+	// idleConnTimeout closes a connection unused this long, as net/http's default transport;
+	// checks and scrapes every few seconds keep theirs open.
+	idleConnTimeout = 90 * time.Second
+	// userAgent names the checker in the replicas' access logs.
+	userAgent = "prefixlb-health"
+	// drainBytes is how much of a body that nobody reads is drained, so that the connection
+	// is reused: /health bodies and error pages are empty or tiny.
+	drainBytes = 64 << 10
+)
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
@@ -226,14 +245,14 @@ func (c *Checker) startLocked(st *bstate) {
 // loop runs f at once and then every period until ctx is done.
 func (c *Checker) loop(ctx context.Context, every time.Duration, f func(context.Context)) {
 	defer c.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
 	for {
 		c.safely(ctx, f)
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-ticker.C:
 		}
 	}
 }
@@ -272,10 +291,10 @@ func (c *Checker) each(ctx context.Context, f func(context.Context, *bstate)) {
 		return
 	}
 	c.mu.Lock()
-	sts := append([]*bstate(nil), c.order...)
+	tracked := append([]*bstate(nil), c.order...)
 	c.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, st := range sts {
+	for _, st := range tracked {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -285,22 +304,35 @@ func (c *Checker) each(ctx context.Context, f func(context.Context, *bstate)) {
 	wg.Wait()
 }
 
-// get fetches url with the check Timeout. On success the caller must close the body.
-func (c *Checker) get(ctx context.Context, url string) (*http.Response, context.CancelFunc, error) {
+// get fetches url with the check Timeout and, when the response is a 2xx, hands its body
+// to read (nil: the body is drained and dropped). Any other status is an error naming it.
+// The response and its timeout are released before get returns.
+func (c *Checker) get(ctx context.Context, url string, read func(io.Reader) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		cancel()
-		return nil, nil, err
+		return err
 	}
-	req.Header.Set("User-Agent", "prefixlb-health")
+	req.Header.Set("User-Agent", userAgent)
 	resp, err := c.client.Do(req)
 	if err != nil {
-		cancel()
-		return nil, nil, err
+		return err
 	}
-	return resp, cancel, nil
+	defer resp.Body.Close()
+	if resp.StatusCode < http.StatusOK || resp.StatusCode >= http.StatusMultipleChoices {
+		drain(resp.Body)
+		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+	}
+	if read == nil {
+		drain(resp.Body)
+		return nil
+	}
+	return read(resp.Body)
 }
+
+// drain reads and drops up to drainBytes of body, so that its connection can be reused.
+func drain(body io.Reader) { _, _ = io.Copy(io.Discard, io.LimitReader(body, drainBytes)) }
 
 // applyLocked writes st's combined verdict to the backend. On a change it logs one line
 // (reason and extra fields included); on a return to healthy it also bumps the cache epoch.
@@ -315,7 +347,7 @@ func (c *Checker) applyLocked(st *bstate, reason string, extra ...zap.Field) boo
 		// reschedule), so the prefix index must not route on what it held. A new backend's
 		// first pass bumps it too, which costs nothing: nothing was recorded for it yet.
 		st.b.ResetCache()
-		st.resetSinceScr = true
+		st.resetSinceScrape = true
 		c.log.Info("backend healthy", append([]zap.Field{zap.String("backend", st.b.Name),
 			zap.String("reason", reason), zap.Uint64("cache_epoch", st.b.Epoch())}, extra...)...)
 	} else {
@@ -329,21 +361,29 @@ func (c *Checker) applyLocked(st *bstate, reason string, extra ...zap.Field) boo
 	return true
 }
 
+// tallyLocked counts the backends that panic mode counts, those that passed an active check
+// at least once (all of them when checks are disabled), and also even if it never passed
+// (nil: none), and returns how many it counted and how many of those, also excepted, are
+// healthy.
+func (c *Checker) tallyLocked(also *bstate) (counted, healthy int) {
+	for _, st := range c.order {
+		if !c.o.Disabled && !st.everPassed && st != also {
+			continue
+		}
+		counted++
+		if st != also && st.healthyLocked() {
+			healthy++
+		}
+	}
+	return counted, healthy
+}
+
 // panicCheckLocked logs entering and leaving panic mode, computed as backend.Healthy does:
 // over the backends that passed an active check at least once (all, when checks are
 // disabled). A backend that never passed (not checked yet, or still loading its model) is
 // neither routed to nor counted, so a scale-up or a start does not look like an outage.
 func (c *Checker) panicCheckLocked() {
-	n, healthy := 0, 0
-	for _, st := range c.order {
-		if !c.o.Disabled && !st.everPassed {
-			continue
-		}
-		n++
-		if st.healthyLocked() {
-			healthy++
-		}
-	}
+	n, healthy := c.tallyLocked(nil)
 	p := n > 0 && 2*healthy < n
 	if p == c.panicMode {
 		return

@@ -90,49 +90,40 @@ func DefaultOptions() Options {
 	}
 }
 
+// withDefaults returns o with every field left at zero (or below) set to its default, except
+// ConsecutiveFailures (negative: off) and ScrapeInterval (0 or negative: off), and the
+// ejection bounds made consistent.
 func (o Options) withDefaults() Options {
-	d := DefaultOptions()
+	def := DefaultOptions()
 	if o.Path == "" {
-		o.Path = d.Path
-	}
-	if o.Interval <= 0 {
-		o.Interval = d.Interval
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = d.Timeout
-	}
-	if o.Rise <= 0 {
-		o.Rise = d.Rise
-	}
-	if o.Fall <= 0 {
-		o.Fall = d.Fall
-	}
-	if o.ConsecutiveFailures == 0 {
-		o.ConsecutiveFailures = d.ConsecutiveFailures
-	}
-	if o.BaseEjection <= 0 {
-		o.BaseEjection = d.BaseEjection
-	}
-	if o.MaxEjection <= 0 {
-		o.MaxEjection = d.MaxEjection
-	}
-	if o.MaxEjection < o.BaseEjection {
-		o.MaxEjection = o.BaseEjection
-	}
-	if o.MaxEjectedPercent <= 0 {
-		o.MaxEjectedPercent = d.MaxEjectedPercent
-	}
-	if o.MaxEjectedPercent > 100 {
-		o.MaxEjectedPercent = 100
-	}
-	if o.ScrapeInterval < 0 {
-		o.ScrapeInterval = 0
+		o.Path = def.Path
 	}
 	if o.MetricsPath == "" {
-		o.MetricsPath = d.MetricsPath
+		o.MetricsPath = def.MetricsPath
 	}
-	if o.ScrapeStaleAfter <= 0 {
-		o.ScrapeStaleAfter = d.ScrapeStaleAfter
+	positiveOr(&o.Interval, def.Interval)
+	positiveOr(&o.Timeout, def.Timeout)
+	positiveOr(&o.Rise, def.Rise)
+	positiveOr(&o.Fall, def.Fall)
+	if o.ConsecutiveFailures == 0 {
+		o.ConsecutiveFailures = def.ConsecutiveFailures
 	}
+	positiveOr(&o.BaseEjection, def.BaseEjection)
+	positiveOr(&o.MaxEjection, def.MaxEjection)
+	o.MaxEjection = max(o.MaxEjection, o.BaseEjection)
+	positiveOr(&o.MaxEjectedPercent, def.MaxEjectedPercent)
+	o.MaxEjectedPercent = min(o.MaxEjectedPercent, allPercent)
+	o.ScrapeInterval = max(o.ScrapeInterval, 0)
+	positiveOr(&o.ScrapeStaleAfter, def.ScrapeStaleAfter)
 	return o
+}
+
+// allPercent is every backend, as a MaxEjectedPercent.
+const allPercent = 100
+
+// positiveOr sets *v to def unless *v is positive.
+func positiveOr[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }

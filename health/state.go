@@ -48,7 +48,7 @@ func (c *Checker) State(b *backend.Backend) State {
 	if st == nil {
 		return State{Name: b.Name, Healthy: b.Healthy(), CacheEpoch: b.Epoch()}
 	}
-	s := State{Name: b.Name, Tracked: true, PassiveFailures: int(st.consec.Load())}
+	s := State{Name: b.Name, Tracked: true, PassiveFailures: int(st.passiveFails.Load())}
 	c.mu.Lock()
 	s.Healthy = b.Healthy()
 	s.ActiveHealthy = st.activeOK
