@@ -387,7 +387,7 @@ func TestRemovedOrRestartedForgotten(t *testing.T) {
 		{"removed and re-added", func(p *Prefix, bs []*backend.Backend) {
 			p.SetBackends(bs[1:])
 			for _, s := range p.Index().Stats(nil) {
-				if s.ID == bs[0].ID {
+				if s.Name == bs[0].Name {
 					t.Errorf("removed backend still in the index: %+v", s)
 				}
 			}

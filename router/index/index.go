@@ -30,7 +30,7 @@
 //
 // Staleness. Entries are tied to the backend's Epoch: after ResetCache (restart, return from
 // unhealthy) Match ignores them at once and the next Record or SetBackends frees them.
-// Removed backends lose their entries in SetBackends or RemoveBackend.
+// Removed backends lose their entries in SetBackends.
 package index
 
 import (
@@ -39,7 +39,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -69,8 +68,6 @@ type Options struct {
 	// MaxEntries caps the (chunk, backend) entries over all backends (0: DefaultMaxEntries;
 	// negative: no cap).
 	MaxEntries int
-	// Shards is the number of hash shards, rounded up to a power of two (0: defaultShards).
-	Shards int
 }
 
 // defaultShards spreads the chunk hashes over 64 shards, each with its own lock: Records and
@@ -87,13 +84,12 @@ type Index struct {
 	mask        uint64
 	shards      []shard
 
-	mu sync.Mutex // serialises SetBackends and RemoveBackend
+	mu sync.Mutex // serialises SetBackends
 	// retiredStamp is the largest stamp a retired slot issued; a new slot's stamps start
 	// above it, so that a stamp of a backend removed and added again never matches entries
 	// of its new slot. Guarded by mu.
 	retiredStamp int64
 	tab          atomic.Pointer[table]
-	evictions    atomic.Uint64
 }
 
 // table is an immutable snapshot of the registered backends.
@@ -103,7 +99,10 @@ type table struct {
 }
 
 // New returns an empty Index.
-func New(o Options) *Index {
+func New(o Options) *Index { return newIndex(o, defaultShards) }
+
+// newIndex returns an empty Index of shards hash shards, rounded up to a power of two.
+func newIndex(o Options, shards int) *Index {
 	if o.ChunkTokens <= 0 {
 		o.ChunkTokens = key.DefaultChunkTokens
 	}
@@ -113,12 +112,9 @@ func New(o Options) *Index {
 	if o.MaxEntries == 0 {
 		o.MaxEntries = DefaultMaxEntries
 	}
-	n := defaultShards
-	if o.Shards > 0 {
-		n = 1
-		for n < o.Shards {
-			n <<= 1
-		}
+	n := 1
+	for n < shards {
+		n <<= 1
 	}
 	x := &Index{
 		chunkTokens: int64(o.ChunkTokens),
@@ -172,7 +168,7 @@ func (x *Index) SetBackends(bs []*backend.Backend) {
 			continue // more backends than slots; they are simply not indexed
 		}
 		used = setBit(used, num)
-		s := &slot{num: uint16(num), id: b.ID, name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx, stamp: x.retiredStamp}
+		s := &slot{num: uint16(num), name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx, stamp: x.retiredStamp}
 		s.epoch.Store(b.Epoch())
 		next.byID[b.ID] = s
 	}
@@ -185,25 +181,6 @@ func (x *Index) SetBackends(bs []*backend.Backend) {
 		x.catchUp(s, want[id].Epoch())
 		s.mu.Unlock()
 	}
-}
-
-// RemoveBackend frees all entries of b and forgets it. Unknown backends are ignored.
-func (x *Index) RemoveBackend(b *backend.Backend) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	old := x.tab.Load()
-	s := old.byID[b.ID]
-	if s == nil {
-		return
-	}
-	x.retire(s)
-	next := &table{byID: make(map[uint64]*slot, len(old.byID))}
-	for id, other := range old.byID {
-		if other != s {
-			next.byID[id] = other
-		}
-	}
-	x.install(next) // capacities only grow here: nothing to trim
 }
 
 func setBit(bs []bool, i int) []bool {
@@ -247,7 +224,6 @@ func (x *Index) retire(s *slot) {
 
 // BackendStats describes one backend's part of the index.
 type BackendStats struct {
-	ID   uint64
 	Name string
 	// Entries is the number of chunks recorded for the backend (including, until the next
 	// Record, entries of an old epoch that Match already ignores).
@@ -256,23 +232,14 @@ type BackendStats struct {
 	Capacity int64
 	// Evictions counts entries dropped for capacity (not for restarts or removal).
 	Evictions uint64
-	// Oldest is the last use of the backend's least recently used entry (zero when empty):
-	// now − Oldest approximates how long a prefix survives in that backend's cache.
-	Oldest time.Time
 }
 
 // Stats appends one BackendStats per registered backend to dst, ordered by name.
 func (x *Index) Stats(dst []BackendStats) []BackendStats {
 	start := len(dst)
 	for _, s := range x.tab.Load().byID {
-		st := BackendStats{ID: s.id, Name: s.name, Capacity: s.capacity.Load(), Evictions: s.evictions.Load()}
-		s.mu.Lock()
-		st.Entries = s.count.Load()
-		if s.tail != nilIdx {
-			st.Oldest = time.Unix(0, s.nodes[s.tail].used&^added)
-		}
-		s.mu.Unlock()
-		dst = append(dst, st)
+		dst = append(dst, BackendStats{Name: s.name, Entries: s.count.Load(), Capacity: s.capacity.Load(),
+			Evictions: s.evictions.Load()})
 	}
 	slices.SortFunc(dst[start:], func(a, b BackendStats) int { return cmp.Compare(a.Name, b.Name) })
 	return dst
@@ -298,6 +265,3 @@ func (x *Index) Chunks() int {
 	}
 	return n
 }
-
-// Evictions counts entries dropped for capacity since the Index was made.
-func (x *Index) Evictions() uint64 { return x.evictions.Load() }

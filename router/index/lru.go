@@ -12,7 +12,6 @@ import (
 // slot is one backend's part of the index: its LRU list of entries.
 type slot struct {
 	num  uint16
-	id   uint64
 	name string
 
 	removed   atomic.Bool   // retired; its number may belong to a new slot
@@ -90,7 +89,6 @@ func (x *Index) evict(s *slot) {
 	s.unlink(tail)
 	s.release(tail)
 	s.evictions.Add(1)
-	x.evictions.Add(1)
 }
 
 // trim evicts until s is within its capacity (which SetBackends may have lowered).

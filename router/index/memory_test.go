@@ -98,8 +98,8 @@ func measureMemory(tb testing.TB, sc memScenario) memResult {
 	}
 	grown := heap() - base
 	f := x.footprint()
-	if want := int64(prompts * promptChunks * sc.holders); f.entries != want || x.Evictions() != 0 {
-		tb.Fatalf("%v: %d entries, %d evictions; want %d, 0", sc, f.entries, x.Evictions(), want)
+	if want := int64(prompts * promptChunks * sc.holders); f.entries != want || evictions(x) != 0 {
+		tb.Fatalf("%v: %d entries, %d evictions; want %d, 0", sc, f.entries, evictions(x), want)
 	}
 	runtime.KeepAlive(x)
 	return memResult{heap: grown / float64(f.entries), f: f}

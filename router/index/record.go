@@ -94,7 +94,6 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	}
 	if evicted > 0 {
 		s.evictions.Add(evicted)
-		x.evictions.Add(evicted)
 	}
 	return Stamp(t)
 }
