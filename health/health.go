@@ -20,7 +20,7 @@
 // has probably lost its KV cache, and the prefix index must forget what it held.
 //
 // Timing runs on real tickers; every timestamp and every ejection deadline comes from the
-// injected clock, and CheckOnce/ScrapeOnce let tests drive the Checker without waiting.
+// injected clock, and CheckOnce lets callers drive the active checks without waiting.
 package health
 
 import (
@@ -91,7 +91,7 @@ type bstate struct {
 	lastReturn       time.Time    // when the last ejection ended
 	capLogged        bool         // "not ejected: cap" logged for the current streak
 	resetSinceScrape bool         // the epoch was bumped since the last successful scrape
-	// Scraping: written by the backend's scrape goroutine (or ScrapeOnce), read lock-free.
+	// Scraping: written by the backend's scrape goroutine (or a test's scrapeAll), read lock-free.
 	scrape     atomic.Pointer[scrapeResult]
 	scrapeMu   sync.Mutex // serialises scrapes of this backend
 	scrapeFail bool       // guarded by scrapeMu: the last scrape failed (for logging changes)

@@ -237,7 +237,7 @@ func TestOnceAfterClose(t *testing.T) {
 	c.SetBackends([]*backend.Backend{b})
 	c.Close()
 	c.CheckOnce(bg)
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	if n, m := srv.checks.Load(), srv.scrapes.Load(); n != 0 || m != 0 {
 		t.Fatalf("after Close: %d checks, %d scrapes; want 0 0", n, m)
 	}

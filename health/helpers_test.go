@@ -138,3 +138,9 @@ func countLogs(logs *observer.ObservedLogs, msg string) int {
 }
 
 var bg = context.Background()
+
+// scrapeAll scrapes every tracked backend's metrics once, concurrently, and returns when all
+// scrapes are done or ctx ends. It scrapes even when ScrapeInterval is 0; not after Close.
+func (c *Checker) scrapeAll(ctx context.Context) {
+	c.each(ctx, c.scrapeOne)
+}

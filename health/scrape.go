@@ -76,28 +76,6 @@ func (c *Checker) fresh(r *scrapeResult) bool {
 // capacity first appears or changes; the prefix index resizes that backend's share then.
 func (c *Checker) OnKVCapacity(f func(b *backend.Backend)) { c.kvHook.Store(&f) }
 
-// KVCapacityTokens returns b's KV-cache capacity in tokens from the last successful scrape:
-// num_gpu_blocks × block_size of vllm:cache_config_info, or sglang:max_total_num_tokens.
-// ok is false when the server never reported it. Capacity does not go stale: it changes only
-// with a restart, which a later scrape sees.
-func (c *Checker) KVCapacityTokens(b *backend.Backend) (tokens int64, ok bool) {
-	st := c.lookup(b)
-	if st == nil {
-		return 0, false
-	}
-	r := st.scrape.Load()
-	if r == nil || !r.good || r.load.NumGPUBlocks <= 0 || r.load.BlockSize <= 0 {
-		return 0, false
-	}
-	return r.load.NumGPUBlocks * r.load.BlockSize, true
-}
-
-// ScrapeOnce scrapes every tracked backend's metrics once, concurrently, and returns when all
-// scrapes are done or ctx ends. It scrapes even when ScrapeInterval is 0; not after Close.
-func (c *Checker) ScrapeOnce(ctx context.Context) {
-	c.each(ctx, c.scrapeOne)
-}
-
 // maxMetricsBytes bounds what a scrape reads: vLLM's full exposition with histograms is
 // 50–300 KB.
 const maxMetricsBytes = 16 << 20
