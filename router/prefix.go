@@ -109,7 +109,7 @@ func (p *Prefix) SetBackends(all []*backend.Backend) {
 		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
 		ids[i] = b.ID
 	}
-	p.ring.Store(&placement{ring: hashring.New(ms, nil), ids: ids})
+	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
 	p.idx.SetBackends(all)
 }
 

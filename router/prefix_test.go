@@ -299,7 +299,7 @@ func ringOwner(bs []*backend.Backend, key uint64) *backend.Backend {
 	for i, b := range bs {
 		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
 	}
-	return bs[hashring.New(ms, nil).Get(key)]
+	return bs[hashring.New(ms).Lookup(key, nil)]
 }
 
 // (b) Every request shares one long system prompt and then differs: the load spreads
