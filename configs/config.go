@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"time"
 
@@ -284,15 +283,6 @@ var (
 	logLevels  = []string{"debug", "info", "warn", "error"}
 	logFormats = []string{"json", "console"}
 )
-
-// Load reads and parses a YAML file, applies defaults and validates.
-func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return Parse(data)
-}
 
 // Parse parses YAML, applies defaults and validates. Unknown fields are errors.
 func Parse(data []byte) (*Config, error) {

@@ -18,11 +18,22 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-func TestExampleConfigParses(t *testing.T) {
-	c, err := Load("prefixlb.yaml")
+// parseFile reads and parses a config file as Parse does.
+func parseFile(t *testing.T, path string) *Config {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	c, err := Parse(data)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return c
+}
+
+func TestExampleConfigParses(t *testing.T) {
+	c := parseFile(t, exampleFile)
 	if c.Mode != "prefix" || len(c.Backends) != 2 || c.Backends[0].KVCacheTokens != 500000 {
 		t.Errorf("unexpected example config: %+v", c)
 	}
