@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -79,7 +80,7 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 			return nil, fmt.Errorf("discovery.dns: SRV %s: %w", d.Name, err)
 		}
 		for _, rec := range recs {
-			host := trimDot(rec.Target)
+			host := strings.TrimSuffix(rec.Target, ".") // the root of a fully qualified name
 			urls = append(urls, scheme+"://"+net.JoinHostPort(host, strconv.Itoa(int(rec.Port))))
 		}
 	} else {
@@ -160,11 +161,4 @@ func (d *DNS) Run(ctx context.Context, onChange func([]string), onError func(err
 		case <-t.C:
 		}
 	}
-}
-
-func trimDot(s string) string {
-	if n := len(s); n > 0 && s[n-1] == '.' {
-		return s[:n-1]
-	}
-	return s
 }

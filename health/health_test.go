@@ -140,11 +140,7 @@ func TestReturnFromUnhealthyBumpsEpoch(t *testing.T) {
 }
 
 func TestPanicModeLoggedOnce(t *testing.T) {
-	srvs := []*fakeServer{newFakeServer(t), newFakeServer(t), newFakeServer(t), newFakeServer(t)}
-	var bs []*backend.Backend
-	for _, s := range srvs {
-		bs = append(bs, s.backend(t))
-	}
+	srvs, bs := fakeServers(t, 4)
 	c, _, logs := newTestChecker(t, Options{Rise: 1, Fall: 1})
 	const enter = "fewer than half the backends are healthy: routing to all of them (panic mode)"
 	const leave = "half or more of the backends are healthy again: leaving panic mode"

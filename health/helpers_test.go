@@ -96,6 +96,18 @@ func (f *fakeServer) backend(t testing.TB) *backend.Backend {
 	return b
 }
 
+// fakeServers returns n fake model servers and a backend for each.
+func fakeServers(t testing.TB, n int) ([]*fakeServer, []*backend.Backend) {
+	t.Helper()
+	srvs := make([]*fakeServer, n)
+	bs := make([]*backend.Backend, n)
+	for i := range srvs {
+		srvs[i] = newFakeServer(t)
+		bs[i] = srvs[i].backend(t)
+	}
+	return srvs, bs
+}
+
 // deadBackend returns a backend on a 127.0.0.1 port nothing listens on.
 func deadBackend(t testing.TB) *backend.Backend {
 	t.Helper()

@@ -43,6 +43,19 @@ func TestScrapeFixtures(t *testing.T) {
 	}
 }
 
+// parseText parses an exposition text and checks the Load it makes against want.
+func parseText(t *testing.T, text string, want Load) *metrics {
+	t.Helper()
+	var m metrics
+	if err := parseMetrics(bufio.NewReader(strings.NewReader(text)), &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.load(time.Time{}); !loadEqual(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+	return &m
+}
+
 func loadEqual(a, b Load) bool {
 	const eps = 1e-9
 	near := func(x, y float64) bool { return x-y < eps && y-x < eps }
@@ -85,13 +98,7 @@ func TestParseMetrics(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.desc, func(t *testing.T) {
-			var m metrics
-			if err := parseMetrics(bufio.NewReader(strings.NewReader(tt.text)), &m); err != nil {
-				t.Fatal(err)
-			}
-			if got := m.load(time.Time{}); !loadEqual(got, tt.want) {
-				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
-			}
+			parseText(t, tt.text, tt.want)
 		})
 	}
 }
@@ -384,17 +391,11 @@ var validExposition = []struct {
 func TestParseMetricsValidExposition(t *testing.T) {
 	for _, tt := range validExposition {
 		t.Run(tt.desc, func(t *testing.T) {
-			var m metrics
-			if err := parseMetrics(bufio.NewReader(strings.NewReader(tt.text)), &m); err != nil {
-				t.Fatal(err)
-			}
-			if got := m.load(time.Time{}); !loadEqual(got, tt.want) {
-				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
-			}
+			m := parseText(t, tt.text, tt.want)
 			if m.prompt != tt.prompt {
 				t.Fatalf("prompt tokens %v, want %v", m.prompt, tt.prompt)
 			}
-			checkParsed(t, tt.text, &m)
+			checkParsed(t, tt.text, m)
 		})
 	}
 }

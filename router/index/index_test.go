@@ -431,19 +431,8 @@ type memUse struct{ fill, churn, sys, rss float64 }
 // measures again. Heap figures are bytes per entry; sys and rss are process-wide bytes.
 func fillMillion(tb testing.TB, holders int) memUse {
 	const nb, perBackend, promptChunks = 8, 125_000, 25
-	bs := make([]*backend.Backend, nb)
-	for i := range bs {
-		bs[i] = newBackend(tb, fmt.Sprintf("b%d", i), perBackend*64)
-	}
 	var ms runtime.MemStats
-	heap := func() float64 {
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
-		return float64(ms.HeapAlloc)
-	}
-	base := heap()
-	x := New(Options{ChunkTokens: 64, MaxEntries: -1})
-	x.SetBackends(bs)
+	x, bs, base, heap := memSetup(tb, nb, perBackend, &ms)
 	prompts := nb * perBackend / promptChunks / holders
 	record := func(from int) {
 		for p := from; p < from+prompts; p++ {
