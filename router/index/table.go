@@ -24,6 +24,13 @@ type chunk struct {
 
 const minTableSlots = 16
 
+// A table doubles when an insertion would make it more than growNum/growDen full, and halves
+// when a deletion leaves it less than 1/shrinkDen full: it runs between 3/8 and 3/4 full.
+const (
+	growNum, growDen = 3, 4
+	shrinkDen        = 8
+)
+
 func (t *chunkTable) home(key uint64) int { return int((key * fibonacci) >> t.shift) }
 
 // get returns the chunk of key, or nil. The pointer is valid until the next put or del.
@@ -58,7 +65,7 @@ func (t *chunkTable) put(key uint64) *chunk {
 		if c.key != 0 {
 			continue
 		}
-		if 4*(t.n+1) > 3*len(t.slots) {
+		if growDen*(t.n+1) > growNum*len(t.slots) {
 			t.resize(2 * len(t.slots))
 			return t.put(key)
 		}
@@ -97,7 +104,7 @@ func (t *chunkTable) del(key uint64) {
 	}
 	t.slots[i] = chunk{}
 	t.n--
-	if len(t.slots) > minTableSlots && 8*t.n < len(t.slots) {
+	if len(t.slots) > minTableSlots && shrinkDen*t.n < len(t.slots) {
 		t.resize(len(t.slots) / 2)
 	}
 }
