@@ -24,8 +24,8 @@ type chunk struct {
 
 const minTableSlots = 16
 
-// A table doubles when an insertion would make it more than growNum/growDen full, and halves
-// when a deletion leaves it less than 1/shrinkDen full: it runs between 3/8 and 3/4 full.
+// A table doubles when an insertion would make it more than growNum/growDen full (to 3/8
+// full), and halves when a deletion leaves it less than 1/shrinkDen full (to 1/4 full).
 const (
 	growNum, growDen = 3, 4
 	shrinkDen        = 8
