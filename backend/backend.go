@@ -43,7 +43,12 @@ type Backend struct {
 	served        atomic.Uint64
 }
 
-// New parses rawURL ("http://host:port", optional path is ignored) into a Backend.
+// DefaultWeight is the weight of a backend configured without one: 1, an equal share of the
+// hash ring (and so of new, cold prefixes) with every other default-weight backend.
+const DefaultWeight = 1
+
+// New parses rawURL ("http://host:port", optional path is ignored) into a Backend. A weight
+// of 0 or below takes DefaultWeight.
 // Errors say what is wrong with the URL; the caller prefixes the config field name. A URL
 // with credentials (user:password@host) is refused: prefixlb would never send them, and the
 // URL is the backend's name in the x-prefixlb-backend header, logs and metric labels. No
@@ -85,7 +90,7 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 		}
 	}
 	if weight <= 0 {
-		weight = 1
+		weight = DefaultWeight
 	}
 	name := strings.TrimRight(rawURL, "/")
 	return &Backend{

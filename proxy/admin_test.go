@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router/index"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // metricSample is one sample line of a Prometheus text page.
@@ -199,7 +201,7 @@ func adminMetricsAfterTraffic(t *testing.T, mode string) {
 	}
 	if mode == "prefix" {
 		want = append(want,
-			fmt.Sprintf(`prefixlb_index_capacity_entries{%s} %d`, lbl, configs.DefaultKVCacheTokens/configs.DefaultChunkTokens),
+			fmt.Sprintf(`prefixlb_index_capacity_entries{%s} %d`, lbl, index.DefaultKVCacheTokens/key.DefaultChunkTokens),
 			`prefixlb_index_evictions_total{`+lbl+`} 0`)
 	}
 	for _, w := range want {
