@@ -52,14 +52,7 @@ func newServer(cfg *configs.Config, log *zap.Logger) (*proxy.Server, error) {
 
 // newPolicy returns the policy of cfg.Mode from router's table of modes.
 func newPolicy(cfg *configs.Config) (router.Policy, error) {
-	p := cfg.Prefix
-	pol, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: router.PrefixOptions{
-		ChunkTokens:          p.ChunkTokens,
-		LoadFactor:           p.LoadFactor,
-		LoadMargin:           p.LoadMargin,
-		MaxIndexEntries:      p.MaxIndexEntries,
-		DefaultKVCacheTokens: p.DefaultKVCacheTokens,
-	}})
+	pol, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: cfg.Prefix.RouterOptions()})
 	if err != nil {
 		return nil, fmt.Errorf("mode: %w", err)
 	}

@@ -43,7 +43,13 @@ func (f *reloadFile) write(body string) {
 	}
 }
 
-func (f *reloadFile) load() (*configs.Config, error) { return configs.Load(f.path) }
+func (f *reloadFile) load() (*configs.Config, error) {
+	data, err := os.ReadFile(f.path)
+	if err != nil {
+		return nil, err
+	}
+	return configs.Parse(data)
+}
 
 // reloadConf is a valid round-robin config with active checks off and the given backends.
 func reloadConf(urls ...string) string {

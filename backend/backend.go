@@ -43,7 +43,12 @@ type Backend struct {
 	served        atomic.Uint64
 }
 
-// New parses rawURL ("http://host:port", optional path is ignored) into a Backend.
+// DefaultWeight is the weight of a backend configured without one: 1, an equal share of the
+// hash ring (and so of new, cold prefixes) with every other default-weight backend.
+const DefaultWeight = 1
+
+// New parses rawURL ("http://host:port", optional path is ignored) into a Backend. A weight
+// of 0 or below takes DefaultWeight.
 // Errors say what is wrong with the URL; the caller prefixes the config field name. A URL
 // with credentials (user:password@host) is refused: prefixlb would never send them, and the
 // URL is the backend's name in the x-prefixlb-backend header, logs and metric labels. No
@@ -56,6 +61,12 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 	if !strings.Contains(rawURL, "://") {
 		return nil, fmt.Errorf("missing scheme (want http:// or https://): %q", shown)
 	}
+	const credentials = "%q has credentials (user:password@): prefixlb does not send them, and the URL is the backend's name in headers, logs and metrics; remove them"
+	if strings.Contains(rawURL, "@") {
+		// Refused before parsing: a password with an unencoded '/', '?' or '#' makes the
+		// parser read part of it as the host or port, and its error would quote that part.
+		return nil, fmt.Errorf(credentials, shown)
+	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		var ue *url.Error
@@ -63,9 +74,6 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 			err = ue.Err // its message quotes the whole URL
 		}
 		return nil, fmt.Errorf("%q is not a URL: %v", shown, err)
-	}
-	if u.User != nil {
-		return nil, fmt.Errorf("%q has credentials (user:password@): prefixlb does not send them, and the URL is the backend's name in headers, logs and metrics; remove them", shown)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return nil, fmt.Errorf("unsupported scheme %q (want http or https)", u.Scheme)
@@ -85,7 +93,7 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 		}
 	}
 	if weight <= 0 {
-		weight = 1
+		weight = DefaultWeight
 	}
 	name := strings.TrimRight(rawURL, "/")
 	return &Backend{
@@ -98,18 +106,16 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 	}, nil
 }
 
-// redactURL returns raw with its userinfo (what precedes an '@' in the authority) replaced
-// by "xxxxx", for error messages; raw need not parse.
+// redactURL returns raw with everything between the scheme and its last '@' replaced by
+// "xxxxx", for error messages; raw need not parse. A password may hold an unencoded '/', '?'
+// or '#' (base64 tokens do), so the authority's end cannot be trusted: an '@' in a path or
+// query also redacts what precedes it, which costs an error message its host, never a secret.
 func redactURL(raw string) string {
 	start := 0
 	if i := strings.Index(raw, "://"); i >= 0 {
 		start = i + len("://")
 	}
-	end := len(raw)
-	if i := strings.IndexAny(raw[start:], "/?#"); i >= 0 {
-		end = start + i
-	}
-	at := strings.LastIndexByte(raw[start:end], '@')
+	at := strings.LastIndexByte(raw[start:], '@')
 	if at < 0 {
 		return raw
 	}

@@ -1,5 +1,11 @@
 // Package configs holds prefixlb's configuration: the YAML schema, defaults applied in one
 // place (ApplyDefaults), and validation whose errors name the field (Validate).
+//
+// The defaults of a library's options are the library's own (health.DefaultOptions,
+// router.DefaultLoadFactor, index.DefaultKVCacheTokens, key.DefaultChunkTokens,
+// discovery.DefaultInterval, backend.DefaultWeight); ApplyDefaults writes them into the
+// Config, so that a parsed Config shows every value in force. Only the proxy's own settings
+// (listeners, mode, timeouts, limits, logging, response headers) have their defaults here.
 package configs
 
 import (
@@ -8,12 +14,17 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
+	"slices"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/discovery"
+	"github.com/prefixlb/prefixlb/health"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/index"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // Modes are the routing policies prefixlb offers.
@@ -74,7 +85,7 @@ type DNSDiscovery struct {
 	SRV bool `yaml:"srv"`
 	// Scheme is http or https.
 	Scheme string `yaml:"scheme"`
-	// Interval between resolutions (default 10s).
+	// Interval between resolutions (default discovery.DefaultInterval, 10s).
 	Interval Duration `yaml:"interval"`
 	// KVCacheTokens is each discovered backend's KV capacity in tokens (0: prefix.default_kv_cache_tokens).
 	KVCacheTokens int64 `yaml:"kv_cache_tokens"`
@@ -124,8 +135,9 @@ type Prefix struct {
 	ChunkTokens int `yaml:"chunk_tokens"`
 	// LoadFactor is c in the bounded-load cap ceil(c × (total in-flight + 1) / n).
 	LoadFactor float64 `yaml:"load_factor"`
-	// LoadMargin is an absolute number of requests added to the cap so low load does not flap.
-	LoadMargin int `yaml:"load_margin"`
+	// LoadMargin is an absolute number of requests added to the cap so low load does not
+	// flap. Left out: router.DefaultLoadMargin (2); 0: no margin.
+	LoadMargin OptionalInt `yaml:"load_margin"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -171,6 +183,35 @@ type Backend struct {
 	Weight int `yaml:"weight"`
 }
 
+// OptionalInt is an integer field whose zero is a meaningful value (prefix.load_margin: 0 is
+// no margin), so that a 0 written in the file is told apart from a field left out: Set
+// records that the file, or ApplyDefaults, gave the field its value V. In YAML it is a plain
+// integer; a null leaves it unset.
+type OptionalInt struct {
+	V   int
+	Set bool
+}
+
+// UnmarshalYAML reads an integer and marks the field set.
+func (o *OptionalInt) UnmarshalYAML(n *yaml.Node) error {
+	var v int
+	if err := n.Decode(&v); err != nil {
+		return err
+	}
+	*o = OptionalInt{V: v, Set: true}
+	return nil
+}
+
+// MarshalYAML writes the integer.
+func (o OptionalInt) MarshalYAML() (any, error) { return o.V, nil }
+
+// orDefault sets o to def when the file left it out.
+func (o *OptionalInt) orDefault(def int) {
+	if !o.Set {
+		*o = OptionalInt{V: def, Set: true}
+	}
+}
+
 // Duration is a time.Duration written as "5s", "10m" in YAML.
 type Duration time.Duration
 
@@ -194,11 +235,20 @@ func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(),
 // D returns the time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// Defaults. Each names its source.
+// Defaults of the proxy's own settings. Each names its source. The other defaults belong to
+// the packages that use them (see the package comment).
 const (
-	DefaultListen      = "0.0.0.0:8080"
+	// DefaultListen is the data listener: every interface, port 8080.
+	DefaultListen = "0.0.0.0:8080"
+	// DefaultAdminListen is loopback only, so that the debug endpoints are not exposed
+	// (DESIGN.md "Reliability defaults users expect").
 	DefaultAdminListen = "127.0.0.1:9090"
-	DefaultMode        = "prefix"
+	// DefaultMode is the prefix-aware policy.
+	DefaultMode = "prefix"
+	// DefaultLogLevel logs one line per request and every change of state, never prompts.
+	DefaultLogLevel = "info"
+	// DefaultLogFormat is one JSON object a line, for log collectors.
+	DefaultLogFormat = "json"
 	// DefaultMaxRequestBodyBytes is 64 MiB: sglang raised its chat limit to 32 MiB for
 	// images (sglang PR #38735); fasthttp's own 4 MiB default is too small.
 	DefaultMaxRequestBodyBytes = 64 << 20
@@ -225,32 +275,33 @@ const (
 	DefaultMaxBufferedBodyBytes = 1 << 30
 	// DefaultShutdownGrace matches Kubernetes' default terminationGracePeriodSeconds.
 	DefaultShutdownGrace = 30 * time.Second
-	// DefaultChunkTokens: 64 approximate tokens ≈ 256 bytes; smaller chunks blew up peers' memory.
-	DefaultChunkTokens = 64
-	// DefaultLoadFactor is c = 1.25 (Mirrokni et al.; HAProxy's hash-balance-factor 125).
-	DefaultLoadFactor = 1.25
-	// DefaultLoadMargin: an absolute margin, because a relative factor alone misfires at low
-	// load (smg PR #2150).
-	DefaultLoadMargin = 2
-	// DefaultKVCacheTokens: Llama-3-8B in bf16 keeps 2 × 32 layers × 8 KV heads × 128 dims ×
-	// 2 bytes = 128 KiB of KV per token; an 80 GB H100 at vLLM's gpu_memory_utilization 0.9
-	// leaves ≈ 56 GB after 16 GB of weights and activations: ≈ 430k tokens, rounded to 400k.
-	DefaultKVCacheTokens = 400_000
 	// DefaultResponseHeaderBackend: x-prefixlb-backend is on, for debugging routing from the
 	// client side.
 	DefaultResponseHeaderBackend = true
-	// DefaultMaxIndexEntries bounds the index to 4M chunks (≈ 256M tokens of prefixes).
-	DefaultMaxIndexEntries = 4 << 20
 )
 
-// Load reads and parses a YAML file, applies defaults and validates.
-func Load(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	return Parse(data)
-}
+// Bounds that Validate enforces.
+const (
+	// minRequestBodyBytes: 1 KiB, the smallest body limit accepted.
+	minRequestBodyBytes = 1 << 10
+	// maxChunkTokens is the largest chunk size accepted, in approximate tokens.
+	maxChunkTokens = 4096
+	// minInterval bounds health checks, scrapes and DNS resolutions from below, so that a
+	// typo (1ms) does not flood the replicas or the resolver.
+	minInterval = 100 * time.Millisecond
+	// maxThreshold bounds health.healthy_threshold and health.unhealthy_threshold.
+	maxThreshold = 100
+	// maxWeight bounds backends[].weight.
+	maxWeight = 1000
+	// maxPort is the largest TCP port.
+	maxPort = 65535
+)
+
+// logLevels and logFormats are the values log.level and log.format accept.
+var (
+	logLevels  = []string{"debug", "info", "warn", "error"}
+	logFormats = []string{"json", "console"}
+)
 
 // Parse parses YAML, applies defaults and validates. Unknown fields are errors.
 func Parse(data []byte) (*Config, error) {
@@ -277,18 +328,9 @@ func ParseRaw(data []byte) (*Config, error) {
 	return c, nil
 }
 
-// ApplyDefaults fills every zero field with its default. It is the one place defaults live.
+// ApplyDefaults fills every field left out with its default. It is the one place the
+// Config's defaults are applied; the numbers are those of the packages that use them.
 func (c *Config) ApplyDefaults() {
-	setS := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	setD := func(p *Duration, v time.Duration) {
-		if *p == 0 {
-			*p = Duration(v)
-		}
-	}
 	setS(&c.Listen, DefaultListen)
 	setS(&c.AdminListen, DefaultAdminListen)
 	setS(&c.Mode, DefaultMode)
@@ -296,62 +338,84 @@ func (c *Config) ApplyDefaults() {
 		on := DefaultResponseHeaderBackend
 		c.ResponseHeaders.Backend = &on
 	}
-	setS(&c.Log.Level, "info")
-	setS(&c.Log.Format, "json")
-	if c.MaxRequestBodyBytes == 0 {
-		c.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
-	}
+	setS(&c.Log.Level, DefaultLogLevel)
+	setS(&c.Log.Format, DefaultLogFormat)
+	setI(&c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
+	t := &c.Timeouts
+	setD(&t.Connect, DefaultConnect)
+	setD(&t.ResponseHeader, DefaultResponseHeader)
+	setD(&t.Idle, DefaultIdle)
+	setD(&t.ShutdownGrace, DefaultShutdownGrace)
+	setD(&t.ClientRead, DefaultClientRead)
+	setD(&t.ClientWrite, DefaultClientWrite)
+	setD(&t.ClientBodyIdle, DefaultClientBodyIdle)
 	if c.Limits.MaxBufferedBodyBytes == 0 {
 		c.Limits.MaxBufferedBodyBytes = DefaultMaxBufferedBodyBytes
 	}
-	setD(&c.Timeouts.ClientBodyIdle, DefaultClientBodyIdle)
-	setD(&c.Timeouts.Connect, DefaultConnect)
-	setD(&c.Timeouts.ResponseHeader, DefaultResponseHeader)
-	setD(&c.Timeouts.Idle, DefaultIdle)
-	setD(&c.Timeouts.ShutdownGrace, DefaultShutdownGrace)
-	setD(&c.Timeouts.ClientRead, DefaultClientRead)
-	setD(&c.Timeouts.ClientWrite, DefaultClientWrite)
-	if c.Prefix.ChunkTokens == 0 {
-		c.Prefix.ChunkTokens = DefaultChunkTokens
+	p := &c.Prefix
+	setI(&p.ChunkTokens, key.DefaultChunkTokens)
+	if p.LoadFactor == 0 {
+		p.LoadFactor = router.DefaultLoadFactor
 	}
-	if c.Prefix.LoadFactor == 0 {
-		c.Prefix.LoadFactor = DefaultLoadFactor
+	p.LoadMargin.orDefault(router.DefaultLoadMargin)
+	if p.DefaultKVCacheTokens == 0 {
+		p.DefaultKVCacheTokens = index.DefaultKVCacheTokens
 	}
-	if c.Prefix.LoadMargin == 0 {
-		c.Prefix.LoadMargin = DefaultLoadMargin
-	}
-	if c.Prefix.DefaultKVCacheTokens == 0 {
-		c.Prefix.DefaultKVCacheTokens = DefaultKVCacheTokens
-	}
-	if c.Prefix.MaxIndexEntries == 0 {
-		c.Prefix.MaxIndexEntries = DefaultMaxIndexEntries
-	}
+	setI(&p.MaxIndexEntries, index.DefaultMaxEntries)
 	for i := range c.Backends {
-		if c.Backends[i].Weight == 0 {
-			c.Backends[i].Weight = 1
-		}
+		setI(&c.Backends[i].Weight, backend.DefaultWeight)
 	}
-	h := &c.Health
-	setS(&h.Path, "/health")
-	setS(&h.MetricsPath, "/metrics")
-	setD(&h.Interval, 5*time.Second)
-	setD(&h.Timeout, 2*time.Second)
-	setD(&h.BaseEjection, 30*time.Second)
-	setD(&h.MaxEjection, 300*time.Second)
-	setD(&h.ScrapeInterval, time.Second)
-	setD(&h.ScrapeStaleAfter, 5*time.Second)
-	setI := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
+	h, d := &c.Health, health.DefaultOptions()
+	setS(&h.Path, d.Path)
+	setS(&h.MetricsPath, d.MetricsPath)
+	setD(&h.Interval, d.Interval)
+	setD(&h.Timeout, d.Timeout)
+	setD(&h.BaseEjection, d.BaseEjection)
+	setD(&h.MaxEjection, d.MaxEjection)
+	setD(&h.ScrapeInterval, d.ScrapeInterval)
+	setD(&h.ScrapeStaleAfter, d.ScrapeStaleAfter)
+	setI(&h.HealthyThreshold, d.Rise)
+	setI(&h.UnhealthyThreshold, d.Fall)
+	setI(&h.ConsecutiveFailures, d.ConsecutiveFailures)
+	setI(&h.MaxEjectedPercent, d.MaxEjectedPercent)
+	if dns := c.Discovery.DNS; dns != nil {
+		setS(&dns.Scheme, discovery.DefaultScheme)
+		setD(&dns.Interval, discovery.DefaultInterval)
 	}
-	setI(&h.HealthyThreshold, 2)
-	setI(&h.UnhealthyThreshold, 3)
-	setI(&h.ConsecutiveFailures, 5)
-	setI(&h.MaxEjectedPercent, 50)
-	if d := c.Discovery.DNS; d != nil {
-		setS(&d.Scheme, "http")
-		setD(&d.Interval, 10*time.Second)
+}
+
+// setS, setI and setD set a field left at zero to its default.
+func setS(p *string, v string) {
+	if *p == "" {
+		*p = v
+	}
+}
+
+func setI(p *int, v int) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+func setD(p *Duration, v time.Duration) {
+	if *p == 0 {
+		*p = Duration(v)
+	}
+}
+
+// RouterOptions are the prefix policy's options from a defaulted prefix section: a
+// load_margin of 0 becomes router.NoLoadMargin, so that it means no margin.
+func (p Prefix) RouterOptions() router.PrefixOptions {
+	margin := p.LoadMargin.V
+	if p.LoadMargin.Set && margin == 0 {
+		margin = router.NoLoadMargin
+	}
+	return router.PrefixOptions{
+		ChunkTokens:          p.ChunkTokens,
+		LoadFactor:           p.LoadFactor,
+		LoadMargin:           margin,
+		MaxIndexEntries:      p.MaxIndexEntries,
+		DefaultKVCacheTokens: p.DefaultKVCacheTokens,
 	}
 }
 
@@ -363,17 +427,17 @@ func (c *Config) Validate() error {
 	if err := checkHostPort(c.AdminListen); err != nil {
 		return fmt.Errorf("admin_listen: %w", err)
 	}
-	if !contains(Modes, c.Mode) {
+	if !slices.Contains(Modes, c.Mode) {
 		return fmt.Errorf("mode: %q is not one of %v", c.Mode, Modes)
 	}
-	if !contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+	if !slices.Contains(logLevels, c.Log.Level) {
 		return fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level)
 	}
-	if !contains([]string{"json", "console"}, c.Log.Format) {
+	if !slices.Contains(logFormats, c.Log.Format) {
 		return fmt.Errorf("log.format: %q is not one of json, console", c.Log.Format)
 	}
-	if c.MaxRequestBodyBytes < 1024 {
-		return fmt.Errorf("max_request_body_bytes: %d is below 1024", c.MaxRequestBodyBytes)
+	if c.MaxRequestBodyBytes < minRequestBodyBytes {
+		return fmt.Errorf("max_request_body_bytes: %d is below %d", c.MaxRequestBodyBytes, minRequestBodyBytes)
 	}
 	if c.Limits.MaxBufferedBodyBytes < int64(c.MaxRequestBodyBytes) {
 		return fmt.Errorf("limits.max_buffered_body_bytes: %d is below max_request_body_bytes (%d): a body of the maximum size could never be accepted",
@@ -392,12 +456,12 @@ func (c *Config) Validate() error {
 	}
 	p := c.Prefix
 	switch {
-	case p.ChunkTokens < 1 || p.ChunkTokens > 4096:
-		return fmt.Errorf("prefix.chunk_tokens: %d is outside 1..4096", p.ChunkTokens)
+	case p.ChunkTokens < 1 || p.ChunkTokens > maxChunkTokens:
+		return fmt.Errorf("prefix.chunk_tokens: %d is outside 1..%d", p.ChunkTokens, maxChunkTokens)
 	case p.LoadFactor < 1:
 		return fmt.Errorf("prefix.load_factor: %g is below 1 (1 = perfect balance, no affinity)", p.LoadFactor)
-	case p.LoadMargin < 0:
-		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin)
+	case p.LoadMargin.V < 0:
+		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin.V)
 	case p.DefaultKVCacheTokens < int64(p.ChunkTokens):
 		return fmt.Errorf("prefix.default_kv_cache_tokens: %d is below one chunk (%d tokens)", p.DefaultKVCacheTokens, p.ChunkTokens)
 	case p.MaxIndexEntries < 1:
@@ -410,12 +474,12 @@ func (c *Config) Validate() error {
 		switch {
 		case d.Name == "":
 			return errors.New("discovery.dns.name: required")
-		case !d.SRV && (d.Port < 1 || d.Port > 65535):
-			return fmt.Errorf("discovery.dns.port: %d is outside 1..65535 (required without srv)", d.Port)
+		case !d.SRV && (d.Port < 1 || d.Port > maxPort):
+			return fmt.Errorf("discovery.dns.port: %d is outside 1..%d (required without srv)", d.Port, maxPort)
 		case d.Scheme != "http" && d.Scheme != "https":
 			return fmt.Errorf("discovery.dns.scheme: %q is not http or https", d.Scheme)
-		case d.Interval.D() < 100*time.Millisecond:
-			return fmt.Errorf("discovery.dns.interval: %s is below 100ms", d.Interval.D())
+		case d.Interval.D() < minInterval:
+			return fmt.Errorf("discovery.dns.interval: %s is below %s", d.Interval.D(), minInterval)
 		case d.KVCacheTokens < 0:
 			return fmt.Errorf("discovery.dns.kv_cache_tokens: %d is negative", d.KVCacheTokens)
 		}
@@ -436,8 +500,8 @@ func (c *Config) Validate() error {
 		if b.KVCacheTokens < 0 {
 			return fmt.Errorf("backends[%d].kv_cache_tokens: %d is negative", i, b.KVCacheTokens)
 		}
-		if b.Weight < 0 || b.Weight > 1000 {
-			return fmt.Errorf("backends[%d].weight: %d is outside 1..1000", i, b.Weight)
+		if b.Weight < 0 || b.Weight > maxWeight {
+			return fmt.Errorf("backends[%d].weight: %d is outside 1..%d", i, b.Weight, maxWeight)
 		}
 	}
 	return nil
@@ -449,22 +513,22 @@ func (h *Health) validate() error {
 		return fmt.Errorf("health.path: %q must start with /", h.Path)
 	case len(h.MetricsPath) == 0 || h.MetricsPath[0] != '/':
 		return fmt.Errorf("health.metrics_path: %q must start with /", h.MetricsPath)
-	case h.Interval.D() < 100*time.Millisecond:
-		return fmt.Errorf("health.interval: %s is below 100ms", h.Interval.D())
+	case h.Interval.D() < minInterval:
+		return fmt.Errorf("health.interval: %s is below %s", h.Interval.D(), minInterval)
 	case h.Timeout.D() <= 0 || h.Timeout.D() > h.Interval.D():
 		return fmt.Errorf("health.timeout: %s must be positive and at most health.interval (%s)", h.Timeout.D(), h.Interval.D())
-	case h.HealthyThreshold < 1 || h.HealthyThreshold > 100:
-		return fmt.Errorf("health.healthy_threshold: %d is outside 1..100", h.HealthyThreshold)
-	case h.UnhealthyThreshold < 1 || h.UnhealthyThreshold > 100:
-		return fmt.Errorf("health.unhealthy_threshold: %d is outside 1..100", h.UnhealthyThreshold)
+	case h.HealthyThreshold < 1 || h.HealthyThreshold > maxThreshold:
+		return fmt.Errorf("health.healthy_threshold: %d is outside 1..%d", h.HealthyThreshold, maxThreshold)
+	case h.UnhealthyThreshold < 1 || h.UnhealthyThreshold > maxThreshold:
+		return fmt.Errorf("health.unhealthy_threshold: %d is outside 1..%d", h.UnhealthyThreshold, maxThreshold)
 	case h.ConsecutiveFailures < -1:
 		return fmt.Errorf("health.consecutive_failures: %d is below -1 (-1 disables passive ejection)", h.ConsecutiveFailures)
 	case h.BaseEjection < 0 || h.MaxEjection < h.BaseEjection:
 		return fmt.Errorf("health.max_ejection: %s must be at least health.base_ejection (%s)", h.MaxEjection.D(), h.BaseEjection.D())
 	case h.MaxEjectedPercent < 1 || h.MaxEjectedPercent > 100:
 		return fmt.Errorf("health.max_ejected_percent: %d is outside 1..100", h.MaxEjectedPercent)
-	case h.ScrapeInterval.D() < 100*time.Millisecond:
-		return fmt.Errorf("health.scrape_interval: %s is below 100ms", h.ScrapeInterval.D())
+	case h.ScrapeInterval.D() < minInterval:
+		return fmt.Errorf("health.scrape_interval: %s is below %s", h.ScrapeInterval.D(), minInterval)
 	case h.ScrapeStaleAfter.D() < h.ScrapeInterval.D():
 		return fmt.Errorf("health.scrape_stale_after: %s is below health.scrape_interval (%s)", h.ScrapeStaleAfter.D(), h.ScrapeInterval.D())
 	}
@@ -476,13 +540,4 @@ func checkHostPort(s string) error {
 		return fmt.Errorf("%q is not host:port: %v", s, err)
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }

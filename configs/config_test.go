@@ -10,15 +10,30 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/discovery"
 	"github.com/prefixlb/prefixlb/health"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-func TestExampleConfigParses(t *testing.T) {
-	c, err := Load("prefixlb.yaml")
+// parseFile reads and parses a config file as Parse does.
+func parseFile(t *testing.T, path string) *Config {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	c, err := Parse(data)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return c
+}
+
+func TestExampleConfigParses(t *testing.T) {
+	c := parseFile(t, exampleFile)
 	if c.Mode != "prefix" || len(c.Backends) != 2 || c.Backends[0].KVCacheTokens != 500000 {
 		t.Errorf("unexpected example config: %+v", c)
 	}
@@ -214,7 +229,7 @@ var defaulted = Config{
 		ClientWrite:    Duration(60 * time.Second),
 		ClientBodyIdle: Duration(10 * time.Second),
 	},
-	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: 2, DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
+	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: OptionalInt{V: 2, Set: true}, DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
 	Health: Health{
 		Path: "/health", Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
 		HealthyThreshold: 2, UnhealthyThreshold: 3, ConsecutiveFailures: 5,
@@ -265,10 +280,13 @@ func diffFields(t *testing.T, path string, got, want reflect.Value) {
 	}
 }
 
-// The health defaults configs applies are the health package's own (one set of numbers, two
-// places), and the chunk size is router/key's.
+// The defaults configs applies are the packages' own: one set of numbers, each kept in the
+// package that uses it. Where a package's handling of a zero option can be seen from here
+// (health.New, backend.New), the config's default is compared with what the package does;
+// elsewhere with the package's exported default, and router and router/index check in their
+// own tests that zero options take those defaults.
 func TestDefaultsAgreeWithPackages(t *testing.T) {
-	c, err := Parse([]byte("backends:\n  - url: http://a:8000\n"))
+	c, err := Parse([]byte("backends:\n  - url: http://a:8000\ndiscovery:\n  dns:\n    name: vllm.default.svc\n    port: 8000\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,8 +300,34 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 	if want := health.DefaultOptions(); got != want {
 		t.Errorf("configs health defaults map to %+v\nhealth.DefaultOptions() is %+v", got, want)
 	}
-	if c.Prefix.ChunkTokens != key.DefaultChunkTokens {
-		t.Errorf("prefix.chunk_tokens default %d, router/key's %d", c.Prefix.ChunkTokens, key.DefaultChunkTokens)
+	// A Checker given zero options (but for ScrapeInterval, whose zero turns scraping off)
+	// runs with the same numbers.
+	hc := health.New(health.Options{ScrapeInterval: h.ScrapeInterval.D()}, nil, nil)
+	defer hc.Close()
+	if in := hc.Options(); got != in {
+		t.Errorf("configs health defaults map to %+v\na Checker of zero options runs with %+v", got, in)
+	}
+	b, err := backend.New(c.Backends[0].URL, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dns := c.Discovery.DNS
+	for _, f := range []struct {
+		path      string
+		got, want any
+	}{
+		{"prefix.chunk_tokens", c.Prefix.ChunkTokens, key.DefaultChunkTokens},
+		{"prefix.load_factor", c.Prefix.LoadFactor, router.DefaultLoadFactor},
+		{"prefix.load_margin", c.Prefix.LoadMargin, OptionalInt{V: router.DefaultLoadMargin, Set: true}},
+		{"prefix.default_kv_cache_tokens", c.Prefix.DefaultKVCacheTokens, int64(index.DefaultKVCacheTokens)},
+		{"prefix.max_index_entries", c.Prefix.MaxIndexEntries, index.DefaultMaxEntries},
+		{"backends[0].weight (backend.New of weight 0)", c.Backends[0].Weight, b.Weight},
+		{"discovery.dns.scheme", dns.Scheme, discovery.DefaultScheme},
+		{"discovery.dns.interval", dns.Interval.D(), discovery.DefaultInterval},
+	} {
+		if f.got != f.want {
+			t.Errorf("default %s = %v, the package's is %v", f.path, f.got, f.want)
+		}
 	}
 }
 

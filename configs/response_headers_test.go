@@ -50,11 +50,7 @@ func TestResponseHeadersBackend(t *testing.T) {
 	if !strings.Contains(string(data), "response_headers:\n  backend: true ") {
 		t.Error("configs/prefixlb.yaml does not document response_headers.backend with its default (true)")
 	}
-	ex, err := Load("prefixlb.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !ex.ResponseHeaders.BackendOn() {
+	if ex := parseFile(t, exampleFile); !ex.ResponseHeaders.BackendOn() {
 		t.Error("the example config turns x-prefixlb-backend off")
 	}
 }

@@ -10,11 +10,23 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/prefixlb/prefixlb/backend"
+)
+
+// Defaults of a DNS left at zero.
+const (
+	// DefaultInterval is the time between two resolutions: 10 s, twice the 5 s TTL that
+	// CoreDNS (the kubernetes plugin's default) gives a Service's records, so that a pod that
+	// became ready takes traffic within about 15 s without a lookup per request.
+	DefaultInterval = 10 * time.Second
+	// DefaultScheme is the URL scheme of discovered backends: vLLM and SGLang serve plain
+	// HTTP unless started with TLS certificates.
+	DefaultScheme = "http"
 )
 
 // Resolver is the part of *net.Resolver discovery uses; tests inject their own.
@@ -31,11 +43,11 @@ type DNS struct {
 	Port int
 	// SRV selects SRV lookup of Name (targets and ports from the records) instead of A/AAAA.
 	SRV bool
-	// Scheme is http or https.
+	// Scheme is http or https ("": DefaultScheme).
 	Scheme string
-	// Interval between resolutions.
+	// Interval between resolutions (0 or below: DefaultInterval).
 	Interval time.Duration
-	// Timeout bounds one resolution.
+	// Timeout bounds one resolution (0 or below: no bound but ctx's).
 	Timeout time.Duration
 	// Resolver answers lookups; nil means net.DefaultResolver.
 	Resolver Resolver
@@ -59,7 +71,7 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 	}
 	scheme := d.Scheme
 	if scheme == "" {
-		scheme = "http"
+		scheme = DefaultScheme
 	}
 	var urls []string
 	if d.SRV {
@@ -68,7 +80,7 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 			return nil, fmt.Errorf("discovery.dns: SRV %s: %w", d.Name, err)
 		}
 		for _, rec := range recs {
-			host := trimDot(rec.Target)
+			host := strings.TrimSuffix(rec.Target, ".") // the root of a fully qualified name
 			urls = append(urls, scheme+"://"+net.JoinHostPort(host, strconv.Itoa(int(rec.Port))))
 		}
 	} else {
@@ -83,7 +95,7 @@ func (d *DNS) Resolve(ctx context.Context) ([]string, error) {
 	for i, u := range urls {
 		// A record that does not make a plain http(s)://host:port URL (credentials, a path)
 		// fails the whole answer, so that the previous list keeps serving.
-		if _, err := backend.New(u, 0, 1); err != nil {
+		if _, err := backend.New(u, 0, backend.DefaultWeight); err != nil {
 			return nil, fmt.Errorf("discovery.dns: %s: record %d: %w", d.Name, i, err)
 		}
 	}
@@ -103,7 +115,7 @@ func (d *DNS) Run(ctx context.Context, onChange func([]string), onError func(err
 	var last []string
 	interval := d.Interval
 	if interval <= 0 {
-		interval = 10 * time.Second
+		interval = DefaultInterval
 	}
 	log := d.Log
 	if log == nil {
@@ -149,11 +161,4 @@ func (d *DNS) Run(ctx context.Context, onChange func([]string), onError func(err
 		case <-t.C:
 		}
 	}
-}
-
-func trimDot(s string) string {
-	if n := len(s); n > 0 && s[n-1] == '.' {
-		return s[:n-1]
-	}
-	return s
 }

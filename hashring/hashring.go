@@ -7,6 +7,7 @@
 package hashring
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 
@@ -16,9 +17,6 @@ import (
 // Replicas is the number of points (virtual nodes) per unit of weight. 160 points per member
 // keep every member's share of the circle within a few percent of its fair share.
 const Replicas = 160
-
-// Hash maps a point's label ("name#i") to its position on the circle.
-type Hash func(data []byte) uint64
 
 // Member is one participant of the ring.
 type Member struct {
@@ -40,12 +38,12 @@ type Ring struct {
 	members []Member
 }
 
-// New builds a ring of members. hash positions the points; nil means xxhash64.
+// New builds a ring of members, each point placed by the xxhash64 of its label ("name#i").
 // Member indexes (Lookup's results) are positions in members.
-func New(members []Member, hash Hash) *Ring {
-	if hash == nil {
-		hash = xxhash.Sum64
-	}
+func New(members []Member) *Ring { return newRing(members, xxhash.Sum64) }
+
+// newRing is New with hash placing the points.
+func newRing(members []Member, hash func(label []byte) uint64) *Ring {
 	r := &Ring{members: slices.Clone(members)}
 	var buf []byte
 	for m, mb := range r.members {
@@ -58,35 +56,16 @@ func New(members []Member, hash Hash) *Ring {
 	// Colliding points are ordered by member name so that the result does not depend on the
 	// order in which members were given.
 	slices.SortFunc(r.points, func(a, b point) int {
-		if a.hash != b.hash {
-			if a.hash < b.hash {
-				return -1
-			}
-			return 1
+		if c := cmp.Compare(a.hash, b.hash); c != 0 {
+			return c
 		}
-		na, nb := r.members[a.member].Name, r.members[b.member].Name
-		if na < nb {
-			return -1
-		} else if na > nb {
-			return 1
-		}
-		return 0
+		return cmp.Compare(r.members[a.member].Name, r.members[b.member].Name)
 	})
 	return r
 }
 
-// Len is the number of members.
-func (r *Ring) Len() int { return len(r.members) }
-
-// Member returns member i as given to New.
-func (r *Ring) Member(i int) Member { return r.members[i] }
-
-// Get returns the member that owns key: the first point clockwise from key. -1 if the ring
-// is empty.
-func (r *Ring) Get(key uint64) int { return r.Lookup(key, nil) }
-
 // Lookup walks clockwise from key's position and returns the first member that accept takes
-// (nil accepts all), asking about each member at most once. It returns -1 when no member is
+// (nil accepts all: the member that owns key, the first point clockwise from it), asking about each member at most once. It returns -1 when no member is
 // accepted. With accept = "load below the bound" this is the bounded-load walk: a key whose
 // owner is full goes to the next member on the circle, so a full member's overflow spreads
 // as its points' successors do. accept must not retain or modify the ring.
@@ -95,6 +74,7 @@ func (r *Ring) Lookup(key uint64, accept func(member int) bool) int {
 	if n == 0 {
 		return -1
 	}
+	// Compared by hand: cmp.Compare here made a cold pick 3% slower (BenchmarkPickCold).
 	i, _ := slices.BinarySearchFunc(r.points, key, func(p point, k uint64) int {
 		if p.hash < k {
 			return -1

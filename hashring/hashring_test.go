@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // labelHash places "N#i" at N*1000+i, so ring positions can be checked by hand: member "2"
@@ -17,6 +19,9 @@ func labelHash(b []byte) uint64 {
 	return uint64(n*1000 + k)
 }
 
+// owner is the name of the member that owns key.
+func owner(r *Ring, key uint64) string { return r.members[r.Lookup(key, nil)].Name }
+
 func names(ms ...string) []Member {
 	out := make([]Member, len(ms))
 	for i, m := range ms {
@@ -26,7 +31,7 @@ func names(ms ...string) []Member {
 }
 
 func TestLookupByHand(t *testing.T) {
-	r := New(names("1", "2", "3"), labelHash)
+	r := newRing(names("1", "2", "3"), labelHash)
 	tests := []struct {
 		key  uint64
 		want string
@@ -35,22 +40,22 @@ func TestLookupByHand(t *testing.T) {
 		{3159, "3"}, {3160, "1"}, {1<<64 - 1, "1"},
 	}
 	for _, tt := range tests {
-		if g := r.Member(r.Get(tt.key)).Name; g != tt.want {
-			t.Errorf("Get(%d) = %s, want %s", tt.key, g, tt.want)
+		if g := owner(r, tt.key); g != tt.want {
+			t.Errorf("owner of %d = %s, want %s", tt.key, g, tt.want)
 		}
 	}
 }
 
 func TestLookupSkipsRejected(t *testing.T) {
-	r := New(names("1", "2", "3"), labelHash)
+	r := newRing(names("1", "2", "3"), labelHash)
 	asked := map[int]int{}
-	not2 := func(m int) bool { asked[m]++; return r.Member(m).Name != "2" }
-	if g := r.Member(r.Lookup(1500, not2)).Name; g != "3" {
+	not2 := func(m int) bool { asked[m]++; return r.members[m].Name != "2" }
+	if g := r.members[r.Lookup(1500, not2)].Name; g != "3" {
 		t.Errorf("Lookup(1500, not 2) = %s, want 3", g)
 	}
 	for m, n := range asked {
 		if n != 1 {
-			t.Errorf("member %s asked %d times, want once", r.Member(m).Name, n)
+			t.Errorf("member %s asked %d times, want once", r.members[m].Name, n)
 		}
 	}
 	if g := r.Lookup(1500, func(int) bool { return false }); g != -1 {
@@ -63,12 +68,12 @@ func TestLookupSkipsRejected(t *testing.T) {
 
 func TestDistributionWithWeights(t *testing.T) {
 	ms := []Member{{"http://a:8000", 1}, {"http://b:8000", 1}, {"http://c:8000", 2}, {"http://d:8000", 4}}
-	r := New(ms, nil)
+	r := New(ms)
 	const keys = 200_000
 	count := make([]int, len(ms))
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range keys {
-		count[r.Get(rng.Uint64())]++
+		count[r.Lookup(rng.Uint64(), nil)]++
 	}
 	for i, m := range ms {
 		want := float64(keys) * float64(m.Weight) / 8
@@ -87,13 +92,13 @@ func TestRemapOnChange(t *testing.T) {
 		for i := range ms {
 			ms[i] = Member{Name: fmt.Sprintf("http://10.0.0.%d:8000", i), Weight: 1}
 		}
-		full, less := New(ms, nil), New(ms[:n-1], nil)
+		full, less := New(ms), New(ms[:n-1])
 		gone := ms[n-1].Name
 		moved := 0
 		rng := rand.New(rand.NewPCG(uint64(n), 7))
 		for range keys {
 			k := rng.Uint64()
-			a, b := full.Member(full.Get(k)).Name, less.Member(less.Get(k)).Name
+			a, b := owner(full, k), owner(less, k)
 			if a != b {
 				moved++
 				if a != gone {
@@ -116,12 +121,12 @@ func TestOrderIndependent(t *testing.T) {
 	}
 	// A hash with many collisions makes the tie order matter too.
 	coarse := func(b []byte) uint64 { return labelHash([]byte{b[len(b)-1]}) & ^uint64(0xff) }
-	for _, h := range []Hash{nil, coarse} {
-		r1, r2 := New(ms, h), New(rev, h)
+	for _, h := range []func([]byte) uint64{xxhash.Sum64, coarse} {
+		r1, r2 := newRing(ms, h), newRing(rev, h)
 		rng := rand.New(rand.NewPCG(3, 4))
 		for range 10_000 {
 			k := rng.Uint64()
-			if a, b := r1.Member(r1.Get(k)).Name, r2.Member(r2.Get(k)).Name; a != b {
+			if a, b := owner(r1, k), owner(r2, k); a != b {
 				t.Fatalf("key %d: %s in one order, %s in the other", k, a, b)
 			}
 		}
@@ -132,7 +137,7 @@ func TestOrderIndependent(t *testing.T) {
 // to one point still spread so that no member exceeds the cap.
 func TestBoundedWalk(t *testing.T) {
 	ms := names("http://a:1", "http://b:1", "http://c:1", "http://d:1")
-	r := New(ms, nil)
+	r := New(ms)
 	load := make([]int, len(ms))
 	total := 0
 	for range 10_000 {
@@ -156,7 +161,7 @@ func benchmarkLookup(b *testing.B, n int) {
 	for i := range ms {
 		ms[i] = Member{Name: fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256), Weight: 1}
 	}
-	r := New(ms, nil)
+	r := New(ms)
 	keys := make([]uint64, 1024)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range keys {

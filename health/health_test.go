@@ -140,11 +140,7 @@ func TestReturnFromUnhealthyBumpsEpoch(t *testing.T) {
 }
 
 func TestPanicModeLoggedOnce(t *testing.T) {
-	srvs := []*fakeServer{newFakeServer(t), newFakeServer(t), newFakeServer(t), newFakeServer(t)}
-	var bs []*backend.Backend
-	for _, s := range srvs {
-		bs = append(bs, s.backend(t))
-	}
+	srvs, bs := fakeServers(t, 4)
 	c, _, logs := newTestChecker(t, Options{Rise: 1, Fall: 1})
 	const enter = "fewer than half the backends are healthy: routing to all of them (panic mode)"
 	const leave = "half or more of the backends are healthy again: leaving panic mode"
@@ -237,7 +233,7 @@ func TestOnceAfterClose(t *testing.T) {
 	c.SetBackends([]*backend.Backend{b})
 	c.Close()
 	c.CheckOnce(bg)
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	if n, m := srv.checks.Load(), srv.scrapes.Load(); n != 0 || m != 0 {
 		t.Fatalf("after Close: %d checks, %d scrapes; want 0 0", n, m)
 	}

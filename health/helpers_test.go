@@ -96,6 +96,18 @@ func (f *fakeServer) backend(t testing.TB) *backend.Backend {
 	return b
 }
 
+// fakeServers returns n fake model servers and a backend for each.
+func fakeServers(t testing.TB, n int) ([]*fakeServer, []*backend.Backend) {
+	t.Helper()
+	srvs := make([]*fakeServer, n)
+	bs := make([]*backend.Backend, n)
+	for i := range srvs {
+		srvs[i] = newFakeServer(t)
+		bs[i] = srvs[i].backend(t)
+	}
+	return srvs, bs
+}
+
 // deadBackend returns a backend on a 127.0.0.1 port nothing listens on.
 func deadBackend(t testing.TB) *backend.Backend {
 	t.Helper()
@@ -138,3 +150,9 @@ func countLogs(logs *observer.ObservedLogs, msg string) int {
 }
 
 var bg = context.Background()
+
+// scrapeAll scrapes every tracked backend's metrics once, concurrently, and returns when all
+// scrapes are done or ctx ends. It scrapes even when ScrapeInterval is 0; not after Close.
+func (c *Checker) scrapeAll(ctx context.Context) {
+	c.each(ctx, c.scrapeOne)
+}

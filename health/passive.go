@@ -43,10 +43,11 @@ func (o Outcome) String() string {
 // Observe records the outcome of one attempt on b; the proxy calls it after each attempt,
 // retries included. ConsecutiveFailures counted outcomes in a row eject b (see Options),
 // unless that would leave more than MaxEjectedPercent of the backends ejected or unhealthy
-// (counting, as panic mode does, only backends that passed an active check once); the count then stays where it is and the next counted failure tries again. Failures of a
-// backend that is already ejected do not extend its ejection. Unknown backends are ignored.
+// (counting, as panic mode does, only backends that passed an active check once); the count
+// then stays where it is and the next counted failure tries again. Failures of a backend
+// that is already ejected do not extend its ejection. Unknown backends are ignored.
 // Observe is cheap: one lock-free map lookup and an atomic, except when it ejects.
-func (c *Checker) Observe(b *backend.Backend, o Outcome) {
+func (c *Checker) Observe(b *backend.Backend, outcome Outcome) {
 	if c.o.ConsecutiveFailures < 0 {
 		return
 	}
@@ -54,14 +55,14 @@ func (c *Checker) Observe(b *backend.Backend, o Outcome) {
 	if st == nil {
 		return
 	}
-	switch o {
+	switch outcome {
 	case OutcomeOK, OutcomeClientError:
-		if st.consec.Load() != 0 {
-			st.consec.Store(0)
+		if st.passiveFails.Load() != 0 {
+			st.passiveFails.Store(0)
 		}
 	case OutcomeConnectError, OutcomeServerError, OutcomeTimeout:
-		if n := st.consec.Add(1); int(n) >= c.o.ConsecutiveFailures {
-			c.eject(st, o)
+		if n := st.passiveFails.Add(1); int(n) >= c.o.ConsecutiveFailures {
+			c.eject(st, outcome)
 		}
 	}
 }
@@ -77,27 +78,19 @@ func (c *Checker) eject(st *bstate, last Outcome) {
 	if st.removed {
 		return
 	}
-	n := int(st.consec.Load())
+	n := int(st.passiveFails.Load())
 	if n < c.o.ConsecutiveFailures {
 		return // an OK raced in and reset the count
 	}
 	if !st.ejectedUntil.IsZero() {
-		st.consec.Store(0) // already out; traffic it still gets (panic mode) does not extend it
+		st.passiveFails.Store(0) // already out; traffic it still gets (panic mode) does not extend it
 		return
 	}
 	// The cap counts the backends panic mode counts: one that never passed an active check
 	// (a new replica loading its model) is neither up nor down yet.
-	down, counted := 0, 0
-	for _, o := range c.order {
-		if !c.o.Disabled && !o.everPassed && o != st {
-			continue
-		}
-		counted++
-		if o != st && !o.healthyLocked() {
-			down++
-		}
-	}
-	if (down+1)*100 > c.o.MaxEjectedPercent*counted {
+	counted, healthy := c.tallyLocked(st)
+	down := counted - 1 - healthy // st itself is counted, and not yet down
+	if (down+1)*allPercent > c.o.MaxEjectedPercent*counted {
 		if !st.capLogged {
 			st.capLogged = true
 			c.log.Warn("backend failing but not ejected: max ejected percent reached",
@@ -114,14 +107,14 @@ func (c *Checker) eject(st *bstate, last Outcome) {
 		}
 	}
 	st.ejections++
-	d := c.ejectionTime(st.ejections)
-	st.ejectedUntil = now.Add(d)
-	st.consec.Store(0)
+	length := c.ejectionTime(st.ejections)
+	st.ejectedUntil = now.Add(length)
+	st.passiveFails.Store(0)
 	st.capLogged = false
 	fields := []zap.Field{zap.Int("consecutive_failures", n), zap.Stringer("last_outcome", last),
-		zap.Int("ejection", st.ejections), zap.Duration("duration", d)}
+		zap.Int("ejection", st.ejections), zap.Duration("duration", length)}
 	if !c.applyLocked(st, "ejected", fields...) {
-		// Already down by active checks; the ejection still keeps it out for d.
+		// Already down by active checks; the ejection still keeps it out for length.
 		c.log.Warn("unhealthy backend ejected", append([]zap.Field{zap.String("backend", st.b.Name)}, fields...)...)
 	}
 }
@@ -153,7 +146,7 @@ func (c *Checker) tick() {
 		}
 		st.ejectedUntil = time.Time{}
 		st.lastReturn = now
-		st.consec.Store(0)
+		st.passiveFails.Store(0)
 		if !c.applyLocked(st, "ejection ended") {
 			c.log.Info("ejection ended, backend still failing active checks",
 				zap.String("backend", st.b.Name), zap.String("last_error", st.lastCheckErr))

@@ -154,11 +154,7 @@ func TestMaxEjectedPercent(t *testing.T) {
 
 // Unhealthy by active checks counts against MaxEjectedPercent too.
 func TestMaxEjectedPercentCountsActiveUnhealthy(t *testing.T) {
-	srvs := []*fakeServer{newFakeServer(t), newFakeServer(t), newFakeServer(t), newFakeServer(t)}
-	var bs []*backend.Backend
-	for _, s := range srvs {
-		bs = append(bs, s.backend(t))
-	}
+	srvs, bs := fakeServers(t, 4)
 	c, _, _ := newTestChecker(t, Options{Rise: 1, Fall: 1})
 	c.SetBackends(bs)
 	srvs[0].healthStatus.Store(http.StatusServiceUnavailable)

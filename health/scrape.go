@@ -76,22 +76,6 @@ func (c *Checker) fresh(r *scrapeResult) bool {
 // capacity first appears or changes; the prefix index resizes that backend's share then.
 func (c *Checker) OnKVCapacity(f func(b *backend.Backend)) { c.kvHook.Store(&f) }
 
-// KVCapacityTokens returns b's KV-cache capacity in tokens from the last successful scrape:
-// num_gpu_blocks × block_size of vllm:cache_config_info, or sglang:max_total_num_tokens.
-// ok is false when the server never reported it. Capacity does not go stale: it changes only
-// with a restart, which a later scrape sees.
-func (c *Checker) KVCapacityTokens(b *backend.Backend) (tokens int64, ok bool) {
-	st := c.lookup(b)
-	if st == nil {
-		return 0, false
-	}
-	r := st.scrape.Load()
-	if r == nil || !r.good || r.load.NumGPUBlocks <= 0 || r.load.BlockSize <= 0 {
-		return 0, false
-	}
-	return r.load.NumGPUBlocks * r.load.BlockSize, true
-}
-
 // maxMetricsBytes bounds what a scrape reads: vLLM's full exposition with histograms is
 // 50–300 KB.
 const maxMetricsBytes = 16 << 20
@@ -112,13 +96,13 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	}
 	now := c.now()
 	prev := st.scrape.Load()
-	r := &scrapeResult{attempt: now}
+	res := &scrapeResult{attempt: now}
 	if prev != nil {
-		r.load, r.good, r.prompt, r.hasProm = prev.load, prev.good, prev.prompt, prev.hasProm
+		res.load, res.good, res.prompt, res.hasProm = prev.load, prev.good, prev.prompt, prev.hasProm
 	}
 	if err != nil {
-		r.err = err.Error()
-		st.scrape.Store(r)
+		res.err = err.Error()
+		st.scrape.Store(res)
 		st.b.SetScrapedLoad(0) // fall back to the proxy's own in-flight count
 		if !st.scrapeFail {
 			st.scrapeFail = true
@@ -131,42 +115,42 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 		st.scrapeFail = false
 		c.log.Info("metrics scrape working", zap.String("backend", st.b.Name))
 	}
-	l := m.load(now)
+	load := m.load(now)
 	restarted := ""
 	switch {
 	case prev == nil || !prev.good:
-	case l.StartTime != 0 && prev.load.StartTime != 0:
-		if l.StartTime != prev.load.StartTime {
+	case load.StartTime != 0 && prev.load.StartTime != 0:
+		if load.StartTime != prev.load.StartTime {
 			restarted = "process_start_time_seconds changed"
 		}
-	case l.StartTime == 0 && m.hasPrompt && prev.hasProm && m.prompt < prev.prompt:
+	case load.StartTime == 0 && m.hasPrompt && prev.hasProm && m.prompt < prev.prompt:
 		// No start time (SGLang's multiprocess registry has none): a counter going back means
 		// the process started over.
 		restarted = "prompt_tokens_total went backwards"
 	}
-	r.load, r.good, r.ok = l, true, true
-	st.b.SetScrapedLoad(int64(l.Running + l.Waiting + 0.5))
-	if l.NumGPUBlocks > 0 && l.BlockSize > 0 && st.b.SetScrapedKVCacheTokens(l.NumGPUBlocks*l.BlockSize) {
+	res.load, res.good, res.ok = load, true, true
+	st.b.SetScrapedLoad(int64(load.Running + load.Waiting + 0.5))
+	if load.NumGPUBlocks > 0 && load.BlockSize > 0 && st.b.SetScrapedKVCacheTokens(load.NumGPUBlocks*load.BlockSize) {
 		if h := c.kvHook.Load(); h != nil {
 			(*h)(st.b)
 		}
 	}
-	r.prompt, r.hasProm = m.prompt, m.hasPrompt
-	st.scrape.Store(r)
-	c.scraped(st, restarted, prev, l)
+	res.prompt, res.hasProm = m.prompt, m.hasPrompt
+	st.scrape.Store(res)
+	c.scraped(st, restarted, prev, load)
 }
 
 // scraped handles restart detection after a successful scrape.
-func (c *Checker) scraped(st *bstate, restarted string, prev *scrapeResult, l Load) {
+func (c *Checker) scraped(st *bstate, restarted string, prev *scrapeResult, load Load) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	bumped := st.resetSinceScr
-	st.resetSinceScr = false
+	bumped := st.resetSinceScrape
+	st.resetSinceScrape = false
 	if restarted == "" || st.removed {
 		return
 	}
 	fields := []zap.Field{zap.String("backend", st.b.Name), zap.String("signal", restarted),
-		zap.Float64("start_time", l.StartTime), zap.Float64("previous_start_time", prev.load.StartTime)}
+		zap.Float64("start_time", load.StartTime), zap.Float64("previous_start_time", prev.load.StartTime)}
 	if bumped {
 		// It came back from unhealthy since the last scrape, which already dropped its cache.
 		c.log.Info("backend restart detected; cache already reset on its return", fields...)
@@ -177,29 +161,25 @@ func (c *Checker) scraped(st *bstate, restarted string, prev *scrapeResult, l Lo
 		append(fields, zap.Uint64("cache_epoch", st.b.Epoch()))...)
 }
 
-var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 16<<10) }}
+// metricsLineBuffer is a scrape's read buffer: a line longer than 16 KiB is no metric that
+// parseMetrics reads, and is skipped.
+const metricsLineBuffer = 16 << 10
+
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, metricsLineBuffer) }}
 
 // fetchMetrics GETs url and parses the Prometheus text body into m.
 func (c *Checker) fetchMetrics(ctx context.Context, url string, m *metrics) error {
-	resp, cancel, err := c.get(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer cancel()
-	defer resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
-	}
-	br := readerPool.Get().(*bufio.Reader)
-	br.Reset(io.LimitReader(resp.Body, maxMetricsBytes))
-	err = parseMetrics(br, m)
-	br.Reset(nil)
-	readerPool.Put(br)
-	if err != nil {
-		return fmt.Errorf("GET %s: %w", url, err)
-	}
-	return nil
+	return c.get(ctx, url, func(body io.Reader) error {
+		br := readerPool.Get().(*bufio.Reader)
+		br.Reset(io.LimitReader(body, maxMetricsBytes))
+		err := parseMetrics(br, m)
+		br.Reset(nil)
+		readerPool.Put(br)
+		if err != nil {
+			return fmt.Errorf("GET %s: %w", url, err)
+		}
+		return nil
+	})
 }
 
 // metrics accumulates the samples parseMetrics looks for.

@@ -30,17 +30,30 @@ func TestScrapeFixtures(t *testing.T) {
 			b := srv.backend(t)
 			c, clk, _ := newTestChecker(t, Options{})
 			c.SetBackends([]*backend.Backend{b})
-			c.ScrapeOnce(bg)
+			c.scrapeAll(bg)
 			got, fresh := c.Load(b)
 			tt.want.At = clk.Now()
 			if !fresh || !loadEqual(got, tt.want) {
 				t.Fatalf("Load = %+v fresh=%v\nwant   %+v fresh=true\nstate %+v", got, fresh, tt.want, c.State(b))
 			}
-			if n, ok := c.KVCapacityTokens(b); !ok || n != tt.capacity {
-				t.Fatalf("KVCapacityTokens = %d %v, want %d true", n, ok, tt.capacity)
+			if n := b.KVCapacity(0); n != tt.capacity {
+				t.Fatalf("backend's KV capacity %d after a scrape, want %d", n, tt.capacity)
 			}
 		})
 	}
+}
+
+// parseText parses an exposition text and checks the Load it makes against want.
+func parseText(t *testing.T, text string, want Load) *metrics {
+	t.Helper()
+	var m metrics
+	if err := parseMetrics(bufio.NewReader(strings.NewReader(text)), &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.load(time.Time{}); !loadEqual(got, want) {
+		t.Fatalf("got  %+v\nwant %+v", got, want)
+	}
+	return &m
 }
 
 func loadEqual(a, b Load) bool {
@@ -85,13 +98,7 @@ func TestParseMetrics(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.desc, func(t *testing.T) {
-			var m metrics
-			if err := parseMetrics(bufio.NewReader(strings.NewReader(tt.text)), &m); err != nil {
-				t.Fatal(err)
-			}
-			if got := m.load(time.Time{}); !loadEqual(got, tt.want) {
-				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
-			}
+			parseText(t, tt.text, tt.want)
 		})
 	}
 }
@@ -116,10 +123,10 @@ func TestScrapeStaleAndFailed(t *testing.T) {
 	if _, fresh := c.Load(b); fresh {
 		t.Fatal("fresh before any scrape")
 	}
-	if _, ok := c.KVCapacityTokens(b); ok {
-		t.Fatal("capacity known before any scrape")
+	if n := b.KVCapacity(0); n != 0 {
+		t.Fatalf("capacity %d known before any scrape", n)
 	}
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	clk.Add(DefaultScrapeStaleAfter)
 	if _, fresh := c.Load(b); !fresh {
 		t.Fatal("stale at exactly ScrapeStaleAfter")
@@ -129,10 +136,10 @@ func TestScrapeStaleAndFailed(t *testing.T) {
 		t.Fatalf("past ScrapeStaleAfter: fresh=%v running=%v, want false 12", fresh, l.Running)
 	}
 
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	srv.metricsStatus.Store(http.StatusInternalServerError)
 	for range 3 {
-		c.ScrapeOnce(bg)
+		c.scrapeAll(bg)
 	}
 	if l, fresh := c.Load(b); fresh || l.Running != 12 {
 		t.Fatalf("after a 500: fresh=%v running=%v, want false 12 (last good)", fresh, l.Running)
@@ -140,21 +147,21 @@ func TestScrapeStaleAndFailed(t *testing.T) {
 	if s := c.State(b); s.LastScrapeError == "" || s.LoadFresh {
 		t.Fatalf("state after a failed scrape: %+v", s)
 	}
-	if _, ok := c.KVCapacityTokens(b); !ok {
+	if n := b.KVCapacity(0); n == 0 {
 		t.Fatal("capacity forgotten after a failed scrape")
 	}
 	if n := countLogs(logs, "metrics scrape failing; routing without this backend's load"); n != 1 {
 		t.Fatalf("%d scrape-failing lines for 3 failures, want 1", n)
 	}
 	srv.metricsStatus.Store(http.StatusOK)
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	if _, fresh := c.Load(b); !fresh {
 		t.Fatal("not fresh after a good scrape")
 	}
 
 	// A server without any known load metric is not a fresh zero load.
 	srv.setMetrics("# TYPE up gauge\nup 1\n")
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	if _, fresh := c.Load(b); fresh {
 		t.Fatal("fresh without load metrics")
 	}
@@ -162,7 +169,7 @@ func TestScrapeStaleAndFailed(t *testing.T) {
 	// Nothing listening.
 	d := deadBackend(t)
 	c.SetBackends([]*backend.Backend{d})
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	if _, fresh := c.Load(d); fresh || c.State(d).LastScrapeError == "" {
 		t.Fatalf("dead backend: fresh=%v state %+v", fresh, c.State(d))
 	}
@@ -180,12 +187,12 @@ func TestRestartDetection(t *testing.T) {
 	b := srv.backend(t)
 	c, _, logs := newTestChecker(t, Options{Disabled: true})
 	c.SetBackends([]*backend.Backend{b})
-	c.ScrapeOnce(bg)
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
+	c.scrapeAll(bg)
 	e := b.Epoch()
 	srv.setMetrics(restarted)
-	c.ScrapeOnce(bg)
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
+	c.scrapeAll(bg)
 	if b.Epoch() != e+1 {
 		t.Fatalf("epoch %d after a start-time change, want %d", b.Epoch(), e+1)
 	}
@@ -200,11 +207,11 @@ func TestRestartDetection(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.setMetrics(string(sgl))
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	e = b.Epoch()
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	srv.setMetrics(strings.ReplaceAll(string(sgl), "8.128902e+06", "1200"))
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	if b.Epoch() != e+1 {
 		t.Fatalf("epoch %d after prompt_tokens_total went back, want %d", b.Epoch(), e+1)
 	}
@@ -223,14 +230,14 @@ func TestRestartAfterReturnBumpsOnce(t *testing.T) {
 	c, _, logs := newTestChecker(t, Options{Rise: 1, Fall: 1})
 	c.SetBackends([]*backend.Backend{b})
 	c.CheckOnce(bg)
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	srv.healthStatus.Store(http.StatusServiceUnavailable)
 	c.CheckOnce(bg)
 	srv.healthStatus.Store(http.StatusOK)
 	srv.setMetrics(strings.Replace(string(vllm), "1.75412345678e+09", "1.8e+09", 1))
 	c.CheckOnce(bg)
 	e := b.Epoch()
-	c.ScrapeOnce(bg)
+	c.scrapeAll(bg)
 	if b.Epoch() != e {
 		t.Fatalf("epoch bumped twice for one restart: %d, want %d", b.Epoch(), e)
 	}
@@ -384,17 +391,11 @@ var validExposition = []struct {
 func TestParseMetricsValidExposition(t *testing.T) {
 	for _, tt := range validExposition {
 		t.Run(tt.desc, func(t *testing.T) {
-			var m metrics
-			if err := parseMetrics(bufio.NewReader(strings.NewReader(tt.text)), &m); err != nil {
-				t.Fatal(err)
-			}
-			if got := m.load(time.Time{}); !loadEqual(got, tt.want) {
-				t.Fatalf("got  %+v\nwant %+v", got, tt.want)
-			}
+			m := parseText(t, tt.text, tt.want)
 			if m.prompt != tt.prompt {
 				t.Fatalf("prompt tokens %v, want %v", m.prompt, tt.prompt)
 			}
-			checkParsed(t, tt.text, &m)
+			checkParsed(t, tt.text, m)
 		})
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -196,7 +196,7 @@ func adminMetricsAfterTraffic(t *testing.T, mode string) {
 	}
 	if mode == "prefix" {
 		want = append(want,
-			fmt.Sprintf(`prefixlb_index_capacity_entries{%s} %d`, lbl, configs.DefaultKVCacheTokens/key.DefaultChunkTokens),
+			fmt.Sprintf(`prefixlb_index_capacity_entries{%s} %d`, lbl, index.DefaultKVCacheTokens/key.DefaultChunkTokens),
 			`prefixlb_index_evictions_total{`+lbl+`} 0`)
 	}
 	for _, w := range want {

@@ -389,7 +389,7 @@ func fltMatch(s *Server, body []byte, b *backend.Backend) int {
 
 func fltIndexEntries(s *Server, b *backend.Backend) int64 {
 	for _, st := range s.Policy().(*router.Prefix).Index().Stats(nil) {
-		if st.ID == b.ID {
+		if st.Name == b.Name {
 			return st.Entries
 		}
 	}

@@ -131,6 +131,14 @@ const (
 // TCP client) appends nothing. The names and values found point into the raw block, which
 // deleting fields does not touch.
 func prepareRequestHeader(h *fasthttp.RequestHeader, peer netip.Addr) {
+	// fasthttp writes "Content-Type: application/octet-stream" for a body that came without
+	// one: FastAPI (vLLM's server) parses an untyped body as JSON but refuses octet-stream
+	// with 422, so a request that works directly would fail through prefixlb.
+	h.SetNoDefaultContentType(true)
+	// A chunked request's trailers were read with its body, which goes upstream re-framed
+	// with a Content-Length: announce none (the trailer fields themselves, if any, go as
+	// header fields, as RFC 9110 §6.5.1 allows a recipient to merge them).
+	_ = h.SetTrailer("")
 	// On the stack for the usual handful of fields; longer lists grow on the heap. This
 	// allocates nothing (TestHeaderRewritesDoNotAllocate).
 	var delArr [12][]byte
@@ -270,86 +278,39 @@ func delRequestField(h *fasthttp.RequestHeader, name []byte) {
 // and the fields its Connection fields name, before it is relayed to the client. It
 // allocates nothing for the usual few fields (TestHeaderRewritesDoNotAllocate).
 func stripHopResponse(h *fasthttp.ResponseHeader) {
-	for {
-		var hn hopNames
-		h.VisitAll(func(k, v []byte) {
-			if isHop(k) {
-				if isConnection(k) {
-					hn.addConn(v)
-				}
-				hn.add(k)
+	// The Connection values, copied once: deleting fields moves the bytes VisitAll points
+	// into. On the stack for the usual short list; a longer one grows on the heap.
+	var connArr [128]byte
+	conn := connArr[:0]
+	fields := 0
+	h.VisitAll(func(k, v []byte) {
+		fields++
+		if isConnection(k) {
+			if len(conn) > 0 {
+				conn = append(conn, ',')
+			}
+			conn = append(conn, v...)
+		}
+	})
+	conns := [][]byte{conn}
+	// One field name found and deleted per pass, whatever the number or length of the names
+	// (a backend may name any number of fields in Connection). Each pass deletes a field, so
+	// fields+1 passes always suffice; the bound only guards against a field fasthttp lists
+	// but cannot delete.
+	var nameArr [64]byte
+	for pass := 0; pass <= fields; pass++ {
+		name, found := nameArr[:0], false
+		h.VisitAll(func(k, _ []byte) {
+			if !found && (isHop(k) || namedInConnection(k, conns)) {
+				name, found = append(name, k...), true
 			}
 		})
-		if conn := hn.connValues(); len(conn) > 0 {
-			h.VisitAll(func(k, _ []byte) {
-				if namedInConnection(k, [][]byte{conn}) {
-					hn.add(k)
-				}
-			})
-		}
-		for i := range hn.k {
-			k := hn.name(i)
-			h.DelBytes(k)
-			if c := foldIn(k, specialHeaders); c != "" && c != string(k) {
-				h.Del(c)
-			}
-		}
-		if !hn.overflow {
+		if !found {
 			return
 		}
-		// More names than hopNames holds: what is left is found on another pass.
+		h.DelBytes(name)
+		if c := foldIn(name, specialHeaders); c != "" && c != string(name) {
+			h.Del(c)
+		}
 	}
-}
-
-// hopNames collects field names to delete as copies (deleting fields moves the ones
-// VisitAll points into) in fixed arrays, so that it stays on its caller's stack, and the
-// Connection values joined by commas (on the heap only past connInline bytes).
-type hopNames struct {
-	buf      [256]byte
-	n        int     // bytes of buf in use
-	ends     [16]int // where each name ends in buf
-	k        int     // names held
-	overflow bool    // a name did not fit: another pass is needed
-
-	conn     [128]byte
-	cn       int
-	connHeap []byte // the Connection values when they do not fit conn
-}
-
-func (hn *hopNames) add(name []byte) {
-	if hn.k == len(hn.ends) || hn.n+len(name) > len(hn.buf) {
-		hn.overflow = true
-		return
-	}
-	hn.n += copy(hn.buf[hn.n:], name)
-	hn.ends[hn.k] = hn.n
-	hn.k++
-}
-
-func (hn *hopNames) name(i int) []byte {
-	from := 0
-	if i > 0 {
-		from = hn.ends[i-1]
-	}
-	return hn.buf[from:hn.ends[i]]
-}
-
-func (hn *hopNames) addConn(v []byte) {
-	if hn.connHeap == nil && hn.cn+len(v)+1 <= len(hn.conn) {
-		hn.cn += copy(hn.conn[hn.cn:], v)
-		hn.conn[hn.cn] = ','
-		hn.cn++
-		return
-	}
-	if hn.connHeap == nil {
-		hn.connHeap = append([]byte(nil), hn.conn[:hn.cn]...)
-	}
-	hn.connHeap = append(append(hn.connHeap, v...), ',')
-}
-
-func (hn *hopNames) connValues() []byte {
-	if hn.connHeap != nil {
-		return hn.connHeap
-	}
-	return hn.conn[:hn.cn]
 }

@@ -6,23 +6,41 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/hashring"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// PrefixOptions tune the prefix policy. Zero fields take the configs package defaults.
+// Defaults of the prefix policy's bounded-load cap, for PrefixOptions left at zero.
+const (
+	// DefaultLoadFactor is c = 1.25 in the cap ceil(c × (total in-flight + 1) / n): the
+	// bounded-load factor of Mirrokni, Thorup and Zadimoghaddam, as HAProxy's
+	// hash-balance-factor 125. 1 would be perfect balance and no affinity.
+	DefaultLoadFactor = 1.25
+	// DefaultLoadMargin is 2 requests added to the cap: an absolute margin, because a
+	// relative factor alone misfires at low load, where it allows a request or two (smg PR
+	// #2150).
+	DefaultLoadMargin = 2
+	// NoLoadMargin, as PrefixOptions.LoadMargin, is a cap without margin (any negative value
+	// is): the zero value takes DefaultLoadMargin.
+	NoLoadMargin = -1
+)
+
+// PrefixOptions tune the prefix policy. Zero fields take the defaults of the package that
+// uses them: DefaultLoadFactor and DefaultLoadMargin here, key.DefaultChunkTokens, and
+// index.Options' for the index.
 type PrefixOptions struct {
 	// ChunkTokens is the chunk size in approximate tokens, as the keys were built with.
 	ChunkTokens int
 	// LoadFactor is c in the bounded-load cap ceil(c × (total in-flight + 1) / n) + margin.
 	LoadFactor float64
-	// LoadMargin is the cap's absolute margin in requests (0: default 2; negative: none).
+	// LoadMargin is the cap's absolute margin in requests (0: DefaultLoadMargin;
+	// NoLoadMargin or any negative value: none).
 	LoadMargin int
-	// MaxIndexEntries caps the prefix index's (chunk, backend) entries.
+	// MaxIndexEntries caps the prefix index's (chunk, backend) entries (index.Options.MaxEntries).
 	MaxIndexEntries int
-	// DefaultKVCacheTokens is a backend's KV capacity when its KVCacheTokens is 0.
+	// DefaultKVCacheTokens is a backend's KV capacity in tokens when its KVCacheTokens is 0
+	// (index.Options.DefaultKVCacheTokens).
 	DefaultKVCacheTokens int64
 }
 
@@ -35,13 +53,13 @@ type PrefixOptions struct {
 // backend ID), never by list order. No candidate takes a request once its in-flight count
 // reaches ceil(c × (total + 1) × w / W) + margin (w its weight, W the candidates' sum).
 type Prefix struct {
-	ct     int64 // chunk size in approximate tokens
-	c      float64
-	margin int64
-	clock  func() time.Time
-	idx    *index.Index
-	ring   atomic.Pointer[placement]
-	next   atomic.Uint64
+	chunkTokens int64   // chunk size in approximate tokens
+	loadFactor  float64 // c in the bounded-load cap
+	margin      int64   // the cap's absolute margin in requests
+	clock       func() time.Time
+	idx         *index.Index
+	ring        atomic.Pointer[placement]
+	next        atomic.Uint64
 }
 
 // placement is an immutable ring over the configured backends.
@@ -54,11 +72,11 @@ type placement struct {
 // SetBackends before use: backends not set are neither learned nor placed by the ring.
 func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 	if o.LoadFactor <= 0 {
-		o.LoadFactor = configs.DefaultLoadFactor
+		o.LoadFactor = DefaultLoadFactor
 	}
 	switch {
 	case o.LoadMargin == 0:
-		o.LoadMargin = configs.DefaultLoadMargin
+		o.LoadMargin = DefaultLoadMargin
 	case o.LoadMargin < 0:
 		o.LoadMargin = 0
 	}
@@ -66,13 +84,13 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		clock = time.Now
 	}
 	if o.ChunkTokens <= 0 {
-		o.ChunkTokens = configs.DefaultChunkTokens
+		o.ChunkTokens = key.DefaultChunkTokens
 	}
 	return &Prefix{
-		ct:     int64(o.ChunkTokens),
-		c:      o.LoadFactor,
-		margin: int64(o.LoadMargin),
-		clock:  clock,
+		chunkTokens: int64(o.ChunkTokens),
+		loadFactor:  o.LoadFactor,
+		margin:      int64(o.LoadMargin),
+		clock:       clock,
 		idx: index.New(index.Options{
 			ChunkTokens:          o.ChunkTokens,
 			DefaultKVCacheTokens: o.DefaultKVCacheTokens,
@@ -91,7 +109,7 @@ func (p *Prefix) SetBackends(all []*backend.Backend) {
 		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
 		ids[i] = b.ID
 	}
-	p.ring.Store(&placement{ring: hashring.New(ms, nil), ids: ids})
+	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
 	p.idx.SetBackends(all)
 }
 
@@ -124,7 +142,7 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	for j, b := range candidates {
 		cs = append(cs, cand{id: b.ID, inFlight: b.Load(), prefill: b.PrefillTokens(), weight: b.Weight, matched: matched[j]})
 	}
-	j, r := pickPrefix(k.Chunks, cs, p.c, p.margin, p.ring.Load(), thin{ct: p.ct, prompt: int64(k.PromptTokens)})
+	j, r := pickPrefix(k.Chunks, cs, p.loadFactor, p.margin, p.ring.Load(), thin{chunkTokens: p.chunkTokens, promptTokens: int64(k.PromptTokens)})
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: matched[j]}
 }
 
@@ -162,12 +180,12 @@ type cand struct {
 // loadCap is the bounded-load cap of a backend of weight w: ceil(c·(total+1)·w/W) + margin.
 // The +1 counts the request being placed; the margin keeps low load from flapping, where
 // the relative bound alone is a request or two.
-func loadCap(total int64, w, wsum int, c float64, margin int64) int64 {
-	return int64(math.Ceil(c*float64(total+1)*float64(w)/float64(wsum))) + margin
+func loadCap(total int64, w, wsum int, loadFactor float64, margin int64) int64 {
+	return int64(math.Ceil(loadFactor*float64(total+1)*float64(w)/float64(wsum))) + margin
 }
 
 // pickPrefix is the selection of mode prefix over a snapshot of the candidates; it returns
-// the chosen index into cs and why. pl may be nil (no ring).
+// the chosen index into cs and why. place may be nil (no ring).
 //
 //  1. The useful match of a candidate is what it holds beyond the prefix every candidate
 //     holds. Among candidates under the cap, the best useful match wins (ReasonMatch);
@@ -179,7 +197,7 @@ func loadCap(total int64, w, wsum int, c float64, margin int64) int64 {
 //     later turns, which keep that chunk, hash where its first turn did.
 //  3. No chunk or no candidate on the ring: the least loaded (ReasonLeastLoad).
 //
-// A thin match (th): when the best holder's useful match is under a quarter of the prompt
+// A thin match (rule): when the best holder's useful match is under a quarter of the prompt
 // and the holder already carries more than its fair share of the load, the match is not
 // worth concentrating load for: the ring places the request by the first chunk nobody
 // holds, and its new backend learns the shared part. This keeps a prefix that one replica
@@ -187,7 +205,7 @@ func loadCap(total int64, w, wsum int, c float64, margin int64) int64 {
 // backend has it) from pulling all requests to that replica until the cap binds, while a
 // conversation's turns (match ≈ the whole prompt) and shared-prefix groups (long system
 // prompt, short question) stay sticky.
-func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placement, th thin) (int, Reason) {
+func pickPrefix(chunks []uint64, cs []cand, loadFactor float64, margin int64, place *placement, rule thin) (int, Reason) {
 	var total int64
 	wsum, common := 0, math.MaxInt
 	for i := range cs {
@@ -201,7 +219,7 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 		first = chunks[0]
 	}
 	under := func(j int) bool {
-		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, c, margin)
+		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, loadFactor, margin)
 	}
 	best, bestUnder := -1, -1
 	for j := range cs {
@@ -216,11 +234,11 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 		}
 	}
 	ringAt := common
-	if bestUnder >= 0 && th.ct > 0 && th.prompt > 0 {
-		b := &cs[bestUnder]
-		useful := MatchedTokens(b.matched, th.ct) - MatchedTokens(common, th.ct)
-		if useful*4 < th.prompt && b.inFlight*int64(wsum) > total*int64(b.weight) {
-			ringAt, bestUnder = b.matched, -1
+	if bestUnder >= 0 && rule.chunkTokens > 0 && rule.promptTokens > 0 {
+		holder := &cs[bestUnder]
+		useful := int64(key.PrefixTokens(holder.matched, int(rule.chunkTokens)) - key.PrefixTokens(common, int(rule.chunkTokens)))
+		if useful*thinShare < rule.promptTokens && holder.inFlight*int64(wsum) > total*int64(holder.weight) {
+			ringAt, bestUnder = holder.matched, -1
 		}
 	}
 	switch {
@@ -233,11 +251,11 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 	if best >= 0 {
 		reason = ReasonOverload
 	}
-	if len(chunks) > 0 && pl != nil {
+	if len(chunks) > 0 && place != nil {
 		chosen := -1
-		pl.ring.Lookup(chunks[min(ringAt, len(chunks)-1)], func(m int) bool {
+		place.ring.Lookup(chunks[min(ringAt, len(chunks)-1)], func(m int) bool {
 			for j := range cs {
-				if cs[j].id == pl.ids[m] && under(j) {
+				if cs[j].id == place.ids[m] && under(j) {
 					chosen = j
 					return true
 				}
@@ -262,16 +280,10 @@ func pickPrefix(chunks []uint64, cs []cand, c float64, margin int64, pl *placeme
 
 // thin carries what the thin-match rule needs: chunk size and prompt length, in approximate
 // tokens (zero values turn the rule off).
-type thin struct{ ct, prompt int64 }
+type thin struct{ chunkTokens, promptTokens int64 }
 
-// MatchedTokens is how many approximate tokens m leading chunks of ct tokens hold; the first
-// chunk is a quarter of the others (router/key).
-func MatchedTokens(m int, ct int64) int64 {
-	if m <= 0 {
-		return 0
-	}
-	return ct/4 + int64(m-1)*ct
-}
+// thinShare: a useful match under 1/thinShare of the prompt is thin.
+const thinShare = 4
 
 // better ranks a before b by match, then load, then the tie hash.
 func better(a, b *cand, first uint64) bool {

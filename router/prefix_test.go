@@ -93,7 +93,7 @@ func capNow(p *Prefix, cs []*backend.Backend) int64 {
 	for _, b := range cs {
 		total += b.InFlight()
 	}
-	return loadCap(total, 1, len(cs), p.c, p.margin)
+	return loadCap(total, 1, len(cs), p.loadFactor, p.margin)
 }
 
 // pickAndLearn picks, checks the cap, learns and begins the request, as the proxy does.
@@ -290,7 +290,7 @@ func ringOwner(bs []*backend.Backend, key uint64) *backend.Backend {
 	for i, b := range bs {
 		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
 	}
-	return bs[hashring.New(ms, nil).Get(key)]
+	return bs[hashring.New(ms).Lookup(key, nil)]
 }
 
 // (b) Every request shares one long system prompt and then differs: the load spreads
@@ -378,7 +378,7 @@ func TestRemovedOrRestartedForgotten(t *testing.T) {
 		{"removed and re-added", func(p *Prefix, bs []*backend.Backend) {
 			p.SetBackends(bs[1:])
 			for _, s := range p.Index().Stats(nil) {
-				if s.ID == bs[0].ID {
+				if s.Name == bs[0].Name {
 					t.Errorf("removed backend still in the index: %+v", s)
 				}
 			}

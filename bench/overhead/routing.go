@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -41,9 +40,9 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		}
 		bs[i] = b
 	}
-	pol := router.NewPrefix(router.PrefixOptions{ChunkTokens: configs.DefaultChunkTokens}, nil)
+	pol := router.NewPrefix(router.PrefixOptions{ChunkTokens: key.DefaultChunkTokens}, nil)
 	pol.SetBackends(bs)
-	kb := key.NewBuilder(configs.DefaultChunkTokens)
+	kb := key.NewBuilder(key.DefaultChunkTokens)
 	path := []byte(chatPath)
 	var k key.Key
 	var buf []byte
@@ -109,7 +108,7 @@ func measureIndex(n int) (IndexMemory, error) {
 	per := int64(max(n/nb, 1))
 	bs := make([]*backend.Backend, nb)
 	for i := range bs {
-		b, err := backend.New(fmt.Sprintf("http://10.0.1.%d:8000", i+1), per*configs.DefaultChunkTokens, 1)
+		b, err := backend.New(fmt.Sprintf("http://10.0.1.%d:8000", i+1), per*key.DefaultChunkTokens, 1)
 		if err != nil {
 			return IndexMemory{}, err
 		}
@@ -121,7 +120,7 @@ func measureIndex(n int) (IndexMemory, error) {
 	debug.FreeOSMemory()
 	runtime.ReadMemStats(&before)
 	rss0, _ := procStatusKB(pid, "VmRSS")
-	x := index.New(index.Options{ChunkTokens: configs.DefaultChunkTokens, MaxEntries: -1})
+	x := index.New(index.Options{ChunkTokens: key.DefaultChunkTokens, MaxEntries: -1})
 	x.SetBackends(bs)
 	chunks := make([]uint64, perPrompt)
 	now := time.Now()

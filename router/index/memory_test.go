@@ -71,24 +71,32 @@ type memResult struct {
 	f    footprint
 }
 
+// memSetup makes n backends of perBackend chunks of 64 tokens, measures the live heap, and
+// then makes an index without global cap over them. heap runs a GC and returns the live
+// heap, leaving the runtime's statistics in ms.
+func memSetup(tb testing.TB, n int, perBackend int64, ms *runtime.MemStats) (x *Index, bs []*backend.Backend, base float64, heap func() float64) {
+	bs = make([]*backend.Backend, n)
+	for i := range bs {
+		bs[i] = newBackend(tb, fmt.Sprintf("b%d", i), perBackend*64)
+	}
+	heap = func() float64 {
+		runtime.GC()
+		runtime.ReadMemStats(ms)
+		return float64(ms.HeapAlloc)
+	}
+	base = heap()
+	x = New(Options{ChunkTokens: 64, MaxEntries: -1})
+	x.SetBackends(bs)
+	return x, bs, base, heap
+}
+
 func measureMemory(tb testing.TB, sc memScenario) memResult {
 	tb.Helper()
 	const promptChunks = 25
 	// Prompts go round the backends, so one may get a prompt more than its share.
 	perBackend := int64(math.Ceil(float64(sc.entries)/float64(sc.backends)/sc.fill)) + promptChunks*int64(sc.holders)
-	bs := make([]*backend.Backend, sc.backends)
-	for i := range bs {
-		bs[i] = newBackend(tb, fmt.Sprintf("b%d", i), perBackend*64)
-	}
 	var ms runtime.MemStats
-	heap := func() float64 {
-		runtime.GC()
-		runtime.ReadMemStats(&ms)
-		return float64(ms.HeapAlloc)
-	}
-	base := heap()
-	x := New(Options{ChunkTokens: 64, MaxEntries: -1})
-	x.SetBackends(bs)
+	x, bs, base, heap := memSetup(tb, sc.backends, perBackend, &ms)
 	prompts := sc.entries / promptChunks / sc.holders
 	for p := range prompts {
 		c := chain(uint64(p), promptChunks)
@@ -98,8 +106,8 @@ func measureMemory(tb testing.TB, sc memScenario) memResult {
 	}
 	grown := heap() - base
 	f := x.footprint()
-	if want := int64(prompts * promptChunks * sc.holders); f.entries != want || x.Evictions() != 0 {
-		tb.Fatalf("%v: %d entries, %d evictions; want %d, 0", sc, f.entries, x.Evictions(), want)
+	if want := int64(prompts * promptChunks * sc.holders); f.entries != want || evictions(x) != 0 {
+		tb.Fatalf("%v: %d entries, %d evictions; want %d, 0", sc, f.entries, evictions(x), want)
 	}
 	runtime.KeepAlive(x)
 	return memResult{heap: grown / float64(f.entries), f: f}

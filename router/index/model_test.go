@@ -118,7 +118,7 @@ func TestAgainstModel(t *testing.T) {
 				bs[i] = newBackend(t, fmt.Sprintf("b%d", i), int64(capacity)*64)
 				models[i] = newLRUModel(capacity)
 			}
-			x := New(Options{ChunkTokens: 64, Shards: 2, MaxEntries: -1})
+			x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1}, 2)
 			x.SetBackends(bs)
 			active := []int{0, 1, 2} // the backends used: the last ones, for nb > 32
 			if nb > 32 {
@@ -215,13 +215,13 @@ func compareModel(t *testing.T, step int, x *Index, b *backend.Backend, m *lruMo
 	if st.Entries != int64(len(m.order)) || st.Evictions != m.evictions {
 		t.Fatalf("step %d: %s: %d entries, %d evictions; model %d, %d", step, b.Name, st.Entries, st.Evictions, len(m.order), m.evictions)
 	}
-	// Oldest is the last use of the least recently used entry: the time of the Record that
-	// last touched it, which its Stamp is (unix nanoseconds).
+	// The oldest entry's last use is the time of the Record that last touched the least
+	// recently used entry, which its Stamp is (unix nanoseconds).
 	var want time.Time
 	if n := len(m.order); n > 0 {
 		want = time.Unix(0, int64(m.lastUse[m.order[n-1]]))
 	}
-	if !st.Oldest.Equal(want) {
-		t.Fatalf("step %d: %s: oldest entry last used %v, model %v", step, b.Name, st.Oldest, want)
+	if got := oldest(x, b); !got.Equal(want) {
+		t.Fatalf("step %d: %s: oldest entry last used %v, model %v", step, b.Name, got, want)
 	}
 }

@@ -1,5 +1,7 @@
 package index
 
+import "math/bits"
+
 // chunkTable is an open-addressing hash table from chunk hash to chunk, with linear probing
 // and backward-shift deletion. The home slot is the top bits of the key times a Fibonacci
 // constant: one multiply, enough for keys that are already xxhash values and still safe for
@@ -22,7 +24,14 @@ type chunk struct {
 
 const minTableSlots = 16
 
-func (t *chunkTable) home(key uint64) int { return int((key * 0x9e3779b97f4a7c15) >> t.shift) }
+// A table doubles when an insertion would make it more than growNum/growDen full (to 3/8
+// full), and halves when a deletion leaves it less than 1/shrinkDen full (to 1/4 full).
+const (
+	growNum, growDen = 3, 4
+	shrinkDen        = 8
+)
+
+func (t *chunkTable) home(key uint64) int { return int((key * fibonacci) >> t.shift) }
 
 // get returns the chunk of key, or nil. The pointer is valid until the next put or del.
 func (t *chunkTable) get(key uint64) *chunk {
@@ -56,7 +65,7 @@ func (t *chunkTable) put(key uint64) *chunk {
 		if c.key != 0 {
 			continue
 		}
-		if 4*(t.n+1) > 3*len(t.slots) {
+		if growDen*(t.n+1) > growNum*len(t.slots) {
 			t.resize(2 * len(t.slots))
 			return t.put(key)
 		}
@@ -95,7 +104,7 @@ func (t *chunkTable) del(key uint64) {
 	}
 	t.slots[i] = chunk{}
 	t.n--
-	if len(t.slots) > minTableSlots && 8*t.n < len(t.slots) {
+	if len(t.slots) > minTableSlots && shrinkDen*t.n < len(t.slots) {
 		t.resize(len(t.slots) / 2)
 	}
 }
@@ -103,7 +112,7 @@ func (t *chunkTable) del(key uint64) {
 func (t *chunkTable) resize(size int) {
 	old := t.slots
 	t.slots = make([]chunk, size)
-	t.shift = uint(64 - bitsLen(size-1))
+	t.shift = uint(64 - bits.Len(uint(size-1)))
 	m := size - 1
 	for _, c := range old {
 		if c.key == 0 {
@@ -115,13 +124,4 @@ func (t *chunkTable) resize(size int) {
 		}
 		t.slots[i] = c
 	}
-}
-
-// bitsLen is the number of bits needed to represent x.
-func bitsLen(x int) int {
-	n := 0
-	for ; x > 0; x >>= 1 {
-		n++
-	}
-	return n
 }

@@ -39,24 +39,18 @@ type Builder struct {
 // NewBuilder returns a Builder cutting prompts into chunks of chunkTokens approximate tokens
 // (chunkTokens × 4 rendered bytes). chunkTokens <= 0 selects DefaultChunkTokens (64).
 func NewBuilder(chunkTokens int) *Builder {
-	if chunkTokens <= 0 {
-		chunkTokens = DefaultChunkTokens
-	}
-	if chunkTokens > maxChunkTokens {
-		chunkTokens = maxChunkTokens
-	}
-	return &Builder{ChunkTokens: chunkTokens}
+	return &Builder{ChunkTokens: normChunkTokens(chunkTokens)}
 }
 
-func (b *Builder) chunkTokens() int {
-	n := b.ChunkTokens
+func (b *Builder) chunkTokens() int { return normChunkTokens(b.ChunkTokens) }
+
+// normChunkTokens is the chunk size that a configured size n selects: DefaultChunkTokens for
+// n <= 0, at most maxChunkTokens.
+func normChunkTokens(n int) int {
 	if n <= 0 {
 		return DefaultChunkTokens
 	}
-	if n > maxChunkTokens {
-		return maxChunkTokens
-	}
-	return n
+	return min(n, maxChunkTokens)
 }
 
 // endpoint is the kind of a routed path.
@@ -92,10 +86,16 @@ func Routed(path []byte) bool { return classify(path) != epNone }
 // state is the per-request scratch memory: fast-path scanner, parser, chunk hasher, side
 // digest and buffers.
 type state struct {
-	f scanner
-	p fastjson.Parser
-	c chunker
-	r renderer
+	scanner  scanner
+	parser   fastjson.Parser
+	chunker  chunker
+	renderer renderer
+}
+
+func (s *state) reset() {
+	s.scanner.reset()
+	s.renderer.reset()
+	s.chunker.reset()
 }
 
 var statePool = sync.Pool{New: func() any { return new(state) }}
@@ -144,7 +144,8 @@ func (k *Key) Recycle() {
 //
 // Chat and completions bodies of the usual shapes are rendered straight from the body by a
 // fast path (scan.go); the rest are parsed with fastjson and rendered from the tree
-// (render.go). Both give the same key for the same body.
+// (render_tree.go). Both read the same tables (grammar.go) and give the same key for the same
+// body.
 //
 // Steady state allocates nothing: the scanner's arena, the parser, the hasher and k's slices
 // are reused. Bodies over 1 MiB use scratch memory that is not pooled.
@@ -166,13 +167,6 @@ func (b *Builder) Build(path []byte, body []byte, k *Key) {
 	}
 }
 
-// top holds the routing-relevant top-level fields of a body; nil means absent.
-type top struct {
-	model, salt, stream              *fastjson.Value
-	messages, prompt, input, instr   *fastjson.Value
-	tools, functions, responseFormat *fastjson.Value
-}
-
 // build fills k by the fast path (scan.go) when it handles the body, else by the fastjson path.
 func (s *state) build(ep endpoint, chunkTokens int, body []byte, k *Key) {
 	if s.fastBuild(ep, chunkTokens, body, k) {
@@ -186,7 +180,7 @@ func (s *state) build(ep endpoint, chunkTokens int, body []byte, k *Key) {
 // parseBuild fills k from the fastjson parse tree of body: the reference for every body, and
 // the only path for those the fast path hands back.
 func (s *state) parseBuild(ep endpoint, chunkTokens int, body []byte, k *Key) {
-	v, err := s.p.ParseBytes(body)
+	v, err := s.parser.ParseBytes(body)
 	if err != nil {
 		return
 	}
@@ -194,84 +188,51 @@ func (s *state) parseBuild(ep endpoint, chunkTokens int, body []byte, k *Key) {
 		return
 	}
 	o, _ := v.Object()
-	var t top
-	o.Visit(func(key []byte, v *fastjson.Value) {
-		switch string(key) {
-		case "model":
-			t.model = v
-		case "cache_salt":
-			t.salt = v
-		case "stream":
-			t.stream = v
-		case "messages":
-			t.messages = v
-		case "prompt":
-			t.prompt = v
-		case "input":
-			t.input = v
-		case "instructions":
-			t.instr = v
-		case "tools":
-			t.tools = v
-		case "functions":
-			t.functions = v
-		case "response_format":
-			t.responseFormat = v
-		}
+	var top topValues
+	o.Visit(func(name []byte, v *fastjson.Value) {
+		top[topFieldOf(name)] = v
 	})
-	if t.stream != nil && t.stream.Type() == fastjson.TypeTrue {
+	if stream := top[topStream]; stream != nil && stream.Type() == fastjson.TypeTrue {
 		k.Stream = true
 	}
-	model, ok := optString(t.model)
+	model, ok := optString(top[topModel])
 	if !ok {
 		return
 	}
 	k.Model = append(k.Model[:0], model...)
-	salt, ok := optString(t.salt)
+	salt, ok := optString(top[topCacheSalt])
 	if !ok {
 		return
 	}
 
 	var kind byte = kindChat
-	var p *fastjson.Value
+	var prompt *fastjson.Value
 	if ep == epCompletions {
-		kind, p, ok = completionsPrompt(t.prompt)
+		kind, prompt, ok = completionsPrompt(top[topPrompt])
 		if !ok {
 			return
 		}
 	}
-	r := &s.r
-	r.c = &s.c
-	s.c.start(chunkTokens*BytesPerToken, r.seed(kind, model, salt), k)
+	s.begin(kind, model, salt, chunkTokens, k)
+	r := &s.renderer
 	switch ep {
 	case epChat:
-		ok = r.header(&t) && r.chatMessages(t.messages)
+		ok = r.header(&top) && r.chatMessages(top[topMessages])
 	case epResponses:
-		ok = r.header(&t) && r.responsesInput(t.instr, t.input)
+		ok = r.header(&top) && r.responsesInput(top[topInstructions], top[topInput])
 	default:
-		ok = r.completionsPrompt(kind, p)
+		ok = r.completionsPrompt(kind, prompt)
 	}
 	if !ok {
 		k.Chunks = k.Chunks[:0]
 		return
 	}
-	k.OK = true
-	if kind == kindIDs {
-		k.PromptTokens = s.c.n / 4 // 4 bytes per uint32 id: the exact count
-	} else {
-		k.PromptTokens = s.c.n / BytesPerToken
-	}
+	s.finish(kind, k)
 }
 
 // optString returns the bytes of an optional string field: absent or null is "", a string is
 // its (unescaped) bytes, anything else is a type error (ok false).
 func optString(v *fastjson.Value) (b []byte, ok bool) {
-	if v == nil || v.Type() == fastjson.TypeNull {
-		return nil, true
-	}
-	if v.Type() != fastjson.TypeString {
-		return nil, false
-	}
-	b, _ = v.StringBytes()
-	return b, true
+	b, _, ok = stringField(v)
+	return b, ok
 }

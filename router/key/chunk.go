@@ -40,28 +40,33 @@ const maxPartBytes = 4 << 10
 // tokens) still leaves a chunk in the index, so its second turn finds the replica that holds
 // the first instead of being placed cold elsewhere.
 type chunker struct {
-	seed uint64
-	prev uint64
-	size int // chunk size in bytes
-	cur  int // size of the current chunk in bytes (the first one is smaller)
-	rem  int // bytes still missing from the current chunk
-	n    int // total bytes written since start
-	k    *Key
-	part []byte        // the current chunk's bytes so far, when cur <= maxPartBytes
-	d    xxhash.Digest // the current chunk's bytes so far, when cur > maxPartBytes
+	seed    uint64
+	prev    uint64 // the hash of the chunks so far (0 before the first)
+	size    int    // chunk size in bytes
+	curSize int    // size of the current chunk in bytes (the first one is smaller)
+	missing int    // bytes still missing from the current chunk
+	written int    // total bytes written since start
+	out     *Key
+	part    []byte        // the current chunk's bytes so far, when curSize <= maxPartBytes
+	digest  xxhash.Digest // the current chunk's bytes so far, when curSize > maxPartBytes
 }
 
+// start begins a stream whose chunks are size bytes (the first a quarter of that), chained
+// from seed, appended to k.Chunks.
 func (c *chunker) start(size int, seed uint64, k *Key) {
-	c.size, c.seed, c.prev, c.n, c.k = size, seed, 0, 0, k
+	c.size, c.seed, c.prev, c.written, c.out = size, seed, 0, 0, k
 	c.part = c.part[:0]
-	c.cur = firstChunkBytes(size)
-	c.rem = c.cur
+	c.curSize = firstChunkBytes(size)
+	c.missing = c.curSize
 }
 
-// firstChunkBytes is the size of the first chunk for chunks of size bytes: a quarter, at
-// least 4 bytes (one approximate token or one token id), and a multiple of 4.
+// firstChunkShare is the first chunk's share of a chunk: it is a quarter of the others.
+const firstChunkShare = 4
+
+// firstChunkBytes is the size of the first chunk for chunks of size bytes: a quarter, rounded
+// down to whole tokens (BytesPerToken bytes, the size of one token id too), at least one.
 func firstChunkBytes(size int) int {
-	return max(size/4/4*4, 4)
+	return max(size/firstChunkShare/BytesPerToken*BytesPerToken, BytesPerToken)
 }
 
 // ChunkCount is how many full chunks a rendering of n bytes has with chunks of size bytes.
@@ -73,25 +78,39 @@ func ChunkCount(n, size int) int {
 	return 1 + (n-f)/size
 }
 
+// PrefixTokens is how many approximate tokens (or token ids) the first n chunks of a key hold
+// when it was built with chunks of chunkTokens tokens (chunkTokens as NewBuilder takes it:
+// <= 0 is DefaultChunkTokens): the first chunk is a quarter of the others (at least one
+// token), every later one chunkTokens. n <= 0 holds none. A key of PromptTokens tokens has
+// ChunkCount(PromptTokens×BytesPerToken, chunkTokens×BytesPerToken) chunks, and its chunk i
+// ends at token PrefixTokens(i+1, chunkTokens).
+func PrefixTokens(n, chunkTokens int) int {
+	if n <= 0 {
+		return 0
+	}
+	size := normChunkTokens(chunkTokens) * BytesPerToken
+	return (firstChunkBytes(size) + (n-1)*size) / BytesPerToken
+}
+
 func (c *chunker) write(p []byte) {
-	c.n += len(p)
-	if c.rem < c.cur { // the current chunk has begun
-		if len(p) < c.rem {
+	c.written += len(p)
+	if c.missing < c.curSize { // the current chunk has begun
+		if len(p) < c.missing {
 			c.add(p)
 			return
 		}
-		need := c.rem
+		need := c.missing
 		c.add(p[:need])
 		p = p[need:]
-		if c.cur <= maxPartBytes {
+		if c.curSize <= maxPartBytes {
 			c.push(xxhash.Sum64(c.part))
 			c.part = c.part[:0]
 		} else {
-			c.push(c.d.Sum64())
+			c.push(c.digest.Sum64())
 		}
 	}
-	for len(p) >= c.rem {
-		n := c.rem
+	for len(p) >= c.missing {
+		n := c.missing
 		c.push(xxhash.Sum64(p[:n]))
 		p = p[n:]
 	}
@@ -100,30 +119,30 @@ func (c *chunker) write(p []byte) {
 	}
 }
 
-// add appends p (shorter than c.rem) to the current chunk.
+// add appends p (shorter than c.missing) to the current chunk.
 func (c *chunker) add(p []byte) {
-	if c.cur <= maxPartBytes {
+	if c.curSize <= maxPartBytes {
 		c.part = append(c.part, p...)
 	} else {
-		if c.rem == c.cur {
-			c.d.Reset()
+		if c.missing == c.curSize {
+			c.digest.Reset()
 		}
-		_, _ = c.d.Write(p)
+		_, _ = c.digest.Write(p)
 	}
-	c.rem -= len(p)
+	c.missing -= len(p)
 }
 
 // push chains the hash of a completed chunk, records it and begins the next chunk.
 func (c *chunker) push(h uint64) {
 	c.prev = chain(c.seed, c.prev, h)
-	c.k.Chunks = append(c.k.Chunks, c.prev)
-	c.cur = c.size
-	c.rem = c.size
+	c.out.Chunks = append(c.out.Chunks, c.prev)
+	c.curSize = c.size
+	c.missing = c.size
 }
 
 // reset drops a part buffer that grew unusually large and the key reference.
 func (c *chunker) reset() {
-	c.k = nil
+	c.out = nil
 	if cap(c.part) > maxPartBytes {
 		c.part = nil
 	}

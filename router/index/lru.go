@@ -1,0 +1,209 @@
+// The per-backend LRU: a slot's list of the chunks its backend holds, most recently used
+// first, with the recent cache that lets Record touch held chunks without a shard lock.
+
+package index
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// slot is one backend's part of the index: its LRU list of entries.
+type slot struct {
+	num  uint16
+	name string
+
+	removed   atomic.Bool   // retired; its number may belong to a new slot
+	epoch     atomic.Uint64 // the backend epoch the entries belong to
+	capacity  atomic.Int64  // effective capacity in chunks
+	count     atomic.Int64
+	evictions atomic.Uint64
+	rawCap    int64 // capacity before the global cap; guarded by Index.mu
+
+	mu    sync.Mutex // guards the fields below and the slot's holders
+	nodes []node
+	head  int32 // most recently used
+	tail  int32 // least recently used
+	free  int32 // free list through node.next
+	stamp int64 // the last Record's stamp (see Stamp)
+	// recent caches the nodes of chunks that Record found held, so that touching them
+	// again locks no shard. See recalled.
+	recent []uint64
+}
+
+// The recent cache is 2-way set associative: recentSets sets of recentWays entries, the most
+// recently remembered first. An entry is a tag (the low 32 bits of the hash's Fibonacci
+// product, whose top recentBits pick the set) over the node index + 1 (0: empty): 8 KiB per
+// backend, allocated by its first Record.
+const (
+	recentBits = 9
+	recentSets = 1 << recentBits
+	recentWays = 2
+	// recentTagShift puts the tag in an entry's high 32 bits, above the node index + 1.
+	recentTagShift = 32
+)
+
+// fibonacci is 2^64 / φ, the multiplier of Fibonacci hashing: the top bits of its product
+// with a key depend on every bit of the key (the recent cache's set, table.go's home slot).
+const fibonacci = 0x9e3779b97f4a7c15
+
+type node struct {
+	hash uint64
+	// used is the stamp of the last Record that touched the entry, with the low bit set when
+	// that Record added it: unix nanoseconds to within 1 ns (plus the few ns by which
+	// same-instant Records are kept apart).
+	used       int64
+	prev, next int32
+}
+
+// Stamp names one Record call on one backend, for Forget. It is the Record's time in unix
+// nanoseconds, made even and strictly increasing per backend, so no two Records of a backend
+// share one; 0 means that nothing was recorded.
+type Stamp int64
+
+// added marks a node's used stamp as "added by this Record" (rather than touched).
+const added = 1
+
+// stampStep separates two Records' stamps: stamps are even, the low bit is the added mark.
+const stampStep = 2 * added
+
+// nextStamp returns the stamp of a Record on s at now. Called with s.mu held.
+func (s *slot) nextStamp(now int64) int64 {
+	t := now &^ added
+	if t <= s.stamp {
+		t = s.stamp + stampStep
+	}
+	s.stamp = t
+	return t
+}
+
+// evict drops s's least recently used entry. Called with s.mu held and no shard lock.
+func (x *Index) evict(s *slot) {
+	tail := s.tail
+	if tail == nilIdx {
+		return
+	}
+	h := s.nodes[tail].hash
+	x.shard(h).drop(h, s.num)
+	s.unlink(tail)
+	s.release(tail)
+	s.evictions.Add(1)
+}
+
+// trim evicts until s is within its capacity (which SetBackends may have lowered).
+// Called with s.mu held.
+func (x *Index) trim(s *slot) {
+	for s.count.Load() > max(s.capacity.Load(), 0) {
+		x.evict(s)
+	}
+}
+
+// catchUp brings s up to date with its backend before it is used: when the backend's cache
+// epoch moved (restart, return from unhealthy) its entries are freed, and s is trimmed to its
+// capacity. Called with s.mu held.
+func (x *Index) catchUp(s *slot, epoch uint64) {
+	if epoch != s.epoch.Load() {
+		x.purge(s)
+		s.epoch.Store(epoch)
+	}
+	x.trim(s)
+}
+
+// purge frees all of s's entries. Called with s.mu held.
+func (x *Index) purge(s *slot) {
+	for ni := s.head; ni != nilIdx; ni = s.nodes[ni].next {
+		h := s.nodes[ni].hash
+		x.shard(h).drop(h, s.num)
+	}
+	s.nodes = s.nodes[:0]
+	s.head, s.tail, s.free = nilIdx, nilIdx, nilIdx
+	s.count.Store(0)
+}
+
+// recalled returns the node of h that recent remembers, or nilIdx. An entry is trusted only
+// while its node still carries h: a node holds one chunk at a time and each (chunk, slot)
+// has at most one node, so a node that carries h is what find would return, and stale
+// entries (the node freed, reused or purged) fail the check. Called with s.mu held.
+func (s *slot) recalled(h uint64) int32 {
+	if s.recent == nil {
+		return nilIdx
+	}
+	set, tag := s.recentSet(h)
+	for way, entry := range set {
+		if entry&^math.MaxUint32 != tag || uint32(entry) == 0 {
+			continue
+		}
+		ni := int32(uint32(entry)) - 1
+		if int(ni) >= len(s.nodes) || s.nodes[ni].hash != h {
+			return nilIdx
+		}
+		if way == 1 {
+			set[0], set[1] = entry, set[0]
+		}
+		return ni
+	}
+	return nilIdx
+}
+
+// remember notes in recent that ni is the node of h. Called with s.mu held.
+func (s *slot) remember(h uint64, ni int32) {
+	if s.recent == nil {
+		s.recent = make([]uint64, recentWays*recentSets)
+	}
+	set, tag := s.recentSet(h)
+	if set[0]&^math.MaxUint32 != tag {
+		set[1] = set[0]
+	}
+	set[0] = tag | uint64(uint32(ni+1))
+}
+
+// recentSet returns the set of recent where h's entry may be, and h's tag.
+func (s *slot) recentSet(h uint64) (set []uint64, tag uint64) {
+	prod := h * fibonacci
+	return s.recent[recentWays*(prod>>(64-recentBits)):][:recentWays], prod << recentTagShift
+}
+
+// retouch is touch for a Record stamped t: a chunk that this same Record added (a prompt
+// that repeats a chunk hash) keeps its added mark, so that Forget still withdraws it.
+func (s *slot) retouch(ni int32, t int64) {
+	if s.nodes[ni].used == t|added {
+		t |= added
+	}
+	s.touch(ni, t)
+}
+
+func (s *slot) touch(ni int32, t int64) {
+	s.nodes[ni].used = t
+	if s.head != ni {
+		s.unlink(ni)
+		s.pushFront(ni)
+	}
+}
+
+func (s *slot) unlink(ni int32) {
+	n := &s.nodes[ni]
+	if n.prev != nilIdx {
+		s.nodes[n.prev].next = n.next
+	} else {
+		s.head = n.next
+	}
+	if n.next != nilIdx {
+		s.nodes[n.next].prev = n.prev
+	} else {
+		s.tail = n.prev
+	}
+	n.prev, n.next = nilIdx, nilIdx
+}
+
+func (s *slot) pushFront(ni int32) {
+	n := &s.nodes[ni]
+	n.prev, n.next = nilIdx, s.head
+	if s.head != nilIdx {
+		s.nodes[s.head].prev = ni
+	}
+	s.head = ni
+	if s.tail == nilIdx {
+		s.tail = ni
+	}
+}

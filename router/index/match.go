@@ -1,0 +1,126 @@
+// Matching: how many leading chunks of a prompt each candidate holds.
+
+package index
+
+import (
+	"math/bits"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// Match sets out[j] to the number of leading chunks of chunks that cs[j] holds: chunk i
+// counts only if chunks 0..i all do. It walks the chunks from the start and stops at the
+// first chunk that no candidate still matching holds. It returns the largest out[j].
+// out must have room for len(cs); candidates must have distinct IDs. It allocates only when
+// there are more than matchStackCandidates candidates or matchStackSlots registered backends.
+func (x *Index) Match(chunks []uint64, cs []*backend.Backend, out []int) int {
+	out = out[:len(cs)]
+	clear(out)
+	if len(chunks) == 0 || len(cs) == 0 {
+		return 0
+	}
+	tab := x.tab.Load()
+	var posBuf [matchStackSlots]uint16      // slot number → candidate index + 1
+	var slotBuf [matchStackCandidates]*slot // candidate index → slot
+	pos, slots := posBuf[:], slotBuf[:]
+	if tab.maxNum > len(pos) {
+		pos = make([]uint16, tab.maxNum)
+	}
+	if len(cs) > len(slots) {
+		slots = make([]*slot, len(cs))
+	}
+	var want uint32 // candidates' slot bits
+	wide := false   // some candidate's slot is beyond the mask
+	for j, b := range cs {
+		s := tab.byID[b.ID]
+		// A restarted backend's entries are ignored until they are purged.
+		if s == nil || s.epoch.Load() != b.Epoch() {
+			continue
+		}
+		slots[j] = s
+		pos[s.num] = uint16(j + 1)
+		if s.num < maskSlots {
+			want |= 1 << s.num
+		} else {
+			wide = true
+		}
+	}
+	var best int
+	switch {
+	case wide:
+		best = x.matchList(chunks, pos, out)
+	case want != 0:
+		best = x.matchMask(chunks, want, pos, out)
+	}
+	// A candidate whose slot was retired meanwhile may have been credited with holders of
+	// a new slot that reuses the number: retire happens before any reuse, so checking it
+	// after the walk is enough.
+	for j, s := range slots[:len(cs)] {
+		if s != nil && s.removed.Load() {
+			out[j] = 0
+		}
+	}
+	return best
+}
+
+// Match works on the stack for up to matchStackCandidates candidates and
+// matchStackSlots registered backends (1 KiB of stack in all).
+const (
+	matchStackCandidates = 64
+	matchStackSlots      = 256
+)
+
+// matchMask is Match for slots that all fit the chunk mask.
+func (x *Index) matchMask(chunks []uint64, want uint32, pos []uint16, out []int) int {
+	alive := want
+	for i, h := range chunks {
+		h = norm(h)
+		sh := x.shard(h)
+		var mask uint32
+		sh.mu.RLock()
+		if ch := sh.chunks.get(h); ch != nil {
+			mask = ch.mask
+		}
+		sh.mu.RUnlock()
+		next := alive & mask
+		for gone := alive &^ next; gone != 0; gone &= gone - 1 {
+			out[pos[bits.TrailingZeros32(gone)]-1] = i
+		}
+		if alive = next; alive == 0 {
+			return i
+		}
+	}
+	for ; alive != 0; alive &= alive - 1 {
+		out[pos[bits.TrailingZeros32(alive)]-1] = len(chunks)
+	}
+	return len(chunks)
+}
+
+// matchList is Match through the holder lists, for slots beyond the chunk mask.
+func (x *Index) matchList(chunks []uint64, pos []uint16, out []int) int {
+	best := 0
+	for i, h := range chunks {
+		h = norm(h)
+		sh := x.shard(h)
+		advanced := false
+		sh.mu.RLock()
+		hi := int32(nilIdx)
+		if ch := sh.chunks.get(h); ch != nil {
+			hi = ch.head
+		}
+		for hi != nilIdx {
+			hold := sh.hs.at(hi)
+			if p := int(pos[hold.num]); p > 0 && out[p-1] == i {
+				out[p-1] = i + 1
+				advanced = true
+			}
+			hi = hold.next
+		}
+		sh.mu.RUnlock()
+		if !advanced {
+			break
+		}
+		best = i + 1
+	}
+	return best
+}

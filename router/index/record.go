@@ -1,0 +1,212 @@
+// Learning: Record adds a prompt's chunks to a backend's entries, Forget withdraws them.
+
+package index
+
+import (
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// Record marks b as holding every chunk of chunks (a prompt's chained hashes, in order) as
+// of now, making them its most recently used entries. A prompt longer than b's capacity is
+// recorded up to the capacity. Backends not registered with SetBackends are ignored.
+func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp {
+	return x.RecordHeld(chunks, b, now, 0)
+}
+
+// freshWindow bounds how recently a held prefix must have been touched for RecordHeld to
+// leave it as it is: 50 ms, or 1/freshHorizonShare of the backend's LRU horizon (now minus
+// its oldest entry's last use) when that is shorter.
+const (
+	freshWindow       = 50 * time.Millisecond
+	freshHorizonShare = 16
+)
+
+// RecordHeld is Record for a prompt whose first held chunks b was found to hold when the
+// request was routed (router.Decision.MatchedChunks). When b still holds chunk held-1 and
+// touched it within the fresh window, the held chunks are not touched again: every request
+// that shares a hot system prompt would otherwise move the same chunks to the front of the
+// LRU, a few cache misses each, for a recency that changes by milliseconds. A Record touches
+// a whole prefix at once, so the skipped chunks are at most two windows staler than a full
+// Record would leave them. A prefix still marked as added by an earlier Record that no later
+// one touched is touched in full (that Record may yet be withdrawn by Forget). held ≤ 0 (or
+// a stale hint) records every chunk.
+func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, held int) Stamp {
+	if len(chunks) == 0 || b == nil {
+		return 0
+	}
+	s := x.tab.Load().byID[b.ID]
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.removed.Load() {
+		return 0
+	}
+	x.catchUp(s, b.Epoch())
+	limit := s.capacity.Load()
+	if limit <= 0 {
+		return 0
+	}
+	if int64(len(chunks)) > limit {
+		chunks = chunks[:limit]
+	}
+	t := s.nextStamp(now.UnixNano())
+	lo := 0 // the shallowest chunk to record
+	if held > 0 && held <= len(chunks) && x.heldFresh(s, norm(chunks[held-1]), t) {
+		lo = held
+	}
+	var evicted uint64
+	// Chained hashes make a backend's entries whole prefixes, so walking deepest first the
+	// new chunks come before the held ones: until a chunk is found held, expect the next one
+	// to be new too, and look it up under the write lock that adding it takes anyway.
+	fresh := true
+	// Deepest first, each moved to the front: the prompt ends up shallow-to-deep from the
+	// front of the list, so its deepest chunks are the first of it to be evicted.
+	for i := len(chunks) - 1; i >= lo; i-- {
+		h := norm(chunks[i])
+		if ni := s.recalled(h); ni != nilIdx {
+			s.retouch(ni, t)
+			fresh = false
+			continue
+		}
+		sh := x.shard(h)
+		// Only this slot adds or removes its own holders, and s.mu is held: what find
+		// says stays true after the lock is released.
+		if !fresh {
+			if ni := sh.lookup(h, s.num); ni != nilIdx {
+				s.remember(h, ni)
+				s.retouch(ni, t)
+				continue
+			}
+			fresh = true
+		}
+		ni, already, evictedOne := x.claim(s, sh, h, t, limit)
+		if already {
+			s.remember(h, ni)
+			s.retouch(ni, t)
+			fresh = false
+		} else if evictedOne {
+			evicted++
+		}
+	}
+	if evicted > 0 {
+		s.evictions.Add(evicted)
+	}
+	return Stamp(t)
+}
+
+// heldFresh reports whether s holds h and touched it within the fresh window before t.
+// Called with s.mu held.
+func (x *Index) heldFresh(s *slot, h uint64, t int64) bool {
+	ni := s.recalled(h)
+	if ni == nilIdx {
+		if ni = x.shard(h).lookup(h, s.num); ni == nilIdx {
+			return false
+		}
+		s.remember(h, ni)
+	}
+	used := s.nodes[ni].used
+	if used&added != 0 {
+		// Added by a Record that may yet be withdrawn (Forget) and that no later Record has
+		// touched: touch the prefix, which confirms it, rather than leave it to that Forget.
+		return false
+	}
+	window := int64(freshWindow)
+	if s.tail != nilIdx {
+		window = min(window, (t-s.nodes[s.tail].used&^added)/freshHorizonShare)
+	}
+	return t-used < window
+}
+
+// claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's
+// most recently used entry, evicting the least recently used one at capacity: that entry's
+// node is reused for h, and its holder is removed after sh is released, so that no two
+// shard locks are ever held at once. Meanwhile both holders name the node, which only this
+// slot's own finds, under s.mu, could see. It returns s's node of h, whether s held h
+// already (then nothing changed), and whether an entry was evicted. Called with s.mu held.
+func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, held, evicted bool) {
+	victim := int32(nilIdx) // the node evicted for h, if s is at capacity
+	var victimHash uint64
+	var victimShard *shard
+	if s.count.Load() >= limit {
+		victim = s.tail
+		victimHash = s.nodes[victim].hash
+		victimShard = x.shard(victimHash)
+	} else {
+		s.reserve(limit) // not while readers wait on sh
+	}
+	sh.mu.Lock()
+	if victimShard == sh {
+		// Rare: h shares the evicted entry's shard. Remove before adding, as evicting
+		// first would.
+		if ni := sh.find(h, s.num); ni != nilIdx {
+			sh.mu.Unlock()
+			return ni, true, false
+		}
+		sh.remove(victimHash, s.num)
+		sh.add(h, s.num, victim)
+		sh.mu.Unlock()
+	} else {
+		ch := sh.chunks.put(h) // one probe for the lookup and the insertion
+		if ni := sh.holderOf(ch, s.num); ni != nilIdx {
+			sh.mu.Unlock()
+			return ni, true, false
+		}
+		if victim == nilIdx {
+			ni := s.alloc(h, t|added, limit)
+			sh.link(ch, s.num, ni)
+			sh.mu.Unlock()
+			return ni, false, false
+		}
+		sh.link(ch, s.num, victim)
+		sh.mu.Unlock()
+		victimShard.drop(victimHash, s.num)
+	}
+	s.nodes[victim].hash = h
+	s.touch(victim, t|added)
+	return victim, false, true
+}
+
+// Forget withdraws what the Record stamped stamp added to b's entries among chunks: entries it
+// created that no Record has touched since. Entries b held before that Record, and entries
+// another Record has touched or re-added since (another request that b accepted), stay.
+//
+// The proxy records a prompt as soon as the request is on its way to the backend, so that
+// the index update overlaps the backend's work, and forgets it when the backend then refuses
+// the request (a 400 for a too-long prompt, a 429/503 retried elsewhere) or never answers:
+// a refused prompt left nothing in the engine's KV cache. Entries evicted by that Record
+// stay evicted.
+func (x *Index) Forget(chunks []uint64, b *backend.Backend, stamp Stamp) {
+	if len(chunks) == 0 || b == nil || stamp == 0 {
+		return
+	}
+	s := x.tab.Load().byID[b.ID]
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.removed.Load() || b.Epoch() != s.epoch.Load() {
+		return
+	}
+	mark := int64(stamp) | added
+	for _, hash := range chunks {
+		h := norm(hash)
+		sh := x.shard(h)
+		sh.mu.Lock()
+		ni := sh.find(h, s.num)
+		if ni != nilIdx && s.nodes[ni].used == mark {
+			sh.remove(h, s.num)
+		} else {
+			ni = nilIdx
+		}
+		sh.mu.Unlock()
+		if ni != nilIdx {
+			s.unlink(ni)
+			s.release(ni)
+		}
+	}
+}
