@@ -1,7 +1,6 @@
 package app
 
 import (
-	"slices"
 	"testing"
 	"time"
 
@@ -63,12 +62,5 @@ backends:
 	}
 	if b := o.Backends[1]; b.Name != "http://127.0.0.1:8002" || b.KVCacheTokens != 0 || b.Weight != 1 {
 		t.Errorf("backends[1]: %s, KV %d, weight %d", b.Name, b.KVCacheTokens, b.Weight)
-	}
-}
-
-// The config accepts the modes of router's table, in its order.
-func TestConfigModesAreRouterModes(t *testing.T) {
-	if !slices.Equal(configs.Modes, router.ModeNames()) {
-		t.Errorf("configs.Modes %v, router's modes %v", configs.Modes, router.ModeNames())
 	}
 }

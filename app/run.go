@@ -18,6 +18,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"go.uber.org/zap"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/discovery"
 	"github.com/prefixlb/prefixlb/proxy"
@@ -161,7 +162,7 @@ func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r di
 		c.mu.Lock()
 		c.discovered = c.discovered[:0]
 		for _, u := range urls {
-			c.discovered = append(c.discovered, configs.Backend{URL: u, KVCacheTokens: d.KVCacheTokens, Weight: 1})
+			c.discovered = append(c.discovered, configs.Backend{URL: u, KVCacheTokens: d.KVCacheTokens, Weight: backend.DefaultWeight})
 		}
 		err := c.applyLocked()
 		c.mu.Unlock()

@@ -2,10 +2,12 @@
 // place (ApplyDefaults), and validation whose errors name the field (Validate).
 //
 // The defaults of a library's options are the library's own (health.DefaultOptions,
-// router.DefaultLoadFactor, index.DefaultKVCacheTokens, key.DefaultChunkTokens,
-// discovery.DefaultInterval, backend.DefaultWeight); ApplyDefaults writes them into the
-// Config, so that a parsed Config shows every value in force. Only the proxy's own settings
-// (listeners, mode, timeouts, limits, logging, response headers) have their defaults here.
+// router.DefaultLoadFactor, router.DefaultMode, index.DefaultKVCacheTokens,
+// key.DefaultChunkTokens, discovery.DefaultInterval, backend.DefaultWeight, the proxy's
+// timeouts and body limits); ApplyDefaults writes them into the Config, so that a parsed
+// Config shows every value in force. Only the application's own settings (listeners,
+// logging, shutdown grace, response headers) have their defaults here. The modes are
+// router's table (router.ModeNames).
 package configs
 
 import (
@@ -22,13 +24,11 @@ import (
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/discovery"
 	"github.com/prefixlb/prefixlb/health"
+	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
-
-// Modes are the routing policies prefixlb offers.
-var Modes = []string{"prefix", "round-robin", "least-load"}
 
 // Config is the whole configuration file. Every field is documented in configs/prefixlb.yaml.
 type Config struct {
@@ -235,44 +235,20 @@ func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(),
 // D returns the time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// Defaults of the proxy's own settings. Each names its source. The other defaults belong to
-// the packages that use them (see the package comment).
+// Defaults of the application's own settings. Each names its source. The other defaults
+// belong to the packages that use them (see the package comment).
 const (
 	// DefaultListen is the data listener: every interface, port 8080.
 	DefaultListen = "0.0.0.0:8080"
 	// DefaultAdminListen is loopback only, so that the debug endpoints are not exposed
 	// (DESIGN.md "Reliability defaults users expect").
 	DefaultAdminListen = "127.0.0.1:9090"
-	// DefaultMode is the prefix-aware policy.
-	DefaultMode = "prefix"
+	// DefaultMode is the first of router's table: the prefix-aware policy.
+	DefaultMode = router.DefaultMode
 	// DefaultLogLevel logs one line per request and every change of state, never prompts.
 	DefaultLogLevel = "info"
 	// DefaultLogFormat is one JSON object a line, for log collectors.
 	DefaultLogFormat = "json"
-	// DefaultMaxRequestBodyBytes is 64 MiB: sglang raised its chat limit to 32 MiB for
-	// images (sglang PR #38735); fasthttp's own 4 MiB default is too small.
-	DefaultMaxRequestBodyBytes = 64 << 20
-	// DefaultConnect is Envoy's connect timeout.
-	DefaultConnect = 5 * time.Second
-	// DefaultResponseHeader: 10 minutes, because a non-streamed response sends headers only
-	// when generation ends, and a Go 120 s header timeout was seen killing such requests.
-	DefaultResponseHeader = 10 * time.Minute
-	// DefaultIdle is Envoy's stream_idle_timeout.
-	DefaultIdle = 5 * time.Minute
-	// DefaultClientRead: a 64 MiB body at 10 Mbit/s takes about 55 s; a client that sends
-	// nothing (slowloris) is dropped after this.
-	DefaultClientRead = 60 * time.Second
-	// DefaultClientWrite: a client that has read nothing of its response for a minute has
-	// stopped reading (a hung script, a laptop asleep); a slow but live link drains a 16 KB
-	// chunk in well under that.
-	DefaultClientWrite = 60 * time.Second
-	// DefaultClientBodyIdle: longer than a run of TCP retransmissions on a lossy link
-	// (200 ms doubling: 6.2 s for five), short enough that a stalled upload frees its budget.
-	DefaultClientBodyIdle = 10 * time.Second
-	// DefaultMaxBufferedBodyBytes is 1 GiB: a pod with a 2 GiB memory limit keeps the
-	// prefix index (about 350 MB at max_index_entries) and the rest beside it; sixteen
-	// maximum-size bodies fit at once, thousands of ordinary chat requests.
-	DefaultMaxBufferedBodyBytes = 1 << 30
 	// DefaultShutdownGrace matches Kubernetes' default terminationGracePeriodSeconds.
 	DefaultShutdownGrace = 30 * time.Second
 	// DefaultResponseHeaderBackend: x-prefixlb-backend is on, for debugging routing from the
@@ -340,17 +316,17 @@ func (c *Config) ApplyDefaults() {
 	}
 	setS(&c.Log.Level, DefaultLogLevel)
 	setS(&c.Log.Format, DefaultLogFormat)
-	setI(&c.MaxRequestBodyBytes, DefaultMaxRequestBodyBytes)
+	setI(&c.MaxRequestBodyBytes, proxy.DefaultMaxRequestBodyBytes)
 	t := &c.Timeouts
-	setD(&t.Connect, DefaultConnect)
-	setD(&t.ResponseHeader, DefaultResponseHeader)
-	setD(&t.Idle, DefaultIdle)
+	setD(&t.Connect, proxy.DefaultConnectTimeout)
+	setD(&t.ResponseHeader, proxy.DefaultResponseHeaderTimeout)
+	setD(&t.Idle, proxy.DefaultIdleTimeout)
 	setD(&t.ShutdownGrace, DefaultShutdownGrace)
-	setD(&t.ClientRead, DefaultClientRead)
-	setD(&t.ClientWrite, DefaultClientWrite)
-	setD(&t.ClientBodyIdle, DefaultClientBodyIdle)
+	setD(&t.ClientRead, proxy.DefaultClientReadTimeout)
+	setD(&t.ClientWrite, proxy.DefaultClientWriteTimeout)
+	setD(&t.ClientBodyIdle, proxy.DefaultClientBodyIdleTimeout)
 	if c.Limits.MaxBufferedBodyBytes == 0 {
-		c.Limits.MaxBufferedBodyBytes = DefaultMaxBufferedBodyBytes
+		c.Limits.MaxBufferedBodyBytes = proxy.DefaultMaxBufferedBodyBytes
 	}
 	p := &c.Prefix
 	setI(&p.ChunkTokens, key.DefaultChunkTokens)
@@ -427,8 +403,8 @@ func (c *Config) Validate() error {
 	if err := checkHostPort(c.AdminListen); err != nil {
 		return fmt.Errorf("admin_listen: %w", err)
 	}
-	if !slices.Contains(Modes, c.Mode) {
-		return fmt.Errorf("mode: %q is not one of %v", c.Mode, Modes)
+	if modes := router.ModeNames(); !slices.Contains(modes, c.Mode) {
+		return fmt.Errorf("mode: %q is not one of %v", c.Mode, modes)
 	}
 	if !slices.Contains(logLevels, c.Log.Level) {
 		return fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level)

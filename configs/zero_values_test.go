@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -26,9 +27,9 @@ func TestZeroWrittenInTheFile(t *testing.T) {
 		{"prefix:\n  load_margin: 3\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().LoadMargin }, 3},
 		{bk, func(c *Config) any { return c.Prefix.RouterOptions().LoadMargin }, router.DefaultLoadMargin},
 		{"prefix:\n  load_margin: ~\n" + bk, func(c *Config) any { return c.Prefix.LoadMargin }, OptionalInt{V: router.DefaultLoadMargin, Set: true}},
-		{"max_request_body_bytes: 0\n" + bk, func(c *Config) any { return c.MaxRequestBodyBytes }, DefaultMaxRequestBodyBytes},
+		{"max_request_body_bytes: 0\n" + bk, func(c *Config) any { return c.MaxRequestBodyBytes }, proxy.DefaultMaxRequestBodyBytes},
 		{"timeouts:\n  connect: 0s\n  idle: 0s\n" + bk, func(c *Config) any { return []time.Duration{c.Timeouts.Connect.D(), c.Timeouts.Idle.D()} },
-			[]time.Duration{DefaultConnect, DefaultIdle}},
+			[]time.Duration{proxy.DefaultConnectTimeout, proxy.DefaultIdleTimeout}},
 		{"prefix:\n  chunk_tokens: 0\n  load_factor: 0\n  default_kv_cache_tokens: 0\n  max_index_entries: 0\n" + bk,
 			func(c *Config) any { return c.Prefix.RouterOptions() }, defaulted.Prefix.RouterOptions()},
 		{"health:\n  consecutive_failures: 0\n  max_ejected_percent: 0\n  healthy_threshold: 0\n" + bk,

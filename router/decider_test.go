@@ -165,8 +165,8 @@ func TestDeciderAbilities(t *testing.T) {
 // The table of modes: names in order, the default first, each building its own policy.
 func TestModes(t *testing.T) {
 	want := []string{"prefix", "round-robin", "least-load"}
-	if got := ModeNames(); !slices.Equal(got, want) {
-		t.Errorf("ModeNames %v, want %v", got, want)
+	if got := ModeNames(); !slices.Equal(got, want) || got[0] != DefaultMode {
+		t.Errorf("ModeNames %v, want %v, the default %q first", got, want, DefaultMode)
 	}
 	for _, tc := range []struct {
 		name string

@@ -18,10 +18,13 @@ type mode struct {
 	newPolicy func(PolicyOptions) Policy
 }
 
+// DefaultMode is the mode of a config that names none: the prefix-aware policy.
+const DefaultMode = "prefix"
+
 // modes is the one table of modes, the default first. Config validation, the bench and the
 // proxy's wiring all read it (ModeNames, NewPolicy).
 var modes = [...]mode{
-	{"prefix", func(o PolicyOptions) Policy { return NewPrefix(o.Prefix, nil) }},
+	{DefaultMode, func(o PolicyOptions) Policy { return NewPrefix(o.Prefix, nil) }},
 	{"round-robin", func(PolicyOptions) Policy { return &RoundRobin{} }},
 	{"least-load", func(PolicyOptions) Policy { return &LeastLoad{} }},
 }
