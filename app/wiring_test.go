@@ -306,57 +306,65 @@ func TestMaxIndexEntriesFromConfig(t *testing.T) {
 // + margin. With c = 1 and margin 1 on two backends, the backend holding a prompt takes 3
 // concurrent copies of it (cap 2, 2, 3 at 0, 1, 2 in flight) and the 4th (cap 3 at 3 in
 // flight) overflows to the other backend. With the defaults (1.25, 2), or either one of them,
-// the holder would take the 4th too.
+// the holder would take the 4th too. A load_margin of 0 written in the file means no margin
+// (it was read as "unset", the default 2): the holder then takes 1 copy and the 2nd overflows.
 func TestLoadCapFromConfig(t *testing.T) {
-	const fits = 3
-	var hbs [2]*holdBackend
-	var urls []string
-	for i := range hbs {
-		hbs[i] = newHoldBackend()
-		ts := httptest.NewServer(hbs[i])
-		defer ts.Close()
-		defer hbs[i].release() // before ts.Close, which waits for the handlers
-		urls = append(urls, ts.URL)
-	}
-	cfg, err := configs.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\nmode: prefix\nprefix:\n  load_factor: 1\n  load_margin: 1\n"+
-		"health:\n  disabled: true\n  scrape_disabled: true\nbackends:\n  - url: %s\n  - url: %s\n", urls[0], urls[1])))
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := startConfig(t, cfg).URL()
-	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("one shared prompt ", 200))
-	c := testutil.Client()
-	routes := make(chan string, fits+1)
-	held := func() (int32, int32) { return hbs[0].holding.Load(), hbs[1].holding.Load() }
-	for i := 1; i <= fits+1; i++ {
-		go func() {
-			resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
-			if err != nil {
-				routes <- "error: " + err.Error()
-				return
+	// load_factor 1 on two backends: cap = ceil((in-flight + 1) / 2) + margin. With margin 1
+	// the holder takes 3 copies of one prompt; with margin 0 (written in the file: no margin,
+	// not the default 2) it takes 1 and the 2nd overflows.
+	for _, tc := range []struct{ margin, fits int }{{1, 3}, {0, 1}} {
+		t.Run(fmt.Sprintf("load_margin=%d", tc.margin), func(t *testing.T) {
+			margin, fits := tc.margin, tc.fits
+			var hbs [2]*holdBackend
+			var urls []string
+			for i := range hbs {
+				hbs[i] = newHoldBackend()
+				ts := httptest.NewServer(hbs[i])
+				defer ts.Close()
+				defer hbs[i].release() // before ts.Close, which waits for the handlers
+				urls = append(urls, ts.URL)
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			routes <- resp.Header.Get(proxy.HeaderRoute)
-		}()
-		testutil.Eventually(t, testutil.Timeout, fmt.Sprintf("%d requests held in the backends", i), func() bool { h0, h1 := held(); return h0+h1 == int32(i) })
-	}
-	h0, h1 := held()
-	if !(h0 == fits && h1 == 1 || h0 == 1 && h1 == fits) {
-		t.Errorf("%d concurrent copies of one prompt held %d and %d by the backends, want %d on the holder and the last on the other (load_factor 1, load_margin 1)", fits+1, h0, h1, fits)
-	}
-	hbs[0].release()
-	hbs[1].release()
-	var got []string
-	for range fits + 1 {
-		r := testutil.RecvWithin(t, routes, testutil.Timeout, "a held request returns")
-		got = append(got, strings.SplitN(r, ";", 2)[0])
-	}
-	count := map[string]int{}
-	for _, r := range got {
-		count[r]++
-	}
-	if count["cold"] != 1 || count["match"] != fits-1 || count["overload-fallback"] != 1 {
-		t.Errorf("routes %v, want one cold, %d match and one overload-fallback", got, fits-1)
+			cfg, err := configs.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\nmode: prefix\nprefix:\n  load_factor: 1\n  load_margin: %d\n"+
+				"health:\n  disabled: true\n  scrape_disabled: true\nbackends:\n  - url: %s\n  - url: %s\n", margin, urls[0], urls[1])))
+			if err != nil {
+				t.Fatal(err)
+			}
+			url := startConfig(t, cfg).URL()
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("one shared prompt ", 200))
+			c := testutil.Client()
+			routes := make(chan string, fits+1)
+			held := func() (int32, int32) { return hbs[0].holding.Load(), hbs[1].holding.Load() }
+			for i := 1; i <= fits+1; i++ {
+				go func() {
+					resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						routes <- "error: " + err.Error()
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					routes <- resp.Header.Get(proxy.HeaderRoute)
+				}()
+				testutil.Eventually(t, testutil.Timeout, fmt.Sprintf("%d requests held in the backends", i), func() bool { h0, h1 := held(); return h0+h1 == int32(i) })
+			}
+			h0, h1 := held()
+			if f := int32(fits); !(h0 == f && h1 == 1 || h0 == 1 && h1 == f) {
+				t.Errorf("%d concurrent copies of one prompt held %d and %d by the backends, want %d on the holder and the last on the other (load_factor 1, load_margin %d)", fits+1, h0, h1, fits, margin)
+			}
+			hbs[0].release()
+			hbs[1].release()
+			var got []string
+			for range fits + 1 {
+				r := testutil.RecvWithin(t, routes, testutil.Timeout, "a held request returns")
+				got = append(got, strings.SplitN(r, ";", 2)[0])
+			}
+			count := map[string]int{}
+			for _, r := range got {
+				count[r]++
+			}
+			if count["cold"] != 1 || count["match"] != fits-1 || count["overload-fallback"] != 1 {
+				t.Errorf("routes %v, want one cold, %d match and one overload-fallback", got, fits-1)
+			}
+		})
 	}
 }
