@@ -13,13 +13,14 @@ import (
 )
 
 // Request bodies. The fasthttp server streams request bodies (StreamRequestBody): before
-// handle runs it has read the header and at most the first bodyPrefetch bytes of the body.
-// A body that short is in memory already:
+// handle runs it has read the header and at most the first bodyPrefetch bytes of the body,
+// within timeouts.client_body_idle (headerReceived). A body that short is in memory already:
 // handle copies it into a pooled buffer without asking the budget. A longer one is read
 // into a buffer that grows as its bytes arrive (nextLen), every growth reserved from the
 // budget that all requests share (limits.max_buffered_body_bytes, bodyBudget) before it is
 // allocated, each read bounded by timeouts.client_body_idle: a growth that does not fit is
-// refused with 503, a body over max_request_body_bytes with 413. So a client holds at most four times what
+// refused with 503, a body over max_request_body_bytes with 413 (a declared length over it
+// before any body byte is read: headerReceived). So a client holds at most four times what
 // it sent within the pooled classes (1 MiB) and 2.5 times past them, never what it merely
 // declared. The reservation and the buffer are given back when handle returns
 // (endRequest), whatever the outcome: by then the request has been written to the backend
@@ -32,6 +33,9 @@ const (
 	// bodyFirst is the first buffer of a body longer than bodyPrefetch (or chunked).
 	bodyFirst = 16 << 10
 )
+
+// msgBodyStalled is the message of a 408 for a body that stopped coming.
+const msgBodyStalled = "request body not received in time (timeouts.client_body_idle between reads, timeouts.client_read in all)"
 
 // bodyRefusal is why readBody answered a request itself.
 type bodyRefusal int
@@ -62,6 +66,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, bl *bodyLease, start time.Ti
 	case cl > limit:
 		return bodyTooLarge
 	case cl == 0:
+		if req.Header.Peek(overLimitField) != nil {
+			return bodyTooLarge // headerReceived cut the declared length
+		}
 		req.SetBodyRaw(nil) // drops the (empty) stream: Body never reads a stream
 		return bodyOK
 	case cl > 0 && cl <= bodyPrefetch:
@@ -133,6 +140,45 @@ func (s *Server) readGrowing(ctx *fasthttp.RequestCtx, bl *bodyLease, st io.Read
 	}
 }
 
+// overLimitField marks a request whose declared Content-Length headerReceived found over
+// max_request_body_bytes (and cut to 0). A client cannot send it: '(' is not a token byte,
+// and fasthttp refuses such a field name on the wire.
+const overLimitField = "prefixlb(body-over-limit)"
+
+// headerReceived runs when fasthttp has read a request's header, before it reads any of the
+// body (fasthttp's pre-read: min(Content-Length, bodyPrefetch) bytes, after 100 Continue
+// when the client expects one). It bounds that pre-read by client_body_idle (client_read
+// when shorter), as handle bounds the reads after it. A declared length over
+// max_request_body_bytes is refused before any body byte is read: the length is cut to 0
+// so that fasthttp pre-reads nothing, the Expect field dropped so that it sends no 100
+// Continue inviting the upload, the connection marked to close (the body bytes that follow
+// are never read as a request), and the request marked (overLimitField) for readBody to
+// answer 413 at once.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	cl := h.ContentLength()
+	switch {
+	case cl <= 0:
+		return fasthttp.RequestConfig{} // empty, or chunked: fasthttp pre-reads nothing
+	case cl > s.cfg.MaxRequestBodyBytes:
+		h.SetContentLength(0)
+		h.Del(fasthttp.HeaderExpect)
+		h.SetConnectionClose()
+		h.Set(overLimitField, "1")
+		return fasthttp.RequestConfig{}
+	}
+	return fasthttp.RequestConfig{ReadTimeout: s.preReadTimeout()}
+}
+
+// preReadTimeout bounds fasthttp's pre-read of a body: client_body_idle, or client_read
+// when that is shorter; 0 (fasthttp keeps client_read's deadline) when neither is set.
+func (s *Server) preReadTimeout() time.Duration {
+	d := s.bodyIdle
+	if d <= 0 || (s.clientRead > 0 && s.clientRead < d) {
+		d = s.clientRead
+	}
+	return max(d, 0)
+}
+
 // bodyDeadline is the latest a body read may end: client_read after start (none when
 // client_read is 0).
 func (s *Server) bodyDeadline(start time.Time) time.Time {
@@ -198,7 +244,7 @@ func (s *Server) refuseBody(ctx *fasthttp.RequestCtx, why bodyRefusal) {
 		msg = fmt.Sprintf("prefixlb is buffering as many request bodies as limits.max_buffered_body_bytes allows (%d bytes); retry shortly", s.bodies.limit)
 	case bodyStalled:
 		status, class = fasthttp.StatusRequestTimeout, "body_stalled"
-		msg = "request body not received in time (timeouts.client_body_idle between reads, timeouts.client_read in all)"
+		msg = msgBodyStalled
 	case bodyMalformed:
 		status, class = fasthttp.StatusBadRequest, "body_malformed"
 		msg = "malformed chunked request body"

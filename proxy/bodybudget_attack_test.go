@@ -1,11 +1,15 @@
 package proxy
 
 // The request-body budget under attack (issue 11 follow-up): slow uploads that declare huge
-// bodies hold only what they sent, and the budget is given back on every path.
+// bodies hold only what they sent, a declared length over max_request_body_bytes is refused
+// before any body byte is read (with or without Expect: 100-continue), fasthttp's pre-read
+// of a body is bounded by timeouts.client_body_idle, and the budget is given back on every
+// path.
 
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -98,9 +102,95 @@ func TestSlowUploadsDeclaringHugeBodiesDoNotShutOutOthers(t *testing.T) {
 	eventually(t, 10*time.Second, "the budget back to 0 once the slow uploads left", func() bool { return s.bodies.used.Load() == 0 })
 }
 
+// A declared Content-Length over max_request_body_bytes gets 413 at once, before any body
+// byte is read: whether the client sent a byte of it or none, and without a 100 Continue
+// inviting the upload when the client expects one. fasthttp used to pre-read up to 8 KiB of
+// it first, so the 413 came only with those bytes, and a client that sent fewer got 408
+// after timeouts.client_read; with Expect: 100-continue it sent 100 Continue first.
+func TestOverLimitContentLengthRefusedAtOnce(t *testing.T) {
+	const limit = 64 << 20
+	be := newBBHoldBackend(t)
+	close(be.release)
+	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
+		c.MaxRequestBodyBytes = limit
+		c.Timeouts.ClientBodyIdle = configs.Duration(30 * time.Second) // far past the 10 s a test waits
+		c.Timeouts.ClientRead = configs.Duration(60 * time.Second)
+	})
+	for i, tc := range []struct {
+		name, extra, body string
+	}{
+		{"one body byte", "", "{"},
+		{"no body byte", "", ""},
+		{"a few KiB of body", "", strings.Repeat("x", 4000)},
+		{"Expect: 100-continue", "Expect: 100-continue\r\n", ""},
+		{"Expect: 100-continue, HTTP/1.0 client", "Expect: 100-continue\r\n", "{"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := bbDial(t, base, 10*time.Second)
+			proto := "HTTP/1.1"
+			if strings.Contains(tc.name, "HTTP/1.0") {
+				proto = "HTTP/1.0"
+			}
+			fmt.Fprintf(c, "POST /v1/chat/completions %s\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s", proto, tc.extra, limit+1, tc.body)
+			resp, b := bbRead(t, bufio.NewReader(c), "over-limit Content-Length")
+			var e struct {
+				Error struct{ Message, Code string } `json:"error"`
+			}
+			if resp.StatusCode != 413 || json.Unmarshal(b, &e) != nil || e.Error.Code != "prefixlb_413" ||
+				!strings.Contains(e.Error.Message, "max_request_body_bytes") || !strings.Contains(e.Error.Message, strconv.Itoa(limit)) {
+				t.Fatalf("%s %.160q, want 413 with a JSON error naming max_request_body_bytes (%d), and no 100 Continue first",
+					resp.Status, b, limit)
+			}
+			if !resp.Close {
+				t.Errorf("413 keeps the connection open: the body bytes that follow would be read as a request")
+			}
+			if got := s.m.rejected413.Get(); got != uint64(i+1) {
+				t.Errorf("prefixlb_request_body_too_large_total = %d, want %d", got, i+1)
+			}
+		})
+	}
+	if n := be.arrived.Load(); n != 0 {
+		t.Errorf("backend got %d requests, want none", n)
+	}
+	if u := s.bodies.used.Load(); u != 0 {
+		t.Errorf("budget in use %d after the refusals", u)
+	}
+}
+
+// fasthttp reads up to 8 KiB of a body before the handler runs; a client that stalls
+// within them (4000 bytes sent of 5000 or of 1 MiB) is answered 408 naming
+// timeouts.client_body_idle once that passes, not after timeouts.client_read.
+func TestBodyPreReadBoundedByClientBodyIdle(t *testing.T) {
+	be := newBBHoldBackend(t)
+	close(be.release)
+	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(c *configs.Config) {
+		c.Timeouts.ClientBodyIdle = configs.Duration(300 * time.Millisecond)
+		c.Timeouts.ClientRead = configs.Duration(60 * time.Second) // far past the 10 s a test waits
+	})
+	for _, declared := range []int{5000, 1 << 20} {
+		t.Run(strconv.Itoa(declared), func(t *testing.T) {
+			c := bbDial(t, base, 10*time.Second)
+			fmt.Fprintf(c, "POST /v1/upload HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", declared)
+			if _, err := c.Write(bbPattern[:4000]); err != nil {
+				t.Fatal(err)
+			}
+			resp, b := bbRead(t, bufio.NewReader(c), "upload stalled in the pre-read (client_read is 60 s)")
+			if resp.StatusCode != 408 || !bytes.Contains(b, []byte("client_body_idle")) {
+				t.Errorf("%s %s, want 408 naming timeouts.client_body_idle", resp.Status, b)
+			}
+		})
+	}
+	if n := be.arrived.Load(); n != 0 {
+		t.Errorf("backend got %d partial uploads", n)
+	}
+	if u := s.bodies.used.Load(); u != 0 {
+		t.Errorf("budget in use %d after the stalls", u)
+	}
+}
+
 // The budget is back to 0 after every way a request with a body can end: forwarded (small,
-// large, chunked, after a retry), refused (413 declared or grown, 503, 408 mid-body), or
-// left by its client mid-body.
+// large, chunked, after a retry), refused (413 declared or grown, 503, 408 mid-body or in
+// the pre-read, Expect with an over-limit length), or left by its client mid-body.
 func TestBodyBudgetGivenBackOnEveryPath(t *testing.T) {
 	const limit = 1 << 20
 	be := newBBHoldBackend(t)
@@ -160,9 +250,13 @@ func TestBodyBudgetGivenBackOnEveryPath(t *testing.T) {
 			eventually(t, 10*time.Second, "one upload retried", func() bool { return sRetry.m.retries.Get() == 1 })
 			return 200
 		}, 200},
-		{"413 declared", func(t *testing.T) int { return send(t, base, clHead(limit+1), payload[:16<<10], "") }, 413},
+		{"413 declared", func(t *testing.T) int { return send(t, base, clHead(limit+1), []byte("{"), "") }, 413},
+		{"413 declared, Expect: 100-continue", func(t *testing.T) int {
+			return send(t, base, strings.Replace(clHead(limit+1), "Host: x\r\n", "Host: x\r\nExpect: 100-continue\r\n", 1), nil, "")
+		}, 413},
 		{"413 chunked", func(t *testing.T) int { return send(t, base, chunkedHead, chunked(limit+1), "") }, 413},
 		{"408 mid-body", func(t *testing.T) int { return send(t, base, clHead(512<<10), payload[:100<<10], "") }, 408},
+		{"408 in the pre-read", func(t *testing.T) int { return send(t, base, clHead(512<<10), payload[:4000], "") }, 408},
 		{"client gone mid-body", func(t *testing.T) int { return send(t, base, clHead(512<<10), payload[:100<<10], "leave") }, 0},
 		{"client gone mid chunked body", func(t *testing.T) int {
 			return send(t, base, chunkedHead, chunked(300 << 10)[:200<<10], "leave")

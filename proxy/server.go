@@ -119,6 +119,7 @@ func New(cfg *configs.Config, log *zap.Logger) (*Server, error) {
 		ErrorHandler:                  s.handleParseError,
 		Logger:                        fasthttpLogger{l: log, s: s},
 		StreamRequestBody:             true, // handle reads bodies within limits.max_buffered_body_bytes (bodybudget.go)
+		HeaderReceived:                s.headerReceived,
 	}
 	return s, nil
 }
