@@ -94,7 +94,8 @@ type DNSDiscovery struct {
 // Limits bound the memory that requests in flight hold together.
 type Limits struct {
 	// MaxBufferedBodyBytes caps the request-body bytes buffered at once over all requests
-	// (bytes). A request whose body does not fit the rest of it gets 503 at once.
+	// (bytes), charged as they arrive: a body whose next buffer growth does not fit gets 503.
+	// At least twice max_request_body_bytes.
 	MaxBufferedBodyBytes int64 `yaml:"max_buffered_body_bytes"`
 }
 
@@ -415,8 +416,11 @@ func (c *Config) Validate() error {
 	if c.MaxRequestBodyBytes < minRequestBodyBytes {
 		return fmt.Errorf("max_request_body_bytes: %d is below %d", c.MaxRequestBodyBytes, minRequestBodyBytes)
 	}
-	if c.Limits.MaxBufferedBodyBytes < int64(c.MaxRequestBodyBytes) {
-		return fmt.Errorf("limits.max_buffered_body_bytes: %d is below max_request_body_bytes (%d): a body of the maximum size could never be accepted",
+	if c.Limits.MaxBufferedBodyBytes < 2*int64(c.MaxRequestBodyBytes) {
+		// A body's buffer grows as its bytes arrive, and its last growth holds up to 1.5 ×
+		// the body while it copies (proxy/bodypool.go): below twice the largest body, a body
+		// of the maximum size could never be accepted.
+		return fmt.Errorf("limits.max_buffered_body_bytes: %d is below twice max_request_body_bytes (2 × %d): a body of the maximum size could never be accepted",
 			c.Limits.MaxBufferedBodyBytes, c.MaxRequestBodyBytes)
 	}
 	for _, d := range []struct {

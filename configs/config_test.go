@@ -353,6 +353,7 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"timeouts:\n  idle: -1s\nbackends:\n - url: http://a:1", "timeouts.idle"},
 		{"timeouts:\n  client_body_idle: -1s\nbackends:\n - url: http://a:1", "timeouts.client_body_idle"},
 		{"limits:\n  max_buffered_body_bytes: 1000\nbackends:\n - url: http://a:1", "limits.max_buffered_body_bytes"},
+		{"max_request_body_bytes: 1048576\nlimits:\n  max_buffered_body_bytes: 2000000\nbackends:\n - url: http://a:1", "below twice max_request_body_bytes"},
 		{"prefix:\n  chunk_tokens: 100000\nbackends:\n - url: http://a:1", "prefix.chunk_tokens"},
 		{"prefix:\n  load_factor: 0.5\nbackends:\n - url: http://a:1", "prefix.load_factor"},
 		{"prefix:\n  load_margin: -1\nbackends:\n - url: http://a:1", "prefix.load_margin"},

@@ -5,184 +5,37 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime/debug"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 )
 
 // Request bodies. The fasthttp server streams request bodies (StreamRequestBody): before
-// handle runs it has read the header and at most the first bodyPrefetch bytes. handle then
-// reserves the body's size from a budget that all requests share
-// (limits.max_buffered_body_bytes) and only then reads the rest into a buffer of its own,
-// each read bounded by timeouts.client_body_idle. A body that does not fit is refused at
-// once with 503, before it is read, and a body over max_request_body_bytes with 413. The
-// reservation and the buffer are given back when handle returns (endRequest), whatever the
-// outcome: by then the request has been written to the backend and can no longer be
-// retried.
+// handle runs it has read the header and at most the first bodyPrefetch bytes of the body,
+// within timeouts.client_body_idle (headerReceived). A body that short is in memory already:
+// handle copies it into a pooled buffer without asking the budget. A longer one is read
+// into a buffer that grows as its bytes arrive (nextLen), every growth reserved from the
+// budget that all requests share (limits.max_buffered_body_bytes, bodyBudget) before it is
+// allocated, each read bounded by timeouts.client_body_idle: a growth that does not fit is
+// refused with 503, a body over max_request_body_bytes with 413 (a declared length over it
+// before any body byte is read: headerReceived). So a client holds at most four times what
+// it sent within the pooled classes (1 MiB) and 2.5 times past them, never what it merely
+// declared. The reservation and the buffer are given back when handle returns
+// (endRequest), whatever the outcome: by then the request has been written to the backend
+// and can no longer be retried.
 const (
 	// bodyPrefetch is what fasthttp reads of a body before the handler runs:
 	// min(Content-Length, 8 KiB) (readBodyWithStreaming). A body no longer than this is
 	// already in memory, and reading it needs no deadline.
 	bodyPrefetch = 8 << 10
-	// chunkedFirst is the first buffer of a chunked body; it doubles as the body grows.
-	chunkedFirst = 16 << 10
-	// Trimming: once a quarter of the budget (at most trimAfterMax) of unpooled, large body
-	// buffers has been given back, the heap is collected and returned to the OS
-	// (debug.FreeOSMemory) trimDelay later, so that the rest of a burst is given back
-	// first, and at most once per trimEvery. Without it a burst of large bodies leaves the
-	// process at its peak until the next natural GC, which an idle proxy may not run for
-	// minutes.
-	trimAfterMax = 64 << 20
-	trimDelay    = time.Second
-	trimEvery    = 10 * time.Second
+	// bodyFirst is the first buffer of a body longer than bodyPrefetch (or chunked).
+	bodyFirst = 16 << 10
 )
 
-// bodyClasses are the sizes of the pooled body buffers, and bodyClassMax how many of each
-// the pool keeps: 4 MiB per class, 16 MiB in all. Larger bodies get a buffer of their own
-// that is dropped after the request.
-var (
-	bodyClasses  = [...]int{16 << 10, 64 << 10, 256 << 10, 1 << 20}
-	bodyClassMax = [...]int{256, 64, 16, 4}
-)
-
-// bodyBudget is the shared allowance of buffered request-body bytes, and the pool of body
-// buffers. Every method is safe for concurrent use.
-type bodyBudget struct {
-	limit    int64
-	used     atomic.Int64
-	rejected *metrics.Counter
-
-	classes [len(bodyClasses)]bufClass
-
-	trimAfter   int64
-	freedLarge  atomic.Int64 // unpooled buffer bytes given back since the last trim
-	trimPending atomic.Bool
-	lastTrim    atomic.Int64 // unix nanoseconds of the last trim
-	trim        func()       // returns freed memory to the OS: debug.FreeOSMemory
-}
-
-// bufClass is a bounded free list of buffers of one size.
-type bufClass struct {
-	mu   sync.Mutex
-	free [][]byte
-}
-
-// bodyLease is what one request holds of the budget: reserved bytes and its buffer.
-type bodyLease struct {
-	n   int64
-	buf []byte
-}
-
-func newBodyBudget(limit int64, set *metrics.Set) *bodyBudget {
-	b := &bodyBudget{limit: limit, trimAfter: min(trimAfterMax, limit/4), trim: debug.FreeOSMemory}
-	set.NewGauge(`prefixlb_buffered_request_body_bytes`, func() float64 { return float64(b.used.Load()) })
-	b.rejected = set.NewCounter(`prefixlb_request_body_budget_exhausted_total`)
-	return b
-}
-
-// reserve adds n bytes to bl's reservation if they fit the budget; false leaves both as
-// they were.
-func (b *bodyBudget) reserve(bl *bodyLease, n int64) bool {
-	for {
-		u := b.used.Load()
-		if u+n > b.limit {
-			return false
-		}
-		if b.used.CompareAndSwap(u, u+n) {
-			bl.n += n
-			return true
-		}
-	}
-}
-
-// get returns a buffer of length n, pooled when n fits a class.
-func (b *bodyBudget) get(n int) []byte {
-	for i, size := range bodyClasses {
-		if n <= size {
-			c := &b.classes[i]
-			c.mu.Lock()
-			var buf []byte
-			if k := len(c.free); k > 0 {
-				buf = c.free[k-1]
-				c.free[k-1] = nil
-				c.free = c.free[:k-1]
-			}
-			c.mu.Unlock()
-			if buf == nil {
-				buf = make([]byte, size)
-			}
-			return buf[:n]
-		}
-	}
-	return make([]byte, n)
-}
-
-// put gives a buffer back: to its class's free list when it has room, else to the
-// collector, counting large ones toward the next trim.
-func (b *bodyBudget) put(buf []byte) {
-	size := cap(buf)
-	for i, cs := range bodyClasses {
-		if size == cs {
-			c := &b.classes[i]
-			c.mu.Lock()
-			if len(c.free) < bodyClassMax[i] {
-				c.free = append(c.free, buf[:size])
-				buf = nil
-			}
-			c.mu.Unlock()
-			break
-		}
-	}
-	if buf != nil && size > bodyClasses[len(bodyClasses)-1] {
-		b.freed(size)
-	}
-}
-
-// freed counts a large buffer given to the collector and schedules a trim when enough
-// have been (see trimAfterMax).
-func (b *bodyBudget) freed(size int) {
-	if b.freedLarge.Add(int64(size)) < b.trimAfter || !b.trimPending.CompareAndSwap(false, true) {
-		return
-	}
-	delay := max(trimDelay, time.Until(time.Unix(0, b.lastTrim.Load()).Add(trimEvery)))
-	time.AfterFunc(delay, func() {
-		b.freedLarge.Store(0)
-		b.trim()
-		b.lastTrim.Store(time.Now().UnixNano())
-		b.trimPending.Store(false)
-	})
-}
-
-// release gives back everything bl holds; bl is empty afterwards.
-func (b *bodyBudget) release(bl *bodyLease) {
-	if bl.n != 0 {
-		b.used.Add(-bl.n)
-	}
-	if bl.buf != nil {
-		b.put(bl.buf)
-	}
-	*bl = bodyLease{}
-}
-
-// grow returns a buffer of at least need bytes (doubling, capped at limit+1: one byte
-// over the limit tells a body too large) holding buf[:n], reserving the added capacity
-// first; nil when the budget has no room. bl's reservation is the new buffer's size.
-func (b *bodyBudget) grow(bl *bodyLease, buf []byte, n, need, limit int) []byte {
-	size := min(max(2*len(buf), need), limit+1)
-	if !b.reserve(bl, int64(size-len(buf))) {
-		return nil
-	}
-	nb := b.get(size)
-	copy(nb, buf[:n])
-	b.put(buf)
-	return nb
-}
+// msgBodyStalled is the message of a 408 for a body that stopped coming.
+const msgBodyStalled = "request body not received in time (timeouts.client_body_idle between reads, timeouts.client_read in all)"
 
 // bodyRefusal is why readBody answered a request itself.
 type bodyRefusal int
@@ -196,10 +49,11 @@ const (
 	bodyClientGone
 )
 
-// readBody reads the request body into a buffer held by bl, reserving it from the budget
-// first, and makes it the request's body; start is when the handler began (client_read
-// bounds the body from there). It returns bodyOK, or why it could not; the caller answers
-// (refuseBody) and releases bl in every case.
+// readBody reads the request body into a buffer held by bl and makes it the request's
+// body; start is when the handler began (client_read bounds the body from there). A body of
+// at most bodyPrefetch bytes, prefetched whole, is copied without a reservation; a longer
+// one grows as it arrives (readGrowing). It returns bodyOK, or why it could not; the caller
+// answers (refuseBody) and releases bl in every case.
 func (s *Server) readBody(ctx *fasthttp.RequestCtx, bl *bodyLease, start time.Time) bodyRefusal {
 	req := &ctx.Request
 	st := req.BodyStream()
@@ -208,61 +62,121 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, bl *bodyLease, start time.Ti
 	}
 	limit := s.maxBody
 	cl := req.Header.ContentLength()
-	var n int
 	switch {
 	case cl > limit:
 		return bodyTooLarge
 	case cl == 0:
+		if req.Header.Peek(overLimitField) != nil {
+			return bodyTooLarge // headerReceived cut the declared length
+		}
 		req.SetBodyRaw(nil) // drops the (empty) stream: Body never reads a stream
 		return bodyOK
-	case cl > 0:
-		if !s.bodies.reserve(bl, int64(cl)) {
-			return bodyNoBudget
-		}
+	case cl > 0 && cl <= bodyPrefetch:
 		bl.buf = s.bodies.get(cl)
-		br := bodyReader{ctx: ctx, st: st, idle: s.bodyIdle, until: s.bodyDeadline(start), timed: cl > bodyPrefetch}
-		for n < cl {
-			m, err := br.read(bl.buf[n:cl])
-			n += m
-			if err == io.EOF && n < cl {
-				return bodyClientGone // the stream ends early only when the client left
-			}
-			if err != nil && err != io.EOF {
-				return classifyBodyErr(err)
-			}
+		if _, err := io.ReadFull(st, bl.buf); err != nil {
+			return classifyBodyErr(err)
 		}
-	default: // chunked: the reservation grows with the buffer
-		if !s.bodies.reserve(bl, chunkedFirst) {
-			return bodyNoBudget
-		}
-		bl.buf = s.bodies.get(chunkedFirst)
-		br := bodyReader{ctx: ctx, st: st, idle: s.bodyIdle, until: s.bodyDeadline(start), timed: true}
-		for {
-			if n == len(bl.buf) {
-				if n > limit {
-					return bodyTooLarge
-				}
-				nb := s.bodies.grow(bl, bl.buf, n, n+chunkedFirst, limit)
-				if nb == nil {
-					return bodyNoBudget
-				}
-				bl.buf = nb
-			}
-			m, err := br.read(bl.buf[n:])
-			n += m
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return classifyBodyErr(err)
-			}
-		}
-		if n > limit {
-			return bodyTooLarge
-		}
+		req.SetBodyRaw(bl.buf)
+		return bodyOK
+	}
+	n, why := s.readGrowing(ctx, bl, st, cl, limit, start)
+	if why != bodyOK {
+		return why
 	}
 	req.SetBodyRaw(bl.buf[:n])
 	return bodyOK
+}
+
+// readGrowing reads a body of cl bytes (over bodyPrefetch), or a chunked one (cl < 0) of at
+// most limit, into bl's buffer, growing it (nextLen) each time it is full and more is to
+// come, each growth reserved first. It returns the body's length, or why it could not be
+// read.
+func (s *Server) readGrowing(ctx *fasthttp.RequestCtx, bl *bodyLease, st io.Reader, cl, limit int, start time.Time) (int, bodyRefusal) {
+	chunked := cl < 0
+	total := cl
+	if chunked {
+		total = limit
+	}
+	if !s.bodies.grow(bl, 0, min(bodyFirst, total)) {
+		return 0, bodyNoBudget
+	}
+	br := bodyReader{ctx: ctx, st: st, idle: s.bodyIdle, until: s.bodyDeadline(start)}
+	n := 0
+	for {
+		if n == len(bl.buf) {
+			switch {
+			case n == total && !chunked:
+				return n, bodyOK
+			case n == total:
+				// A chunked body of exactly limit bytes ends here; one more byte makes it too
+				// large, and is read into no buffer of the budget's.
+				var one [1]byte
+				m, err := br.read(one[:])
+				switch {
+				case m > 0:
+					return n, bodyTooLarge
+				case err == io.EOF:
+					return n, bodyOK
+				case err != nil:
+					return n, classifyBodyErr(err)
+				}
+				continue
+			case cap(bl.buf) > n:
+				bl.buf = bl.buf[:min(cap(bl.buf), total)]
+			case !s.bodies.grow(bl, n, nextLen(n, total)):
+				return n, bodyNoBudget
+			}
+		}
+		m, err := br.read(bl.buf[n:])
+		n += m
+		switch {
+		case err == io.EOF && !chunked && n < cl:
+			return n, bodyClientGone // the stream ends early only when the client left
+		case err == io.EOF:
+			return n, bodyOK
+		case err != nil:
+			return n, classifyBodyErr(err)
+		}
+	}
+}
+
+// overLimitField marks a request whose declared Content-Length headerReceived found over
+// max_request_body_bytes (and cut to 0). A client cannot send it: '(' is not a token byte,
+// and fasthttp refuses such a field name on the wire.
+const overLimitField = "prefixlb(body-over-limit)"
+
+// headerReceived runs when fasthttp has read a request's header, before it reads any of the
+// body (fasthttp's pre-read: min(Content-Length, bodyPrefetch) bytes, after 100 Continue
+// when the client expects one). It bounds that pre-read by client_body_idle (client_read
+// when shorter), as handle bounds the reads after it. A declared length over
+// max_request_body_bytes is refused before any body byte is read: the length is cut to 0
+// so that fasthttp pre-reads nothing, the Expect field dropped so that it sends no 100
+// Continue inviting the upload, the connection marked to close (the body bytes that follow
+// are never read as a request), and the request marked (overLimitField) for readBody to
+// answer 413 at once.
+func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	cl := h.ContentLength()
+	switch {
+	case cl <= 0:
+		return fasthttp.RequestConfig{} // empty, or chunked: fasthttp pre-reads nothing
+	case cl > s.maxBody:
+		h.SetContentLength(0)
+		h.Del(fasthttp.HeaderExpect)
+		h.SetConnectionClose()
+		h.Set(overLimitField, "1")
+		return fasthttp.RequestConfig{}
+	}
+	return fasthttp.RequestConfig{ReadTimeout: s.preReadTimeout()}
+}
+
+// preReadTimeout bounds fasthttp's pre-read of a body: client_body_idle, or client_read
+// when that is shorter; 0 (fasthttp keeps client_read's deadline) when neither is set.
+func (s *Server) preReadTimeout() time.Duration {
+	d := s.bodyIdle
+	if d <= 0 || (s.clientRead > 0 && s.clientRead < d) {
+		d = s.clientRead
+	}
+	return max(d, 0)
 }
 
 // bodyDeadline is the latest a body read may end: client_read after start (none when
@@ -290,18 +204,17 @@ func classifyBodyErr(err error) bodyRefusal {
 // bodyReader reads a body stream with an idle deadline: each read may wait at most idle,
 // and none past until (timeouts.client_read from the start of the handler). The deadline
 // moves only when it has aged by a sixteenth of idle, so a fast body does not reset a
-// timer per read. A body fasthttp prefetched whole (timed false) is read without one.
+// timer per read.
 type bodyReader struct {
 	ctx   *fasthttp.RequestCtx
 	st    io.Reader
 	idle  time.Duration
 	until time.Time
-	timed bool
 	set   time.Time
 }
 
 func (r *bodyReader) read(p []byte) (int, error) {
-	if r.timed && r.idle > 0 {
+	if r.idle > 0 {
 		if now := time.Now(); r.set.IsZero() || now.Sub(r.set) > r.idle/16 {
 			d := now.Add(r.idle)
 			if !r.until.IsZero() && r.until.Before(d) {
@@ -331,7 +244,7 @@ func (s *Server) refuseBody(ctx *fasthttp.RequestCtx, why bodyRefusal) {
 		msg = fmt.Sprintf("prefixlb is buffering as many request bodies as limits.max_buffered_body_bytes allows (%d bytes); retry shortly", s.bodies.limit)
 	case bodyStalled:
 		status, class = fasthttp.StatusRequestTimeout, "body_stalled"
-		msg = "request body not received in time (timeouts.client_body_idle between reads, timeouts.client_read in all)"
+		msg = msgBodyStalled
 	case bodyMalformed:
 		status, class = fasthttp.StatusBadRequest, "body_malformed"
 		msg = "malformed chunked request body"

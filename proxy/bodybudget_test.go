@@ -7,6 +7,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -189,85 +190,90 @@ func (h *bbHeap) end() uint64 {
 	return h.peak.Load()
 }
 
-// Concurrent large bodies against a budget of three: the three accepted are forwarded
-// whole and answered once the backend answers; every other one gets 503 naming the limit
-// at once (after its first 16 KiB, before it sends the rest), and the heap stays under the
-// budget plus a constant, though the refused bodies are sent in full too. Afterwards the
-// budget is back to 0 and the large buffers are returned. Without a budget all nineteen
-// bodies are buffered (152 MiB) and the refusals never come.
+// Rounds of concurrent large uploads, with Content-Length and chunked, against a budget
+// they overfill: those whose buffers fit are forwarded whole, the others get 503 naming the
+// limit, and the heap stays within the budget plus an eighth (the dropped buffers a
+// collection waits for) plus a constant: every live buffer byte is reserved, the old buffer
+// too while a growth copies, and dropped buffers are collected before they pile up (which
+// GOGC=100 would let them do up to twice the live heap). Afterwards the budget is back to
+// 0, and the heap and VmRSS return near their baselines.
 func TestBodyBudgetSoak(t *testing.T) {
 	const (
-		body     = 8 << 20
-		accepted = 3
-		budget   = accepted * body
-		burst    = 16
-		slack    = 32 << 20 // heap the rest of the test process may add meanwhile
+		body    = 6<<20 + 4099 // not a power of two
+		budget  = 48 << 20
+		clients = 10 // 60 MiB of bodies at once: over the budget
+		rounds  = 6
+		slack   = 12 << 20 // idle pooled buffers, connection buffers, the rest of the test process
 	)
 	be := newBBHoldBackend(t)
+	close(be.release)
 	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
-		o.MaxRequestBodyBytes = 2 * body
+		o.MaxRequestBodyBytes = body + 1<<20 // a chunked body's buffer grows towards this
 		o.MaxBufferedBodyBytes = budget
 		o.Timeouts.ClientRead = 60 * time.Second
 	})
-	runtime.GC() // a clean baseline; nothing below collects on the proxy's behalf
-	heap0, rss0 := heapObjects(), vmRSS()
-	heap := startBBHeap()
-
-	// Phase 1: three uploads fill the budget; the backend holds them.
-	var held sync.WaitGroup
-	kept := make([]bbUpload, accepted)
-	for i := range accepted {
-		held.Go(func() { kept[i] = bbSend(base, body, 16<<10, true, 60*time.Second) })
-	}
-	eventually(t, 30*time.Second, "the backend holds the three accepted uploads", func() bool { return be.arrived.Load() == accepted })
-	if u := s.bodies.used.Load(); u != budget {
-		t.Errorf("budget in use %d with three uploads held, want %d", u, budget)
-	}
-
-	check503 := func(what string, u bbUpload) {
-		t.Helper()
-		if u.err != nil || u.status != 503 || !bytes.Contains(u.body, []byte("limits.max_buffered_body_bytes")) ||
-			!bytes.Contains(u.body, []byte(`"code":"prefixlb_503"`)) || u.header.Get("Retry-After") == "" {
-			t.Errorf("%s: %d %.120q %v (Retry-After %q), want 503 naming limits.max_buffered_body_bytes", what, u.status, u.body, u.err, u.header.Get("Retry-After"))
-		}
-	}
-	// Phase 2: uploads that send their head and 16 KiB, then wait for the answer without
-	// sending more: a refusal that needed the body would never come.
-	// Phase 3: uploads that send their whole body while waiting for the answer.
-	for phase, full := range []bool{false, true} {
+	bound := uint64(budget + budget/8 + slack)
+	runtime.GC()
+	heapStart, rss0 := heapObjects(), vmRSS()
+	for _, chunked := range []bool{false, true} {
+		kind := map[bool]string{false: "Content-Length", true: "chunked"}[chunked]
+		runtime.GC() // a clean baseline; what collects below is the proxy's own
+		heap0 := heapObjects()
+		arrived0 := be.bytes.Load()
+		heap := startBBHeap()
+		var ok, refused atomic.Int32
+		bad := make(chan string, clients*rounds)
 		var wg sync.WaitGroup
-		got := make([]bbUpload, burst)
-		for i := range burst {
-			wg.Go(func() { got[i] = bbSend(base, body, 16<<10, full, 20*time.Second) })
+		for range clients {
+			wg.Go(func() {
+				for range rounds {
+					var u bbUpload
+					if chunked {
+						u = bbSendChunked(base, body, 30*time.Second)
+					} else {
+						u = bbSend(base, body, 16<<10, true, 30*time.Second)
+					}
+					switch {
+					case u.err == nil && u.status == 200 && string(u.body) == strconv.Itoa(body):
+						ok.Add(1)
+					case u.err == nil && u.status == 503 && bytes.Contains(u.body, []byte("limits.max_buffered_body_bytes")) &&
+						u.header.Get("Retry-After") != "":
+						refused.Add(1)
+					default:
+						bad <- fmt.Sprintf("%d %.120q %v", u.status, u.body, u.err)
+					}
+				}
+			})
 		}
 		wg.Wait()
-		for i := range burst {
-			check503(fmt.Sprintf("phase %d upload %d", phase+2, i), got[i])
+		peak := heap.end()
+		close(bad)
+		for b := range bad {
+			t.Errorf("%s upload: %s, want 200 with all %d bytes forwarded or 503 naming limits.max_buffered_body_bytes", kind, b, body)
 		}
-	}
-	peak := heap.end()
-	t.Logf("heap: baseline %d MiB, peak +%d MiB (budget %d MiB); VmRSS %d MiB -> %d MiB",
-		heap0>>20, (peak-heap0)>>20, budget>>20, rss0>>20, vmRSS()>>20)
-	if peak > heap0+budget+slack {
-		t.Errorf("heap peaked %d MiB above its baseline, over the budget (%d MiB) + %d MiB", (peak-heap0)>>20, budget>>20, slack>>20)
-	}
-
-	// Phase 4: the backend answers; the accepted uploads succeed, whole.
-	close(be.release)
-	held.Wait()
-	for i, u := range kept {
-		if u.err != nil || u.status != 200 || string(u.body) != strconv.Itoa(body) {
-			t.Errorf("accepted upload %d: %d %q %v, want 200 with all %d bytes forwarded", i, u.status, u.body, u.err, body)
+		gcs := []metrics.Sample{{Name: "/gc/cycles/forced:gc-cycles"}, {Name: "/gc/cycles/total:gc-cycles"}}
+		metrics.Read(gcs)
+		t.Logf("%s: %d forwarded, %d refused; heap peak +%d MiB over %d MiB (budget %d MiB, bound %d MiB); VmRSS %d MiB; collections so far %d forced, %d in all",
+			kind, ok.Load(), refused.Load(), (peak-heap0)>>20, heap0>>20, budget>>20, bound>>20, vmRSS()>>20, gcs[0].Value.Uint64(), gcs[1].Value.Uint64())
+		if ok.Load() < rounds {
+			t.Errorf("%s: %d of %d uploads forwarded, want at least %d (the budget holds three at once)", kind, ok.Load(), clients*rounds, rounds)
 		}
+		if got, want := be.bytes.Load()-arrived0, int64(ok.Load())*body; got != want {
+			t.Errorf("%s: the backend got %d body bytes, want %d (%d whole uploads)", kind, got, want, ok.Load())
+		}
+		if peak > heap0+bound {
+			t.Errorf("%s: heap peaked %d MiB above its baseline, over the budget (%d MiB) + an eighth + %d MiB",
+				kind, (peak-heap0)>>20, budget>>20, slack>>20)
+		}
+		eventually(t, 10*time.Second, "the body budget back to 0", func() bool { return s.bodies.used.Load() == 0 })
 	}
-	eventually(t, 10*time.Second, "the body budget back to 0", func() bool { return s.bodies.used.Load() == 0 })
 	// The large buffers are not pooled: the heap returns near its baseline without the
-	// test collecting (the budget's trim does, a second after the burst).
-	eventually(t, 15*time.Second, fmt.Sprintf("the heap back within 16 MiB of its baseline (%d MiB)", heap0>>20), func() bool {
-		return heapObjects() < heap0+16<<20
+	// test collecting (the budget's collector does, and trims a second after the burst).
+	eventually(t, 15*time.Second, fmt.Sprintf("the heap back within 16 MiB of its baseline (%d MiB)", heapStart>>20), func() bool {
+		return heapObjects() < heapStart+16<<20
 	})
-	// ... and given back to the OS (the race detector's shadow memory keeps some of it).
-	if rss0 > 0 {
+	// ... and given back to the OS (the race detector's shadow memory is not).
+	if rss0 > 0 && !raceEnabled {
 		eventually(t, 15*time.Second, fmt.Sprintf("VmRSS back within 20 MiB of its baseline (%d MiB)", rss0>>20), func() bool {
 			return vmRSS() < rss0+20<<20
 		})
@@ -275,16 +281,28 @@ func TestBodyBudgetSoak(t *testing.T) {
 	t.Logf("after: heap %d MiB, VmRSS %d MiB", heapObjects()>>20, vmRSS()>>20)
 }
 
-// bbChunked sends body with Transfer-Encoding: chunked in 64 KiB chunks and reads the
-// answer.
+// bbChunked sends n body bytes with Transfer-Encoding: chunked in 64 KiB chunks while it
+// reads the answer.
 func bbChunked(t *testing.T, base string, n int) bbUpload {
 	t.Helper()
+	u := bbSendChunked(base, n, 20*time.Second)
+	if u.err != nil && u.status == 0 && errors.Is(u.err, errBBDial) {
+		t.Fatal(u.err)
+	}
+	return u
+}
+
+// errBBDial marks an upload that could not connect.
+var errBBDial = errors.New("dial")
+
+// bbSendChunked is bbChunked for any goroutine: every error is in the result.
+func bbSendChunked(base string, n int, wait time.Duration) bbUpload {
 	c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
 	if err != nil {
-		t.Fatal(err)
+		return bbUpload{err: fmt.Errorf("%w: %v", errBBDial, err)}
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(wait))
 	go func() {
 		bw := bufio.NewWriter(c)
 		fmt.Fprintf(bw, "POST /v1/upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -368,7 +386,8 @@ func TestBodyBudgetStalledOrGoneClient(t *testing.T) {
 		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 		fmt.Fprintf(c, "POST /v1/upload HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 1<<20)
 		_, _ = c.Write(bbPattern[:200<<10])
-		eventually(t, 10*time.Second, "the upload's reservation taken", func() bool { return s.bodies.used.Load() == 1<<20 })
+		// 200 KiB sent of 1 MiB declared: the buffer holds what arrived, in the 256 KiB class.
+		eventually(t, 10*time.Second, "the upload's reservation taken", func() bool { return s.bodies.used.Load() == 256<<10 })
 		if leave {
 			_ = c.Close()
 		} else {
@@ -390,41 +409,85 @@ func TestBodyBudgetStalledOrGoneClient(t *testing.T) {
 	}
 }
 
-// The budget's pieces on their own: reservations never exceed the limit, grow keeps the
-// reservation equal to the buffer, the pool keeps at most bodyClassMax buffers per class
-// and never a large one.
+// The budget's pieces on their own: reservations never exceed the limit; grow reserves the
+// new buffer while the old one is still held (both count during the copy) and gives the
+// old one back after; the growth steps; the pool keeps at most bodyClassMax buffers per
+// class and never a large one.
 func TestBodyBudgetAccounting(t *testing.T) {
-	b := newBodyBudget(100<<10, vm.NewSet())
-	b.trim = func() {}
+	b := newBodyBudget(400<<10, vm.NewSet())
+	b.gc, b.trim = func() {}, func() {}
 	var a, c bodyLease
-	if !b.reserve(&a, 60<<10) || b.reserve(&c, 60<<10) || c.n != 0 {
+	if !b.reserve(&a, 300<<10) || b.reserve(&c, 200<<10) || c.n != 0 {
 		t.Fatalf("reserve: a %d c %d used %d", a.n, c.n, b.used.Load())
 	}
-	a.buf = b.get(16 << 10)
 	b.release(&a)
 	if b.used.Load() != 0 || a.n != 0 || a.buf != nil {
 		t.Fatalf("after release: used %d, lease %+v", b.used.Load(), a)
 	}
-	// grow: 16 KiB -> 32 KiB -> ... capped at limit+1.
-	if !b.reserve(&a, chunkedFirst) {
-		t.Fatal("reserve 16 KiB")
+	// grow: nothing -> 16 KiB -> 64 KiB, the bytes kept, the reservation the buffer's capacity.
+	if !b.grow(&a, 0, bodyFirst) || len(a.buf) != bodyFirst || a.n != bodyFirst || b.used.Load() != bodyFirst {
+		t.Fatalf("first buffer: len %d, lease %d, used %d", len(a.buf), a.n, b.used.Load())
 	}
-	a.buf = b.get(chunkedFirst)
 	copy(a.buf, "abc")
-	nb := b.grow(&a, a.buf, 3, chunkedFirst+1, 40<<10)
-	if nb == nil || len(nb) != 32<<10 || a.n != 32<<10 || b.used.Load() != 32<<10 || string(nb[:3]) != "abc" {
-		t.Fatalf("grow: len %d, lease %d, used %d", len(nb), a.n, b.used.Load())
+	if !b.grow(&a, 3, 40<<10) || len(a.buf) != 40<<10 || cap(a.buf) != 64<<10 || a.n != 64<<10 ||
+		b.used.Load() != 64<<10 || string(a.buf[:3]) != "abc" {
+		t.Fatalf("grow: len %d cap %d, lease %d, used %d", len(a.buf), cap(a.buf), a.n, b.used.Load())
 	}
-	a.buf = nb
-	nb = b.grow(&a, a.buf, 3, len(a.buf)+1, 40<<10)
-	if nb == nil || len(nb) != 40<<10+1 || a.n != 40<<10+1 {
-		t.Fatalf("grow to the cap: len %d, lease %d", len(nb), a.n)
+	// 64 KiB held + 256 KiB new fits 400 KiB; with 100 KiB reserved elsewhere it does not,
+	// though the new buffer alone would: the old one is alive during the copy.
+	if !b.reserve(&c, 100<<10) {
+		t.Fatal("reserve 100 KiB")
 	}
-	a.buf = nb
+	if b.grow(&a, 3, 256<<10) || a.n != 64<<10 || cap(a.buf) != 64<<10 || b.used.Load() != 164<<10 {
+		t.Fatalf("grow past the budget: lease %d cap %d used %d, want refused and unchanged", a.n, cap(a.buf), b.used.Load())
+	}
+	b.release(&c)
+	if !b.grow(&a, 3, 256<<10) || a.n != 256<<10 || b.used.Load() != 256<<10 || string(a.buf[:3]) != "abc" {
+		t.Fatalf("grow to 256 KiB: lease %d used %d", a.n, b.used.Load())
+	}
 	b.release(&a)
 	if b.used.Load() != 0 {
 		t.Fatalf("used %d after release", b.used.Load())
 	}
+
+	for _, tc := range []struct{ cur, total, want int }{
+		{16 << 10, 20 << 10, 20 << 10},       // within the classes: class to class, then the total
+		{16 << 10, 100 << 10, 64 << 10},      //
+		{64 << 10, 100 << 10, 100 << 10},     //
+		{256 << 10, 1200 << 10, 1 << 20},     //
+		{1 << 20, 1200 << 10, 1200 << 10},    // past them: the total when within twice cur
+		{1 << 20, 40 << 20, 1280 << 10},      // else the largest total/2^k within twice cur:
+		{1280 << 10, 40 << 20, 2560 << 10},   // 1.25, 2.5, 5, 10, 20, 40 MiB
+		{16 << 20, 40 << 20, 20 << 20},       //
+		{20 << 20, 40 << 20, 40 << 20},       // the last growth holds 1.5 times the body
+		{16 << 20, 64<<20 + 1, 32<<20 + 1},   // 16 MiB+1 is a step too small: 32 MiB+1
+		{32 << 20, 64<<20 + 1, 64<<20 + 1},   // 32 MiB+1 too: straight to the total
+		{32<<20 + 1, 64<<20 + 1, 64<<20 + 1}, //
+		{1 << 20, 64<<20 + 1, 2<<20 + 1},     //
+	} {
+		if got := nextLen(tc.cur, tc.total); got != tc.want {
+			t.Errorf("nextLen(%d, %d) = %d, want %d", tc.cur, tc.total, got, tc.want)
+		}
+	}
+	// Every chain from the first buffer: steps of at most four times (2.5 past the classes),
+	// ending at the total, the last from at most half of it (or the largest class).
+	for _, total := range []int{20 << 10, 1<<20 + 1, 3<<20 - 7, 40 << 20, 64<<20 + 1, 100_000_007} {
+		cur, steps := bodyFirst, 0
+		for cur < total && steps < 64 {
+			next := nextLen(cur, total)
+			if next <= cur || next > 4*cur || (cur >= maxClass && 2*next > 5*cur) {
+				t.Fatalf("total %d: step %d -> %d", total, cur, next)
+			}
+			if next == total && cur > max((total+1)/2, maxClass) {
+				t.Errorf("total %d: the last growth is from %d, over half the total", total, cur)
+			}
+			cur, steps = next, steps+1
+		}
+		if cur != total {
+			t.Errorf("total %d: chain ends at %d after %d steps", total, cur, steps)
+		}
+	}
+
 	// The pool is bounded.
 	var bufs [][]byte
 	for range bodyClassMax[0] + 10 {
@@ -443,6 +506,53 @@ func TestBodyBudgetAccounting(t *testing.T) {
 				t.Errorf("class %d holds a %d-byte buffer", i, cap(x))
 			}
 		}
+	}
+}
+
+// Dropped large buffers are debt until a collection reclaims them: a reservation must fit
+// beside it; once gcAfter of it accrued a goroutine collects, pays it back, returns the
+// heap to the OS after the burst and ends. A reservation that only the debt keeps out waits
+// for a collection instead of failing; one that the live bytes keep out fails at once.
+func TestBodyBudgetCollects(t *testing.T) {
+	b := newBodyBudget(64<<20, vm.NewSet())
+	var gcs, trims atomic.Int32
+	b.gc = func() { gcs.Add(1) }
+	b.trim = func() { trims.Add(1) }
+	if b.gcAfter != 8<<20 {
+		t.Fatalf("gcAfter %d, want an eighth of the budget", b.gcAfter)
+	}
+	b.put(make([]byte, 7<<20))
+	b.put(make([]byte, bodyClasses[0])) // pooled: not debt
+	if b.collecting.Load() || b.debt.Load() != 7<<20 {
+		t.Fatalf("debt %d, collecting %v after 7 MiB dropped (gcAfter 8 MiB)", b.debt.Load(), b.collecting.Load())
+	}
+	var l bodyLease
+	if b.reserve(&l, 60<<20) {
+		t.Fatal("reserved 60 MiB of 64 beside 7 MiB of debt")
+	}
+	b.put(make([]byte, 2<<20))
+	eventually(t, 10*time.Second, "a collection once 9 MiB were dropped", func() bool { return gcs.Load() == 1 })
+	eventually(t, 10*time.Second, "the debt paid back", func() bool { return b.debt.Load() == 0 })
+	eventually(t, 10*time.Second, "the trim after the burst", func() bool { return trims.Load() == 1 })
+	eventually(t, 10*time.Second, "the collect goroutine ends after the trim", func() bool { return !b.collecting.Load() })
+	if g := gcs.Load(); g != 1 {
+		t.Errorf("%d collections for one burst, want 1", g)
+	}
+
+	// Debt below gcAfter calls for no collection, but a growth it keeps out has one run.
+	b.put(make([]byte, 4<<20))
+	if !b.reserveWait(&l, 62<<20) || l.n != 62<<20 || b.debt.Load() != 0 {
+		t.Fatalf("reserveWait 62 MiB beside 4 MiB of debt: lease %d, debt %d", l.n, b.debt.Load())
+	}
+	if g := gcs.Load() + trims.Load(); g < 3 {
+		t.Errorf("reserveWait got its room without a collection (%d collections and trims)", g)
+	}
+	if b.reserveWait(&l, 4<<20) || l.n != 62<<20 {
+		t.Fatalf("reserveWait 4 MiB beside 62 MiB live of 64: lease %d, want refused", l.n)
+	}
+	b.release(&l)
+	if b.used.Load() != 0 {
+		t.Errorf("used %d after release", b.used.Load())
 	}
 }
 

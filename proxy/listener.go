@@ -105,6 +105,11 @@ func (c *clientConn) endRequest() {
 	c.lf = lfScan{}
 }
 
+// headerRead reports whether the request header being read is complete (its CRLF CRLF was
+// read): a read that fails now is one of the body's. (A header pipelined behind another and
+// buffered by fasthttp is not seen: false.)
+func (c *clientConn) headerRead() bool { return c.lf.done }
+
 // lingerOnClose makes Close a lingering close (see lingerTime).
 func (c *clientConn) lingerOnClose() { c.linger.Store(true) }
 

@@ -144,10 +144,16 @@ func (s *Server) classifyParseError(err error) (status int, class, msg string) {
 
 // handleParseError answers requests fasthttp could not read: 413 for bodies over
 // max_request_body_bytes, 431 for oversized headers, 408 for requests not read within
-// client_read, 505 for unknown versions, 400 otherwise, each with a fixed message per class.
-// Each is logged once, by class.
+// client_read (or whose first body bytes did not come within client_body_idle), 505 for
+// unknown versions, 400 otherwise, each with a fixed message per class. Each is logged
+// once, by class.
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	status, class, msg := s.classifyParseError(err)
+	if cc, ok := ctx.Conn().(*clientConn); ok && class == "read_timeout" && cc.headerRead() {
+		// The header was whole: fasthttp's pre-read of the body timed out
+		// (client_body_idle, headerReceived).
+		class, msg = "body_stalled", msgBodyStalled
+	}
 	if status == fasthttp.StatusRequestEntityTooLarge {
 		s.m.rejected413.Inc()
 	}

@@ -119,6 +119,7 @@ func New(o Options) (*Server, error) {
 		ErrorHandler:                  s.handleParseError,
 		Logger:                        fasthttpLogger{l: log, s: s},
 		StreamRequestBody:             true, // handle reads bodies within Options.MaxBufferedBodyBytes (bodybudget.go)
+		HeaderReceived:                s.headerReceived,
 	}
 	return s, nil
 }
