@@ -9,41 +9,30 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // rawHeaderBackend answers every request on a raw 127.0.0.1 socket with a 200 carrying the
 // given extra header lines (names as written), so that a test sees header names exactly.
 func rawHeaderBackend(t *testing.T, extra string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
+	ln := testutil.ServeRaw(t, func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(testTimeout))
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(testTimeout))
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					body := `{"choices":[{"text":"ok"}]}`
-					if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", extra, len(body), body); err != nil {
-						return
-					}
-				}
-			}()
+			_, _ = io.Copy(io.Discard, req.Body)
+			body := `{"choices":[{"text":"ok"}]}`
+			if _, err := fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", extra, len(body), body); err != nil {
+				return
+			}
 		}
-	}()
+	})
 	return "http://" + ln.Addr().String()
 }
 

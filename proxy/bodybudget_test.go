@@ -23,6 +23,8 @@ import (
 	"time"
 
 	vm "github.com/VictoriaMetrics/metrics"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // bbPattern is the body bytes every upload sends, over and over: a client never holds a
@@ -82,21 +84,8 @@ type bbHoldBackend struct {
 
 func newBBHoldBackend(t *testing.T) *bbHoldBackend {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bbHoldBackend{ln: ln, release: make(chan struct{})}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go b.serve(c)
-		}
-	}()
+	b := &bbHoldBackend{release: make(chan struct{})}
+	b.ln = testutil.ServeRaw(t, func(c net.Conn) { b.serve(c) })
 	return b
 }
 

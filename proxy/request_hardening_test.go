@@ -23,6 +23,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // rqSeen is one request as a raw backend read it: its request line, its header lines
@@ -58,21 +60,8 @@ type rqBackend struct {
 
 func newRQBackend(t *testing.T, extra string) *rqBackend {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &rqBackend{ln: ln, seen: make(chan rqSeen, 64), extra: extra}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go b.serve(c)
-		}
-	}()
+	b := &rqBackend{seen: make(chan rqSeen, 64), extra: extra}
+	b.ln = testutil.ServeRaw(t, func(c net.Conn) { b.serve(c) })
 	return b
 }
 

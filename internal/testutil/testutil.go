@@ -233,3 +233,25 @@ func RecordingLogger() (*zap.Logger, *LogRecorder) {
 	rec := &LogRecorder{}
 	return zap.New(&recordingCore{rec: rec}), rec
 }
+
+// ServeRaw listens on an ephemeral 127.0.0.1 port and hands each accepted connection to serve
+// in its own goroutine, until the test ends (the listener is closed in t.Cleanup). It is the
+// accept loop of the raw-socket backends that misbehave in ways net/http would not.
+func ServeRaw(t testing.TB, serve func(net.Conn)) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return ln
+}
