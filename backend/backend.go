@@ -106,20 +106,26 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 	}, nil
 }
 
-// redactURL returns raw with everything between the scheme and its last '@' replaced by
-// "xxxxx", for error messages; raw need not parse. A password may hold an unencoded '/', '?'
-// or '#' (base64 tokens do), so the authority's end cannot be trusted: an '@' in a path or
-// query also redacts what precedes it, which costs an error message its host, never a secret.
+// redactURL returns raw for error messages with what may hold a secret masked: everything
+// between the scheme and its last '@' (userinfo; a password may hold an unencoded '/', '?' or
+// '#', as base64 tokens do, so the authority's end cannot be trusted) and whatever follows the
+// first '?' or '#' after that (an API key in a query or fragment), each as "xxxxx". raw need
+// not parse. An '@' in a path or query also masks what precedes it, which costs an error
+// message its host, never a secret.
 func redactURL(raw string) string {
 	start := 0
 	if i := strings.Index(raw, "://"); i >= 0 {
 		start = i + len("://")
 	}
-	at := strings.LastIndexByte(raw[start:], '@')
-	if at < 0 {
-		return raw
+	out := raw
+	if at := strings.LastIndexByte(raw[start:], '@'); at >= 0 {
+		out = raw[:start] + "xxxxx" + raw[start+at:]
+		start += len("xxxxx") + 1
 	}
-	return raw[:start] + "xxxxx" + raw[start+at:]
+	if q := strings.IndexAny(out[start:], "?#"); q >= 0 {
+		out = out[:start+q+1] + "xxxxx"
+	}
+	return out
 }
 
 // InFlight is the number of requests dispatched to the backend whose response has not

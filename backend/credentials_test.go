@@ -21,7 +21,8 @@ func TestNewRefusesCredentials(t *testing.T) {
 		{"http://user:" + secret + "@vllm 0:8000", "has credentials"},
 		{"http://user:" + secret + "%zz@vllm-0:8000", "has credentials"},
 		{"ftp://user:" + secret + "@vllm-0", "has credentials"},
-		{"http://vllm-0:8000#" + "frag", "path or query"},
+		{"http://vllm-0:8000#" + secret, "path or query"},
+		{"http://vllm-0:8000/?key=" + secret, "path or query"},
 		// A password with an unencoded '/', '?' or '#' (base64 tokens): Go's parser then
 		// reads part of it as the host and port, and its error quotes that part.
 		{"http://u:" + secret + "/x@127.0.0.1:8011", "has credentials"},
@@ -51,6 +52,11 @@ func TestRedactURL(t *testing.T) {
 		{"u:p@vllm-0:8000", "xxxxx@vllm-0:8000"},
 		{"http://a@b@vllm-0", "http://xxxxx@vllm-0"},
 		{"http://vllm-0/?q=a@b", "http://xxxxx@b"},
+		// A key in a query or fragment is masked too.
+		{"http://127.0.0.1:9101/?key=sk-SECRET", "http://127.0.0.1:9101/?xxxxx"},
+		{"http://127.0.0.1:8011?pa/ss", "http://127.0.0.1:8011?xxxxx"},
+		{"http://vllm-0:8000#sk-SECRET", "http://vllm-0:8000#xxxxx"},
+		{"http://u:p@vllm-0:8000/?k=s", "http://xxxxx@vllm-0:8000/?xxxxx"},
 		// Unencoded '/', '?', '#' in a password (a base64 token) end no authority here.
 		{"http://u:pa/ss@127.0.0.1:8011", "http://xxxxx@127.0.0.1:8011"},
 		{"http://u:p?x#y@vllm-0:8000", "http://xxxxx@vllm-0:8000"},

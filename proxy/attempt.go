@@ -175,6 +175,10 @@ func (s *Server) judge(f *flow, b *backend.Backend, canRetry bool) error {
 func (s *Server) relayResponse(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, early, head bool) {
 	status := f.resp.StatusCode()
 	f.resp.Header.CopyTo(&ctx.Response.Header)
+	// CopyTo copies the backend header's flags too, and fasthttp writes "text/plain;
+	// charset=utf-8" for a response without Content-Type unless told not to: a response the
+	// backend sent untyped reaches the client untyped.
+	ctx.Response.Header.SetNoDefaultContentType(true)
 	if early {
 		f.resp.SetConnectionClose() // the request was not written whole: the connection is done
 	}

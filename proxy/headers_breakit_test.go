@@ -1,10 +1,15 @@
 package proxy
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // A body sent without Content-Type reaches the backend without one: fasthttp would add
@@ -88,5 +93,26 @@ func TestResponseConnectionNamesAnyNumber(t *testing.T) {
 	}
 	if resp.Header.Get("X-Kept") != "yes" {
 		t.Errorf("end-to-end field X-Kept lost: %v", resp.Header)
+	}
+}
+
+// A backend response without Content-Type reaches the client without one (fasthttp would add
+// text/plain; charset=utf-8), the twin of TestNoContentTypeAdded.
+func TestResponseContentTypeNotInvented(t *testing.T) {
+	ln := testutil.ServeRaw(t, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if _, err := rqReadRequest(br); err != nil {
+			return
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	_, base := rqStartProxy(t, []string{"http://" + ln.Addr().String()}, nil, nil)
+	resp, body := rqRoundTrip(t, base, rqPost("", `{"model":"m","messages":[]}`))
+	if resp.StatusCode != 200 || string(body) != "ok" {
+		t.Fatalf("response %d %q", resp.StatusCode, body)
+	}
+	if v := resp.Header.Values("Content-Type"); len(v) != 0 {
+		t.Errorf("client received Content-Type %q; the backend sent none", v)
 	}
 }
