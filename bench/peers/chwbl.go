@@ -1,0 +1,118 @@
+package peers
+
+import (
+	"sync/atomic"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/hashring"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// DefaultCHWBLLoadFactor is KubeAI's default meanLoadPercentage, 125: no endpoint takes a
+// request that would put its in-flight count above 1.25 × the mean.
+const DefaultCHWBLLoadFactor = 1.25
+
+// CHWBLOptions tune the chwbl peer; zero fields take the defaults.
+type CHWBLOptions struct {
+	// LoadFactor is the bound on an endpoint's in-flight count as a multiple of the mean
+	// (0: DefaultCHWBLLoadFactor).
+	LoadFactor float64
+}
+
+// CHWBL is KubeAI's PrefixHash load balancing: consistent hashing with bounded loads
+// (CHWBL) keyed on the start of the prompt. Source: substratusai/kubeai
+// internal/loadbalancer/balance_chwbl.go and api/k8s/v1/model_types.go (prefixHash,
+// meanLoadPercentage 125), docs/benchmarks/prefix-aware-load-balancing.md; summarised in
+// ../shared/research/peers-2026.md §1.
+//
+// KubeAI hashes the adapter and the first 100 characters of the first user message. A key
+// carries no per-message hash, so CHWBL keys on its first chunk (Chunks[0]: the first
+// key.DefaultChunkTokens/4 approximate tokens of the rendered prompt, 64 bytes at the default
+// chunk size, seeded with the model): where a request has a system message, the key is the
+// start of the system message, not of the first user message, so requests that share a
+// system prompt share a key (KubeAI's key would tell them apart by the user message). A
+// prompt shorter than one chunk has no key and goes to the least loaded candidate.
+//
+// The ring is prefixlb's hashring (160 points per backend where KubeAI uses 256, xxhash
+// both). Load is this proxy's in-flight count per backend, as KubeAI counts in-flight
+// requests per endpoint. The walk from the key's point takes the first candidate whose load
+// after taking the request stays within LoadFactor × the mean including it:
+// load + 1 ≤ LoadFactor × (total + 1) / n, with every load accepted while total is 0. If none
+// qualifies, the least loaded candidate. It keeps no prefix index and learns nothing.
+type CHWBL struct {
+	loadFactor float64
+	ring       atomic.Pointer[placement]
+	rot        rotor
+}
+
+// placement is an immutable ring over the configured backends.
+type placement struct {
+	ring *hashring.Ring
+	ids  []uint64 // ring member → backend ID
+}
+
+// NewCHWBL returns a chwbl policy; call SetBackends before use.
+func NewCHWBL(o CHWBLOptions) *CHWBL {
+	if o.LoadFactor <= 0 {
+		o.LoadFactor = DefaultCHWBLLoadFactor
+	}
+	return &CHWBL{loadFactor: o.LoadFactor}
+}
+
+// SetBackends rebuilds the ring over every configured backend.
+func (p *CHWBL) SetBackends(all []*backend.Backend) {
+	ms := make([]hashring.Member, len(all))
+	ids := make([]uint64, len(all))
+	for i, b := range all {
+		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
+		ids[i] = b.ID
+	}
+	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
+}
+
+// Pick places k by its first chunk on the ring within the load bound (router.ReasonCold when
+// the key's owner took it, router.ReasonOverload when the walk passed it), or the least
+// loaded candidate (router.ReasonLeastLoad) without a key, a ring or a candidate under it.
+func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
+	n := len(cs)
+	if n == 0 {
+		return router.Decision{}
+	}
+	least := func() router.Decision {
+		j := argmin(n, p.rot.start(), func(j int) float64 { return float64(cs[j].InFlight()) })
+		return router.Decision{Backend: cs[j], Reason: router.ReasonLeastLoad}
+	}
+	pl := p.ring.Load()
+	if k == nil || len(k.Chunks) == 0 || pl == nil {
+		return least()
+	}
+	var total int64
+	byID := make(map[uint64]int, n)
+	for j, b := range cs {
+		total += b.InFlight()
+		byID[b.ID] = j
+	}
+	bound := p.loadFactor * float64(total+1) / float64(n)
+	owner := pl.ring.Lookup(k.Chunks[0], nil)
+	m := pl.ring.Lookup(k.Chunks[0], func(m int) bool {
+		j, ok := byID[pl.ids[m]]
+		return ok && (total == 0 || float64(cs[j].InFlight()+1) <= bound+boundSlack)
+	})
+	if m < 0 {
+		return least()
+	}
+	r := router.ReasonCold
+	if m != owner {
+		r = router.ReasonOverload
+	}
+	return router.Decision{Backend: cs[byID[pl.ids[m]]], Reason: r}
+}
+
+// boundSlack absorbs float rounding in the load bound (loads are whole requests).
+const boundSlack = 1e-9
+
+var (
+	_ router.Policy        = (*CHWBL)(nil)
+	_ router.BackendSetter = (*CHWBL)(nil)
+)

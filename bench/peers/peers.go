@@ -1,0 +1,139 @@
+// Package peers holds bench-only routing policies that follow other LLM routers' published
+// algorithms (KubeAI, SGLang router, NVIDIA Dynamo), written here from their public
+// documentation, so that `prefixlb bench compare --modes` can run them beside prefixlb's own
+// modes on the same replicas. They are not modes of `prefixlb serve`.
+//
+// Each policy sees exactly what prefixlb's prefix policy sees: the request's key (its chained
+// chunk hashes and approximate prompt tokens), prefixlb's approximate prefix index (learned
+// from where requests were sent, router/index), and each backend's load as backend.Backend
+// reports it (this proxy's in-flight count, pending prefill tokens, the replica's scraped
+// running + waiting requests). None reads a simulator's internals.
+package peers
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/index"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// peer is one bench-only policy: its name in --modes and how it is built.
+type peer struct {
+	name      string
+	newPolicy func(router.PrefixOptions) router.Policy
+}
+
+// peers is the table of bench-only policies, in the order Names lists them.
+var peers = [...]peer{
+	{"chwbl", func(o router.PrefixOptions) router.Policy { return NewCHWBL(CHWBLOptions{}) }},
+	{"sglang", func(o router.PrefixOptions) router.Policy { return NewSGLang(SGLangOptions{Prefix: o}) }},
+	{"dynamo", func(o router.PrefixOptions) router.Policy { return NewDynamo(DynamoOptions{Prefix: o}) }},
+}
+
+// Names returns the names of the peer policies.
+func Names() []string {
+	out := make([]string, len(peers))
+	for i, p := range peers {
+		out[i] = p.name
+	}
+	return out
+}
+
+// Is reports whether name is a peer policy.
+func Is(name string) bool { return slices.Contains(Names(), name) }
+
+// New returns a new peer policy by name. o is the proxy's prefix section (chunk size, index
+// capacity), so that a peer's index is sized as prefix mode's would be. The error names the
+// peers there are.
+func New(name string, o router.PrefixOptions) (router.Policy, error) {
+	for _, p := range peers {
+		if p.name == name {
+			return p.newPolicy(o), nil
+		}
+	}
+	return nil, fmt.Errorf("unknown peer policy %q (one of %s)", name, strings.Join(Names(), ", "))
+}
+
+// tree is the approximate per-backend prefix state the cache-aware peers share: prefixlb's
+// own index, learned from where each request was sent, as prefix mode learns it. It gives a
+// peer the abilities BackendSetter, Learner and IndexHolder.
+type tree struct {
+	chunkTokens int
+	idx         *index.Index
+	clock       func() time.Time
+}
+
+func newTree(o router.PrefixOptions) tree {
+	if o.ChunkTokens <= 0 {
+		o.ChunkTokens = key.DefaultChunkTokens
+	}
+	return tree{
+		chunkTokens: o.ChunkTokens,
+		clock:       time.Now,
+		idx: index.New(index.Options{ChunkTokens: o.ChunkTokens, DefaultKVCacheTokens: o.DefaultKVCacheTokens,
+			MaxEntries: o.MaxIndexEntries}),
+	}
+}
+
+// SetBackends registers every configured backend with the index.
+func (t *tree) SetBackends(all []*backend.Backend) { t.idx.SetBackends(all) }
+
+// Index is the peer's prefix index.
+func (t *tree) Index() *index.Index { return t.idx }
+
+// Learn records that b now holds k's prompt (the peers all insert the routed prompt for the
+// chosen worker).
+func (t *tree) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
+	if k == nil || !k.Routed || !k.OK || b == nil {
+		return 0
+	}
+	return router.Learned(t.idx.RecordHeld(k.Chunks, b, t.clock(), held))
+}
+
+// Unlearn withdraws what Learn added when b refused the request.
+func (t *tree) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {
+	if k == nil || l == 0 || b == nil {
+		return
+	}
+	t.idx.Forget(k.Chunks, b, index.Stamp(l))
+}
+
+// match returns, per candidate, the leading chunks of k's prompt it holds (nil key: zeros).
+func (t *tree) match(k *key.Key, cs []*backend.Backend) []int {
+	out := make([]int, len(cs))
+	if k != nil {
+		t.idx.Match(k.Chunks, cs, out)
+	}
+	return out
+}
+
+// heldTokens is how many approximate prompt tokens the first n chunks cover, at most the
+// prompt's length.
+func (t *tree) heldTokens(k *key.Key, n int) int {
+	return min(key.PrefixTokens(n, t.chunkTokens), k.PromptTokens)
+}
+
+// argmin returns the index of the candidate with the least f, scanning from start mod n so
+// that ties do not always favour the first candidate (the peers break ties at random).
+func argmin(n int, start uint64, f func(j int) float64) int {
+	s := int(start % uint64(n))
+	best, bv := s, f(s)
+	for i := 1; i < n; i++ {
+		j := (s + i) % n
+		if v := f(j); v < bv {
+			best, bv = j, v
+		}
+	}
+	return best
+}
+
+// rotor hands out rotating start positions for argmin.
+type rotor struct{ next atomic.Uint64 }
+
+func (r *rotor) start() uint64 { return r.next.Add(1) - 1 }
