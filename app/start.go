@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/proxy"
+	"github.com/prefixlb/prefixlb/router"
 )
 
 // Start applies cfg's defaults, validates it and serves its proxy in this process on
@@ -16,6 +18,23 @@ import (
 // without the admin listener, reloads or discovery: the bench and the tests start an
 // in-process prefixlb this way. Stop the returned Serving when done.
 func Start(ctx context.Context, cfg *configs.Config, log *zap.Logger) (*proxy.Serving, error) {
+	return start(ctx, cfg, log, nil)
+}
+
+// StartPolicy is Start with pol routing in place of cfg.Mode's policy, and label naming it
+// in the proxy's mode label (prefixlb_requests_total{mode}, /debug/backends). The bench
+// starts its bench-only policies (bench/peers) this way; cfg.Mode must still name a mode,
+// for validation, and its prefix section configures the rest as usual. Neither the config
+// nor `prefixlb serve` can select pol. An empty label or a nil pol is an error.
+func StartPolicy(ctx context.Context, cfg *configs.Config, log *zap.Logger, label string, pol router.Policy) (*proxy.Serving, error) {
+	if label == "" || pol == nil {
+		return nil, errors.New("StartPolicy: a label and a policy are required")
+	}
+	return start(ctx, cfg, log, func(o *proxy.Options) { o.Mode, o.Policy = label, pol })
+}
+
+// start is Start; override (if not nil) edits the proxy's options before the proxy is built.
+func start(ctx context.Context, cfg *configs.Config, log *zap.Logger, override func(*proxy.Options)) (*proxy.Serving, error) {
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -24,7 +43,14 @@ func Start(ctx context.Context, cfg *configs.Config, log *zap.Logger) (*proxy.Se
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
-	s, err := newServer(cfg, log)
+	o, err := ProxyOptions(cfg, log)
+	if err == nil && override != nil {
+		override(&o)
+	}
+	var s *proxy.Server
+	if err == nil {
+		s, err = proxy.New(o)
+	}
 	if err != nil {
 		_ = ln.Close()
 		return nil, err

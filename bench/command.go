@@ -15,6 +15,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/prefixlb/prefixlb/bench/peers"
+	"github.com/prefixlb/prefixlb/router"
 )
 
 // Command returns `prefixlb bench` with its sub-commands compare and run.
@@ -56,7 +59,7 @@ which needs "option http-no-delay" for SSE) and its row is named by --label.`,
 		},
 	}
 	fs := c.Flags()
-	fs.StringVar(&modes, "modes", strings.Join(o.Modes, ","), "comma-separated prefixlb modes to compare")
+	fs.StringVar(&modes, "modes", strings.Join(o.Modes, ","), "comma-separated modes to compare: prefixlb modes ("+strings.Join(router.ModeNames(), ", ")+") or bench-only peer policies ("+strings.Join(peers.Names(), ", ")+")")
 	fs.StringVar(&backends, "backends", "", "comma-separated external backend URLs to put prefixlb in front of (instead of sims)")
 	fs.StringVar(&o.Target, "target", "", "external endpoint to send to directly (e.g. an HAProxy); no prefixlb is started")
 	fs.StringVar(&o.Label, "label", "", "row name for --target (default: the URL)")

@@ -22,10 +22,12 @@ import (
 
 	"github.com/prefixlb/prefixlb/app"
 	"github.com/prefixlb/prefixlb/bench/loadgen"
+	"github.com/prefixlb/prefixlb/bench/peers"
 	"github.com/prefixlb/prefixlb/bench/report"
 	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/bench/workload"
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -150,8 +152,8 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		runs = []run{{label: or(o.Label, o.Target)}}
 	} else {
 		for _, m := range o.Modes {
-			if !slices.Contains(router.ModeNames(), m) {
-				return nil, fmt.Errorf("--modes: %q is not one of %v", m, router.ModeNames())
+			if !slices.Contains(router.ModeNames(), m) && !peers.Is(m) {
+				return nil, fmt.Errorf("--modes: %q is not one of %v or the bench-only %v", m, router.ModeNames(), peers.Names())
 			}
 			for _, r := range runs {
 				if r.mode == m {
@@ -281,7 +283,8 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	return report.Summarize(label, out, names), nil
 }
 
-// startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port.
+// startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port; mode is one of
+// router.ModeNames or a bench-only policy of bench/peers.
 func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, sims bool) (string, func(), error) {
 	cfg := *base
 	cfg.Mode = mode
@@ -302,7 +305,20 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 	if err != nil {
 		return "", nil, err
 	}
-	sv, err := app.Start(context.Background(), &cfg, log)
+	var sv *proxy.Serving
+	if peers.Is(mode) {
+		// A bench-only policy: the proxy is prefix mode's in every other respect, and its
+		// prefix section (chunk size, index capacity) sizes the peer's index too.
+		cfg.Mode = router.DefaultMode
+		cfg.ApplyDefaults()
+		pol, perr := peers.New(mode, cfg.Prefix.RouterOptions())
+		if perr != nil {
+			return "", nil, perr
+		}
+		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, pol)
+	} else {
+		sv, err = app.Start(context.Background(), &cfg, log)
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("proxy: %w", err)
 	}
