@@ -1,9 +1,6 @@
 package peers
 
 import (
-	"math"
-	"sync/atomic"
-
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -12,10 +9,6 @@ import (
 // DefaultDynamoOverlapWeight is Dynamo's --kv-overlap-score-weight default, 1.0: a prefill
 // block costs as much as an active decode block.
 const DefaultDynamoOverlapWeight = 1.0
-
-// dynamoMeanAlpha is the weight of each new request in the running mean of blocks per
-// request (an exponential moving average over about the last 32 requests).
-const dynamoMeanAlpha = 1.0 / 32
 
 // DynamoOptions tune the dynamo peer; zero fields take the defaults.
 type DynamoOptions struct {
@@ -52,7 +45,7 @@ type DynamoOptions struct {
 type Dynamo struct {
 	tree
 	weight float64
-	mean   atomic.Uint64 // float64 bits: running mean of prompt blocks per request (0: none yet)
+	mean   meanTracker // prompt blocks per request
 	rot    rotor
 }
 
@@ -75,7 +68,7 @@ func (p *Dynamo) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		prompt = k.PromptTokens
 	}
 	blocks := float64(prompt) / float64(p.chunkTokens)
-	mean := p.observe(blocks)
+	mean := p.mean.observe(blocks)
 	matched := p.match(k, cs)
 	j := argmin(n, p.rot.start(), func(j int) float64 {
 		held := 0
@@ -90,25 +83,6 @@ func (p *Dynamo) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		r = router.ReasonMatch
 	}
 	return router.Decision{Backend: cs[j], Reason: r, MatchedChunks: matched[j]}
-}
-
-// observe folds one request of blocks into the running mean and returns the mean.
-func (p *Dynamo) observe(blocks float64) float64 {
-	for {
-		old := p.mean.Load()
-		m := math.Float64frombits(old)
-		if old == 0 {
-			m = blocks
-		} else {
-			m += dynamoMeanAlpha * (blocks - m)
-		}
-		if m == 0 {
-			return 0
-		}
-		if p.mean.CompareAndSwap(old, math.Float64bits(m)) {
-			return m
-		}
-	}
 }
 
 var (

@@ -1,5 +1,5 @@
 // Package peers holds bench-only routing policies that follow other LLM routers' published
-// algorithms (KubeAI, SGLang router, NVIDIA Dynamo), written here from their public
+// algorithms (KubeAI, SGLang router, NVIDIA Dynamo, llm-d), written here from their public
 // documentation, so that `prefixlb bench compare --modes` can run them beside prefixlb's own
 // modes on the same replicas. They are not modes of `prefixlb serve`.
 //
@@ -12,6 +12,7 @@ package peers
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -34,6 +35,7 @@ var peers = [...]peer{
 	{"chwbl", func(o router.PrefixOptions) router.Policy { return NewCHWBL(CHWBLOptions{}) }},
 	{"sglang", func(o router.PrefixOptions) router.Policy { return NewSGLang(SGLangOptions{Prefix: o}) }},
 	{"dynamo", func(o router.PrefixOptions) router.Policy { return NewDynamo(DynamoOptions{Prefix: o}) }},
+	{"llm-d", func(o router.PrefixOptions) router.Policy { return NewLLMD(LLMDOptions{Prefix: o}) }},
 }
 
 // Names returns the names of the peer policies.
@@ -65,6 +67,7 @@ func New(name string, o router.PrefixOptions) (router.Policy, error) {
 // peer the abilities BackendSetter, Learner and IndexHolder.
 type tree struct {
 	chunkTokens int
+	defaultKV   int64 // a backend's KV capacity in tokens when it has none of its own
 	idx         *index.Index
 	clock       func() time.Time
 }
@@ -73,8 +76,12 @@ func newTree(o router.PrefixOptions) tree {
 	if o.ChunkTokens <= 0 {
 		o.ChunkTokens = key.DefaultChunkTokens
 	}
+	if o.DefaultKVCacheTokens <= 0 {
+		o.DefaultKVCacheTokens = index.DefaultKVCacheTokens
+	}
 	return tree{
 		chunkTokens: o.ChunkTokens,
+		defaultKV:   o.DefaultKVCacheTokens,
 		clock:       time.Now,
 		idx: index.New(index.Options{ChunkTokens: o.ChunkTokens, DefaultKVCacheTokens: o.DefaultKVCacheTokens,
 			MaxEntries: o.MaxIndexEntries}),
@@ -137,3 +144,30 @@ func argmin(n int, start uint64, f func(j int) float64) int {
 type rotor struct{ next atomic.Uint64 }
 
 func (r *rotor) start() uint64 { return r.next.Add(1) - 1 }
+
+// meanAlpha is the weight of each new request in a meanTracker (an exponential moving
+// average over about the last 32 requests).
+const meanAlpha = 1.0 / 32
+
+// meanTracker is a running mean of a per-request size (prompt blocks or tokens) over the
+// requests a policy has routed, safe for concurrent use.
+type meanTracker struct{ bits atomic.Uint64 } // float64 bits; 0: none yet
+
+// observe folds one request of size v into the mean and returns the mean.
+func (m *meanTracker) observe(v float64) float64 {
+	for {
+		old := m.bits.Load()
+		mean := math.Float64frombits(old)
+		if old == 0 {
+			mean = v
+		} else {
+			mean += meanAlpha * (v - mean)
+		}
+		if mean == 0 {
+			return 0
+		}
+		if m.bits.CompareAndSwap(old, math.Float64bits(mean)) {
+			return mean
+		}
+	}
+}
