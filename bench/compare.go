@@ -22,6 +22,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/app"
 	"github.com/prefixlb/prefixlb/bench/loadgen"
+	"github.com/prefixlb/prefixlb/bench/oracle"
 	"github.com/prefixlb/prefixlb/bench/peers"
 	"github.com/prefixlb/prefixlb/bench/report"
 	"github.com/prefixlb/prefixlb/bench/sim"
@@ -152,8 +153,11 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		runs = []run{{label: or(o.Label, o.Target)}}
 	} else {
 		for _, m := range o.Modes {
-			if !slices.Contains(router.ModeNames(), m) && !peers.Is(m) {
-				return nil, fmt.Errorf("--modes: %q is not one of %v or the bench-only %v", m, router.ModeNames(), peers.Names())
+			if !slices.Contains(router.ModeNames(), m) && !peers.Is(m) && m != oracle.Name {
+				return nil, fmt.Errorf("--modes: %q is not one of %v or the bench-only %v and %s", m, router.ModeNames(), peers.Names(), oracle.Name)
+			}
+			if m == oracle.Name && external {
+				return nil, fmt.Errorf("--modes: %s reads the simulated replicas' state in-process: not with --backends or --target", oracle.Name)
 			}
 			for _, r := range runs {
 				if r.mode == m {
@@ -240,7 +244,7 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			defer cluster.Close()
 			backends = cluster.URLs()
 		}
-		url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster != nil)
+		url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster)
 		if err != nil {
 			return report.Mode{}, err
 		}
@@ -284,8 +288,10 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 }
 
 // startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port; mode is one of
-// router.ModeNames or a bench-only policy of bench/peers.
-func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, sims bool) (string, func(), error) {
+// router.ModeNames, a bench-only policy of bench/peers, or the oracle (which needs cluster, the
+// simulated replicas behind backends; nil with external backends).
+func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster) (string, func(), error) {
+	sims := cluster != nil
 	cfg := *base
 	cfg.Mode = mode
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
@@ -306,7 +312,14 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		return "", nil, err
 	}
 	var sv *proxy.Serving
-	if peers.Is(mode) {
+	if mode == oracle.Name {
+		if cluster == nil {
+			return "", nil, fmt.Errorf("%s needs the simulated replicas", oracle.Name)
+		}
+		cfg.Mode = router.DefaultMode
+		cfg.ApplyDefaults()
+		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, oracle.New(cluster))
+	} else if peers.Is(mode) {
 		// A bench-only policy: the proxy is prefix mode's in every other respect, and its
 		// prefix section (chunk size, index capacity) sizes the peer's index too.
 		cfg.Mode = router.DefaultMode

@@ -220,6 +220,7 @@ func (e *Engine) Add(r *Request, now time.Duration) error {
 	r.arrival = now
 	e.waiting = append(e.waiting, r)
 	e.nwait++
+	e.stats.RequestsAdded++
 	return nil
 }
 

@@ -17,6 +17,7 @@ type Stats struct {
 	PrefixHits       uint64 // of those, tokens found cached (vllm:prefix_cache_hits)
 	PromptTokens     uint64 // prompt tokens of requests that produced a first token
 	GenerationTokens uint64
+	RequestsAdded    uint64 // requests Add accepted
 	RequestsFinished uint64
 	RequestsAborted  uint64
 	Steps            uint64

@@ -38,7 +38,8 @@ type Replica struct {
 	engineDone sync.WaitGroup
 	srv        *http.Server
 	ids        atomic.Uint64
-	bufs       sync.Pool // *[]byte
+	bufs       sync.Pool    // *[]byte
+	stepDue    atomic.Int64 // model time (ns) at which the step in flight ends (Predict)
 }
 
 // NewReplica returns a replica named name (used in logs and ids only). It does nothing until
@@ -165,6 +166,7 @@ func (r *Replica) runEngine() {
 			start = due // back-to-back steps: this one began when the last one ended
 		}
 		due = start + d
+		r.stepDue.Store(int64(due))
 		busy = true
 		if wait := time.Until(r.wallAt(due)); wait > 0 {
 			timer.Reset(wait)

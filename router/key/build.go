@@ -157,10 +157,12 @@ func (b *Builder) Build(path []byte, body []byte, k *Key) {
 	}
 	k.Routed = true
 	if !utf8.Valid(body) {
+		k.Body = body
 		return
 	}
 	s := statePool.Get().(*state)
 	s.build(ep, b.chunkTokens(), body, k)
+	k.Body = body
 	if len(body) <= maxPooledBody {
 		s.reset()
 		statePool.Put(s)

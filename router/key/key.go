@@ -24,6 +24,11 @@ type Key struct {
 	// whole prefix up to and including chunk i, seeded with model and cache_salt. A trailing
 	// partial chunk is not included.
 	Chunks []uint64
+	// Body is the request body the key was built from, for routed requests (not a copy: valid
+	// while the request is served). prefixlb's policies route on the fields above; only a
+	// policy that must read the request as a replica does (the bench's oracle, which tokenizes
+	// it with the simulated replica's tokenizer) reads it.
+	Body []byte
 }
 
 // Reset clears k for reuse, keeping capacity.
@@ -32,4 +37,5 @@ func (k *Key) Reset() {
 	k.Model = k.Model[:0]
 	k.PromptTokens = 0
 	k.Chunks = k.Chunks[:0]
+	k.Body = nil
 }

@@ -544,3 +544,32 @@ func TestChatTextExtensionSharesChunks(t *testing.T) {
 		t.Errorf("extended message shares %d of %d chunks, want at least %d", shared, len(k1.Chunks), len(k1.Chunks)-1)
 	}
 }
+
+// TestKeyBody: a routed request's key refers to the body it was built from (parsed or not);
+// an unrouted one's does not, and Recycle drops the reference so a pooled key keeps no body
+// alive.
+func TestKeyBody(t *testing.T) {
+	b := NewBuilder(0)
+	for _, tc := range []struct {
+		name, path, body string
+		want             bool
+	}{
+		{"chat", pathChat, `{"messages":[{"role":"user","content":"hi"}]}`, true},
+		{"unparsable", pathChat, `{"messages":`, true},
+		{"invalid utf-8", pathChat, "{\"prompt\":\"\xff\"}", true},
+		{"unrouted", "/v1/models", `{}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var k Key
+			body := []byte(tc.body)
+			b.Build([]byte(tc.path), body, &k)
+			if got := len(k.Body) > 0 && &k.Body[0] == &body[0]; got != tc.want {
+				t.Fatalf("key refers to the body: %v, want %v", got, tc.want)
+			}
+			k.Recycle()
+			if k.Body != nil {
+				t.Fatal("Recycle kept the body")
+			}
+		})
+	}
+}

@@ -1,0 +1,164 @@
+// Package oracle is the bench's routing yardstick: a bench-only policy that reads each
+// simulated replica's true state in-process and sends every request where the simulator's own
+// step-cost model predicts the least time to first token. It is the physical limit of routing
+// one request at a time on that sim, against which `prefixlb bench suite` measures the real
+// policies (the p95 ÷ oracle column). It is not a mode of `prefixlb serve`: no proxy can see
+// a replica's KV cache and scheduler this way.
+package oracle
+
+import (
+	"bytes"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// Name is the oracle's name in `bench compare --modes`.
+const Name = "oracle"
+
+// pendingTTL bounds how long a routed request counts as on its way to its replica: on
+// 127.0.0.1 a request reaches the engine within milliseconds, so an entry this old was
+// refused (or its client left) and never will.
+const pendingTTL = time.Second
+
+// Oracle picks, per request, the simulated replica of least predicted TTFT.
+//
+// For each candidate it asks the replica (sim.Replica.Predict) to walk its scheduler forward
+// from its current state — the longest prefix its KV cache holds for this prompt in the sim's
+// own blocks, its running prefills and decodes, its waiting queue, the step in flight — with
+// the requests this oracle routed there that have not arrived yet queued ahead, and returns
+// the model time until this request's first token. The prompt is read as the replica reads it
+// (sim.Replica.ParsePrompt: the sim's chat template and tokenizer on the request body).
+//
+// What it does not model: requests that arrive after this one. It is greedy — it cannot hold
+// a replica's cache for a conversation's next turn, nor see that the arrival behind it would
+// have fitted better — so a policy can, on a lucky workload, beat it by a little; and it does
+// not model evictions during the walk (see sim.Engine.Predict). Ties (equal predicted TTFT)
+// go to the candidate with the most cached tokens, then by a rotating start.
+//
+// A request whose body the sim cannot read (or a backend that is not one of the cluster's
+// replicas) is routed least-loaded, as the replica will refuse it anyway.
+type Oracle struct {
+	byName map[string]*target
+	rot    atomic.Uint64
+	ll     router.LeastLoad
+	clock  func() time.Time
+}
+
+// target is the oracle's view of one replica: the replica and the requests routed to it that
+// have not reached its engine yet.
+type target struct {
+	rep *sim.Replica
+	bs  int
+
+	mu      sync.Mutex
+	sent    uint64 // requests routed here
+	base    uint64 // the replica's RequestsAdded when the oracle started
+	pending []pendingReq
+}
+
+type pendingReq struct {
+	p  sim.Pending
+	at time.Time
+}
+
+// New returns an oracle over the cluster's replicas; backends are matched to replicas by URL
+// (a backend's Name is its URL).
+func New(c *sim.Cluster) *Oracle {
+	o := &Oracle{byName: map[string]*target{}, clock: time.Now}
+	urls, reps := c.URLs(), c.Replicas()
+	for i, r := range reps {
+		o.byName[urls[i]] = &target{rep: r, bs: r.Config().BlockSize, base: r.Stats().RequestsAdded}
+	}
+	return o
+}
+
+// Pick returns the candidate of least predicted TTFT.
+func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
+	if len(cs) == 0 {
+		return router.Decision{}
+	}
+	tgt := o.byName[cs[0].Name]
+	if k == nil || len(k.Body) == 0 || tgt == nil {
+		return o.ll.Pick(k, cs)
+	}
+	chat := bytes.Contains(k.Body, []byte(`"messages"`))
+	tokens, seed, maxTokens, err := tgt.rep.ParsePrompt(k.Body, chat)
+	if err != nil {
+		return o.ll.Pick(k, cs)
+	}
+	now := o.clock()
+	n := len(cs)
+	start := int(o.rot.Add(1) % uint64(n))
+	best, bestTTFT, bestCached := -1, time.Duration(math.MaxInt64), -1
+	for i := range n {
+		j := (start + i) % n
+		t := o.byName[cs[j].Name]
+		if t == nil {
+			continue
+		}
+		p := t.predict(tokens, seed, maxTokens, now)
+		ttft := time.Duration(math.MaxInt64)
+		if p.OK {
+			ttft = p.TTFT
+		}
+		if best < 0 || ttft < bestTTFT || ttft == bestTTFT && p.CachedTokens > bestCached {
+			best, bestTTFT, bestCached = j, ttft, p.CachedTokens
+		}
+	}
+	if best < 0 {
+		return o.ll.Pick(k, cs)
+	}
+	o.byName[cs[best].Name].sentTo(sim.NewPending(tokens, seed, maxTokens, tgt.bs), now)
+	reason := router.ReasonLeastLoad
+	if bestCached > 0 {
+		reason = router.ReasonMatch
+	}
+	return router.Decision{Backend: cs[best], Reason: reason}
+}
+
+// predict asks the replica, with the requests still on their way to it queued first.
+func (t *target) predict(tokens []uint32, seed uint64, maxTokens int, now time.Time) sim.Prediction {
+	t.mu.Lock()
+	t.trim(now)
+	pend := make([]sim.Pending, len(t.pending))
+	for i, q := range t.pending {
+		pend[i] = q.p
+	}
+	t.mu.Unlock()
+	return t.rep.Predict(tokens, seed, maxTokens, pend)
+}
+
+// sentTo records a request routed to this replica.
+func (t *target) sentTo(p sim.Pending, now time.Time) {
+	t.mu.Lock()
+	t.sent++
+	t.pending = append(t.pending, pendingReq{p: p, at: now})
+	t.mu.Unlock()
+}
+
+// trim drops the pending requests that have arrived (the replica has added as many requests
+// as the oracle sent, less those still pending; arrival order is taken as routing order) and
+// those older than pendingTTL (refused or abandoned: no longer counted as sent). The caller
+// holds t.mu.
+func (t *target) trim(now time.Time) {
+	arrived := t.rep.Stats().RequestsAdded - t.base
+	still := 0
+	if t.sent > arrived {
+		still = int(t.sent - arrived)
+	}
+	drop := max(len(t.pending)-still, 0)
+	for drop < len(t.pending) && now.Sub(t.pending[drop].at) > pendingTTL {
+		drop++
+		t.sent-- // never arrived: do not wait for it again
+	}
+	if drop > 0 {
+		t.pending = append(t.pending[:0], t.pending[drop:]...)
+	}
+}

@@ -1,0 +1,313 @@
+package sim
+
+import (
+	"time"
+)
+
+// Prediction is what an engine's own model predicts for a request that arrives now.
+type Prediction struct {
+	// TTFT is the model time from now to the request's first token; valid when OK.
+	TTFT time.Duration
+	// OK is false when the request would not start within maxPredictSteps engine steps (its
+	// KV blocks do not fit until requests finish that the walk cannot see finishing).
+	OK bool
+	// CachedTokens is the prompt prefix (full blocks) the prefix cache holds now.
+	CachedTokens int
+	// QueuedPrefill is the prompt tokens of running and waiting requests still to prefill
+	// ahead of this one; Decoding is the running requests past their prefill.
+	QueuedPrefill int
+	Decoding      int
+}
+
+// maxPredictSteps bounds Predict's walk: a million engine steps is hours of model time, far
+// past any TTFT a router compares.
+const maxPredictSteps = 1 << 20
+
+// Pending is a request on its way to the engine (routed to it, not yet added): Predict queues
+// it ahead of the new request. Make it with NewPending.
+type Pending struct {
+	prompt, max int
+	chain       []uint64 // block hashes of the prompt's full blocks that can hit
+}
+
+// NewPending describes a request (the sim's token ids, ChainSeed seed, max_tokens) for
+// Predict's pending list, for an engine of the given block size.
+func NewPending(prompt []uint32, seed uint64, maxTokens, blockSize int) Pending {
+	return Pending{prompt: len(prompt), max: maxTokens, chain: blockChain(prompt, seed, blockSize)}
+}
+
+// blockChain is the chained hashes of the full blocks of prompt that admission can find
+// ((len-1)/blockSize: the last prompt token is always computed).
+func blockChain(prompt []uint32, seed uint64, bs int) []uint64 {
+	if len(prompt) == 0 {
+		return nil
+	}
+	out := make([]uint64, 0, (len(prompt)-1)/bs)
+	parent := seed
+	for k := 0; k < (len(prompt)-1)/bs; k++ {
+		parent = blockHash(parent, prompt[k*bs:(k+1)*bs])
+		out = append(out, parent)
+	}
+	return out
+}
+
+// vreq is one request in Predict's walk: only what the step-cost model reads.
+type vreq struct {
+	prompt, computed int // prompt tokens, prompt tokens whose KV exists
+	gen, max         int
+	hits             int // full blocks cached now (waiting requests and the target)
+	pinnedFree       int // of those, blocks on the free list that admission pins
+	owned            int // blocks freed when it finishes
+	req              *Request
+	chain            []uint64 // block hashes when req is nil (pending requests, the target)
+	target           bool
+}
+
+// vhash is the chained hash of v's prompt block k.
+func (e *Engine) vhash(v *vreq, k int) uint64 {
+	if v.req == nil {
+		return v.chain[k]
+	}
+	return e.hashOf(v.req, k)
+}
+
+// Predict walks the engine's scheduler forward from its current state, without changing its
+// schedule, until a request with prompt (the sim's token ids; seed: ChainSeed of model and
+// cache_salt) and maxTokens, added now, gets its first token, and returns that time. stepLeft
+// is the model time left in the step in flight (the driver knows when it ends; 0 when none is
+// planned). The walk applies Schedule's rules step by step (running requests first, a prefill
+// chunk or one decode token each within MaxNumBatchedTokens; then waiting ones first come
+// first served while the budget, MaxNumSeqs and free KV blocks allow, each finding at
+// admission the prefix cached now or computed meanwhile by a request ahead of it) and
+// Schedule's step duration, so with no other arrival it gives the engine's TTFT exactly.
+// What it does not model: requests that arrive after this one (they join behind it, but
+// their decode and prefill tokens lengthen its steps), evictions during the walk, and which
+// of a finished request's blocks others still share (a finished request frees the blocks
+// only it pinned when the walk starts).
+func (e *Engine) Predict(prompt []uint32, seed uint64, maxTokens int, stepLeft time.Duration, pending []Pending) Prediction {
+	cfg := &e.cfg
+	bs := cfg.BlockSize
+	var p Prediction
+	if len(prompt) == 0 || maxTokens < 1 {
+		return p
+	}
+	// The new request's block hashes (as many as can hit) and its cached prefix now.
+	target := e.chainReq(len(prompt), maxTokens, blockChain(prompt, seed, bs))
+	target.target = true
+	p.CachedTokens = target.hits * bs
+
+	running := make([]vreq, 0, len(e.running)+e.nwait+1)
+	for _, r := range e.running {
+		v := vreq{prompt: r.promptLen, computed: r.computed, gen: r.gen, max: r.maxTokens, req: r}
+		for _, b := range r.blocks {
+			if e.kv.blocks[b].ref == 1 {
+				v.owned++
+			}
+		}
+		running = append(running, v)
+	}
+	var waiting []vreq
+	for i := e.whead; i < len(e.waiting); i++ {
+		r := e.waiting[i]
+		if r == nil || r.state != stateWaiting {
+			continue
+		}
+		v := vreq{prompt: r.promptLen, max: r.maxTokens, req: r, owned: e.blocksFor(r.promptLen + r.maxTokens)}
+		for k := 0; k < (r.promptLen-1)/bs; k++ {
+			b, ok := e.kv.lookup(e.hashOf(r, k))
+			if !ok {
+				break
+			}
+			v.hits++
+			if e.kv.blocks[b].ref == 0 {
+				v.pinnedFree++
+			}
+		}
+		waiting = append(waiting, v)
+	}
+	for _, v := range running {
+		if v.computed < v.prompt {
+			p.QueuedPrefill += v.prompt - v.computed
+		} else {
+			p.Decoding++
+		}
+	}
+	for _, q := range pending {
+		waiting = append(waiting, e.chainReq(q.prompt, q.max, q.chain))
+	}
+	for _, v := range waiting {
+		p.QueuedPrefill += v.prompt - v.hits*bs
+	}
+	waiting = append(waiting, target)
+
+	free := e.kv.numFree()
+	now := time.Duration(0)
+	var done []vreq // finished in the walk: their prompt blocks stay findable
+	if e.planned {
+		// The step in flight: its plan is fixed; the new request joins the next one.
+		now = max(stepLeft, 0)
+		at := make(map[*Request]int, len(e.running))
+		for i, r := range e.running {
+			at[r] = i
+		}
+		for _, it := range e.plan {
+			i, ok := at[it.r]
+			if !ok {
+				continue // aborted during the step
+			}
+			r := &running[i]
+			if it.prefill > 0 {
+				r.computed += it.prefill
+				if r.computed < r.prompt {
+					continue
+				}
+			}
+			r.gen++
+		}
+		running, done, free = finish(running, done, free)
+	}
+	plan := make([]int, 0, len(running)+len(waiting)) // per running request: prefill tokens, -1 decode
+	for step := 0; step < maxPredictSteps; step++ {
+		budget := cfg.MaxNumBatchedTokens
+		plan = plan[:0]
+		var prefill, decodeSeqs int
+		var prefillCtx, decodeCtx float64
+		for i := range running {
+			if budget == 0 {
+				break
+			}
+			r := &running[i]
+			if r.computed < r.prompt {
+				chunk := min(r.prompt-r.computed, budget)
+				budget -= chunk
+				prefill += chunk
+				prefillCtx += float64(chunk) * (float64(r.computed) + float64(chunk)/2)
+				plan = append(plan, chunk)
+			} else {
+				budget--
+				decodeSeqs++
+				decodeCtx += float64(r.prompt + r.gen)
+				plan = append(plan, -1)
+			}
+		}
+		for budget > 0 && len(running) < cfg.MaxNumSeqs && len(waiting) > 0 {
+			r := waiting[0]
+			hits := e.admissionHits(&r, running, done)
+			need := e.blocksFor(r.prompt+r.max) - hits
+			if free-r.pinnedFree < need {
+				break
+			}
+			free -= r.pinnedFree + need
+			r.computed = hits * bs
+			if r.target {
+				p.CachedTokens = r.computed
+			}
+			waiting = waiting[1:]
+			running = append(running, r)
+			chunk := min(r.prompt-r.computed, budget)
+			budget -= chunk
+			prefill += chunk
+			prefillCtx += float64(chunk) * (float64(r.computed) + float64(chunk)/2)
+			plan = append(plan, chunk)
+		}
+		if len(plan) == 0 {
+			return p // blocked: nothing runs and the queue head does not fit
+		}
+		now += cfg.StepBase +
+			time.Duration(prefill)*cfg.PrefillPerToken +
+			time.Duration(prefillCtx/1000*float64(cfg.PrefillPerTokenPerKContext)) +
+			time.Duration(decodeSeqs)*cfg.DecodePerSeq +
+			time.Duration(decodeCtx*float64(cfg.DecodePerContextToken))
+		for i, n := range plan {
+			r := &running[i]
+			if n > 0 {
+				r.computed += n
+				if r.computed < r.prompt {
+					continue
+				}
+			}
+			r.gen++
+			if r.target && r.gen == 1 {
+				p.TTFT, p.OK = now, true
+				return p
+			}
+		}
+		running, done, free = finish(running, done, free)
+	}
+	return p
+}
+
+// chainReq is a walk request known by its block hashes, with the prefix cached now.
+func (e *Engine) chainReq(prompt, maxTokens int, chain []uint64) vreq {
+	v := vreq{prompt: prompt, max: maxTokens, chain: chain, owned: e.blocksFor(prompt + maxTokens)}
+	for _, h := range chain {
+		b, ok := e.kv.lookup(h)
+		if !ok {
+			break
+		}
+		v.hits++
+		if e.kv.blocks[b].ref == 0 {
+			v.pinnedFree++
+		}
+	}
+	return v
+}
+
+// admissionHits is how many leading full blocks of v's prompt admission would find: those
+// cached when the walk began, or computed since by a request in the walk whose prompt shares
+// them (hashes are chained, so equal hashes at block k mean equal prefixes up to k).
+func (e *Engine) admissionHits(v *vreq, running, done []vreq) int {
+	maxHit := (v.prompt - 1) / e.cfg.BlockSize
+	hits := v.hits
+	for _, list := range [2][]vreq{running, done} {
+		for i := range list {
+			u := &list[i]
+			reg := min(u.computed, u.prompt) / e.cfg.BlockSize
+			for hits < min(reg, maxHit) && e.vhash(u, hits) == e.vhash(v, hits) {
+				hits++
+			}
+		}
+	}
+	return hits
+}
+
+// finish moves the requests that generated all their tokens to done and returns the blocks
+// they freed.
+func finish(running, done []vreq, free int) ([]vreq, []vreq, int) {
+	n := 0
+	for _, r := range running {
+		if r.gen >= r.max {
+			free += r.owned
+			done = append(done, r)
+			continue
+		}
+		running[n] = r
+		n++
+	}
+	return running[:n], done, free
+}
+
+// Predict is Engine.Predict on the replica's engine now, with the time left in the step in
+// flight taken from the replica's clock. It is how the bench's oracle policy reads a replica's
+// true state; nothing else should.
+func (r *Replica) Predict(prompt []uint32, seed uint64, maxTokens int, pending []Pending) Prediction {
+	if r.eng == nil {
+		return Prediction{}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	left := time.Duration(r.stepDue.Load()) - r.modelNow()
+	return r.eng.Predict(prompt, seed, maxTokens, left, pending)
+}
+
+// ParsePrompt reads a /v1/chat/completions (chat) or /v1/completions body as the replica
+// would serve it: the prompt's token ids after the sim's chat template, the hash-chain seed
+// (model and cache_salt) and max_tokens. The error is the replica's 4xx message.
+func (r *Replica) ParsePrompt(body []byte, chat bool) (tokens []uint32, seed uint64, maxTokens int, err error) {
+	var scratch []byte
+	ar, aerr := parseRequest(body, chat, &r.cfg, &scratch)
+	if aerr != nil {
+		return nil, 0, 0, aerr
+	}
+	return ar.tokens, ar.seed, ar.maxTokens, nil
+}
