@@ -1,13 +1,21 @@
 package peers
 
 import (
+	"strings"
 	"sync/atomic"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/valyala/fastjson"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/hashring"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
+
+// DefaultCHWBLPrefixChars is KubeAI's default prefixCharLength, 100: the characters of the
+// first user message that are hashed.
+const DefaultCHWBLPrefixChars = 100
 
 // DefaultCHWBLLoadFactor is KubeAI's default meanLoadPercentage, 125: no endpoint takes a
 // request that would put its in-flight count above 1.25 × the mean.
@@ -18,6 +26,9 @@ type CHWBLOptions struct {
 	// LoadFactor is the bound on an endpoint's in-flight count as a multiple of the mean
 	// (0: DefaultCHWBLLoadFactor).
 	LoadFactor float64
+	// PrefixChars is how many leading characters of the first user message are hashed
+	// (0: DefaultCHWBLPrefixChars).
+	PrefixChars int
 }
 
 // CHWBL is KubeAI's PrefixHash load balancing: consistent hashing with bounded loads
@@ -26,13 +37,12 @@ type CHWBLOptions struct {
 // meanLoadPercentage 125), docs/benchmarks/prefix-aware-load-balancing.md; summarised in
 // ../shared/research/peers-2026.md §1.
 //
-// KubeAI hashes the adapter and the first 100 characters of the first user message. A key
-// carries no per-message hash, so CHWBL keys on its first chunk (Chunks[0]: the first
-// key.DefaultChunkTokens/4 approximate tokens of the rendered prompt, 64 bytes at the default
-// chunk size, seeded with the model): where a request has a system message, the key is the
-// start of the system message, not of the first user message, so requests that share a
-// system prompt share a key (KubeAI's key would tell them apart by the user message). A
-// prompt shorter than one chunk has no key and goes to the least loaded candidate.
+// The key is KubeAI's: the model (KubeAI's adapter) and the first PrefixChars (100)
+// characters of the first user message (chat; for completions, of the prompt), hashed with
+// xxhash, read from the request body (key.Key.Body). A body without a user message of text
+// is keyed on its first chunk instead (Chunks[0]: the first key.DefaultChunkTokens/4
+// approximate tokens of the rendered prompt); a request with neither goes to the least loaded
+// candidate.
 //
 // The ring is prefixlb's hashring (160 points per backend where KubeAI uses 256, xxhash
 // both). Load is this proxy's in-flight count per backend, as KubeAI counts in-flight
@@ -41,9 +51,10 @@ type CHWBLOptions struct {
 // load + 1 ≤ LoadFactor × (total + 1) / n, with every load accepted while total is 0. If none
 // qualifies, the least loaded candidate. It keeps no prefix index and learns nothing.
 type CHWBL struct {
-	loadFactor float64
-	ring       atomic.Pointer[placement]
-	rot        rotor
+	loadFactor  float64
+	prefixChars int
+	ring        atomic.Pointer[placement]
+	rot         rotor
 }
 
 // placement is an immutable ring over the configured backends.
@@ -57,7 +68,10 @@ func NewCHWBL(o CHWBLOptions) *CHWBL {
 	if o.LoadFactor <= 0 {
 		o.LoadFactor = DefaultCHWBLLoadFactor
 	}
-	return &CHWBL{loadFactor: o.LoadFactor}
+	if o.PrefixChars <= 0 {
+		o.PrefixChars = DefaultCHWBLPrefixChars
+	}
+	return &CHWBL{loadFactor: o.LoadFactor, prefixChars: o.PrefixChars}
 }
 
 // SetBackends rebuilds the ring over every configured backend.
@@ -71,7 +85,7 @@ func (p *CHWBL) SetBackends(all []*backend.Backend) {
 	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
 }
 
-// Pick places k by its first chunk on the ring within the load bound (router.ReasonCold when
+// Pick places k by its key (see CHWBL) on the ring within the load bound (router.ReasonCold when
 // the key's owner took it, router.ReasonOverload when the walk passed it), or the least
 // loaded candidate (router.ReasonLeastLoad) without a key, a ring or a candidate under it.
 func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
@@ -84,7 +98,11 @@ func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		return router.Decision{Backend: cs[j], Reason: router.ReasonLeastLoad}
 	}
 	pl := p.ring.Load()
-	if k == nil || len(k.Chunks) == 0 || pl == nil {
+	if k == nil || pl == nil {
+		return least()
+	}
+	h, ok := firstUserHash(k, p.prefixChars)
+	if !ok {
 		return least()
 	}
 	var total int64
@@ -94,8 +112,8 @@ func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		byID[b.ID] = j
 	}
 	bound := p.loadFactor * float64(total+1) / float64(n)
-	owner := pl.ring.Lookup(k.Chunks[0], nil)
-	m := pl.ring.Lookup(k.Chunks[0], func(m int) bool {
+	owner := pl.ring.Lookup(h, nil)
+	m := pl.ring.Lookup(h, func(m int) bool {
 		j, ok := byID[pl.ids[m]]
 		return ok && (total == 0 || float64(cs[j].InFlight()+1) <= bound+boundSlack)
 	})
@@ -107,6 +125,58 @@ func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		r = router.ReasonOverload
 	}
 	return router.Decision{Backend: cs[byID[pl.ids[m]]], Reason: r}
+}
+
+// firstUserHash is KubeAI's key for k's request: xxhash of the model, a zero byte and the
+// first n characters of the first user message's text (chat) or of the prompt (completions);
+// else the first chunk; ok is false with neither.
+func firstUserHash(k *key.Key, n int) (uint64, bool) {
+	var text string
+	if len(k.Body) > 0 {
+		var pr fastjson.Parser
+		if v, err := pr.ParseBytes(k.Body); err == nil {
+			text = firstUserText(v)
+		}
+	}
+	if text == "" {
+		if len(k.Chunks) == 0 {
+			return 0, false
+		}
+		return k.Chunks[0], true
+	}
+	if r := []rune(text); len(r) > n {
+		text = string(r[:n])
+	}
+	d := xxhash.New()
+	_, _ = d.Write(k.Model)
+	_, _ = d.Write([]byte{0})
+	_, _ = d.WriteString(text)
+	return d.Sum64(), true
+}
+
+// firstUserText is the text of the first user message of a chat body (string content, or its
+// text parts joined), or a completions body's string prompt; "" if none.
+func firstUserText(v *fastjson.Value) string {
+	for _, m := range v.GetArray("messages") {
+		if string(m.GetStringBytes("role")) != "user" {
+			continue
+		}
+		c := m.Get("content")
+		if c == nil {
+			return ""
+		}
+		if c.Type() == fastjson.TypeString {
+			return string(c.GetStringBytes())
+		}
+		var b strings.Builder
+		for _, part := range c.GetArray() {
+			if string(part.GetStringBytes("type")) == "text" {
+				b.Write(part.GetStringBytes("text"))
+			}
+		}
+		return b.String()
+	}
+	return string(v.GetStringBytes("prompt"))
 }
 
 // boundSlack absorbs float rounding in the load bound (loads are whole requests).

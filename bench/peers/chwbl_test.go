@@ -1,6 +1,8 @@
 package peers
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/prefixlb/prefixlb/backend"
@@ -103,5 +105,58 @@ func TestCHWBLSameKeySameBackend(t *testing.T) {
 	}
 	if DefaultCHWBLLoadFactor != 1.25 {
 		t.Fatalf("KubeAI's meanLoadPercentage is 125, got %v", DefaultCHWBLLoadFactor)
+	}
+}
+
+// TestCHWBLKeyIsTheFirstUserMessage: KubeAI's key is the model and the first 100 characters
+// of the first user message, whatever comes before (system prompt, tools) or after it.
+func TestCHWBLKeyIsTheFirstUserMessage(t *testing.T) {
+	long := strings.Repeat("q", DefaultCHWBLPrefixChars)
+	chat := func(model, system, user, rest string) *key.Key {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":%q},{"role":"assistant","content":%q}]}`,
+			model, system, user, rest)
+		k := &key.Key{}
+		key.NewBuilder(0).Build([]byte("/v1/chat/completions"), []byte(body), k)
+		return k
+	}
+	hash := func(k *key.Key) uint64 {
+		h, ok := firstUserHash(k, DefaultCHWBLPrefixChars)
+		if !ok {
+			t.Fatal("no key")
+		}
+		return h
+	}
+	base := hash(chat("m", "shared system prompt", long+" first", "a"))
+	for _, tc := range []struct {
+		name string
+		k    *key.Key
+		same bool
+	}{
+		{"another system prompt and later turns", chat("m", "another system", long+" first", "b"), true},
+		{"a difference after 100 characters", chat("m", "shared system prompt", long+" second", "a"), true},
+		{"another user message", chat("m", "shared system prompt", "z"+long, "a"), false},
+		{"another model", chat("n", "shared system prompt", long+" first", "a"), false},
+		{"text parts", func() *key.Key {
+			k := &key.Key{Model: []byte("m")}
+			k.Body = []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"` + long[:50] + `"},{"type":"text","text":"` + long[50:] + ` first"}]}]}`)
+			return k
+		}(), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := hash(tc.k) == base; got != tc.same {
+				t.Fatalf("same key: %v, want %v", got, tc.same)
+			}
+		})
+	}
+	// Completions: the prompt's start; no text: the first chunk; neither: no key.
+	pk := &key.Key{Body: []byte(`{"prompt":"` + long + `"}`)}
+	if h, ok := firstUserHash(pk, DefaultCHWBLPrefixChars); !ok || h == 0 {
+		t.Fatal("completions prompt: no key")
+	}
+	if h, ok := firstUserHash(&key.Key{Chunks: []uint64{42}}, DefaultCHWBLPrefixChars); !ok || h != 42 {
+		t.Fatalf("no body: key %d %v, want the first chunk 42", h, ok)
+	}
+	if _, ok := firstUserHash(&key.Key{}, DefaultCHWBLPrefixChars); ok {
+		t.Fatal("no body and no chunk: a key")
 	}
 }
