@@ -231,7 +231,7 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	}
 	checkValidity(rep.Modes, reuse)
 	validity := validityLines(rep.Modes, reuse, cachedSource)
-	rep.Notes = append(rep.Notes, validity...)
+	rep.Notes = append(rep.Notes, strings.Join(validity, "\n")) // one block under the table
 
 	if o.Target != "" {
 		rep.Replicas = 0 // unknown behind an external target
