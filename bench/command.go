@@ -54,7 +54,9 @@ which needs "option http-no-delay" for SSE) and its row is named by --label.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Modes = splitList(modes)
 			o.Backends = splitList(backends)
-			finishFlags(cmd.Flags(), &o)
+			if err := finishFlags(cmd.Flags(), &o); err != nil {
+				return err
+			}
 			return execute(cmd, o)
 		},
 	}
@@ -78,7 +80,9 @@ func runCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Modes = []string{mode}
 			o.Backends = splitList(backends)
-			finishFlags(cmd.Flags(), &o)
+			if err := finishFlags(cmd.Flags(), &o); err != nil {
+				return err
+			}
 			return execute(cmd, o)
 		},
 	}
@@ -104,6 +108,8 @@ func addCommon(fs *pflag.FlagSet, o *Options) {
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-mode lines on stderr")
 	fs.BoolVar(&o.DumpRequests, "dump-requests", false, "also write every request's measurements to DIR/requests-<mode>.jsonl")
 	fs.DurationVar(&o.RequestTimeout, "request-timeout", 10*time.Minute, "bound on one request, stream included")
+	fs.String("rates", "", "open-loop load sweep: run every mode at each of these comma-separated rates (shared-prefix: requests/s; oasst, mt-bench: conversations/s; mooncake: multiples of the trace's rate, i.e. --time-scale ÷ rate) or presets light, medium, saturation (0.5×, 1×, 2× the workload's base rate: shared-prefix 20, mooncake 1, oasst/mt-bench 1)")
+	fs.IntVar(&o.RouterReplicas, "router-replicas", o.RouterReplicas, "independent prefixlb replicas (each its own index) per mode in front of the same replicas; requests go round-robin across them (label MODE×N)")
 
 	fs.Uint64Var(&f.Seed, "seed", 1, "workload seed (the same for every mode)")
 	fs.IntVar(&f.Users, "users", 0, fmt.Sprintf("closed-loop users (multi-turn: %d; oasst, mt-bench: 4; shared-prefix: closed loop with this many users when --rate is not given)", DefaultUsers))
@@ -126,7 +132,7 @@ func addCommon(fs *pflag.FlagSet, o *Options) {
 	fs.StringVar(&f.DatasetPath, "dataset", "", "oasst/mt-bench JSONL (default: $PREFIXLB_SHARED or ../shared/datasets/...)")
 }
 
-func finishFlags(fs *pflag.FlagSet, o *Options) {
+func finishFlags(fs *pflag.FlagSet, o *Options) error {
 	o.Flags.thinkSet = fs.Changed("think-min") || fs.Changed("think-max")
 	if o.Flags.thinkSet {
 		if !fs.Changed("think-min") {
@@ -136,6 +142,12 @@ func finishFlags(fs *pflag.FlagSet, o *Options) {
 			o.Flags.ThinkMax = 2 * time.Second
 		}
 	}
+	spec, err := fs.GetString("rates")
+	if err != nil {
+		return err
+	}
+	o.Rates, err = ResolveRates(o.Workload, spec)
+	return err
 }
 
 func execute(cmd *cobra.Command, o Options) error {

@@ -61,6 +61,15 @@ type Options struct {
 	DumpRequests bool
 	// RequestTimeout bounds one request (0: 10 minutes).
 	RequestTimeout time.Duration
+	// Rates sweeps the load of an open-loop workload: every mode runs at every rate, in the
+	// workload's RateUnit (mooncake: multiples of the trace's arrival rate). Nil: one run at
+	// the workload's own rate. ResolveRates turns a --rates value (presets included) into it.
+	Rates []float64
+	// RouterReplicas is how many independent in-process prefixlb replicas (each its own
+	// index) run in the mode under test in front of the same replicas; the load generator
+	// sends each request to the next one in turn (0 or 1: one). The arm's label is then
+	// "MODE×N". Not with Target.
+	RouterReplicas int
 	// Stdout receives the table; Stderr progress and notes. Nil: os.Stdout / os.Stderr.
 	Stdout, Stderr io.Writer
 }
@@ -68,10 +77,12 @@ type Options struct {
 // DefaultOptions are `prefixlb bench compare` with no flags.
 func DefaultOptions() Options {
 	return Options{Workload: "multi-turn", Modes: []string{"round-robin", "least-load", "prefix"},
-		Replicas: 4, Speedup: DefaultSpeedup, IgnoreEOS: true, Out: "bench-out"}
+		Replicas: 4, Speedup: DefaultSpeedup, IgnoreEOS: true, Out: "bench-out", RouterReplicas: 1}
 }
 
-// Compare runs the workload once per mode and writes DIR/report.json and DIR/ttft_cdf.png.
+// Compare runs the workload once per mode (and per rate of Rates) and writes DIR/report.json
+// and DIR/ttft_cdf.png. Each arm is checked for validity (bench/validity.go): failing arms are
+// flagged in report.Mode.Flags and marked "!" in the table.
 func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
@@ -91,6 +102,16 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	}
 	if o.KVTokens < 0 {
 		return nil, fmt.Errorf("--kv-tokens must be >= 0 (got %d)", o.KVTokens)
+	}
+	if o.RouterReplicas < 0 {
+		return nil, fmt.Errorf("--router-replicas must be >= 1 (got %d)", o.RouterReplicas)
+	}
+	o.RouterReplicas = max(o.RouterReplicas, 1)
+	if o.Target != "" && o.RouterReplicas > 1 {
+		return nil, errors.New("--router-replicas starts prefixlb replicas; with --target none is started")
+	}
+	if err := checkRates(o); err != nil {
+		return nil, err
 	}
 	if external {
 		o.Speedup = 1
@@ -127,10 +148,18 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if external {
 		maxModelLen = 0
 	}
-	w, err := BuildWorkload(o.Workload, o.Flags, replicas, kvTokens, maxModelLen)
-	if err != nil {
-		return nil, err
+	rates := o.Rates
+	if len(rates) == 0 {
+		rates = []float64{0} // the workload's own rate
 	}
+	ws := make([]*workload.Workload, len(rates)) // all built first: a bad flag fails before any run
+	for i, rate := range rates {
+		var err error
+		if ws[i], err = BuildWorkload(o.Workload, flagsAtRate(o.Workload, o.Flags, rate), replicas, kvTokens, maxModelLen); err != nil {
+			return nil, err
+		}
+	}
+	w := ws[0]
 	base, err := baseProxyConfig(o.ProxyConfig)
 	if err != nil {
 		return nil, err
@@ -138,6 +167,20 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 
 	rep := &report.Report{Workload: w.Name, Params: w.Params, Replicas: replicas, Speedup: o.Speedup,
 		Target: o.Target, Started: time.Now().UTC(), Oracle: w.Oracle}
+	if len(o.Rates) > 0 {
+		delete(rep.Params, "rate")
+		if o.Workload == "mooncake" {
+			rep.Params["time_scale"] = or(o.Flags.TimeScale, 1)
+		}
+		rep.Params["rates"], rep.Params["rate_unit"] = o.Rates, RateUnit(o.Workload)
+	}
+	reuse, cachedSource := hasReuse(w), "the sims' prefix-cache hit counters"
+	if external {
+		cachedSource = "the usage chunks' cached_tokens: the external replicas' own counters are not read"
+	}
+	if o.RouterReplicas > 1 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("Each prefixlb arm ran %d independent in-process prefixlb replicas, each with its own index, in front of the same replicas; the load generator sent each request to the next one in turn (round-robin per request, as a Kubernetes Service in front of a Deployment).", o.RouterReplicas))
+	}
 	if o.Speedup != 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))
 	}
@@ -164,32 +207,45 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 					return nil, fmt.Errorf("--modes: %q given twice", m)
 				}
 			}
-			runs = append(runs, run{label: m, mode: m})
+			label := m
+			if o.RouterReplicas > 1 {
+				label = fmt.Sprintf("%s×%d", m, o.RouterReplicas)
+			}
+			runs = append(runs, run{label: label, mode: m})
 		}
 		if len(runs) == 0 {
 			return nil, errors.New("--modes: none given")
 		}
 	}
 
-	for _, r := range runs {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		m, err := runOne(ctx, o, w, r.mode, r.label, simCfg, base)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", r.label, err)
-		}
-		rep.Modes = append(rep.Modes, m)
-		if !o.Quiet {
-			fmt.Fprintf(o.Stderr, "%s: %d requests, %d errors in %.1f s\n", r.label, m.Requests, m.Errors, m.DurationS)
+	for i, rate := range rates {
+		for _, r := range runs {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			m, err := runOne(ctx, o, ws[i], r.mode, r.label, simCfg, base, rate)
+			if err != nil {
+				return nil, fmt.Errorf("%s%s: %w", r.label, rateSuffix(rate), err)
+			}
+			rep.Modes = append(rep.Modes, m)
+			if !o.Quiet {
+				fmt.Fprintf(o.Stderr, "%s%s: %d requests, %d errors in %.1f s\n", r.label, rateSuffix(rate), m.Requests, m.Errors, m.DurationS)
+			}
 		}
 	}
+	checkValidity(rep.Modes, reuse)
+	validity := validityLines(rep.Modes, reuse, cachedSource)
+	rep.Notes = append(rep.Notes, strings.Join(validity, "\n")) // one block under the table
 
 	if o.Target != "" {
 		rep.Replicas = 0 // unknown behind an external target
 		fmt.Fprintf(o.Stdout, "\nWorkload %s sent to %s, %d requests.\n\n%s", w.Name, o.Target, w.Requests(), report.Table(rep.Modes))
 	} else {
-		fmt.Fprintf(o.Stdout, "\nWorkload %s, %d replicas, %d requests per mode.\n\n%s", w.Name, replicas, w.Requests(), report.Table(rep.Modes))
+		at := ""
+		if len(o.Rates) > 0 {
+			at = fmt.Sprintf(" at each rate (%s)", RateUnit(o.Workload))
+		}
+		fmt.Fprintf(o.Stdout, "\nWorkload %s, %d replicas, %d requests per mode%s.\n\n%s", w.Name, replicas, w.Requests(), at, report.Table(rep.Modes))
 	}
 	if line := report.OracleLine(w.Oracle); line != "" {
 		fmt.Fprintf(o.Stdout, "\n%s\n", line)
@@ -202,7 +258,11 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		if err := rep.WriteJSON(jp); err != nil {
 			return rep, err
 		}
-		if err := report.PlotTTFTCDF(pp, fmt.Sprintf("TTFT CDF, %s", w.Name), rep.Modes); err != nil {
+		curves := slices.Clone(rep.Modes)
+		for i := range curves {
+			curves[i].Mode += rateSuffix(curves[i].Rate)
+		}
+		if err := report.PlotTTFTCDF(pp, fmt.Sprintf("TTFT CDF, %s", w.Name), curves); err != nil {
 			return rep, err
 		}
 		fmt.Fprintf(o.Stdout, "\nWrote %s and %s.\n", jp, pp)
@@ -230,10 +290,11 @@ func firstReasons(rs map[string]int) string {
 
 // runOne starts what the run needs (fresh sims and a prefixlb in mode, or nothing for an
 // external target), sends the workload, and shuts everything down.
-func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label string, simCfg sim.Config, base *configs.Config) (report.Mode, error) {
+func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label string, simCfg sim.Config, base *configs.Config, rate float64) (report.Mode, error) {
 	target := o.Target
 	backends := o.Backends
 	var cluster *sim.Cluster
+	routers := []string{target} // the URLs requests go to, round-robin per request
 	if target == "" {
 		if len(backends) == 0 {
 			var err error
@@ -244,12 +305,16 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			defer cluster.Close()
 			backends = cluster.URLs()
 		}
-		url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster)
-		if err != nil {
-			return report.Mode{}, err
+		routers = routers[:0]
+		for range max(o.RouterReplicas, 1) { // each replica its own prefixlb with its own index
+			url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster)
+			if err != nil {
+				return report.Mode{}, err
+			}
+			defer stop()
+			routers = append(routers, url)
 		}
-		defer stop()
-		target = url
+		target = routers[0]
 	}
 	model := o.Model
 	if model == "" {
@@ -264,8 +329,11 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 		conc = 256
 	}
 	client := &loadgen.Client{Base: target, Model: model, IgnoreEOS: o.IgnoreEOS, HTTP: loadgen.NewHTTPClient(conc)}
+	if len(routers) > 1 {
+		client.Bases = routers
+	}
 	defer client.HTTP.CloseIdleConnections()
-	bar, visible := newBar(o, label, w.Requests())
+	bar, visible := newBar(o, label+rateSuffix(rate), w.Requests())
 	out, err := loadgen.Run(ctx, w, loadgen.Options{Client: client, Speedup: o.Speedup,
 		RequestTimeout: o.RequestTimeout, OnResult: func(loadgen.Result) { _ = bar.Add(1) }})
 	if visible {
@@ -280,11 +348,40 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 		names = backends
 	}
 	if o.DumpRequests && o.Out != "" {
-		if err := report.WriteRequests(filepath.Join(o.Out, "requests-"+safeName(label)+".jsonl"), out); err != nil {
+		name := label
+		if rate != 0 {
+			name += fmt.Sprintf("-rate-%g", rate)
+		}
+		if err := report.WriteRequests(filepath.Join(o.Out, "requests-"+safeName(name)+".jsonl"), out); err != nil {
 			return report.Mode{}, err
 		}
 	}
-	return report.Summarize(label, out, names), nil
+	m := report.Summarize(label, out, names)
+	m.Rate = rate
+	m.RequestsDigest = RequestsDigest(out)
+	if cluster != nil {
+		for _, r := range cluster.Replicas() {
+			m.ReplicaCachedTokens += int64(r.Stats().PrefixHits)
+		}
+	} else {
+		m.ReplicaCachedTokens = m.CachedTokens // external replicas: what their usage chunks said
+	}
+	if len(routers) > 1 {
+		m.RouterRequests = routerRequests(out, len(routers))
+	}
+	return m, nil
+}
+
+// routerRequests counts, per router, the requests it answered with an x-prefixlb-backend
+// header (a prefixlb routed them), from the loadgen's record of where each request went.
+func routerRequests(out *loadgen.Outcome, routers int) []int {
+	n := make([]int, routers)
+	for _, r := range out.Results {
+		if r.Backend != "" && r.Router >= 0 && r.Router < routers {
+			n[r.Router]++
+		}
+	}
+	return n
 }
 
 // startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port; mode is one of

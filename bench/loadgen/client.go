@@ -15,8 +15,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
@@ -58,6 +61,11 @@ type Result struct {
 	Err string
 	// Reply is the assistant text received (carried into the next turn).
 	Reply string
+	// BodyHash is the xxhash64 of the exact request body bytes sent (0 if encoding failed):
+	// arms of a comparison that got the same requests have the same hashes.
+	BodyHash uint64
+	// Router is the index in Client.Bases of the target the request went to (0 with Base).
+	Router int
 }
 
 // OK reports whether the request succeeded.
@@ -66,12 +74,27 @@ func (r *Result) OK() bool { return r.Err == "" }
 // Client sends streamed chat/completions requests.
 type Client struct {
 	// Base is the target's base URL, e.g. http://127.0.0.1:8080 (no /v1).
-	Base      string
+	Base string
+	// Bases, when not empty, replaces Base with several targets (e.g. several prefixlb
+	// replicas): each request goes to the next one in turn, round-robin per request, as a
+	// Kubernetes Service spreads requests over a Deployment's pods.
+	Bases     []string
 	Model     string
 	IgnoreEOS bool
 	HTTP      *http.Client
 	// MaxReplyBytes caps how much reply text is kept for the next turn (0: unlimited).
 	MaxReplyBytes int
+
+	next atomic.Uint64 // requests sent, for the round-robin over Bases
+}
+
+// pick returns the base URL for the next request and its index in Bases.
+func (c *Client) pick() (string, int) {
+	if len(c.Bases) == 0 {
+		return c.Base, 0
+	}
+	i := int((c.next.Add(1) - 1) % uint64(len(c.Bases)))
+	return c.Bases[i], i
 }
 
 // NewHTTPClient returns an HTTP/1.1 client for concurrency parallel streams: keep-alive pool of
@@ -148,7 +171,10 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 		res.Err = "encode: " + err.Error()
 		return res
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.Base, "/")+path, bytes.NewReader(buf))
+	res.BodyHash = xxhash.Sum64(buf)
+	base, router := c.pick()
+	res.Router = router
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+path, bytes.NewReader(buf))
 	if err != nil {
 		res.Err = "request: " + err.Error()
 		return res

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
@@ -21,6 +24,7 @@ import (
 type fakeServer struct {
 	mu       sync.Mutex
 	bodies   []map[string]any
+	raw      [][]byte       // the exact body bytes received, in arrival order
 	inFlight map[string]int // conversation marker → in-flight count
 	overlap  atomic.Bool
 	n        atomic.Int64
@@ -28,13 +32,19 @@ type fakeServer struct {
 }
 
 func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
 	var body map[string]any
-	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+	if err := json.Unmarshal(raw, &body); err != nil {
 		http.Error(w, err.Error(), 400)
 		return
 	}
 	f.mu.Lock()
 	f.bodies = append(f.bodies, body)
+	f.raw = append(f.raw, raw)
 	mark := firstUser(body)
 	if f.inFlight == nil {
 		f.inFlight = map[string]int{}
@@ -272,6 +282,73 @@ func TestOpenLoop(t *testing.T) {
 		ms := b["messages"].([]any)
 		if len(ms) != 2 || ms[0].(map[string]any)["role"] != "system" {
 			t.Fatalf("messages %v", ms)
+		}
+	}
+}
+
+// TestOpenLoopRecordsSchedule: the outcome's schedule is every conversation in start order
+// with its arrival offset scaled by Speedup, exactly as the workload set it.
+func TestOpenLoopRecordsSchedule(t *testing.T) {
+	srv := httptest.NewServer(&fakeServer{})
+	defer srv.Close()
+	w, err := workload.SharedPrefix(workload.SharedPrefixParams{Groups: 2, PromptsPerGroup: 3, SystemTokens: 10,
+		QuestionTokens: 3, OutputTokens: 2, Rate: 1000, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const speedup = 4
+	out, err := Run(context.Background(), w, Options{Client: newTestClient(srv.URL), Speedup: speedup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Schedule) != len(w.Conversations) {
+		t.Fatalf("%d arrivals, want %d", len(out.Schedule), len(w.Conversations))
+	}
+	for i, a := range out.Schedule {
+		c := w.Conversations[i]
+		if want := time.Duration(float64(c.At) / speedup); a.Conversation != c.ID || a.At != want {
+			t.Fatalf("arrival %d = %+v, want conversation %d at %v", i, a, c.ID, want)
+		}
+	}
+	closed, err := Run(context.Background(), multiTurn(t), Options{Client: newTestClient(srv.URL), Speedup: 100})
+	if err != nil || len(closed.Schedule) != 0 {
+		t.Fatalf("closed loop: err %v, schedule %v (want none)", err, closed.Schedule)
+	}
+}
+
+// TestBasesRoundRobinAndBodyHash: with several bases each request goes to the next one in
+// turn, Result.Router names it, and Result.BodyHash is the xxhash of the bytes the server got.
+func TestBasesRoundRobinAndBodyHash(t *testing.T) {
+	const targets, requests = 3, 9
+	var fs []*fakeServer
+	var bases []string
+	for range targets {
+		f := &fakeServer{}
+		srv := httptest.NewServer(f)
+		defer srv.Close()
+		fs, bases = append(fs, f), append(bases, srv.URL)
+	}
+	c := &Client{Bases: bases, Model: "m", IgnoreEOS: true, HTTP: NewHTTPClient(4)}
+	for i := range requests {
+		res := c.Do(context.Background(), Request{API: workload.Chat, MaxTokens: 1,
+			Messages: []workload.Message{{Role: "user", Content: fmt.Sprintf("q%d", i)}}}, time.Now())
+		if !res.OK() {
+			t.Fatalf("request %d: %q", i, res.Err)
+		}
+		if want := i % targets; res.Router != want {
+			t.Fatalf("request %d went to router %d, want %d", i, res.Router, want)
+		}
+		f := fs[res.Router]
+		f.mu.Lock()
+		got := f.raw[len(f.raw)-1]
+		f.mu.Unlock()
+		if !strings.Contains(string(got), fmt.Sprintf(`"q%d"`, i)) || res.BodyHash != xxhash.Sum64(got) {
+			t.Fatalf("request %d: hash %x, server got %x of %s", i, res.BodyHash, xxhash.Sum64(got), got)
+		}
+	}
+	for i, f := range fs {
+		if n := f.n.Load(); n != requests/targets {
+			t.Fatalf("target %d got %d requests, want %d", i, n, requests/targets)
 		}
 	}
 }

@@ -25,9 +25,18 @@ type Options struct {
 // Outcome is everything measured in one run.
 type Outcome struct {
 	Results []Result
+	// Schedule is the open-loop arrival schedule as sent: each conversation in the order it
+	// was started, with its arrival offset from Start (scaled by Speedup). Empty in closed loop.
+	Schedule []Arrival
 	// Start is when the run began (the origin of open-loop arrival offsets); End is when the
 	// last request finished.
 	Start, End time.Time
+}
+
+// Arrival is one open-loop conversation start: its ID and due offset from Outcome.Start.
+type Arrival struct {
+	Conversation int
+	At           time.Duration
 }
 
 // Duration is the run's wall time.
@@ -180,10 +189,12 @@ func (r *runner) closed(ctx context.Context) {
 func (r *runner) open(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, c := range r.w.Conversations {
-		due := r.out.Start.Add(r.scaled(c.At))
+		at := r.scaled(c.At)
+		due := r.out.Start.Add(at)
 		if !sleep(ctx, time.Until(due)) {
 			break
 		}
+		r.out.Schedule = append(r.out.Schedule, Arrival{Conversation: c.ID, At: at})
 		wg.Add(1)
 		go func(s *convState, due time.Time) {
 			defer wg.Done()

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -95,6 +96,26 @@ type Mode struct {
 	TTFTLaterTurns *Latency `json:"ttft_later_turns,omitempty"`
 	// TTFTMs are the successful requests' TTFTs, sorted, for the CDF plot.
 	TTFTMs []float64 `json:"-"`
+
+	// Rate is the arm's open-loop arrival rate when the comparison swept rates (--rates):
+	// requests/s (shared-prefix), conversations/s (oasst, mt-bench), or a multiple of the
+	// trace's own arrival rate (mooncake). 0: one run at the workload's own rate.
+	Rate float64 `json:"rate,omitempty"`
+	// RouterRequests counts, per router of the arm (in-process prefixlb replica, in start
+	// order), the requests that router answered with an x-prefixlb-backend header; set when
+	// the arm had more than one router.
+	RouterRequests []int `json:"router_requests,omitempty"`
+	// Validity checks (bench/validity.go). RequestsDigest is the xxhash digest of the
+	// request bodies sent, per (conversation, turn), and of the open-loop arrival schedule;
+	// arms that got the same requests have the same digest.
+	RequestsDigest string `json:"requests_digest,omitempty"`
+	// ReplicaCachedTokens is the prompt tokens the replicas found in their KV caches during
+	// the arm: the sims' own prefix-cache hit counters (vllm:prefix_cache_hits), or with
+	// external replicas the sum of the usage chunks' cached_tokens.
+	ReplicaCachedTokens int64 `json:"replica_cached_tokens"`
+	// Flags are the validity checks this arm failed (errors, different requests, no cache
+	// hits where the workload reuses prefixes): its numbers are not comparable as they are.
+	Flags []string `json:"flags,omitempty"`
 }
 
 // Summarize computes a Mode from an outcome. backends lists the backends the proxy had, so a
@@ -201,22 +222,36 @@ func (r *Report) WriteJSON(path string) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// Table renders the side-by-side Markdown table, one row per mode.
+// Table renders the side-by-side Markdown table, one row per mode. A mode that failed a
+// validity check (Flags) is marked "!" after its name; a rate column appears when any mode
+// has a Rate.
 func Table(modes []Mode) string {
+	rates := slices.ContainsFunc(modes, func(m Mode) bool { return m.Rate != 0 })
+	rateHead, rateAlign := "", ""
+	if rates {
+		rateHead, rateAlign = " rate |", "---:|"
+	}
 	var sb strings.Builder
-	sb.WriteString("| mode | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |\n")
-	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("| mode |" + rateHead + " requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |\n")
+	sb.WriteString("|---|" + rateAlign + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range modes {
+		name := m.Mode
+		if len(m.Flags) > 0 {
+			name += " !"
+		}
+		if rates {
+			name += fmt.Sprintf(" | %g", m.Rate)
+		}
 		share := "-"
 		if len(m.BackendShare) > 0 {
 			share = fmt.Sprintf("%.2f", m.MaxShareOverMean)
 		}
 		if m.Requests == m.Errors { // nothing succeeded: no latency to show
-			fmt.Fprintf(&sb, "| %s | %d | %d | - | - | - | - | - | - | - | - | %s |\n", m.Mode, m.Requests, m.Errors, share)
+			fmt.Fprintf(&sb, "| %s | %d | %d | - | - | - | - | - | - | - | - | %s |\n", name, m.Requests, m.Errors, share)
 			continue
 		}
 		fmt.Fprintf(&sb, "| %s | %d | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.3f | %s |\n",
-			m.Mode, m.Requests, m.Errors, fms(m.TTFT.P50), fms(m.TTFT.P95), fms(m.TTFT.P99),
+			name, m.Requests, m.Errors, fms(m.TTFT.P50), fms(m.TTFT.P95), fms(m.TTFT.P99),
 			fms(m.ITL.P50), fms(m.E2E.P95), m.RPS, m.OutputTPS, m.CachedTokenRatio, share)
 	}
 	return sb.String()

@@ -91,6 +91,32 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
+// TestTableRatesAndFlags: a rate column appears only when a mode has a Rate, every row keeps
+// the header's cell count, and a flagged mode is marked "!".
+func TestTableRatesAndFlags(t *testing.T) {
+	plain := Summarize("prefix", outcome(), nil)
+	if tab := Table([]Mode{plain}); strings.Contains(tab, "| rate |") || strings.Contains(tab, "!") {
+		t.Fatalf("no rates, no flags, yet:\n%s", tab)
+	}
+	slow, fast := plain, plain
+	slow.Rate, fast.Rate = 2.5, 10
+	fast.Mode, fast.Flags = "prefix×3", []string{"2 of 4 requests failed"}
+	lines := strings.Split(strings.TrimSpace(Table([]Mode{slow, fast})), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "| mode | rate | requests |") {
+		t.Fatalf("table:\n%s", strings.Join(lines, "\n"))
+	}
+	for i, want := range []string{"| prefix | 2.5 | ", "| prefix×3 ! | 10 | "} {
+		if !strings.HasPrefix(lines[i+2], want) {
+			t.Fatalf("row %d %q, want prefix %q", i, lines[i+2], want)
+		}
+	}
+	for _, l := range lines[1:] {
+		if strings.Count(l, "|") != strings.Count(lines[0], "|") {
+			t.Fatalf("row %q has a different cell count from the header %q", l, lines[0])
+		}
+	}
+}
+
 func TestTableAndJSON(t *testing.T) {
 	modes := []Mode{Summarize("round-robin", outcome(), nil), Summarize("least-load", outcome(), nil),
 		Summarize("prefix", outcome(), nil)}

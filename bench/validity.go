@@ -1,0 +1,143 @@
+package bench
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/prefixlb/prefixlb/bench/loadgen"
+	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// Validity checks (issue 14 item 7). Published router benchmarks have been invalid for want
+// of them (Dynamo #11473 ran its KV arm without KV events; llm-d-inference-sim #259 hashed
+// the whole prompt), so every arm of a comparison is checked and a failing arm is flagged in
+// report.Mode.Flags and marked "!" in the table, never silently averaged in:
+//
+//   - same requests: the arm's RequestsDigest equals the first arm's at the same rate;
+//   - cache hits: where the workload reuses prefixes, the replicas reported cached tokens;
+//   - no errors: every request of the arm succeeded.
+
+// RequestsDigest is the digest of what one arm was sent: the xxhash64 of every request's
+// (conversation, turn, xxhash of the exact body bytes), in (conversation, turn) order, then of
+// the open-loop arrival schedule (each conversation in start order with its due offset in ns).
+// "Same order" is thus each conversation's turn order plus the arrival schedule: in a closed
+// loop which conversation a free user takes next depends on reply timing, so the order of
+// conversations across the run legitimately differs between arms, while each conversation's
+// turns are sent in order and each body carries the replies actually received. Replies from
+// the sims are deterministic, so arms on sims match; replies sampled by external replicas
+// differ between arms, and then so do later turns' bodies and the digest. Returned as 16 hex
+// digits.
+func RequestsDigest(out *loadgen.Outcome) string {
+	type sent struct {
+		conv, turn int
+		hash       uint64
+	}
+	reqs := make([]sent, 0, len(out.Results))
+	for _, r := range out.Results {
+		reqs = append(reqs, sent{r.Conversation, r.Turn, r.BodyHash})
+	}
+	slices.SortFunc(reqs, func(a, b sent) int {
+		return cmp.Or(cmp.Compare(a.conv, b.conv), cmp.Compare(a.turn, b.turn))
+	})
+	d := xxhash.New()
+	var b [8]byte
+	put := func(v uint64) {
+		binary.LittleEndian.PutUint64(b[:], v)
+		_, _ = d.Write(b[:])
+	}
+	put(uint64(len(reqs))) // length prefixes keep the two parts apart
+	for _, r := range reqs {
+		put(uint64(r.conv))
+		put(uint64(r.turn))
+		put(r.hash)
+	}
+	put(uint64(len(out.Schedule)))
+	for _, a := range out.Schedule {
+		put(uint64(a.Conversation))
+		put(uint64(a.At))
+	}
+	return fmt.Sprintf("%016x", d.Sum64())
+}
+
+// hasReuse reports whether a workload's requests share prefixes that a replica's KV cache
+// can hold: a conversation of two or more turns (each turn resends the history), a system
+// prompt shared by two conversations, or a trace whose infinite-cache oracle ratio is above 0
+// (mooncake's hash_ids). A workload with none of these (e.g. shared-prefix with
+// --system-tokens 0) is not checked for cache hits.
+func hasReuse(w *workload.Workload) bool {
+	if w.Oracle != nil && w.Oracle.InfiniteRatio > 0 {
+		return true
+	}
+	systems := map[string]bool{}
+	for _, c := range w.Conversations {
+		if len(c.Turns) > 1 {
+			return true
+		}
+		if c.System != "" {
+			if systems[c.System] {
+				return true
+			}
+			systems[c.System] = true
+		}
+	}
+	return false
+}
+
+// checkValidity appends to each mode's Flags the checks it fails. Modes are compared for
+// RequestsDigest with the first mode of the same Rate (arms at different rates have different
+// schedules). reuse says whether the workload reuses prefixes (hasReuse), so that an arm whose
+// replicas reported no cached tokens is flagged.
+func checkValidity(modes []report.Mode, reuse bool) {
+	first := map[float64]int{} // rate → index of its first mode
+	for i := range modes {
+		m := &modes[i]
+		if m.Errors > 0 {
+			m.Flags = append(m.Flags, fmt.Sprintf("errors: %d of %d requests failed", m.Errors, m.Requests))
+		}
+		if j, ok := first[m.Rate]; !ok {
+			first[m.Rate] = i
+		} else if ref := modes[j]; m.RequestsDigest != ref.RequestsDigest {
+			m.Flags = append(m.Flags, fmt.Sprintf("requests differ from %s's (digest %s, not %s)", ref.Mode, m.RequestsDigest, ref.RequestsDigest))
+		}
+		if reuse && m.Requests > m.Errors && m.ReplicaCachedTokens == 0 {
+			m.Flags = append(m.Flags, "no cache hits: the replicas reported 0 cached tokens on a workload that reuses prefixes")
+		}
+	}
+}
+
+// validityLines describes the checks under the table: one line per flagged arm, or one line
+// saying every arm passed. cachedSource names where ReplicaCachedTokens came from.
+func validityLines(modes []report.Mode, reuse bool, cachedSource string) []string {
+	var out []string
+	for _, m := range modes {
+		if len(m.Flags) > 0 {
+			out = append(out, fmt.Sprintf("Flagged %s%s: %s.", m.Mode, rateSuffix(m.Rate), strings.Join(m.Flags, "; ")))
+		}
+	}
+	if len(out) > 0 {
+		return append([]string{"Validity: arms marked ! failed a check; their numbers are not comparable as they are."}, out...)
+	}
+	hits := "the workload has no prefix reuse, so cache hits were not checked"
+	if reuse {
+		hits = "every arm's replicas reported cache hits (" + cachedSource + ")"
+	}
+	atRate := ""
+	if slices.ContainsFunc(modes, func(m report.Mode) bool { return m.Rate != 0 }) {
+		atRate = " at its rate"
+	}
+	return []string{fmt.Sprintf("Validity: every arm got the same requests as the first arm%s (request digest), no request failed, and %s.", atRate, hits)}
+}
+
+// rateSuffix is " @ RATE" for a swept rate, "" otherwise.
+func rateSuffix(rate float64) string {
+	if rate == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" @ %g", rate)
+}

@@ -1,0 +1,121 @@
+package bench
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/bench/loadgen"
+	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// TestRequestsDigest: the digest ignores completion order but sees every body, turn number
+// and arrival of the schedule.
+func TestRequestsDigest(t *testing.T) {
+	res := func(conv, turn int, hash uint64) loadgen.Result {
+		return loadgen.Result{Conversation: conv, Turn: turn, BodyHash: hash}
+	}
+	base := &loadgen.Outcome{Results: []loadgen.Result{res(0, 0, 10), res(1, 0, 20), res(0, 1, 11)},
+		Schedule: []loadgen.Arrival{{Conversation: 0, At: 0}, {Conversation: 1, At: time.Second}}}
+	want := RequestsDigest(base)
+	if len(want) != 16 {
+		t.Fatalf("digest %q, want 16 hex digits", want)
+	}
+	for _, c := range []struct {
+		name string
+		out  loadgen.Outcome
+		same bool
+	}{
+		{"other completion order", loadgen.Outcome{Results: []loadgen.Result{res(0, 1, 11), res(0, 0, 10), res(1, 0, 20)}, Schedule: base.Schedule}, true},
+		{"one body differs", loadgen.Outcome{Results: []loadgen.Result{res(0, 0, 10), res(1, 0, 21), res(0, 1, 11)}, Schedule: base.Schedule}, false},
+		{"turns swapped", loadgen.Outcome{Results: []loadgen.Result{res(0, 1, 10), res(1, 0, 20), res(0, 0, 11)}, Schedule: base.Schedule}, false},
+		{"a request missing", loadgen.Outcome{Results: []loadgen.Result{res(0, 0, 10), res(1, 0, 20)}, Schedule: base.Schedule}, false},
+		{"arrival later", loadgen.Outcome{Results: base.Results, Schedule: []loadgen.Arrival{{Conversation: 0, At: 0}, {Conversation: 1, At: 2 * time.Second}}}, false},
+		{"arrivals in another order", loadgen.Outcome{Results: base.Results, Schedule: []loadgen.Arrival{{Conversation: 1, At: time.Second}, {Conversation: 0, At: 0}}}, false},
+		{"no schedule (closed loop)", loadgen.Outcome{Results: base.Results}, false},
+	} {
+		if got := RequestsDigest(&c.out); (got == want) != c.same {
+			t.Errorf("%s: digest %s vs %s, want same=%v", c.name, got, want, c.same)
+		}
+	}
+}
+
+// TestCheckValidity: one scenario per check, on hand-made modes.
+func TestCheckValidity(t *testing.T) {
+	ok := func(name string, rate float64, digest string) report.Mode {
+		return report.Mode{Mode: name, Rate: rate, Requests: 10, RequestsDigest: digest, ReplicaCachedTokens: 500}
+	}
+	for _, c := range []struct {
+		name  string
+		modes []report.Mode
+		reuse bool
+		want  [][]string // per mode, substrings its flags must contain in order (nil: no flag)
+	}{
+		{"all valid", []report.Mode{ok("round-robin", 0, "aa"), ok("prefix", 0, "aa")}, true, [][]string{nil, nil}},
+		{"errors flagged", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode { m := ok("prefix", 0, "aa"); m.Errors = 3; return m }()},
+			true, [][]string{nil, {"errors: 3 of 10"}}},
+		{"digest differs from the first arm", []report.Mode{ok("round-robin", 0, "aa"), ok("prefix", 0, "bb"), ok("least-load", 0, "aa")},
+			true, [][]string{nil, {"requests differ from round-robin's"}, nil}},
+		{"each rate compared with its own first arm", []report.Mode{ok("round-robin", 5, "aa"), ok("prefix", 5, "aa"), ok("round-robin", 10, "cc"), ok("prefix", 10, "dd")},
+			true, [][]string{nil, nil, nil, {"requests differ from round-robin's (digest dd, not cc)"}}},
+		{"no cache hits on a workload with reuse", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode { m := ok("prefix", 0, "aa"); m.ReplicaCachedTokens = 0; return m }()},
+			true, [][]string{nil, {"no cache hits"}}},
+		{"no cache hits without reuse is fine", []report.Mode{func() report.Mode { m := ok("prefix", 0, "aa"); m.ReplicaCachedTokens = 0; return m }()},
+			false, [][]string{nil}},
+		{"every request failed: errors, not also no cache hits", []report.Mode{func() report.Mode {
+			m := ok("prefix", 0, "aa")
+			m.Errors, m.ReplicaCachedTokens = 10, 0
+			return m
+		}()}, true, [][]string{{"errors: 10 of 10"}}},
+		{"several flags on one arm", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode {
+			m := ok("prefix×3", 0, "bb")
+			m.Errors, m.ReplicaCachedTokens = 1, 0
+			return m
+		}()}, true, [][]string{nil, {"errors: 1 of 10", "requests differ", "no cache hits"}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			modes := slices.Clone(c.modes)
+			checkValidity(modes, c.reuse)
+			for i, m := range modes {
+				if len(m.Flags) != len(c.want[i]) {
+					t.Fatalf("%s: flags %q, want %d matching %q", m.Mode, m.Flags, len(c.want[i]), c.want[i])
+				}
+				for j, sub := range c.want[i] {
+					if !strings.Contains(m.Flags[j], sub) {
+						t.Fatalf("%s: flag %d %q lacks %q", m.Mode, j, m.Flags[j], sub)
+					}
+				}
+			}
+			lines := validityLines(modes, c.reuse, "src")
+			flagged := slices.ContainsFunc(modes, func(m report.Mode) bool { return len(m.Flags) > 0 })
+			if strings.HasPrefix(lines[0], "Validity: every arm") == flagged {
+				t.Fatalf("flagged %v, lines %q", flagged, lines)
+			}
+		})
+	}
+}
+
+// TestHasReuse: multi-turn conversations and shared system prompts reuse prefixes; distinct
+// single-turn prompts do not.
+func TestHasReuse(t *testing.T) {
+	one := func(sys string) *workload.Conversation {
+		return &workload.Conversation{System: sys, Turns: []workload.Turn{{User: "q"}}}
+	}
+	for _, c := range []struct {
+		name string
+		w    workload.Workload
+		want bool
+	}{
+		{"distinct single turns", workload.Workload{Conversations: []*workload.Conversation{one("a"), one("b"), one("")}}, false},
+		{"shared system prompt", workload.Workload{Conversations: []*workload.Conversation{one("a"), one("b"), one("a")}}, true},
+		{"two turns", workload.Workload{Conversations: []*workload.Conversation{{Turns: []workload.Turn{{User: "q"}, {User: "r"}}}}}, true},
+		{"trace with an oracle hit ratio", workload.Workload{Conversations: []*workload.Conversation{one("")}, Oracle: &workload.Oracle{InfiniteRatio: 0.4}}, true},
+		{"trace without reuse", workload.Workload{Conversations: []*workload.Conversation{one("")}, Oracle: &workload.Oracle{}}, false},
+	} {
+		if got := hasReuse(&c.w); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
