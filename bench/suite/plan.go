@@ -21,7 +21,7 @@ var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "
 // `prefixlb bench compare` (round-robin and prefix) at these sizes.
 const (
 	// Multi-turn (closed loop, one level): bench compare's defaults, 11 conversations × 30
-	// turns = 330 requests, 4 users; ≈23 s an arm. Quick: 6 × 10 = 60 requests (≈5 s).
+	// turns = 330 requests, 4 users; ≈23 s an arm. Quick: 6 × 10 = 60 requests (4.5 s).
 	MultiTurnConversations      = bench.DefaultConversations
 	MultiTurnTurns              = bench.DefaultTurns
 	QuickMultiTurnConversations = 6
@@ -37,7 +37,7 @@ const (
 	SharedPrefixMedium      = 25.0
 	SharedPrefixNearSat     = 40.0
 	QuickSharedPrefixGroups = 8
-	// QuickSharedPrefixPrompts: 8 × 16 = 128 requests at the medium rate, ≈2 s an arm.
+	// QuickSharedPrefixPrompts: 8 × 16 = 128 requests at the medium rate, 0.9 s an arm.
 	QuickSharedPrefixPrompts = 16
 
 	// Agentic (open loop, sessions/s): coding-agent sessions of ~45 requests over a context
@@ -65,7 +65,7 @@ const (
 	// prefills). 4 sims are past saturation at the trace's own rate on 400 requests (p95 2.5 s
 	// wall = 20 s model) and still queue at time-scale 4 (p50 ≈ 3× an unloaded prefill), so
 	// light, medium and near saturation are time-scale 3, 1.5 and 1: ≈29 / 16 / 11 s an arm
-	// (200 requests at time-scale 2 took 20.5 s). Quick: 100 requests at time-scale 1.5.
+	// (200 requests at time-scale 2 took 20.5 s). Quick: 100 requests at time-scale 1.5 (9.8 s).
 	MooncakeCount      = 200
 	MooncakeLight      = 3.0
 	MooncakeMedium     = 1.5
@@ -75,8 +75,8 @@ const (
 	// OASST (open loop, conversations/s): 300 of the 626 OpenAssistant threads (573
 	// requests). Its prompts are short, so load needs high rates: on these 300, TTFT p95 of
 	// round-robin was 5.3 / 10.4 / 52.5 ms at 4 / 32 / 64 conversations/s (8 ms at 16 on 120
-	// threads); ≈12 / 4.5 / 3.6 s an arm. Light 4 (p95 = unloaded), medium 32 (p95 doubled),
-	// near saturation 64 (5×; 64/s delivered ≈42 requests/s). Quick: 100 threads at 32.
+	// threads); ≈12 / 2.2 / 1.8 s an arm. Light 4 (p95 = unloaded), medium 32 (p95 doubled),
+	// near saturation 64 (5×; 64/s delivered ≈42 requests/s). Quick: 100 threads at 32 (1.6 s).
 	OASSTConversations      = 300
 	OASSTLight              = 4.0
 	OASSTMedium             = 32.0

@@ -184,7 +184,7 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 			if err := ctx.Err(); err != nil {
 				return res, err
 			}
-			bar.Describe(fmt.Sprintf("%-28s", c.Name()+" "+p))
+			bar.Describe(fmt.Sprintf("%-40s", c.Name()+" "+p))
 			arm := runArm(ctx, o, c, p, &cr)
 			if err := ctx.Err(); err != nil {
 				return res, err
