@@ -174,11 +174,17 @@ func Render(b *Board) string {
 	}
 	fmt.Fprintf(&sb, "\n# prefixlb bench suite (%s, seed %d): %d cells × %d policies = %d arms in %s\n",
 		kind, r.Seed, len(r.Cells), len(r.Policies), arms, time.Duration(r.WallS*float64(time.Second)).Round(time.Second))
+	if r.Interrupted != "" {
+		fmt.Fprintf(&sb, "\n%s\n", r.Interrupted)
+	}
 	for _, s := range r.Skipped {
 		fmt.Fprintf(&sb, "\nskipped: %s (%s)\n", s.Workload, s.Reason)
 	}
 	for ci, c := range r.Cells {
 		fmt.Fprintf(&sb, "\n## %s (%s), %d requests per arm\n\n", c.Name(), c.Load, c.Requests)
+		if c.Replicas > 0 {
+			fmt.Fprintf(&sb, "%d simulated replicas at %g× model time; latencies are wall-clock ms (× %g for model time).\n\n", c.Replicas, c.Speedup, c.Speedup)
+		}
 		sb.WriteString("| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | E2E p95 ms | cached-token ratio | max share / mean | p95 ÷ oracle | validity |\n")
 		sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, row := range b.Rows[ci] {

@@ -105,6 +105,9 @@ type CellResult struct {
 	Cell
 	Requests int            `json:"requests"`
 	Params   map[string]any `json:"params,omitempty"`
+	// Replicas and Speedup are the arms' simulated replicas and time compression.
+	Replicas int     `json:"replicas"`
+	Speedup  float64 `json:"speedup"`
 	// CacheOracle is the best cached-token ratio the request stream allows (mooncake only).
 	CacheOracle *workload.Oracle `json:"cache_oracle,omitempty"`
 	Arms        []Arm            `json:"arms"`
@@ -127,6 +130,8 @@ type Result struct {
 	WallS    float64      `json:"wall_s"`
 	Cells    []CellResult `json:"cells"`
 	Skipped  []Skip       `json:"skipped,omitempty"`
+	// Interrupted says how far an interrupted run got ("" when it ran to the end).
+	Interrupted string `json:"interrupted,omitempty"`
 }
 
 // Options configure a suite run.
@@ -145,9 +150,9 @@ type Options struct {
 
 // Run runs every cell with every policy, one bench.Compare per arm (fresh sims each time),
 // prints the scoreboard on Stdout and writes DIR/suite.json and DIR/suite.png. skipped lists
-// workloads not run (shown in the scoreboard). It returns the result with an error only when
-// the run was interrupted or the output could not be written; a failed arm is recorded in
-// its Arm and flagged.
+// workloads not run (shown in the scoreboard). A failed arm is recorded in its Arm and
+// flagged, not returned. When ctx ends mid-run, the arms finished so far are still scored and
+// written, and the error is ctx's; other errors are bad options or unwritable output.
 func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result, error) {
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
@@ -177,26 +182,33 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped}
 	start := time.Now()
 	bar, visible := newBar(o, len(cells)*len(o.Policies))
-	done := 0
+	done, total := 0, len(cells)*len(o.Policies)
+cells:
 	for _, c := range cells {
 		cr := CellResult{Cell: c}
 		for _, p := range o.Policies {
-			if err := ctx.Err(); err != nil {
-				return res, err
+			if ctx.Err() != nil {
+				break
 			}
 			bar.Describe(fmt.Sprintf("%-40s", c.Name()+" "+p))
 			arm := runArm(ctx, o, c, p, &cr)
-			if err := ctx.Err(); err != nil {
-				return res, err
+			if ctx.Err() != nil {
+				break // the arm was cut short: not a measurement
 			}
 			cr.Arms = append(cr.Arms, arm)
 			done++
 			_ = bar.Add(1)
 			if !visible && !o.Quiet {
-				fmt.Fprintf(o.Stderr, "[%d/%d] %s\n", done, len(cells)*len(o.Policies), armLine(c, arm))
+				fmt.Fprintf(o.Stderr, "[%d/%d] %s\n", done, total, armLine(c, arm))
 			}
 		}
-		res.Cells = append(res.Cells, cr)
+		if len(cr.Arms) > 0 {
+			res.Cells = append(res.Cells, cr)
+		}
+		if ctx.Err() != nil {
+			res.Interrupted = fmt.Sprintf("interrupted after %d of %d arms: the last cell may be partial and later cells are missing", done, total)
+			break cells
+		}
 	}
 	if visible {
 		_ = bar.Finish()
@@ -215,7 +227,7 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 		}
 		fmt.Fprintf(o.Stdout, "\nWrote %s and %s.\n", jp, pp)
 	}
-	return res, nil
+	return res, ctx.Err()
 }
 
 // runArm runs one policy on one cell through bench.Compare and fills the cell's facts from
@@ -250,6 +262,7 @@ func runArm(ctx context.Context, o Options, c Cell, policy string, cr *CellResul
 		arm.Mode = &m
 		if cr.Requests == 0 {
 			cr.Requests, cr.Params, cr.CacheOracle = m.Requests, rep.Params, rep.Oracle
+			cr.Replicas, cr.Speedup = rep.Replicas, rep.Speedup
 		}
 	}
 	return arm

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -127,8 +128,8 @@ func TestSuiteSmoke(t *testing.T) {
 	}
 	wantReq := map[string]int{"multi-turn": 6, "shared-prefix": 6}
 	for _, c := range res.Cells {
-		if c.Requests != wantReq[c.Workload] || len(c.Arms) != len(policies) {
-			t.Fatalf("%s: %d requests, %d arms", c.Name(), c.Requests, len(c.Arms))
+		if c.Requests != wantReq[c.Workload] || len(c.Arms) != len(policies) || c.Replicas != smokeReplicas || c.Speedup != smokeSpeedup {
+			t.Fatalf("%s: %d requests, %d arms, %d replicas at %g×", c.Name(), c.Requests, len(c.Arms), c.Replicas, c.Speedup)
 		}
 		for _, a := range c.Arms {
 			switch a.Policy {
@@ -177,5 +178,40 @@ func TestSuiteSmoke(t *testing.T) {
 	defer f.Close()
 	if _, err := png.Decode(f); err != nil {
 		t.Errorf("suite.png: %v", err)
+	}
+}
+
+// cancelOnWrite cancels a context at the first write (the first arm's progress line).
+type cancelOnWrite struct {
+	cancel context.CancelFunc
+	buf    bytes.Buffer
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) { w.cancel(); return w.buf.Write(p) }
+
+// TestSuiteInterrupted: a run cut short after its first arm still scores and writes that arm,
+// says so, and returns the context's error.
+func TestSuiteInterrupted(t *testing.T) {
+	o := bench.DefaultOptions()
+	o.Workload, o.Replicas, o.Speedup = "shared-prefix", smokeReplicas, smokeSpeedup
+	o.Flags = bench.WorkloadFlags{Groups: 1, PromptsPerGroup: 2, SystemTokens: 64, QuestionTokens: 8, OutputTokens: 4, Rate: 40}
+	cells := []Cell{{Workload: "shared-prefix", Level: "medium", Options: o}, {Workload: "shared-prefix", Level: "light", Options: o}}
+	ctx, cancel := context.WithTimeout(context.Background(), smokeTimeout)
+	defer cancel()
+	stderr := &cancelOnWrite{cancel: cancel}
+	var stdout bytes.Buffer
+	dir := t.TempDir()
+	res, err := Run(ctx, Options{Out: dir, Policies: []string{"round-robin", "prefix"}, Stdout: &stdout, Stderr: stderr}, cells, nil)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", err)
+	}
+	if len(res.Cells) != 1 || len(res.Cells[0].Arms) != 1 || res.Cells[0].Arms[0].Mode == nil {
+		t.Fatalf("cells %+v, want the first arm only", res.Cells)
+	}
+	if !strings.Contains(stdout.String(), "interrupted after 1 of 4 arms") || !strings.Contains(stdout.String(), "| round-robin |") {
+		t.Errorf("scoreboard:\n%s", stdout.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "suite.json")); err != nil {
+		t.Errorf("suite.json not written: %v", err)
 	}
 }
