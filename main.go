@@ -13,6 +13,7 @@ import (
 	"github.com/prefixlb/prefixlb/bench"
 	"github.com/prefixlb/prefixlb/bench/overhead"
 	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/bench/suite"
 )
 
 // version is set at build time: -ldflags "-X main.version=v0.1.0".
@@ -35,7 +36,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	b := bench.Command()
-	b.AddCommand(overhead.Command())
+	b.AddCommand(overhead.Command(), suite.Command())
 	root.AddCommand(app.ServeCommand(), sim.Command(), b, versionCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "prefixlb:", err)

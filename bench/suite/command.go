@@ -1,0 +1,68 @@
+package suite
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Command returns `prefixlb bench suite`. It is registered under `prefixlb bench` by main
+// (bench/suite imports bench, so bench cannot import it).
+func Command() *cobra.Command {
+	var (
+		o                   Options
+		workloads, policies string
+	)
+	c := &cobra.Command{
+		Use:   "suite",
+		Short: "Every workload × load level × policy on fresh sims: one scoreboard against the oracle",
+		Long: `suite runs bench compare's arms for every workload (` + strings.Join(Workloads, ", ") + `;
+mooncake and oasst when their data is under the shared directory) × load level (light, medium,
+near saturation for open-loop workloads; one level for closed-loop ones) × policy (` + strings.Join(Policies, ", ") + `),
+each arm on fresh simulated replicas with the same seed. It prints one scoreboard (TTFT
+p50/p95/p99, E2E p95, cached-token ratio, max share / mean, TTFT p95 ÷ the oracle's), a validity
+summary and the cells where prefix's p95 is more than 10% above the oracle's or a peer's, and
+writes DIR/suite.json and DIR/suite.png. The full suite takes about 45 minutes on 2 cores;
+--quick (one level per workload, smaller sizes) about 5.`,
+		Args:         cobra.NoArgs,
+		SilenceUsage: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cells, skipped, err := Plan(o.Quick, splitList(workloads))
+			if err != nil {
+				return err
+			}
+			o.Policies = splitList(policies)
+			o.Stdout, o.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			parent := cmd.Context()
+			if parent == nil {
+				parent = context.Background()
+			}
+			ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			_, err = Run(ctx, o, cells, skipped)
+			return err
+		},
+	}
+	fs := c.Flags()
+	fs.BoolVar(&o.Quick, "quick", false, "one load level per workload and smaller sizes (about 5 minutes on 2 cores)")
+	fs.StringVar(&o.Out, "out", "bench-out/suite", "directory for suite.json and suite.png (empty: write nothing)")
+	fs.StringVar(&workloads, "workloads", "", "comma-separated workloads (default: all of "+strings.Join(Workloads, ", ")+")")
+	fs.StringVar(&policies, "policies", "", "comma-separated policies (default: all of "+strings.Join(Policies, ", ")+"; prefix-x3 = prefix×3)")
+	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed, the same for every arm")
+	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-arm lines on stderr")
+	return c
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,211 @@
+package suite
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/prefixlb/prefixlb/bench"
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// Workloads are the suite's workloads in scoreboard order.
+var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "oasst"}
+
+// Sizes and load levels per workload. Every arm runs at bench.DefaultSpeedup (8× model time)
+// on bench's default 4 simulated replicas; rates are in model time, as the workloads take
+// them. The full suite (9 policies) must finish within 45 minutes on 2 shared cores and
+// --quick within 5; the wall times below are one arm's, measured on this machine with
+// `prefixlb bench compare` (round-robin and prefix) at these sizes.
+const (
+	// Multi-turn (closed loop, one level): bench compare's defaults, 11 conversations × 30
+	// turns = 330 requests, 4 users; ≈23 s an arm. Quick: 6 × 10 = 60 requests (4.5 s).
+	MultiTurnConversations      = bench.DefaultConversations
+	MultiTurnTurns              = bench.DefaultTurns
+	QuickMultiTurnConversations = 6
+	QuickMultiTurnTurns         = 10
+
+	// Shared-prefix (open loop): llm-d's full 32 groups × 32 prompts = 1024 requests. On 256
+	// requests (8 × 32) TTFT p95 was 19.0 / 19.3 / 36.3 / 132 ms (round-robin) at 10 / 20 /
+	// 40 / 80 req/s, and 80 req/s delivered only ≈39 req/s: 4 sims saturate near 40. Light is
+	// 10 (p95 = unloaded), medium 25, near-saturation 40 (round-robin's p95 doubled).
+	SharedPrefixGroups      = 32
+	SharedPrefixPrompts     = 32
+	SharedPrefixLight       = 10.0
+	SharedPrefixMedium      = 25.0
+	SharedPrefixNearSat     = 40.0
+	QuickSharedPrefixGroups = 8
+	// QuickSharedPrefixPrompts: 8 × 16 = 128 requests at the medium rate, 0.9 s an arm.
+	QuickSharedPrefixPrompts = 16
+
+	// Agentic (open loop, sessions/s): coding-agent sessions of ~45 requests over a context
+	// growing to ~100k tokens, think time median ~10 s (issue 14 item 3). NOT MEASURED: the
+	// workload is on another branch; re-measure saturation when it lands. A session lasts
+	// ~45 × 12 s ≈ 540 s of model time whatever the rate, so an arm takes at least that ÷
+	// AgenticSpeedup (≈34 s) and 9 arms at least 5 minutes: agentic is not in --quick. Each
+	// level sends sessions for AgenticArrivalSpanS seconds (rate × span sessions, at least
+	// AgenticMinSessions), so an arm takes ≈ (240 + 540) s ÷ 16 ≈ 49 s at every level, with
+	// about 2, 5 and 10 sessions in flight at once.
+	AgenticArrivalSpanS = 240
+	AgenticMinSessions  = 2
+	AgenticLight        = 0.01
+	AgenticMedium       = 0.02
+	AgenticNearSat      = 0.04
+	// AgenticSpeedup: agentic prefills are long (a 2k-token tool result on a 50k-token context
+	// is ≈0.25 s of model time, a cold 17k-token system prompt ≈1.2 s), so at 16× a prefill is
+	// still ≥15 ms wall, above a busy machine's scheduling noise, and the 9-minute sessions
+	// take half the wall time they take at bench's default 8×.
+	AgenticSpeedup = 16
+
+	// Mooncake (open loop, the trace's own arrivals; load = --time-scale): the trace's first
+	// 200 requests, at bench's default 8× (at 16× the same 200 requests gave p95s 30–60% off
+	// in model time and prefix and round-robin swapped order: too fast for this trace's long
+	// prefills). 4 sims are past saturation at the trace's own rate on 400 requests (p95 2.5 s
+	// wall = 20 s model) and still queue at time-scale 4 (p50 ≈ 3× an unloaded prefill), so
+	// light, medium and near saturation are time-scale 3, 1.5 and 1: ≈29 / 16 / 11 s an arm
+	// (200 requests at time-scale 2 took 20.5 s). Quick: 100 requests at time-scale 1.5 (9.8 s).
+	MooncakeCount      = 200
+	MooncakeLight      = 3.0
+	MooncakeMedium     = 1.5
+	MooncakeNearSat    = 1.0
+	QuickMooncakeCount = 100
+
+	// OASST (open loop, conversations/s): 300 of the 626 OpenAssistant threads (573
+	// requests). Its prompts are short, so load needs high rates: on these 300, TTFT p95 of
+	// round-robin was 5.3 / 10.4 / 52.5 ms at 4 / 32 / 64 conversations/s (8 ms at 16 on 120
+	// threads); ≈12 / 2.2 / 1.8 s an arm. Light 4 (p95 = unloaded), medium 32 (p95 doubled),
+	// near saturation 64 (5×; 64/s delivered ≈42 requests/s). Quick: 100 threads at 32 (1.6 s).
+	OASSTConversations      = 300
+	OASSTLight              = 4.0
+	OASSTMedium             = 32.0
+	OASSTNearSat            = 64.0
+	QuickOASSTConversations = 100
+)
+
+// level is one load level of a workload: its name and the value of its load knob.
+type level struct {
+	name string
+	load float64 // requests, conversations or sessions per second; mooncake: time scale
+}
+
+// plan is one workload's place in the suite.
+type plan struct {
+	name string
+	// shared is the data file under the shared directory the workload needs ("" none).
+	shared string
+	full   []level
+	quick  *level // nil: not in --quick
+	// speedup is the arms' bench.Options.Speedup (0: bench.DefaultSpeedup).
+	speedup float64
+	// flags are the workload's sizes and load for one level.
+	flags func(quick bool, l level) bench.WorkloadFlags
+	// unit describes the load for the scoreboard.
+	unit func(l level) string
+}
+
+func perSecond(unit string) func(level) string {
+	return func(l level) string { return fmt.Sprintf("%g %s/s", l.load, unit) }
+}
+
+var plans = []plan{
+	{name: "multi-turn", full: []level{{name: "closed"}}, quick: &level{name: "closed"},
+		flags: func(q bool, _ level) bench.WorkloadFlags {
+			if q {
+				return bench.WorkloadFlags{Conversations: QuickMultiTurnConversations, Turns: QuickMultiTurnTurns}
+			}
+			return bench.WorkloadFlags{Conversations: MultiTurnConversations, Turns: MultiTurnTurns}
+		},
+		unit: func(level) string { return fmt.Sprintf("%d users", bench.DefaultUsers) }},
+	{name: "shared-prefix",
+		full:  []level{{"light", SharedPrefixLight}, {"medium", SharedPrefixMedium}, {"near-saturation", SharedPrefixNearSat}},
+		quick: &level{"medium", SharedPrefixMedium},
+		flags: func(q bool, l level) bench.WorkloadFlags {
+			if q {
+				return bench.WorkloadFlags{Groups: QuickSharedPrefixGroups, PromptsPerGroup: QuickSharedPrefixPrompts, Rate: l.load}
+			}
+			return bench.WorkloadFlags{Groups: SharedPrefixGroups, PromptsPerGroup: SharedPrefixPrompts, Rate: l.load}
+		},
+		unit: perSecond("req")},
+	{name: "agentic",
+		full:    []level{{"light", AgenticLight}, {"medium", AgenticMedium}, {"near-saturation", AgenticNearSat}},
+		speedup: AgenticSpeedup,
+		flags: func(q bool, l level) bench.WorkloadFlags {
+			return bench.WorkloadFlags{Conversations: max(AgenticMinSessions, int(math.Round(l.load*AgenticArrivalSpanS))), Rate: l.load}
+		},
+		unit: perSecond("sessions")},
+	{name: "mooncake", shared: workload.MooncakeTrace,
+		full:  []level{{"light", MooncakeLight}, {"medium", MooncakeMedium}, {"near-saturation", MooncakeNearSat}},
+		quick: &level{"medium", MooncakeMedium},
+		flags: func(q bool, l level) bench.WorkloadFlags {
+			return bench.WorkloadFlags{Count: pick(q, QuickMooncakeCount, MooncakeCount), TimeScale: l.load}
+		},
+		unit: func(l level) string { return fmt.Sprintf("trace arrivals × time-scale %g", l.load) }},
+	{name: "oasst", shared: workload.OASSTThreads,
+		full:  []level{{"light", OASSTLight}, {"medium", OASSTMedium}, {"near-saturation", OASSTNearSat}},
+		quick: &level{"medium", OASSTMedium},
+		flags: func(q bool, l level) bench.WorkloadFlags {
+			return bench.WorkloadFlags{Conversations: pick(q, QuickOASSTConversations, OASSTConversations), Rate: l.load}
+		},
+		unit: perSecond("conversations")},
+}
+
+func pick(quick bool, q, full int) int {
+	if quick {
+		return q
+	}
+	return full
+}
+
+// Plan returns the suite's cells for the named workloads (nil: all), in Workloads order,
+// and the workloads it must skip: those this build lacks and those whose data is not under
+// the shared directory. The error names an unknown workload.
+func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
+	for _, w := range only {
+		if !slices.Contains(Workloads, w) {
+			return nil, nil, fmt.Errorf("--workloads: unknown %q (want some of %s)", w, strings.Join(Workloads, ", "))
+		}
+	}
+	var cells []Cell
+	var skipped []Skip
+	for _, p := range plans {
+		if len(only) > 0 && !slices.Contains(only, p.name) {
+			continue
+		}
+		if !slices.Contains(bench.Workloads, p.name) {
+			skipped = append(skipped, Skip{p.name, "not in this build: bench has no such workload yet"})
+			continue
+		}
+		if p.shared != "" {
+			if path, err := workload.SharedFile(p.shared); err != nil {
+				if !errors.Is(err, workload.ErrNoShared) {
+					return nil, nil, err
+				}
+				skipped = append(skipped, Skip{p.name, "not found at " + path})
+				continue
+			}
+		}
+		levels := p.full
+		if quick {
+			if p.quick == nil {
+				continue
+			}
+			levels = []level{*p.quick}
+		}
+		for _, l := range levels {
+			o := bench.DefaultOptions()
+			o.Workload = p.name
+			o.Flags = p.flags(quick, l)
+			if p.speedup > 0 {
+				o.Speedup = p.speedup
+			}
+			c := Cell{Workload: p.name, Level: l.name, Load: p.unit(l), Options: o}
+			if p.name != "mooncake" {
+				c.Rate = o.Flags.Rate
+			}
+			cells = append(cells, c)
+		}
+	}
+	return cells, skipped, nil
+}

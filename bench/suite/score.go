@@ -1,0 +1,348 @@
+package suite
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prefixlb/prefixlb/bench/report"
+)
+
+// LossMargin is how far above another arm's TTFT p95 prefix's must be for the cell to count
+// as a loss: 10% (issue 14, "Done when"), above the run-to-run noise of a p95 on a shared
+// 2-core machine.
+const LossMargin = 0.10
+
+// Row is one arm in the scoreboard.
+type Row struct {
+	Policy string
+	// Mode is the arm's report row (nil: not run).
+	Mode *report.Mode
+	// Flags are why the arm is not valid (empty: valid).
+	Flags []string
+	// Ratio is TTFT p95 ÷ the oracle's TTFT p95 in the same cell; NaN when this arm or the
+	// cell's oracle arm is flagged, missing or has no p95.
+	Ratio float64
+}
+
+// Valid reports whether the row counts: it ran, has no flags and no errors.
+func (r Row) Valid() bool {
+	return r.Mode != nil && len(r.Flags) == 0 && r.Mode.Errors == 0 && r.Mode.Requests > 0
+}
+
+// Loss is one cell where prefix's TTFT p95 exceeds another valid arm's by more than LossMargin.
+type Loss struct {
+	Cell      string
+	Against   string
+	PrefixP95 float64 // ms
+	OtherP95  float64 // ms
+}
+
+// Board is the analysed suite: per cell, one row per arm in policy order.
+type Board struct {
+	Result *Result
+	Rows   [][]Row
+	Losses []Loss
+	// Unjudged are cells where prefix or every arm it is compared with is not valid.
+	Unjudged []string
+}
+
+// Analyze flags every arm (not run, failed, the bench's validity flags, requests that differ
+// from the rest of its cell), computes each valid arm's p95 ÷ the valid oracle's, and lists
+// the cells where prefix loses. It sets each Arm's Flags and each cell's Notes in r.
+func Analyze(r *Result) *Board {
+	b := &Board{Result: r}
+	for ci := range r.Cells {
+		c := &r.Cells[ci]
+		c.Notes = nil
+		flags := make([][]string, len(c.Arms))
+		for i, a := range c.Arms {
+			switch {
+			case a.Mode == nil:
+				flags[i] = append(flags[i], "not run: "+or(a.Error, "no report"))
+			case a.Error != "":
+				flags[i] = append(flags[i], "failed: "+a.Error)
+			}
+			if a.Mode != nil {
+				flags[i] = append(flags[i], modeFlags(*a.Mode)...)
+				if a.Mode.Requests != c.Requests {
+					flags[i] = append(flags[i], fmt.Sprintf("%d requests, the cell's first arm sent %d", a.Mode.Requests, c.Requests))
+				}
+			}
+		}
+		digestFlags(c, flags, requestsDigest)
+		rows := make([]Row, len(c.Arms))
+		oracle := math.NaN()
+		for i, a := range c.Arms {
+			c.Arms[i].Flags = flags[i]
+			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN()}
+			if a.Policy == OraclePolicy && rows[i].Valid() && a.Mode.TTFT.P95 > 0 {
+				oracle = a.Mode.TTFT.P95
+			}
+		}
+		for i := range rows {
+			if rows[i].Valid() && !math.IsNaN(oracle) {
+				rows[i].Ratio = rows[i].Mode.TTFT.P95 / oracle
+			}
+		}
+		b.Rows = append(b.Rows, rows)
+		losses, judged := prefixLosses(c.Name(), rows)
+		b.Losses = append(b.Losses, losses...)
+		if !judged {
+			b.Unjudged = append(b.Unjudged, c.Name())
+		}
+	}
+	return b
+}
+
+// digestFlags flags the arms of a cell whose requests digest differs from the cell's most
+// common one (every arm must have sent byte-identical requests in the same order), and notes
+// the cell when no arm reports a digest.
+// digest is the arm's requests digest ("" when not reported).
+func digestFlags(c *CellResult, flags [][]string, digest func(report.Mode) string) {
+	count := map[string]int{}
+	ref := ""
+	for _, a := range c.Arms {
+		if a.Mode == nil {
+			continue
+		}
+		if d := digest(*a.Mode); d != "" {
+			count[d]++
+			if ref == "" || count[d] > count[ref] {
+				ref = d
+			}
+		}
+	}
+	if ref == "" {
+		c.Notes = append(c.Notes, "requests digest not reported: identical requests across arms not checked")
+		return
+	}
+	for i, a := range c.Arms {
+		if a.Mode == nil {
+			continue
+		}
+		switch d := digest(*a.Mode); {
+		case d == "":
+			flags[i] = append(flags[i], "no requests digest")
+		case d != ref:
+			flags[i] = append(flags[i], fmt.Sprintf("requests differ (digest %s, the cell's %s)", short(d), short(ref)))
+		}
+	}
+	if len(count) > 1 {
+		c.Notes = append(c.Notes, fmt.Sprintf("arms sent different requests (%d digests)", len(count)))
+	}
+}
+
+// prefixLosses compares the cell's valid prefix arm with its valid oracle and peer arms.
+// judged is false when there is no valid prefix arm or nothing valid to compare it with.
+func prefixLosses(cell string, rows []Row) (losses []Loss, judged bool) {
+	var prefix *Row
+	for i := range rows {
+		if rows[i].Policy == PrefixPolicy && rows[i].Valid() {
+			prefix = &rows[i]
+		}
+	}
+	if prefix == nil {
+		return nil, false
+	}
+	for _, r := range rows {
+		if !r.Valid() || (r.Policy != OraclePolicy && !slices.Contains(Peers, r.Policy)) {
+			continue
+		}
+		judged = true
+		if prefix.Mode.TTFT.P95 > (1+LossMargin)*r.Mode.TTFT.P95 {
+			losses = append(losses, Loss{Cell: cell, Against: r.Policy, PrefixP95: prefix.Mode.TTFT.P95, OtherP95: r.Mode.TTFT.P95})
+		}
+	}
+	return losses, judged
+}
+
+// Render is the scoreboard: the skipped workloads, one table per cell, the p95 ÷ oracle
+// matrix, the validity summary and where prefix loses.
+func Render(b *Board) string {
+	r := b.Result
+	var sb strings.Builder
+	kind := "full"
+	if r.Quick {
+		kind = "quick"
+	}
+	arms := 0
+	for _, c := range r.Cells {
+		arms += len(c.Arms)
+	}
+	fmt.Fprintf(&sb, "\n# prefixlb bench suite (%s, seed %d): %d cells × %d policies = %d arms in %s\n",
+		kind, r.Seed, len(r.Cells), len(r.Policies), arms, time.Duration(r.WallS*float64(time.Second)).Round(time.Second))
+	if r.Interrupted != "" {
+		fmt.Fprintf(&sb, "\n%s\n", r.Interrupted)
+	}
+	for _, s := range r.Skipped {
+		fmt.Fprintf(&sb, "\nskipped: %s (%s)\n", s.Workload, s.Reason)
+	}
+	for ci, c := range r.Cells {
+		fmt.Fprintf(&sb, "\n## %s (%s), %d requests per arm\n\n", c.Name(), c.Load, c.Requests)
+		if c.Replicas > 0 {
+			fmt.Fprintf(&sb, "%d simulated replicas at %g× model time; latencies are wall-clock ms (× %g for model time).\n\n", c.Replicas, c.Speedup, c.Speedup)
+		}
+		sb.WriteString("| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | E2E p95 ms | cached-token ratio | max share / mean | p95 ÷ oracle | validity |\n")
+		sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		for _, row := range b.Rows[ci] {
+			sb.WriteString(tableRow(row))
+		}
+		if line := report.OracleLine(c.CacheOracle); line != "" {
+			fmt.Fprintf(&sb, "\n%s\n", line)
+		}
+	}
+	sb.WriteString(ratioMatrix(b))
+	sb.WriteString(validity(b))
+	sb.WriteString(lossBlock(b))
+	return sb.String()
+}
+
+func tableRow(row Row) string {
+	valid := "ok"
+	m := row.Mode
+	switch {
+	case m == nil:
+		valid = "FLAGGED: not run (see Validity)"
+	case !row.Valid():
+		valid = "FLAGGED: " + strings.Join(flagsOrErrors(row), "; ")
+	}
+	if m == nil || m.Requests == m.Errors {
+		return fmt.Sprintf("| %s | - | - | - | - | - | - | - | %s |\n", row.Policy, valid)
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s |\n", row.Policy,
+		fms(m.TTFT.P50), fms(m.TTFT.P95), fms(m.TTFT.P99), fms(m.E2E.P95), m.CachedTokenRatio,
+		m.MaxShareOverMean, ratio(row.Ratio), valid)
+}
+
+// flagsOrErrors is the row's flags, or its error count when the bench set no flag for it.
+func flagsOrErrors(row Row) []string {
+	if len(row.Flags) > 0 {
+		return row.Flags
+	}
+	if row.Mode != nil && row.Mode.Errors > 0 {
+		return []string{fmt.Sprintf("%d errors", row.Mode.Errors)}
+	}
+	return []string{"no requests"}
+}
+
+// ratioMatrix is p95 ÷ oracle with cells as rows and policies as columns.
+func ratioMatrix(b *Board) string {
+	var sb strings.Builder
+	pol := b.Result.Policies
+	fmt.Fprintf(&sb, "\n## TTFT p95 ÷ oracle's (flagged arms: -)\n\n| cell | %s |\n|---|%s\n",
+		strings.Join(pol, " | "), strings.Repeat("---:|", len(pol)))
+	for ci, c := range b.Result.Cells {
+		cols := make([]string, len(pol))
+		for j, p := range pol {
+			cols[j] = "-"
+			for _, row := range b.Rows[ci] {
+				if row.Policy == p {
+					cols[j] = ratio(row.Ratio)
+				}
+			}
+		}
+		fmt.Fprintf(&sb, "| %s | %s |\n", c.Name(), strings.Join(cols, " | "))
+	}
+	return sb.String()
+}
+
+func validity(b *Board) string {
+	var sb strings.Builder
+	var flagged []string
+	arms := 0
+	for ci, c := range b.Result.Cells {
+		for _, row := range b.Rows[ci] {
+			arms++
+			if !row.Valid() {
+				flagged = append(flagged, fmt.Sprintf("  - %s · %s: %s", c.Name(), row.Policy, strings.Join(flagsOrErrors(row), "; ")))
+			}
+		}
+	}
+	fmt.Fprintf(&sb, "\n## Validity\n\n- %d arms: %d valid, %d flagged (shown, not in any ratio)", arms, arms-len(flagged), len(flagged))
+	if len(flagged) > 0 {
+		sb.WriteString(":\n" + strings.Join(flagged, "\n"))
+	}
+	sb.WriteString("\n")
+	notes := map[string][]string{}
+	var order []string
+	for _, c := range b.Result.Cells {
+		for _, n := range c.Notes {
+			if notes[n] == nil {
+				order = append(order, n)
+			}
+			notes[n] = append(notes[n], c.Name())
+		}
+	}
+	for _, n := range order {
+		cells := "all cells"
+		if len(notes[n]) < len(b.Result.Cells) {
+			cells = strings.Join(notes[n], ", ")
+		}
+		fmt.Fprintf(&sb, "- %s: %s\n", cells, n)
+	}
+	if len(order) == 0 {
+		sb.WriteString("- requests: byte-identical, in the same order, in every arm of every cell (digests agree)\n")
+	}
+	return sb.String()
+}
+
+func lossBlock(b *Board) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n## Where prefix loses (its TTFT p95 more than %.0f%% above the oracle's or a peer's)\n\n", LossMargin*100)
+	if len(b.Losses) == 0 {
+		sb.WriteString("- nowhere among the judged cells\n")
+	}
+	byCell := map[string][]string{}
+	var order []string
+	for _, l := range b.Losses {
+		if byCell[l.Cell] == nil {
+			order = append(order, l.Cell)
+		}
+		byCell[l.Cell] = append(byCell[l.Cell], fmt.Sprintf("%s %s ms (%.2f×)", l.Against, fms(l.OtherP95), l.PrefixP95/l.OtherP95))
+	}
+	for _, cell := range order {
+		p := 0.0
+		for _, l := range b.Losses {
+			if l.Cell == cell {
+				p = l.PrefixP95
+			}
+		}
+		fmt.Fprintf(&sb, "- %s: prefix %s ms vs %s\n", cell, fms(p), strings.Join(byCell[cell], ", "))
+	}
+	if len(b.Unjudged) > 0 {
+		fmt.Fprintf(&sb, "- not judged (no valid prefix arm, or no valid oracle or peer arm): %s\n", strings.Join(b.Unjudged, ", "))
+	}
+	return sb.String()
+}
+
+func ratio(v float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
+
+// fms formats milliseconds as report.Table does: no decimals from 100 ms up.
+func fms(v float64) string {
+	if v >= 100 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func short(d string) string {
+	if len(d) > 12 {
+		return d[:12]
+	}
+	return d
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

@@ -1,0 +1,301 @@
+// Package suite is `prefixlb bench suite`: it runs bench.Compare for every workload × load
+// level × routing policy (each arm on fresh simulated replicas with the same seed) and turns
+// the arms' report.Modes into one scoreboard: TTFT p50/p95/p99, E2E p95, cached-token ratio,
+// max share / mean and each policy's TTFT p95 ÷ the oracle's, with validity checks (arms with
+// errors or flags are shown, not averaged) and the cells where prefix loses. It writes
+// DIR/suite.json (every arm's report.Mode) and DIR/suite.png (p95 ÷ oracle, grouped bars).
+package suite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+
+	"github.com/prefixlb/prefixlb/bench"
+	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/workload"
+)
+
+// Policy names. OraclePolicy is the bench-only physical limit every ratio divides by;
+// PrefixPolicy is the policy "where prefix loses" is about.
+const (
+	OraclePolicy = "oracle"
+	PrefixPolicy = "prefix"
+	// SuiteRouterReplicas is the router count of the "prefix×3" arm: N independent prefixlb
+	// replicas behind a per-request spread (a Service in front of a 3-replica Deployment, the
+	// worst case for affinity; issue 14 item 5).
+	SuiteRouterReplicas = 3
+)
+
+// Policies are the suite's arms in scoreboard order: prefixlb's own modes, prefix behind
+// several routers, the four peers' published policies (bench/peers) and the oracle.
+var Policies = []string{"round-robin", "least-load", "prefix", "prefix×3", "chwbl", "sglang", "dynamo", "llm-d", OraclePolicy}
+
+// Peers are the policies "where prefix loses" compares prefix against, besides the oracle.
+var Peers = []string{"chwbl", "sglang", "dynamo", "llm-d"}
+
+// routersRe matches a multi-router prefix arm: prefix×N (also prefix-xN or prefix*N, easier to
+// type).
+var routersRe = regexp.MustCompile(`^prefix(?:×|-x|\*)([0-9]+)$`)
+
+// ParsePolicy splits a policy name into the bench mode and its router count (1 for a single
+// prefixlb). The error names the suite's policies.
+func ParsePolicy(name string) (mode string, routers int, canonical string, err error) {
+	if m := routersRe.FindStringSubmatch(name); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		if n < 1 {
+			return "", 0, "", fmt.Errorf("policy %q: router count must be >= 1", name)
+		}
+		if n == 1 {
+			return PrefixPolicy, 1, PrefixPolicy, nil
+		}
+		return PrefixPolicy, n, fmt.Sprintf("prefix×%d", n), nil
+	}
+	if !slices.Contains(Policies, name) {
+		return "", 0, "", fmt.Errorf("unknown policy %q (want some of %s)", name, strings.Join(Policies, ", "))
+	}
+	return name, 1, name, nil
+}
+
+// Cell is one (workload, load level) of the suite: the bench.Options every arm of it runs
+// with (Modes, Out and the writers are set per arm).
+type Cell struct {
+	Workload string `json:"workload"`
+	// Level is light | medium | near-saturation for open-loop workloads, closed for closed-loop
+	// ones.
+	Level string `json:"level"`
+	// Load describes the offered load for the scoreboard ("25 req/s", "4 users").
+	Load string `json:"load"`
+	// Rate is the open-loop rate in the workload's unit (requests/s, conversations/s or
+	// sessions/s, model time); 0 for closed loop and for mooncake, whose load is TimeScale.
+	Rate float64 `json:"rate,omitempty"`
+	// Options are the bench options of every arm.
+	Options bench.Options `json:"-"`
+}
+
+// Name is "workload level".
+func (c Cell) Name() string { return c.Workload + " " + c.Level }
+
+// Arm is one policy's run of one cell.
+type Arm struct {
+	Policy string `json:"policy"`
+	// Mode is the arm's report row (nil when the arm did not run).
+	Mode *report.Mode `json:"mode,omitempty"`
+	// Error is why the arm produced no row, or Compare's error after a row (every request
+	// failed).
+	Error string `json:"error,omitempty"`
+	// WallS is the arm's wall time in seconds, sims' start and stop included.
+	WallS float64 `json:"wall_s"`
+	// Flags are the validity flags the scoreboard gives the arm (see Analyze); set by Analyze.
+	Flags []string `json:"flags,omitempty"`
+}
+
+// CellResult is a cell and its arms, in policy order.
+type CellResult struct {
+	Cell
+	Requests int            `json:"requests"`
+	Params   map[string]any `json:"params,omitempty"`
+	// Replicas and Speedup are the arms' simulated replicas and time compression.
+	Replicas int     `json:"replicas"`
+	Speedup  float64 `json:"speedup"`
+	// CacheOracle is the best cached-token ratio the request stream allows (mooncake only).
+	CacheOracle *workload.Oracle `json:"cache_oracle,omitempty"`
+	Arms        []Arm            `json:"arms"`
+	// Notes are the cell's validity notes (digest not checked, digests differ); set by Analyze.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Skip is a workload the suite did not run, and why.
+type Skip struct {
+	Workload string `json:"workload"`
+	Reason   string `json:"reason"`
+}
+
+// Result is the whole suite, as written to suite.json.
+type Result struct {
+	Started  time.Time    `json:"started"`
+	Seed     uint64       `json:"seed"`
+	Quick    bool         `json:"quick"`
+	Policies []string     `json:"policies"`
+	WallS    float64      `json:"wall_s"`
+	Cells    []CellResult `json:"cells"`
+	Skipped  []Skip       `json:"skipped,omitempty"`
+	// Interrupted says how far an interrupted run got ("" when it ran to the end).
+	Interrupted string `json:"interrupted,omitempty"`
+}
+
+// Options configure a suite run.
+type Options struct {
+	// Out is the directory for suite.json and suite.png ("" writes nothing).
+	Out string
+	// Policies are the arms of every cell (nil: Policies).
+	Policies []string
+	// Seed is every arm's workload seed.
+	Seed  uint64
+	Quick bool
+	// Quiet hides the progress bar and the per-arm lines on Stderr.
+	Quiet          bool
+	Stdout, Stderr io.Writer
+}
+
+// Run runs every cell with every policy, one bench.Compare per arm (fresh sims each time),
+// prints the scoreboard on Stdout and writes DIR/suite.json and DIR/suite.png. skipped lists
+// workloads not run (shown in the scoreboard). A failed arm is recorded in its Arm and
+// flagged, not returned. When ctx ends mid-run, the arms finished so far are still scored and
+// written, and the error is ctx's; other errors are bad options or unwritable output.
+func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result, error) {
+	if o.Stdout == nil {
+		o.Stdout = os.Stdout
+	}
+	if o.Stderr == nil {
+		o.Stderr = os.Stderr
+	}
+	if len(o.Policies) == 0 {
+		o.Policies = Policies
+	}
+	o.Policies = slices.Clone(o.Policies) // canonicalised below; the caller's slice stays as given
+	if len(cells) == 0 {
+		return nil, errors.New("suite: no cells to run")
+	}
+	for i, p := range o.Policies {
+		_, _, canon, err := ParsePolicy(p)
+		if err != nil {
+			return nil, err
+		}
+		o.Policies[i] = canon
+	}
+	if o.Out != "" {
+		if err := os.MkdirAll(o.Out, 0o755); err != nil {
+			return nil, fmt.Errorf("--out: %w", err)
+		}
+	}
+	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped}
+	start := time.Now()
+	bar, visible := newBar(o, len(cells)*len(o.Policies))
+	done, total := 0, len(cells)*len(o.Policies)
+cells:
+	for _, c := range cells {
+		cr := CellResult{Cell: c}
+		for _, p := range o.Policies {
+			if ctx.Err() != nil {
+				break
+			}
+			bar.Describe(fmt.Sprintf("%-40s", c.Name()+" "+p))
+			arm := runArm(ctx, o, c, p, &cr)
+			if ctx.Err() != nil {
+				break // the arm was cut short: not a measurement
+			}
+			cr.Arms = append(cr.Arms, arm)
+			done++
+			_ = bar.Add(1)
+			if !visible && !o.Quiet {
+				fmt.Fprintf(o.Stderr, "[%d/%d] %s\n", done, total, armLine(c, arm))
+			}
+		}
+		if len(cr.Arms) > 0 {
+			res.Cells = append(res.Cells, cr)
+		}
+		if ctx.Err() != nil {
+			res.Interrupted = fmt.Sprintf("interrupted after %d of %d arms: the last cell may be partial and later cells are missing", done, total)
+			break cells
+		}
+	}
+	if visible {
+		_ = bar.Finish()
+		fmt.Fprintln(o.Stderr)
+	}
+	res.WallS = time.Since(start).Seconds()
+	b := Analyze(res)
+	fmt.Fprint(o.Stdout, Render(b))
+	if o.Out != "" {
+		jp, pp := filepath.Join(o.Out, "suite.json"), filepath.Join(o.Out, "suite.png")
+		if err := WriteJSON(jp, res); err != nil {
+			return res, err
+		}
+		if err := Plot(pp, b); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(o.Stdout, "\nWrote %s and %s.\n", jp, pp)
+	}
+	return res, ctx.Err()
+}
+
+// runArm runs one policy on one cell through bench.Compare and fills the cell's facts from
+// the first arm that produced a report.
+func runArm(ctx context.Context, o Options, c Cell, policy string, cr *CellResult) Arm {
+	arm := Arm{Policy: policy}
+	mode, routers, _, err := ParsePolicy(policy)
+	if err != nil {
+		arm.Error = err.Error()
+		return arm
+	}
+	bo := c.Options
+	bo.Modes = []string{mode}
+	bo.Flags.Seed = o.Seed
+	bo.Out, bo.DumpRequests = "", false
+	bo.Quiet, bo.Stdout, bo.Stderr = true, io.Discard, o.Stderr
+	if routers > 1 {
+		if err := withRouterReplicas(&bo, routers); err != nil {
+			arm.Error = err.Error()
+			return arm
+		}
+	}
+	t0 := time.Now()
+	rep, err := bench.Compare(ctx, bo)
+	arm.WallS = time.Since(t0).Seconds()
+	if err != nil {
+		arm.Error = err.Error()
+	}
+	if rep != nil && len(rep.Modes) == 1 {
+		m := rep.Modes[0]
+		m.Mode = policy
+		arm.Mode = &m
+		if cr.Requests == 0 {
+			cr.Requests, cr.Params, cr.CacheOracle = m.Requests, rep.Params, rep.Oracle
+			cr.Replicas, cr.Speedup = rep.Replicas, rep.Speedup
+		}
+	}
+	return arm
+}
+
+// armLine is one arm's progress line when stderr is not a terminal.
+func armLine(c Cell, a Arm) string {
+	if a.Mode == nil {
+		return fmt.Sprintf("%s %s: not run: %s", c.Name(), a.Policy, a.Error)
+	}
+	return fmt.Sprintf("%s %s: %d requests, %d errors, TTFT p95 %.1f ms, %.1f s", c.Name(), a.Policy,
+		a.Mode.Requests, a.Mode.Errors, a.Mode.TTFT.P95, a.WallS)
+}
+
+// newBar is the suite's one bar over arms on stderr, shown only on a terminal.
+func newBar(o Options, total int) (*progressbar.ProgressBar, bool) {
+	visible := !o.Quiet && isTerminal(o.Stderr)
+	return progressbar.NewOptions(total,
+		progressbar.OptionSetWriter(o.Stderr),
+		progressbar.OptionSetVisibility(visible),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionThrottle(200*time.Millisecond),
+	), visible
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
