@@ -66,13 +66,13 @@ func Analyze(r *Result) *Board {
 				flags[i] = append(flags[i], "failed: "+a.Error)
 			}
 			if a.Mode != nil {
-				flags[i] = append(flags[i], modeFlags(*a.Mode)...)
+				flags[i] = append(flags[i], armFlags(*a.Mode)...)
 				if a.Mode.Requests != c.Requests {
 					flags[i] = append(flags[i], fmt.Sprintf("%d requests, the cell's first arm sent %d", a.Mode.Requests, c.Requests))
 				}
 			}
 		}
-		digestFlags(c, flags, requestsDigest)
+		digestFlags(c, flags, func(m report.Mode) string { return m.RequestsDigest })
 		rows := make([]Row, len(c.Arms))
 		oracle := math.NaN()
 		for i, a := range c.Arms {
@@ -101,6 +101,26 @@ func Analyze(r *Result) *Board {
 // common one (every arm must have sent byte-identical requests in the same order), and notes
 // the cell when no arm reports a digest.
 // digest is the arm's requests digest ("" when not reported).
+// armFlags are the arm's validity flags: the bench's (bench.Compare sets report.Mode.Flags
+// for errors and for replicas that reported no cache hit on a workload with reuse), else the
+// same checks on the report's own fields (a report made elsewhere: every suite workload reuses
+// prefixes, so no cached token at all means caching was not measured), and missing usage.
+func armFlags(m report.Mode) []string {
+	f := append([]string(nil), m.Flags...)
+	if len(f) == 0 {
+		if m.Errors > 0 {
+			f = append(f, fmt.Sprintf("%d errors", m.Errors))
+		}
+		if m.PromptTokens > 0 && m.CachedTokens == 0 {
+			f = append(f, "no cache hits")
+		}
+	}
+	if m.UsageMissing > 0 {
+		f = append(f, fmt.Sprintf("usage missing on %d", m.UsageMissing))
+	}
+	return f
+}
+
 func digestFlags(c *CellResult, flags [][]string, digest func(report.Mode) string) {
 	count := map[string]int{}
 	ref := ""

@@ -244,12 +244,7 @@ func runArm(ctx context.Context, o Options, c Cell, policy string, cr *CellResul
 	bo.Flags.Seed = o.Seed
 	bo.Out, bo.DumpRequests = "", false
 	bo.Quiet, bo.Stdout, bo.Stderr = true, io.Discard, o.Stderr
-	if routers > 1 {
-		if err := withRouterReplicas(&bo, routers); err != nil {
-			arm.Error = err.Error()
-			return arm
-		}
-	}
+	bo.RouterReplicas = max(routers, 1)
 	t0 := time.Now()
 	rep, err := bench.Compare(ctx, bo)
 	arm.WallS = time.Since(t0).Seconds()

@@ -132,19 +132,15 @@ func TestSuiteSmoke(t *testing.T) {
 			t.Fatalf("%s: %d requests, %d arms, %d replicas at %g×", c.Name(), c.Requests, len(c.Arms), c.Replicas, c.Speedup)
 		}
 		for _, a := range c.Arms {
-			switch a.Policy {
-			case "round-robin", "prefix", "sglang":
-				// Real arms of this build: every request answered, the replicas reported
-				// cache hits (both workloads repeat prefixes), and no flag.
-				if a.Mode == nil || a.Mode.Requests != c.Requests || a.Mode.Errors != 0 || a.Mode.CachedTokens == 0 || len(a.Flags) > 0 {
-					t.Errorf("%s %s: mode %+v flags %v error %q", c.Name(), a.Policy, a.Mode, a.Flags, a.Error)
-				}
-			default:
-				// prefix×3 and oracle come from other branches: either they ran, or the arm
-				// says what this build lacks and is flagged.
-				if a.Mode == nil && (len(a.Flags) == 0 || !strings.Contains(a.Flags[0], "not run")) {
-					t.Errorf("%s %s: not run but not flagged: %+v", c.Name(), a.Policy, a)
-				}
+			// Every arm, the oracle and the three routers included: every request answered,
+			// the replicas reported cache hits (both workloads repeat prefixes), no flag, and
+			// the same requests as the rest of the cell.
+			if a.Mode == nil || a.Mode.Requests != c.Requests || a.Mode.Errors != 0 || a.Mode.CachedTokens == 0 || len(a.Flags) > 0 ||
+				a.Mode.RequestsDigest == "" || a.Mode.RequestsDigest != c.Arms[0].Mode.RequestsDigest {
+				t.Errorf("%s %s: mode %+v flags %v error %q", c.Name(), a.Policy, a.Mode, a.Flags, a.Error)
+			}
+			if a.Policy == "prefix×3" && (a.Mode == nil || len(a.Mode.RouterRequests) != 3) {
+				t.Errorf("%s prefix×3: router requests %v, want 3 routers", c.Name(), a.Mode)
 			}
 		}
 	}
