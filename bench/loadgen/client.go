@@ -98,6 +98,7 @@ type streamOptions struct {
 type chatRequest struct {
 	Model         string             `json:"model"`
 	Messages      []workload.Message `json:"messages,omitempty"`
+	Tools         json.RawMessage    `json:"tools,omitempty"`
 	Prompt        string             `json:"prompt,omitempty"`
 	MaxTokens     int                `json:"max_tokens"`
 	Stream        bool               `json:"stream"`
@@ -126,6 +127,7 @@ type chunk struct {
 type Request struct {
 	API       workload.API
 	Messages  []workload.Message // chat
+	Tools     json.RawMessage    // chat: the "tools" field (nil: none)
 	Prompt    string             // completions
 	MaxTokens int
 }
@@ -141,7 +143,7 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 		path = "/v1/completions"
 		body.Prompt = req.Prompt
 	} else {
-		body.Messages = req.Messages
+		body.Messages, body.Tools = req.Messages, req.Tools
 	}
 	buf, err := json.Marshal(&body)
 	if err != nil {
