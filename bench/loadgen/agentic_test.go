@@ -191,3 +191,31 @@ func TestAgenticAgainstSim(t *testing.T) {
 		t.Fatal("no sub-agent was generated")
 	}
 }
+
+// TestAddToolTurn: the tool call goes on the reply received, or on an empty assistant message
+// when the previous request got no reply, and a tool message answers it.
+func TestAddToolTurn(t *testing.T) {
+	call := workload.ToolCall{ID: "toolu_1", Type: "function", Function: workload.FunctionCall{Name: "Read", Arguments: `{"file_path":"/a"}`}}
+	turn := workload.Turn{ToolCall: &call, ToolResultFunc: func() string { return "file text" }}
+	user := workload.Message{Role: "user", Content: "task"}
+	tool := workload.Message{Role: "tool", ToolCallID: "toolu_1", Content: "file text"}
+	for _, tc := range []struct {
+		name    string
+		history []workload.Message
+		replied bool
+		want    []workload.Message
+	}{
+		{"after a reply", []workload.Message{user, {Role: "assistant", Content: "reading"}}, true,
+			[]workload.Message{user, {Role: "assistant", Content: "reading", ToolCalls: []workload.ToolCall{call}}, tool}},
+		{"after a failed request", []workload.Message{user}, false,
+			[]workload.Message{user, {Role: "assistant", ToolCalls: []workload.ToolCall{call}}, tool}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &convState{history: tc.history, replied: tc.replied}
+			s.addToolTurn(&turn)
+			if !reflect.DeepEqual(s.history, tc.want) || s.replied {
+				t.Fatalf("history %+v, want %+v", s.history, tc.want)
+			}
+		})
+	}
+}
