@@ -258,23 +258,15 @@ func (g *agenticGen) session(i int) (*Conversation, *Conversation) {
 	for n > MinRequests && ctx[n-1]+turns[n-1].MaxTokens > g.maxPrompt {
 		n--
 	}
-	if fork >= n-1 {
-		fork = -1
-		for t := 1; t < n; t++ {
-			if turns[t].ToolCall.Function.Name == agentTools[taskTool].name {
-				c := toolCall(p.Seed, i, t, pickTool(r))
-				turns[t].ToolCall = &c
-			}
-		}
-	}
 	c := &Conversation{ID: i, System: v.system, Tools: v.tools, Turns: turns[:n]}
-	if fork < 0 {
-		return c, nil
+	var sub *Conversation
+	if fork >= 0 && fork < n-1 {
+		sub = g.subAgent(r, c, fork, ctx[fork], (ctx[n-1]-ctx[0])/max(1, n-1), i)
 	}
-	growth := (ctx[n-1] - ctx[0]) / max(1, n-1)
-	sub := g.subAgent(r, c, fork, ctx[fork], growth, i)
-	if sub == nil {
-		return c, nil
+	if sub == nil && fork >= 0 && fork < n-1 {
+		// No room for the sub-agent: the reply calls another tool instead of Task.
+		call := toolCall(p.Seed, i, fork+1, pickTool(r))
+		c.Turns[fork+1].ToolCall = &call
 	}
 	return c, sub
 }

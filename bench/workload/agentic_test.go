@@ -129,6 +129,20 @@ func TestAgenticStatistics(t *testing.T) {
 		sz := agenticSizes(c, sizes[par.ID][c.Fork.After])
 		sizes[c.ID] = sz
 	}
+	// Every Task call has the sub-agent it spawns.
+	forked := map[[2]int]bool{}
+	for _, c := range w.Conversations {
+		if c.Fork != nil {
+			forked[[2]int{c.Fork.Parent, c.Fork.After + 1}] = true
+		}
+	}
+	for _, c := range w.Conversations {
+		for i, tr := range c.Turns {
+			if tr.ToolCall != nil && tr.ToolCall.Function.Name == "Task" && !forked[[2]int{c.ID, i}] {
+				t.Fatalf("conversation %d turn %d answers a Task call that spawned no sub-agent", c.ID, i)
+			}
+		}
+	}
 	for _, c := range w.Conversations {
 		for i, s := range sizes[c.ID] {
 			if s+c.Turns[i].MaxTokens > p.MaxModelLen {
