@@ -91,12 +91,14 @@ const (
 	// overflow the caches when every replica must hold every session (round-robin).
 	DefaultAgenticSessions = 12
 	DefaultAgenticRate     = 0.1
-	// DefaultAgenticRequests is the median requests per session of the default run: 20, not
+	// DefaultAgenticRequests is the median requests per session of the default run: 16, not
 	// the published ~45 (workload.DefaultAgentic). A session lasts its requests × (think time
-	// + reply), ≈45 × 13 s ≈ 10 min of model time at 45, and the longest of 12 about twice
-	// that, so three modes at --speedup 8 would take ~10 minutes; at 20 the contexts still grow
-	// to ~100k tokens (larger tool results per request). --turns 45 gives the published shape.
-	DefaultAgenticRequests = 20
+	// + reply), ≈45 × 13 s ≈ 10 min of model time at 45, and a run lasts as long as its longest
+	// session (twice the median, more when it waits for a sub-agent), so three modes at
+	// --speedup 8 would take over 10 minutes; at 16 the longest session of the default seed is
+	// ≈9.5 min of model time (≈72 s at --speedup 8) and the contexts still grow to ~100k tokens
+	// (larger tool results per request). --turns 45 gives the published shape.
+	DefaultAgenticRequests = 16
 	// DefaultMooncakeCount replays the trace's first 1000 requests (330 s of trace time).
 	DefaultMooncakeCount = 1000
 	// MooncakeKVTokens is the per-replica KV capacity for the Mooncake trace (DESIGN: 2M-token
