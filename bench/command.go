@@ -25,7 +25,7 @@ func Command() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "bench",
 		Short: "Load generator and routing-mode comparison",
-		Long: `bench replays a workload (multi-turn, shared-prefix, mooncake, oasst, mt-bench) and measures
+		Long: `bench replays a workload (multi-turn, shared-prefix, agentic, mooncake, oasst, mt-bench) and measures
 TTFT, inter-token latency, end-to-end latency, throughput, cached-token ratio and per-backend share.
 
   prefixlb bench compare                  # multi-turn, 4 simulated replicas, three modes, ~1 min
@@ -113,22 +113,22 @@ func addCommon(fs *pflag.FlagSet, o *Options) {
 
 	fs.Uint64Var(&f.Seed, "seed", 1, "workload seed (the same for every mode)")
 	fs.IntVar(&f.Users, "users", 0, fmt.Sprintf("closed-loop users (multi-turn: %d; oasst, mt-bench: 4; shared-prefix: closed loop with this many users when --rate is not given)", DefaultUsers))
-	fs.Float64Var(&f.Rate, "rate", 0, "open-loop Poisson rate in requests (shared-prefix) or conversations (oasst, mt-bench) per second (shared-prefix: 20)")
-	fs.DurationVar(&f.ThinkMin, "think-min", 500*time.Millisecond, "think time before each turn, lower bound (multi-turn, oasst, mt-bench)")
+	fs.Float64Var(&f.Rate, "rate", 0, fmt.Sprintf("open-loop Poisson rate in requests (shared-prefix) or conversations (oasst, mt-bench) or sessions (agentic) per second (shared-prefix: 20; agentic: %g)", DefaultAgenticRate))
+	fs.DurationVar(&f.ThinkMin, "think-min", 500*time.Millisecond, "think time before each turn, lower bound (multi-turn, oasst, mt-bench; agentic: bounds its lognormal think time, default 1s..1m around a 10 s median)")
 	fs.DurationVar(&f.ThinkMax, "think-max", 2*time.Second, "think time before each turn, upper bound")
-	fs.IntVar(&f.OutputTokens, "output-tokens", 0, "max_tokens per reply (multi-turn: 150; shared-prefix: 256; mt-bench, oasst's last turn: 256)")
-	fs.IntVar(&f.Conversations, "conversations", 0, fmt.Sprintf("conversations (multi-turn: %d; oasst, mt-bench: all)", DefaultConversations))
-	fs.IntVar(&f.Turns, "turns", 0, fmt.Sprintf("turns per conversation (multi-turn: %d; the public measurement used 10)", DefaultTurns))
+	fs.IntVar(&f.OutputTokens, "output-tokens", 0, "max_tokens per reply (multi-turn: 150; shared-prefix: 256; mt-bench, oasst's last turn: 256; agentic: the median, 200)")
+	fs.IntVar(&f.Conversations, "conversations", 0, fmt.Sprintf("conversations (multi-turn: %d; oasst, mt-bench: all; agentic: top-level sessions, %d)", DefaultConversations, DefaultAgenticSessions))
+	fs.IntVar(&f.Turns, "turns", 0, fmt.Sprintf("turns per conversation (multi-turn: %d; the public measurement used 10; agentic: median requests per session, %d, published 45)", DefaultTurns, DefaultAgenticRequests))
 	fs.IntVar(&f.DocTokens, "doc-tokens", 0, fmt.Sprintf("document tokens per conversation (multi-turn: %d)", DefaultDocTokens))
 	fs.IntVar(&f.QuestionTokens, "question-tokens", 0, "tokens per question (shared-prefix: 256; multi-turn follow-ups: 16 extra)")
 	fs.IntVar(&f.Groups, "groups", 0, "shared-prefix groups (32)")
 	fs.IntVar(&f.PromptsPerGroup, "prompts-per-group", 0, "shared-prefix prompts per group (32)")
-	fs.IntVar(&f.SystemTokens, "system-tokens", 0, "shared-prefix system prompt tokens (2048)")
+	fs.IntVar(&f.SystemTokens, "system-tokens", 0, "shared-prefix system prompt tokens (2048); agentic: tools + system tokens per client version (17000)")
 	fs.StringVar(&f.TracePath, "trace", "", "Mooncake trace JSONL (default: $PREFIXLB_SHARED or ../shared/traces/conversation_trace.jsonl)")
 	fs.Float64Var(&f.TimeScale, "time-scale", 1, "mooncake: multiply the trace's arrival times (0.5 = twice the rate)")
 	fs.StringVar(&f.Window, "window", "", "mooncake: start,duration of trace time to replay, in seconds or Go durations (e.g. 0,600)")
 	fs.IntVar(&f.Count, "count", 0, fmt.Sprintf("mooncake: replay at most this many requests from the window start (default %d when no --window)", DefaultMooncakeCount))
-	fs.IntVar(&f.MaxOutput, "max-output", 0, "cap on any reply's max_tokens (mooncake: none; oasst: 512)")
+	fs.IntVar(&f.MaxOutput, "max-output", 0, "cap on any reply's max_tokens (mooncake: none; oasst: 512; agentic: 1500)")
 	fs.StringVar(&f.DatasetPath, "dataset", "", "oasst/mt-bench JSONL (default: $PREFIXLB_SHARED or ../shared/datasets/...)")
 }
 

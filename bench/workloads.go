@@ -10,7 +10,7 @@ import (
 )
 
 // Workloads the bench knows.
-var Workloads = []string{"multi-turn", "shared-prefix", "mooncake", "oasst", "mt-bench"}
+var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "oasst", "mt-bench"}
 
 // WorkloadFlags are the workload parameters a user can set. Zero values mean "the workload's
 // default" (see the flag help).
@@ -84,6 +84,21 @@ const (
 	// on 2 cores. Much faster and a cold 4k-token prefill (≈230 ms of model time) shrinks
 	// toward the scheduling noise of a busy machine.
 	DefaultSpeedup = 8
+	// Agentic defaults for `bench compare --workload agentic`: 12 sessions arriving at 0.1
+	// sessions/s of model time (all started within about 2 minutes of model time, 15 s at
+	// --speedup 8), so that about 12 sessions of up to ~120k tokens each are live at once on
+	// 4 replicas of 432k KV-cache tokens: they fit when each session stays on one replica and
+	// overflow the caches when every replica must hold every session (round-robin).
+	DefaultAgenticSessions = 12
+	DefaultAgenticRate     = 0.1
+	// DefaultAgenticRequests is the median requests per session of the default run: 16, not
+	// the published ~45 (workload.DefaultAgentic). A session lasts its requests × (think time
+	// + reply), ≈45 × 13 s ≈ 10 min of model time at 45, and a run lasts as long as its longest
+	// session (twice the median, more when it waits for a sub-agent), so three modes at
+	// --speedup 8 would take over 10 minutes; at 16 the longest session of the default seed is
+	// ≈9.5 min of model time (≈72 s at --speedup 8) and the contexts still grow to ~100k tokens
+	// (larger tool results per request). --turns 45 gives the published shape.
+	DefaultAgenticRequests = 16
 	// DefaultMooncakeCount replays the trace's first 1000 requests (330 s of trace time).
 	DefaultMooncakeCount = 1000
 	// MooncakeKVTokens is the per-replica KV capacity for the Mooncake trace (DESIGN: 2M-token
@@ -135,6 +150,25 @@ func BuildWorkload(name string, f WorkloadFlags, replicas int, kvTokens int64, m
 		}
 		p.Seed = seed
 		return workload.SharedPrefix(p)
+	case "agentic":
+		if f.Users > 0 {
+			return nil, fmt.Errorf("agentic is open-loop: use --rate (sessions/s), not --users")
+		}
+		p := workload.DefaultAgentic()
+		p.Sessions = or(f.Conversations, DefaultAgenticSessions)
+		p.Rate = or(f.Rate, DefaultAgenticRate)
+		p.Requests = or(f.Turns, DefaultAgenticRequests)
+		p.PrefixTokens = or(f.SystemTokens, p.PrefixTokens)
+		p.OutputTokens = or(f.OutputTokens, p.OutputTokens)
+		p.MaxOutput = or(f.MaxOutput, p.MaxOutput)
+		if f.thinkSet {
+			p.ThinkMin, p.ThinkMax = f.ThinkMin, f.ThinkMax
+		}
+		if maxModelLen > 0 {
+			p.MaxModelLen = maxModelLen
+		}
+		p.Seed = seed
+		return workload.Agentic(p)
 	case "mooncake":
 		path := f.TracePath
 		if path == "" {

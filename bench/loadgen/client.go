@@ -121,6 +121,7 @@ type streamOptions struct {
 type chatRequest struct {
 	Model         string             `json:"model"`
 	Messages      []workload.Message `json:"messages,omitempty"`
+	Tools         json.RawMessage    `json:"tools,omitempty"`
 	Prompt        string             `json:"prompt,omitempty"`
 	MaxTokens     int                `json:"max_tokens"`
 	Stream        bool               `json:"stream"`
@@ -149,6 +150,7 @@ type chunk struct {
 type Request struct {
 	API       workload.API
 	Messages  []workload.Message // chat
+	Tools     json.RawMessage    // chat: the "tools" field (nil: none)
 	Prompt    string             // completions
 	MaxTokens int
 }
@@ -164,7 +166,7 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 		path = "/v1/completions"
 		body.Prompt = req.Prompt
 	} else {
-		body.Messages = req.Messages
+		body.Messages, body.Tools = req.Messages, req.Tools
 	}
 	buf, err := json.Marshal(&body)
 	if err != nil {

@@ -86,6 +86,10 @@ type convState struct {
 	c       *workload.Conversation
 	next    int
 	history []workload.Message
+	// sent is how many messages of history the last request carried; replied is whether the
+	// message after them is that request's reply.
+	sent    int
+	replied bool
 }
 
 func newConvState(c *workload.Conversation) *convState {
@@ -107,8 +111,14 @@ func (r *runner) turn(ctx context.Context, s *convState, scheduled time.Time) {
 			req.Prompt = s.c.System + "\n\n" + user
 		}
 	} else {
-		s.history = append(s.history, workload.Message{Role: "user", Content: user})
-		req.Messages = s.history
+		if t.ToolCall != nil {
+			s.addToolTurn(t)
+		}
+		if t.ToolCall == nil || user != "" {
+			s.history = append(s.history, workload.Message{Role: "user", Content: user})
+		}
+		req.Messages, req.Tools = s.history, s.c.Tools
+		s.sent, s.replied = len(s.history), false
 	}
 	rctx, cancel := context.WithTimeout(ctx, r.opt.RequestTimeout)
 	res := r.opt.Client.Do(rctx, req, scheduled)
@@ -116,6 +126,7 @@ func (r *runner) turn(ctx context.Context, s *convState, scheduled time.Time) {
 	res.Conversation, res.Turn = s.c.ID, s.next
 	if r.w.API != workload.Completions && res.Reply != "" {
 		s.history = append(s.history, workload.Message{Role: "assistant", Content: res.Reply})
+		s.replied = true
 	}
 	res.Reply = "" // the history holds it; results stay small
 	s.next++
@@ -125,6 +136,21 @@ func (r *runner) turn(ctx context.Context, s *convState, scheduled time.Time) {
 	if r.opt.OnResult != nil {
 		r.opt.OnResult(res)
 	}
+}
+
+// addToolTurn appends what an agent sends after its tool ran: the previous reply gets the
+// turn's tool call (an assistant message with empty content stands in for a reply that failed),
+// and a "tool" message answers it with the turn's tool result.
+func (s *convState) addToolTurn(t *workload.Turn) {
+	calls := []workload.ToolCall{*t.ToolCall}
+	if s.replied {
+		s.history[len(s.history)-1].ToolCalls = calls
+	} else {
+		s.history = append(s.history, workload.Message{Role: "assistant", ToolCalls: calls})
+	}
+	s.history = append(s.history, workload.Message{Role: "tool", ToolCallID: t.ToolCall.ID,
+		Content: t.ToolResultText()})
+	s.replied = false
 }
 
 // sleep waits d or until ctx ends; false if ctx ended.
@@ -184,11 +210,25 @@ func (r *runner) closed(ctx context.Context) {
 	workers.Wait()
 }
 
-// open starts each conversation at Start + At (scaled), however many are outstanding; later
-// turns follow the reply after their think time.
+// open starts each top-level conversation at Start + At (scaled), however many are
+// outstanding; later turns follow the reply after their think time. A sub-agent (Fork) starts
+// after its parent's turn Fork.After has its reply, with a copy of the messages that turn sent,
+// and the parent's next turn waits until every sub-agent forked there has finished.
 func (r *runner) open(ctx context.Context) {
+	forks := map[int]map[int][]*workload.Conversation{} // parent ID → parent turn → sub-agents
+	for _, c := range r.w.Conversations {
+		if f := c.Fork; f != nil {
+			if forks[f.Parent] == nil {
+				forks[f.Parent] = map[int][]*workload.Conversation{}
+			}
+			forks[f.Parent][f.After] = append(forks[f.Parent][f.After], c)
+		}
+	}
 	var wg sync.WaitGroup
 	for _, c := range r.w.Conversations {
+		if c.Fork != nil {
+			continue
+		}
 		at := r.scaled(c.At)
 		due := r.out.Start.Add(at)
 		if !sleep(ctx, time.Until(due)) {
@@ -198,14 +238,34 @@ func (r *runner) open(ctx context.Context) {
 		wg.Add(1)
 		go func(s *convState, due time.Time) {
 			defer wg.Done()
-			r.turn(ctx, s, due)
-			for s.next < len(s.c.Turns) {
-				if !sleep(ctx, r.scaled(s.c.Turns[s.next].Think)) {
-					return
-				}
-				r.turn(ctx, s, time.Now())
-			}
+			r.session(ctx, s, due, forks[s.c.ID])
 		}(newConvState(c), due)
 	}
 	wg.Wait()
+}
+
+// session sends s's turns, the first due at first, each later one after its think time; after
+// turn k it runs the sub-agents forked there (kids[k]) and waits for them.
+func (r *runner) session(ctx context.Context, s *convState, first time.Time, kids map[int][]*workload.Conversation) {
+	r.turn(ctx, s, first)
+	for {
+		if sub := kids[s.next-1]; len(sub) > 0 {
+			var wg sync.WaitGroup
+			for _, c := range sub {
+				k := &convState{c: c, history: append([]workload.Message(nil), s.history[:s.sent]...)}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if sleep(ctx, r.scaled(c.Turns[0].Think)) {
+						r.session(ctx, k, time.Now(), nil)
+					}
+				}()
+			}
+			wg.Wait()
+		}
+		if s.next >= len(s.c.Turns) || !sleep(ctx, r.scaled(s.c.Turns[s.next].Think)) {
+			return
+		}
+		r.turn(ctx, s, time.Now())
+	}
 }

@@ -54,10 +54,28 @@ const (
 	MTBench       = "datasets/question.jsonl"
 )
 
-// Message is an OpenAI chat message.
+// Message is an OpenAI chat message. ToolCalls (an assistant message's function calls) and
+// ToolCallID (a "tool" message's answer to one) are omitted when empty, so messages without
+// them encode exactly as before they existed.
 type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role       string     `json:"role"`
+	Content    string     `json:"content"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+// ToolCall is one OpenAI function call of an assistant message:
+// {"id", "type": "function", "function": {"name", "arguments"}}.
+type ToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall is a tool call's function: its name and its arguments as a JSON text.
+type FunctionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
 }
 
 // OASSTThread is one root-to-leaf path of an OpenAssistant tree.

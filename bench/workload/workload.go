@@ -6,6 +6,7 @@
 package workload
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"time"
@@ -48,6 +49,21 @@ type Turn struct {
 	// UserFunc, when set, makes User lazily (long trace prompts are built at send time so a
 	// whole trace is never held in memory at once).
 	UserFunc func() string
+	// ToolCall, when set, is the tool call the previous reply makes: the load generator adds it
+	// to the assistant message it received and sends a "tool" message answering it, with the
+	// text of ToolResult (or ToolResultFunc, built lazily), before this turn's user message. A
+	// tool turn usually has no user message (User and UserFunc empty).
+	ToolCall       *ToolCall
+	ToolResult     string
+	ToolResultFunc func() string
+}
+
+// ToolResultText is the turn's tool result ("" without a tool call).
+func (t *Turn) ToolResultText() string {
+	if t.ToolResultFunc != nil {
+		return t.ToolResultFunc()
+	}
+	return t.ToolResult
 }
 
 // Text is the turn's user message.
@@ -66,6 +82,21 @@ type Conversation struct {
 	Turns  []Turn
 	// At is the open-loop arrival offset of the first turn from the start of the run.
 	At time.Duration
+	// Tools, when set, is the request's "tools" field (a JSON list of function schemas), sent
+	// with every turn.
+	Tools json.RawMessage
+	// Fork, when set, makes this a sub-agent of another conversation: it is not started at At
+	// but when its parent's turn Fork.After has its reply, and its history starts as a copy of
+	// the messages that parent turn sent (open loop only).
+	Fork *Fork
+}
+
+// Fork places a sub-agent conversation in its parent's history.
+type Fork struct {
+	// Parent is the parent conversation's ID; After is the parent turn whose sent messages the
+	// sub-agent's first request starts with. The parent's next turn waits for the sub-agent to
+	// finish (the parent's tool call that spawned it returns when it does).
+	Parent, After int
 }
 
 // Workload is a replayable set of conversations and how to schedule them.
@@ -100,12 +131,27 @@ func (w *Workload) Validate() error {
 	if w.Loop == Closed && w.Users < 1 {
 		return fmt.Errorf("workload %s: closed loop needs users >= 1", w.Name)
 	}
+	ids := make(map[int]*Conversation, len(w.Conversations))
+	for _, c := range w.Conversations {
+		ids[c.ID] = c
+	}
 	for _, c := range w.Conversations {
 		if len(c.Turns) == 0 {
 			return fmt.Errorf("workload %s: conversation %d has no turns", w.Name, c.ID)
 		}
 		if w.API == Completions && len(c.Turns) > 1 {
 			return fmt.Errorf("workload %s: the completions API takes single-turn conversations only", w.Name)
+		}
+		if c.Fork != nil {
+			p, ok := ids[c.Fork.Parent]
+			switch {
+			case w.Loop != Open:
+				return fmt.Errorf("workload %s: sub-agent conversation %d needs the open loop", w.Name, c.ID)
+			case !ok || p.Fork != nil:
+				return fmt.Errorf("workload %s: sub-agent conversation %d: parent %d is not a top-level conversation", w.Name, c.ID, c.Fork.Parent)
+			case c.Fork.After < 0 || c.Fork.After >= len(p.Turns)-1:
+				return fmt.Errorf("workload %s: sub-agent conversation %d forks after turn %d of %d", w.Name, c.ID, c.Fork.After, len(p.Turns))
+			}
 		}
 	}
 	return nil
