@@ -40,19 +40,24 @@ const (
 	// QuickSharedPrefixPrompts: 8 × 16 = 128 requests at the medium rate, 0.9 s an arm.
 	QuickSharedPrefixPrompts = 16
 
-	// Agentic (open loop, sessions/s): coding-agent sessions of ~45 requests over a context
-	// growing to ~100k tokens, think time median ~10 s (issue 14 item 3). NOT MEASURED: the
-	// workload is on another branch; re-measure saturation when it lands. A session lasts
-	// ~45 × 12 s ≈ 540 s of model time whatever the rate, so an arm takes at least that ÷
-	// AgenticSpeedup (≈34 s) and 9 arms at least 5 minutes: agentic is not in --quick. Each
-	// level sends sessions for AgenticArrivalSpanS seconds (rate × span sessions, at least
-	// AgenticMinSessions), so an arm takes ≈ (240 + 540) s ÷ 16 ≈ 49 s at every level, with
-	// about 2, 5 and 10 sessions in flight at once.
-	AgenticArrivalSpanS = 240
-	AgenticMinSessions  = 2
-	AgenticLight        = 0.01
-	AgenticMedium       = 0.02
-	AgenticNearSat      = 0.04
+	// Agentic (open loop, sessions/s): coding-agent sessions over a context growing to ~100k
+	// tokens, think time median ~10 s (issue 14 item 3), at the workload's default median of
+	// bench.DefaultAgenticRequests (16) requests per session: a session lasts ≈16 × 13 s ≈
+	// 210 s of model time, the longest about twice that, whatever the rate. Each level sends
+	// sessions for AgenticArrivalSpanS seconds (rate × span sessions): an arm takes ≈ (120 +
+	// 450) s ÷ 16 ≈ 36 s. bench compare's default (12 sessions at 0.1/s, 8×) queued: round-robin
+	// p95 1.5 s against prefix 0.27 s. So light 0.05 (6 sessions), medium 0.1 (12, that
+	// default's density), near saturation 0.2 (24 sessions, ≈20 in flight: ~1M tokens of
+	// context against 4 × 432k of KV cache). Quick: 3 sessions of a median 5 requests at 0.2/s
+	// (≈9 s an arm).
+	AgenticArrivalSpanS  = 120
+	AgenticMinSessions   = 2
+	AgenticLight         = 0.05
+	AgenticMedium        = 0.1
+	AgenticNearSat       = 0.2
+	QuickAgenticSessions = 3
+	QuickAgenticRequests = 5
+	QuickAgenticRate     = 0.2
 	// AgenticSpeedup: agentic prefills are long (a 2k-token tool result on a 50k-token context
 	// is ≈0.25 s of model time, a cold 17k-token system prompt ≈1.2 s), so at 16× a prefill is
 	// still ≥15 ms wall, above a busy machine's scheduling noise, and the 9-minute sessions
@@ -130,8 +135,12 @@ var plans = []plan{
 		unit: perSecond("req")},
 	{name: "agentic",
 		full:    []level{{"light", AgenticLight}, {"medium", AgenticMedium}, {"near-saturation", AgenticNearSat}},
+		quick:   &level{"near-saturation", QuickAgenticRate},
 		speedup: AgenticSpeedup,
 		flags: func(q bool, l level) bench.WorkloadFlags {
+			if q {
+				return bench.WorkloadFlags{Conversations: QuickAgenticSessions, Turns: QuickAgenticRequests, Rate: l.load}
+			}
 			return bench.WorkloadFlags{Conversations: max(AgenticMinSessions, int(math.Round(l.load*AgenticArrivalSpanS))), Rate: l.load}
 		},
 		unit: perSecond("sessions")},
