@@ -58,14 +58,17 @@ type target struct {
 	bs  int
 
 	mu      sync.Mutex
-	sent    uint64 // requests routed here
-	base    uint64 // the replica's RequestsAdded when the oracle started
 	pending []pendingReq
+	seen    uint64 // the replica's arrivals up to this Seq have been matched
+	scratch []sim.Arrival
 }
 
+// pendingReq is a routed request: its description, the replica's ArrivalSeq when it was
+// routed (it arrives with a larger Seq) and when.
 type pendingReq struct {
-	p  sim.Pending
-	at time.Time
+	p     sim.Pending
+	after uint64
+	at    time.Time
 }
 
 // New returns an oracle over the cluster's replicas; backends are matched to replicas by URL
@@ -74,7 +77,7 @@ func New(c *sim.Cluster) *Oracle {
 	o := &Oracle{byName: map[string]*target{}, clock: time.Now}
 	urls, reps := c.URLs(), c.Replicas()
 	for i, r := range reps {
-		o.byName[urls[i]] = &target{rep: r, bs: r.Config().BlockSize, base: r.Stats().RequestsAdded}
+		o.byName[urls[i]] = &target{rep: r, bs: r.Config().BlockSize, seen: r.ArrivalSeq()}
 	}
 	return o
 }
@@ -93,6 +96,8 @@ func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 	if err != nil {
 		return o.ll.Pick(k, cs)
 	}
+	// Hashed once, outside every lock: each replica's locked work is only the walk.
+	q := sim.NewPending(tokens, seed, maxTokens, tgt.bs)
 	now := o.clock()
 	n := len(cs)
 	start := int(o.rot.Add(1) % uint64(n))
@@ -103,7 +108,7 @@ func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		if t == nil {
 			continue
 		}
-		p := t.predict(tokens, seed, maxTokens, now)
+		p := t.predict(q, now)
 		ttft := time.Duration(math.MaxInt64)
 		if p.OK {
 			ttft = p.TTFT
@@ -115,7 +120,7 @@ func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 	if best < 0 {
 		return o.ll.Pick(k, cs)
 	}
-	o.byName[cs[best].Name].sentTo(sim.NewPending(tokens, seed, maxTokens, tgt.bs), now)
+	o.byName[cs[best].Name].sentTo(q, now)
 	reason := router.ReasonLeastLoad
 	if bestCached > 0 {
 		reason = router.ReasonMatch
@@ -124,41 +129,52 @@ func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 }
 
 // predict asks the replica, with the requests still on their way to it queued first.
-func (t *target) predict(tokens []uint32, seed uint64, maxTokens int, now time.Time) sim.Prediction {
+func (t *target) predict(q sim.Pending, now time.Time) sim.Prediction {
 	t.mu.Lock()
 	t.trim(now)
 	pend := make([]sim.Pending, len(t.pending))
-	for i, q := range t.pending {
-		pend[i] = q.p
+	for i, r := range t.pending {
+		pend[i] = r.p
 	}
 	t.mu.Unlock()
-	return t.rep.Predict(tokens, seed, maxTokens, pend)
+	return t.rep.PredictPending(q, pend)
 }
 
 // sentTo records a request routed to this replica.
 func (t *target) sentTo(p sim.Pending, now time.Time) {
+	after := t.rep.ArrivalSeq()
 	t.mu.Lock()
-	t.sent++
-	t.pending = append(t.pending, pendingReq{p: p, at: now})
+	t.pending = append(t.pending, pendingReq{p: p, after: after, at: now})
 	t.mu.Unlock()
 }
 
-// trim drops the pending requests that have arrived (the replica has added as many requests
-// as the oracle sent, less those still pending; arrival order is taken as routing order) and
-// those older than pendingTTL (refused or abandoned: no longer counted as sent). The caller
-// holds t.mu.
+// trim drops the pending requests that have arrived and those older than pendingTTL (refused
+// or abandoned). A request has arrived when the replica logged an arrival with its
+// Fingerprint after it was routed (sim.Replica.ArrivalsSince): requests routed there by
+// other routers, or sent to it directly, match none of this oracle's and are not counted
+// against them. Two pending requests with the same fingerprint (the same body) are matched
+// oldest first. The caller holds t.mu.
 func (t *target) trim(now time.Time) {
-	arrived := t.rep.Stats().RequestsAdded - t.base
-	still := 0
-	if t.sent > arrived {
-		still = int(t.sent - arrived)
+	if len(t.pending) == 0 {
+		t.seen = t.rep.ArrivalSeq()
+		return
 	}
-	drop := max(len(t.pending)-still, 0)
-	for drop < len(t.pending) && now.Sub(t.pending[drop].at) > pendingTTL {
-		drop++
-		t.sent-- // never arrived: do not wait for it again
+	t.scratch, _ = t.rep.ArrivalsSince(t.seen, t.scratch[:0])
+	for _, a := range t.scratch {
+		t.seen = a.Seq
+		for i, r := range t.pending {
+			if r.after < a.Seq && r.p.Fingerprint() == a.Fingerprint {
+				t.pending = append(t.pending[:i], t.pending[i+1:]...)
+				break
+			}
+		}
 	}
-	if drop > 0 {
-		t.pending = append(t.pending[:0], t.pending[drop:]...)
+	n := 0
+	for _, r := range t.pending {
+		if now.Sub(r.at) <= pendingTTL {
+			t.pending[n] = r
+			n++
+		}
 	}
+	t.pending = t.pending[:n]
 }

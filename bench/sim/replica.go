@@ -27,8 +27,9 @@ type Replica struct {
 	start     time.Time
 	startUnix float64
 
-	mu  sync.Mutex // guards eng
+	mu  sync.Mutex // guards eng and arr
 	eng *Engine
+	arr arrivals // the engine's recent accepted requests (the oracle's pending accounting)
 
 	wake       chan struct{}
 	quit       chan struct{}
@@ -276,9 +277,13 @@ func (r *Replica) handleGenerate(w http.ResponseWriter, req *http.Request, chat 
 		return
 	}
 
+	fp := Fingerprint(ar.tokens, ar.seed, ar.maxTokens)
 	rq := NewRequest(ar.tokens, ar.maxTokens, ar.seed, !chat, ar.stream)
 	r.mu.Lock()
 	err = r.eng.Add(rq, r.modelNow())
+	if err == nil {
+		r.arr.add(fp)
+	}
 	r.mu.Unlock()
 	if err != nil {
 		param := "prompt"
