@@ -184,12 +184,6 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if o.Speedup != 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))
 	}
-	if len(o.Backends) > 0 {
-		warn := "External backends: their KV caches were NOT emptied between modes, so every mode after the first starts warm and the comparison favours the later modes. Restart the replicas between modes (or run one mode per invocation with --modes) for a fair comparison."
-		rep.Notes = append(rep.Notes, warn)
-		fmt.Fprintf(o.Stderr, "warning: %s\n", warn)
-	}
-
 	type run struct{ label, mode string }
 	var runs []run
 	if o.Target != "" {
@@ -216,6 +210,12 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		if len(runs) == 0 {
 			return nil, errors.New("--modes: none given")
 		}
+	}
+
+	if len(o.Backends) > 0 {
+		warn := "External backends: their KV caches were NOT emptied between modes, so every mode after the first starts warm and the comparison favours the later modes. Restart the replicas between modes (or run one mode per invocation with --modes) for a fair comparison."
+		rep.Notes = append(rep.Notes, warn)
+		fmt.Fprintf(o.Stderr, "warning: %s\n", warn)
 	}
 
 	for i, rate := range rates {
@@ -306,8 +306,12 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			backends = cluster.URLs()
 		}
 		routers = routers[:0]
+		var orc *oracle.Oracle // one for all routers: each sees every request routed, not only its own
+		if mode == oracle.Name && cluster != nil {
+			orc = oracle.New(cluster)
+		}
 		for range max(o.RouterReplicas, 1) { // each replica its own prefixlb with its own index
-			url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster)
+			url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc)
 			if err != nil {
 				return report.Mode{}, err
 			}
@@ -386,8 +390,9 @@ func routerRequests(out *loadgen.Outcome, routers int) []int {
 
 // startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port; mode is one of
 // router.ModeNames, a bench-only policy of bench/peers, or the oracle (which needs cluster, the
-// simulated replicas behind backends; nil with external backends).
-func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster) (string, func(), error) {
+// simulated replicas behind backends; nil with external backends). orc is the oracle mode's
+// policy, shared by all of an arm's routers (nil: a new one over cluster).
+func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle) (string, func(), error) {
 	sims := cluster != nil
 	cfg := *base
 	cfg.Mode = mode
@@ -415,7 +420,10 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		}
 		cfg.Mode = router.DefaultMode
 		cfg.ApplyDefaults()
-		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, oracle.New(cluster))
+		if orc == nil {
+			orc = oracle.New(cluster)
+		}
+		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, orc)
 	} else if peers.Is(mode) {
 		// A bench-only policy: the proxy is prefix mode's in every other respect, and its
 		// prefix section (chunk size, index capacity) sizes the peer's index too.
