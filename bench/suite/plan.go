@@ -48,15 +48,16 @@ const (
 	// 450) s ÷ 16 ≈ 36 s. bench compare's default (12 sessions at 0.1/s, 8×) queued: round-robin
 	// p95 1.5 s against prefix 0.27 s. So light 0.05 (6 sessions), medium 0.1 (12, that
 	// default's density), near saturation 0.2 (24 sessions, ≈20 in flight: ~1M tokens of
-	// context against 4 × 432k of KV cache). Quick: 3 sessions of a median 5 requests at 0.2/s
-	// (≈9 s an arm).
+	// context against 4 × 432k of KV cache). Quick: 5 sessions of a median 6 requests at 0.2/s:
+	// 43 requests with one sub-agent fork (seed 1; 3 sessions of 5 had none, and their p95 was
+	// the cold prefill under every policy), sessions overlapping enough that placement matters.
 	AgenticArrivalSpanS  = 120
 	AgenticMinSessions   = 2
 	AgenticLight         = 0.05
 	AgenticMedium        = 0.1
 	AgenticNearSat       = 0.2
-	QuickAgenticSessions = 3
-	QuickAgenticRequests = 5
+	QuickAgenticSessions = 5
+	QuickAgenticRequests = 6
 	QuickAgenticRate     = 0.2
 	// AgenticSpeedup: agentic prefills are long (a 2k-token tool result on a 50k-token context
 	// is ≈0.25 s of model time, a cold 17k-token system prompt ≈1.2 s), so at 16× a prefill is

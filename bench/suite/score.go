@@ -47,6 +47,9 @@ type Board struct {
 	Losses []Loss
 	// Unjudged are cells where prefix or every arm it is compared with is not valid.
 	Unjudged []string
+	// PeersOnly are judged cells whose oracle arm ran but is flagged: prefix was compared
+	// with the peers only.
+	PeersOnly []string
 }
 
 // Analyze flags every arm (not run, failed, the bench's validity flags, requests that differ
@@ -90,8 +93,11 @@ func Analyze(r *Result) *Board {
 		b.Rows = append(b.Rows, rows)
 		losses, judged := prefixLosses(c.Name(), rows)
 		b.Losses = append(b.Losses, losses...)
-		if !judged {
+		switch {
+		case !judged:
 			b.Unjudged = append(b.Unjudged, c.Name())
+		case math.IsNaN(oracle) && slices.ContainsFunc(rows, func(r Row) bool { return r.Policy == OraclePolicy }):
+			b.PeersOnly = append(b.PeersOnly, c.Name())
 		}
 	}
 	return b
@@ -331,6 +337,9 @@ func lossBlock(b *Board) string {
 			}
 		}
 		fmt.Fprintf(&sb, "- %s: prefix %s ms vs %s\n", cell, fms(p), strings.Join(byCell[cell], ", "))
+	}
+	if len(b.PeersOnly) > 0 {
+		fmt.Fprintf(&sb, "- judged against the peers only (the oracle arm is flagged, see Validity): %s\n", strings.Join(b.PeersOnly, ", "))
 	}
 	if len(b.Unjudged) > 0 {
 		fmt.Fprintf(&sb, "- not judged (no valid prefix arm, or no valid oracle or peer arm): %s\n", strings.Join(b.Unjudged, ", "))

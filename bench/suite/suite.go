@@ -35,6 +35,10 @@ const (
 	// replicas behind a per-request spread (a Service in front of a 3-replica Deployment, the
 	// worst case for affinity; issue 14 item 5).
 	SuiteRouterReplicas = 3
+	// MaxRouters bounds prefix×N: each router is an in-process prefixlb with its own listeners,
+	// index and health checks, all on the suite's 2 cores; past a Deployment's usual few
+	// replicas more routers add only file descriptors and scheduling noise to the arm.
+	MaxRouters = 16
 )
 
 // Policies are the suite's arms in scoreboard order: prefixlb's own modes, prefix behind
@@ -49,12 +53,12 @@ var Peers = []string{"chwbl", "sglang", "dynamo", "llm-d"}
 var routersRe = regexp.MustCompile(`^prefix(?:×|-x|\*)([0-9]+)$`)
 
 // ParsePolicy splits a policy name into the bench mode and its router count (1 for a single
-// prefixlb). The error names the suite's policies.
+// prefixlb). The error names the suite's policies, or the router count's bounds (1..MaxRouters).
 func ParsePolicy(name string) (mode string, routers int, canonical string, err error) {
 	if m := routersRe.FindStringSubmatch(name); m != nil {
-		n, _ := strconv.Atoi(m[1])
-		if n < 1 {
-			return "", 0, "", fmt.Errorf("policy %q: router count must be >= 1", name)
+		n, err := strconv.Atoi(m[1])
+		if err != nil || n < 1 || n > MaxRouters {
+			return "", 0, "", fmt.Errorf("policy %q: router count must be 1..%d", name, MaxRouters)
 		}
 		if n == 1 {
 			return PrefixPolicy, 1, PrefixPolicy, nil
@@ -152,7 +156,9 @@ type Options struct {
 // prints the scoreboard on Stdout and writes DIR/suite.json and DIR/suite.png. skipped lists
 // workloads not run (shown in the scoreboard). A failed arm is recorded in its Arm and
 // flagged, not returned. When ctx ends mid-run, the arms finished so far are still scored and
-// written, and the error is ctx's; other errors are bad options or unwritable output.
+// written, and the error is ctx's; other errors are bad options (an unknown policy, two
+// policies naming the same arm, no cell left: then the error gives each skip's reason) or
+// unwritable output.
 func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result, error) {
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
@@ -165,12 +171,22 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 	}
 	o.Policies = slices.Clone(o.Policies) // canonicalised below; the caller's slice stays as given
 	if len(cells) == 0 {
-		return nil, errors.New("suite: no cells to run")
+		var why []string
+		for _, s := range skipped {
+			why = append(why, s.Workload+" skipped: "+s.Reason)
+		}
+		if len(why) == 0 {
+			return nil, errors.New("suite: no cells to run")
+		}
+		return nil, errors.New("suite: no cells to run: " + strings.Join(why, "; "))
 	}
 	for i, p := range o.Policies {
 		_, _, canon, err := ParsePolicy(p)
 		if err != nil {
 			return nil, err
+		}
+		if j := slices.Index(o.Policies[:i], canon); j >= 0 {
+			return nil, fmt.Errorf("--policies: %q and %q are the same arm (%s)", p, o.Policies[j], canon)
 		}
 		o.Policies[i] = canon
 	}
