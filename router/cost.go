@@ -23,6 +23,9 @@ const (
 	// evicts free cached blocks, least recently used first, when running requests need room,
 	// so on a full cache what the index lists may be gone when the request runs.
 	kvPressureStart = 0.9
+	// defaultWaitingShare is the share of other clients' requests taken to be waiting for
+	// their first token when this proxy has none in flight to judge by.
+	defaultWaitingShare = 0.5
 	// kvPressureKeep is the share of a held prefix that counts at 100% usage (linear from 1
 	// at kvPressureStart).
 	kvPressureKeep = 0.5
@@ -39,6 +42,8 @@ type cand struct {
 	matched  int // leading chunks of the prompt the backend holds
 
 	queued  int64   // this proxy's prefill work queued there (tokens)
+	own     int64   // this proxy's in-flight requests there
+	pending int64   // of those, requests not yet answering (prefilling or queued)
 	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
 	kvUsage float64 // reported KV-cache usage, 0..1 (0: unknown)
 	rate    float64 // learned prefill tokens/s (0: not yet)
@@ -58,17 +63,28 @@ type costInput struct {
 
 // estimate fills each candidate's estimated time to first token:
 //
-//	est = base + (queued + foreign × meanWork + prompt − held) ÷ rate
+//	est = base + (queued + foreign × waitingShare × meanWork + prompt − held) ÷ rate
 //
 // queued is this proxy's prefill work not yet started answering there, foreign the requests
-// the replica reports beyond this proxy's (other prefixlb replicas, other clients), counted
-// at the mean work this policy routes; held the prompt tokens its index says the replica
+// the replica reports beyond this proxy's (other prefixlb replicas, other clients), of which
+// the share still waiting for their first token is taken to be that of this proxy's own
+// in-flight requests (defaultWaitingShare with none), each at the mean work this policy
+// routes; held the prompt tokens its index says the replica
 // holds, discounted when its KV cache is nearly full (kvPressureStart). rate and base are the
 // replica's learned prefill model (backend.PrefillModel); a replica that has not learned its
 // own takes the median of those that have, else the defaults, so an unlearned replica is
 // neither favoured nor avoided.
 func estimate(cs []cand, in costInput) {
 	fleetRate, fleetBase := fleetModel(cs)
+	var own, pending int64
+	for i := range cs {
+		own += cs[i].own
+		pending += cs[i].pending
+	}
+	share := defaultWaitingShare
+	if own > 0 {
+		share = float64(pending) / float64(own)
+	}
 	for i := range cs {
 		c := &cs[i]
 		held := float64(min(int64(key.PrefixTokens(c.matched, in.chunkTokens)), in.promptTokens))
@@ -83,7 +99,7 @@ func estimate(cs []cand, in costInput) {
 		if base <= 0 {
 			base = fleetBase
 		}
-		work := float64(c.queued) + float64(c.foreign)*in.meanWork + math.Max(float64(in.promptTokens)-held, 1)
+		work := float64(c.queued) + float64(c.foreign)*share*in.meanWork + math.Max(float64(in.promptTokens)-held, 1)
 		c.est = base + work/rate
 	}
 }

@@ -169,7 +169,8 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
 		c := cand{id: b.ID, inFlight: b.Load(), weight: b.Weight, matched: matched[j],
-			queued: b.PrefillTokens(), foreign: max(b.Load()-b.InFlight(), 0), kvUsage: b.KVUsage()}
+			queued: b.PrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
+			foreign: max(b.Load()-b.InFlight(), 0), kvUsage: b.KVUsage()}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()

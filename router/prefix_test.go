@@ -160,7 +160,7 @@ func TestPickCostSnapshots(t *testing.T) {
 		{"common prefix does not decide: least work", []cand{c(1, 0, 5, 300), c(2, 0, 5, 0), c(3, 0, 5, 100)}, 0, 2, ReasonCold},
 		{"a full KV cache discounts the match", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 150), func(x *cand) { x.kvUsage = 1 }), c(3, 0, 0, 0)}, 0, 1, ReasonOverload},
 		{"the same match on a cache with room", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 150), func(x *cand) { x.kvUsage = 0.5 }), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
-		{"other clients' requests count", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 0), func(x *cand) { x.foreign = 3 }), c(3, 0, 0, 0)}, 300, 1, ReasonOverload},
+		{"other clients' requests count", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 0), func(x *cand) { x.foreign = 6 }), c(3, 0, 0, 0)}, 300, 1, ReasonOverload},
 		{"a faster replica wins a cold prompt", []cand{c(1, 0, 0, 0), with(c(2, 0, 0, 0), func(x *cand) { x.rate = 40_000 }), c(3, 0, 0, 0)}, 0, 2, ReasonCold},
 		{"an unlearned replica takes the fleet's median", []cand{c(1, 0, 0, 50), with(c(2, 0, 0, 0), func(x *cand) { x.rate, x.base = 0, 0 }), c(3, 0, 0, 50)}, 0, 2, ReasonCold},
 	}
@@ -197,7 +197,8 @@ func TestEstimate(t *testing.T) {
 	}{
 		{"cold", cand{rate: 10_000, base: 0.02}, 0, 0.02 + 592.0/10_000},
 		{"held and queued", cand{rate: 10_000, base: 0.02, matched: 7, queued: 1000}, 0, 0.02 + (1000+592-held7)/10_000},
-		{"foreign requests at the mean work", cand{rate: 10_000, base: 0.02, foreign: 2}, 250, 0.02 + (500+592.0)/10_000},
+		{"foreign requests at the mean work, half waiting", cand{rate: 10_000, base: 0.02, foreign: 2}, 250, 0.02 + (0.5*500+592.0)/10_000},
+		{"foreign requests waiting as this proxy's do", cand{rate: 10_000, base: 0.02, foreign: 2, own: 4, pending: 1}, 250, 0.02 + (0.25*500+592.0)/10_000},
 		{"held at 95% usage counts 75%", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 0.95}, 0, 0.02 + (592-0.75*held7)/10_000},
 		{"held at 100% usage counts half", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 1}, 0, 0.02 + (592-0.5*held7)/10_000},
 		{"nothing learned: the defaults", cand{}, 0, backend.DefaultPrefillBase.Seconds() + 592/backend.DefaultPrefillRate},
