@@ -142,7 +142,7 @@ type Prefix struct {
 	LoadMargin OptionalInt `yaml:"load_margin"`
 	// TieMarginPercent is how close, in percent of the least, a backend's estimated TTFT must
 	// be to count as a near-tie, which the consistent-hash ring breaks so that prefixlb
-	// replicas agree where a new prefix lives. Left out: 10 (router.DefaultTieMargin); 0:
+	// replicas agree where a new prefix lives. Left out: 50 (router.DefaultTieMargin); 0:
 	// exact ties only.
 	TieMarginPercent OptionalInt `yaml:"tie_margin_percent"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
