@@ -6,9 +6,11 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -37,6 +39,9 @@ type Backend struct {
 	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
 	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
+	prefillReqs   atomic.Int64  // in-flight requests that have not started answering
+	kvUsage       atomic.Uint64 // float64 bits: the KV-cache usage the replica reported, 0..1
+	prefill       PrefillModel
 	unhealthy     atomic.Bool
 	neverPassed   atomic.Bool
 	epoch         atomic.Uint64
@@ -168,9 +173,30 @@ func (b *Backend) SetScrapedKVCacheTokens(tokens int64) bool {
 	return b.kvScraped.Swap(tokens) != tokens
 }
 
-// PrefillTokens is the sum of approximate prompt tokens of in-flight requests that have not
-// yet produced a first response byte: the prefill work queued on the replica.
+// PrefillTokens is the prefill work this proxy has queued on the replica: the prompt tokens
+// the policy predicted uncached (Lease.Begin) of in-flight requests that have not yet
+// produced a first response byte.
 func (b *Backend) PrefillTokens() int64 { return b.prefillTokens.Load() }
+
+// PrefillRequests is the number of this proxy's in-flight requests on the replica that have
+// not yet produced a first response byte; InFlight less it are decoding.
+func (b *Backend) PrefillRequests() int64 { return b.prefillReqs.Load() }
+
+// Prefill is what this proxy has learned of the replica's prefill speed.
+func (b *Backend) Prefill() *PrefillModel { return &b.prefill }
+
+// KVUsage is the fraction of the replica's KV cache in use as it last reported it
+// (vllm:kv_cache_usage_perc, sglang:token_usage), 0 when unknown.
+func (b *Backend) KVUsage() float64 { return math.Float64frombits(b.kvUsage.Load()) }
+
+// SetScrapedKVUsage stores the KV-cache usage the replica reported (clamped to 0..1; 0 when the
+// scrape failed).
+func (b *Backend) SetScrapedKVUsage(u float64) {
+	if !(u > 0) {
+		u = 0
+	}
+	b.kvUsage.Store(math.Float64bits(math.Min(u, 1)))
+}
 
 // Served is the number of requests ever dispatched to the backend.
 func (b *Backend) Served() uint64 { return b.served.Load() }
@@ -205,23 +231,33 @@ func (b *Backend) ResetCache() { b.epoch.Add(1) }
 type Lease struct {
 	b       *Backend
 	prefill int64
+	ahead   int64 // this proxy's prefill work queued on b before this request
+	began   time.Time
+	timed   bool // the first byte is the first token: observe the prefill model
 	state   atomic.Uint32 // bit 0: first byte accounted; bit 1: released
 }
 
-// Begin dispatches one request of promptTokens approximate tokens to b.
-func (l *Lease) Begin(b *Backend, promptTokens int64) {
+// Begin dispatches one request to b whose prefill is work prompt tokens (those the policy
+// predicts b does not hold). streamed says that the response's first byte comes with its
+// first token (a streamed completion), so that its time teaches b's prefill model; a
+// non-streamed response's first byte comes at its end.
+func (l *Lease) Begin(b *Backend, work int64, streamed bool) {
 	l.b = b
-	l.prefill = promptTokens
+	l.prefill = work
+	l.timed = streamed
 	l.state.Store(0)
+	l.began = time.Now()
 	b.inFlight.Add(1)
-	b.prefillTokens.Add(promptTokens)
+	l.ahead = b.prefillTokens.Add(work) - work
+	b.prefillReqs.Add(1)
 	b.served.Add(1)
 }
 
 // Backend is the leased backend (nil before Begin).
 func (l *Lease) Backend() *Backend { return l.b }
 
-// FirstByte marks the end of prefill: the backend started answering.
+// FirstByte marks the end of prefill: the backend started answering. For a streamed request
+// the time since Begin is an observation of the backend's prefill model.
 func (l *Lease) FirstByte() {
 	for {
 		s := l.state.Load()
@@ -230,6 +266,10 @@ func (l *Lease) FirstByte() {
 		}
 		if l.state.CompareAndSwap(s, s|1) {
 			l.b.prefillTokens.Add(-l.prefill)
+			l.b.prefillReqs.Add(-1)
+			if l.timed {
+				l.b.prefill.Observe(l.ahead+l.prefill, time.Since(l.began))
+			}
 			return
 		}
 	}
@@ -245,6 +285,7 @@ func (l *Lease) Release() {
 		if l.state.CompareAndSwap(s, s|2) {
 			if s&1 == 0 {
 				l.b.prefillTokens.Add(-l.prefill)
+				l.b.prefillReqs.Add(-1)
 			}
 			l.b.inFlight.Add(-1)
 			return

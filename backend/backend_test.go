@@ -59,7 +59,7 @@ func TestLeaseAccounting(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			b, _ := New("http://x:1", 0, 1)
 			var l Lease
-			l.Begin(b, 100)
+			l.Begin(b, 100, false)
 			if b.InFlight() != 1 || b.PrefillTokens() != 100 || b.Served() != 1 {
 				t.Fatalf("after Begin: in-flight %d prefill %d", b.InFlight(), b.PrefillTokens())
 			}
@@ -73,7 +73,7 @@ func TestLeaseAccounting(t *testing.T) {
 	b, _ := New("http://x:1", 0, 1)
 	for i := 0; i < 200; i++ {
 		var l Lease
-		l.Begin(b, 7)
+		l.Begin(b, 7, false)
 		var wg sync.WaitGroup
 		for j := 0; j < 3; j++ {
 			wg.Add(2)
@@ -90,7 +90,7 @@ func TestLeaseAccounting(t *testing.T) {
 func TestLoadTakesTheLargerSignal(t *testing.T) {
 	b, _ := New("http://x:1", 0, 1)
 	var l Lease
-	l.Begin(b, 0)
+	l.Begin(b, 0, false)
 	defer l.Release()
 	if b.Load() != 1 {
 		t.Errorf("Load %d, want the in-flight count 1", b.Load())

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"slices"
 	"time"
@@ -139,6 +140,11 @@ type Prefix struct {
 	// LoadMargin is an absolute number of requests added to the cap so low load does not
 	// flap. Left out: router.DefaultLoadMargin (2); 0: no margin.
 	LoadMargin OptionalInt `yaml:"load_margin"`
+	// TieMarginPercent is how close, in percent of the least, a backend's estimated TTFT must
+	// be to count as a near-tie, which the consistent-hash ring breaks so that prefixlb
+	// replicas agree where a new prefix lives. Left out: 50 (router.DefaultTieMargin); 0:
+	// exact ties only.
+	TieMarginPercent OptionalInt `yaml:"tie_margin_percent"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -183,6 +189,10 @@ type Backend struct {
 	// Weight scales the replica's share of cold prefixes (default 1).
 	Weight int `yaml:"weight"`
 }
+
+// maxTieMarginPercent bounds prefix.tie_margin_percent: a near-tie 100% slower than the best
+// is not a tie, and the ring would override the load.
+const maxTieMarginPercent = 100
 
 // OptionalInt is an integer field whose zero is a meaningful value (prefix.load_margin: 0 is
 // no margin), so that a 0 written in the file is told apart from a field left out: Set
@@ -335,6 +345,7 @@ func (c *Config) ApplyDefaults() {
 		p.LoadFactor = router.DefaultLoadFactor
 	}
 	p.LoadMargin.orDefault(router.DefaultLoadMargin)
+	p.TieMarginPercent.orDefault(int(math.Round(router.DefaultTieMargin * 100)))
 	if p.DefaultKVCacheTokens == 0 {
 		p.DefaultKVCacheTokens = index.DefaultKVCacheTokens
 	}
@@ -381,16 +392,22 @@ func setD(p *Duration, v time.Duration) {
 }
 
 // RouterOptions are the prefix policy's options from a defaulted prefix section: a
-// load_margin of 0 becomes router.NoLoadMargin, so that it means no margin.
+// load_margin of 0 becomes router.NoLoadMargin, so that it means no margin, and a
+// tie_margin_percent of 0 router.NoTieMargin.
 func (p Prefix) RouterOptions() router.PrefixOptions {
 	margin := p.LoadMargin.V
 	if p.LoadMargin.Set && margin == 0 {
 		margin = router.NoLoadMargin
 	}
+	tie := float64(p.TieMarginPercent.V) / 100
+	if p.TieMarginPercent.Set && p.TieMarginPercent.V == 0 {
+		tie = router.NoTieMargin
+	}
 	return router.PrefixOptions{
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
 		LoadMargin:           margin,
+		TieMargin:            tie,
 		MaxIndexEntries:      p.MaxIndexEntries,
 		DefaultKVCacheTokens: p.DefaultKVCacheTokens,
 	}
@@ -442,6 +459,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("prefix.load_factor: %g is below 1 (1 = perfect balance, no affinity)", p.LoadFactor)
 	case p.LoadMargin.V < 0:
 		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin.V)
+	case p.TieMarginPercent.V < 0 || p.TieMarginPercent.V > maxTieMarginPercent:
+		return fmt.Errorf("prefix.tie_margin_percent: %d is outside 0..%d", p.TieMarginPercent.V, maxTieMarginPercent)
 	case p.DefaultKVCacheTokens < int64(p.ChunkTokens):
 		return fmt.Errorf("prefix.default_kv_cache_tokens: %d is below one chunk (%d tokens)", p.DefaultKVCacheTokens, p.ChunkTokens)
 	case p.MaxIndexEntries < 1:

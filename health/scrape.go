@@ -104,6 +104,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 		res.err = err.Error()
 		st.scrape.Store(res)
 		st.b.SetScrapedLoad(0) // fall back to the proxy's own in-flight count
+		st.b.SetScrapedKVUsage(0)
 		if !st.scrapeFail {
 			st.scrapeFail = true
 			c.log.Warn("metrics scrape failing; routing without this backend's load",
@@ -130,6 +131,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	}
 	res.load, res.good, res.ok = load, true, true
 	st.b.SetScrapedLoad(int64(load.Running + load.Waiting + 0.5))
+	st.b.SetScrapedKVUsage(load.KVCacheUsage)
 	if load.NumGPUBlocks > 0 && load.BlockSize > 0 && st.b.SetScrapedKVCacheTokens(load.NumGPUBlocks*load.BlockSize) {
 		if h := c.kvHook.Load(); h != nil {
 			(*h)(st.b)

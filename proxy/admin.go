@@ -11,6 +11,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/health"
+	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -137,6 +138,11 @@ type RouteInfo struct {
 	Backend       string `json:"backend"`
 	Reason        string `json:"reason"`
 	MatchedChunks int    `json:"matched_chunks"`
+	// PredictedPrefillTokens and PredictedTTFTMs are the policy's estimate for the chosen
+	// backend (0: none); Candidates what it weighed for each (prefix mode).
+	PredictedPrefillTokens int64                      `json:"predicted_prefill_tokens,omitempty"`
+	PredictedTTFTMs        float64                    `json:"predicted_ttft_ms,omitempty"`
+	Candidates             []router.CandidateEstimate `json:"candidates,omitempty"`
 }
 
 func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
@@ -160,7 +166,9 @@ func (s *Server) Explain(path string, body []byte) RouteInfo {
 	cands, _ := backend.Healthy(nil, s.pool.Snapshot())
 	d := s.decider.Pick(&k, cands)
 	ri := RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,
-		Chunks: len(k.Chunks), Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks}
+		Chunks: len(k.Chunks), Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks,
+		PredictedPrefillTokens: d.PrefillTokens, PredictedTTFTMs: float64(d.PredictedTTFT) / float64(time.Millisecond),
+		Candidates: s.decider.Explain(&k, cands)}
 	if d.Backend != nil {
 		ri.Backend = d.Backend.Name
 	}

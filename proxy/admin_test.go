@@ -63,6 +63,8 @@ var readmeMetrics = []struct {
 	{name: "prefixlb_matched_prefix_ratio", histogram: true},
 	{name: "prefixlb_backend_prompt_tokens_total", labels: []string{"backend"}},
 	{name: "prefixlb_backend_cached_tokens_total", labels: []string{"backend"}},
+	{name: "prefixlb_backend_predicted_cached_tokens_total", labels: []string{"backend"}},
+	{name: "prefixlb_ttft_predicted_over_measured", histogram: true},
 	{name: "prefixlb_backend_inflight", labels: []string{"backend"}},
 	{name: "prefixlb_backend_prefill_tokens", labels: []string{"backend"}},
 	{name: "prefixlb_backend_healthy", labels: []string{"backend"}},

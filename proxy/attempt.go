@@ -51,7 +51,11 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		return &dialError{errBackendRemoved}
 	}
 	f.up = up
-	f.lease.Begin(b, int64(f.k.PromptTokens))
+	work := f.dec.PrefillTokens
+	if work <= 0 || f.dec.Backend != b {
+		work = int64(f.k.PromptTokens)
+	}
+	f.lease.Begin(b, work, f.k.Stream)
 	ctx.Request.Header.SetHost(b.Addr)
 	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))
 	early, err := s.exchange(ctx, f, b, up, head)
@@ -189,7 +193,7 @@ func (s *Server) relayResponse(ctx *fasthttp.RequestCtx, f *flow, b *backend.Bac
 		ctx.Response.Header.Del(HeaderBackend) // a backend's own (a prefixlb in front of others)
 	}
 	var route [routeHeaderCap]byte
-	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(route[:0], f.dec))
+	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(route[:0], f.dec, f.k.PromptTokens))
 	f.body = f.resp.BodyStream()
 	if f.body == nil { // HEAD, 204, 304
 		f.eof = true
@@ -245,16 +249,24 @@ func outcomeOf(status int) health.Outcome {
 	return health.OutcomeOK
 }
 
-// routeHeaderCap holds the longest x-prefixlb-route value ("overload-fallback;chunks=" and
-// 19 digits) without allocating.
-const routeHeaderCap = 48
+// routeHeaderCap holds the longest x-prefixlb-route value ("overload-fallback;chunks=",
+// ";cached=" and 19 digits each) without allocating.
+const routeHeaderCap = 80
 
-func routeHeader(d router.Decision) string { return string(appendRouteHeader(nil, d)) }
+func routeHeader(d router.Decision, promptTokens int) string {
+	return string(appendRouteHeader(nil, d, promptTokens))
+}
 
-// appendRouteHeader appends the x-prefixlb-route value "REASON;chunks=N" (no fmt: this runs
-// on every request).
-func appendRouteHeader(dst []byte, d router.Decision) []byte {
+// appendRouteHeader appends the x-prefixlb-route value "REASON;chunks=N", with
+// ";cached=T" (the prompt tokens the policy predicts the backend holds) when the policy
+// predicted its prefill (no fmt: this runs on every request).
+func appendRouteHeader(dst []byte, d router.Decision, promptTokens int) []byte {
 	dst = append(dst, d.Reason.String()...)
 	dst = append(dst, ";chunks="...)
-	return strconv.AppendInt(dst, int64(d.MatchedChunks), 10)
+	dst = strconv.AppendInt(dst, int64(d.MatchedChunks), 10)
+	if d.PrefillTokens > 0 {
+		dst = append(dst, ";cached="...)
+		dst = strconv.AppendInt(dst, max(int64(promptTokens)-d.PrefillTokens, 0), 10)
+	}
+	return dst
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"time"
 
@@ -15,6 +16,9 @@ import (
 // Latency buckets, seconds: 5 ms … 10 min. TTFT spans cached prefills of a few ms to minutes of
 // queueing; end-to-end spans long generations.
 var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+// predictionBuckets for predicted ÷ measured TTFT: a factor of 8 either way, finer near 1.
+var predictionBuckets = []float64{.125, .25, .5, .67, .8, .9, 1, 1.11, 1.25, 1.5, 2, 4, 8}
 
 // ratioBuckets for matched-prefix ratios: 0, 0.1 … 1.
 var ratioBuckets = []float64{0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, 1}
@@ -33,6 +37,9 @@ type serverMetrics struct {
 	streamErrors   streamErrorCounters
 	clientGone     *metrics.Counter
 	matchedRatio   *metrics.PrometheusHistogram
+	// ttftPrediction is the policy's predicted TTFT ÷ the TTFT measured, per streamed
+	// request with a prediction: the cost model is right when it sits near 1.
+	ttftPrediction *metrics.PrometheusHistogram
 }
 
 func newServerMetrics(mode string) *serverMetrics {
@@ -47,6 +54,7 @@ func newServerMetrics(mode string) *serverMetrics {
 		streamErrors:   newStreamErrorCounters(s),
 		clientGone:     s.NewCounter(`prefixlb_client_disconnects_total`),
 		matchedRatio:   s.NewPrometheusHistogramExt(`prefixlb_matched_prefix_ratio`, ratioBuckets),
+		ttftPrediction: s.NewPrometheusHistogramExt(`prefixlb_ttft_predicted_over_measured`, predictionBuckets),
 	}
 }
 
@@ -83,6 +91,9 @@ type backendMetrics struct {
 	e2e          *metrics.PrometheusHistogram
 	promptTokens *metrics.Counter
 	cachedTokens *metrics.Counter
+	// predictedCached is the prompt tokens the policy predicted cached, in the backend's own
+	// tokens (its predicted share × the reported prompt_tokens), beside cachedTokens.
+	predictedCached *metrics.Counter
 
 	mu   sync.RWMutex
 	reqs map[uint32]*metrics.Counter // reason<<16 | status
@@ -91,13 +102,14 @@ type backendMetrics struct {
 func (sm *serverMetrics) forBackend(name string) *backendMetrics {
 	l := fmt.Sprintf(`backend=%q`, name)
 	return &backendMetrics{
-		sm:           sm,
-		label:        l,
-		ttft:         sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_ttft_seconds{`+l+`}`, latencyBuckets),
-		e2e:          sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_request_duration_seconds{`+l+`}`, latencyBuckets),
-		promptTokens: sm.set.GetOrCreateCounter(`prefixlb_backend_prompt_tokens_total{` + l + `}`),
-		cachedTokens: sm.set.GetOrCreateCounter(`prefixlb_backend_cached_tokens_total{` + l + `}`),
-		reqs:         map[uint32]*metrics.Counter{},
+		sm:              sm,
+		label:           l,
+		ttft:            sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_ttft_seconds{`+l+`}`, latencyBuckets),
+		e2e:             sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_request_duration_seconds{`+l+`}`, latencyBuckets),
+		promptTokens:    sm.set.GetOrCreateCounter(`prefixlb_backend_prompt_tokens_total{` + l + `}`),
+		cachedTokens:    sm.set.GetOrCreateCounter(`prefixlb_backend_cached_tokens_total{` + l + `}`),
+		predictedCached: sm.set.GetOrCreateCounter(`prefixlb_backend_predicted_cached_tokens_total{` + l + `}`),
+		reqs:            map[uint32]*metrics.Counter{},
 	}
 }
 
@@ -140,6 +152,9 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 	bm.request(f.dec.Reason, status)
 	if f.bytes > 0 {
 		bm.ttft.Update(f.firstByte.Seconds())
+		if f.dec.PredictedTTFT > 0 && f.k.Stream && f.attempts == 1 && f.firstByte > 0 {
+			sm.ttftPrediction.Update(f.dec.PredictedTTFT.Seconds() / f.firstByte.Seconds())
+		}
 	}
 	bm.e2e.Update(time.Since(f.start).Seconds())
 	if n := len(f.k.Chunks); n > 0 {
@@ -148,6 +163,10 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 	if f.usagePrompt > 0 {
 		bm.promptTokens.Add(f.usagePrompt)
 		bm.cachedTokens.Add(f.usageCached)
+		if f.dec.PrefillTokens > 0 && f.k.PromptTokens > 0 {
+			share := 1 - float64(f.dec.PrefillTokens)/float64(f.k.PromptTokens)
+			bm.predictedCached.Add(int(math.Round(max(share, 0) * float64(f.usagePrompt))))
+		}
 	}
 }
 

@@ -344,6 +344,8 @@ func (s *Server) logRequest(f *flow, status int, err error, res result) {
 		zap.Stringer("reason", f.dec.Reason),
 		zap.Int("matched_chunks", f.dec.MatchedChunks),
 		zap.Int("prompt_tokens", f.k.PromptTokens),
+		zap.Int64("predicted_prefill_tokens", f.dec.PrefillTokens),
+		zap.Duration("predicted_ttft", f.dec.PredictedTTFT),
 		zap.Duration("ttft", f.firstByte),
 		zap.Duration("duration", time.Since(f.start)),
 		zap.Int64("bytes", f.bytes),

@@ -18,12 +18,13 @@ import (
 //
 // It finds the policy's optional abilities once. It is safe for concurrent use.
 type Decider struct {
-	policy   Policy
-	pass     RoundRobin    // passthrough requests
-	setter   BackendSetter // nil when the policy has none of it
-	learner  Learner
-	indexed  IndexHolder
-	repicker Repicker
+	policy    Policy
+	pass      RoundRobin    // passthrough requests
+	setter    BackendSetter // nil when the policy has none of it
+	learner   Learner
+	indexed   IndexHolder
+	explainer Explainer
+	repicker  Repicker
 }
 
 // NewDecider wraps p.
@@ -33,6 +34,7 @@ func NewDecider(p Policy) *Decider {
 	d.learner, _ = p.(Learner)
 	d.indexed, _ = p.(IndexHolder)
 	d.repicker, _ = p.(Repicker)
+	d.explainer, _ = p.(Explainer)
 	return d
 }
 
@@ -96,4 +98,13 @@ func (d *Decider) Index() *index.Index {
 		return nil
 	}
 	return d.indexed.Index()
+}
+
+// Explain returns what the policy weighs per candidate for k (nil when the policy does not
+// explain itself, or for a request it does not route by prefix).
+func (d *Decider) Explain(k *key.Key, candidates []*backend.Backend) []CandidateEstimate {
+	if d.explainer == nil || !k.Routed || !k.OK {
+		return nil
+	}
+	return d.explainer.Explain(k, candidates)
 }

@@ -15,18 +15,19 @@ func TestPrefixOptionsDefaults(t *testing.T) {
 		chunkTokens int64
 		factor      float64
 		margin      int64
+		tie         float64
 	}{
-		{"zero", PrefixOptions{}, key.DefaultChunkTokens, DefaultLoadFactor, DefaultLoadMargin},
-		{"set", PrefixOptions{ChunkTokens: 16, LoadFactor: 1.5, LoadMargin: 5}, 16, 1.5, 5},
-		{"no margin", PrefixOptions{LoadMargin: NoLoadMargin}, key.DefaultChunkTokens, DefaultLoadFactor, 0},
-		{"negative margin", PrefixOptions{LoadMargin: -7}, key.DefaultChunkTokens, DefaultLoadFactor, 0},
+		{"zero", PrefixOptions{}, key.DefaultChunkTokens, DefaultLoadFactor, DefaultLoadMargin, DefaultTieMargin},
+		{"set", PrefixOptions{ChunkTokens: 16, LoadFactor: 1.5, LoadMargin: 5, TieMargin: 0.3}, 16, 1.5, 5, 0.3},
+		{"no margin", PrefixOptions{LoadMargin: NoLoadMargin, TieMargin: NoTieMargin}, key.DefaultChunkTokens, DefaultLoadFactor, 0, 0},
+		{"negative margin", PrefixOptions{LoadMargin: -7, TieMargin: -2}, key.DefaultChunkTokens, DefaultLoadFactor, 0, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := NewPrefix(c.o, nil)
-			if p.chunkTokens != c.chunkTokens || p.loadFactor != c.factor || p.margin != c.margin {
-				t.Errorf("NewPrefix(%+v): chunk tokens %d, load factor %g, margin %d; want %d, %g, %d",
-					c.o, p.chunkTokens, p.loadFactor, p.margin, c.chunkTokens, c.factor, c.margin)
+			if p.chunkTokens != c.chunkTokens || p.loadFactor != c.factor || p.margin != c.margin || p.tieMargin != c.tie {
+				t.Errorf("NewPrefix(%+v): chunk tokens %d, load factor %g, margin %d, tie margin %g; want %d, %g, %d, %g",
+					c.o, p.chunkTokens, p.loadFactor, p.margin, p.tieMargin, c.chunkTokens, c.factor, c.margin, c.tie)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ package router
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/index"
@@ -48,6 +49,11 @@ type Decision struct {
 	Reason  Reason
 	// MatchedChunks is how many leading chunks of the prompt the chosen backend holds.
 	MatchedChunks int
+	// PrefillTokens is the prompt tokens the policy predicts the chosen backend must prefill
+	// (0: no prediction; the proxy counts the whole prompt).
+	PrefillTokens int64
+	// PredictedTTFT is the policy's estimate of the time to first token there (0: none).
+	PredictedTTFT time.Duration
 }
 
 // Policy picks a backend for one request among candidates (healthy, not yet tried).
@@ -93,6 +99,33 @@ type IndexHolder interface {
 // number, distinct per request. A policy without Repick is asked to Pick again.
 type Repicker interface {
 	Repick(k *key.Key, failed Decision, candidates []*backend.Backend, seq uint64) Decision
+}
+
+// Explainer is implemented by policies that can show, per candidate, what a Pick weighs:
+// /debug/route returns it beside the decision.
+type Explainer interface {
+	Explain(k *key.Key, candidates []*backend.Backend) []CandidateEstimate
+}
+
+// CandidateEstimate is one candidate as the prefix policy's cost model sees it.
+type CandidateEstimate struct {
+	Backend       string `json:"backend"`
+	MatchedChunks int    `json:"matched_chunks"`
+	// HeldTokens is the prompt tokens counted as held, after the KV-pressure discount.
+	HeldTokens int64 `json:"held_tokens"`
+	// QueuedTokens is this proxy's prefill work queued there; ForeignRequests the requests the
+	// replica reports beyond this proxy's.
+	QueuedTokens    int64   `json:"queued_prefill_tokens"`
+	ForeignRequests int64   `json:"foreign_requests"`
+	KVCacheUsage    float64 `json:"kv_cache_usage"`
+	// PrefillRate (tokens/s) and BaseMs are the replica's learned prefill model (0 and
+	// RateLearned false until learned: the fleet's median or the defaults stand in).
+	PrefillRate     float64 `json:"prefill_tokens_per_s"`
+	RateLearned     bool    `json:"rate_learned"`
+	BaseMs          float64 `json:"base_ms"`
+	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
+	InFlight        int64   `json:"in_flight"`
+	UnderCap        bool    `json:"under_load_cap"`
 }
 
 // RoundRobin cycles through the candidates.

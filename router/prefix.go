@@ -42,20 +42,30 @@ type PrefixOptions struct {
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when its KVCacheTokens is 0
 	// (index.Options.DefaultKVCacheTokens).
 	DefaultKVCacheTokens int64
+	// TieMargin is how close (a fraction of the least) a candidate's estimated TTFT must be
+	// to the least to count as a near-tie, broken by the ring (0: DefaultTieMargin;
+	// NoTieMargin or any negative value: exact ties only).
+	TieMargin float64
 }
 
-// Prefix is the policy of mode prefix: send a request to the candidate that holds the
-// longest useful prefix of its prompt, within a bounded load; place prompts nobody usefully
-// holds by consistent hashing with bounded loads. It is safe for concurrent use.
+// Prefix is the policy of mode prefix: send a request where it will see its first token
+// soonest, trading what a replica's KV cache holds of the prompt against the prefill work
+// queued there, within a bounded load. It is safe for concurrent use.
 //
-// A prefix held by every candidate (a hot shared system prompt) does not decide: candidates
-// are ranked by what they hold beyond it, then by load, then by a hash of (first chunk,
-// backend ID), never by list order. No candidate takes a request once its in-flight count
-// reaches ceil(c × (total + 1) × w / W) + margin (w its weight, W the candidates' sum).
+// For every candidate it estimates the time to first token (see estimate): the replica's
+// learned base time plus the prefill work ahead of and in this request — this proxy's queued
+// prefill tokens, other clients' requests the replica reports, the prompt tokens its prefix
+// index says the replica does not hold — at the replica's learned prefill rate. The least
+// estimate wins; near-ties (within TieMargin) go to the consistent-hash ring's choice, so
+// independent prefixlb replicas agree where a new prefix lives. No candidate takes a request
+// once its in-flight count reaches ceil(c × (total + 1) × w / W) + margin (w its weight, W the
+// candidates' sum) while another is under its cap.
 type Prefix struct {
 	chunkTokens int64   // chunk size in approximate tokens
 	loadFactor  float64 // c in the bounded-load cap
 	margin      int64   // the cap's absolute margin in requests
+	tieMargin   float64 // near-tie margin of estimated TTFTs, as a fraction of the least
+	meanWork    runningMean
 	clock       func() time.Time
 	idx         *index.Index
 	ring        atomic.Pointer[placement]
@@ -83,6 +93,12 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 	if clock == nil {
 		clock = time.Now
 	}
+	switch {
+	case o.TieMargin == 0:
+		o.TieMargin = DefaultTieMargin
+	case o.TieMargin < 0:
+		o.TieMargin = 0
+	}
 	if o.ChunkTokens <= 0 {
 		o.ChunkTokens = key.DefaultChunkTokens
 	}
@@ -90,6 +106,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		chunkTokens: int64(o.ChunkTokens),
 		loadFactor:  o.LoadFactor,
 		margin:      int64(o.LoadMargin),
+		tieMargin:   o.TieMargin,
 		clock:       clock,
 		idx: index.New(index.Options{
 			ChunkTokens:          o.ChunkTokens,
@@ -133,17 +150,61 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	}
 	var mbuf [maxStackCandidates]int
 	var cbuf [maxStackCandidates]cand
-	matched, cs := mbuf[:0], cbuf[:0]
-	if n > maxStackCandidates {
+	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
+	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.mean()})
+	j, r := pickCost(k.Chunks, cs, p.loadFactor, p.margin, p.tieMargin, p.ring.Load())
+	work := max(int64(k.PromptTokens)-int64(cs[j].held), 1)
+	p.meanWork.observe(float64(work))
+	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: work, PredictedTTFT: estSeconds(cs[j].est)}
+}
+
+// snapshot reads each candidate's match and load into cs (matched and cs are scratch of any
+// capacity; n ≤ maxStackCandidates needs none beyond the caller's arrays).
+func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []int, cs []cand) []cand {
+	n := len(candidates)
+	if cap(matched) < n {
 		matched, cs = make([]int, 0, n), make([]cand, 0, n)
 	}
 	matched = matched[:n]
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
-		cs = append(cs, cand{id: b.ID, inFlight: b.Load(), prefill: b.PrefillTokens(), weight: b.Weight, matched: matched[j]})
+		c := cand{id: b.ID, inFlight: b.Load(), weight: b.Weight, matched: matched[j],
+			queued: b.PrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
+			foreign: max(b.Load()-b.InFlight(), 0), kvUsage: b.KVUsage()}
+		c.rate, _ = b.Prefill().Rate()
+		if base, ok := b.Prefill().Base(); ok {
+			c.base = base.Seconds()
+		}
+		cs = append(cs, c)
 	}
-	j, r := pickPrefix(k.Chunks, cs, p.loadFactor, p.margin, p.ring.Load(), thin{chunkTokens: p.chunkTokens, promptTokens: int64(k.PromptTokens)})
-	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: matched[j]}
+	return cs
+}
+
+// Explain returns what Pick weighs for k, per candidate, in candidates' order (for
+// /debug/route); nil for a key Pick places without estimates (no chunk).
+func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateEstimate {
+	if k == nil || len(k.Chunks) == 0 || len(candidates) == 0 {
+		return nil
+	}
+	cs := p.snapshot(k, candidates, nil, nil)
+	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.mean()})
+	var total int64
+	wsum := 0
+	for _, c := range cs {
+		total += c.inFlight
+		wsum += max(c.weight, 1)
+	}
+	out := make([]CandidateEstimate, len(cs))
+	for j, c := range cs {
+		m := candidates[j].Prefill()
+		rate, learned := m.Rate()
+		base, _ := m.Base()
+		out[j] = CandidateEstimate{Backend: candidates[j].Name, MatchedChunks: c.matched, HeldTokens: int64(c.held),
+			QueuedTokens: c.queued, ForeignRequests: c.foreign, KVCacheUsage: c.kvUsage, PrefillRate: rate,
+			RateLearned: learned, BaseMs: float64(base) / float64(time.Millisecond), PredictedTTFTMs: c.est * 1000,
+			InFlight: c.inFlight, UnderCap: c.inFlight < loadCap(total, max(c.weight, 1), wsum, p.loadFactor, p.margin)}
+	}
+	return out
 }
 
 // Learn records that b now holds every chunk of k's prompt; held is how many leading chunks
@@ -165,132 +226,11 @@ func (p *Prefix) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
 	p.idx.Forget(k.Chunks, b, index.Stamp(l))
 }
 
-// cand is one candidate as the selection sees it: a snapshot, so one decision uses one
-// consistent view of the loads.
-type cand struct {
-	id uint64
-	// inFlight is the backend's Load: its in-flight count, or the running + waiting requests
-	// the replica reported when higher (another prefixlb replica's traffic, other clients).
-	inFlight int64
-	prefill  int64 // pending prefill tokens
-	weight   int
-	matched  int // leading chunks of the prompt the backend holds
-}
-
 // loadCap is the bounded-load cap of a backend of weight w: ceil(c·(total+1)·w/W) + margin.
 // The +1 counts the request being placed; the margin keeps low load from flapping, where
 // the relative bound alone is a request or two.
 func loadCap(total int64, w, wsum int, loadFactor float64, margin int64) int64 {
 	return int64(math.Ceil(loadFactor*float64(total+1)*float64(w)/float64(wsum))) + margin
-}
-
-// pickPrefix is the selection of mode prefix over a snapshot of the candidates; it returns
-// the chosen index into cs and why. place may be nil (no ring).
-//
-//  1. The useful match of a candidate is what it holds beyond the prefix every candidate
-//     holds. Among candidates under the cap, the best useful match wins (ReasonMatch);
-//     if the best overall is over the cap, the best under it (ReasonOverload).
-//  2. Nobody usefully under the cap: the ring places the prompt by the first chunk beyond
-//     the common prefix, walking past candidates at the cap (ReasonCold, or
-//     ReasonOverload when a useful holder was full). Hashing the chunk after the common
-//     part spreads requests that share only a hot system prompt, while a conversation's
-//     later turns, which keep that chunk, hash where its first turn did.
-//  3. No chunk or no candidate on the ring: the least loaded (ReasonLeastLoad).
-//
-// A thin match (rule): when the best holder's useful match is under a quarter of the prompt
-// and the holder already carries more than its fair share of the load, the match is not
-// worth concentrating load for: the ring places the request by the first chunk nobody
-// holds, and its new backend learns the shared part. This keeps a prefix that one replica
-// learned first (Mooncake's block shared by every request, a hot system prompt before every
-// backend has it) from pulling all requests to that replica until the cap binds, while a
-// conversation's turns (match ≈ the whole prompt) and shared-prefix groups (long system
-// prompt, short question) stay sticky.
-func pickPrefix(chunks []uint64, cs []cand, loadFactor float64, margin int64, place *placement, rule thin) (int, Reason) {
-	var total int64
-	wsum, common := 0, math.MaxInt
-	for i := range cs {
-		cs[i].weight = max(cs[i].weight, 1)
-		total += cs[i].inFlight
-		wsum += cs[i].weight
-		common = min(common, cs[i].matched)
-	}
-	var first uint64
-	if len(chunks) > 0 {
-		first = chunks[0]
-	}
-	under := func(j int) bool {
-		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, loadFactor, margin)
-	}
-	best, bestUnder := -1, -1
-	for j := range cs {
-		if cs[j].matched == common {
-			continue
-		}
-		if best < 0 || better(&cs[j], &cs[best], first) {
-			best = j
-		}
-		if under(j) && (bestUnder < 0 || better(&cs[j], &cs[bestUnder], first)) {
-			bestUnder = j
-		}
-	}
-	ringAt := common
-	if bestUnder >= 0 && rule.chunkTokens > 0 && rule.promptTokens > 0 {
-		holder := &cs[bestUnder]
-		useful := int64(key.PrefixTokens(holder.matched, int(rule.chunkTokens)) - key.PrefixTokens(common, int(rule.chunkTokens)))
-		if useful*thinShare < rule.promptTokens && holder.inFlight*int64(wsum) > total*int64(holder.weight) {
-			ringAt, bestUnder = holder.matched, -1
-		}
-	}
-	switch {
-	case bestUnder >= 0 && bestUnder == best:
-		return best, ReasonMatch
-	case bestUnder >= 0:
-		return bestUnder, ReasonOverload
-	}
-	reason := ReasonCold
-	if best >= 0 {
-		reason = ReasonOverload
-	}
-	if len(chunks) > 0 && place != nil {
-		chosen := -1
-		place.ring.Lookup(chunks[min(ringAt, len(chunks)-1)], func(m int) bool {
-			for j := range cs {
-				if cs[j].id == place.ids[m] && under(j) {
-					chosen = j
-					return true
-				}
-			}
-			return false
-		})
-		if chosen >= 0 {
-			return chosen, reason
-		}
-	}
-	least := 0
-	for j := 1; j < len(cs); j++ {
-		if lighter(&cs[j], &cs[least], first) {
-			least = j
-		}
-	}
-	if reason == ReasonCold {
-		reason = ReasonLeastLoad
-	}
-	return least, reason
-}
-
-// thin carries what the thin-match rule needs: chunk size and prompt length, in approximate
-// tokens (zero values turn the rule off).
-type thin struct{ chunkTokens, promptTokens int64 }
-
-// thinShare: a useful match under 1/thinShare of the prompt is thin.
-const thinShare = 4
-
-// better ranks a before b by match, then load, then the tie hash.
-func better(a, b *cand, first uint64) bool {
-	if a.matched != b.matched {
-		return a.matched > b.matched
-	}
-	return lighter(a, b, first)
 }
 
 // lighter ranks a before b by in-flight requests per weight, then pending prefill tokens
@@ -300,7 +240,7 @@ func lighter(a, b *cand, first uint64) bool {
 	if l, r := a.inFlight*int64(b.weight), b.inFlight*int64(a.weight); l != r {
 		return l < r
 	}
-	if l, r := a.prefill*int64(b.weight), b.prefill*int64(a.weight); l != r {
+	if l, r := a.queued*int64(b.weight), b.queued*int64(a.weight); l != r {
 		return l < r
 	}
 	return mix(first^a.id) < mix(first^b.id)
