@@ -233,7 +233,7 @@ type Lease struct {
 	prefill int64
 	ahead   int64 // this proxy's prefill work queued on b before this request
 	began   time.Time
-	timed   bool // the first byte is the first token: observe the prefill model
+	timed   bool          // the first byte is the first token: observe the prefill model
 	state   atomic.Uint32 // bit 0: first byte accounted; bit 1: released
 }
 
