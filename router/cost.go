@@ -235,16 +235,20 @@ func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieM
 // estSeconds converts an estimate to a Duration.
 func estSeconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// runningMean is an exponential moving average (weight 1/32 per observation) safe for
-// concurrent use; 0 until the first observation.
-type runningMean struct{ bits atomic.Uint64 }
+// RunningMean is an exponential moving average (weight 1/32 per observation, about the last
+// 32 count), safe for concurrent use; 0 until the first observation. The prefix policy keeps
+// the mean prefill work it routes in one; the bench's peer policies use it for their running
+// request sizes.
+type RunningMean struct{ bits atomic.Uint64 } // float64 bits
 
-// runningMeanAlpha weighs each new observation: about the last 32 count.
+// runningMeanAlpha weighs each new observation.
 const runningMeanAlpha = 1.0 / 32
 
-func (m *runningMean) mean() float64 { return math.Float64frombits(m.bits.Load()) }
+// Mean is the current mean (0 before any observation).
+func (m *RunningMean) Mean() float64 { return math.Float64frombits(m.bits.Load()) }
 
-func (m *runningMean) observe(v float64) {
+// Observe folds v in and returns the new mean.
+func (m *RunningMean) Observe(v float64) float64 {
 	for {
 		old := m.bits.Load()
 		mean := math.Float64frombits(old)
@@ -254,7 +258,7 @@ func (m *runningMean) observe(v float64) {
 			mean += runningMeanAlpha * (v - mean)
 		}
 		if m.bits.CompareAndSwap(old, math.Float64bits(mean)) {
-			return
+			return mean
 		}
 	}
 }

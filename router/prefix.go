@@ -65,7 +65,7 @@ type Prefix struct {
 	loadFactor  float64 // c in the bounded-load cap
 	margin      int64   // the cap's absolute margin in requests
 	tieMargin   float64 // near-tie margin of estimated TTFTs, as a fraction of the least
-	meanWork    runningMean
+	meanWork    RunningMean
 	clock       func() time.Time
 	idx         *index.Index
 	ring        atomic.Pointer[placement]
@@ -151,10 +151,10 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	var mbuf [maxStackCandidates]int
 	var cbuf [maxStackCandidates]cand
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
-	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.mean()})
+	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()})
 	j, r := pickCost(k.Chunks, cs, p.loadFactor, p.margin, p.tieMargin, p.ring.Load())
 	work := max(int64(k.PromptTokens)-int64(cs[j].held), 1)
-	p.meanWork.observe(float64(work))
+	p.meanWork.Observe(float64(work))
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: work, PredictedTTFT: estSeconds(cs[j].est)}
 }
 
@@ -187,7 +187,7 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 		return nil
 	}
 	cs := p.snapshot(k, candidates, nil, nil)
-	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.mean()})
+	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()})
 	var total int64
 	wsum := 0
 	for _, c := range cs {

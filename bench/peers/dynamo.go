@@ -45,7 +45,7 @@ type DynamoOptions struct {
 type Dynamo struct {
 	tree
 	weight float64
-	mean   meanTracker // prompt blocks per request
+	mean   router.RunningMean // prompt blocks per request
 	rot    rotor
 }
 
@@ -68,7 +68,7 @@ func (p *Dynamo) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		prompt = k.PromptTokens
 	}
 	blocks := float64(prompt) / float64(p.chunkTokens)
-	mean := p.mean.observe(blocks)
+	mean := p.mean.Observe(blocks)
 	matched := p.match(k, cs)
 	j := argmin(n, p.rot.start(), func(j int) float64 {
 		held := 0

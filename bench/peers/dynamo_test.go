@@ -49,10 +49,10 @@ func TestDynamoRules(t *testing.T) {
 
 func TestDynamoMeanBlocks(t *testing.T) {
 	p := NewDynamo(DynamoOptions{})
-	if m := p.mean.observe(8); m != 8 {
+	if m := p.mean.Observe(8); m != 8 {
 		t.Fatalf("first request: mean %v, want its own 8 blocks", m)
 	}
-	if m := p.mean.observe(40); m != 8+meanAlpha*32 {
-		t.Fatalf("second request: mean %v, want %v", m, 8+meanAlpha*32)
+	if m := p.mean.Observe(40); m != 8+32.0/32 { // router.RunningMean weighs a new value 1/32
+		t.Fatalf("second request: mean %v, want %v", m, 8+32.0/32)
 	}
 }

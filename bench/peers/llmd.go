@@ -52,7 +52,7 @@ type LLMDOptions struct {
 type LLMD struct {
 	tree
 	o    LLMDOptions
-	mean meanTracker
+	mean router.RunningMean
 	rot  rotor
 }
 
@@ -80,7 +80,7 @@ func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 	if k != nil {
 		prompt, blocks = k.PromptTokens, len(k.Chunks)
 	}
-	mean := p.mean.observe(float64(prompt))
+	mean := p.mean.Observe(float64(prompt))
 	matched := p.match(k, cs)
 	q := make([]int64, n)
 	lo, hi := cs[0].Load(), cs[0].Load()

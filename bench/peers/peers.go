@@ -12,7 +12,6 @@ package peers
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -144,30 +143,3 @@ func argmin(n int, start uint64, f func(j int) float64) int {
 type rotor struct{ next atomic.Uint64 }
 
 func (r *rotor) start() uint64 { return r.next.Add(1) - 1 }
-
-// meanAlpha is the weight of each new request in a meanTracker (an exponential moving
-// average over about the last 32 requests).
-const meanAlpha = 1.0 / 32
-
-// meanTracker is a running mean of a per-request size (prompt blocks or tokens) over the
-// requests a policy has routed, safe for concurrent use.
-type meanTracker struct{ bits atomic.Uint64 } // float64 bits; 0: none yet
-
-// observe folds one request of size v into the mean and returns the mean.
-func (m *meanTracker) observe(v float64) float64 {
-	for {
-		old := m.bits.Load()
-		mean := math.Float64frombits(old)
-		if old == 0 {
-			mean = v
-		} else {
-			mean += meanAlpha * (v - mean)
-		}
-		if mean == 0 {
-			return 0
-		}
-		if m.bits.CompareAndSwap(old, math.Float64bits(mean)) {
-			return mean
-		}
-	}
-}
