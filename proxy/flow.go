@@ -268,6 +268,7 @@ func (f *flow) finish(status int, err error) {
 	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
 	res := f.result(err)
 	s.m.observe(f, status, res)
+	s.correctIndex(f, res)
 	if f.body != nil && (res == resultTruncated || res == resultIdleTimeout) {
 		s.hc.Observe(f.lease.Backend(), health.OutcomeServerError) // died or stalled mid-response
 	}

@@ -190,6 +190,8 @@ func (s *Server) writeGauges(w io.Writer) {
 			metrics.WriteGaugeUint64(w, `prefixlb_index_entries`+l, uint64(max(st.Entries, 0)))
 			metrics.WriteGaugeUint64(w, `prefixlb_index_capacity_entries`+l, uint64(max(st.Capacity, 0)))
 			metrics.WriteCounterUint64(w, `prefixlb_index_evictions_total`+l, st.Evictions)
+			metrics.WriteCounterUint64(w, `prefixlb_index_corrections_total`+l, st.Corrections)
+			metrics.WriteCounterUint64(w, `prefixlb_index_corrected_tokens_total`+l, st.CorrectedTokens)
 		}
 		metrics.WriteGaugeUint64(w, `prefixlb_index_chunks`, uint64(x.Chunks()))
 	}

@@ -25,6 +25,7 @@ type Decider struct {
 	indexed   IndexHolder
 	explainer Explainer
 	repicker  Repicker
+	corrector Corrector
 }
 
 // NewDecider wraps p.
@@ -35,6 +36,7 @@ func NewDecider(p Policy) *Decider {
 	d.indexed, _ = p.(IndexHolder)
 	d.repicker, _ = p.(Repicker)
 	d.explainer, _ = p.(Explainer)
+	d.corrector, _ = p.(Corrector)
 	return d
 }
 

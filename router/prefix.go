@@ -46,6 +46,9 @@ type PrefixOptions struct {
 	// to the least to count as a near-tie, broken by the ring (0: DefaultTieMargin;
 	// NoTieMargin or any negative value: exact ties only).
 	TieMargin float64
+	// NoIndexCorrection turns off the index's correction from the backends' reported cached
+	// tokens (Prefix.Correct), for comparison: the index then trusts its capacities alone.
+	NoIndexCorrection bool
 }
 
 // Prefix is the policy of mode prefix: send a request where it will see its first token
@@ -65,11 +68,13 @@ type Prefix struct {
 	loadFactor  float64 // c in the bounded-load cap
 	margin      int64   // the cap's absolute margin in requests
 	tieMargin   float64 // near-tie margin of estimated TTFTs, as a fraction of the least
-	meanWork    RunningMean
-	clock       func() time.Time
-	idx         *index.Index
-	ring        atomic.Pointer[placement]
-	next        atomic.Uint64
+	// noCorrection: Correct does nothing (PrefixOptions.NoIndexCorrection).
+	noCorrection bool
+	meanWork     RunningMean
+	clock        func() time.Time
+	idx          *index.Index
+	ring         atomic.Pointer[placement]
+	next         atomic.Uint64
 }
 
 // placement is an immutable ring over the configured backends.
@@ -103,11 +108,12 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		o.ChunkTokens = key.DefaultChunkTokens
 	}
 	return &Prefix{
-		chunkTokens: int64(o.ChunkTokens),
-		loadFactor:  o.LoadFactor,
-		margin:      int64(o.LoadMargin),
-		tieMargin:   o.TieMargin,
-		clock:       clock,
+		chunkTokens:  int64(o.ChunkTokens),
+		loadFactor:   o.LoadFactor,
+		margin:       int64(o.LoadMargin),
+		tieMargin:    o.TieMargin,
+		clock:        clock,
+		noCorrection: o.NoIndexCorrection,
 		idx: index.New(index.Options{
 			ChunkTokens:          o.ChunkTokens,
 			DefaultKVCacheTokens: o.DefaultKVCacheTokens,

@@ -228,18 +228,26 @@ type BackendStats struct {
 	// Entries is the number of chunks recorded for the backend (including, until the next
 	// Record, entries of an old epoch that Match already ignores).
 	Entries int64
-	// Capacity is the most entries the backend may have, after the global cap.
+	// Capacity is the most entries the backend may have, after the global cap and what
+	// Correct learned of the backend's own capacity.
 	Capacity int64
 	// Evictions counts entries dropped for capacity (not for restarts or removal).
 	Evictions uint64
+	// Corrections counts the backend's answers that showed it held far less than the index
+	// listed (Correct); CorrectedEntries the entries those corrections dropped, CorrectedTokens
+	// their approximate tokens (entries × chunk tokens).
+	Corrections      uint64
+	CorrectedEntries uint64
+	CorrectedTokens  uint64
 }
 
 // Stats appends one BackendStats per registered backend to dst, ordered by name.
 func (x *Index) Stats(dst []BackendStats) []BackendStats {
 	start := len(dst)
 	for _, s := range x.tab.Load().byID {
-		dst = append(dst, BackendStats{Name: s.name, Entries: s.count.Load(), Capacity: s.capacity.Load(),
-			Evictions: s.evictions.Load()})
+		dst = append(dst, BackendStats{Name: s.name, Entries: s.count.Load(), Capacity: s.limit(),
+			Evictions: s.evictions.Load(), Corrections: s.corrections.Load(), CorrectedEntries: s.corrected.Load(),
+			CorrectedTokens: s.corrected.Load() * uint64(x.chunkTokens)})
 	}
 	slices.SortFunc(dst[start:], func(a, b BackendStats) int { return cmp.Compare(a.Name, b.Name) })
 	return dst

@@ -21,6 +21,13 @@ type slot struct {
 	evictions atomic.Uint64
 	rawCap    int64 // capacity before the global cap; guarded by Index.mu
 
+	// What Correct learned (correct.go): learned is the capacity in chunks that the
+	// backend's own answers showed (0: none, the capacity stands), regrow the capacity
+	// evictions not yet given back to it, priors the recent Records' priors.
+	learned     atomic.Int64
+	corrections atomic.Uint64
+	corrected   atomic.Uint64 // entries dropped by corrections
+
 	mu    sync.Mutex // guards the fields below and the slot's holders
 	nodes []node
 	head  int32 // most recently used
@@ -30,6 +37,9 @@ type slot struct {
 	// recent caches the nodes of chunks that Record found held, so that touching them
 	// again locks no shard. See recalled.
 	recent []uint64
+	regrow int64
+	priors []prior
+	nextPr int // the next priors entry to overwrite
 }
 
 // The recent cache is 2-way set associative: recentSets sets of recentWays entries, the most
@@ -94,7 +104,7 @@ func (x *Index) evict(s *slot) {
 // trim evicts until s is within its capacity (which SetBackends may have lowered).
 // Called with s.mu held.
 func (x *Index) trim(s *slot) {
-	for s.count.Load() > max(s.capacity.Load(), 0) {
+	for s.count.Load() > max(s.limit(), 0) {
 		x.evict(s)
 	}
 }
@@ -106,6 +116,7 @@ func (x *Index) catchUp(s *slot, epoch uint64) {
 	if epoch != s.epoch.Load() {
 		x.purge(s)
 		s.epoch.Store(epoch)
+		s.forgetLearned()
 	}
 	x.trim(s)
 }

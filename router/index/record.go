@@ -46,7 +46,7 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 		return 0
 	}
 	x.catchUp(s, b.Epoch())
-	limit := s.capacity.Load()
+	limit := s.limit()
 	if limit <= 0 {
 		return 0
 	}
@@ -55,8 +55,14 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	}
 	t := s.nextStamp(now.UnixNano())
 	lo := 0 // the shallowest chunk to record
-	if held > 0 && held <= len(chunks) && x.heldFresh(s, norm(chunks[held-1]), t) {
-		lo = held
+	if held > 0 && held <= len(chunks) {
+		fresh, used := x.heldFresh(s, norm(chunks[held-1]), t)
+		switch {
+		case fresh:
+			lo = held
+		case used > 0:
+			s.notePrior(t, used)
+		}
 	}
 	var evicted uint64
 	// Chained hashes make a backend's entries whole prefixes, so walking deepest first the
@@ -94,31 +100,32 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	}
 	if evicted > 0 {
 		s.evictions.Add(evicted)
+		s.regrowBy(int64(evicted))
 	}
 	return Stamp(t)
 }
 
-// heldFresh reports whether s holds h and touched it within the fresh window before t.
-// Called with s.mu held.
-func (x *Index) heldFresh(s *slot, h uint64, t int64) bool {
+// heldFresh reports whether s holds h and touched it within the fresh window before t, and
+// the stamp of that last touch (0: s does not hold h). Called with s.mu held.
+func (x *Index) heldFresh(s *slot, h uint64, t int64) (fresh bool, used int64) {
 	ni := s.recalled(h)
 	if ni == nilIdx {
 		if ni = x.shard(h).lookup(h, s.num); ni == nilIdx {
-			return false
+			return false, 0
 		}
 		s.remember(h, ni)
 	}
-	used := s.nodes[ni].used
+	used = s.nodes[ni].used
 	if used&added != 0 {
 		// Added by a Record that may yet be withdrawn (Forget) and that no later Record has
 		// touched: touch the prefix, which confirms it, rather than leave it to that Forget.
-		return false
+		return false, used &^ added
 	}
 	window := int64(freshWindow)
 	if s.tail != nilIdx {
 		window = min(window, (t-s.nodes[s.tail].used&^added)/freshHorizonShare)
 	}
-	return t-used < window
+	return t-used < window, used
 }
 
 // claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's
