@@ -45,7 +45,8 @@ type CacheReport struct {
 //
 //	C < P − max(chunk tokens, shortfallShare × P)
 //
-// and then it held the leading chunks that end within C + blockSlackTokens: the shortfall
+// and then it held the leading chunks that end within C + blockSlackTokens (none when C is
+// 0): the shortfall
 // is the matched chunks beyond them. A request without a prediction (no match) or without a
 // report (ReportedPrompt 0: the backend gave no usage) has none. Pure.
 func Shortfall(r CacheReport) int {
@@ -62,7 +63,7 @@ func Shortfall(r CacheReport) int {
 		return 0
 	}
 	held := 0
-	for held < r.MatchedChunks && float64(key.PrefixTokens(held+1, chunkTokens)) <= cached+blockSlackTokens {
+	for cached > 0 && held < r.MatchedChunks && float64(key.PrefixTokens(held+1, chunkTokens)) <= cached+blockSlackTokens {
 		held++
 	}
 	return r.MatchedChunks - held

@@ -99,7 +99,7 @@ func check(t *testing.T, x *Index) {
 		if n != s.count.Load() {
 			t.Fatalf("%s: list has %d nodes, count says %d", s.name, n, s.count.Load())
 		}
-		if c := s.capacity.Load(); n > c {
+		if c := s.limit(); n > c {
 			t.Fatalf("%s: %d entries over capacity %d", s.name, n, c)
 		}
 		s.mu.Unlock()
