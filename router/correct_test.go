@@ -1,6 +1,11 @@
 package router
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+
+	"github.com/prefixlb/prefixlb/router/key"
+)
 
 // TestShortfall: the correction rule. At 64-token chunks the first chunk is 16 tokens and n
 // chunks end at 16 + 64(n−1): 10 chunks are 592 tokens.
@@ -41,3 +46,83 @@ func TestShortfall(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCorrect: the policy applies the rule to what the backend reported and corrects
+// only that backend; with NoIndexCorrection, or for a request it did not learn, nothing.
+func TestPrefixCorrect(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		bs := prefixBackends(t, 2)
+		p := NewPrefix(PrefixOptions{NoIndexCorrection: off}, nil)
+		p.SetBackends(bs)
+		d := NewDecider(p)
+		var ks []*key.Key
+		for i := range 8 {
+			k := routedKey(chunkChain(nil).extend(fmt.Sprint("prompt ", i), 8))
+			ks = append(ks, k)
+			for _, b := range bs {
+				p.Learn(k, b, 0)
+			}
+		}
+		k := ks[4]
+		l := d.Learn(k, bs[0], 8)
+		lost := CacheReport{MatchedChunks: 8, ReportedPrompt: k.PromptTokens}
+		unparsed := *k
+		unparsed.OK = false
+		if n := d.Correct(&unparsed, bs[0], l, lost) + d.Correct(k, bs[0], 0, lost); n != 0 {
+			t.Fatalf("an unparsed or unlearned request corrected %d entries", n)
+		}
+		dropped := d.Correct(k, bs[0], l, lost)
+		want := 4*8 + 8 // prompts 0..3 (used before prompt 4), then prompt 5 for the 8 lost chunks
+		if off {
+			want = 0
+		}
+		if dropped != want {
+			t.Errorf("NoIndexCorrection %v: dropped %d, want %d", off, dropped, want)
+		}
+		out := make([]int, 2)
+		for i, k := range ks {
+			p.Index().Match(k.Chunks, bs, out)
+			held := 8
+			if !off && (i < 4 || i == 5) {
+				held = 0
+			}
+			if out[0] != held || out[1] != 8 {
+				t.Errorf("NoIndexCorrection %v: prompt %d held %v, want [%d 8]", off, i, out, held)
+			}
+		}
+	}
+}
+
+// benchmarkPickLearnCorrect is benchmarkPickLearn with the correction call the proxy makes
+// when each response completes, the backend reporting the prefix held: the common case, where
+// the rule finds no shortfall and the index is not touched. (Corrections themselves:
+// index.BenchmarkCorrect.)
+func benchmarkPickLearnCorrect(b *testing.B, promptBytes, conversations int) {
+	bs := prefixBackends(b, 8)
+	p, _ := newTestPrefix(b, bs)
+	n := promptBytes / 256
+	sys := chunkChain(nil).extend("shared", n/2)
+	keys := make([]*key.Key, conversations)
+	for i := range keys {
+		keys[i] = routedKey(sys.extend(fmt.Sprint("conversation ", i), n-n/2))
+		p.Learn(keys[i], bs[i%len(bs)], 0)
+	}
+	for _, b := range bs {
+		p.Learn(routedKey(sys), b, 0)
+	}
+	corrected := 0
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		k := keys[i%len(keys)]
+		d := p.Pick(k, bs)
+		l := p.Learn(k, d.Backend, d.MatchedChunks)
+		corrected += p.Correct(k, d.Backend, l, CacheReport{MatchedChunks: d.MatchedChunks, ReportedPrompt: k.PromptTokens,
+			ReportedCached: key.PrefixTokens(d.MatchedChunks, key.DefaultChunkTokens)})
+	}
+	if corrected != 0 {
+		b.Fatalf("%d entries corrected; the backend reported every prefix held", corrected)
+	}
+}
+
+func BenchmarkPickLearnCorrect16KB(b *testing.B)  { benchmarkPickLearnCorrect(b, 16<<10, 128) }
+func BenchmarkPickLearnCorrect128KB(b *testing.B) { benchmarkPickLearnCorrect(b, 128<<10, 128) }

@@ -133,3 +133,31 @@ func TestCorrectRegrowsAndResets(t *testing.T) {
 	}
 	check(t, x)
 }
+
+// BenchmarkCorrect: a backend's Record of a held 16-chunk prompt (64 prompts in turn, all
+// within its capacity) followed by the correction of a report that lost half of it. Each
+// correction lowers the capacity and drops the 8 least recently used entries; the learned
+// capacity is then forgotten (as after a restart, without the purge) so that every iteration
+// corrects the same steady state. Allocation-free after the first round.
+func BenchmarkCorrect(b *testing.B) {
+	const prompts, chunks = 64, 16
+	x := New(Options{ChunkTokens: 64})
+	be := newBackend(b, "b", 64*prompts*chunks)
+	x.SetBackends([]*backend.Backend{be})
+	ps := make([][]uint64, prompts)
+	for i := range ps {
+		ps[i] = chain(uint64(i+1), chunks)
+		x.Record(ps[i], be, t0)
+	}
+	s := x.tab.Load().byID[be.ID]
+	dropped := 0
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		st := x.RecordHeld(ps[i%prompts], be, t0, chunks)
+		dropped += x.Correct(be, st, chunks/2)
+		s.mu.Lock()
+		s.forgetLearned()
+		s.mu.Unlock()
+	}
+	b.ReportMetric(float64(dropped)/float64(b.N), "dropped/op")
+}
