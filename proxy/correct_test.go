@@ -122,6 +122,13 @@ func runCorrection(t *testing.T, correct bool) correctionOutcome {
 		t.Fatalf("index stats %+v: want one backend", st)
 	}
 	out.entries, out.corrections = st[0].Entries, st[0].Corrections
+	var m strings.Builder
+	s.writeGauges(&m)
+	series := fmt.Sprintf("prefixlb_index_corrections_total{backend=%q} %d\n", be.Name, out.corrections)
+	tokens := fmt.Sprintf("prefixlb_index_corrected_tokens_total{backend=%q} %d\n", be.Name, st[0].CorrectedTokens)
+	if !strings.Contains(m.String(), series) || !strings.Contains(m.String(), tokens) || correct != (st[0].CorrectedTokens > 0) {
+		t.Errorf("/metrics lacks %q or %q (corrected tokens must be > 0 exactly when correcting):\n%s", series, tokens, grepLines(m.String(), "correct"))
+	}
 	t.Logf("correction %v: mean |predicted − reported| cached share %.3f over the last %d, %d over-matched, %d entries (the sim holds ≈ %d chunks), %d corrections",
 		correct, out.meanErr, correctionLastWindow, out.overMatched, out.entries, correctionSimBlocks*cfg.BlockSize/64, out.corrections)
 	return out

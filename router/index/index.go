@@ -28,6 +28,15 @@
 // prefixes. When the capacities add up to more than MaxEntries, every backend's capacity
 // is scaled down in proportion, so the whole index stays under MaxEntries.
 //
+// Correction (correct.go). A backend's capacity is configured or scraped, and may be wrong:
+// generated tokens, pinned blocks and a smaller GPU leave its prefix cache smaller than the
+// index believes, and the index then lists prefixes the backend evicted long ago. The
+// backend says so itself: when it reports far fewer cached tokens than the index listed
+// (router.Shortfall), Correct drops its entries older than the prefix it lost and lowers its
+// modelled capacity to what is left less the shortfall, so that the index evicts at the
+// backend's pace; the learned capacity regrows slowly (regrowEvery) and is forgotten on a
+// restart.
+//
 // Staleness. Entries are tied to the backend's Epoch: after ResetCache (restart, return from
 // unhealthy) Match ignores them at once and the next Record or SetBackends frees them.
 // Removed backends lose their entries in SetBackends.

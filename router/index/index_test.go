@@ -382,8 +382,11 @@ func TestConcurrent(t *testing.T) {
 			for i := range 3000 {
 				p := chain(uint64(rng.IntN(50)), 1+rng.IntN(20))
 				switch r := rng.IntN(100); {
-				case r < 42:
+				case r < 38:
 					x.RecordHeld(p, bs[rng.IntN(nb)], t0.Add(time.Duration(i)*time.Millisecond), rng.IntN(len(p)+1))
+				case r < 42:
+					b, held := bs[rng.IntN(nb)], rng.IntN(len(p)+1)
+					x.Correct(b, x.RecordHeld(p, b, t0.Add(time.Duration(i)*time.Millisecond), held), 1+rng.IntN(len(p)))
 				case r < 45:
 					b := bs[rng.IntN(nb)]
 					x.Forget(p[rng.IntN(len(p)):], b, x.Record(p, b, t0.Add(time.Duration(i))))
