@@ -36,11 +36,12 @@ type correctionOutcome struct {
 	corrections uint64
 }
 
-// runCorrection runs the scenario with the index correction on or off.
-func runCorrection(t *testing.T, correct bool) correctionOutcome {
+// runCorrection runs the scenario with the index correction on or off, against a sim of
+// simBlocks KV blocks.
+func runCorrection(t *testing.T, correct bool, simBlocks int) correctionOutcome {
 	t.Helper()
 	cfg := sim.DefaultConfig()
-	cfg.NumGPUBlocks = correctionSimBlocks
+	cfg.NumGPUBlocks = simBlocks
 	cfg.Speedup = correctionSimSpeedup
 	rep := sim.NewReplica("small", cfg)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -126,11 +127,11 @@ func runCorrection(t *testing.T, correct bool) correctionOutcome {
 	s.writeGauges(&m)
 	series := fmt.Sprintf("prefixlb_index_corrections_total{backend=%q} %d\n", be.Name, out.corrections)
 	tokens := fmt.Sprintf("prefixlb_index_corrected_tokens_total{backend=%q} %d\n", be.Name, st[0].CorrectedTokens)
-	if !strings.Contains(m.String(), series) || !strings.Contains(m.String(), tokens) || correct != (st[0].CorrectedTokens > 0) {
-		t.Errorf("/metrics lacks %q or %q (corrected tokens must be > 0 exactly when correcting):\n%s", series, tokens, grepLines(m.String(), "correct"))
+	if !strings.Contains(m.String(), series) || !strings.Contains(m.String(), tokens) || (out.corrections > 0) != (st[0].CorrectedTokens > 0) {
+		t.Errorf("/metrics lacks %q or %q (corrected tokens must be > 0 exactly when corrected):\n%s", series, tokens, grepLines(m.String(), "correct"))
 	}
-	t.Logf("correction %v: mean |predicted − reported| cached share %.3f over the last %d, %d over-matched, %d entries (the sim holds ≈ %d chunks), %d corrections",
-		correct, out.meanErr, correctionLastWindow, out.overMatched, out.entries, correctionSimBlocks*cfg.BlockSize/64, out.corrections)
+	t.Logf("correction %v, sim of %d blocks: mean |predicted − reported| cached share %.3f over the last %d, %d over-matched, %d entries (the sim holds ≈ %d chunks), %d corrections",
+		correct, simBlocks, out.meanErr, correctionLastWindow, out.overMatched, out.entries, simBlocks*cfg.BlockSize/64, out.corrections)
 	return out
 }
 
@@ -139,10 +140,15 @@ func runCorrection(t *testing.T, correct bool) correctionOutcome {
 // four of them, so most revisits find their prompt evicted. Without the correction the index
 // keeps listing all sixteen and predicts nearly every revisit cached while the replica
 // reports almost nothing; with it, the replica's answers shrink the index to about what the
-// replica holds and the predicted cached share follows the reported one.
+// replica holds and the predicted cached share follows the reported one. A replica whose
+// cache holds every prompt (the default, 27,000 blocks) is never corrected: the rule leaves
+// block rounding and the two tokenizations alone.
 func TestIndexCorrectsFromReportedCache(t *testing.T) {
-	off := runCorrection(t, false)
-	on := runCorrection(t, true)
+	off := runCorrection(t, false, correctionSimBlocks)
+	on := runCorrection(t, true, correctionSimBlocks)
+	if big := runCorrection(t, true, sim.DefaultConfig().NumGPUBlocks); big.corrections != 0 || big.meanErr > 0.1 {
+		t.Errorf("a sim that holds every prompt: %+v; want no correction and a mean error ≤ 0.1", big)
+	}
 	if off.corrections != 0 || off.meanErr < 0.5 || off.overMatched < correctionLastWindow/2 {
 		t.Errorf("without correction: %+v; want no corrections, mean error ≥ 0.5 and most revisits over-matched", off)
 	}
