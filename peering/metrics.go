@@ -44,3 +44,19 @@ func newMetrics(alive func() float64) metricSet {
 // configured here), prefixlb_peer_messages_invalid_total, and
 // prefixlb_peer_snapshot_entries_imported_total.
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
+
+// Stats are the node's counters (those of WriteMetrics).
+type Stats struct {
+	PeersAlive      int
+	UpdatesSent     uint64
+	UpdatesReceived uint64
+	BytesSent       uint64
+	BytesReceived   uint64
+	SnapshotEntries uint64
+}
+
+// Stats returns the node's counters now.
+func (n *Node) Stats() Stats {
+	return Stats{PeersAlive: n.Alive(), UpdatesSent: n.m.sent.Get(), UpdatesReceived: n.m.received.Get(),
+		BytesSent: n.m.bytesSent.Get(), BytesReceived: n.m.bytesRecv.Get(), SnapshotEntries: n.m.snapshots.Get()}
+}

@@ -176,9 +176,7 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 	if p == nil {
 		return nil, errors.New("peering: a prefix policy is required")
 	}
-	switch len(o.Secret) {
-	case 16, 24, 32:
-	default:
+	if !validKeyLen(len(o.Secret)) {
 		return nil, fmt.Errorf("peering: the secret is %d bytes; want 16, 24 or 32 (AES-128, -192 or -256)", len(o.Secret))
 	}
 	if o.SnapshotTimeout <= 0 {
