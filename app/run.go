@@ -57,9 +57,12 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sig)
-	s, err := newServer(cfg, log)
+	s, node, err := newPeeredServer(cfg, log, rl.Resolver)
 	if err != nil {
 		return err
+	}
+	if node != nil {
+		defer node.Close() // after the drain: peers count this replica's last requests
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -81,6 +84,9 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 
 	bg, stopBG := context.WithCancel(ctx)
 	defer stopBG()
+	if node != nil {
+		node.Start(bg) // /readyz waits for its snapshot
+	}
 	ctl := &controller{sv: sv, log: log, cfg: cfg}
 	if d := cfg.Discovery.DNS; d != nil {
 		go ctl.discover(bg, d, rl.Resolver)

@@ -46,6 +46,8 @@ type Backend struct {
 	neverPassed   atomic.Bool
 	epoch         atomic.Uint64
 	served        atomic.Uint64
+	peerInFlight  atomic.Int64 // other prefixlb replicas' in-flight requests here (peer.go)
+	peerPrefill   atomic.Int64 // and their queued prefill tokens
 }
 
 // DefaultWeight is the weight of a backend configured without one: 1, an equal share of the
@@ -141,9 +143,10 @@ func (b *Backend) InFlight() int64 { return b.inFlight.Load() }
 // it: the larger of this prefixlb's own in-flight count and the running + waiting requests the
 // replica last reported in its metrics (vLLM num_requests_running + num_requests_waiting). The
 // local count reacts at once to this proxy's own dispatches; the scraped one (up to a scrape
-// interval old) also sees requests from other prefixlb replicas and other clients.
+// interval old) also sees requests from other prefixlb replicas and other clients. With
+// peering, the local count includes the peers' in-flight requests (PeerInFlight).
 func (b *Backend) Load() int64 {
-	l := b.inFlight.Load()
+	l := b.inFlight.Load() + b.peerInFlight.Load()
 	if s := b.scraped.Load(); s > l {
 		return s
 	}

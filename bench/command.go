@@ -110,6 +110,7 @@ func addCommon(fs *pflag.FlagSet, o *Options) {
 	fs.DurationVar(&o.RequestTimeout, "request-timeout", 10*time.Minute, "bound on one request, stream included")
 	fs.String("rates", "", "open-loop load sweep: run every mode at each of these comma-separated rates (shared-prefix: requests/s; oasst, mt-bench: conversations/s; mooncake: multiples of the trace's rate, i.e. --time-scale ÷ rate) or presets light, medium, saturation (0.5×, 1×, 2× the workload's base rate: shared-prefix 20, mooncake 1, oasst/mt-bench 1)")
 	fs.IntVar(&o.RouterReplicas, "router-replicas", o.RouterReplicas, "independent prefixlb replicas (each its own index) per mode in front of the same replicas; requests go round-robin across them (label MODE×N)")
+	fs.BoolVar(&o.Peering, "peering", o.Peering, "peer the --router-replicas prefix-mode replicas over 127.0.0.1 so they share learned prefixes and in-flight loads (label prefix×N+peer)")
 
 	fs.Uint64Var(&f.Seed, "seed", 1, "workload seed (the same for every mode)")
 	fs.IntVar(&f.Users, "users", 0, fmt.Sprintf("closed-loop users (multi-turn: %d; oasst, mt-bench: 4; shared-prefix: closed loop with this many users when --rate is not given)", DefaultUsers))

@@ -28,6 +28,7 @@ import (
 	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/bench/workload"
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/peering"
 	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
 )
@@ -70,6 +71,10 @@ type Options struct {
 	// sends each request to the next one in turn (0 or 1: one). The arm's label is then
 	// "MODE×N". Not with Target.
 	RouterReplicas int
+	// Peering peers the RouterReplicas prefix-mode replicas over 127.0.0.1 (package
+	// peering): they share learned prefixes and in-flight loads; the arm's label is then
+	// "prefix×N+peer". Other modes run unpeered.
+	Peering bool
 	// Stdout receives the table; Stderr progress and notes. Nil: os.Stdout / os.Stderr.
 	Stdout, Stderr io.Writer
 }
@@ -107,6 +112,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		return nil, fmt.Errorf("--router-replicas must be >= 1 (got %d)", o.RouterReplicas)
 	}
 	o.RouterReplicas = max(o.RouterReplicas, 1)
+	if o.Peering && o.RouterReplicas < 2 {
+		return nil, errors.New("--peering peers the --router-replicas replicas: give --router-replicas 2 or more")
+	}
 	if o.Target != "" && o.RouterReplicas > 1 {
 		return nil, errors.New("--router-replicas starts prefixlb replicas; with --target none is started")
 	}
@@ -204,6 +212,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 			label := m
 			if o.RouterReplicas > 1 {
 				label = fmt.Sprintf("%s×%d", m, o.RouterReplicas)
+				if o.Peering && m == "prefix" {
+					label += "+peer"
+				}
 			}
 			runs = append(runs, run{label: label, mode: m})
 		}
@@ -295,6 +306,7 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	backends := o.Backends
 	var cluster *sim.Cluster
 	routers := []string{target} // the URLs requests go to, round-robin per request
+	var nodes []*peering.Node   // the routers' peering nodes (Options.Peering)
 	if target == "" {
 		if len(backends) == 0 {
 			var err error
@@ -310,7 +322,15 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 		if mode == oracle.Name && cluster != nil {
 			orc = oracle.New(cluster)
 		}
-		for range max(o.RouterReplicas, 1) { // each replica its own prefixlb with its own index
+		if o.Peering && mode == "prefix" && o.RouterReplicas > 1 {
+			urls, ns, stop, err := startPeeredProxies(base, backends, int64(simCfg.KVCacheTokens()), cluster != nil, o.RouterReplicas)
+			if err != nil {
+				return report.Mode{}, err
+			}
+			defer stop()
+			routers, nodes = urls, ns
+		}
+		for range max(o.RouterReplicas, 1) * btoi(nodes == nil) { // each replica its own prefixlb with its own index
 			url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc)
 			if err != nil {
 				return report.Mode{}, err
@@ -346,6 +366,9 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	}
 	if err != nil {
 		return report.Mode{}, err
+	}
+	if nodes != nil {
+		reportPeerTraffic(o.Stderr, label, nodes, len(out.Results))
 	}
 	var names []string
 	if o.Target == "" {

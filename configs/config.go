@@ -57,6 +57,8 @@ type Config struct {
 	Backends []Backend `yaml:"backends"`
 	// Discovery adds backends found at runtime (besides Backends).
 	Discovery Discovery `yaml:"discovery"`
+	// Peering makes several prefixlb replicas route as one (nil: off; configs/peering.go).
+	Peering *Peering `yaml:"peering"`
 }
 
 // ResponseHeaders chooses the headers prefixlb adds to each response. x-prefixlb-route (the
@@ -370,6 +372,7 @@ func (c *Config) ApplyDefaults() {
 		setS(&dns.Scheme, discovery.DefaultScheme)
 		setD(&dns.Interval, discovery.DefaultInterval)
 	}
+	c.Peering.applyDefaults()
 }
 
 // setS, setI and setD set a field left at zero to its default.
@@ -482,6 +485,9 @@ func (c *Config) Validate() error {
 		case d.KVCacheTokens < 0:
 			return fmt.Errorf("discovery.dns.kv_cache_tokens: %d is negative", d.KVCacheTokens)
 		}
+	}
+	if err := c.Peering.validate(c); err != nil {
+		return err
 	}
 	if len(c.Backends) == 0 && c.Discovery.DNS == nil {
 		return errors.New("backends: at least one backend (or discovery.dns) is required")

@@ -28,6 +28,9 @@ func (s *Server) AdminHandler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		s.m.set.WritePrometheus(w)
 		s.writeGauges(w)
+		if s.ext.metrics != nil {
+			s.ext.metrics(w)
+		}
 		metrics.WriteProcessMetrics(w)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -37,6 +40,12 @@ func (s *Server) AdminHandler() http.Handler {
 		if s.draining.Load() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
 			return
+		}
+		if s.ext.ready != nil {
+			if err := s.ext.ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		for _, b := range s.pool.Snapshot() {
 			if b.Healthy() {

@@ -61,6 +61,8 @@ type Server struct {
 	bodies     *bodyBudget   // Options.MaxBufferedBodyBytes
 	bodyIdle   time.Duration // Timeouts.ClientBodyIdle
 	clientRead time.Duration // Timeouts.ClientRead
+
+	ext extension // admin additions (extension.go)
 }
 
 // errNoPolicy is New's answer to Options without a Policy.

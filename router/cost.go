@@ -45,7 +45,7 @@ type cand struct {
 	weight   int
 	matched  int // leading chunks of the prompt the backend holds
 
-	queued  int64   // this proxy's prefill work queued there (tokens)
+	queued  int64   // this proxy's and its peers' prefill work queued there (tokens)
 	own     int64   // this proxy's in-flight requests there
 	pending int64   // of those, requests not yet answering (prefilling or queued)
 	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
@@ -69,7 +69,7 @@ type costInput struct {
 //
 //	est = base + (queued + foreign × waitingShare × meanWork + prompt − held) ÷ rate
 //
-// queued is this proxy's prefill work not yet started answering there, foreign the requests
+// queued is this proxy's (and its peers', see peering) prefill work not yet started answering there, foreign the requests
 // the replica reports beyond this proxy's (other prefixlb replicas, other clients), of which
 // the share still waiting for their first token is taken to be that of this proxy's own
 // in-flight requests (defaultWaitingShare with none), each at the mean work this policy

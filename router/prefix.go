@@ -174,9 +174,12 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	matched = matched[:n]
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
-		c := cand{id: b.ID, inFlight: b.Load(), weight: b.Weight, matched: matched[j],
-			queued: b.PrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
-			foreign: max(b.Load()-b.InFlight(), 0), kvUsage: b.KVUsage()}
+		// Peers' (peering) in-flight requests are in Load and their queued prefill tokens
+		// are known: they count as queued work, not as foreign requests of unknown size.
+		load, peers := b.Load(), b.PeerInFlight()
+		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
+			queued: b.PrefillTokens() + b.PeerPrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
+			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage()}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()

@@ -1,0 +1,83 @@
+package app
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/internal/testutil"
+)
+
+// peeredConfig is a prefix-mode config with one backend (checks off) and peering on
+// 127.0.0.1 with the secret in an environment variable.
+func peeredConfig(t *testing.T, backendURL string, join ...string) *configs.Config {
+	t.Setenv("PREFIXLB_TEST_PEER_SECRET", "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=") // base64 of 32 bytes
+	cfg := &configs.Config{Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Mode: "prefix",
+		Backends: []configs.Backend{{URL: backendURL}},
+		Health:   configs.Health{Disabled: true},
+		Peering:  &configs.Peering{Listen: "127.0.0.1:0", Join: join, SecretEnv: "PREFIXLB_TEST_PEER_SECRET"}}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := testutil.Client().Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestPeeringReadyzWaitsForSnapshot: with a configured peer that takes the connection and
+// never answers, /readyz says 503 and why, then ready once the join gives up (bounded);
+// /metrics shows the peering gauges.
+func TestPeeringReadyzWaitsForSnapshot(t *testing.T) {
+	be, _ := testutil.StatusBackend(t, http.StatusOK, "{}")
+	stalled := testutil.ServeRaw(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	h := startRun(t, peeredConfig(t, be.URL, stalled.Addr().String()), nil, RunOptions{})
+	status, body := get(t, h.admin+"/readyz")
+	if status != http.StatusServiceUnavailable || !strings.Contains(body, "peer's index snapshot") {
+		t.Fatalf("/readyz while joining: %d %q", status, body)
+	}
+	testutil.Eventually(t, 20*time.Second, "ready once the join gives up", func() bool {
+		s, _ := get(t, h.admin+"/readyz")
+		return s == http.StatusOK
+	})
+	_, m := get(t, h.admin+"/metrics")
+	if !strings.Contains(m, "prefixlb_peers_alive 0") || !strings.Contains(m, "prefixlb_peer_bytes_sent_total") {
+		t.Fatal("/metrics lacks the peering metrics")
+	}
+}
+
+// TestPeeringConfigErrors: the section's mistakes are named.
+func TestPeeringConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(c *configs.Config)
+		want string
+	}{
+		{"no secret", func(c *configs.Config) { c.Peering.SecretEnv = "" }, "exactly one of secret_file and secret_env"},
+		{"two secrets", func(c *configs.Config) { c.Peering.SecretFile = "/x" }, "exactly one of secret_file and secret_env"},
+		{"data port", func(c *configs.Config) { c.Listen, c.Peering.Listen = "127.0.0.1:8080", ":8080" }, "peers need a port of their own"},
+		{"mode", func(c *configs.Config) { c.Mode = "round-robin" }, "needs mode prefix"},
+		{"join", func(c *configs.Config) { c.Peering.Join = []string{"nohostport"} }, "peering.join[0]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := peeredConfig(t, "http://127.0.0.1:1")
+			tc.edit(c)
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,134 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/app"
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/peering"
+)
+
+// peerJoinWait bounds the wait for an arm's peered replicas to see one another.
+const peerJoinWait = 10 * time.Second
+
+// startPeeredProxies runs n in-process prefixlb replicas in mode prefix, peered over
+// 127.0.0.1 (package peering) with a fresh random secret: the first alone, the others joining
+// it. It returns once every one sees all the others, with their URLs and nodes, and a stop
+// that stops the proxies and closes the nodes.
+func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64, sims bool, n int) ([]string, []*peering.Node, func(), error) {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	f, err := os.CreateTemp("", "prefixlb-bench-peering-*")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	_, err = f.WriteString(base64.StdEncoding.EncodeToString(key))
+	_ = f.Close()
+	var stops []func()
+	stop := func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
+		}
+		_ = os.Remove(f.Name())
+	}
+	if err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	var urls []string
+	var nodes []*peering.Node
+	for i := range n {
+		cfg := *base
+		cfg.Peering = &configs.Peering{Listen: "127.0.0.1:0", SecretFile: f.Name()}
+		if i > 0 {
+			cfg.Peering.Join = []string{nodes[0].Addr()}
+		}
+		url, node, stopOne, err := startPeered(&cfg, backends, kvTokens, sims)
+		if err != nil {
+			stop()
+			return nil, nil, nil, err
+		}
+		stops = append(stops, stopOne)
+		urls, nodes = append(urls, url), append(nodes, node)
+	}
+	deadline := time.Now().Add(peerJoinWait)
+	for _, node := range nodes {
+		for node.Alive() < n-1 {
+			if time.Now().After(deadline) {
+				stop()
+				return nil, nil, nil, fmt.Errorf("peering: replica %s sees %d of %d peers after %s", node.Name(), node.Alive(), n-1, peerJoinWait)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return urls, nodes, stop, nil
+}
+
+// startPeered is startProxy's prefix mode with cfg's peering section.
+func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bool) (string, *peering.Node, func(), error) {
+	cfg.Mode = "prefix"
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	if cfg.Log.Level == "" || cfg.Log.Level == "info" || cfg.Log.Level == "debug" {
+		cfg.Log.Level = "warn"
+	}
+	cfg.Log.Format = "console"
+	cfg.Backends = nil
+	for _, u := range backends {
+		b := configs.Backend{URL: u}
+		if sims {
+			b.KVCacheTokens = kvTokens
+		}
+		cfg.Backends = append(cfg.Backends, b)
+	}
+	log, err := app.NewLogger(cfg.Log.Level, cfg.Log.Format)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	sv, node, err := app.StartPeered(context.Background(), cfg, log)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("proxy: %w", err)
+	}
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), proxyStopGrace)
+		defer cancel()
+		if err := sv.Stop(sctx); err != nil {
+			log.Warn("proxy stop", zap.Error(err))
+		}
+		_ = node.Close()
+		_ = log.Sync()
+	}
+	return sv.URL(), node, stop, nil
+}
+
+// peerTraffic sums the nodes' counters: the update bytes sent over all peers.
+func peerTraffic(nodes []*peering.Node) (bytes, updates uint64) {
+	for _, n := range nodes {
+		s := n.Stats()
+		bytes += s.BytesSent
+		updates += s.UpdatesSent
+	}
+	return bytes, updates
+}
+
+// reportPeerTraffic writes one line of the arm's peer traffic per routed request.
+func reportPeerTraffic(w io.Writer, label string, nodes []*peering.Node, requests int) {
+	bytes, updates := peerTraffic(nodes)
+	fmt.Fprintf(w, "%s: peer traffic %d update bytes for %d requests (%.0f bytes per request over all peers; %d updates sent)\n",
+		label, bytes, requests, float64(bytes)/float64(max(requests, 1)), updates)
+}
+
+// btoi is 1 for true, 0 for false.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,71 @@
+package configs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/prefixlb/prefixlb/peering"
+)
+
+// Peering makes several prefixlb replicas route as one (package peering): they share what
+// each learned and what each has in flight per backend. Off when the section is absent.
+type Peering struct {
+	// Listen is the peer port (TCP and UDP), host:port: never the data listener's.
+	Listen string `yaml:"listen"`
+	// Advertise is the host:port peers reach this replica at (default: the bound address or
+	// a private address of the machine).
+	Advertise string `yaml:"advertise"`
+	// Join is a static list of peers' host:port.
+	Join []string `yaml:"join"`
+	// DNS is a headless Service name whose A/AAAA records are the peers, at Listen's port.
+	DNS string `yaml:"dns"`
+	// SecretFile and SecretEnv name where the shared secret is: a file (a mounted Kubernetes
+	// Secret) or an environment variable; exactly one. The secret is 16, 24 or 32 bytes, raw
+	// or base64 (peering.ParseSecret).
+	SecretFile string `yaml:"secret_file"`
+	SecretEnv  string `yaml:"secret_env"`
+}
+
+// DefaultPeeringListen is the peer port on all interfaces: memberlist's default port.
+var DefaultPeeringListen = ":" + strconv.Itoa(peering.DefaultPort)
+
+func (p *Peering) applyDefaults() {
+	if p != nil {
+		setS(&p.Listen, DefaultPeeringListen)
+	}
+}
+
+// validate checks the section (nil: off) against the rest of c.
+func (p *Peering) validate(c *Config) error {
+	if p == nil {
+		return nil
+	}
+	switch {
+	case checkHostPort(p.Listen) != nil:
+		return fmt.Errorf("peering.listen: %w", checkHostPort(p.Listen))
+	case samePort(p.Listen, c.Listen) || samePort(p.Listen, c.AdminListen):
+		return fmt.Errorf("peering.listen: %q is the data or admin listener; peers need a port of their own", p.Listen)
+	case p.Advertise != "" && checkHostPort(p.Advertise) != nil:
+		return fmt.Errorf("peering.advertise: %w", checkHostPort(p.Advertise))
+	case (p.SecretFile == "") == (p.SecretEnv == ""):
+		return errors.New("peering: exactly one of secret_file and secret_env is required (peer traffic is authenticated)")
+	case c.Mode != "prefix":
+		return fmt.Errorf("peering: mode %q keeps no index to share; peering needs mode prefix", c.Mode)
+	}
+	for i, j := range p.Join {
+		if err := checkHostPort(j); err != nil {
+			return fmt.Errorf("peering.join[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// samePort reports whether two host:port listeners name the same fixed port (port 0 is an
+// ephemeral one each).
+func samePort(a, b string) bool {
+	_, pa, errA := net.SplitHostPort(a)
+	_, pb, errB := net.SplitHostPort(b)
+	return errA == nil && errB == nil && pa == pb && pa != "0"
+}

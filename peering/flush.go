@@ -1,0 +1,210 @@
+// Sending and receiving: the flusher's batches, the receiver, and the join snapshot.
+
+package peering
+
+import (
+	"slices"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+)
+
+// flushLoop sends, every FlushInterval, what was learned since the last flush and the local
+// loads (when they changed, or every loadKeepalive) to every live peer.
+func (n *Node) flushLoop() {
+	t := time.NewTicker(n.o.FlushInterval)
+	defer t.Stop()
+	var (
+		items    []queued
+		hashes   []uint64
+		loads    []peerLoad
+		last     []peerLoad
+		lastSent time.Time
+		packets  [][]byte
+	)
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		items, hashes = n.q.take(items, hashes)
+		now := n.now()
+		set := n.backends.Load()
+		n.loads.apply(set.byID, now) // expire stale peers' reports
+		loads = loads[:0]
+		for _, b := range set.list {
+			loads = append(loads, peerLoad{id: b.ID, inFlight: b.InFlight(), prefill: b.PrefillTokens()})
+		}
+		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive
+		if len(items) == 0 && !sendLoads {
+			continue
+		}
+		peers := n.livePeers()
+		if len(peers) == 0 {
+			continue // nobody to tell: what was learned stays this replica's own
+		}
+		if !sendLoads {
+			packets = n.encode(packets[:0], nil, items, hashes)
+		} else {
+			packets = n.encode(packets[:0], loads, items, hashes)
+			last = append(last[:0], loads...)
+			lastSent = now
+		}
+		for _, p := range peers {
+			for _, pkt := range packets {
+				if err := n.ml.SendBestEffort(p, pkt); err != nil {
+					n.log.Debug("peering: send", zap.String("peer", p.Name), zap.Error(err))
+					continue
+				}
+				n.m.bytesSent.Add(len(pkt))
+			}
+			n.m.sent.Add(len(items))
+		}
+	}
+}
+
+// livePeers are the alive members but this replica.
+func (n *Node) livePeers() []*memberlist.Node {
+	ms := n.ml.Members()
+	out := ms[:0]
+	for _, m := range ms {
+		if m.Name != n.name && m.State == memberlist.StateAlive {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// encode packs loads (nil: none) and items into packets of at most packetBudget bytes,
+// reusing the packets' buffers. A prompt that does not fit the room left is split, its
+// deepest part first, so that the receiver records its shallower chunks last (most recent),
+// as one Record of the whole prompt would.
+func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes []uint64) [][]byte {
+	start := func(withLoads []peerLoad) {
+		var buf []byte
+		if len(packets) < cap(packets) {
+			buf = packets[:len(packets)+1][len(packets)][:0]
+		}
+		buf = appendHeader(buf, kindUpdate, n.name)
+		buf = appendLoads(buf, withLoads)
+		packets = append(packets, buf)
+	}
+	// Loads of many backends take several packets: loadBytes each at most.
+	perPacket := max((packetBudget-len(appendHeader(nil, kindUpdate, n.name))-binaryMaxVarint)/loadBytes, 1)
+	for first := true; first || len(loads) > 0; first = false {
+		k := min(len(loads), perPacket)
+		start(loads[:k])
+		loads = loads[k:]
+	}
+	for _, it := range items {
+		hs := hashes[it.off : it.off+it.n]
+		for len(hs) > 0 {
+			cur := packets[len(packets)-1]
+			room := (packetBudget - len(cur) - groupOverhead) / hashBytes
+			if room < min(len(hs), minGroupHashes) {
+				start(nil)
+				continue
+			}
+			part := hs[max(len(hs)-room, 0):]
+			packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, part)
+			hs = hs[:len(hs)-len(part)]
+		}
+	}
+	return packets
+}
+
+// minGroupHashes: a prompt is split only into parts of at least 16 hashes, unless fewer are
+// left; below that a new packet is started.
+const minGroupHashes = 16
+
+// binaryMaxVarint is the most bytes of one uvarint.
+const binaryMaxVarint = 10
+
+// delegate is memberlist's Delegate: the receiver and the join snapshot.
+type delegate struct{ n *Node }
+
+func (d delegate) NodeMeta(int) []byte                 { return nil }
+func (d delegate) GetBroadcasts(_, _ int) [][]byte     { return nil }
+func (d delegate) NotifyMsg(buf []byte)                { d.n.receive(buf) }
+func (d delegate) LocalState(join bool) []byte         { return d.n.snapshot(join) }
+func (d delegate) MergeRemoteState(buf []byte, j bool) { d.n.merge(buf, j) }
+
+// receive applies one peer's update: its loads, and its learned prompts recorded in this
+// replica's index for the backend of the same ID (unknown IDs are ignored). Nothing is
+// forwarded: every replica sends only what it learned itself.
+func (n *Node) receive(buf []byte) {
+	n.recvMu.Lock()
+	defer n.recvMu.Unlock()
+	n.m.bytesRecv.Add(len(buf))
+	set := n.backends.Load()
+	now := n.now()
+	idx := n.pol.Index()
+	err := decodeUpdate(buf, &n.recvLoads, &n.recvHashes,
+		func(sender string, ls []peerLoad) {
+			if sender != n.name && len(ls) > 0 {
+				n.loads.report(sender, ls, now, set.byID)
+			}
+		},
+		func(id uint64, stamp int64, hs []uint64) {
+			n.m.received.Inc()
+			b := set.byID[id]
+			if b == nil {
+				n.m.unknown.Inc()
+				return
+			}
+			// A peer's clock ahead of this one's must not stamp the future.
+			idx.Record(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
+		})
+	if err != nil {
+		n.m.bad.Inc()
+		n.log.Debug("peering: invalid update", zap.Error(err))
+	}
+}
+
+// snapshot is the join push/pull's state: the index's most recent entries per backend, in
+// all at most maxSnapshotBytes. Periodic push/pulls carry nothing (the updates keep the
+// peers current; a rejoin after a partition is a join).
+func (n *Node) snapshot(join bool) []byte {
+	if !join {
+		return nil
+	}
+	set := n.backends.Load()
+	if len(set.list) == 0 {
+		return nil
+	}
+	per := (maxSnapshotBytes/len(set.list) - groupOverhead) / hashBytes
+	exp := n.pol.Index().Export(set.list, per)
+	size := 2
+	for _, e := range exp {
+		size += groupOverhead + hashBytes*len(e.Hashes)
+	}
+	buf := appendHeader(make([]byte, 0, size), kindSnapshot, "")
+	for _, e := range exp {
+		buf = appendGroup(buf, e.ID, -1, e.Hashes)
+	}
+	return buf
+}
+
+// merge imports a peer's join snapshot.
+func (n *Node) merge(buf []byte, join bool) {
+	if !join || len(buf) == 0 {
+		return
+	}
+	set := n.backends.Load()
+	now := n.now()
+	idx := n.pol.Index()
+	var entries int
+	err := decodeSnapshot(buf, func(id uint64, hs []uint64) {
+		if b := set.byID[id]; b != nil {
+			entries += idx.Import(b, hs, now)
+		}
+	})
+	n.m.snapshots.Add(entries)
+	if err != nil {
+		n.m.bad.Inc()
+		n.log.Warn("peering: invalid index snapshot", zap.Error(err))
+	}
+	n.log.Info("peering: index snapshot imported", zap.Int("entries", entries), zap.Int("bytes", len(buf)))
+}

@@ -1,0 +1,221 @@
+package peering
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// wait bounds every wait on the peers (convergence takes milliseconds; failure detection
+// about a second; a heal a rejoin interval and a join).
+const wait = 20 * time.Second
+
+var (
+	secret = []byte("0123456789abcdef0123456789abcdef") // 32 bytes: AES-256
+	other  = []byte("fedcba9876543210fedcba9876543210")
+)
+
+// backendURLs are the model-server replicas every test router is configured with; nothing
+// listens there (routing decisions only).
+var backendURLs = []string{"http://127.0.0.1:18001", "http://127.0.0.1:18002", "http://127.0.0.1:18003", "http://127.0.0.1:18004"}
+
+// replica is one in-process prefixlb router: its own backends (same URLs as the others'),
+// its prefix policy and its peering node on an ephemeral 127.0.0.1 port.
+type replica struct {
+	node *Node
+	bs   []*backend.Backend
+	logs *testutil.LogRecorder
+	drop *dropTransport // nil unless started with dropping
+}
+
+type replicaOpts struct {
+	secret   []byte
+	join     []*replica
+	dropping bool
+}
+
+func startReplica(t *testing.T, name string, ro replicaOpts) *replica {
+	t.Helper()
+	r := &replica{}
+	for _, u := range backendURLs {
+		b, err := backend.New(u, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.bs = append(r.bs, b)
+	}
+	log, rec := testutil.RecordingLogger()
+	r.logs = rec
+	o := Options{Listen: "127.0.0.1:0", Secret: ro.secret, Name: name, Log: log,
+		RejoinInterval: 200 * time.Millisecond, SnapshotTimeout: 5 * time.Second}
+	if o.Secret == nil {
+		o.Secret = secret
+	}
+	for _, j := range ro.join {
+		o.Join = append(o.Join, j.node.Addr())
+	}
+	if ro.dropping {
+		o.wrapTransport = func(inner memberlist.Transport) memberlist.Transport {
+			r.drop = newDropTransport(inner)
+			return r.drop
+		}
+	}
+	n, err := New(o, router.NewPrefix(router.PrefixOptions{}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.node = n
+	n.Policy().SetBackends(r.bs)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.Start(ctx)
+	t.Cleanup(func() {
+		cancel()
+		_ = n.Close()
+	})
+	return r
+}
+
+// byName returns r's backend of url.
+func (r *replica) byName(url string) *backend.Backend {
+	for _, b := range r.bs {
+		if b.Name == url {
+			return b
+		}
+	}
+	return nil
+}
+
+// prompt returns the key of a chat request whose prompt is unique to seed, of about 40
+// chunks.
+func prompt(t testing.TB, seed int) *key.Key {
+	t.Helper()
+	text := strings.Repeat(fmt.Sprintf("conversation %d says something long enough to fill chunks. ", seed), 160)
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": text}}})
+	k := &key.Key{}
+	key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)
+	if !k.OK || len(k.Chunks) < 10 {
+		t.Fatalf("prompt %d: ok %v, %d chunks", seed, k.OK, len(k.Chunks))
+	}
+	return k
+}
+
+// pick routes k on r among all its backends.
+func (r *replica) pick(k *key.Key) router.Decision { return r.node.Policy().Pick(k, r.bs) }
+
+// holds reports whether r routes k to url because url holds all of k.
+func (r *replica) holds(k *key.Key, url string) bool {
+	d := r.pick(k)
+	return d.Backend.Name == url && d.Reason == router.ReasonMatch && d.MatchedChunks == len(k.Chunks)
+}
+
+// notRing returns a backend URL other than the one r places k on cold: learning k there is
+// something no peer could guess.
+func (r *replica) notRing(k *key.Key) string {
+	cold := r.pick(k).Backend.Name
+	for _, u := range backendURLs {
+		if u != cold {
+			return u
+		}
+	}
+	return ""
+}
+
+// metric returns the value of a metric line of r's WriteMetrics ("" if absent).
+func (r *replica) metric(name string) string {
+	var sb strings.Builder
+	r.node.WriteMetrics(&sb)
+	for _, line := range strings.Split(sb.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// kill stops r as a crash would: no leave message, the port closed.
+func (r *replica) kill() {
+	r.node.stopOnce.Do(func() {
+		close(r.node.stop)
+		_ = r.node.ml.Shutdown()
+	})
+	r.node.wg.Wait()
+}
+
+// dropTransport is a network transport that, while drop is set, loses every packet and
+// refuses every stream both ways: a peer cut off by a partition.
+type dropTransport struct {
+	inner   memberlist.Transport
+	drop    atomic.Bool
+	packets chan *memberlist.Packet
+	streams chan net.Conn
+	done    chan struct{}
+}
+
+func newDropTransport(inner memberlist.Transport) *dropTransport {
+	d := &dropTransport{inner: inner, packets: make(chan *memberlist.Packet), streams: make(chan net.Conn), done: make(chan struct{})}
+	go func() {
+		for p := range inner.PacketCh() {
+			if !d.drop.Load() {
+				select {
+				case d.packets <- p:
+				case <-d.done:
+					return
+				}
+			}
+		}
+	}()
+	go func() {
+		for c := range inner.StreamCh() {
+			if d.drop.Load() {
+				_ = c.Close()
+				continue
+			}
+			select {
+			case d.streams <- c:
+			case <-d.done:
+				return
+			}
+		}
+	}()
+	return d
+}
+
+func (d *dropTransport) FinalAdvertiseAddr(ip string, port int) (net.IP, int, error) {
+	a, p, err := d.inner.FinalAdvertiseAddr(ip, port)
+	return a, p, err
+}
+
+func (d *dropTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	if d.drop.Load() {
+		return time.Now(), nil
+	}
+	return d.inner.WriteTo(b, addr)
+}
+
+func (d *dropTransport) PacketCh() <-chan *memberlist.Packet { return d.packets }
+
+func (d *dropTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	if d.drop.Load() {
+		return nil, fmt.Errorf("partitioned: %s", addr)
+	}
+	return d.inner.DialTimeout(addr, timeout)
+}
+
+func (d *dropTransport) StreamCh() <-chan net.Conn { return d.streams }
+
+func (d *dropTransport) Shutdown() error {
+	close(d.done)
+	return d.inner.Shutdown()
+}

@@ -1,0 +1,62 @@
+package peering
+
+import (
+	"io"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// metricSet is the node's Prometheus metrics.
+type metricSet struct {
+	set       *metrics.Set
+	sent      *metrics.Counter // learned groups sent, per peer they went to
+	received  *metrics.Counter // learned groups received
+	bytesSent *metrics.Counter // update payload bytes sent, per peer
+	bytesRecv *metrics.Counter // update payload bytes received
+	dropped   *metrics.Counter // learned groups not queued (queue full)
+	unknown   *metrics.Counter // learned groups received for a backend not configured here
+	bad       *metrics.Counter // messages that did not decode
+	snapshots *metrics.Counter // snapshot entries imported
+}
+
+func newMetrics(alive func() float64) metricSet {
+	s := metrics.NewSet()
+	s.NewGauge("prefixlb_peers_alive", alive)
+	return metricSet{
+		set:       s,
+		sent:      s.NewCounter("prefixlb_peer_updates_sent_total"),
+		received:  s.NewCounter("prefixlb_peer_updates_received_total"),
+		bytesSent: s.NewCounter("prefixlb_peer_bytes_sent_total"),
+		bytesRecv: s.NewCounter("prefixlb_peer_bytes_received_total"),
+		dropped:   s.NewCounter("prefixlb_peer_updates_dropped_total"),
+		unknown:   s.NewCounter("prefixlb_peer_updates_unknown_backend_total"),
+		bad:       s.NewCounter("prefixlb_peer_messages_invalid_total"),
+		snapshots: s.NewCounter("prefixlb_peer_snapshot_entries_imported_total"),
+	}
+}
+
+// WriteMetrics writes the node's metrics in Prometheus text format:
+// prefixlb_peers_alive (gauge: live peers, this replica not counted),
+// prefixlb_peer_updates_sent_total / _received_total (learned requests' chunk lists, counted
+// once per peer sent to), prefixlb_peer_bytes_sent_total / _received_total (update payload
+// bytes, before memberlist's framing and encryption, about 50 bytes a packet),
+// prefixlb_peer_updates_dropped_total (queue full), _unknown_backend_total (for a backend not
+// configured here), prefixlb_peer_messages_invalid_total, and
+// prefixlb_peer_snapshot_entries_imported_total.
+func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
+
+// Stats are the node's counters (those of WriteMetrics).
+type Stats struct {
+	PeersAlive      int
+	UpdatesSent     uint64
+	UpdatesReceived uint64
+	BytesSent       uint64
+	BytesReceived   uint64
+	SnapshotEntries uint64
+}
+
+// Stats returns the node's counters now.
+func (n *Node) Stats() Stats {
+	return Stats{PeersAlive: n.Alive(), UpdatesSent: n.m.sent.Get(), UpdatesReceived: n.m.received.Get(),
+		BytesSent: n.m.bytesSent.Get(), BytesReceived: n.m.bytesRecv.Get(), SnapshotEntries: n.m.snapshots.Get()}
+}

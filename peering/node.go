@@ -1,0 +1,511 @@
+// Package peering makes several prefixlb replicas route as one: each tells the others what
+// it learned (a routed request's chunk hashes on a backend) and what it has in flight per
+// backend, so that every replica's prefix index and load view converge within a flush
+// interval or two (about 10 ms) without a shared store.
+//
+// Membership and failure detection are hashicorp/memberlist's (SWIM, as in Consul, Loki,
+// Mimir and Cortex), bound to a peer port of its own, never the public listener, and
+// authenticated and encrypted with a shared secret (AES-GCM; memberlist's SecretKey): a
+// replica with another secret can neither join nor inject updates. The updates themselves
+// are not gossiped: a flusher every FlushInterval (5 ms) sends one compact batch (wire.go)
+// by UDP to every live peer, which records the hashes in its own index for its own backend
+// of the same ID and never forwards them, so nothing loops. Batches larger than a packet
+// are split (packetBudget). The loads each peer reports are summed into the backends'
+// PeerInFlight and PeerPrefillTokens, which the prefix policy's cost model and bounded-load
+// cap add to the local counts; a report older than loadTTL, or of a peer that died or
+// left, no longer counts.
+//
+// A replica that starts joins the configured peers (a static list, or the A records of a
+// headless Service) before it reports ready: memberlist's join push/pull carries a snapshot
+// of the peer's index (the most recent entries, up to maxSnapshotBytes), imported before
+// Ready. With no peer to ask, or none answering within SnapshotTimeout, it is ready anyway
+// with what it has, and says so in a log line. A replica whose peers are all gone routes on
+// its own state, as without peering; it logs the loss and the recovery once each, and
+// prefixlb_peers_alive shows it. Dead peers are joined again every RejoinInterval, which
+// exchanges snapshots, so that after a partition heals the indexes converge.
+package peering
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
+
+	"github.com/prefixlb/prefixlb/discovery"
+	"github.com/prefixlb/prefixlb/router"
+)
+
+// Defaults of Options left at zero, and memberlist's tuning.
+const (
+	// DefaultFlushInterval is 5 ms between two batches of updates: a learned prefix reaches
+	// the peers within about 5 ms plus a loopback or LAN hop (≈ 0.1 ms), while a batch
+	// carries every request routed meanwhile, so that at 1000 requests/s a peer gets 200
+	// packets/s rather than 1000.
+	DefaultFlushInterval = 5 * time.Millisecond
+	// DefaultSnapshotTimeout bounds how long a starting replica waits for a peer's index
+	// snapshot before it reports ready anyway: 5 s, ample for 16 MiB on a LAN.
+	DefaultSnapshotTimeout = 5 * time.Second
+	// DefaultRejoinInterval is how often a replica joins its dead peers again (and, when it
+	// has no live peer, the configured ones): 5 s, so that a healed partition converges
+	// within seconds without a join storm.
+	DefaultRejoinInterval = 5 * time.Second
+	// DefaultPort is the peer port when Listen names none: memberlist's own default.
+	DefaultPort = 7946
+
+	// loadKeepalive is the longest gap between two load reports to a peer when nothing
+	// changed; loads that change are sent with the next flush.
+	loadKeepalive = 100 * time.Millisecond
+	// loadTTL is how long a peer's load report counts: five keepalives, so that a lost
+	// packet or two does not drop it, and a dead peer's in-flight requests stop counting
+	// within half a second even before memberlist declares it dead.
+	loadTTL = 5 * loadKeepalive
+	// udpBufferSize is memberlist's UDP packet size (its default, 1400 bytes: under the
+	// 1500-byte Ethernet MTU with room for IP, UDP and a tunnel's headers).
+	udpBufferSize = 1400
+	// packetReserve is what memberlist adds to a user message: its type byte, a 5-byte CRC
+	// and the AES-GCM framing (1 version byte, 12 nonce, 16 tag), rounded up.
+	packetReserve = 64
+	// packetBudget is the most bytes of one update: about 160 chunk hashes.
+	packetBudget = udpBufferSize - packetReserve
+	// maxSnapshotBytes bounds a join snapshot: 16 MiB (≈ 2M entries), under memberlist's
+	// 20 MiB limit on a push/pull's state.
+	maxSnapshotBytes = 16 << 20
+	// Memberlist's failure detector, tuned from its LAN defaults (1 s probes, 200 ms
+	// gossip) for a handful of replicas on one network: a probe every 200 ms answered within
+	// 100 ms, membership news gossiped every 20 ms, a suspect declared dead after 4 probe
+	// intervals (0.8 s) unless others confirm it sooner.
+	probeInterval  = 200 * time.Millisecond
+	probeTimeout   = 100 * time.Millisecond
+	gossipInterval = 20 * time.Millisecond
+	suspicionMult  = 4
+	// tcpTimeout bounds one push/pull (join snapshot) connection.
+	tcpTimeout = 3 * time.Second
+	// lostForget is how long a dead peer is still joined again: 10 minutes, then it is taken
+	// for gone (scaled down) and forgotten.
+	lostForget = 10 * time.Minute
+	// maxNameBytes bounds a member name, which every update carries: a host name is at
+	// most 64 bytes (Linux HOST_NAME_MAX), plus the random suffix.
+	maxNameBytes = 128
+	// leaveTimeout bounds Close's announcement that this replica leaves.
+	leaveTimeout = time.Second
+)
+
+// Options configure a Node.
+type Options struct {
+	// Listen is the peer port's host:port, bound for memberlist's TCP and UDP ("" host: all
+	// interfaces; port 0: an ephemeral one, see Addr).
+	Listen string
+	// Advertise is the host:port peers reach this replica at ("": the bound address, or with
+	// an unspecified host a private address of this machine, as memberlist picks it).
+	Advertise string
+	// Join is a static list of peers' host:port.
+	Join []string
+	// DNS is a headless Service name whose A/AAAA records are peers, at Listen's port.
+	DNS string
+	// Secret authenticates and encrypts peer traffic: 16, 24 or 32 bytes (AES-128/192/256).
+	// Required.
+	Secret []byte
+	// Name is this replica's unique member name ("": host name plus a random suffix).
+	Name string
+	// Resolver answers the DNS lookups (nil: the system resolver).
+	Resolver discovery.Resolver
+	// Log gets the node's lines (nil: none).
+	Log *zap.Logger
+	// SnapshotTimeout, FlushInterval and RejoinInterval: 0 takes the defaults above.
+	SnapshotTimeout time.Duration
+	FlushInterval   time.Duration
+	RejoinInterval  time.Duration
+
+	// wrapTransport, in tests, wraps the network transport (to drop traffic).
+	wrapTransport func(memberlist.Transport) memberlist.Transport
+}
+
+// Node is one replica's membership in the peer group. Create it with New, Start it, and
+// Close it when done.
+type Node struct {
+	o    Options
+	log  *zap.Logger
+	ml   *memberlist.Memberlist
+	pol  *Policy
+	name string
+	addr string
+
+	q        queue
+	loads    *loadTable
+	backends atomic.Pointer[backendSet]
+	m        metricSet
+
+	mu      sync.Mutex
+	members map[string]string   // live peers: name → address
+	lost    map[string]lostPeer // dead or left peers, joined again until lostForget
+	alone   bool                // logged as without live peers
+
+	recvMu     sync.Mutex // the receive scratch
+	recvLoads  []peerLoad
+	recvHashes []uint64
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	stop      chan struct{}
+	stopOnce  sync.Once
+	wg        sync.WaitGroup
+}
+
+type lostPeer struct {
+	addr  string
+	since time.Time
+}
+
+// New creates the node of the prefix policy p and binds its peer port; peers' updates go into
+// p's index. Route with Policy() in p's place. Errors: a bad Listen or Advertise, a secret
+// that is not 16, 24 or 32 bytes, a port that cannot be bound.
+func New(o Options, p *router.Prefix) (*Node, error) {
+	if p == nil {
+		return nil, errors.New("peering: a prefix policy is required")
+	}
+	if !validKeyLen(len(o.Secret)) {
+		return nil, fmt.Errorf("peering: the secret is %d bytes; want 16, 24 or 32 (AES-128, -192 or -256)", len(o.Secret))
+	}
+	if o.SnapshotTimeout <= 0 {
+		o.SnapshotTimeout = DefaultSnapshotTimeout
+	}
+	if o.FlushInterval <= 0 {
+		o.FlushInterval = DefaultFlushInterval
+	}
+	if o.RejoinInterval <= 0 {
+		o.RejoinInterval = DefaultRejoinInterval
+	}
+	lg := o.Log
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	name := o.Name
+	if name == "" {
+		host, _ := os.Hostname()
+		var suffix [4]byte
+		_, _ = rand.Read(suffix[:])
+		name = host + "-" + hex.EncodeToString(suffix[:])
+	}
+	if len(name) > maxNameBytes {
+		return nil, fmt.Errorf("peering: the member name is %d bytes, over %d", len(name), maxNameBytes)
+	}
+	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]string{},
+		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{})}
+	n.pol = &Policy{Prefix: p, n: n}
+	n.backends.Store(&backendSet{byID: nil})
+	n.m = newMetrics(func() float64 { return float64(n.Alive()) })
+
+	conf, err := n.config()
+	if err != nil {
+		return nil, err
+	}
+	n.ml, err = memberlist.Create(conf)
+	if err != nil {
+		return nil, fmt.Errorf("peering: listen %s: %w", o.Listen, err)
+	}
+	n.addr = n.ml.LocalNode().Address()
+	return n, nil
+}
+
+// config builds memberlist's configuration.
+func (n *Node) config() (*memberlist.Config, error) {
+	host, port, err := splitHostPort(n.o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("peering.listen: %w", err)
+	}
+	conf := memberlist.DefaultLANConfig()
+	conf.Name = n.name
+	conf.BindAddr, conf.BindPort = host, port
+	conf.AdvertisePort = port
+	if n.o.Advertise != "" {
+		ah, ap, err := splitHostPort(n.o.Advertise)
+		if err != nil {
+			return nil, fmt.Errorf("peering.advertise: %w", err)
+		}
+		conf.AdvertiseAddr, conf.AdvertisePort = ah, ap
+	}
+	conf.SecretKey = n.o.Secret
+	conf.EnableCompression = false // random hashes do not compress
+	conf.UDPBufferSize = udpBufferSize
+	conf.ProbeInterval, conf.ProbeTimeout = probeInterval, probeTimeout
+	conf.GossipInterval, conf.SuspicionMult = gossipInterval, suspicionMult
+	conf.TCPTimeout = tcpTimeout
+	conf.Delegate = delegate{n}
+	conf.Events = events{n}
+	conf.Logger = log.New(levelWriter{n.log.Named("memberlist")}, "", 0)
+	if n.o.wrapTransport != nil {
+		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: conf.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("peering: listen %s: %w", n.o.Listen, err)
+		}
+		conf.Transport = n.o.wrapTransport(nt)
+	}
+	return conf, nil
+}
+
+// splitHostPort parses host:port ("" host: 0.0.0.0; no port: DefaultPort).
+func splitHostPort(s string) (string, int, error) {
+	if s == "" {
+		return "0.0.0.0", DefaultPort, nil
+	}
+	host, ps, err := net.SplitHostPort(s)
+	if err != nil {
+		if !strings.Contains(err.Error(), "missing port") {
+			return "", 0, err
+		}
+		host, ps = s, strconv.Itoa(DefaultPort)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("%q: bad port", s)
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	return host, port, nil
+}
+
+// Policy is the prefix policy to route with: p's, learning for the peers as well.
+func (n *Node) Policy() *Policy { return n.pol }
+
+// Name is this replica's member name.
+func (n *Node) Name() string { return n.name }
+
+// Addr is the host:port peers reach this replica at (the bound port when Listen's was 0).
+func (n *Node) Addr() string { return n.addr }
+
+// Alive is the number of live peers (this replica not counted).
+func (n *Node) Alive() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.members)
+}
+
+// Start joins the peers (taking a snapshot of one's index; Ready then says so) and starts the
+// flusher and the rejoin loop, until Close or ctx is done.
+func (n *Node) Start(ctx context.Context) {
+	n.wg.Add(3)
+	go func() { defer n.wg.Done(); n.initialJoin(ctx) }()
+	go func() { defer n.wg.Done(); n.flushLoop() }()
+	go func() { defer n.wg.Done(); n.rejoinLoop(ctx) }()
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = n.Close()
+		case <-n.stop:
+		}
+	}()
+}
+
+// Ready returns nil once the replica took its starting snapshot (or gave up waiting, see the
+// package comment), else an error saying what it waits for: /readyz reports it.
+func (n *Node) Ready() error {
+	select {
+	case <-n.ready:
+		return nil
+	default:
+		return errors.New("waiting for a peer's index snapshot (peering)")
+	}
+}
+
+// WaitReady blocks until Ready or ctx is done.
+func (n *Node) WaitReady(ctx context.Context) error {
+	select {
+	case <-n.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (n *Node) markReady() { n.readyOnce.Do(func() { close(n.ready) }) }
+
+// initialJoin joins the configured peers, bounded by SnapshotTimeout, then marks ready.
+func (n *Node) initialJoin(ctx context.Context) {
+	defer n.markReady()
+	targets := n.targets(ctx)
+	if len(targets) == 0 {
+		n.log.Info("peering: no peer to take an index snapshot from; ready with an empty index", zap.String("addr", n.addr))
+		return
+	}
+	done := make(chan error, 1)
+	go func() {
+		k, err := n.ml.Join(targets)
+		if k > 0 {
+			err = nil
+		}
+		done <- err
+	}()
+	t := time.NewTimer(n.o.SnapshotTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			n.log.Warn("peering: no peer answered; ready with an empty index", zap.Strings("peers", targets), zap.Error(err))
+			return
+		}
+		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
+	case <-t.C:
+		n.log.Warn("peering: no index snapshot within the timeout; ready with what this replica has",
+			zap.Duration("timeout", n.o.SnapshotTimeout), zap.Strings("peers", targets))
+	case <-n.stop:
+	case <-ctx.Done():
+	}
+}
+
+// targets returns the configured peers' addresses (the static list and the DNS name's
+// records), this replica's own left out.
+func (n *Node) targets(ctx context.Context) []string {
+	var out []string
+	for _, a := range n.o.Join {
+		if a != n.addr {
+			out = append(out, a)
+		}
+	}
+	if n.o.DNS != "" {
+		_, port, _ := splitHostPort(n.o.Listen)
+		if _, ap, err := net.SplitHostPort(n.addr); err == nil {
+			port, _ = strconv.Atoi(ap)
+		}
+		d := &discovery.DNS{Name: n.o.DNS, Port: port, Resolver: n.o.Resolver, Timeout: n.o.SnapshotTimeout}
+		urls, err := d.Resolve(ctx)
+		if err != nil {
+			n.log.Debug("peering: DNS", zap.Error(err))
+		}
+		for _, u := range urls {
+			a := strings.TrimPrefix(u, discovery.DefaultScheme+"://")
+			if a != n.addr {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// rejoinLoop joins dead peers again, and the configured ones while no peer is alive.
+func (n *Node) rejoinLoop(ctx context.Context) {
+	t := time.NewTicker(n.o.RejoinInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		select {
+		case <-n.ready:
+		default:
+			continue // the initial join is still on
+		}
+		now := time.Now()
+		var targets []string
+		n.mu.Lock()
+		for name, l := range n.lost {
+			if now.Sub(l.since) > lostForget {
+				delete(n.lost, name)
+				continue
+			}
+			targets = append(targets, l.addr)
+		}
+		none := len(n.members) == 0
+		n.mu.Unlock()
+		if none {
+			targets = append(targets, n.targets(ctx)...)
+		}
+		if len(targets) > 0 {
+			if k, err := n.ml.Join(targets); err != nil && k == 0 {
+				n.log.Debug("peering: rejoin failed", zap.Strings("peers", targets), zap.Error(err))
+			}
+		}
+	}
+}
+
+// Close leaves the group (peers forget this replica at once rather than after a failed
+// probe) and frees the peer port. Safe to call more than once.
+func (n *Node) Close() error {
+	var err error
+	n.stopOnce.Do(func() {
+		close(n.stop)
+		n.markReady()
+		_ = n.ml.Leave(leaveTimeout)
+		err = n.ml.Shutdown()
+	})
+	n.wg.Wait()
+	return err
+}
+
+// now is the node's clock.
+func (n *Node) now() time.Time { return time.Now() }
+
+// setMember records a live or gone peer and logs the loss of the last one and the return of
+// the first.
+func (n *Node) setMember(name, addr string, alive bool) {
+	if name == n.name {
+		return
+	}
+	n.mu.Lock()
+	if alive {
+		n.members[name] = addr
+		delete(n.lost, name)
+	} else {
+		delete(n.members, name)
+		// Memberlist does not say here whether the peer died or left (Node.State is not
+		// updated for the event): either is joined again until lostForget, which costs a
+		// refused connection every RejoinInterval for a peer that is gone for good.
+		n.lost[name] = lostPeer{addr: addr, since: time.Now()}
+	}
+	count := len(n.members)
+	was := n.alone
+	n.alone = count == 0
+	n.mu.Unlock()
+	switch {
+	case count == 0 && !was:
+		n.log.Warn("peering: no live peers; routing on this replica's own state", zap.String("last", name))
+	case count > 0 && was:
+		n.log.Info("peering: peers regained", zap.Int("peers", count), zap.String("first", name))
+	}
+	if !alive {
+		if set := n.backends.Load(); set != nil {
+			n.loads.forget(name, n.now(), set.byID)
+		}
+	}
+}
+
+// events is memberlist's EventDelegate. It is called with memberlist's state locked: it must
+// not call back into memberlist.
+type events struct{ n *Node }
+
+func (e events) NotifyJoin(m *memberlist.Node)  { e.n.setMember(m.Name, m.Address(), true) }
+func (e events) NotifyLeave(m *memberlist.Node) { e.n.setMember(m.Name, m.Address(), false) }
+func (e events) NotifyUpdate(*memberlist.Node)  {}
+
+// levelWriter turns memberlist's log lines ("[LEVEL] memberlist: …") into zap lines:
+// warnings and errors at warn, the rest at debug.
+type levelWriter struct{ log *zap.Logger }
+
+func (w levelWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	if strings.HasPrefix(line, "[WARN]") || strings.HasPrefix(line, "[ERR]") {
+		w.log.Warn(line)
+	} else {
+		w.log.Debug(line)
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = levelWriter{}

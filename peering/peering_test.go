@@ -1,0 +1,261 @@
+package peering
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
+	"github.com/prefixlb/prefixlb/router"
+)
+
+// cluster starts n peered replicas, each joining the first, and waits until every one sees
+// all the others.
+func cluster(t *testing.T, n int) []*replica {
+	t.Helper()
+	rs := []*replica{startReplica(t, "r0", replicaOpts{})}
+	for i := 1; i < n; i++ {
+		rs = append(rs, startReplica(t, fmt.Sprintf("r%d", i), replicaOpts{join: rs[:1]}))
+	}
+	for i, r := range rs {
+		testutil.Eventually(t, wait, fmt.Sprintf("r%d sees %d peers", i, n-1), func() bool { return r.node.Alive() == n-1 })
+	}
+	return rs
+}
+
+// TestPeersConverge: a prefix one replica learned on a backend the ring would not pick is
+// routed there, as a match of every chunk, by each other replica: with two and with three.
+func TestPeersConverge(t *testing.T) {
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%d replicas", n), func(t *testing.T) {
+			rs := cluster(t, n)
+			for src := range rs {
+				k := prompt(t, 100*n+src)
+				url := rs[src].notRing(k)
+				if l := rs[src].node.Policy().Learn(k, rs[src].byName(url), 0); l == 0 {
+					t.Fatal("nothing learned")
+				}
+				for dst, r := range rs {
+					testutil.Eventually(t, wait, fmt.Sprintf("r%d routes r%d's prefix to %s by match", dst, src, url),
+						func() bool { return r.holds(k, url) })
+				}
+			}
+			if got := rs[0].metric("prefixlb_peer_updates_sent_total"); got != fmt.Sprint(n-1) {
+				t.Fatalf("r0 sent %s updates, want one per peer (%d)", got, n-1)
+			}
+			if got := rs[1].metric("prefixlb_peer_updates_received_total"); got != fmt.Sprint(n-1) {
+				t.Fatalf("r1 received %s updates, want one from each other replica (%d): nothing is forwarded", got, n-1)
+			}
+		})
+	}
+}
+
+// TestPeerLoadInCost: requests in flight through one replica count in another's cost
+// estimate (queued prefill tokens, in-flight for the cap) until they end.
+func TestPeerLoadInCost(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	url := backendURLs[2]
+	var ls [3]backend.Lease
+	for i := range ls {
+		ls[i].Begin(a.byName(url), 5000, true)
+	}
+	k := prompt(t, 7)
+	queued := func() (int64, int64) {
+		for j, c := range b.node.Policy().Explain(k, b.bs) {
+			if b.bs[j].Name == url {
+				return c.QueuedTokens, c.InFlight
+			}
+		}
+		return -1, -1
+	}
+	testutil.Eventually(t, wait, "b's estimate counts a's 3 requests and 15000 prefill tokens", func() bool {
+		q, inf := queued()
+		return q == 15000 && inf == 3
+	})
+	if p := b.byName(url).PeerInFlight(); p != 3 {
+		t.Fatalf("PeerInFlight %d", p)
+	}
+	ls[0].FirstByte()
+	for i := range ls {
+		ls[i].Release()
+	}
+	testutil.Eventually(t, wait, "a's finished requests no longer count on b", func() bool {
+		q, inf := queued()
+		return q == 0 && inf == 0
+	})
+}
+
+// TestBadSecret: a replica with another secret is not a member, and what it sends never
+// lands in the others' indexes.
+func TestBadSecret(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	bad := startReplica(t, "bad", replicaOpts{secret: other, join: rs[:1]})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := bad.node.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// It learns a prefix and sends it straight to a's peer port as an update.
+	k := prompt(t, 1)
+	url := a.notRing(k)
+	bad.node.Policy().Learn(k, bad.byName(url), 0)
+	it, hs := bad.node.q.take(nil, nil)
+	for _, pkt := range bad.node.encode(nil, nil, it, hs) {
+		if err := bad.node.ml.SendToAddress(memberlist.Address{Addr: a.node.Addr(), Name: a.node.Name()}, pkt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Then b, a member, sends one: once it has arrived, the earlier injection would have too.
+	k2 := prompt(t, 2)
+	url2 := a.notRing(k2)
+	b.node.Policy().Learn(k2, b.byName(url2), 0)
+	testutil.Eventually(t, wait, "a gets b's update", func() bool { return a.holds(k2, url2) })
+	if a.holds(k, url) || a.pick(k).MatchedChunks != 0 {
+		t.Fatal("a recorded the update of a replica with another secret")
+	}
+	if a.node.Alive() != 1 || bad.node.Alive() != 0 || a.node.ml.NumMembers() != 2 {
+		t.Fatalf("members: a sees %d peers (%d members), bad sees %d", a.node.Alive(), a.node.ml.NumMembers(), bad.node.Alive())
+	}
+	if got := a.metric("prefixlb_peer_updates_received_total"); got != "1" {
+		t.Fatalf("a received %s updates, want only b's", got)
+	}
+}
+
+// TestPeerKilled: a replica that dies without a word is declared dead by the others, its
+// in-flight requests stop counting, the metric and one log line say so, and the survivors
+// keep sharing what they learn.
+func TestPeerKilled(t *testing.T) {
+	rs := cluster(t, 3)
+	a, b, c := rs[0], rs[1], rs[2]
+	url := backendURLs[1]
+	var l backend.Lease
+	l.Begin(c.byName(url), 1000, true)
+	testutil.Eventually(t, wait, "a sees c's request", func() bool { return a.byName(url).PeerInFlight() == 1 })
+	c.kill()
+	for _, r := range []*replica{a, b} {
+		testutil.Eventually(t, wait, "c declared dead", func() bool {
+			return r.node.Alive() == 1 && r.metric("prefixlb_peers_alive") == "1"
+		})
+	}
+	if a.byName(url).PeerInFlight() != 0 {
+		t.Fatal("a dead peer's in-flight requests still count")
+	}
+	k := prompt(t, 3)
+	dst := a.notRing(k)
+	a.node.Policy().Learn(k, a.byName(dst), 0)
+	testutil.Eventually(t, wait, "b still gets a's updates", func() bool { return b.holds(k, dst) })
+	if n := len(a.logs.WithMessage("peering: no live peers; routing on this replica's own state")); n != 0 {
+		t.Fatalf("a logged %d losses of all peers with b alive", n)
+	}
+	l.Release()
+}
+
+// TestPartitionHeal: a replica whose traffic is dropped both ways is declared dead; it keeps
+// routing on its own state and logs it; once the traffic flows again all rejoin and what was
+// learned on either side meanwhile is known on both.
+func TestPartitionHeal(t *testing.T) {
+	a := startReplica(t, "a", replicaOpts{})
+	b := startReplica(t, "b", replicaOpts{join: []*replica{a}})
+	c := startReplica(t, "c", replicaOpts{join: []*replica{a}, dropping: true})
+	for _, r := range []*replica{a, b, c} {
+		testutil.Eventually(t, wait, "joined", func() bool { return r.node.Alive() == 2 })
+	}
+	c.drop.drop.Store(true)
+	testutil.Eventually(t, wait, "c cut off", func() bool {
+		return a.node.Alive() == 1 && b.node.Alive() == 1 && c.node.Alive() == 0
+	})
+	testutil.Eventually(t, wait, "c logs that it is alone", func() bool {
+		return len(c.logs.WithMessage("peering: no live peers; routing on this replica's own state")) == 1
+	})
+	if c.metric("prefixlb_peers_alive") != "0" {
+		t.Fatal("prefixlb_peers_alive on c")
+	}
+	// Each side learns something during the partition.
+	kA, kC := prompt(t, 10), prompt(t, 11)
+	urlA, urlC := a.notRing(kA), c.notRing(kC)
+	a.node.Policy().Learn(kA, a.byName(urlA), 0)
+	c.node.Policy().Learn(kC, c.byName(urlC), 0)
+	testutil.Eventually(t, wait, "b gets a's update", func() bool { return b.holds(kA, urlA) })
+	if !c.holds(kC, urlC) || c.pick(kA).MatchedChunks != 0 {
+		t.Fatal("c routes on its own state only")
+	}
+	c.drop.drop.Store(false)
+	defer func() {
+		if t.Failed() {
+			for _, r := range []*replica{a, c} {
+				es := r.logs.Take()
+				for _, e := range es[max(len(es)-40, 0):] {
+					t.Log(e.Text())
+				}
+				for _, m := range r.node.ml.Members() {
+					t.Logf("member %s %v", m.Name, m.State)
+				}
+			}
+		}
+	}()
+	for _, r := range []*replica{a, b, c} {
+		testutil.Eventually(t, wait, "rejoined after the heal", func() bool {
+			return r.node.Alive() == 2
+		})
+	}
+	testutil.Eventually(t, wait, "c knows a's prefix, a and b know c's", func() bool {
+		return c.holds(kA, urlA) && a.holds(kC, urlC) && b.holds(kC, urlC)
+	})
+	if n := len(c.logs.WithMessage("peering: peers regained")); n != 1 {
+		t.Fatalf("c logged %d recoveries", n)
+	}
+}
+
+// TestLateJoinerSnapshot: a replica that starts after the others learned is ready only once
+// it holds their index: every prefix routes by match the moment Ready says so.
+func TestLateJoinerSnapshot(t *testing.T) {
+	a := startReplica(t, "a", replicaOpts{})
+	const prompts = 50
+	urls := make([]string, prompts)
+	for i := range prompts {
+		k := prompt(t, 1000+i)
+		urls[i] = a.notRing(k)
+		a.node.Policy().Learn(k, a.byName(urls[i]), 0)
+	}
+	late := startReplica(t, "late", replicaOpts{join: []*replica{a}})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := late.node.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range prompts {
+		if k := prompt(t, 1000+i); !late.holds(k, urls[i]) {
+			t.Fatalf("prompt %d: ready without a's prefix (%+v)", i, late.pick(k))
+		}
+	}
+	if got := late.metric("prefixlb_peer_updates_received_total"); got != "0" {
+		t.Fatalf("the prefixes came as %s updates, not in the snapshot", got)
+	}
+}
+
+// TestAloneReady: a replica with no peer to ask is ready at once and says so.
+func TestAloneReady(t *testing.T) {
+	r := startReplica(t, "solo", replicaOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := r.node.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.logs.WithMessage("peering: no peer to take an index snapshot from; ready with an empty index")) != 1 {
+		t.Fatal("no log line")
+	}
+}
+
+// TestNewRejectsBadSecret: a secret of a length AES does not take is refused.
+func TestNewRejectsBadSecret(t *testing.T) {
+	for _, n := range []int{0, 8, 31} {
+		if _, err := New(Options{Listen: "127.0.0.1:0", Secret: make([]byte, n)}, router.NewPrefix(router.PrefixOptions{}, nil)); err == nil {
+			t.Fatalf("secret of %d bytes accepted", n)
+		}
+	}
+}

@@ -1,0 +1,196 @@
+// The wire format of peer messages: compact, fixed-layout, encoding/binary only.
+
+package peering
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// wireVersion is the first byte of every message; a receiver drops other versions.
+const wireVersion = 1
+
+// Message kinds (the second byte).
+const (
+	// kindUpdate is a flusher batch, sent to every live peer by UDP:
+	//
+	//	version kind  uvarint(len(sender)) sender
+	//	uvarint(loads) { id:u64 in_flight:uvarint prefill_tokens:uvarint }…
+	//	{ id:u64 stamp:i64 uvarint(n) hash:u64 × n }…   (to the end: learned prompts)
+	//
+	// integers little-endian; stamp unix nanoseconds; a learned group is one routed request's
+	// chained chunk hashes (or a part of them, see maxGroupHashes) on backend id.
+	kindUpdate = 1
+	// kindSnapshot is a push/pull join state (LocalState):
+	//
+	//	version kind { id:u64 uvarint(n) hash:u64 × n }…   (hashes most recently used first)
+	kindSnapshot = 2
+)
+
+// hashBytes is the size of one chunk hash on the wire (fixed: the hashes are uniformly
+// random, a varint would take 9–10 bytes).
+const hashBytes = 8
+
+// groupOverhead is the most bytes a learned group takes besides its hashes: the backend id,
+// the stamp and the count.
+const groupOverhead = 8 + 8 + binary.MaxVarintLen64
+
+// loadBytes is the most bytes one backend's load takes.
+const loadBytes = 8 + 2*binary.MaxVarintLen64
+
+// peerLoad is one backend's load as one replica reports it.
+type peerLoad struct {
+	id       uint64
+	inFlight int64
+	prefill  int64
+}
+
+// appendHeader starts a message of kind from sender.
+func appendHeader(dst []byte, kind byte, sender string) []byte {
+	dst = append(dst, wireVersion, kind)
+	if kind == kindUpdate {
+		dst = binary.AppendUvarint(dst, uint64(len(sender)))
+		dst = append(dst, sender...)
+	}
+	return dst
+}
+
+// appendLoads writes the load section of an update.
+func appendLoads(dst []byte, ls []peerLoad) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(ls)))
+	for _, l := range ls {
+		dst = binary.LittleEndian.AppendUint64(dst, l.id)
+		dst = binary.AppendUvarint(dst, uint64(max(l.inFlight, 0)))
+		dst = binary.AppendUvarint(dst, uint64(max(l.prefill, 0)))
+	}
+	return dst
+}
+
+// appendGroup writes one learned group of an update (stamp ≥ 0) or, with stamp < 0, one
+// backend's part of a snapshot.
+func appendGroup(dst []byte, id uint64, stamp int64, hashes []uint64) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, id)
+	if stamp >= 0 {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(stamp))
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(hashes)))
+	for _, h := range hashes {
+		dst = binary.LittleEndian.AppendUint64(dst, h)
+	}
+	return dst
+}
+
+var errShort = errors.New("truncated message")
+
+// reader decodes a message; the first error sticks.
+type reader struct {
+	buf []byte
+	err error
+}
+
+func (r *reader) u64() uint64 {
+	if r.err != nil || len(r.buf) < 8 {
+		r.err = errShort
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.buf)
+	r.buf = r.buf[8:]
+	return v
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.buf)
+	if n <= 0 {
+		r.err = errShort
+		return 0
+	}
+	r.buf = r.buf[n:]
+	return v
+}
+
+// hashes decodes n hashes into dst (reused) and returns it.
+func (r *reader) hashes(dst []uint64) []uint64 {
+	n := r.uvarint()
+	if r.err != nil || uint64(len(r.buf))/hashBytes < n {
+		r.err = errShort
+		return dst[:0]
+	}
+	dst = dst[:0]
+	for i := uint64(0); i < n; i++ {
+		dst = append(dst, binary.LittleEndian.Uint64(r.buf[i*hashBytes:]))
+	}
+	r.buf = r.buf[n*hashBytes:]
+	return dst
+}
+
+// header checks the version and kind and returns the sender (updates only).
+func (r *reader) header(kind byte) string {
+	if len(r.buf) < 2 {
+		r.err = errShort
+		return ""
+	}
+	if r.buf[0] != wireVersion || r.buf[1] != kind {
+		r.err = fmt.Errorf("version %d kind %d, want version %d kind %d", r.buf[0], r.buf[1], wireVersion, kind)
+		return ""
+	}
+	r.buf = r.buf[2:]
+	if kind != kindUpdate {
+		return ""
+	}
+	n := r.uvarint()
+	if r.err != nil || uint64(len(r.buf)) < n {
+		r.err = errShort
+		return ""
+	}
+	s := string(r.buf[:n])
+	r.buf = r.buf[n:]
+	return s
+}
+
+// decodeUpdate calls onLoads with the sender and its loads, then onGroup for each learned
+// group; *ls and *hs are scratch, reused across calls (what the callbacks get is valid only
+// during the call). It returns the first decoding error; what was delivered before it stands.
+func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(id uint64, stamp int64, hashes []uint64)) error {
+	r := reader{buf: buf}
+	sender := r.header(kindUpdate)
+	n := r.uvarint()
+	if r.err == nil && uint64(len(r.buf))/(8+2) < n {
+		r.err = errShort
+	}
+	*ls = (*ls)[:0]
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		*ls = append(*ls, peerLoad{id: r.u64(), inFlight: int64(r.uvarint()), prefill: int64(r.uvarint())})
+	}
+	if r.err != nil {
+		return r.err
+	}
+	onLoads(sender, *ls)
+	for len(r.buf) > 0 {
+		id, stamp := r.u64(), int64(r.u64())
+		*hs = r.hashes(*hs)
+		if r.err != nil {
+			return r.err
+		}
+		onGroup(id, stamp, *hs)
+	}
+	return nil
+}
+
+// decodeSnapshot calls onGroup for each backend's part of a snapshot (hashes reused).
+func decodeSnapshot(buf []byte, onGroup func(id uint64, hashes []uint64)) error {
+	r := reader{buf: buf}
+	r.header(kindSnapshot)
+	var hs []uint64
+	for r.err == nil && len(r.buf) > 0 {
+		id := r.u64()
+		hs = r.hashes(hs)
+		if r.err == nil {
+			onGroup(id, hs)
+		}
+	}
+	return r.err
+}

@@ -1,0 +1,97 @@
+package index
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// TestExportImportRoundTrip: an index built from another's export matches the same prompts
+// on the same backends and keeps the LRU order, across several import batches.
+func TestExportImportRoundTrip(t *testing.T) {
+	a, b := newBackend(t, "a", 1<<30), newBackend(t, "b", 1<<30)
+	src := New(Options{MaxEntries: -1})
+	src.SetBackends([]*backend.Backend{a, b})
+	const prompts = 300 // × 20 chunks: 6000 entries on a, more than one importBatch
+	for i := range prompts {
+		src.Record(chain(uint64(i), 20), a, t0.Add(time.Duration(i)*time.Millisecond))
+		if i%3 == 0 {
+			src.Record(chain(uint64(i), 10), b, t0.Add(time.Duration(i)*time.Millisecond))
+		}
+	}
+	exp := src.Export([]*backend.Backend{a, b}, 0)
+	if len(exp) != 2 || len(exp[0].Hashes) != prompts*20 || len(exp[1].Hashes) != 100*10 {
+		t.Fatalf("export sizes: %d backends, %d and %d entries", len(exp), len(exp[0].Hashes), len(exp[1].Hashes))
+	}
+	if !slices.IsSortedFunc(exp[0].Used, func(x, y int64) int { return int(y - x) }) {
+		t.Fatal("export not most recently used first")
+	}
+	dst := New(Options{MaxEntries: -1})
+	dst.SetBackends([]*backend.Backend{a, b})
+	for _, e := range exp {
+		bk := a
+		if e.ID == b.ID {
+			bk = b
+		}
+		if n := dst.Import(bk, e.Hashes, t0.Add(time.Hour)); n != len(e.Hashes) {
+			t.Fatalf("imported %d of %d", n, len(e.Hashes))
+		}
+	}
+	for _, i := range []uint64{0, 3, 150, 299} {
+		want := match(src, chain(i, 25), a, b)
+		if got := match(dst, chain(i, 25), a, b); !slices.Equal(got, want) {
+			t.Fatalf("prompt %d: match %v after import, %v before", i, got, want)
+		}
+	}
+	again := dst.Export([]*backend.Backend{a, b}, 0)
+	for j := range exp {
+		if !slices.Equal(again[j].Hashes, exp[j].Hashes) {
+			t.Fatalf("backend %d: LRU order not kept by the import", j)
+		}
+	}
+}
+
+// TestImportKeepsNewestWithinCapacity: an import larger than the backend's capacity keeps
+// the most recently used entries; maxPerBackend bounds the export to the newest.
+func TestImportKeepsNewestWithinCapacity(t *testing.T) {
+	big := newBackend(t, "a", 1<<30)
+	src := New(Options{MaxEntries: -1})
+	src.SetBackends([]*backend.Backend{big})
+	for i := range 100 {
+		src.Record(chain(uint64(i), 10), big, t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	newest := src.Export([]*backend.Backend{big}, 50)[0].Hashes
+	if len(newest) != 50 || !slices.Equal(newest[:10], chain(99, 10)) {
+		t.Fatalf("export of 50: %d entries, first %v", len(newest), newest[:min(len(newest), 10)])
+	}
+	small, _ := backend.New(big.Name, 64*30, 1) // 30 chunks of 64 tokens; same ID as big
+	dst := New(Options{MaxEntries: -1})
+	dst.SetBackends([]*backend.Backend{small})
+	if n := dst.Import(small, src.Export([]*backend.Backend{big}, 0)[0].Hashes, t0); n != 30 {
+		t.Fatalf("imported %d, want the capacity 30", n)
+	}
+	got := match(dst, chain(99, 10), small)[0] + match(dst, chain(98, 10), small)[0] + match(dst, chain(97, 10), small)[0]
+	if got != 30 || match(dst, chain(96, 10), small)[0] != 0 {
+		t.Fatalf("the newest 3 prompts should be held whole and nothing older: %d chunks", got)
+	}
+}
+
+// TestExportSkipsStaleAndUnknown: a backend whose cache epoch moved (restart) or that is not
+// registered exports nothing; Import of an unregistered backend records nothing.
+func TestExportSkipsStaleAndUnknown(t *testing.T) {
+	a, b, c := newBackend(t, "a", 1<<20), newBackend(t, "b", 1<<20), newBackend(t, "c", 1<<20)
+	x := New(Options{})
+	x.SetBackends([]*backend.Backend{a, b})
+	x.Record(chain(1, 4), a, t0)
+	x.Record(chain(2, 4), b, t0)
+	b.ResetCache()
+	exp := x.Export([]*backend.Backend{a, b, c}, 0)
+	if len(exp) != 1 || exp[0].ID != a.ID || len(exp[0].Hashes) != 4 {
+		t.Fatalf("export: %+v", exp)
+	}
+	if n := x.Import(c, chain(3, 4), t0); n != 0 || x.Entries() != 8 {
+		t.Fatalf("import of an unregistered backend: %d recorded, %d entries", n, x.Entries())
+	}
+}
