@@ -310,8 +310,8 @@ func TestMessagesPrefixProperty(t *testing.T) {
 // tool, as a coding agent sends it.
 func messagesAgentBody(rounds int) []byte {
 	body, err := json.Marshal(map[string]any{"model": "m", "max_tokens": 1024, "stream": true,
-		"system": []any{map[string]any{"type": "text", "text": systemPrompt, "cache_control": map[string]any{"type": "ephemeral"}}},
-		"tools":  []any{map[string]any{"name": "Read", "description": "Read a file", "input_schema": map[string]any{"type": "object"}}},
+		"system":   []any{map[string]any{"type": "text", "text": systemPrompt, "cache_control": map[string]any{"type": "ephemeral"}}},
+		"tools":    []any{map[string]any{"name": "Read", "description": "Read a file", "input_schema": map[string]any{"type": "object"}}},
 		"messages": agentTurns(rounds)})
 	if err != nil {
 		panic(err)
