@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prefixlb/prefixlb/bench/loadgen"
 	"github.com/prefixlb/prefixlb/bench/peers"
 	"github.com/prefixlb/prefixlb/router"
 )
@@ -105,6 +106,7 @@ func addCommon(fs *pflag.FlagSet, o *Options) {
 	fs.StringVar(&o.ProxyConfig, "proxy-config", "", "prefixlb YAML whose settings the in-process proxy uses (mode, listen and backends are set by the bench)")
 	fs.StringVar(&o.Model, "model", "", "model name in requests (default: the sim's; external: the target's first /v1/models id)")
 	fs.BoolVar(&o.IgnoreEOS, "ignore-eos", o.IgnoreEOS, "send ignore_eos so every reply has exactly max_tokens tokens")
+	fs.StringVar(&o.API, "api", "chat", "API of chat workloads: chat (/v1/chat/completions) | messages (/v1/messages, Anthropic's shape); completions workloads keep theirs")
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-mode lines on stderr")
 	fs.BoolVar(&o.DumpRequests, "dump-requests", false, "also write every request's measurements to DIR/requests-<mode>.jsonl")
 	fs.DurationVar(&o.RequestTimeout, "request-timeout", 10*time.Minute, "bound on one request, stream included")
@@ -134,6 +136,9 @@ func addCommon(fs *pflag.FlagSet, o *Options) {
 }
 
 func finishFlags(fs *pflag.FlagSet, o *Options) error {
+	if o.API != "chat" && o.API != loadgen.MessagesAPI {
+		return fmt.Errorf("--api %q: want chat or %s", o.API, loadgen.MessagesAPI)
+	}
 	o.Flags.thinkSet = fs.Changed("think-min") || fs.Changed("think-max")
 	if o.Flags.thinkSet {
 		if !fs.Changed("think-min") {

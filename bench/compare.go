@@ -56,8 +56,10 @@ type Options struct {
 	ProxyConfig string
 	Model       string
 	IgnoreEOS   bool
-	Out         string
-	Quiet       bool
+	// API, when "messages", sends chat workloads over /v1/messages (loadgen.MessagesAPI).
+	API   string
+	Out   string
+	Quiet bool
 	// DumpRequests writes every request's measurements to DIR/requests-<label>.jsonl.
 	DumpRequests bool
 	// RequestTimeout bounds one request (0: 10 minutes).
@@ -352,7 +354,7 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	if w.Loop == workload.Open {
 		conc = 256
 	}
-	client := &loadgen.Client{Base: target, Model: model, IgnoreEOS: o.IgnoreEOS, HTTP: loadgen.NewHTTPClient(conc)}
+	client := &loadgen.Client{Base: target, Model: model, IgnoreEOS: o.IgnoreEOS, API: o.API, HTTP: loadgen.NewHTTPClient(conc)}
 	if len(routers) > 1 {
 		client.Bases = routers
 	}

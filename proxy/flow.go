@@ -46,7 +46,9 @@ type flow struct {
 
 	body      io.Reader // the backend's decoded body stream
 	eof       bool
-	firstByte time.Duration // TTFT as the proxy saw it: first body byte from the backend
+	firstByte time.Duration // TTFT as the proxy saw it: the first body byte that holds a token (see tokenAt)
+	firstBody time.Duration // the first body byte from the backend
+	tokenSeen bool          // firstByte is set
 	bytes     int64
 	idle      time.Duration
 	idleSet   time.Time // when the connection's read deadline was last set to now + idle
@@ -157,6 +159,10 @@ func (f *flow) Read(p []byte) (int, error) {
 	}
 	if n > 0 {
 		if f.bytes == 0 {
+			f.firstBody = time.Since(f.start)
+		}
+		if !f.tokenSeen && f.tokenAt(p[:n]) {
+			f.tokenSeen = true
 			f.firstByte = time.Since(f.start)
 			f.lease.FirstByte()
 		}
@@ -264,6 +270,9 @@ func (f *flow) finish(status int, err error) {
 	}
 	s := f.s
 	s.wd.remove(f)
+	if !f.tokenSeen {
+		f.firstByte = f.firstBody // no token event (an error, an empty stream): the first byte
+	}
 	c := f.takeConn()
 	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
 	res := f.result(err)

@@ -197,24 +197,6 @@ func (s *Server) writeGauges(w io.Writer) {
 	}
 }
 
-// sniffUsage finds "prompt_tokens" and "cached_tokens" of an OpenAI usage object in a relayed
-// piece of body (the final SSE usage chunk, or a whole JSON response). A usage object split
-// across two reads is missed; that costs one request's tokens in a metric, nothing else.
-func (f *flow) sniffUsage(p []byte) {
-	i := bytes.LastIndex(p, []byte(`"usage"`))
-	if i < 0 {
-		return
-	}
-	u := p[i:]
-	if v, ok := intAfter(u, []byte(`"prompt_tokens":`)); ok {
-		f.usagePrompt = v
-		f.usageCached = 0
-		if c, ok := intAfter(u, []byte(`"cached_tokens":`)); ok {
-			f.usageCached = c
-		}
-	}
-}
-
 func intAfter(p, key []byte) (int, bool) {
 	i := bytes.Index(p, key)
 	if i < 0 {

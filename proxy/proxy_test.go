@@ -327,6 +327,12 @@ func TestForwardingHeadersAndPaths(t *testing.T) {
 	cases := []struct{ method, path, body string }{
 		{"POST", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`},
 		{"POST", "/v1/embeddings", `{"model":"e","input":"x"}`},
+		{"POST", "/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
+		{"POST", "/v1/rerank", `{"model":"r","query":"q","documents":["a","b"]}`},
+		{"POST", "/v2/rerank", `{"model":"r","query":"q","documents":["a"]}`},
+		{"POST", "/v1/score", `{"model":"r","text_1":"a","text_2":"b"}`},
+		{"POST", "/tokenize", `{"model":"m","prompt":"hello"}`},
+		{"POST", "/detokenize", `{"model":"m","tokens":[1,2,3]}`},
 		{"GET", "/v1/models", ""},
 		{"PUT", "/some/other/path?a=1&b=%2F", "not json at all {"},
 		{"DELETE", "/v1/files/abc", ""},

@@ -197,7 +197,7 @@ func (s *Server) putFlow(f *flow) {
 	f.up = nil
 	f.body = nil
 	f.eof = false
-	f.firstByte = 0
+	f.firstByte, f.firstBody, f.tokenSeen = 0, 0, false
 	f.idleSet = time.Time{}
 	f.bytes = 0
 	f.attempts = 0

@@ -8,7 +8,7 @@ import (
 
 // Decider is a mode's Policy with the rules every mode shares, decided here and nowhere else:
 //
-//   - a request that is not prefix-routed (Key.Routed false: /v1/models, /v1/embeddings, …)
+//   - a request that is not prefix-routed (Key.Routed false: /v1/models, /v1/rerank, …)
 //     goes round-robin whatever the mode, on a counter of its own (ReasonPassthrough);
 //   - a prefix-routed request whose body did not parse (Key.OK false, so no chunks) is
 //     placed by the policy like any key without chunks and labelled ReasonParseFallback;

@@ -29,7 +29,7 @@ const (
 	ReasonOverload
 	// ReasonParseFallback: a prefix-routed endpoint whose body did not parse.
 	ReasonParseFallback
-	// ReasonPassthrough: an endpoint that is not prefix-routed (/v1/models, /v1/embeddings, ...).
+	// ReasonPassthrough: an endpoint that is not prefix-routed (/v1/models, /v1/rerank, ...).
 	ReasonPassthrough
 )
 

@@ -84,6 +84,9 @@ type Client struct {
 	HTTP      *http.Client
 	// MaxReplyBytes caps how much reply text is kept for the next turn (0: unlimited).
 	MaxReplyBytes int
+	// API, when MessagesAPI, sends chat requests to /v1/messages in the Messages API's shape
+	// (messages.go); "" sends each request to its workload's OpenAI endpoint.
+	API string
 
 	next atomic.Uint64 // requests sent, for the round-robin over Bases
 }
@@ -162,13 +165,24 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 	body := chatRequest{Model: c.Model, MaxTokens: req.MaxTokens, Stream: true,
 		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: c.IgnoreEOS}
 	path := "/v1/chat/completions"
-	if req.API == workload.Completions {
+	var enc any = &body
+	messages := c.API == MessagesAPI && req.API != workload.Completions
+	switch {
+	case req.API == workload.Completions:
 		path = "/v1/completions"
 		body.Prompt = req.Prompt
-	} else {
+	case messages:
+		path = "/v1/messages"
+		mb, err := toMessagesRequest(c.Model, req.MaxTokens, c.IgnoreEOS, req.Messages, req.Tools)
+		if err != nil {
+			res.Err = "encode: " + err.Error()
+			return res
+		}
+		enc = mb
+	default:
 		body.Messages, body.Tools = req.Messages, req.Tools
 	}
-	buf, err := json.Marshal(&body)
+	buf, err := json.Marshal(enc)
 	if err != nil {
 		res.Err = "encode: " + err.Error()
 		return res
@@ -199,7 +213,11 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 		res.Err = fmt.Sprintf("status %d", resp.StatusCode)
 		return res
 	}
-	c.readStream(resp.Body, &res)
+	if messages {
+		c.readMessagesStream(resp.Body, &res)
+	} else {
+		c.readStream(resp.Body, &res)
+	}
 	res.E2E = time.Since(scheduled)
 	return res
 }

@@ -98,8 +98,15 @@ func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 	if k == nil || len(k.Body) == 0 || tgt == nil {
 		return o.ll.Pick(k, cs)
 	}
-	chat := bytes.Contains(k.Body, []byte(`"messages"`))
-	tokens, seed, maxTokens, err := tgt.rep.ParsePrompt(k.Body, chat)
+	var tokens []uint32
+	var seed uint64
+	var maxTokens int
+	var err error
+	if k.API == key.APIMessages {
+		tokens, seed, maxTokens, err = tgt.rep.ParseMessagesPrompt(k.Body)
+	} else {
+		tokens, seed, maxTokens, err = tgt.rep.ParsePrompt(k.Body, bytes.Contains(k.Body, []byte(`"messages"`)))
+	}
 	if err != nil {
 		return o.ll.Pick(k, cs)
 	}

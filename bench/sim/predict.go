@@ -334,8 +334,21 @@ func (r *Replica) PredictPending(q Pending, pending []Pending) Prediction {
 // would serve it: the prompt's token ids after the sim's chat template, the hash-chain seed
 // (model and cache_salt) and max_tokens. The error is the replica's 4xx message.
 func (r *Replica) ParsePrompt(body []byte, chat bool) (tokens []uint32, seed uint64, maxTokens int, err error) {
+	ep := epCompletions
+	if chat {
+		ep = epChat
+	}
+	return r.parsePrompt(body, ep)
+}
+
+// ParseMessagesPrompt is ParsePrompt for a /v1/messages body.
+func (r *Replica) ParseMessagesPrompt(body []byte) (tokens []uint32, seed uint64, maxTokens int, err error) {
+	return r.parsePrompt(body, epMessages)
+}
+
+func (r *Replica) parsePrompt(body []byte, ep endpoint) (tokens []uint32, seed uint64, maxTokens int, err error) {
 	var scratch []byte
-	ar, aerr := parseRequest(body, chat, &r.cfg, &scratch)
+	ar, aerr := parseRequest(body, ep, &r.cfg, &scratch)
 	if aerr != nil {
 		return nil, 0, 0, aerr
 	}

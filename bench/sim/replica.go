@@ -16,7 +16,8 @@ import (
 // Replica is one simulated vLLM server: an OpenAI-compatible HTTP API in front of one Engine
 // driven in (scaled) real time by one goroutine.
 //
-// Endpoints: POST /v1/chat/completions and /v1/completions (streaming SSE or JSON), GET
+// Endpoints: POST /v1/chat/completions, /v1/completions and /v1/messages (streaming SSE or
+// JSON; the Messages API in Anthropic's shape, messages.go), GET
 // /v1/models, /health and /metrics (vLLM metric names). A client that disconnects aborts its
 // request in the engine.
 type Replica struct {
@@ -207,12 +208,13 @@ func (r *Replica) abort(rq *Request) {
 // ServeHTTP routes the OpenAI and vLLM endpoints.
 func (r *Replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	switch req.URL.Path {
-	case "/v1/chat/completions", "/v1/completions":
+	case "/v1/chat/completions", "/v1/completions", "/v1/messages":
+		ep := endpointOf(req.URL.Path)
 		if req.Method != http.MethodPost {
-			writeError(w, &apiError{status: 405, typ: "invalid_request_error", msg: "method not allowed, use POST"})
+			writeAPIError(w, ep, &apiError{status: 405, typ: "invalid_request_error", msg: "method not allowed, use POST"})
 			return
 		}
-		r.handleGenerate(w, req, req.URL.Path == "/v1/chat/completions")
+		r.handleGenerate(w, req, ep)
 	case "/v1/models", "/health", "/metrics", "/ping":
 		if req.Method != http.MethodGet && req.Method != http.MethodHead {
 			writeError(w, &apiError{status: 405, typ: "invalid_request_error", msg: "method not allowed, use GET"})
@@ -254,7 +256,8 @@ func (r *Replica) handleMetrics(w http.ResponseWriter) {
 	_, _ = w.Write(b.Bytes())
 }
 
-func (r *Replica) handleGenerate(w http.ResponseWriter, req *http.Request, chat bool) {
+func (r *Replica) handleGenerate(w http.ResponseWriter, req *http.Request, ep endpoint) {
+	chat := ep != epCompletions
 	bp := r.bufs.Get().(*[]byte)
 	defer r.bufs.Put(bp)
 	body, err := readBody((*bp)[:0], http.MaxBytesReader(w, req.Body, r.cfg.MaxRequestBodyBytes))
@@ -262,18 +265,18 @@ func (r *Replica) handleGenerate(w http.ResponseWriter, req *http.Request, chat 
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, &apiError{status: 413, typ: "invalid_request_error",
+			writeAPIError(w, ep, &apiError{status: 413, typ: "invalid_request_error",
 				msg: "request body larger than " + strconv.FormatInt(tooBig.Limit, 10) + " bytes"})
 		} else {
-			writeError(w, badRequest("", "reading the body: %v", err))
+			writeAPIError(w, ep, badRequest("", "reading the body: %v", err))
 		}
 		return
 	}
 	sp := r.bufs.Get().(*[]byte)
-	ar, aerr := parseRequest(body, chat, &r.cfg, sp)
+	ar, aerr := parseRequest(body, ep, &r.cfg, sp)
 	r.bufs.Put(sp)
 	if aerr != nil {
-		writeError(w, aerr)
+		writeAPIError(w, ep, aerr)
 		return
 	}
 
@@ -290,7 +293,7 @@ func (r *Replica) handleGenerate(w http.ResponseWriter, req *http.Request, chat 
 		if chat {
 			param = "messages"
 		}
-		writeError(w, badRequest(param, "%v", err))
+		writeAPIError(w, ep, badRequest(param, "%v", err))
 		return
 	}
 	r.kick()
@@ -302,9 +305,12 @@ func (r *Replica) handleGenerate(w http.ResponseWriter, req *http.Request, chat 
 
 	n := r.ids.Add(1)
 	var id []byte
-	if chat {
+	switch ep {
+	case epMessages:
+		id = append(id, "msg_"...)
+	case epChat:
 		id = append(id, "chatcmpl-"...)
-	} else {
+	default:
 		id = append(id, "cmpl-"...)
 	}
 	id = append(id, r.name...)
@@ -312,9 +318,14 @@ func (r *Replica) handleGenerate(w http.ResponseWriter, req *http.Request, chat 
 	id = strconv.AppendUint(id, n, 10)
 	created := time.Now().Unix()
 
-	if ar.stream {
+	switch {
+	case ep == epMessages && ar.stream:
+		r.streamMessages(w, req, rq, id, bp)
+	case ep == epMessages:
+		r.respondMessages(w, req, rq, id, bp)
+	case ar.stream:
 		r.stream(w, req, rq, chat, ar.includeUsage, id, created, bp)
-	} else {
+	default:
 		r.respond(w, req, rq, chat, id, created, bp)
 	}
 }

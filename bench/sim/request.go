@@ -50,9 +50,19 @@ func badRequest(param, format string, args ...any) *apiError {
 
 var parserPool fastjson.ParserPool
 
-// parseRequest decodes a /v1/chat/completions (chat) or /v1/completions body. scratch is a
-// reusable render buffer; the returned request owns its token slice.
-func parseRequest(body []byte, chat bool, cfg *Config, scratch *[]byte) (*apiRequest, *apiError) {
+// endpoint is the API a generate request came in on.
+type endpoint uint8
+
+const (
+	epCompletions endpoint = iota // /v1/completions
+	epChat                        // /v1/chat/completions
+	epMessages                    // /v1/messages (messages.go)
+)
+
+// parseRequest decodes a /v1/chat/completions, /v1/completions or /v1/messages body. scratch
+// is a reusable render buffer; the returned request owns its token slice.
+func parseRequest(body []byte, ep endpoint, cfg *Config, scratch *[]byte) (*apiRequest, *apiError) {
+	chat := ep != epCompletions
 	p := parserPool.Get()
 	defer parserPool.Put(p)
 	v, err := p.ParseBytes(body)
@@ -121,7 +131,11 @@ func parseRequest(body []byte, chat bool, cfg *Config, scratch *[]byte) (*apiReq
 	req.seed = ChainSeed(cfg.Model, salt)
 
 	if chat {
-		buf, aerr := renderChat((*scratch)[:0], v)
+		render := renderChat
+		if ep == epMessages {
+			render = renderMessages
+		}
+		buf, aerr := render((*scratch)[:0], v)
 		*scratch = buf
 		if aerr != nil {
 			return nil, aerr

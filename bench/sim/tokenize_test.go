@@ -76,7 +76,7 @@ func TestChatMultiTurnSharesPrefix(t *testing.T) {
 	cfg := DefaultConfig()
 	var scratch []byte
 	turn1 := `{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Summarise the plan."}],"max_tokens":40}`
-	r1, aerr := parseRequest([]byte(turn1), true, &cfg, &scratch)
+	r1, aerr := parseRequest([]byte(turn1), epChat, &cfg, &scratch)
 	if aerr != nil {
 		t.Fatal(aerr)
 	}
@@ -89,7 +89,7 @@ func TestChatMultiTurnSharesPrefix(t *testing.T) {
 	}
 	turn2 := `{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Summarise the plan."},` +
 		`{"role":"assistant","content":"` + answer + `"},{"role":"user","content":[{"type":"text","text":"Shorter."}]}]}`
-	r2, aerr := parseRequest([]byte(turn2), true, &cfg, &scratch)
+	r2, aerr := parseRequest([]byte(turn2), epChat, &cfg, &scratch)
 	if aerr != nil {
 		t.Fatal(aerr)
 	}

@@ -107,6 +107,7 @@ func BenchmarkBuild(b *testing.B) {
 		{"plain_16KB", []byte(pathChat), overheadBody},
 		{"plain_128KB", []byte(pathChat), widenSystem(overheadBody, 10)},
 		{"ids_8k_tokens", []byte(pathCompl), idsBody(8192)},
+		{"messages_agent_16KB", []byte(pathMsgs), messagesAgentBody(24)},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

@@ -53,35 +53,37 @@ func normChunkTokens(n int) int {
 	return min(n, maxChunkTokens)
 }
 
-// endpoint is the kind of a routed path.
-type endpoint uint8
-
-const (
-	epNone endpoint = iota
-	epChat
-	epCompletions
-	epResponses
-)
-
-func classify(path []byte) endpoint {
+// classify names the API of a request path (no query string): one trailing slash is allowed.
+func classify(path []byte) API {
 	if n := len(path); n > 1 && path[n-1] == '/' {
 		path = path[:n-1]
 	}
 	switch string(path) {
 	case "/v1/chat/completions":
-		return epChat
+		return APIChat
 	case "/v1/completions":
-		return epCompletions
+		return APICompletions
 	case "/v1/responses":
-		return epResponses
+		return APIResponses
+	case "/v1/messages":
+		return APIMessages
+	case "/v1/embeddings":
+		return APIEmbeddings
+	case "/v1/rerank", "/v2/rerank", "/rerank", "/v1/score", "/score", "/tokenize", "/detokenize":
+		return APIModelOnly
 	}
-	return epNone
+	return APINone
 }
 
 // Routed reports whether a request path (without query string) is routed by prefix:
-// exactly /v1/chat/completions, /v1/completions or /v1/responses, each also with one trailing
-// slash. Everything else (/v1/models, /health, /v1/responses/{id}, ...) is passthrough.
-func Routed(path []byte) bool { return classify(path) != epNone }
+// exactly /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages or
+// /v1/embeddings, each also with one trailing slash. Everything else (/v1/models, /health,
+// /v1/rerank, /tokenize, /v1/responses/{id}, ...) is passthrough.
+func Routed(path []byte) bool { return classify(path).Routed() }
+
+// APIOf names the API of a request path (no query string); APINone for a path the key does
+// not read.
+func APIOf(path []byte) API { return classify(path) }
 
 // state is the per-request scratch memory: fast-path scanner, parser, chunk hasher, side
 // digest and buffers.
@@ -121,10 +123,12 @@ func (k *Key) Recycle() {
 
 // Build fills k (after k.Reset()) from the body of a request to path (no query string).
 //
-// It never fails: a path that is not routed leaves k.Routed false and does nothing else. For a
+// It never fails: a path that is not routed leaves k.Routed false and sets only k.API, and for
+// the model-only passthrough paths (APIModelOnly: rerank, score, tokenize) k.Model. For a
 // routed path k.Routed is true, and k.OK is true only when the body is valid UTF-8, parses as
 // a JSON object, and holds a well-typed prompt (chat: "messages"; completions: "prompt";
-// responses: "input" and/or "instructions"). When !k.OK, k.Chunks is empty and
+// responses: "input" and/or "instructions"; messages: "messages", with "system" and "tools";
+// embeddings: "input" as a completions prompt, or chat's "messages"). When !k.OK, k.Chunks is empty and
 // k.PromptTokens is 0; k.Model and k.Stream are still set when the body parsed.
 //
 // The prompt is rendered canonically (see render.go for the byte format), and the rendered
@@ -152,7 +156,19 @@ func (k *Key) Recycle() {
 func (b *Builder) Build(path []byte, body []byte, k *Key) {
 	k.Reset()
 	ep := classify(path)
-	if ep == epNone {
+	k.API = ep
+	switch ep {
+	case APINone:
+		return
+	case APIModelOnly:
+		if utf8.Valid(body) {
+			s := statePool.Get().(*state)
+			s.modelOnly(body, k)
+			if len(body) <= maxPooledBody {
+				s.reset()
+				statePool.Put(s)
+			}
+		}
 		return
 	}
 	k.Routed = true
@@ -170,18 +186,18 @@ func (b *Builder) Build(path []byte, body []byte, k *Key) {
 }
 
 // build fills k by the fast path (scan.go) when it handles the body, else by the fastjson path.
-func (s *state) build(ep endpoint, chunkTokens int, body []byte, k *Key) {
+func (s *state) build(ep API, chunkTokens int, body []byte, k *Key) {
 	if s.fastBuild(ep, chunkTokens, body, k) {
 		return
 	}
 	k.Reset()
-	k.Routed = true
+	k.API, k.Routed = ep, true
 	s.parseBuild(ep, chunkTokens, body, k)
 }
 
 // parseBuild fills k from the fastjson parse tree of body: the reference for every body, and
 // the only path for those the fast path hands back.
-func (s *state) parseBuild(ep endpoint, chunkTokens int, body []byte, k *Key) {
+func (s *state) parseBuild(ep API, chunkTokens int, body []byte, k *Key) {
 	v, err := s.parser.ParseBytes(body)
 	if err != nil {
 		return
@@ -209,19 +225,30 @@ func (s *state) parseBuild(ep endpoint, chunkTokens int, body []byte, k *Key) {
 
 	var kind byte = kindChat
 	var prompt *fastjson.Value
-	if ep == epCompletions {
+	switch {
+	case ep == APICompletions:
 		kind, prompt, ok = completionsPrompt(top[topPrompt])
-		if !ok {
-			return
-		}
+	case ep == APIEmbeddings && top[topMessages] == nil:
+		kind, prompt, ok = completionsPrompt(top[topInput])
+	}
+	if !ok {
+		return
 	}
 	s.begin(kind, model, salt, chunkTokens, k)
 	r := &s.renderer
 	switch ep {
-	case epChat:
+	case APIChat:
 		ok = r.header(&top) && r.chatMessages(top[topMessages])
-	case epResponses:
+	case APIResponses:
 		ok = r.header(&top) && r.responsesInput(top[topInstructions], top[topInput])
+	case APIMessages:
+		ok = r.messagesTools(top[topTools]) && r.messagesSystem(top[topSystem]) && r.messagesList(top[topMessages])
+	case APIEmbeddings:
+		if kind == kindChat { // vLLM's chat-style embeddings request: "messages"
+			ok = r.header(&top) && r.chatMessages(top[topMessages])
+		} else {
+			ok = r.completionsPrompt(kind, prompt)
+		}
 	default:
 		ok = r.completionsPrompt(kind, prompt)
 	}
@@ -230,6 +257,26 @@ func (s *state) parseBuild(ep endpoint, chunkTokens int, body []byte, k *Key) {
 		return
 	}
 	s.finish(kind, k)
+}
+
+// modelOnly fills k.Model from a body whose only field the key reads is "model" (the
+// passthrough endpoints of APIModelOnly); a body that does not parse, or whose model is not a
+// string, leaves it empty.
+func (s *state) modelOnly(body []byte, k *Key) {
+	v, err := s.parser.ParseBytes(body)
+	if err != nil || v.Type() != fastjson.TypeObject {
+		return
+	}
+	var model *fastjson.Value
+	o, _ := v.Object()
+	o.Visit(func(name []byte, v *fastjson.Value) {
+		if topFieldOf(name) == topModel {
+			model = v
+		}
+	})
+	if b, ok := optString(model); ok {
+		k.Model = append(k.Model[:0], b...)
+	}
 }
 
 // optString returns the bytes of an optional string field: absent or null is "", a string is

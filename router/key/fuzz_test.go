@@ -7,12 +7,13 @@ import (
 	"github.com/valyala/fastjson"
 )
 
-var fuzzPaths = []string{pathChat, pathCompl, pathResp, pathModels}
+var fuzzPaths = []string{pathChat, pathCompl, pathResp, pathModels, pathMsgs, pathEmbed, pathRerank}
 
 // FuzzBuild feeds arbitrary bodies to every endpoint. Seeds live in testdata/fuzz/FuzzBuild.
 //
 // Invariants:
-//   - no panic; Routed == Routed(path); an unrouted path leaves the key zero;
+//   - no panic; Routed == Routed(path); an unrouted path leaves the key zero but for API and,
+//     on a model-only path (/v1/rerank), Model;
 //   - !OK ⇒ no chunks and PromptTokens 0;
 //   - OK ⇒ len(Chunks) == PromptTokens / ChunkTokens (only full chunks are hashed);
 //   - the rendering at most doubles the body (canonical numbers are the worst case: "1," → '#',
@@ -28,6 +29,9 @@ func FuzzBuild(f *testing.F) {
 	for _, x := range slowBodies {
 		f.Add(uint8(slices.Index(fuzzPaths, x.path)), []byte(x.body))
 	}
+	for _, x := range messagesBodies {
+		f.Add(uint8(slices.Index(fuzzPaths, x.path)), []byte(x.body))
+	}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
 		path := fuzzPaths[int(which)%len(fuzzPaths)]
 		b1, b64 := NewBuilder(1), NewBuilder(64)
@@ -35,7 +39,10 @@ func FuzzBuild(f *testing.F) {
 		if k.Routed != Routed([]byte(path)) {
 			t.Fatalf("Routed = %v, want %v", k.Routed, !k.Routed)
 		}
-		if !k.Routed && (k.OK || k.Stream || len(k.Model) > 0 || len(k.Chunks) > 0 || k.PromptTokens != 0) {
+		if k.API != APIOf([]byte(path)) {
+			t.Fatalf("API = %v, want %v", k.API, APIOf([]byte(path)))
+		}
+		if !k.Routed && (k.OK || k.Stream || (len(k.Model) > 0 && k.API != APIModelOnly) || len(k.Chunks) > 0 || k.PromptTokens != 0) {
 			t.Fatalf("unrouted path filled the key: %+v", k)
 		}
 		if !k.OK && (len(k.Chunks) != 0 || k.PromptTokens != 0) {

@@ -24,6 +24,7 @@ const (
 	topTools          // header, chat and Responses API
 	topFunctions      // header
 	topResponseFormat // header
+	topSystem         // Messages API
 	topFieldCount     // the size of a table indexed by topField
 )
 
@@ -49,6 +50,8 @@ func topFieldOf(name []byte) topField {
 		return topFunctions
 	case "response_format":
 		return topResponseFormat
+	case "system":
+		return topSystem
 	}
 	return topOther
 }

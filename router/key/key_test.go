@@ -17,6 +17,9 @@ const (
 	pathCompl  = "/v1/completions"
 	pathResp   = "/v1/responses"
 	pathModels = "/v1/models"
+	pathMsgs   = "/v1/messages"
+	pathEmbed  = "/v1/embeddings"
+	pathRerank = "/v1/rerank"
 )
 
 // build runs Build and returns a copy of the key, detached from any pool.
@@ -24,7 +27,7 @@ func build(b *Builder, path, body string) Key {
 	var k Key
 	b.Build([]byte(path), []byte(body), &k)
 	return Key{
-		Routed: k.Routed, OK: k.OK, Stream: k.Stream,
+		API: k.API, Routed: k.Routed, OK: k.OK, Stream: k.Stream,
 		Model:        slices.Clone(k.Model),
 		PromptTokens: k.PromptTokens,
 		Chunks:       slices.Clone(k.Chunks),
@@ -51,7 +54,14 @@ func TestRouted(t *testing.T) {
 		{"/metrics", false},
 		{"/", false},
 		{"", false},
-		{"/v1/embeddings", false},
+		{"/v1/embeddings", true},
+		{"/v1/messages", true},
+		{"/v1/messages/", true},
+		{"/v1/messages/count_tokens", false},
+		{"/v1/rerank", false},
+		{"/v1/score", false},
+		{"/tokenize", false},
+		{"/detokenize", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
@@ -512,10 +522,11 @@ func TestSteadyStateAllocs(t *testing.T) {
 		resp := []byte(`{"model":"m","instructions":"be brief","input":` + string(body[bytes.Index(body, []byte(`[`)):bytes.LastIndex(body, []byte(`]`))+1]) + `}`)
 		media := append([]byte(`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},`), body[bytes.Index(body, []byte(`[`))+1:]...)
 		k := new(Key)
-		for _, x := range []struct{ path, body []byte }{{[]byte(pathChat), body}, {[]byte(pathCompl), ids}, {[]byte(pathResp), resp}, {[]byte(pathChat), media}} {
+		for _, x := range []struct{ path, body []byte }{{[]byte(pathChat), body}, {[]byte(pathCompl), ids}, {[]byte(pathResp), resp}, {[]byte(pathChat), media},
+			{[]byte(pathMsgs), messagesAgentBody(8)}, {[]byte(pathRerank), []byte(`{"model":"r","query":"q","documents":["a"]}`)}} {
 			b.Build(x.path, x.body, k)
-			if !k.OK {
-				t.Fatalf("body not OK")
+			if !k.OK && (string(x.path) != pathRerank || string(k.Model) != "r") { // rerank: Model only
+				t.Fatalf("%s: body not OK", x.path)
 			}
 			// sync.Pool may drop its item at a GC; allow a stray allocation in 100 runs.
 			if got := testing.AllocsPerRun(100, func() { b.Build(x.path, x.body, k) }); got > 0.05 {

@@ -42,6 +42,10 @@ package key
 // messages (no generation prompt is appended), so the rendering of messages[0..n] is a byte
 // prefix of the rendering of messages[0..n+1] and its chunk hashes a prefix of theirs.
 //
+// Messages API requests (/v1/messages) render like chat too, with productions of their own
+// for tool_use, tool_result and media blocks (render_messages.go); embeddings requests render
+// their "input" as a completions prompt, or their "messages" as chat.
+//
 // Completions prompts are not framed: a text prompt renders as its UTF-8 bytes (so a prompt
 // that extends another shares its chunks), a token-id prompt as one little-endian uint32 per
 // id. The kind is mixed into the seed instead.

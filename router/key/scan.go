@@ -100,8 +100,8 @@ func (sc *scanner) reset() {
 
 // fastBuild fills k from body when the fast path handles it (see above) and reports whether it
 // did. When it returns false, k and the chunker are left dirty; the caller resets them.
-func (s *state) fastBuild(ep endpoint, chunkTokens int, body []byte, k *Key) bool {
-	if ep != epChat && ep != epCompletions {
+func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
+	if ep != APIChat && ep != APICompletions {
 		return false
 	}
 	sc := &s.scanner
@@ -124,7 +124,7 @@ func (s *state) fastBuild(ep endpoint, chunkTokens int, body []byte, k *Key) boo
 		return false
 	}
 	kind := byte(kindChat)
-	if ep == epCompletions {
+	if ep == APICompletions {
 		if top.at[topPrompt] == 0 || top.promptKind == 0 {
 			return false
 		}
@@ -132,7 +132,7 @@ func (s *state) fastBuild(ep endpoint, chunkTokens int, body []byte, k *Key) boo
 	}
 	s.begin(kind, model, salt, chunkTokens, k)
 	r := &s.renderer
-	if ep == epCompletions {
+	if ep == APICompletions {
 		r.emit(top.promptBytes)
 	} else {
 		if top.at[topMessages] == 0 || !top.messagesIndexed {
@@ -158,7 +158,7 @@ func (s *state) fastBuild(ep endpoint, chunkTokens int, body []byte, k *Key) boo
 
 // top validates the whole body and notes the top-level fields in top; for chat it also
 // indexes the messages.
-func (sc *scanner) top(ep endpoint, top *scanTop) bool {
+func (sc *scanner) top(ep API, top *scanTop) bool {
 	b := sc.body
 	i := sc.ws(0)
 	if i >= len(b) || b[i] != '{' {
@@ -179,11 +179,11 @@ func (sc *scanner) top(ep endpoint, top *scanTop) bool {
 		switch field {
 		case topPrompt:
 			top.promptKind, top.promptBytes = 0, nil
-			if ep == epCompletions {
+			if ep == APICompletions {
 				top.promptKind, top.promptBytes, end = sc.prompt(v)
 			}
 		case topMessages:
-			top.messagesIndexed = ep == epChat && b[v] == '['
+			top.messagesIndexed = ep == APIChat && b[v] == '['
 			if top.messagesIndexed {
 				end = sc.indexMessages(v)
 			}

@@ -19,7 +19,7 @@ import (
 // took false and a zero ref.
 func bothPaths(b *Builder, path string, body []byte) (fast Key, took bool, ref Key) {
 	ep := classify([]byte(path))
-	if ep == epNone || !utf8.Valid(body) {
+	if !ep.Routed() || !utf8.Valid(body) {
 		return Key{}, false, Key{}
 	}
 	fast.Routed, ref.Routed = true, true
