@@ -518,7 +518,9 @@ func TestBackendDiesMidStream(t *testing.T) {
 }
 
 // In mode prefix, the turns of one conversation follow its prefix to one backend and say so
-// in x-prefixlb-route; different conversations spread.
+// in x-prefixlb-route; different conversations spread. Cold conversations on idle backends
+// are exact ties placed by the consistent-hash ring, whose positions hang on the backends'
+// (random) ports: 12 conversations all land on one of 3 backends with probability 3^-11.
 func TestPrefixModeRoutesConversationsByPrefix(t *testing.T) {
 	var urls []string
 	for i := 0; i < 3; i++ {
@@ -532,7 +534,8 @@ func TestPrefixModeRoutesConversationsByPrefix(t *testing.T) {
 	s, url := startProxy(t, "prefix", urls, nil)
 	c := testClient()
 	used := map[string]bool{}
-	for conv := 0; conv < 6; conv++ {
+	const conversations = 12
+	for conv := 0; conv < conversations; conv++ {
 		system := strings.Repeat(fmt.Sprintf("You are assistant number %d. Follow the policy. ", conv), 60)
 		msgs := fmt.Sprintf(`{"role":"system","content":%q}`, system)
 		var first string
@@ -564,7 +567,7 @@ func TestPrefixModeRoutesConversationsByPrefix(t *testing.T) {
 		}
 	}
 	if len(used) < 2 {
-		t.Errorf("6 conversations all placed on %v", used)
+		t.Errorf("%d conversations all placed on %v", conversations, used)
 	}
 	waitInFlightZero(t, s)
 }
