@@ -52,7 +52,7 @@ func newServer(cfg *configs.Config, log *zap.Logger) (*proxy.Server, error) {
 
 // newPolicy returns the policy of cfg.Mode from router's table of modes.
 func newPolicy(cfg *configs.Config) (router.Policy, error) {
-	pol, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: cfg.Prefix.RouterOptions()})
+	pol, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: cfg.PrefixOptions()})
 	if err != nil {
 		return nil, fmt.Errorf("mode: %w", err)
 	}

@@ -454,7 +454,7 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		// prefix section (chunk size, index capacity) sizes the peer's index too.
 		cfg.Mode = router.DefaultMode
 		cfg.ApplyDefaults()
-		pol, perr := peers.New(mode, cfg.Prefix.RouterOptions())
+		pol, perr := peers.New(mode, cfg.PrefixOptions())
 		if perr != nil {
 			return "", nil, perr
 		}

@@ -147,6 +147,11 @@ type Prefix struct {
 	// replicas agree where a new prefix lives. Left out: 50 (router.DefaultTieMargin); 0:
 	// exact ties only.
 	TieMarginPercent OptionalInt `yaml:"tie_margin_percent"`
+	// TieBreak is how near-ties holding the same prefix are broken: "ring" (the
+	// consistent-hash ring alone, so unpeered replicas agree), "load" (the least in-flight
+	// first, the ring among equals; for peered replicas or one alone) or "auto" (left out:
+	// "load" with peering on, "ring" without; Config.PrefixOptions resolves it).
+	TieBreak string `yaml:"tie_break"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -373,6 +378,25 @@ func (c *Config) ApplyDefaults() {
 		setD(&dns.Interval, discovery.DefaultInterval)
 	}
 	c.Peering.applyDefaults()
+	setS(&p.TieBreak, TieBreakAuto)
+}
+
+// Values of prefix.tie_break.
+const (
+	TieBreakAuto = "auto"
+	TieBreakRing = "ring"
+	TieBreakLoad = "load"
+)
+
+// PrefixOptions are the prefix policy's options (Prefix.RouterOptions) with tie_break
+// "auto" resolved: TieBreakLoad when peering is on (the replicas share their loads), else
+// TieBreakRing.
+func (c *Config) PrefixOptions() router.PrefixOptions {
+	o := c.Prefix.RouterOptions()
+	if c.Prefix.TieBreak == TieBreakAuto && c.Peering != nil {
+		o.TieBreak = router.TieBreakLoad
+	}
+	return o
 }
 
 // setS, setI and setD set a field left at zero to its default.
@@ -396,7 +420,8 @@ func setD(p *Duration, v time.Duration) {
 
 // RouterOptions are the prefix policy's options from a defaulted prefix section: a
 // load_margin of 0 becomes router.NoLoadMargin, so that it means no margin, and a
-// tie_margin_percent of 0 router.NoTieMargin.
+// tie_margin_percent of 0 router.NoTieMargin; tie_break "auto" is taken as "ring" here
+// (Config.PrefixOptions knows whether peering is on).
 func (p Prefix) RouterOptions() router.PrefixOptions {
 	margin := p.LoadMargin.V
 	if p.LoadMargin.Set && margin == 0 {
@@ -406,7 +431,12 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 	if p.TieMarginPercent.Set && p.TieMarginPercent.V == 0 {
 		tie = router.NoTieMargin
 	}
+	tb := router.TieBreakRing
+	if p.TieBreak == TieBreakLoad {
+		tb = router.TieBreakLoad
+	}
 	return router.PrefixOptions{
+		TieBreak:             tb,
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
 		LoadMargin:           margin,
@@ -462,6 +492,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("prefix.load_factor: %g is below 1 (1 = perfect balance, no affinity)", p.LoadFactor)
 	case p.LoadMargin.V < 0:
 		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin.V)
+	case p.TieBreak != TieBreakAuto && p.TieBreak != TieBreakRing && p.TieBreak != TieBreakLoad:
+		return fmt.Errorf("prefix.tie_break: %q is not %s, %s or %s", p.TieBreak, TieBreakAuto, TieBreakRing, TieBreakLoad)
 	case p.TieMarginPercent.V < 0 || p.TieMarginPercent.V > maxTieMarginPercent:
 		return fmt.Errorf("prefix.tie_margin_percent: %d is outside 0..%d", p.TieMarginPercent.V, maxTieMarginPercent)
 	case p.DefaultKVCacheTokens < int64(p.ChunkTokens):

@@ -229,7 +229,7 @@ var defaulted = Config{
 		ClientWrite:    Duration(60 * time.Second),
 		ClientBodyIdle: Duration(10 * time.Second),
 	},
-	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: OptionalInt{V: 2, Set: true}, TieMarginPercent: OptionalInt{V: 50, Set: true}, DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
+	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: OptionalInt{V: 2, Set: true}, TieMarginPercent: OptionalInt{V: 50, Set: true}, TieBreak: "auto", DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
 	Health: Health{
 		Path: "/health", Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
 		HealthyThreshold: 2, UnhealthyThreshold: 3, ConsecutiveFailures: 5,
@@ -360,6 +360,7 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"prefix:\n  load_margin: -1\nbackends:\n - url: http://a:1", "prefix.load_margin"},
 		{"prefix:\n  tie_margin_percent: -1\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
 		{"prefix:\n  tie_margin_percent: 101\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
+		{"prefix:\n  tie_break: random\nbackends:\n - url: http://a:1", "prefix.tie_break"},
 		{"bogus_field: 1\nbackends:\n - url: http://a:1", "field bogus_field not found"},
 	}
 	for _, c := range cases {

@@ -154,12 +154,13 @@ func median(xs []float64) float64 {
 //     them the longest match wins (what a cache holds is not computed twice), and among
 //     those the ring decides: the first met walking from the first chunk they do not hold (a
 //     cold conversation's first own chunk, which its later turns keep; prompts that share
-//     only a prefix some replica learned first spread by what follows it). Without a ring,
-//     the least estimate among them.
+//     only a prefix some replica learned first spread by what follows it). With loadFirst
+//     (TieBreakLoad) the least loaded of those go to the ring, the others are out. Without a
+//     ring, the least estimate among them.
 //  3. The reason: ReasonMatch when the chosen candidate holds more than every candidate
 //     holds; ReasonOverload when another held more (it was over the cap or would have been
 //     slower); ReasonCold when nobody held more than the common prefix.
-func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieMargin float64, place *placement) (int, Reason) {
+func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieMargin float64, loadFirst bool, place *placement) (int, Reason) {
 	var total int64
 	wsum, common, most := 0, math.MaxInt, 0
 	for i := range cs {
@@ -207,6 +208,25 @@ func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieM
 			if tie(j) && cs[j].matched == at && (chosen < 0 || cs[j].est < cs[chosen].est) {
 				chosen = j
 			}
+		}
+	}
+	if loadFirst {
+		// Among the near-ties that hold the most, only the least loaded (in-flight requests
+		// per weight) stay: with peering every replica sees the same loads within
+		// milliseconds, so spreading by load keeps them coherent, and the ring decides only
+		// among equals.
+		light := -1
+		for j := range cs {
+			if tie(j) && cs[j].matched == at && (light < 0 || cs[j].inFlight*int64(cs[light].weight) < cs[light].inFlight*int64(cs[j].weight)) {
+				light = j
+			}
+		}
+		tie0 := tie
+		tie = func(j int) bool {
+			return tie0(j) && cs[j].matched == at && cs[j].inFlight*int64(cs[light].weight) == cs[light].inFlight*int64(cs[j].weight)
+		}
+		if !tie(chosen) {
+			chosen = light
 		}
 	}
 	if place != nil && len(chunks) > 0 {

@@ -168,7 +168,7 @@ func TestPickCostSnapshots(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cs := slices.Clone(tt.cs)
 			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tt.meanWork})
-			j, r := pickCost(chunks, cs, 1.25, 2, 0, nil)
+			j, r := pickCost(chunks, cs, 1.25, 2, 0, false, nil)
 			if cs[j].id != tt.want || r != tt.reason {
 				t.Errorf("picked %d (%s), want %d (%s); estimates %v", cs[j].id, r, tt.want, tt.reason, ests(cs))
 			}
@@ -224,12 +224,12 @@ func TestTieBreakIndependentOfOrder(t *testing.T) {
 		chunks := chunkChain(nil).extend(fmt.Sprint("p", i), 4)
 		a := slices.Clone(cs)
 		estimate(a, in)
-		j, _ := pickCost(chunks, a, 1.25, 2, 0, nil)
+		j, _ := pickCost(chunks, a, 1.25, 2, 0, false, nil)
 		want := a[j].id
 		rev := slices.Clone(cs)
 		slices.Reverse(rev)
 		estimate(rev, in)
-		if k, _ := pickCost(chunks, rev, 1.25, 2, 0, nil); rev[k].id != want {
+		if k, _ := pickCost(chunks, rev, 1.25, 2, 0, false, nil); rev[k].id != want {
 			t.Fatalf("prompt %d: picked %d in one order, %d in the other", i, want, rev[k].id)
 		}
 		seen[want] = true
@@ -620,5 +620,58 @@ func TestNearTiesFollowTheRing(t *testing.T) {
 				t.Fatalf("replicas agree: %v (%s vs %s), want %v", agree, a.Backend.Name, b.Backend.Name, tc.agree)
 			}
 		})
+	}
+}
+
+// TestTieBreakLoad: with TieBreakLoad a cold prompt's near-ties go to the least loaded
+// (in-flight per weight), the ring deciding only among equally loaded ones; with TieBreakRing
+// the ring decides whatever the loads, so the ring's own choice is the same in every replica.
+func TestTieBreakLoad(t *testing.T) {
+	const n = 4
+	ms := make([]hashring.Member, n)
+	ids := make([]uint64, n)
+	for i := range n {
+		ms[i] = hashring.Member{Name: fmt.Sprint("http://b", i), Weight: 1}
+		ids[i] = uint64(100 + i)
+	}
+	place := &placement{ring: hashring.New(ms), ids: ids}
+	in := costInput{promptTokens: int64(key.PrefixTokens(4, key.DefaultChunkTokens)), chunkTokens: key.DefaultChunkTokens}
+	mk := func(loads [n]int64) []cand {
+		cs := make([]cand, n)
+		for i := range cs {
+			cs[i] = cand{id: ids[i], weight: 1, inFlight: loads[i], rate: 10_000, base: 0.02}
+		}
+		estimate(cs, in)
+		return cs
+	}
+	ringMoved, loadMoved := 0, 0
+	for i := range 64 {
+		chunks := chunkChain(nil).extend(fmt.Sprint("cold", i), 4)
+		idle := mk([n]int64{0, 0, 0, 0})
+		r, _ := pickCost(chunks, idle, 1.25, 2, 0.5, false, place)
+		l, _ := pickCost(chunks, idle, 1.25, 2, 0.5, true, place)
+		if r != l {
+			t.Fatalf("prompt %d, equal loads: ring picked %d, load-first %d (want the ring's choice)", i, r, l)
+		}
+		// Load everyone but one backend that is not the ring's choice.
+		free := (r + 1 + i%(n-1)) % n
+		var loads [n]int64
+		for j := range loads {
+			if j != free {
+				loads[j] = 1
+			}
+		}
+		busy := mk(loads)
+		if j, _ := pickCost(chunks, busy, 1.25, 2, 0.5, true, place); j != free {
+			t.Fatalf("prompt %d: load-first picked %d (in-flight %d), want the idle %d", i, j, busy[j].inFlight, free)
+		} else if j != r {
+			loadMoved++
+		}
+		if j, _ := pickCost(chunks, busy, 1.25, 2, 0.5, false, place); j != r {
+			ringMoved++
+		}
+	}
+	if ringMoved != 0 || loadMoved != 64 {
+		t.Errorf("ring tie-break moved %d of 64 prompts with load (want 0), load tie-break %d (want 64)", ringMoved, loadMoved)
 	}
 }
