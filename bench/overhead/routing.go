@@ -20,6 +20,7 @@ import (
 // system prompts.
 type RoutingResult struct {
 	BodyBytes  int            `json:"body_bytes"`
+	Shape      string         `json:"body_shape"`
 	Chunks     int            `json:"chunks"`
 	Decisions  int            `json:"decisions"`
 	P50us      float64        `json:"p50_us"`
@@ -76,7 +77,7 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		return RoutingResult{}, fmt.Errorf("routing: the workload's body did not parse")
 	}
 	return RoutingResult{
-		BodyBytes: wl.Size, Chunks: len(k.Chunks), Decisions: n,
+		BodyBytes: wl.Size, Shape: wl.Shape(), Chunks: len(k.Chunks), Decisions: n,
 		P50us: pctUs(total, 50), P99us: pctUs(total, 99),
 		BuildP50us: pctUs(build, 50), PickP50us: pctUs(pick, 50), LearnP50us: pctUs(learn, 50),
 		Reasons: reasons,
