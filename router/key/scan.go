@@ -106,6 +106,12 @@ func (s *state) fastBuild(ep endpoint, chunkTokens int, body []byte, k *Key) boo
 	}
 	sc := &s.scanner
 	sc.body = body
+	if cap(sc.arena) < len(body) && len(body) <= maxPooledArena {
+		// Unescaped strings take at most the body's length (escapes only shrink), so this
+		// one allocation, kept by the pool, serves every later body up to this size: growing
+		// by append instead overshoots maxPooledArena near 1 MiB and is dropped every time.
+		sc.arena = make([]byte, 0, len(body))
+	}
 	sc.arena = sc.arena[:0]
 	var top scanTop
 	if !sc.top(ep, &top) {
