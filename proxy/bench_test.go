@@ -127,7 +127,9 @@ func benchProxyRequests(b *testing.B, mode string, stream bool, size int) {
 // that holds the shared system prompts and keeps learning every new user turn. The 1 MB case
 // is a coding agent's body (bench/overhead/agentbody: tools, system prompt, a history of
 // tool calls and results), each request of a session its previous request plus one step, as
-// bench overhead sends at 1 MB.
+// bench overhead sends at 1 MB: key.NewBuilder resumes its key from the previous request's
+// (key/memo.go), except at a session's first request (1 in agentbody.DefaultSteps); the
+// 1MB-agent-full case keys every body in full.
 func BenchmarkRoutingDecision(b *testing.B) {
 	type bodies func(dst []byte, i uint64) []byte
 	chat := func(size int) bodies { return newBenchBodies(size, true).body }
@@ -135,15 +137,18 @@ func BenchmarkRoutingDecision(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	agentBody := func(dst []byte, i uint64) []byte { dst, _ = agent.Body(dst, i); return dst }
 	for _, c := range []struct {
 		name string
 		body bodies
 		warm uint64 // bodies learned before the timer starts
+		full bool   // key every body in full: a Builder without the memo (key/memo.go)
 	}{
-		{"body=1KB", chat(1 << 10), 64},
-		{"body=16KB", chat(16 << 10), 64},
-		{"body=128KB", chat(128 << 10), 64},
-		{"body=1MB-agent", func(dst []byte, i uint64) []byte { dst, _ = agent.Body(dst, i); return dst }, 2 * agentbody.DefaultSessions},
+		{"body=1KB", chat(1 << 10), 64, false},
+		{"body=16KB", chat(16 << 10), 64, false},
+		{"body=128KB", chat(128 << 10), 64, false},
+		{"body=1MB-agent", agentBody, 2 * agentbody.DefaultSessions, false},
+		{"body=1MB-agent-full", agentBody, 2 * agentbody.DefaultSessions, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			pol := router.NewPrefix(router.PrefixOptions{}, nil) // the defaults, as mode prefix runs
@@ -156,6 +161,9 @@ func BenchmarkRoutingDecision(b *testing.B) {
 			}
 			pol.SetBackends(bs)
 			kb := key.NewBuilder(0) // key.DefaultChunkTokens, the policy's
+			if c.full {
+				kb = &key.Builder{ChunkTokens: key.DefaultChunkTokens}
+			}
 			path := []byte("/v1/chat/completions")
 			var k key.Key
 			var buf []byte
