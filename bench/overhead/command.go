@@ -476,7 +476,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		aggs := make([]agg, len(ts))
 		for r := range o.Rounds {
 			for j := range ts {
-				k := (j + r + si) % len(ts)
+				k := roundOrder(j, r, si, len(ts))
 				if err := ctx.Err(); err != nil {
 					return rep, err
 				}
@@ -498,7 +498,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		}
 		for r := range o.Rounds {
 			for j := range ts {
-				k := (j + r + si) % len(ts)
+				k := roundOrder(j, r, si, len(ts))
 				if err := ctx.Err(); err != nil {
 					return rep, err
 				}
@@ -577,6 +577,11 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	rep.Checks = Checks(rep)
 	return rep, nil
 }
+
+// roundOrder is the target that runs j-th in round r at the si-th body size, of n: the order
+// rotates by one each round (and each size), so that over n rounds every target runs once in
+// every position and machine noise that drifts over a phase hits all of them alike.
+func roundOrder(j, r, si, n int) int { return (j + r + si) % n }
 
 func names(ts []*target) []string {
 	out := make([]string, len(ts))

@@ -377,6 +377,79 @@ func TestKeyFixtureIsWorkloadBody(t *testing.T) {
 	}
 }
 
+// Every round runs each target once, and over as many rounds as targets each target runs
+// once in every position, at every body size.
+func TestRoundOrder(t *testing.T) {
+	for _, n := range []int{1, 3, 5} {
+		for si := range 4 {
+			seen := make([][]bool, n) // seen[target][position]
+			for i := range seen {
+				seen[i] = make([]bool, n)
+			}
+			for r := range n {
+				inRound := make([]bool, n)
+				for j := range n {
+					k := roundOrder(j, r, si, n)
+					if inRound[k] {
+						t.Fatalf("n %d size %d round %d: target %d runs twice", n, si, r, k)
+					}
+					inRound[k], seen[k][j] = true, true
+				}
+			}
+			for k := range seen {
+				if slices.Contains(seen[k], false) {
+					t.Errorf("n %d size %d: target %d missed a position over %d rounds: %v", n, si, k, n, seen[k])
+				}
+			}
+		}
+	}
+}
+
+// The whole command, tiny, at 1 MB: coding-agent bodies go through the zero-latency backends,
+// prefixlb in mode prefix (in-process) and, when installed, HAProxy, without an error, and
+// the prefix policy finds each session's previous request. Counts and structure, never timings.
+func TestSmokeRunAgent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts servers and sends 1 MB requests for a few seconds")
+	}
+	o := DefaultOptions()
+	o.Sizes = []int{1 << 20}
+	o.Targets = []string{TargetDirect, TargetPrefixlbPfx}
+	if _, err := exec.LookPath("haproxy"); err == nil {
+		o.Targets = append(o.Targets, TargetHAProxy)
+	}
+	o.Conns = 2
+	o.Rounds = 1
+	o.Round = 300 * time.Millisecond
+	o.Warmup = 50 * time.Millisecond
+	o.Rate = 50
+	o.IndexEntries = 0
+	o.RoutingN = 100
+	o.Out = t.TempDir()
+	var log bytes.Buffer
+	rep, err := Run(context.Background(), o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(rep.Rows) != len(o.Targets) {
+		t.Fatalf("%d rows, want %d", len(rep.Rows), len(o.Targets))
+	}
+	for _, r := range rep.Rows {
+		if r.Shape != ShapeAgent || r.SatRequests <= 0 || r.LatRequests <= 0 || r.SatErrors+r.LatErrors != 0 {
+			t.Errorf("%s: row %+v", r.Target, r)
+		}
+		if r.Target == TargetPrefixlbPfx && r.Routes["match"] == 0 {
+			t.Errorf("prefixlb-prefix routes = %v: no request matched its session's previous one", r.Routes)
+		}
+	}
+	if len(rep.Routing) != 1 || rep.Routing[0].Shape != ShapeAgent || rep.Routing[0].Chunks < 3000 || rep.Routing[0].Reasons["match"] == 0 {
+		t.Errorf("routing = %+v", rep.Routing)
+	}
+	if md := Markdown(rep); !strings.Contains(md, "| 1 MB agent | direct |") {
+		t.Errorf("markdown lacks the 1 MB agent rows:\n%s", md)
+	}
+}
+
 // The whole command, tiny: direct and prefixlb (in-process, both modes), no HAProxy. It
 // checks counts and structure, never timings.
 func TestSmokeRun(t *testing.T) {
