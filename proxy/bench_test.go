@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
 	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -123,10 +124,33 @@ func benchProxyRequests(b *testing.B, mode string, stream bool, size int) {
 
 // BenchmarkRoutingDecision is the whole routing decision of mode prefix for one request,
 // without I/O: key.Build (parse, render, chained chunk hashes) + Pick + Learn, with an index
-// that holds the shared system prompts and keeps learning every new user turn.
+// that holds the shared system prompts and keeps learning every new user turn. The 1 MB case
+// is a coding agent's body (bench/overhead/agentbody: tools, system prompt, a history of
+// tool calls and results), each request of a session its previous request plus one step, as
+// bench overhead sends at 1 MB: key.NewBuilder resumes its key from the previous request's
+// (key/memo.go), except at a session's first request (1 in agentbody.DefaultSteps); the
+// 1MB-agent-full case keys every body in full.
 func BenchmarkRoutingDecision(b *testing.B) {
-	for _, size := range []int{1 << 10, 16 << 10, 128 << 10} {
-		b.Run(fmt.Sprintf("body=%dKB", size>>10), func(b *testing.B) {
+	type bodies func(dst []byte, i uint64) []byte
+	chat := func(size int) bodies { return newBenchBodies(size, true).body }
+	agent, err := agentbody.New(agentbody.Options{Size: 1 << 20, StreamFraction: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	agentBody := func(dst []byte, i uint64) []byte { dst, _ = agent.Body(dst, i); return dst }
+	for _, c := range []struct {
+		name string
+		body bodies
+		warm uint64 // bodies learned before the timer starts
+		full bool   // key every body in full: a Builder without the memo (key/memo.go)
+	}{
+		{"body=1KB", chat(1 << 10), 64, false},
+		{"body=16KB", chat(16 << 10), 64, false},
+		{"body=128KB", chat(128 << 10), 64, false},
+		{"body=1MB-agent", agentBody, 2 * agentbody.DefaultSessions, false},
+		{"body=1MB-agent-full", agentBody, 2 * agentbody.DefaultSessions, true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
 			pol := router.NewPrefix(router.PrefixOptions{}, nil) // the defaults, as mode prefix runs
 			bs := make([]*backend.Backend, 4)
 			for i := range bs {
@@ -137,12 +161,14 @@ func BenchmarkRoutingDecision(b *testing.B) {
 			}
 			pol.SetBackends(bs)
 			kb := key.NewBuilder(0) // key.DefaultChunkTokens, the policy's
-			bb := newBenchBodies(size, true)
+			if c.full {
+				kb = &key.Builder{ChunkTokens: key.DefaultChunkTokens}
+			}
 			path := []byte("/v1/chat/completions")
 			var k key.Key
 			var buf []byte
-			for i := range uint64(64) {
-				buf = bb.body(buf, 1<<40+i)
+			for i := range c.warm {
+				buf = c.body(buf, 1<<40+i)
 				kb.Build(path, buf, &k)
 				pol.Learn(&k, pol.Pick(&k, bs).Backend, 0)
 			}
@@ -150,7 +176,9 @@ func BenchmarkRoutingDecision(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := uint64(0); b.Loop(); i++ {
-				buf = bb.body(buf, i)
+				// Making the body is timed too (a copy: about 40 µs of a 1 MB agent body,
+				// agentbody's BenchmarkBody); the agent's sessions go on where the warm-up left them.
+				buf = c.body(buf, 1<<40+c.warm+i)
 				kb.Build(path, buf, &k)
 				d := pol.Pick(&k, bs)
 				pol.Learn(&k, d.Backend, d.MatchedChunks)

@@ -12,7 +12,10 @@
 // prefix, each a `prefixlb serve` child process, so that its CPU time (/proc/PID/stat) and
 // peak RSS (VmHWM) are its own and not the load generator's.
 //
-// For each body size: warm up, then saturation (closed loop, Conns connections) in rounds
+// Bodies are chat completions sharing one of a few system prompts (Workload), and from
+// Options.AgentFrom up (1 MiB by default) a coding agent's (package agentbody: tools, a
+// history of tool calls and results, each request of a session the previous one plus a step).
+// For each body size (1, 16 and 128 KiB and 1 MiB by default): warm up, then saturation (closed loop, Conns connections) in rounds
 // that interleave the targets (the order rotates each round) so that machine noise hits all
 // of them equally, then latency at a fixed moderate rate (open loop, Poisson arrivals with
 // the same seed for every target in a round) in the same interleaved rounds. Reported:
@@ -36,6 +39,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
 	"github.com/prefixlb/prefixlb/bench/sim"
 )
 
@@ -58,8 +62,12 @@ type Options struct {
 	HAProxyBin     string        `json:"haproxy_bin"`
 	IndexEntries   int           `json:"index_entries"`
 	RoutingN       int           `json:"routing_decisions"`
-	Out            string        `json:"out"`
-	CPUProfileDir  string        `json:"cpuprofile_dir,omitempty"`
+	// AgentFrom is the smallest body size, in bytes, that gets a coding agent's bodies
+	// (tools, tool calls and results, a history that grows per session: agentbody) instead of
+	// chat bodies with a shared system prompt; 0: none.
+	AgentFrom     int    `json:"agent_from_bytes"`
+	Out           string `json:"out"`
+	CPUProfileDir string `json:"cpuprofile_dir,omitempty"`
 	// InProcessBackends serves the zero-latency backends inside the harness even when a
 	// prefixlb binary is at hand (by default they are a `sim --zero-latency` child).
 	InProcessBackends bool `json:"in_process_backends,omitempty"`
@@ -73,10 +81,12 @@ type Options struct {
 	PrefixlbExec []string `json:"prefixlb_exec,omitempty"`
 }
 
-// DefaultOptions is a run of about three minutes on a 2-core machine.
+// DefaultOptions is a run of about four and a half minutes on a 2-core machine: per body
+// size, 5 targets × 5 rounds × (0.2 s warmup + 1 s) at saturation and again at the moderate
+// rate, plus the routing decisions and the index fill.
 func DefaultOptions() Options {
 	return Options{
-		Sizes:          []int{1 << 10, 16 << 10, 128 << 10},
+		Sizes:          []int{1 << 10, 16 << 10, 128 << 10, 1 << 20},
 		Backends:       2,
 		Targets:        append([]string(nil), AllTargets...),
 		Conns:          32,
@@ -92,6 +102,7 @@ func DefaultOptions() Options {
 		HAProxyBin:     "haproxy",
 		IndexEntries:   1_000_000,
 		RoutingN:       1000,
+		AgentFrom:      1 << 20,
 		Out:            "bench-out",
 	}
 }
@@ -109,9 +120,15 @@ func (o *Options) validate() error {
 	case o.Rate < 0 || o.RateFraction <= 0 && o.Rate == 0:
 		return errors.New("--rate must be >= 0, and --rate-fraction > 0 when --rate is 0")
 	}
+	if o.AgentFrom < 0 {
+		return errors.New("--agent-from must be >= 0")
+	}
 	for _, s := range o.Sizes {
 		if s < 256 {
 			return fmt.Errorf("--sizes: %d is below 256 bytes", s)
+		}
+		if o.agent(s) && s < agentbody.MinSize {
+			return fmt.Errorf("--sizes: %d gets agent bodies (--agent-from %d) but is below their minimum, %d bytes", s, o.AgentFrom, agentbody.MinSize)
 		}
 	}
 	for _, t := range o.Targets {
@@ -120,6 +137,15 @@ func (o *Options) validate() error {
 		}
 	}
 	return nil
+}
+
+// agent reports whether bodies of size bytes are a coding agent's (AgentFrom).
+func (o *Options) agent(size int) bool { return o.AgentFrom > 0 && size >= o.AgentFrom }
+
+// workload returns the run's workload for bodies of size bytes.
+func (o *Options) workload(size int) (*Workload, error) {
+	return NewWorkload(size, WorkloadOptions{SystemPrompts: o.SystemPrompts, SharedFraction: o.SharedFraction,
+		StreamFraction: o.StreamFraction, Seed: o.Seed, Agent: o.agent(size)})
 }
 
 func contains(l []string, s string) bool {
@@ -134,7 +160,7 @@ func contains(l []string, s string) bool {
 // Command returns the `overhead` command (mounted as `prefixlb bench overhead`).
 func Command() *cobra.Command {
 	o := DefaultOptions()
-	var sizes, targets, bin string
+	var sizes, targets, bin, agentFrom string
 	var inProc bool
 	c := &cobra.Command{
 		Use:   "overhead",
@@ -148,12 +174,19 @@ at saturation, p50/p99 and the latency added over direct at a moderate open-loop
 against direct and HAProxy, the proxy's CPU seconds per 1,000 requests and peak RSS, the routing
 decision alone, and the prefix index's memory at 1M entries; it writes DIR/overhead.json.`,
 		Example: `  prefixlb bench overhead
+  prefixlb bench overhead --sizes 1m --rounds 1 --round 1s --targets direct,haproxy,prefixlb-prefix
   prefixlb bench overhead --sizes 16384 --rounds 5 --round 2s --targets direct,haproxy,prefixlb-prefix`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if o.Sizes, err = parseSizes(sizes); err != nil {
 				return err
+			}
+			o.AgentFrom = 0
+			if agentFrom != "0" {
+				if o.AgentFrom, err = parseSize(agentFrom); err != nil {
+					return fmt.Errorf("--agent-from: %w", err)
+				}
 			}
 			o.Targets = splitList(targets)
 			switch {
@@ -181,7 +214,8 @@ decision alone, and the prefix index's memory at 1M entries; it writes DIR/overh
 		},
 	}
 	fs := c.Flags()
-	fs.StringVar(&sizes, "sizes", "1024,16384,131072", "request body sizes in bytes (suffix k allowed: 1k,16k,128k)")
+	fs.StringVar(&sizes, "sizes", "1k,16k,128k,1m", "request body sizes in bytes (suffixes k and m: 1k = 1024, 1m = 1048576)")
+	fs.StringVar(&agentFrom, "agent-from", "1m", "body sizes from this one up are a coding agent's (tools, tool calls and results, a history growing per session; each body at most the size); 0: none")
 	fs.StringVar(&targets, "targets", strings.Join(AllTargets, ","), "targets to compare")
 	fs.IntVar(&o.Backends, "backends", o.Backends, "zero-latency backends behind every proxy")
 	fs.IntVar(&o.Conns, "conns", o.Conns, "closed-loop connections at saturation")
@@ -235,17 +269,32 @@ func splitList(s string) []string {
 func parseSizes(s string) ([]int, error) {
 	var out []int
 	for _, f := range splitList(s) {
-		mul := 1
-		if l := strings.ToLower(f); strings.HasSuffix(l, "k") {
-			mul, f = 1<<10, f[:len(f)-1]
+		n, err := parseSize(f)
+		if err != nil {
+			return nil, fmt.Errorf("--sizes: %w", err)
 		}
-		n, err := strconv.Atoi(f)
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("--sizes: bad size %q", f)
-		}
-		out = append(out, n*mul)
+		out = append(out, n)
 	}
 	return out, nil
+}
+
+// maxSize bounds a body size (1 GiB), far above any request a proxy takes.
+const maxSize = 1 << 30
+
+// parseSize reads a positive size in bytes, with an optional suffix k (KiB) or m (MiB).
+func parseSize(f string) (int, error) {
+	num, mul := f, 1
+	switch l := strings.ToLower(f); {
+	case strings.HasSuffix(l, "k"):
+		num, mul = f[:len(f)-1], 1<<10
+	case strings.HasSuffix(l, "m"):
+		num, mul = f[:len(f)-1], 1<<20
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n <= 0 || n > maxSize/mul {
+		return 0, fmt.Errorf("bad size %q (want a positive number of bytes up to 1 GiB, suffix k or m allowed)", f)
+	}
+	return n * mul, nil
 }
 
 // agg sums one target's rounds at one body size.
@@ -414,7 +463,10 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		wl := NewWorkload(size, WorkloadOptions{SystemPrompts: o.SystemPrompts, SharedFraction: o.SharedFraction, StreamFraction: o.StreamFraction, Seed: o.Seed})
+		wl, err := o.workload(size)
+		if err != nil {
+			return rep, err
+		}
 		for _, t := range ts {
 			if t.pid != 0 {
 				_ = resetPeakRSS(t.pid)
@@ -424,7 +476,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		aggs := make([]agg, len(ts))
 		for r := range o.Rounds {
 			for j := range ts {
-				k := (j + r + si) % len(ts)
+				k := roundOrder(j, r, si, len(ts))
 				if err := ctx.Err(); err != nil {
 					return rep, err
 				}
@@ -446,7 +498,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		}
 		for r := range o.Rounds {
 			for j := range ts {
-				k := (j + r + si) % len(ts)
+				k := roundOrder(j, r, si, len(ts))
 				if err := ctx.Err(); err != nil {
 					return rep, err
 				}
@@ -459,7 +511,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		for k, t := range ts {
 			a := &aggs[k]
 			row := Row{
-				Target: t.name, BodyBytes: size,
+				Target: t.name, BodyBytes: size, Shape: wl.Shape(),
 				SatRequests: a.sat.requests, SatErrors: a.sat.errors, SatSeconds: a.sat.seconds,
 				SatCPUPer1k:     per1k(a.satCPU.proxy, a.sat.requests, !a.satNoProxyCPU),
 				BackendCPUPer1k: per1k(a.satCPU.backend, a.sat.requests, !a.noBackendCPU),
@@ -503,7 +555,10 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 
 	if o.RoutingN > 0 {
 		for _, size := range o.Sizes {
-			wl := NewWorkload(size, WorkloadOptions{SystemPrompts: o.SystemPrompts, SharedFraction: o.SharedFraction, StreamFraction: o.StreamFraction, Seed: o.Seed})
+			wl, err := o.workload(size)
+			if err != nil {
+				return rep, err
+			}
 			rr, err := measureRouting(wl, o.Backends, o.RoutingN)
 			if err != nil {
 				return rep, err
@@ -522,6 +577,11 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	rep.Checks = Checks(rep)
 	return rep, nil
 }
+
+// roundOrder is the target that runs j-th in round r at the si-th body size, of n: the order
+// rotates by one each round (and each size), so that over n rounds every target runs once in
+// every position and machine noise that drifts over a phase hits all of them alike.
+func roundOrder(j, r, si, n int) int { return (j + r + si) % n }
 
 func names(ts []*target) []string {
 	out := make([]string, len(ts))

@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -70,8 +72,8 @@ func TestChecksAndMarkdown(t *testing.T) {
 	Derive(rep.Rows)
 	rep.Checks = Checks(rep)
 	// p50 +80 ≤ 100, p99 +500 ≤ 1000, floor +70 (context: no verdict), +80 vs HAProxy's
-	// +100 = 0.80× ≤ 1, 0.75× ≥ 0.7, 120 ≤ 300, 64.5 ≤ 100
-	want := []*bool{met(true), met(true), nil, met(true), met(true), met(true), met(true)}
+	// +100 = 0.80× ≤ 1, 0.75× ≥ 0.7, 120 ≤ 300, 1 MB not measured, 64.5 ≤ 100
+	want := []*bool{met(true), met(true), nil, met(true), met(true), met(true), nil, met(true)}
 	if len(rep.Checks) != len(want) {
 		t.Fatalf("%d checks, want %d", len(rep.Checks), len(want))
 	}
@@ -189,12 +191,14 @@ func TestProcParsing(t *testing.T) {
 }
 
 func TestParseSizesAndMedian(t *testing.T) {
-	got, err := parseSizes("1k, 16384,128K")
-	if err != nil || len(got) != 3 || got[0] != 1024 || got[1] != 16384 || got[2] != 128<<10 {
-		t.Errorf("parseSizes = %v, %v", got, err)
+	got, err := parseSizes("1k, 16384,128K,1m,2M")
+	if want := []int{1024, 16384, 128 << 10, 1 << 20, 2 << 20}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("parseSizes = %v, %v; want %v", got, err, want)
 	}
-	if _, err := parseSizes("1x"); err == nil {
-		t.Error("parseSizes accepted 1x")
+	for _, bad := range []string{"1x", "0", "-1k", "m", "2048m", "1.5m"} {
+		if _, err := parseSizes(bad); err == nil {
+			t.Errorf("parseSizes accepted %q", bad)
+		}
 	}
 	if m := median([]float64{5, 1, 3}); m != 3 {
 		t.Errorf("median = %v", m)
@@ -204,11 +208,98 @@ func TestParseSizesAndMedian(t *testing.T) {
 	}
 }
 
+// The command's defaults take 1 MB, with agent bodies from there on; a size that would get
+// agent bodies below their minimum is refused before anything starts.
+func TestOptionsSizes(t *testing.T) {
+	o := DefaultOptions()
+	if !slices.Contains(o.Sizes, 1<<20) || !o.agent(1<<20) || o.agent(128<<10) {
+		t.Fatalf("defaults: sizes %v, agent from %d", o.Sizes, o.AgentFrom)
+	}
+	if err := o.validate(); err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range o.Sizes {
+		wl, err := o.workload(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{true: ShapeAgent, false: ShapeChat}[size >= 1<<20]; wl.Shape() != want {
+			t.Errorf("size %d: shape %s, want %s", size, wl.Shape(), want)
+		}
+	}
+	o.Sizes, o.AgentFrom = []int{4 << 10}, 1<<10
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "agent") {
+		t.Errorf("4 KiB agent bodies accepted: %v", err)
+	}
+	o.AgentFrom = 0
+	if err := o.validate(); err != nil {
+		t.Errorf("4 KiB chat bodies refused: %v", err)
+	}
+
+	// The flags: a bad size is an error before anything starts.
+	for _, tt := range []struct {
+		args []string
+		want string // in the error
+	}{
+		{[]string{"--sizes", "1m", "--agent-from", "2x"}, "--agent-from"},
+		{[]string{"--sizes", "1q"}, "--sizes"},
+		{[]string{"--sizes", "4k", "--agent-from", "1k"}, "agent"},
+	} {
+		c := Command()
+		c.SetArgs(append(tt.args, "--targets", "none")) // should validation let one pass: no run, an error
+		c.SetContext(context.Background())
+		c.SetOut(io.Discard)
+		c.SetErr(io.Discard)
+		if err := c.Execute(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: error %v, want one about %s", tt.args, err, tt.want)
+		}
+	}
+}
+
+// At 1 MB the harness's bodies are an agent's: valid JSON with tools, at most 1 MiB, each
+// extending the previous request of its session (agentbody's tests check the shape in
+// detail).
+func TestWorkloadAgentBodies(t *testing.T) {
+	wl, err := NewWorkload(1<<20, WorkloadOptions{Agent: true, StreamFraction: 0.5, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prev, cur []byte
+	kb := key.NewBuilder(0)
+	var k key.Key
+	for i := uint64(100); i < 140; i++ {
+		cur, _ = wl.Body(cur, i)
+		if len(cur) > 1<<20 || len(cur) < 900<<10 {
+			t.Fatalf("body %d: %d bytes", i, len(cur))
+		}
+		var v struct {
+			Tools    []json.RawMessage `json:"tools"`
+			Messages []struct {
+				Role string `json:"role"`
+			} `json:"messages"`
+		}
+		if err := json.Unmarshal(cur, &v); err != nil || len(v.Tools) == 0 || len(v.Messages) < 10 || v.Messages[len(v.Messages)-1].Role != "tool" {
+			t.Fatalf("body %d: %v, %d tools, %d messages", i, err, len(v.Tools), len(v.Messages))
+		}
+		kb.Build([]byte(chatPath), cur, &k)
+		if !k.OK || len(k.Chunks) < 3000 {
+			t.Fatalf("body %d: key OK %v, %d chunks", i, k.OK, len(k.Chunks))
+		}
+		prev, _ = wl.Body(prev, i-agentbody.DefaultSessions)
+		if !bytes.HasPrefix(cur, prev[:len(prev)-len("]}")]) {
+			t.Fatalf("body %d does not extend body %d, the previous request of its session", i, i-agentbody.DefaultSessions)
+		}
+	}
+}
+
 // Bodies come out near the requested size, are valid chat requests, and share their system
 // prompt's chunks while the user turn makes each one unique.
 func TestWorkloadBodies(t *testing.T) {
 	for _, size := range []int{1 << 10, 16 << 10, 128 << 10} {
-		wl := NewWorkload(size, WorkloadOptions{SystemPrompts: 2, StreamFraction: 0.5, Seed: 7})
+		wl, err := NewWorkload(size, WorkloadOptions{SystemPrompts: 2, StreamFraction: 0.5, Seed: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
 		kb := key.NewBuilder(0)
 		var k0, k1 key.Key
 		var buf []byte
@@ -267,7 +358,11 @@ const keyFixture = "../../router/key/testdata/overhead_chat_16k.json"
 // TestKeyFixtureIsWorkloadBody: the committed fixture is byte for byte what Workload makes
 // now. PREFIXLB_UPDATE_FIXTURES=1 rewrites it after a deliberate change to the workload.
 func TestKeyFixtureIsWorkloadBody(t *testing.T) {
-	body, _ := NewWorkload(16<<10, WorkloadOptions{Seed: 1}).Body(nil, 42)
+	wl, err := NewWorkload(16<<10, WorkloadOptions{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := wl.Body(nil, 42)
 	if os.Getenv("PREFIXLB_UPDATE_FIXTURES") != "" {
 		if err := os.WriteFile(keyFixture, body, 0o644); err != nil {
 			t.Fatal(err)
@@ -279,6 +374,79 @@ func TestKeyFixtureIsWorkloadBody(t *testing.T) {
 	}
 	if !bytes.Equal(got, body) {
 		t.Fatalf("%s (%d bytes) is not what Workload makes now (%d bytes); rerun with PREFIXLB_UPDATE_FIXTURES=1 to regenerate it", keyFixture, len(got), len(body))
+	}
+}
+
+// Every round runs each target once, and over as many rounds as targets each target runs
+// once in every position, at every body size.
+func TestRoundOrder(t *testing.T) {
+	for _, n := range []int{1, 3, 5} {
+		for si := range 4 {
+			seen := make([][]bool, n) // seen[target][position]
+			for i := range seen {
+				seen[i] = make([]bool, n)
+			}
+			for r := range n {
+				inRound := make([]bool, n)
+				for j := range n {
+					k := roundOrder(j, r, si, n)
+					if inRound[k] {
+						t.Fatalf("n %d size %d round %d: target %d runs twice", n, si, r, k)
+					}
+					inRound[k], seen[k][j] = true, true
+				}
+			}
+			for k := range seen {
+				if slices.Contains(seen[k], false) {
+					t.Errorf("n %d size %d: target %d missed a position over %d rounds: %v", n, si, k, n, seen[k])
+				}
+			}
+		}
+	}
+}
+
+// The whole command, tiny, at 1 MB: coding-agent bodies go through the zero-latency backends,
+// prefixlb in mode prefix (in-process) and, when installed, HAProxy, without an error, and
+// the prefix policy finds each session's previous request. Counts and structure, never timings.
+func TestSmokeRunAgent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts servers and sends 1 MB requests for a few seconds")
+	}
+	o := DefaultOptions()
+	o.Sizes = []int{1 << 20}
+	o.Targets = []string{TargetDirect, TargetPrefixlbPfx}
+	if _, err := exec.LookPath("haproxy"); err == nil {
+		o.Targets = append(o.Targets, TargetHAProxy)
+	}
+	o.Conns = 2
+	o.Rounds = 1
+	o.Round = 300 * time.Millisecond
+	o.Warmup = 50 * time.Millisecond
+	o.Rate = 50
+	o.IndexEntries = 0
+	o.RoutingN = 100
+	o.Out = t.TempDir()
+	var log bytes.Buffer
+	rep, err := Run(context.Background(), o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(rep.Rows) != len(o.Targets) {
+		t.Fatalf("%d rows, want %d", len(rep.Rows), len(o.Targets))
+	}
+	for _, r := range rep.Rows {
+		if r.Shape != ShapeAgent || r.SatRequests <= 0 || r.LatRequests <= 0 || r.SatErrors+r.LatErrors != 0 {
+			t.Errorf("%s: row %+v", r.Target, r)
+		}
+		if r.Target == TargetPrefixlbPfx && r.Routes["match"] == 0 {
+			t.Errorf("prefixlb-prefix routes = %v: no request matched its session's previous one", r.Routes)
+		}
+	}
+	if len(rep.Routing) != 1 || rep.Routing[0].Shape != ShapeAgent || rep.Routing[0].Chunks < 3000 || rep.Routing[0].Reasons["match"] == 0 {
+		t.Errorf("routing = %+v", rep.Routing)
+	}
+	if md := Markdown(rep); !strings.Contains(md, "| 1 MB agent | direct |") {
+		t.Errorf("markdown lacks the 1 MB agent rows:\n%s", md)
 	}
 }
 
@@ -333,7 +501,7 @@ func TestSmokeRun(t *testing.T) {
 	if rep.Index == nil || rep.Index.Entries < 20_000 || rep.Index.BytesPerEntry <= 0 {
 		t.Errorf("index = %+v", rep.Index)
 	}
-	if len(rep.Checks) != 7 {
+	if len(rep.Checks) != 8 {
 		t.Errorf("%d checks", len(rep.Checks))
 	}
 	p, err := WriteJSON(rep, o.Out)

@@ -14,6 +14,7 @@ import (
 type Row struct {
 	Target    string `json:"target"`
 	BodyBytes int    `json:"body_bytes"`
+	Shape     string `json:"body_shape"` // ShapeChat or ShapeAgent
 
 	// Saturation: closed loop, Conns connections back to back, summed over the rounds.
 	SatRequests int64    `json:"sat_requests"`
@@ -143,10 +144,13 @@ const (
 	wantAddedP99us    = 1000
 	wantRPSvsHAProxy  = 0.7
 	wantRoutingUs     = 300
+	wantRoutingMaxUs  = 1000 // at checkRoutingMaxBody
 	wantBytesPerEntry = 100
 	checkLatencyBody  = 16 << 10
 	checkRPSBody      = 1 << 10
 	checkRoutingBody  = 128 << 10
+	// checkRoutingMaxBody is issue 18's 1 MB coding-agent body.
+	checkRoutingMaxBody = 1 << 20
 )
 
 func met(ok bool) *bool { return &ok }
@@ -192,7 +196,13 @@ func Checks(rep *Report) []Check {
 			cd.Got, cd.Met = fmt.Sprintf("%.0f µs (%.0f µs)", r.P50us, r.P99us), met(r.P50us <= wantRoutingUs)
 		}
 	}
-	out = append(out, cd)
+	cm := Check{Name: "routing decision (key.Build + Pick + Learn), 1 MB, p50 (p99)", Want: fmt.Sprintf("≤ %d µs", wantRoutingMaxUs), Got: "not measured"}
+	for _, r := range rep.Routing {
+		if r.BodyBytes == checkRoutingMaxBody {
+			cm.Got, cm.Met = fmt.Sprintf("%.0f µs (%.0f µs)", r.P50us, r.P99us), met(r.P50us <= wantRoutingMaxUs)
+		}
+	}
+	out = append(out, cd, cm)
 	ci := Check{Name: "prefix index: heap bytes per entry (1M entries)", Want: fmt.Sprintf("≤ %d B", wantBytesPerEntry), Got: "not measured"}
 	if rep.Index != nil {
 		ci.Got, ci.Met = fmt.Sprintf("%.1f B", rep.Index.BytesPerEntry), met(rep.Index.BytesPerEntry <= wantBytesPerEntry)
@@ -209,10 +219,21 @@ func fx(p *float64, format string) string {
 }
 
 func sizeName(n int) string {
+	if n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MB", n>>20)
+	}
 	if n%(1<<10) == 0 {
 		return fmt.Sprintf("%d KB", n>>10)
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// bodyName is the body column of the tables: the size, and the shape when it is not chat.
+func bodyName(size int, shape string) string {
+	if shape == ShapeAgent {
+		return sizeName(size) + " agent"
+	}
+	return sizeName(size)
 }
 
 // Markdown renders the report: one table over targets × body sizes, the routing decision,
@@ -227,7 +248,7 @@ func Markdown(rep *Report) string {
 			rss = fmt.Sprintf("%.1f", float64(r.PeakRSSBytes)/(1<<20))
 		}
 		fmt.Fprintf(&b, "| %s | %s | %.0f | %s | %s | %.0f | %.0f | %.0f / %.0f | %s | %s | %s | %s | %s | %s | %s | %d |\n",
-			sizeName(r.BodyBytes), r.Target, r.RPS, fx(r.RPSvsDirect, "%.2f"), fx(r.RPSvsHAProxy, "%.2f"),
+			bodyName(r.BodyBytes, r.Shape), r.Target, r.RPS, fx(r.RPSvsDirect, "%.2f"), fx(r.RPSvsHAProxy, "%.2f"),
 			r.Rate, r.P50us, r.P99MedUs, r.P99us, fx(r.AddedP50us, "%+.0f"), fx(r.AddedP99us, "%+.0f"),
 			fx(r.AddedP50vsHAProxy, "%.2f"), fx(r.AddedP99vsHAProxy, "%.2f"),
 			fx(r.SatCPUPer1k, "%.3f"), fx(r.LatCPUPer1k, "%.3f"), rss, r.SatErrors+r.LatErrors)
@@ -235,7 +256,7 @@ func Markdown(rep *Report) string {
 	if len(rep.Routing) > 0 {
 		b.WriteString("\nRouting decision of mode prefix (in the harness, no load), µs:\n\n| body | chunks | p50 | p99 | build p50 | pick p50 | learn p50 |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range rep.Routing {
-			fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", sizeName(r.BodyBytes), r.Chunks, r.P50us, r.P99us, r.BuildP50us, r.PickP50us, r.LearnP50us)
+			fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", bodyName(r.BodyBytes, r.Shape), r.Chunks, r.P50us, r.P99us, r.BuildP50us, r.PickP50us, r.LearnP50us)
 		}
 	}
 	if x := rep.Index; x != nil {

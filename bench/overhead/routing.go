@@ -17,9 +17,12 @@ import (
 // RoutingResult is the cost of the whole routing decision of mode prefix for one body size,
 // measured in the harness process while no load runs: key.Build (parse, render, chunk
 // hashes) + Prefix.Pick + Prefix.Learn, on a policy whose index already holds the workload's
-// system prompts.
+// system prompts. With agent bodies most builds resume from the session's previous request
+// (key's prefix memo) and a session's first request (1 in agentbody.DefaultSteps) is built in
+// full, so p50 is the former and p99 the latter.
 type RoutingResult struct {
 	BodyBytes  int            `json:"body_bytes"`
+	Shape      string         `json:"body_shape"`
 	Chunks     int            `json:"chunks"`
 	Decisions  int            `json:"decisions"`
 	P50us      float64        `json:"p50_us"`
@@ -57,8 +60,9 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		t3 := time.Now()
 		return t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), d
 	}
+	const warm = 200
 	base := uint64(1) << 40
-	for i := range uint64(200) { // learn the system prompts, warm the pools
+	for i := range uint64(warm) { // learn the system prompts, warm the pools
 		decide(base + i)
 	}
 	total := make([]time.Duration, n)
@@ -68,7 +72,8 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 	reasons := map[string]int{}
 	for i := range n {
 		var d router.Decision
-		build[i], pick[i], learn[i], d = decide(base + 1000 + uint64(i))
+		// Right after the warm-up: an agent session's next request follows its previous one.
+		build[i], pick[i], learn[i], d = decide(base + warm + uint64(i))
 		reasons[d.Reason.String()]++
 		total[i] = build[i] + pick[i] + learn[i]
 	}
@@ -76,7 +81,7 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		return RoutingResult{}, fmt.Errorf("routing: the workload's body did not parse")
 	}
 	return RoutingResult{
-		BodyBytes: wl.Size, Chunks: len(k.Chunks), Decisions: n,
+		BodyBytes: wl.Size, Shape: wl.Shape(), Chunks: len(k.Chunks), Decisions: n,
 		P50us: pctUs(total, 50), P99us: pctUs(total, 99),
 		BuildP50us: pctUs(build, 50), PickP50us: pctUs(pick, 50), LearnP50us: pctUs(learn, 50),
 		Reasons: reasons,

@@ -3,6 +3,8 @@ package overhead
 import (
 	"math/rand/v2"
 	"strconv"
+
+	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
 )
 
 // Workload makes chat-completion bodies of one target size with realistic prefix sharing:
@@ -10,8 +12,13 @@ import (
 // a user turn that no other body has (a window of a large word corpus at an offset drawn per
 // request). Bodies are built into a caller's buffer, so generating one costs a copy and no
 // allocation, and the load generator stays cheap next to the targets it measures.
+//
+// With WorkloadOptions.Agent the bodies are a coding agent's instead (package agentbody):
+// tools, system prompt, task and a history of tool calls and results that grows by one step
+// per request of a session, each body at most Size bytes.
 type Workload struct {
 	Size   int // target body size in bytes
+	agent  *agentbody.Workload
 	model  string
 	system []string // the system prompts, JSON-safe
 	user   int      // user-turn length in bytes
@@ -26,6 +33,10 @@ type WorkloadOptions struct {
 	SharedFraction float64 // share of the body that is the system prompt (default 0.75)
 	StreamFraction float64 // share of streamed requests
 	Seed           uint64
+	// Agent selects a coding agent's bodies (agentbody; SystemPrompts is its number of
+	// system prompts, SharedFraction does not apply); Size must be at least
+	// agentbody.MinSize.
+	Agent bool
 }
 
 // bodyOverhead is the JSON around the two message contents, roughly; the user turn absorbs
@@ -41,8 +52,16 @@ var words = []string{
 	"and", "of", "to", "in", "is", "for", "on", "with", "as", "by", "at", "from", "that", "this",
 }
 
-// NewWorkload prepares the prompt pool and the corpus for bodies of size bytes.
-func NewWorkload(size int, o WorkloadOptions) *Workload {
+// NewWorkload prepares the prompt pool and the corpus for bodies of size bytes, or, with
+// o.Agent, an agent workload; that fails for a size under agentbody.MinSize.
+func NewWorkload(size int, o WorkloadOptions) (*Workload, error) {
+	if o.Agent {
+		a, err := agentbody.New(agentbody.Options{Size: size, Model: o.Model, SystemPrompts: o.SystemPrompts, StreamFraction: o.StreamFraction, Seed: o.Seed})
+		if err != nil {
+			return nil, err
+		}
+		return &Workload{Size: size, agent: a}, nil
+	}
 	if o.SystemPrompts <= 0 {
 		o.SystemPrompts = 4
 	}
@@ -61,8 +80,22 @@ func NewWorkload(size int, o WorkloadOptions) *Workload {
 		w.system = append(w.system, string(text(rng, []byte(p), sys)))
 	}
 	w.corpus = text(rng, nil, max(1<<20, 8*w.user))
-	return w
+	return w, nil
 }
+
+// Shape names the kind of bodies: "agent" or "chat".
+func (w *Workload) Shape() string {
+	if w.agent != nil {
+		return ShapeAgent
+	}
+	return ShapeChat
+}
+
+// Body shapes, as Workload.Shape and the report name them.
+const (
+	ShapeChat  = "chat"
+	ShapeAgent = "agent"
+)
 
 // text appends random words to dst until it is n bytes long.
 func text(rng *rand.Rand, dst []byte, n int) []byte {
@@ -76,6 +109,9 @@ func text(rng *rand.Rand, dst []byte, n int) []byte {
 // Body appends the body of request number i (any int; the same i gives the same body) to
 // dst[:0] and returns it, with whether it streams.
 func (w *Workload) Body(dst []byte, i uint64) ([]byte, bool) {
+	if w.agent != nil {
+		return w.agent.Body(dst, i)
+	}
 	h := mix64(i)
 	sys := w.system[h%uint64(len(w.system))]
 	off := int((h >> 20) % uint64(len(w.corpus)-w.user))

@@ -94,8 +94,12 @@ func idsBody(n int) []byte {
 	return []byte(sb.String())
 }
 
+// BenchmarkBuild keys the same body again and again. A NewBuilder would resume each build
+// of a body over memoMinBody from its own previous one (memo.go), so this one has no memo:
+// these are full builds (BenchmarkRoutingDecision in proxy/ has the memo at work on a coding
+// agent's bodies).
 func BenchmarkBuild(b *testing.B) {
-	bld := NewBuilder(64)
+	bld := &Builder{ChunkTokens: 64}
 	cases := []struct {
 		name string
 		path []byte

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fastjson"
 )
 
@@ -33,13 +34,17 @@ const maxPooledBody = 1 << 20
 type Builder struct {
 	// ChunkTokens is the chunk size in approximate tokens (chunk bytes = ChunkTokens × 4, or
 	// ChunkTokens token ids for token-id prompts). Zero or negative means DefaultChunkTokens.
+	// It must not change once the Builder is in use.
 	ChunkTokens int
+	memo        *memo // nil: every body is built in full (a Builder literal)
 }
 
 // NewBuilder returns a Builder cutting prompts into chunks of chunkTokens approximate tokens
-// (chunkTokens × 4 rendered bytes). chunkTokens <= 0 selects DefaultChunkTokens (64).
+// (chunkTokens × 4 rendered bytes). chunkTokens <= 0 selects DefaultChunkTokens (64). It
+// remembers where its large chat bodies ended (memo.go), so that a body that extends one of
+// them, as a coding agent's next request does, is keyed from there.
 func NewBuilder(chunkTokens int) *Builder {
-	return &Builder{ChunkTokens: normChunkTokens(chunkTokens)}
+	return &Builder{ChunkTokens: normChunkTokens(chunkTokens), memo: newMemo()}
 }
 
 func (b *Builder) chunkTokens() int { return normChunkTokens(b.ChunkTokens) }
@@ -92,12 +97,24 @@ type state struct {
 	parser   fastjson.Parser
 	chunker  chunker
 	renderer renderer
+	fast     bool    // the last build was the fast path's
+	resumed  bool    // … and resumed from the memo's checkpoint
+	top      scanTop // the fast path's top-level fields of the last build
+	// The memo's (memo.go): prefix hashes of the body, and the checkpoint it resumes from.
+	sums    []uint64
+	digests []xxhash.Digest
+	hit     checkpoint
 }
 
 func (s *state) reset() {
 	s.scanner.reset()
 	s.renderer.reset()
 	s.chunker.reset()
+	s.hit.end = 0
+	s.top = scanTop{}
+	if cap(s.hit.chunks) > maxPooledChunks {
+		s.hit.chunks = nil
+	}
 }
 
 var statePool = sync.Pool{New: func() any { return new(state) }}
@@ -172,22 +189,37 @@ func (b *Builder) Build(path []byte, body []byte, k *Key) {
 		return
 	}
 	k.Routed = true
-	if !utf8.Valid(body) {
+	s := statePool.Get().(*state)
+	defer func() {
 		k.Body = body
+		if len(body) <= maxPooledBody {
+			s.reset()
+			statePool.Put(s)
+		}
+	}()
+	m := b.memo
+	if ep != APIChat || len(body) < memoMinBody {
+		m = nil
+	}
+	valid := 0 // body[:valid] is known to be valid UTF-8 (a prefix of a body keyed before)
+	if m != nil {
+		valid = s.recall(m, body)
+	}
+	if !utf8.Valid(body[valid:]) {
 		return
 	}
-	s := statePool.Get().(*state)
 	s.build(ep, b.chunkTokens(), body, k)
-	k.Body = body
-	if len(body) <= maxPooledBody {
-		s.reset()
-		statePool.Put(s)
+	if m != nil && s.fast {
+		if s.resumed {
+			m.hits.Add(1)
+		}
+		s.remember(m, body, k)
 	}
 }
 
 // build fills k by the fast path (scan.go) when it handles the body, else by the fastjson path.
 func (s *state) build(ep API, chunkTokens int, body []byte, k *Key) {
-	if s.fastBuild(ep, chunkTokens, body, k) {
+	if s.fast = s.fastBuild(ep, chunkTokens, body, k); s.fast {
 		return
 	}
 	k.Reset()

@@ -63,6 +63,7 @@ const (
 // scanTop holds the positions in the body of the routing-relevant top-level values.
 type scanTop struct {
 	at              [topFieldCount]int // by grammar.go's topField; 0 is absent
+	end             [topFieldCount]int // the position after each value noted in at
 	messagesIndexed bool               // messages (the last one) is an array indexed in scanner.messages
 	promptKind      byte               // the last "prompt"'s kind, when it is a string or a list the fast path reads
 	promptBytes     []byte             // its rendering: the unescaped text, or the ids as little-endian uint32s
@@ -72,6 +73,7 @@ type scanTop struct {
 // absent. A string content is also unescaped while the body is validated, into text.
 type scanMessage struct {
 	at   [messageFieldCount]int // by grammar.go's messageField
+	end  int                    // the position after the message's '}'
 	text []byte
 }
 
@@ -99,18 +101,40 @@ func (sc *scanner) reset() {
 }
 
 // fastBuild fills k from body when the fast path handles it (see above) and reports whether it
-// did. When it returns false, k and the chunker are left dirty; the caller resets them.
+// did. When it returns false, k and the chunker are left dirty; the caller resets them. With
+// s.hit set (memo.go), body[:s.hit.end] is the prefix of a body built before, and the build
+// resumes from the state that body left there when what follows allows it.
 func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
 	if ep != APIChat && ep != APICompletions {
 		return false
 	}
 	sc := &s.scanner
 	sc.body = body
+	if cap(sc.arena) < len(body) && len(body) <= maxPooledArena {
+		// Unescaped strings take at most the body's length (escapes only shrink), so this
+		// one allocation, kept by the pool, serves every later body up to this size: growing
+		// by append instead overshoots maxPooledArena near 1 MiB and is dropped every time.
+		sc.arena = make([]byte, 0, len(body))
+	}
 	sc.arena = sc.arena[:0]
 	var top scanTop
-	if !sc.top(ep, &top) {
+	s.resumed = false
+	resumed := s.hit.end > 0
+	if resumed {
+		if !s.resumeTop(ep, &top) {
+			return false
+		}
+		if !s.hit.allows(body, &top) { // a field the remembered state depends on differs
+			s.hit.end = 0
+			k.Reset()
+			k.Routed = true
+			return s.fastBuild(ep, chunkTokens, body, k)
+		}
+		s.resumed = true
+	} else if !sc.top(ep, &top) {
 		return false
 	}
+	s.top = top
 	if stream := top.at[topStream]; stream != 0 && body[stream] == 't' {
 		k.Stream = true
 	}
@@ -130,19 +154,25 @@ func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
 		}
 		kind = top.promptKind
 	}
-	s.begin(kind, model, salt, chunkTokens, k)
 	r := &s.renderer
+	if resumed {
+		s.hit.restore(s, chunkTokens, k)
+	} else {
+		s.begin(kind, model, salt, chunkTokens, k)
+	}
 	if ep == APICompletions {
 		r.emit(top.promptBytes)
 	} else {
 		if top.at[topMessages] == 0 || !top.messagesIndexed {
 			return false
 		}
-		for _, hdr := range headerFields {
-			if v := top.at[hdr.field]; sc.present(v) {
-				r.tag(hdr.tag)
-				if sc.canon(r, v) < 0 {
-					return false
+		if !resumed {
+			for _, hdr := range headerFields {
+				if v := top.at[hdr.field]; sc.present(v) {
+					r.tag(hdr.tag)
+					if sc.canon(r, v) < 0 {
+						return false
+					}
 				}
 			}
 		}
@@ -159,12 +189,18 @@ func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
 // top validates the whole body and notes the top-level fields in top; for chat it also
 // indexes the messages.
 func (sc *scanner) top(ep API, top *scanTop) bool {
-	b := sc.body
 	i := sc.ws(0)
-	if i >= len(b) || b[i] != '{' {
+	if i >= len(sc.body) || sc.body[i] != '{' {
 		return false
 	}
-	for first := true; ; first = false {
+	return sc.members(ep, top, i, true)
+}
+
+// members validates the top-level object's members from i (its '{' when first, else the
+// position after a member's value) to the end of the body and notes them in top.
+func (sc *scanner) members(ep API, top *scanTop, i int, first bool) bool {
+	b := sc.body
+	for ; ; first = false {
 		name, v, got := sc.member(i, first)
 		if got != stepNext {
 			if got == stepBad {
@@ -185,7 +221,9 @@ func (sc *scanner) top(ep API, top *scanTop) bool {
 		case topMessages:
 			top.messagesIndexed = ep == APIChat && b[v] == '['
 			if top.messagesIndexed {
-				end = sc.indexMessages(v)
+				clear(sc.messages)
+				sc.messages = sc.messages[:0]
+				end = sc.indexMessages(v, true)
 			}
 		}
 		if end == 0 {
@@ -194,19 +232,18 @@ func (sc *scanner) top(ep API, top *scanTop) bool {
 		if end < 0 {
 			return false
 		}
+		top.end[field] = end
 		i = end
 	}
 	return sc.ws(i) == len(b)
 }
 
-// indexMessages validates the messages array at v and records each message's fields in
-// sc.messages. It returns the position after the array, or badPos.
-func (sc *scanner) indexMessages(v int) int {
+// indexMessages validates the messages array from i (its '[' when first, else the position
+// after a message) and appends each message's fields to sc.messages. It returns the position
+// after the array, or badPos.
+func (sc *scanner) indexMessages(i int, first bool) int {
 	b := sc.body
-	clear(sc.messages)
-	sc.messages = sc.messages[:0]
-	i := v
-	for first := true; ; first = false {
+	for ; ; first = false {
 		m, got := sc.element(i, first)
 		if got != stepNext {
 			if got == stepBad {
@@ -226,6 +263,7 @@ func (sc *scanner) indexMessages(v int) int {
 					return badPos
 				}
 				i = value
+				msg.end = value
 				break
 			}
 			field := messageFieldOf(name)
