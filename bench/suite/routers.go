@@ -24,7 +24,9 @@ type RouterCheck struct {
 }
 
 // Meets reports whether the arm holds issue 16's target.
-func (c RouterCheck) Meets() bool { return c.Cached >= RoutersCachedTarget && c.P95 <= RoutersP95Target }
+func (c RouterCheck) Meets() bool {
+	return c.Cached >= RoutersCachedTarget && c.P95 <= RoutersP95Target
+}
 
 // routerChecks compares each valid multi-router arm of a cell with its valid prefix arm
 // (none: nothing is compared; a prefix arm without cache hits or p95 is no yardstick).
