@@ -46,7 +46,7 @@ type replicaOpts struct {
 	dropping bool
 }
 
-func startReplica(t *testing.T, name string, ro replicaOpts) *replica {
+func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 	t.Helper()
 	r := &replica{}
 	for _, u := range backendURLs {
