@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 
 	"go.uber.org/zap"
 
@@ -115,4 +116,11 @@ func StartPeered(ctx context.Context, cfg *configs.Config, log *zap.Logger) (*pr
 	}
 	node.Start(ctx)
 	return s.Start(ctx, ln), node, nil
+}
+
+// peeringChanged reports whether a reload changes the peering section (turned on or off, or
+// any field, fields added later included): the node binds its port and joins at start, so
+// such a change needs a restart.
+func peeringChanged(old, nc *configs.Peering) bool {
+	return !reflect.DeepEqual(old, nc)
 }

@@ -81,3 +81,55 @@ func TestPeeringConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// peeredConf is reloadConf in mode prefix with a peering section (extra: more of its YAML).
+func peeredConf(extra string, urls ...string) string {
+	s := strings.Replace(reloadConf(urls...), "mode: round-robin", "mode: prefix", 1)
+	if extra != "-" {
+		s += "peering:\n  listen: 127.0.0.1:0\n  secret_env: PREFIXLB_TEST_PEER_SECRET\n" + extra
+	}
+	return s
+}
+
+// TestPeeringReloadNeedsRestart: a reload that changes the peering section (a field, or
+// the section removed) logs one warning naming the field and keeps the running peering, while
+// the backends it changes are applied; a reload that leaves peering alone logs nothing of it.
+func TestPeeringReloadNeedsRestart(t *testing.T) {
+	t.Setenv("PREFIXLB_TEST_PEER_SECRET", "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=")
+	a, _ := testutil.StatusBackend(t, http.StatusOK, "a")
+	b, _ := testutil.StatusBackend(t, http.StatusOK, "b")
+	c, _ := testutil.StatusBackend(t, http.StatusOK, "c")
+	f := newReloadFile(t)
+	f.write(peeredConf("", a.URL))
+	cfg, err := f.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, logs := testutil.RecordingLogger()
+	h := startRun(t, cfg, log, RunOptions{Load: f.load, Path: f.path, PollInterval: 10 * time.Millisecond})
+	warnings := func() int {
+		return logs.Count(func(e testutil.LogEntry) bool {
+			return strings.Contains(e.Message, "peering changes need a restart") && e.Fields["field"] == "peering"
+		})
+	}
+	for _, step := range []struct {
+		what, conf string
+		backends   int
+		warnings   int
+	}{
+		{"peering unchanged, a backend added", peeredConf("", a.URL, b.URL), 2, 0},
+		{"peering.join changed", peeredConf("  join: [\"127.0.0.1:1\"]\n", a.URL, b.URL, c.URL), 3, 1},
+		{"peering removed", peeredConf("-", a.URL), 1, 2},
+	} {
+		f.write(step.conf)
+		testutil.Eventually(t, testutil.Timeout, step.what+": backends applied", func() bool {
+			return len(h.s.Backends()) == step.backends
+		})
+		if got := warnings(); got != step.warnings {
+			t.Fatalf("%s: %d warnings that peering needs a restart, want %d", step.what, got, step.warnings)
+		}
+	}
+	if _, m := get(t, h.admin+"/metrics"); !strings.Contains(m, "prefixlb_peers_alive") {
+		t.Error("the running peering is gone after a reload that removed the section")
+	}
+}

@@ -149,8 +149,11 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 		nc.ResponseHeaders.BackendOn() != old.ResponseHeaders.BackendOn() {
 		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, timeouts, prefix, limits and response headers")
 	}
-	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders =
-		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders
+	if peeringChanged(old.Peering, nc.Peering) {
+		c.log.Warn("config reload: peering changes need a restart; the running peering settings stay", zap.String("field", "peering"))
+	}
+	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders, nc.Peering =
+		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders, old.Peering
 	c.cfg = nc
 	err = c.applyLocked()
 	c.mu.Unlock()

@@ -189,7 +189,7 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		cachedSource = "the usage chunks' cached_tokens: the external replicas' own counters are not read"
 	}
 	if o.RouterReplicas > 1 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("Each prefixlb arm ran %d independent in-process prefixlb replicas, each with its own index, in front of the same replicas; the load generator sent each request to the next one in turn (round-robin per request, as a Kubernetes Service in front of a Deployment).", o.RouterReplicas))
+		rep.Notes = append(rep.Notes, routerReplicasNote(o.RouterReplicas, o.Peering, o.Modes))
 	}
 	if o.Speedup != 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -123,6 +124,21 @@ func reportPeerTraffic(w io.Writer, label string, nodes []*peering.Node, request
 	bytes, updates := peerTraffic(nodes)
 	fmt.Fprintf(w, "%s: peer traffic %d update bytes for %d requests (%.0f bytes per request over all peers; %d updates sent)\n",
 		label, bytes, requests, float64(bytes)/float64(max(requests, 1)), updates)
+}
+
+// routerReplicasNote is the report's note on the arms' n prefixlb replicas: independent, or
+// (peered, for the prefix arm among modes) sharing what each learned and has in flight.
+func routerReplicasNote(n int, peered bool, modes []string) string {
+	spread := "the load generator sent each request to the next one in turn (round-robin per request, as a Kubernetes Service in front of a Deployment)."
+	if !peered || !slices.Contains(modes, "prefix") {
+		return fmt.Sprintf("Each prefixlb arm ran %d independent in-process prefixlb replicas, each with its own index, in front of the same replicas; %s", n, spread)
+	}
+	others := ""
+	if slices.ContainsFunc(modes, func(m string) bool { return m != "prefix" }) {
+		others = fmt.Sprintf(" The other modes' arms ran %d independent replicas, each with its own index.", n)
+	}
+	return fmt.Sprintf("The prefix arm (prefix×%d+peer) ran %d in-process prefixlb replicas peered over 127.0.0.1 (package peering) in front of the same replicas: each sent the others what it learned and what it had in flight per backend every %s, so that all routed on one shared index and load view; %s%s",
+		n, n, peering.DefaultFlushInterval, spread, others)
 }
 
 // btoi is 1 for true, 0 for false.

@@ -30,6 +30,16 @@ func (n *Node) flushLoop() {
 		case <-t.C:
 		}
 		items, hashes = n.q.take(items, hashes)
+		learned, forgets := 0, 0 // items not cancelled
+		for _, it := range items {
+			switch {
+			case it.n == 0:
+			case it.forget:
+				forgets++
+			default:
+				learned++
+			}
+		}
 		now := n.now()
 		set := n.backends.Load()
 		n.loads.apply(set.byID, now) // expire stale peers' reports
@@ -38,7 +48,7 @@ func (n *Node) flushLoop() {
 			loads = append(loads, peerLoad{id: b.ID, inFlight: b.InFlight(), prefill: b.PrefillTokens()})
 		}
 		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive
-		if len(items) == 0 && !sendLoads {
+		if learned+forgets == 0 && !sendLoads {
 			continue
 		}
 		peers := n.livePeers()
@@ -60,7 +70,8 @@ func (n *Node) flushLoop() {
 				}
 				n.m.bytesSent.Add(len(pkt))
 			}
-			n.m.sent.Add(len(items))
+			n.m.sent.Add(learned)
+			n.m.forgetsSent.Add(forgets)
 		}
 	}
 }
@@ -108,7 +119,11 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 				continue
 			}
 			part := hs[max(len(hs)-room, 0):]
-			packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, part)
+			if it.forget {
+				packets[len(packets)-1] = appendForget(cur, it.id, it.stamp, part)
+			} else {
+				packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, part)
+			}
 			hs = hs[:len(hs)-len(part)]
 		}
 	}
@@ -141,21 +156,34 @@ func (n *Node) receive(buf []byte) {
 	set := n.backends.Load()
 	now := n.now()
 	idx := n.pol.Index()
+	var sender string
 	err := decodeUpdate(buf, &n.recvLoads, &n.recvHashes,
-		func(sender string, ls []peerLoad) {
+		func(from string, ls []peerLoad) {
+			sender = from
 			if sender != n.name && len(ls) > 0 {
 				n.loads.report(sender, ls, now, set.byID)
 			}
 		},
-		func(id uint64, stamp int64, hs []uint64) {
-			n.m.received.Inc()
+		func(id uint64, stamp int64, forget bool, hs []uint64) {
+			if forget {
+				n.m.forgetsRecv.Inc()
+			} else {
+				n.m.received.Inc()
+			}
 			b := set.byID[id]
 			if b == nil {
 				n.m.unknown.Inc()
 				return
 			}
+			if forget {
+				for _, local := range n.recent.take(sender, id, stamp) {
+					idx.Forget(hs, b, local)
+				}
+				return
+			}
 			// A peer's clock ahead of this one's must not stamp the future.
-			idx.Record(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
+			local := idx.Record(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
+			n.recent.add(sender, id, stamp, local, now)
 		})
 	if err != nil {
 		n.m.bad.Inc()

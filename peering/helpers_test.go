@@ -46,7 +46,7 @@ type replicaOpts struct {
 	dropping bool
 }
 
-func startReplica(t *testing.T, name string, ro replicaOpts) *replica {
+func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 	t.Helper()
 	r := &replica{}
 	for _, u := range backendURLs {
@@ -145,13 +145,7 @@ func (r *replica) metric(name string) string {
 }
 
 // kill stops r as a crash would: no leave message, the port closed.
-func (r *replica) kill() {
-	r.node.stopOnce.Do(func() {
-		close(r.node.stop)
-		_ = r.node.ml.Shutdown()
-	})
-	r.node.wg.Wait()
-}
+func (r *replica) kill() { r.node.Crash() }
 
 // dropTransport is a network transport that, while drop is set, loses every packet and
 // refuses every stream both ways: a peer cut off by a partition.

@@ -17,6 +17,10 @@ type metricSet struct {
 	unknown   *metrics.Counter // learned groups received for a backend not configured here
 	bad       *metrics.Counter // messages that did not decode
 	snapshots *metrics.Counter // snapshot entries imported
+	// forgetsSent and forgetsRecv count withdrawn Learns (a backend refused the request),
+	// sent per peer and received.
+	forgetsSent *metrics.Counter
+	forgetsRecv *metrics.Counter
 }
 
 func newMetrics(alive func() float64) metricSet {
@@ -32,6 +36,9 @@ func newMetrics(alive func() float64) metricSet {
 		unknown:   s.NewCounter("prefixlb_peer_updates_unknown_backend_total"),
 		bad:       s.NewCounter("prefixlb_peer_messages_invalid_total"),
 		snapshots: s.NewCounter("prefixlb_peer_snapshot_entries_imported_total"),
+
+		forgetsSent: s.NewCounter("prefixlb_peer_forgets_sent_total"),
+		forgetsRecv: s.NewCounter("prefixlb_peer_forgets_received_total"),
 	}
 }
 
@@ -41,8 +48,10 @@ func newMetrics(alive func() float64) metricSet {
 // once per peer sent to), prefixlb_peer_bytes_sent_total / _received_total (update payload
 // bytes, before memberlist's framing and encryption, about 50 bytes a packet),
 // prefixlb_peer_updates_dropped_total (queue full), _unknown_backend_total (for a backend not
-// configured here), prefixlb_peer_messages_invalid_total, and
-// prefixlb_peer_snapshot_entries_imported_total.
+// configured here), prefixlb_peer_messages_invalid_total,
+// prefixlb_peer_snapshot_entries_imported_total, and prefixlb_peer_forgets_sent_total /
+// _received_total (Learns withdrawn after the update went out: the backend refused the
+// request; counted once per peer sent to).
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
 
 // Stats are the node's counters (those of WriteMetrics).

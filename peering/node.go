@@ -159,6 +159,7 @@ type Node struct {
 	recvMu     sync.Mutex // the receive scratch
 	recvLoads  []peerLoad
 	recvHashes []uint64
+	recent     recentLearns // the peers' recent learned groups, for their forgets
 
 	ready     chan struct{}
 	readyOnce sync.Once

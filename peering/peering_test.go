@@ -222,6 +222,9 @@ func TestLateJoinerSnapshot(t *testing.T) {
 		urls[i] = a.notRing(k)
 		a.node.Policy().Learn(k, a.byName(urls[i]), 0)
 	}
+	// The learns wait for a's next flush, which drops them (no peer yet): a peer that joined
+	// before it would get them as updates instead.
+	testutil.Eventually(t, wait, "a's flusher took the learns", func() bool { return a.node.q.size.Load() == 0 })
 	late := startReplica(t, "late", replicaOpts{join: []*replica{a}})
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()

@@ -34,6 +34,20 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 	return l
 }
 
+// Unlearn is router.Prefix.Unlearn (b refused the request, its KV cache did not gain the
+// prompt), and withdraws the Learn from the peers too: while the Learn still waits for the
+// flusher it is dropped from the queue; once sent, a forget of it is queued, which each peer
+// applies to what that Learn recorded there (see forget.go). l is what Learn returned.
+func (p *Policy) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {
+	p.Prefix.Unlearn(k, b, l)
+	if k == nil || b == nil || l == 0 {
+		return
+	}
+	if !p.n.q.cancel(b.ID, int64(l)) {
+		p.n.q.pushForget(b.ID, int64(l), k.Chunks, &p.n.m)
+	}
+}
+
 // SetBackends is router.Prefix.SetBackends, and makes bs the backends peers' updates name.
 func (p *Policy) SetBackends(all []*backend.Backend) {
 	p.Prefix.SetBackends(all)
@@ -51,11 +65,13 @@ type backendSet struct {
 	byID map[uint64]*backend.Backend
 }
 
-// queued is one Learn waiting for the flusher: hashes[off:off+n] of the queue's arena.
+// queued is one Learn (or, forget set, one Unlearn of a Learn already sent) waiting for the
+// flusher: hashes[off:off+n] of the queue's arena; n 0 once cancelled.
 type queued struct {
 	id     uint64
 	stamp  int64
 	off, n int
+	forget bool
 }
 
 // queue holds the Learns since the last flush. push copies the chunks into an arena that
@@ -68,6 +84,30 @@ type queue struct {
 }
 
 func (q *queue) push(id uint64, stamp int64, chunks []uint64, m *metricSet) {
+	q.add(queued{id: id, stamp: stamp}, chunks, m)
+}
+
+// pushForget queues the withdrawal of the Learn stamped stamp on backend id, sent already.
+func (q *queue) pushForget(id uint64, stamp int64, chunks []uint64, m *metricSet) {
+	q.add(queued{id: id, stamp: stamp, forget: true}, chunks, m)
+}
+
+// cancel drops the queued Learn stamped stamp on backend id, and reports whether it was still
+// queued (then no peer ever hears of it). It scans what was queued since the last flush, a
+// few items at a few hundred requests per second.
+func (q *queue) cancel(id uint64, stamp int64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i := len(q.items) - 1; i >= 0; i-- {
+		if it := &q.items[i]; it.id == id && it.stamp == stamp && !it.forget {
+			it.n = 0
+			return true
+		}
+	}
+	return false
+}
+
+func (q *queue) add(it queued, chunks []uint64, m *metricSet) {
 	if len(chunks) == 0 {
 		return
 	}
@@ -77,7 +117,8 @@ func (q *queue) push(id uint64, stamp int64, chunks []uint64, m *metricSet) {
 		m.dropped.Inc()
 		return
 	}
-	q.items = append(q.items, queued{id: id, stamp: stamp, off: len(q.hashes), n: len(chunks)})
+	it.off, it.n = len(q.hashes), len(chunks)
+	q.items = append(q.items, it)
 	q.hashes = append(q.hashes, chunks...)
 	q.size.Store(int64(len(q.hashes)))
 	q.mu.Unlock()

@@ -20,7 +20,9 @@ const (
 	//	{ id:u64 stamp:i64 uvarint(n) hash:u64 × n }…   (to the end: learned prompts)
 	//
 	// integers little-endian; stamp unix nanoseconds; a learned group is one routed request's
-	// chained chunk hashes (or a part of them, see maxGroupHashes) on backend id.
+	// chained chunk hashes (or a part of them, see minGroupHashes) on backend id. A group
+	// whose stamp is negative is a forget: backend id refused the request of the group
+	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
 	kindUpdate = 1
 	// kindSnapshot is a push/pull join state (LocalState):
 	//
@@ -74,6 +76,17 @@ func appendGroup(dst []byte, id uint64, stamp int64, hashes []uint64) []byte {
 	if stamp >= 0 {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(stamp))
 	}
+	dst = binary.AppendUvarint(dst, uint64(len(hashes)))
+	for _, h := range hashes {
+		dst = binary.LittleEndian.AppendUint64(dst, h)
+	}
+	return dst
+}
+
+// appendForget writes the forget of the learned group stamped stamp (≥ 0) on backend id.
+func appendForget(dst []byte, id uint64, stamp int64, hashes []uint64) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, id)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(^stamp))
 	dst = binary.AppendUvarint(dst, uint64(len(hashes)))
 	for _, h := range hashes {
 		dst = binary.LittleEndian.AppendUint64(dst, h)
@@ -152,9 +165,10 @@ func (r *reader) header(kind byte) string {
 }
 
 // decodeUpdate calls onLoads with the sender and its loads, then onGroup for each learned
-// group; *ls and *hs are scratch, reused across calls (what the callbacks get is valid only
-// during the call). It returns the first decoding error; what was delivered before it stands.
-func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(id uint64, stamp int64, hashes []uint64)) error {
+// group (forget false) or forget of one (forget true, stamp the learned group's); *ls and *hs
+// are scratch, reused across calls (what the callbacks get is valid only during the call). It
+// returns the first decoding error; what was delivered before it stands.
+func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(id uint64, stamp int64, forget bool, hashes []uint64)) error {
 	r := reader{buf: buf}
 	sender := r.header(kindUpdate)
 	n := r.uvarint()
@@ -175,7 +189,11 @@ func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender 
 		if r.err != nil {
 			return r.err
 		}
-		onGroup(id, stamp, *hs)
+		if stamp < 0 {
+			onGroup(id, ^stamp, true, *hs)
+		} else {
+			onGroup(id, stamp, false, *hs)
+		}
 	}
 	return nil
 }

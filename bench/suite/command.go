@@ -51,7 +51,7 @@ writes DIR/suite.json and DIR/suite.png. The full suite takes about 45 minutes o
 	fs.BoolVar(&o.Quick, "quick", false, "one load level per workload and smaller sizes (about 5 minutes on 2 cores)")
 	fs.StringVar(&o.Out, "out", "bench-out/suite", "directory for suite.json and suite.png (empty: write nothing)")
 	fs.StringVar(&workloads, "workloads", "", "comma-separated workloads (default: all of "+strings.Join(Workloads, ", ")+")")
-	fs.StringVar(&policies, "policies", "", "comma-separated policies (default: all of "+strings.Join(Policies, ", ")+"; prefix-x3 = prefix×3)")
+	fs.StringVar(&policies, "policies", "", "comma-separated policies (default: all of "+strings.Join(Policies, ", ")+"; prefix-x3 = prefix×3, prefix-x3+peer = prefix×3+peer)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed, the same for every arm")
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-arm lines on stderr")
 	return c

@@ -33,7 +33,7 @@ const (
 	plotMinWidth   = 8 * vg.Inch
 	plotPerCell    = 1.4 * vg.Inch
 	// plotBarsFraction of the plot's height holds the bars; the legend (one 12-point line per
-	// policy, ≈1/3 of a 5-inch plot for 9 policies) fits in the rest, top right.
+	// policy, ≈1/3 of a 5-inch plot for 10 policies) fits in the rest, top right.
 	plotBarsFraction = 0.6
 )
 

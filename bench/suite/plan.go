@@ -16,9 +16,12 @@ var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "
 
 // Sizes and load levels per workload. Every arm runs at bench.DefaultSpeedup (8× model time)
 // on bench's default 4 simulated replicas; rates are in model time, as the workloads take
-// them. The full suite (9 policies) must finish within 45 minutes on 2 shared cores and
-// --quick within 5; the wall times below are one arm's, measured on this machine with
-// `prefixlb bench compare` (round-robin and prefix) at these sizes.
+// them. The full suite must finish within 45 minutes on 2 shared cores and --quick within 5;
+// the wall times below are one arm's, measured on this machine with `prefixlb bench compare`
+// (round-robin and prefix) at these sizes. With 9 policies the full suite took ≈37 minutes;
+// the 10th, prefix×3+peer, runs the same requests as prefix×3 (an open-loop arm lasts as long
+// as its arrivals, a closed-loop one about as long as prefix's), so ≈37 × 10/9 ≈ 41 minutes,
+// and --quick ≈3.3 (it took ≈3 with 9).
 const (
 	// Multi-turn (closed loop, one level): bench compare's defaults, 11 conversations × 30
 	// turns = 330 requests, 4 users; ≈23 s an arm. Quick: 6 × 10 = 60 requests (4.5 s).
@@ -52,7 +55,7 @@ const (
 	// 43 requests with one sub-agent fork (seed 1; 3 sessions of 5 had none, and their p95 was
 	// the cold prefill under every policy), sessions overlapping enough that placement matters
 	// (TTFT p95 426 ms oracle, 464–563 ms prefix and the affinity peers, 807 ms round-robin;
-	// ≈14 s an arm, 126 s for the cell's 9 arms).
+	// ≈14 s an arm, 126 s for the cell's 9 arms then, ≈140 s for 10).
 	AgenticArrivalSpanS  = 120
 	AgenticMinSessions   = 2
 	AgenticLight         = 0.05

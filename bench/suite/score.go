@@ -50,6 +50,9 @@ type Board struct {
 	// PeersOnly are judged cells whose oracle arm ran but is flagged: prefix was compared
 	// with the peers only.
 	PeersOnly []string
+	// Routers are the multi-router arms (prefix×N, prefix×N+peer) against the prefix arm,
+	// per cell (routers.go).
+	Routers []RouterCheck
 }
 
 // Analyze flags every arm (not run, failed, the bench's validity flags, requests that differ
@@ -93,6 +96,7 @@ func Analyze(r *Result) *Board {
 		b.Rows = append(b.Rows, rows)
 		losses, judged := prefixLosses(c.Name(), rows)
 		b.Losses = append(b.Losses, losses...)
+		b.Routers = append(b.Routers, routerChecks(c.Name(), rows)...)
 		switch {
 		case !judged:
 			b.Unjudged = append(b.Unjudged, c.Name())
@@ -344,6 +348,7 @@ func lossBlock(b *Board) string {
 	if len(b.Unjudged) > 0 {
 		fmt.Fprintf(&sb, "- not judged (no valid prefix arm, or no valid oracle or peer arm): %s\n", strings.Join(b.Unjudged, ", "))
 	}
+	sb.WriteString(routersBlock(b))
 	return sb.String()
 }
 

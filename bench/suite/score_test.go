@@ -210,6 +210,10 @@ func TestParsePolicy(t *testing.T) {
 		{"prefix-x3", "prefix", "prefix×3", 3, false},
 		{"prefix*2", "prefix", "prefix×2", 2, false},
 		{"prefix-x1", "prefix", "prefix", 1, false},
+		{"prefix×3+peer", "prefix", "prefix×3+peer", 3, false},
+		{"prefix-x2+peer", "prefix", "prefix×2+peer", 2, false},
+		{"prefix×1+peer", "", "", 0, true},
+		{"prefix+peer", "", "", 0, true},
 		{"prefix-x0", "", "", 0, true},
 		{"oracle", "oracle", "oracle", 1, false},
 		{"llm-d", "llm-d", "llm-d", 1, false},
@@ -219,6 +223,47 @@ func TestParsePolicy(t *testing.T) {
 		m, n, c, err := ParsePolicy(tc.in)
 		if (err != nil) != tc.err || m != tc.mode || n != tc.routers || c != tc.canon {
 			t.Errorf("ParsePolicy(%q) = %q %d %q %v, want %q %d %q err %v", tc.in, m, n, c, err, tc.mode, tc.routers, tc.canon, tc.err)
+		}
+	}
+}
+
+// TestRoutersBlock: each multi-router arm is compared with the cell's prefix arm on issue 16's
+// target (cached-token ratio ≥ 99%, TTFT p95 ≤ 1.15×); flagged arms are not judged; the tally
+// counts the cells each arm meets it in.
+func TestRoutersBlock(t *testing.T) {
+	cached := func(m *report.Mode, r float64) *report.Mode { m.CachedTokenRatio = r; return m }
+	res := cell("multi-turn", Arm{Policy: "prefix", Mode: mode(10)},
+		Arm{Policy: "prefix×3", Mode: cached(mode(39), 0.49)},
+		Arm{Policy: "prefix×3+peer", Mode: cached(mode(11), 0.4975)}, Arm{Policy: "oracle", Mode: mode(10)})
+	second := cell("agentic", Arm{Policy: "prefix", Mode: mode(10)},
+		Arm{Policy: "prefix×3", Mode: with(mode(10), func(m *report.Mode) { m.Errors = 1 })},
+		Arm{Policy: "prefix×3+peer", Mode: mode(11.6)}, Arm{Policy: "oracle", Mode: mode(10)})
+	res.Cells = append(res.Cells, second.Cells...)
+	b := Analyze(res)
+	want := []RouterCheck{{"multi-turn medium", "prefix×3", 0.98, 3.9}, {"multi-turn medium", "prefix×3+peer", 0.995, 1.1},
+		{"agentic medium", "prefix×3+peer", 1, 1.16}}
+	if len(b.Routers) != len(want) {
+		t.Fatalf("checks %+v, want %+v", b.Routers, want)
+	}
+	for i, w := range want {
+		g := b.Routers[i]
+		if g.Cell != w.Cell || g.Policy != w.Policy || math.Abs(g.Cached-w.Cached) > 1e-9 || math.Abs(g.P95-w.P95) > 1e-9 {
+			t.Errorf("check %d: %+v, want %+v", i, g, w)
+		}
+	}
+	if b.Routers[0].Meets() || !b.Routers[1].Meets() || b.Routers[2].Meets() {
+		t.Errorf("verdicts: %v %v %v, want misses, meets, misses (p95 1.16× > 1.15×)", b.Routers[0].Meets(), b.Routers[1].Meets(), b.Routers[2].Meets())
+	}
+	out := Render(b)
+	for _, w := range []string{
+		"several prefixlb replicas against one (issue 16's target: cached-token ratio ≥ 99% of prefix's, TTFT p95 ≤ 1.15× prefix's)",
+		"  - multi-turn medium: prefix×3 cached 0.980×, p95 3.90× (misses); prefix×3+peer cached 0.995×, p95 1.10× (meets)",
+		"  - agentic medium: prefix×3+peer cached 1.000×, p95 1.16× (misses)",
+		"prefix×3 meets it in 0 of 1 judged cells; prefix×3+peer meets it in 1 of 2 judged cells",
+		"| cell | prefix | prefix×3 | prefix×3+peer | oracle |",
+	} {
+		if !strings.Contains(out, w) {
+			t.Errorf("scoreboard lacks %q:\n%s", w, out)
 		}
 	}
 }

@@ -31,10 +31,13 @@ import (
 const (
 	OraclePolicy = "oracle"
 	PrefixPolicy = "prefix"
-	// SuiteRouterReplicas is the router count of the "prefix×3" arm: N independent prefixlb
-	// replicas behind a per-request spread (a Service in front of a 3-replica Deployment, the
-	// worst case for affinity; issue 14 item 5).
+	// SuiteRouterReplicas is the router count of the "prefix×3" and "prefix×3+peer" arms: N
+	// prefixlb replicas behind a per-request spread (a Service in front of a 3-replica
+	// Deployment, the worst case for affinity; issue 14 item 5), independent (each its own
+	// index) or peered (package peering: one shared index and load view; issue 16).
 	SuiteRouterReplicas = 3
+	// PeerSuffix marks a multi-router prefix arm whose routers are peered: prefix×N+peer.
+	PeerSuffix = "+peer"
 	// MaxRouters bounds prefix×N: each router is an in-process prefixlb with its own listeners,
 	// index and health checks, all on the suite's 2 cores; past a Deployment's usual few
 	// replicas more routers add only file descriptors and scheduling noise to the arm.
@@ -42,23 +45,31 @@ const (
 )
 
 // Policies are the suite's arms in scoreboard order: prefixlb's own modes, prefix behind
-// several routers, the four peers' published policies (bench/peers) and the oracle.
-var Policies = []string{"round-robin", "least-load", "prefix", "prefix×3", "chwbl", "sglang", "dynamo", "llm-d", OraclePolicy}
+// several routers (independent, then peered), the four peers' published policies
+// (bench/peers) and the oracle.
+var Policies = []string{"round-robin", "least-load", "prefix", "prefix×3", "prefix×3" + PeerSuffix, "chwbl", "sglang", "dynamo", "llm-d", OraclePolicy}
 
 // Peers are the policies "where prefix loses" compares prefix against, besides the oracle.
 var Peers = []string{"chwbl", "sglang", "dynamo", "llm-d"}
 
 // routersRe matches a multi-router prefix arm: prefix×N (also prefix-xN or prefix*N, easier to
-// type).
-var routersRe = regexp.MustCompile(`^prefix(?:×|-x|\*)([0-9]+)$`)
+// type), peered with the +peer suffix.
+var routersRe = regexp.MustCompile(`^prefix(?:×|-x|\*)([0-9]+)(\+peer)?$`)
 
 // ParsePolicy splits a policy name into the bench mode and its router count (1 for a single
-// prefixlb). The error names the suite's policies, or the router count's bounds (1..MaxRouters).
+// prefixlb); a canonical name ending in PeerSuffix has its routers peered (Peered). The error
+// names the suite's policies, or the router count's bounds (1..MaxRouters; 2.. peered).
 func ParsePolicy(name string) (mode string, routers int, canonical string, err error) {
 	if m := routersRe.FindStringSubmatch(name); m != nil {
 		n, err := strconv.Atoi(m[1])
 		if err != nil || n < 1 || n > MaxRouters {
 			return "", 0, "", fmt.Errorf("policy %q: router count must be 1..%d", name, MaxRouters)
+		}
+		if m[2] != "" {
+			if n == 1 {
+				return "", 0, "", fmt.Errorf("policy %q: peering needs 2..%d routers", name, MaxRouters)
+			}
+			return PrefixPolicy, n, fmt.Sprintf("prefix×%d%s", n, PeerSuffix), nil
 		}
 		if n == 1 {
 			return PrefixPolicy, 1, PrefixPolicy, nil
@@ -70,6 +81,9 @@ func ParsePolicy(name string) (mode string, routers int, canonical string, err e
 	}
 	return name, 1, name, nil
 }
+
+// Peered reports whether a canonical policy name (ParsePolicy's) is a peered multi-router arm.
+func Peered(canonical string) bool { return strings.HasSuffix(canonical, PeerSuffix) }
 
 // Cell is one (workload, load level) of the suite: the bench.Options every arm of it runs
 // with (Modes, Out and the writers are set per arm).
@@ -261,6 +275,7 @@ func runArm(ctx context.Context, o Options, c Cell, policy string, cr *CellResul
 	bo.Out, bo.DumpRequests = "", false
 	bo.Quiet, bo.Stdout, bo.Stderr = true, io.Discard, o.Stderr
 	bo.RouterReplicas = max(routers, 1)
+	bo.Peering = Peered(policy)
 	t0 := time.Now()
 	rep, err := bench.Compare(ctx, bo)
 	arm.WallS = time.Since(t0).Seconds()

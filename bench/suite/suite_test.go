@@ -116,7 +116,7 @@ func TestSuiteSmoke(t *testing.T) {
 		{Workload: "shared-prefix", Level: "medium", Load: "40 req/s", Rate: 40, Options: tiny("shared-prefix",
 			bench.WorkloadFlags{Groups: 2, PromptsPerGroup: 3, SystemTokens: 256, QuestionTokens: 16, OutputTokens: 8, Rate: 40})},
 	}
-	policies := []string{"round-robin", "prefix", "prefix-x3", "sglang", "oracle"}
+	policies := []string{"round-robin", "prefix", "prefix-x3", "prefix-x3+peer", "sglang", "oracle"}
 	dir := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), smokeTimeout)
@@ -139,15 +139,15 @@ func TestSuiteSmoke(t *testing.T) {
 				a.Mode.RequestsDigest == "" || a.Mode.RequestsDigest != c.Arms[0].Mode.RequestsDigest {
 				t.Errorf("%s %s: mode %+v flags %v error %q", c.Name(), a.Policy, a.Mode, a.Flags, a.Error)
 			}
-			if a.Policy == "prefix×3" && (a.Mode == nil || len(a.Mode.RouterRequests) != 3) {
-				t.Errorf("%s prefix×3: router requests %v, want 3 routers", c.Name(), a.Mode)
+			if (a.Policy == "prefix×3" || a.Policy == "prefix×3+peer") && (a.Mode == nil || len(a.Mode.RouterRequests) != 3) {
+				t.Errorf("%s %s: router requests %v, want 3 routers", c.Name(), a.Policy, a.Mode)
 			}
 		}
 	}
 	out := stdout.String()
 	t.Logf("scoreboard:\n%s", out)
 	for _, want := range []string{"## multi-turn closed (2 users), 6 requests per arm", "## shared-prefix medium (40 req/s)",
-		"| prefix×3 |", "## Validity", "## Where prefix loses", "skipped: mooncake (not found at /x)", "suite.json"} {
+		"| prefix×3 |", "| prefix×3+peer |", "several prefixlb replicas against one", "## Validity", "## Where prefix loses", "skipped: mooncake (not found at /x)", "suite.json"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("scoreboard lacks %q:\n%s", want, out)
 		}

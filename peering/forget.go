@@ -1,0 +1,92 @@
+// Forgets: a peer's Learn withdrawn because the backend refused the request.
+
+package peering
+
+import (
+	"time"
+
+	"github.com/prefixlb/prefixlb/router/index"
+)
+
+// Why forgets are propagated: the proxy Learns a prompt as soon as the request is on its way
+// to the backend and Unlearns it when the backend refuses it (a 400 for a prompt over the
+// context, a 429 or 503 retried elsewhere) or never answers. Without a forget the peers would
+// keep the entry, route the conversation's next turn to a backend that does not hold it (a
+// cold prefill) until usage reports correct it or it ages out, and count the backend as
+// holding the prompt as well as the one that took the retry. A forget costs nothing on the
+// common path: a Learn withdrawn before the next flush (within FlushInterval) is just dropped
+// from the queue; one already sent is followed by a forget group repeating its hashes.
+//
+// A peer's index records a learned group under its own stamp (index.Record's, not the
+// sender's), which index.Forget needs: so each replica remembers, per peer, backend and
+// sender stamp, the local stamps of the groups received within the last forgetWindow, at most
+// maxRecentLearns of them. A forget of an older group, or one whose packet arrives before the
+// group's own (UDP does not order them), is ignored: the entry then stays until usage reports
+// correct it or it ages out, as without forgets.
+
+const (
+	// forgetWindow is how long a peer's learned group can still be withdrawn: 10 s. Unlearn
+	// comes before the response's first byte: refusals and connect errors within
+	// milliseconds; a backend that answers nothing for longer is a rare case left to usage
+	// corrections.
+	forgetWindow = 10 * time.Second
+	// maxRecentLearns bounds the groups remembered (64Ki, ≈ 5 MiB at ≈ 80 bytes a map entry):
+	// 6500 routed requests per second over the fleet fill it within the window, and then the
+	// window shortens.
+	maxRecentLearns = 1 << 16
+)
+
+// learnKey names one learned group of one peer.
+type learnKey struct {
+	sender string
+	id     uint64
+	stamp  int64
+}
+
+// localStamps are the stamps the groups of one learned prompt got in this replica's index:
+// one, or several when the sender split the prompt across packets.
+type localStamps struct {
+	first index.Stamp
+	more  []index.Stamp
+}
+
+// recentLearns remembers the peers' learned groups of the last forgetWindow in two
+// generations: add writes the current one, started anew (the older dropped) every half
+// window or half maxRecentLearns; take reads both. Not safe for concurrent use (receive
+// holds recvMu).
+type recentLearns struct {
+	cur, prev map[learnKey]localStamps
+	started   time.Time
+}
+
+// add records that sender's group stamped stamp on backend id got local in this index.
+func (r *recentLearns) add(sender string, id uint64, stamp int64, local index.Stamp, now time.Time) {
+	if local == 0 {
+		return // not recorded (backend gone or of no capacity)
+	}
+	if r.cur == nil || now.Sub(r.started) >= forgetWindow/2 || len(r.cur) >= maxRecentLearns/2 {
+		r.prev, r.cur, r.started = r.cur, make(map[learnKey]localStamps, len(r.cur)), now
+	}
+	k := learnKey{sender, id, stamp}
+	v, ok := r.cur[k]
+	if !ok {
+		v.first = local
+	} else {
+		v.more = append(v.more, local)
+	}
+	r.cur[k] = v
+}
+
+// take returns (and forgets) the local stamps of sender's group stamped stamp on backend id;
+// nil when it is unknown or older than the window.
+func (r *recentLearns) take(sender string, id uint64, stamp int64) []index.Stamp {
+	k := learnKey{sender, id, stamp}
+	var out []index.Stamp
+	for _, m := range []map[learnKey]localStamps{r.prev, r.cur} {
+		if v, ok := m[k]; ok {
+			out = append(append(out, v.first), v.more...)
+			delete(m, k)
+		}
+	}
+	return out
+}

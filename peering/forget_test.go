@@ -1,0 +1,115 @@
+package peering
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
+)
+
+// TestUnlearnPropagates: a Learn that a backend then refused is withdrawn on the peers too
+// (sent, then forgotten; or dropped from the queue before the flush), and what a peer's
+// backend held before that Learn stays.
+func TestUnlearnPropagates(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	pol := a.node.Policy()
+
+	// Sent, then withdrawn: b had recorded it.
+	k := prompt(t, 20)
+	url := a.notRing(k)
+	l := pol.Learn(k, a.byName(url), 0)
+	testutil.Eventually(t, wait, "b gets a's learn", func() bool { return b.holds(k, url) })
+	pol.Unlearn(k, a.byName(url), l)
+	testutil.Eventually(t, wait, "b forgets it", func() bool { return b.pick(k).MatchedChunks == 0 })
+	if a.pick(k).MatchedChunks != 0 {
+		t.Fatal("a still holds its own withdrawn learn")
+	}
+	if got := b.metric("prefixlb_peer_forgets_received_total"); got != "1" {
+		t.Fatalf("b received %s forgets, want 1", got)
+	}
+
+	// Withdrawn at once (before the flush, or just after: either way b ends without it);
+	// a later learn that b gets marks that the first had its chance to arrive.
+	k2, k3 := prompt(t, 21), prompt(t, 22)
+	url2, url3 := a.notRing(k2), a.notRing(k3)
+	pol.Unlearn(k2, a.byName(url2), pol.Learn(k2, a.byName(url2), 0))
+	pol.Learn(k3, a.byName(url3), 0)
+	testutil.Eventually(t, wait, "b gets the later learn", func() bool { return b.holds(k3, url3) })
+	testutil.Eventually(t, wait, "b holds nothing of the withdrawn one", func() bool { return b.pick(k2).MatchedChunks == 0 })
+
+	// b's backend held the prompt before a's learn (b learned it itself): a's forget leaves it.
+	k4 := prompt(t, 23)
+	url4 := b.notRing(k4)
+	b.node.Policy().Learn(k4, b.byName(url4), 0)
+	before := b.metric("prefixlb_peer_updates_received_total")
+	l4 := pol.Learn(k4, a.byName(url4), 0)
+	testutil.Eventually(t, wait, "b gets a's learn of k4", func() bool { return b.metric("prefixlb_peer_updates_received_total") != before })
+	forgets := b.metric("prefixlb_peer_forgets_received_total")
+	pol.Unlearn(k4, a.byName(url4), l4)
+	testutil.Eventually(t, wait, "b gets a's forget of k4", func() bool { return b.metric("prefixlb_peer_forgets_received_total") != forgets })
+	if !b.holds(k4, url4) {
+		t.Fatalf("a's forget removed what b's backend held before: %+v", b.pick(k4))
+	}
+}
+
+// TestQueueCancel: a Learn withdrawn before the flush leaves the queue with nothing to send
+// for it; one not queued (sent already) is not found, and its forget encodes as a forget.
+func TestQueueCancel(t *testing.T) {
+	n := &Node{name: "q", m: newMetrics(func() float64 { return 0 })}
+	n.q.push(7, 1000, []uint64{1, 2, 3}, &n.m)
+	n.q.push(7, 1002, []uint64{4, 5}, &n.m)
+	if !n.q.cancel(7, 1000) || n.q.cancel(8, 1002) || n.q.cancel(7, 999) {
+		t.Fatal("cancel found the wrong items")
+	}
+	n.q.pushForget(7, 900, []uint64{9}, &n.m)
+	items, hashes := n.q.take(nil, nil)
+	type group struct {
+		id     uint64
+		stamp  int64
+		forget bool
+		n      int
+	}
+	var got []group
+	for _, pkt := range n.encode(nil, nil, items, hashes) {
+		var ls []peerLoad
+		var hs []uint64
+		if err := decodeUpdate(pkt, &ls, &hs, func(string, []peerLoad) {}, func(id uint64, stamp int64, forget bool, h []uint64) {
+			got = append(got, group{id, stamp, forget, len(h)})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []group{{7, 1002, false, 2}, {7, 900, true, 1}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("encoded groups %+v, want %+v (the cancelled learn left out)", got, want)
+	}
+}
+
+// TestRecentLearnsWindow: a peer's learned group can be withdrawn for half a window at least
+// and not past a whole one; the parts of a split prompt are all found.
+func TestRecentLearnsWindow(t *testing.T) {
+	var r recentLearns
+	t0 := time.Unix(1000, 0)
+	r.add("p", 1, 10, 100, t0)
+	r.add("p", 1, 10, 102, t0) // a second part of the same prompt
+	r.add("p", 1, 11, 104, t0)
+	if got := r.take("p", 1, 10); len(got) != 2 || got[0] != 100 || got[1] != 102 {
+		t.Fatalf("take %v, want both parts", got)
+	}
+	if got := r.take("p", 1, 10); got != nil {
+		t.Fatalf("taken twice: %v", got)
+	}
+	r.add("q", 1, 12, 106, t0.Add(forgetWindow/2)) // rotates: stamp 11 is now the older generation
+	if got := r.take("p", 1, 11); len(got) != 1 {
+		t.Fatalf("within the window: %v", got)
+	}
+	r.add("q", 1, 13, 108, t0.Add(forgetWindow)) // rotates again: stamp 12's generation is the older
+	r.add("q", 1, 14, 110, t0.Add(3*forgetWindow/2))
+	if got := r.take("q", 1, 12); got != nil {
+		t.Fatalf("past the window: %v", got)
+	}
+	if got := r.take("q", 1, 14); len(got) != 1 {
+		t.Fatalf("the newest: %v", got)
+	}
+}
