@@ -138,11 +138,12 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	}
 	c.mu.Lock()
 	old := c.cfg
-	if nc.Mode != old.Mode || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
+	if nc.Mode != old.Mode || nc.Shadow != old.Shadow || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
 		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes ||
 		nc.ResponseHeaders.BackendOn() != old.ResponseHeaders.BackendOn() {
-		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, timeouts, prefix, limits and response headers")
+		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, shadow, timeouts, prefix, limits and response headers")
 	}
+	nc.Shadow = old.Shadow
 	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders =
 		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders
 	c.cfg = nc

@@ -46,6 +46,7 @@ type Backend struct {
 	neverPassed   atomic.Bool
 	epoch         atomic.Uint64
 	served        atomic.Uint64
+	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
 }
 
 // DefaultWeight is the weight of a backend configured without one: 1, an equal share of the
