@@ -197,6 +197,7 @@ func (s *Server) writeGauges(w io.Writer) {
 		}
 		metrics.WriteGaugeUint64(w, `prefixlb_index_chunks`, uint64(x.Chunks()))
 	}
+	s.writeShadow(w)
 }
 
 // sniffUsage finds "prompt_tokens" and "cached_tokens" of an OpenAI usage object in a relayed

@@ -241,7 +241,21 @@ func (r *Replica) handleModels(w http.ResponseWriter) {
 	b = append(b, r.modelJSON...)
 	b = append(b, `,"parent":null,"max_model_len":`...)
 	b = strconv.AppendInt(b, int64(r.cfg.MaxModelLen), 10)
-	b = append(b, `,"permission":[]}]}`...)
+	b = append(b, `,"permission":[]}`...)
+	for _, a := range r.cfg.Adapters {
+		// vLLM lists a LoRA adapter with its path as root and the base model as parent.
+		q, _ := json.Marshal(a)
+		b = append(b, `,{"id":`...)
+		b = append(b, q...)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, int64(r.startUnix), 10)
+		b = append(b, `,"owned_by":"vllm","root":`...)
+		b = append(b, q...)
+		b = append(b, `,"parent":`...)
+		b = append(b, r.modelJSON...)
+		b = append(b, `,"max_model_len":null,"permission":[]}`...)
+	}
+	b = append(b, `]}`...)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
 }
