@@ -333,6 +333,16 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 }
 
 // Errors name the field as written in YAML.
+// shadow: prefix is accepted beside the modes that do not route by prefix.
+func TestShadowAcceptedBesideRoundRobinAndLeastLoad(t *testing.T) {
+	for _, mode := range []string{"round-robin", "least-load"} {
+		c, err := Parse([]byte("mode: " + mode + "\nshadow: prefix\nbackends:\n - url: http://a:1\n   models: [m, m-lora]"))
+		if err != nil || c.Shadow != "prefix" || len(c.Backends[0].Models) != 2 {
+			t.Errorf("mode %s with shadow prefix: %v (%+v)", mode, err, c)
+		}
+	}
+}
+
 func TestValidationErrorsNameTheField(t *testing.T) {
 	cases := []struct{ yaml, want string }{
 		{"backends: []", "backends: at least one"},
@@ -361,6 +371,12 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"prefix:\n  tie_margin_percent: -1\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
 		{"prefix:\n  tie_margin_percent: 101\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
 		{"bogus_field: 1\nbackends:\n - url: http://a:1", "field bogus_field not found"},
+		{"shadow: prefix\nbackends:\n - url: http://a:1", `shadow: "prefix" runs only beside mode round-robin or least-load, not mode "prefix"`},
+		{"mode: round-robin\nshadow: oracle\nbackends:\n - url: http://a:1", `shadow: "oracle" is not a shadow policy`},
+		{"backends:\n - url: http://a:1\n   models: [a, \"\"]", "backends[0].models[1]: empty model name"},
+		{"backends:\n - url: http://a:1\n   models: [a, b, a]", `backends[0].models[2]: "a" duplicates models[0]`},
+		{"health:\n  models_path: v1/models\nbackends:\n - url: http://a:1", "health.models_path"},
+		{"health:\n  models_interval: 1ms\nbackends:\n - url: http://a:1", "health.models_interval"},
 	}
 	for _, c := range cases {
 		t.Run(c.want, func(t *testing.T) {

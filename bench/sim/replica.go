@@ -41,6 +41,7 @@ type Replica struct {
 	ids        atomic.Uint64
 	bufs       sync.Pool    // *[]byte
 	stepDue    atomic.Int64 // model time (ns) at which the step in flight ends (Predict)
+	seen       seenCounters // HTTP requests received, per path (Seen)
 }
 
 // NewReplica returns a replica named name (used in logs and ids only). It does nothing until
@@ -206,6 +207,7 @@ func (r *Replica) abort(rq *Request) {
 
 // ServeHTTP routes the OpenAI and vLLM endpoints.
 func (r *Replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.seen.count(req.URL.Path)
 	switch req.URL.Path {
 	case "/v1/chat/completions", "/v1/completions":
 		if req.Method != http.MethodPost {
