@@ -42,8 +42,39 @@ func (s *ModelSet) Models() []Model { return s.models }
 
 // Has reports whether the set serves the model named name. It does not allocate.
 func (s *ModelSet) Has(name []byte) bool {
-	_, ok := slices.BinarySearchFunc(s.models, name, func(m Model, n []byte) int { return strings.Compare(m.ID, string(n)) })
-	return ok
+	lo, hi := 0, len(s.models)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		switch c := compareID(s.models[mid].ID, name); {
+		case c == 0:
+			return true
+		case c < 0:
+			lo = mid + 1
+		default:
+			hi = mid
+		}
+	}
+	return false
+}
+
+// compareID is strings.Compare(id, string(name)) without converting name.
+func compareID(id string, name []byte) int {
+	n := min(len(id), len(name))
+	for i := 0; i < n; i++ {
+		if id[i] != name[i] {
+			if id[i] < name[i] {
+				return -1
+			}
+			return 1
+		}
+	}
+	switch {
+	case len(id) < len(name):
+		return -1
+	case len(id) > len(name):
+		return 1
+	}
+	return 0
 }
 
 // Equal reports whether s and o list the same models with the same parents (nil is the
