@@ -237,6 +237,40 @@ func TestModelPoolsRouteByModel(t *testing.T) {
 	if st, be, body := chat(t, base, "", "no model"); st != http.StatusOK || be == "" {
 		t.Errorf("request without a model: status %d backend %q: %s", st, be, body)
 	}
+
+	// The model label: one series per model served, everything else "other".
+	m := adminMetrics(t, sv)
+	for series, want := range map[string]float64{
+		`prefixlb_model_requests_total{model="alpha",status="200"}`:      perModel,
+		`prefixlb_model_requests_total{model="alpha-lora",status="200"}`: perModel,
+		`prefixlb_model_not_found_total`:                                 1,
+		`prefixlb_model_ttft_seconds_count{model="beta"}`:                perModel,
+	} {
+		if got := metricValue(t, m, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	// "other": the request without a model (and GET /v1/models forwarded before the lists were read).
+	if got := metricValue(t, m, `prefixlb_model_requests_total{model="other",status="200"}`); got < 1 {
+		t.Errorf(`model="other" counted %v requests, want the one without a model at least`, got)
+	}
+	if strings.Contains(m, `model="gamma"`) {
+		t.Error("the unknown model has a label of its own")
+	}
+}
+
+// adminMetrics is sv's /metrics, served on a socket of its own.
+func adminMetrics(t *testing.T, sv *proxy.Serving) string {
+	t.Helper()
+	admin := httptest.NewServer(sv.AdminHandler())
+	defer admin.Close()
+	resp, err := testutil.Client().Get(admin.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return string(raw)
 }
 
 // backends[].models wins over the replica's /v1/models: the replica is never asked, and the
@@ -348,15 +382,7 @@ func TestShadowModeRoundRobin(t *testing.T) {
 	waitModels(t, withShadow.URL(), "alpha")
 	order := multiTurn(t, withShadow.URL())
 
-	admin := httptest.NewServer(withShadow.AdminHandler())
-	defer admin.Close()
-	resp, err := testutil.Client().Get(admin.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m := string(raw)
+	m := adminMetrics(t, withShadow)
 	var excerpt []string
 	for _, l := range strings.Split(m, "\n") {
 		if strings.HasPrefix(l, "prefixlb_shadow_") {
