@@ -235,6 +235,7 @@ var defaulted = Config{
 		HealthyThreshold: 2, UnhealthyThreshold: 3, ConsecutiveFailures: 5,
 		BaseEjection: Duration(30 * time.Second), MaxEjection: Duration(300 * time.Second), MaxEjectedPercent: 50,
 		ScrapeInterval: Duration(time.Second), MetricsPath: "/metrics", ScrapeStaleAfter: Duration(5 * time.Second),
+		ModelsInterval: Duration(30 * time.Second), ModelsPath: "/v1/models",
 	},
 	Backends: []Backend{{URL: "http://a:8000", Weight: 1}},
 }
@@ -295,7 +296,7 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 		Path: h.Path, Interval: h.Interval.D(), Timeout: h.Timeout.D(), Rise: h.HealthyThreshold, Fall: h.UnhealthyThreshold,
 		ConsecutiveFailures: h.ConsecutiveFailures, BaseEjection: h.BaseEjection.D(), MaxEjection: h.MaxEjection.D(),
 		MaxEjectedPercent: h.MaxEjectedPercent, ScrapeInterval: h.ScrapeInterval.D(), MetricsPath: h.MetricsPath,
-		ScrapeStaleAfter: h.ScrapeStaleAfter.D(),
+		ScrapeStaleAfter: h.ScrapeStaleAfter.D(), ModelsInterval: h.ModelsInterval.D(), ModelsPath: h.ModelsPath,
 	}
 	if want := health.DefaultOptions(); got != want {
 		t.Errorf("configs health defaults map to %+v\nhealth.DefaultOptions() is %+v", got, want)

@@ -330,7 +330,7 @@ func (c *Checker) get(ctx context.Context, url string, read func(io.Reader) erro
 	defer resp.Body.Close()
 	if resp.StatusCode < http.StatusOK || resp.StatusCode >= http.StatusMultipleChoices {
 		drain(resp.Body)
-		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+		return &statusError{url: url, status: resp.StatusCode}
 	}
 	if read == nil {
 		drain(resp.Body)
@@ -338,6 +338,14 @@ func (c *Checker) get(ctx context.Context, url string, read func(io.Reader) erro
 	}
 	return read(resp.Body)
 }
+
+// statusError is get's error for a response that is not a 2xx.
+type statusError struct {
+	url    string
+	status int
+}
+
+func (e *statusError) Error() string { return fmt.Sprintf("GET %s: status %d", e.url, e.status) }
 
 // drain reads and drops up to drainBytes of body, so that its connection can be reused.
 func drain(body io.Reader) { _, _ = io.Copy(io.Discard, io.LimitReader(body, drainBytes)) }

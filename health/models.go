@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"go.uber.org/zap"
@@ -81,9 +82,14 @@ func (c *Checker) readModels(ctx context.Context, st *bstate, wasFailing bool) b
 	}
 	if err != nil {
 		if !wasFailing {
-			known := st.b.Models() != nil
-			c.log.Warn("model list unreadable; keeping what was known (unknown: serves any model)",
-				zap.String("backend", st.b.Name), zap.String("url", st.modelsURL), zap.Bool("known", known), zap.Error(err))
+			// A server without the endpoint (404) is no fault: it serves any model. Anything
+			// else (an error page, bad JSON, a timeout) is worth a warning.
+			lvl := zap.WarnLevel
+			if se := (*statusError)(nil); errors.As(err, &se) && se.status == http.StatusNotFound {
+				lvl = zap.InfoLevel
+			}
+			c.log.Check(lvl, "model list unreadable; keeping what was known (unknown: serves any model)").Write(
+				zap.String("backend", st.b.Name), zap.String("url", st.modelsURL), zap.Bool("known", st.b.Models() != nil), zap.Error(err))
 		}
 		return true
 	}
