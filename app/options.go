@@ -50,11 +50,18 @@ func newServer(cfg *configs.Config, log *zap.Logger) (*proxy.Server, error) {
 	return proxy.New(o)
 }
 
-// newPolicy returns the policy of cfg.Mode from router's table of modes.
+// newPolicy returns the policy of cfg.Mode from router's table of modes, wrapped in the
+// shadow of cfg.Shadow when set.
 func newPolicy(cfg *configs.Config) (router.Policy, error) {
-	pol, err := router.NewPolicy(cfg.Mode, router.PolicyOptions{Prefix: cfg.PrefixOptions()})
+	o := router.PolicyOptions{Prefix: cfg.PrefixOptions()}
+	pol, err := router.NewPolicy(cfg.Mode, o)
 	if err != nil {
 		return nil, fmt.Errorf("mode: %w", err)
+	}
+	if cfg.Shadow != "" {
+		if pol, err = router.NewShadow(cfg.Shadow, cfg.Mode, pol, o); err != nil {
+			return nil, fmt.Errorf("shadow: %w", err)
+		}
 	}
 	return pol, nil
 }
@@ -66,9 +73,13 @@ func healthOptions(h configs.Health) health.Options {
 		Fall: h.UnhealthyThreshold, Disabled: h.Disabled, ConsecutiveFailures: h.ConsecutiveFailures,
 		BaseEjection: h.BaseEjection.D(), MaxEjection: h.MaxEjection.D(), MaxEjectedPercent: h.MaxEjectedPercent,
 		ScrapeInterval: h.ScrapeInterval.D(), MetricsPath: h.MetricsPath, ScrapeStaleAfter: h.ScrapeStaleAfter.D(),
+		ModelsInterval: h.ModelsInterval.D(), ModelsPath: h.ModelsPath,
 	}
 	if h.ScrapeDisabled {
 		o.ScrapeInterval = 0
+	}
+	if h.ModelsDisabled {
+		o.ModelsInterval = -1
 	}
 	return o
 }
@@ -82,6 +93,7 @@ func newBackends(specs []configs.Backend) ([]*backend.Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("backends[%d].url: %w", i, err)
 		}
+		b.SetConfiguredModels(sp.Models)
 		out = append(out, b)
 	}
 	return out, nil

@@ -144,14 +144,15 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	}
 	c.mu.Lock()
 	old := c.cfg
-	if nc.Mode != old.Mode || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
+	if nc.Mode != old.Mode || nc.Shadow != old.Shadow || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
 		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes ||
 		nc.ResponseHeaders.BackendOn() != old.ResponseHeaders.BackendOn() {
-		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, timeouts, prefix, limits and response headers")
+		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, shadow, timeouts, prefix, limits and response headers")
 	}
 	if peeringChanged(old.Peering, nc.Peering) {
 		c.log.Warn("config reload: peering changes need a restart; the running peering settings stay", zap.String("field", "peering"))
 	}
+	nc.Shadow = old.Shadow
 	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders, nc.Peering =
 		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders, old.Peering
 	c.cfg = nc

@@ -196,6 +196,8 @@ health:
   scrape_disabled: true
   metrics_path: /custom-metrics
   scrape_stale_after: 17s
+  models_interval: 19s
+  models_path: /custom-models
 backends:
   - url: %s
 `, rise, fall, ts.URL)))
@@ -205,7 +207,8 @@ backends:
 	s := startConfig(t, cfg)
 	want := health.Options{Path: "/health", Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond,
 		Rise: rise, Fall: fall, ConsecutiveFailures: 7, BaseEjection: 11 * time.Second, MaxEjection: 13 * time.Second,
-		MaxEjectedPercent: 40, ScrapeInterval: 0, MetricsPath: "/custom-metrics", ScrapeStaleAfter: 17 * time.Second}
+		MaxEjectedPercent: 40, ScrapeInterval: 0, MetricsPath: "/custom-metrics", ScrapeStaleAfter: 17 * time.Second,
+		ModelsInterval: 19 * time.Second, ModelsPath: "/custom-models"}
 	if got := s.Health().Options(); got != want {
 		t.Errorf("checker options %+v, want the file's %+v", got, want)
 	}
@@ -252,6 +255,10 @@ func (h *holdBackend) release() { h.once.Do(func() { close(h.released) }) }
 
 func (h *holdBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
+	if r.URL.Path == "/v1/models" {
+		http.NotFound(w, r) // the health checker's model-list read: no list, any model
+		return
+	}
 	h.holding.Add(1)
 	<-h.released
 	_, _ = io.WriteString(w, `{"choices":[]}`)

@@ -46,8 +46,9 @@ type Backend struct {
 	neverPassed   atomic.Bool
 	epoch         atomic.Uint64
 	served        atomic.Uint64
-	peerInFlight  atomic.Int64 // other prefixlb replicas' in-flight requests here (peer.go)
-	peerPrefill   atomic.Int64 // and their queued prefill tokens
+	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
+	peerPrefill   atomic.Int64             // and their queued prefill tokens
+	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
 }
 
 // DefaultWeight is the weight of a backend configured without one: 1, an equal share of the

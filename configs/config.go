@@ -39,6 +39,9 @@ type Config struct {
 	AdminListen string `yaml:"admin_listen"`
 	// Mode is the routing policy: prefix | round-robin | least-load.
 	Mode string `yaml:"mode"`
+	// Shadow runs a second policy beside the mode's on every request, only to report what it
+	// would have chosen (router.Shadow): "prefix" with mode round-robin or least-load; "": off.
+	Shadow string `yaml:"shadow"`
 	// MaxRequestBodyBytes caps a request body (bytes); larger bodies get 413.
 	MaxRequestBodyBytes int `yaml:"max_request_body_bytes"`
 	// ResponseHeaders chooses the headers prefixlb adds to responses.
@@ -185,6 +188,11 @@ type Health struct {
 	ScrapeInterval   Duration `yaml:"scrape_interval"`
 	MetricsPath      string   `yaml:"metrics_path"`
 	ScrapeStaleAfter Duration `yaml:"scrape_stale_after"`
+	// ModelsDisabled turns model discovery off (backends without models serve any model).
+	ModelsDisabled bool `yaml:"models_disabled"`
+	// ModelsInterval between reads of ModelsPath, each backend's OpenAI model list.
+	ModelsInterval Duration `yaml:"models_interval"`
+	ModelsPath     string   `yaml:"models_path"`
 }
 
 // Backend is one replica in the static list.
@@ -195,6 +203,9 @@ type Backend struct {
 	KVCacheTokens int64 `yaml:"kv_cache_tokens"`
 	// Weight scales the replica's share of cold prefixes (default 1).
 	Weight int `yaml:"weight"`
+	// Models are the model names (LoRA adapters included) the replica serves; they win over
+	// its /v1/models. Empty: discovered.
+	Models []string `yaml:"models"`
 }
 
 // maxTieMarginPercent bounds prefix.tie_margin_percent: a near-tie 100% slower than the best
@@ -363,6 +374,8 @@ func (c *Config) ApplyDefaults() {
 	h, d := &c.Health, health.DefaultOptions()
 	setS(&h.Path, d.Path)
 	setS(&h.MetricsPath, d.MetricsPath)
+	setS(&h.ModelsPath, d.ModelsPath)
+	setD(&h.ModelsInterval, d.ModelsInterval)
 	setD(&h.Interval, d.Interval)
 	setD(&h.Timeout, d.Timeout)
 	setD(&h.BaseEjection, d.BaseEjection)
@@ -457,6 +470,9 @@ func (c *Config) Validate() error {
 	if modes := router.ModeNames(); !slices.Contains(modes, c.Mode) {
 		return fmt.Errorf("mode: %q is not one of %v", c.Mode, modes)
 	}
+	if err := router.CheckShadow(c.Shadow, c.Mode); err != nil {
+		return fmt.Errorf("shadow: %w", err)
+	}
 	if !slices.Contains(logLevels, c.Log.Level) {
 		return fmt.Errorf("log.level: %q is not one of debug, info, warn, error", c.Log.Level)
 	}
@@ -540,6 +556,14 @@ func (c *Config) Validate() error {
 		if b.Weight < 0 || b.Weight > maxWeight {
 			return fmt.Errorf("backends[%d].weight: %d is outside 1..%d", i, b.Weight, maxWeight)
 		}
+		for j, m := range b.Models {
+			if m == "" {
+				return fmt.Errorf("backends[%d].models[%d]: empty model name", i, j)
+			}
+			if k := slices.Index(b.Models[:j], m); k >= 0 {
+				return fmt.Errorf("backends[%d].models[%d]: %q duplicates models[%d]", i, j, m, k)
+			}
+		}
 	}
 	return nil
 }
@@ -568,6 +592,10 @@ func (h *Health) validate() error {
 		return fmt.Errorf("health.scrape_interval: %s is below %s", h.ScrapeInterval.D(), minInterval)
 	case h.ScrapeStaleAfter.D() < h.ScrapeInterval.D():
 		return fmt.Errorf("health.scrape_stale_after: %s is below health.scrape_interval (%s)", h.ScrapeStaleAfter.D(), h.ScrapeInterval.D())
+	case len(h.ModelsPath) == 0 || h.ModelsPath[0] != '/':
+		return fmt.Errorf("health.models_path: %q must start with /", h.ModelsPath)
+	case h.ModelsInterval.D() < minInterval:
+		return fmt.Errorf("health.models_interval: %s is below %s", h.ModelsInterval.D(), minInterval)
 	}
 	return nil
 }

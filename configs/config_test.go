@@ -235,6 +235,7 @@ var defaulted = Config{
 		HealthyThreshold: 2, UnhealthyThreshold: 3, ConsecutiveFailures: 5,
 		BaseEjection: Duration(30 * time.Second), MaxEjection: Duration(300 * time.Second), MaxEjectedPercent: 50,
 		ScrapeInterval: Duration(time.Second), MetricsPath: "/metrics", ScrapeStaleAfter: Duration(5 * time.Second),
+		ModelsInterval: Duration(30 * time.Second), ModelsPath: "/v1/models",
 	},
 	Backends: []Backend{{URL: "http://a:8000", Weight: 1}},
 }
@@ -295,7 +296,7 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 		Path: h.Path, Interval: h.Interval.D(), Timeout: h.Timeout.D(), Rise: h.HealthyThreshold, Fall: h.UnhealthyThreshold,
 		ConsecutiveFailures: h.ConsecutiveFailures, BaseEjection: h.BaseEjection.D(), MaxEjection: h.MaxEjection.D(),
 		MaxEjectedPercent: h.MaxEjectedPercent, ScrapeInterval: h.ScrapeInterval.D(), MetricsPath: h.MetricsPath,
-		ScrapeStaleAfter: h.ScrapeStaleAfter.D(),
+		ScrapeStaleAfter: h.ScrapeStaleAfter.D(), ModelsInterval: h.ModelsInterval.D(), ModelsPath: h.ModelsPath,
 	}
 	if want := health.DefaultOptions(); got != want {
 		t.Errorf("configs health defaults map to %+v\nhealth.DefaultOptions() is %+v", got, want)
@@ -333,6 +334,16 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 }
 
 // Errors name the field as written in YAML.
+// shadow: prefix is accepted beside the modes that do not route by prefix.
+func TestShadowAcceptedBesideRoundRobinAndLeastLoad(t *testing.T) {
+	for _, mode := range []string{"round-robin", "least-load"} {
+		c, err := Parse([]byte("mode: " + mode + "\nshadow: prefix\nbackends:\n - url: http://a:1\n   models: [m, m-lora]"))
+		if err != nil || c.Shadow != "prefix" || len(c.Backends[0].Models) != 2 {
+			t.Errorf("mode %s with shadow prefix: %v (%+v)", mode, err, c)
+		}
+	}
+}
+
 func TestValidationErrorsNameTheField(t *testing.T) {
 	cases := []struct{ yaml, want string }{
 		{"backends: []", "backends: at least one"},
@@ -362,6 +373,12 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"prefix:\n  tie_margin_percent: 101\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
 		{"prefix:\n  tie_break: random\nbackends:\n - url: http://a:1", "prefix.tie_break"},
 		{"bogus_field: 1\nbackends:\n - url: http://a:1", "field bogus_field not found"},
+		{"shadow: prefix\nbackends:\n - url: http://a:1", `shadow: "prefix" runs only beside mode round-robin or least-load, not mode "prefix"`},
+		{"mode: round-robin\nshadow: oracle\nbackends:\n - url: http://a:1", `shadow: "oracle" is not a shadow policy`},
+		{"backends:\n - url: http://a:1\n   models: [a, \"\"]", "backends[0].models[1]: empty model name"},
+		{"backends:\n - url: http://a:1\n   models: [a, b, a]", `backends[0].models[2]: "a" duplicates models[0]`},
+		{"health:\n  models_path: v1/models\nbackends:\n - url: http://a:1", "health.models_path"},
+		{"health:\n  models_interval: 1ms\nbackends:\n - url: http://a:1", "health.models_interval"},
 	}
 	for _, c := range cases {
 		t.Run(c.want, func(t *testing.T) {

@@ -9,7 +9,9 @@
 //     backend for BaseEjection × n, capped at MaxEjection (Envoy outlier detection: 5, 30 s,
 //     300 s);
 //   - model-server metrics (scrape.go): GET MetricsPath every ScrapeInterval, parsed for the
-//     vLLM and SGLang load gauges, the KV-cache capacity and the process start time.
+//     vLLM and SGLang load gauges, the KV-cache capacity and the process start time;
+//   - the served models (models.go): GET ModelsPath every ModelsInterval, after a return to
+//     healthy and after a detected restart, stored on the backend for per-model routing.
 //
 // A backend is healthy when its active verdict is healthy (always, when active checks are
 // Disabled) and it is not ejected. The Checker writes that with backend.SetHealthy; panic
@@ -45,12 +47,13 @@ const housekeepingEvery = time.Second
 // Checker runs active checks, passive ejection and metrics scraping for a set of backends.
 // It is safe for concurrent use. Create it with New.
 type Checker struct {
-	kvHook atomic.Pointer[func(*backend.Backend)] // OnKVCapacity
-	o      Options
-	log    *zap.Logger
-	now    func() time.Time
-	client *http.Client
-	tr     *http.Transport
+	kvHook     atomic.Pointer[func(*backend.Backend)] // OnKVCapacity
+	modelsHook atomic.Pointer[func(*backend.Backend)] // OnModels
+	o          Options
+	log        *zap.Logger
+	now        func() time.Time
+	client     *http.Client
+	tr         *http.Transport
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -74,7 +77,9 @@ type bstate struct {
 	ctx    context.Context // cancelled when the backend is removed or the Checker closes
 	cancel context.CancelFunc
 
-	checkURL, metricsURL string
+	checkURL, metricsURL, modelsURL string
+	// modelsKick asks the backend's model reader for a read now (models.go); buffered 1.
+	modelsKick chan struct{}
 
 	removed    bool
 	everPassed bool // has passed an active check at least once
@@ -201,6 +206,8 @@ func (c *Checker) newState(b *backend.Backend) *bstate {
 		cancel:     cancel,
 		checkURL:   base + c.o.Path,
 		metricsURL: base + c.o.MetricsPath,
+		modelsURL:  base + c.o.ModelsPath,
+		modelsKick: make(chan struct{}, 1),
 		activeOK:   c.o.Disabled,
 	}
 	// A backend that has never passed a check takes no traffic, not even in panic mode.
@@ -240,6 +247,7 @@ func (c *Checker) startLocked(st *bstate) {
 		c.wg.Add(1)
 		go c.loop(st.ctx, c.o.ScrapeInterval, func(ctx context.Context) { c.scrapeOne(ctx, st) })
 	}
+	c.startModelsLocked(st)
 }
 
 // loop runs f at once and then every period until ctx is done.
@@ -322,7 +330,7 @@ func (c *Checker) get(ctx context.Context, url string, read func(io.Reader) erro
 	defer resp.Body.Close()
 	if resp.StatusCode < http.StatusOK || resp.StatusCode >= http.StatusMultipleChoices {
 		drain(resp.Body)
-		return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+		return &statusError{url: url, status: resp.StatusCode}
 	}
 	if read == nil {
 		drain(resp.Body)
@@ -330,6 +338,14 @@ func (c *Checker) get(ctx context.Context, url string, read func(io.Reader) erro
 	}
 	return read(resp.Body)
 }
+
+// statusError is get's error for a response that is not a 2xx.
+type statusError struct {
+	url    string
+	status int
+}
+
+func (e *statusError) Error() string { return fmt.Sprintf("GET %s: status %d", e.url, e.status) }
 
 // drain reads and drops up to drainBytes of body, so that its connection can be reused.
 func drain(body io.Reader) { _, _ = io.Copy(io.Discard, io.LimitReader(body, drainBytes)) }
@@ -348,6 +364,7 @@ func (c *Checker) applyLocked(st *bstate, reason string, extra ...zap.Field) boo
 		// first pass bumps it too, which costs nothing: nothing was recorded for it yet.
 		st.b.ResetCache()
 		st.resetSinceScrape = true
+		st.kickModels() // back from unhealthy: it may have restarted with other models
 		c.log.Info("backend healthy", append([]zap.Field{zap.String("backend", st.b.Name),
 			zap.String("reason", reason), zap.Uint64("cache_epoch", st.b.Epoch())}, extra...)...)
 	} else {

@@ -15,7 +15,7 @@ func TestDefaultOptions(t *testing.T) {
 		Path: "/health", Interval: 5 * time.Second, Timeout: 2 * time.Second, Rise: 2, Fall: 3,
 		ConsecutiveFailures: 5, BaseEjection: 30 * time.Second, MaxEjection: 300 * time.Second,
 		MaxEjectedPercent: 50, ScrapeInterval: time.Second, MetricsPath: "/metrics",
-		ScrapeStaleAfter: 5 * time.Second,
+		ScrapeStaleAfter: 5 * time.Second, ModelsInterval: 30 * time.Second, ModelsPath: "/v1/models",
 	}
 	if o != want {
 		t.Fatalf("DefaultOptions() = %+v, want %+v", o, want)

@@ -41,6 +41,13 @@ type Options struct {
 	// ScrapeStaleAfter is how old the last successful scrape may be before Load reports it
 	// not fresh (5 s).
 	ScrapeStaleAfter time.Duration
+	// ModelsInterval is the time between reads of a backend's ModelsPath (30 s; models.go):
+	// the served models change only when the replica restarts or loads a LoRA adapter, and a
+	// read also follows every return to healthy and every restart the scrape detects.
+	// Negative turns model discovery off.
+	ModelsInterval time.Duration
+	// ModelsPath is the OpenAI model list of the model server ("/v1/models").
+	ModelsPath string
 }
 
 // Defaults of Options left at zero (DESIGN.md "Reliability defaults users expect"; the
@@ -70,6 +77,10 @@ const (
 	DefaultMetricsPath = "/metrics"
 	// DefaultScrapeStaleAfter is how old a scrape may be before its load is not fresh: 5 s.
 	DefaultScrapeStaleAfter = 5 * time.Second
+	// DefaultModelsInterval between reads of a backend's model list: 30 s.
+	DefaultModelsInterval = 30 * time.Second
+	// DefaultModelsPath is the OpenAI model list, served by vLLM and SGLang.
+	DefaultModelsPath = "/v1/models"
 )
 
 // DefaultOptions returns the defaults documented on Options.
@@ -87,11 +98,13 @@ func DefaultOptions() Options {
 		ScrapeInterval:      DefaultScrapeInterval,
 		MetricsPath:         DefaultMetricsPath,
 		ScrapeStaleAfter:    DefaultScrapeStaleAfter,
+		ModelsInterval:      DefaultModelsInterval,
+		ModelsPath:          DefaultModelsPath,
 	}
 }
 
 // withDefaults returns o with every field left at zero (or below) set to its default, except
-// ConsecutiveFailures (negative: off) and ScrapeInterval (0 or negative: off), and the
+// ConsecutiveFailures and ModelsInterval (negative: off) and ScrapeInterval (0 or negative: off), and the
 // ejection bounds made consistent.
 func (o Options) withDefaults() Options {
 	def := DefaultOptions()
@@ -100,6 +113,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MetricsPath == "" {
 		o.MetricsPath = def.MetricsPath
+	}
+	if o.ModelsPath == "" {
+		o.ModelsPath = def.ModelsPath
+	}
+	if o.ModelsInterval == 0 {
+		o.ModelsInterval = def.ModelsInterval
 	}
 	positiveOr(&o.Interval, def.Interval)
 	positiveOr(&o.Timeout, def.Timeout)

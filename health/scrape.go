@@ -151,6 +151,7 @@ func (c *Checker) scraped(st *bstate, restarted string, prev *scrapeResult, load
 	if restarted == "" || st.removed {
 		return
 	}
+	st.kickModels() // a restarted replica may serve other models
 	fields := []zap.Field{zap.String("backend", st.b.Name), zap.String("signal", restarted),
 		zap.Float64("start_time", load.StartTime), zap.Float64("previous_start_time", prev.load.StartTime)}
 	if bumped {

@@ -22,6 +22,7 @@ func (s *Server) UpdateBackends(bs []*backend.Backend) {
 		}
 		seen[nb.Name] = true
 		if old, ok := cur[nb.Name]; ok && old.KVCacheTokens == nb.KVCacheTokens && old.Weight == nb.Weight {
+			adoptModels(old, nb)
 			nb = old
 		}
 		out = append(out, nb)
@@ -56,6 +57,7 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 	s.hc.SetBackends(bs)
 	s.pool.Set(bs)
 	s.decider.SetBackends(bs)
+	s.rebuildPoolsLocked()
 	if old != nil {
 		for b, up := range *old {
 			if _, ok := ups[b]; !ok {
@@ -63,5 +65,23 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 				b.ResetCache()
 			}
 		}
+	}
+}
+
+// adoptModels gives the running backend old the models its replacement nb is configured with
+// (backends[].models changed on a reload); when nb has none configured, a configured set of
+// old is dropped so that discovery fills it again.
+func adoptModels(old, nb *backend.Backend) {
+	switch ns := nb.Models(); {
+	case ns != nil && ns.Configured:
+		if !ns.Equal(old.Models()) {
+			ids := make([]string, len(ns.Models()))
+			for i, m := range ns.Models() {
+				ids[i] = m.ID
+			}
+			old.SetConfiguredModels(ids)
+		}
+	case old.ModelsConfigured():
+		old.SetConfiguredModels(nil)
 	}
 }

@@ -55,7 +55,11 @@ func testOptions(t testing.TB, mode string, urls ...string) Options {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Options{Mode: mode, Policy: pol, Backends: testBackends(t, urls...), Health: health.DefaultOptions()}
+	// The proxy's fake backends are no model servers and count what reaches them: model
+	// discovery is off here (health and app test it, on simulated replicas).
+	ho := health.DefaultOptions()
+	ho.ModelsInterval = -1
+	return Options{Mode: mode, Policy: pol, Backends: testBackends(t, urls...), Health: ho}
 }
 
 // testBackends builds a backend per URL (default KV capacity and weight).

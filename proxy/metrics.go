@@ -34,6 +34,8 @@ type serverMetrics struct {
 	parseFallbacks *metrics.Counter
 	rejected413    *metrics.Counter
 	noBackend      *metrics.Counter
+	modelNotFound  *metrics.Counter // 404s for models no backend serves (pools.go)
+	models         modelSeries      // the model label's series (pools.go)
 	streamErrors   streamErrorCounters
 	clientGone     *metrics.Counter
 	matchedRatio   *metrics.PrometheusHistogram
@@ -51,6 +53,7 @@ func newServerMetrics(mode string) *serverMetrics {
 		parseFallbacks: s.NewCounter(`prefixlb_parse_fallbacks_total`),
 		rejected413:    s.NewCounter(`prefixlb_request_body_too_large_total`),
 		noBackend:      s.NewCounter(`prefixlb_no_backend_total`),
+		modelNotFound:  s.NewCounter(`prefixlb_model_not_found_total`),
 		streamErrors:   newStreamErrorCounters(s),
 		clientGone:     s.NewCounter(`prefixlb_client_disconnects_total`),
 		matchedRatio:   s.NewPrometheusHistogramExt(`prefixlb_matched_prefix_ratio`, ratioBuckets),
@@ -150,6 +153,7 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 	}
 	bm := f.up.m
 	bm.request(f.dec.Reason, status)
+	sm.observeModel(f, status)
 	if f.bytes > 0 {
 		bm.ttft.Update(f.firstByte.Seconds())
 		if f.dec.PredictedTTFT > 0 && f.k.Stream && f.attempts == 1 && f.firstByte > 0 {
@@ -195,6 +199,7 @@ func (s *Server) writeGauges(w io.Writer) {
 		}
 		metrics.WriteGaugeUint64(w, `prefixlb_index_chunks`, uint64(x.Chunks()))
 	}
+	s.writeShadow(w)
 }
 
 func intAfter(p, key []byte) (int, bool) {

@@ -46,10 +46,11 @@ func newSwitchableReplica(t *testing.T) *switchableReplica {
 }
 
 // activeChecks turns the proxy's active checks on, 100 ms apart, rise 2 / fall 3; scraping
-// off.
+// and model discovery off.
 func activeChecks(o *Options) {
 	o.Health = health.DefaultOptions()
 	o.Health.Interval, o.Health.Timeout, o.Health.ScrapeInterval = 100*time.Millisecond, 100*time.Millisecond, 0
+	o.Health.ModelsInterval = -1
 }
 
 // postCompletions sends n completion requests and returns the status and x-prefixlb-backend

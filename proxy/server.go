@@ -35,6 +35,7 @@ const (
 type Server struct {
 	log      *zap.Logger
 	pool     *backend.Pool
+	pools    atomic.Pointer[modelPools] // per-model candidate lists (pools.go)
 	ups      atomic.Pointer[map[*backend.Backend]*upstream]
 	decider  *router.Decider // the mode's policy, with passthrough, parse-fallback and retries
 	keys     *key.Builder
@@ -101,6 +102,7 @@ func New(o Options) (*Server, error) {
 			zap.Int64("kv_cache_tokens", b.KVCapacity(s.defaultKV)))
 		s.refreshPolicy()
 	})
+	s.hc.OnModels(s.modelsChanged)
 	s.SetBackends(o.Backends)
 	s.bodies = newBodyBudget(o.MaxBufferedBodyBytes, s.m.set)
 	s.srv = &fasthttp.Server{
@@ -228,6 +230,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	f := s.getFlow(ctx)
 	s.prepare(ctx, f)
+	if s.serveLocally(ctx, f) {
+		return
+	}
 	if err := s.forward(ctx, f); err != nil {
 		s.fail(ctx, f, err)
 	}
@@ -256,11 +261,11 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 	s.wd.add(f)
 }
 
-// forward picks a backend and tries it, then, if that failed before any byte reached the
+// forward picks a backend among the healthy ones of the request's model pool and tries it, then, if that failed before any byte reached the
 // client, another. nil means the response was handed to fasthttp and the relay finishes the
 // flow; otherwise the error is the last attempt's (or errNoBackend).
 func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
-	f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
+	f.cands = s.candidatesFor(f.cands, &f.k)
 	lastErr := errNoBackend
 	for removed := 0; len(f.cands) > 0 && f.attempts < maxAttempts; {
 		if f.attempts == 0 {
@@ -283,7 +288,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 			// was sent, so pick again from the current backends without spending the retry.
 			removed++
 			f.attempts--
-			f.cands, _ = backend.Healthy(f.cands, s.pool.Snapshot())
+			f.cands = s.candidatesFor(f.cands, &f.k)
 			continue
 		}
 		if !retryable(err) || f.gone.Load() {

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -128,15 +130,30 @@ type CandidateEstimate struct {
 	UnderCap        bool    `json:"under_load_cap"`
 }
 
-// RoundRobin cycles through the candidates.
-type RoundRobin struct{ next atomic.Uint64 }
+// RoundRobin cycles through the candidates, with one turn counter per model (a slot chosen
+// by a hash of the request's model): the proxy hands it each model's pool, and one shared
+// counter would let one model's requests skip backends of another's pool (two models
+// alternating on a pool of two would send every request of each to the same backend).
+type RoundRobin struct{ next [rrSlots]atomic.Uint64 }
+
+// rrSlots is the number of round-robin turn counters: models whose hashes share a slot share
+// a counter, which only makes their turns interleave.
+const rrSlots = 16
+
+// rrSlot is the counter of k's model: slot 0 for no model.
+func rrSlot(k *key.Key) int {
+	if k == nil || len(k.Model) == 0 {
+		return 0
+	}
+	return 1 + int(xxhash.Sum64(k.Model)%(rrSlots-1))
+}
 
 // Pick returns the next candidate in turn.
-func (p *RoundRobin) Pick(_ *key.Key, cs []*backend.Backend) Decision {
+func (p *RoundRobin) Pick(k *key.Key, cs []*backend.Backend) Decision {
 	if len(cs) == 0 {
 		return Decision{}
 	}
-	i := p.next.Add(1) - 1
+	i := p.next[rrSlot(k)].Add(1) - 1
 	return Decision{Backend: cs[i%uint64(len(cs))], Reason: ReasonRoundRobin}
 }
 

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -18,6 +19,12 @@ type Config struct {
 	// Model is the served model name (vLLM --served-model-name). Requests naming another model
 	// get 404, as from vLLM; requests without a model get this one.
 	Model string
+
+	// Adapters are extra served model names, as LoRA adapters vLLM serves beside the base
+	// model (--lora-modules name=path): listed in /v1/models with parent = Model, and accepted
+	// in requests. An adapter's prefix cache is its own (vLLM's block hashes include the LoRA
+	// id). Default none.
+	Adapters []string
 
 	// MaxModelLen caps prompt + max_tokens per request, as vLLM's --max-model-len (a request
 	// over it gets 400). Default 131072: Llama-3.1-8B's max_position_embeddings (config.json).
@@ -126,6 +133,11 @@ func (c *Config) Validate() error {
 	if c.Model == "" {
 		errs = append(errs, errors.New("--model must not be empty"))
 	}
+	for i, a := range c.Adapters {
+		if a == "" || a == c.Model || slices.Contains(c.Adapters[:i], a) {
+			errs = append(errs, fmt.Errorf("--lora-names: %q is empty, the base model or listed twice", a))
+		}
+	}
 	pos("max-model-len", int64(c.MaxModelLen))
 	pos("block-size", int64(c.BlockSize))
 	pos("num-gpu-blocks", int64(c.NumGPUBlocks))
@@ -151,6 +163,7 @@ func (c *Config) KVCacheTokens() int { return c.NumGPUBlocks * c.BlockSize }
 // The `prefixlb sim` command uses it; the bench can reuse it.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Model, "model", c.Model, "served model name")
+	fs.StringSliceVar(&c.Adapters, "lora-names", c.Adapters, "extra served model names (LoRA-style adapters of --model), comma-separated")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", c.MaxModelLen, "max prompt+output tokens per request (Llama-3.1-8B: 131072)")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "KV-cache block size in tokens (vLLM CUDA default 16)")
 	fs.IntVar(&c.NumGPUBlocks, "num-gpu-blocks", c.NumGPUBlocks, "KV-cache capacity in blocks (8B bf16 on H100 80GB at 0.9: ~27k)")

@@ -42,6 +42,7 @@ type Replica struct {
 	ids        atomic.Uint64
 	bufs       sync.Pool    // *[]byte
 	stepDue    atomic.Int64 // model time (ns) at which the step in flight ends (Predict)
+	seen       seenCounters // HTTP requests received, per path (Seen)
 }
 
 // NewReplica returns a replica named name (used in logs and ids only). It does nothing until
@@ -207,6 +208,7 @@ func (r *Replica) abort(rq *Request) {
 
 // ServeHTTP routes the OpenAI and vLLM endpoints.
 func (r *Replica) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.seen.count(req.URL.Path)
 	switch req.URL.Path {
 	case "/v1/chat/completions", "/v1/completions", "/v1/messages":
 		ep := endpointOf(req.URL.Path)
@@ -243,7 +245,21 @@ func (r *Replica) handleModels(w http.ResponseWriter) {
 	b = append(b, r.modelJSON...)
 	b = append(b, `,"parent":null,"max_model_len":`...)
 	b = strconv.AppendInt(b, int64(r.cfg.MaxModelLen), 10)
-	b = append(b, `,"permission":[]}]}`...)
+	b = append(b, `,"permission":[]}`...)
+	for _, a := range r.cfg.Adapters {
+		// vLLM lists a LoRA adapter with its path as root and the base model as parent.
+		q, _ := json.Marshal(a)
+		b = append(b, `,{"id":`...)
+		b = append(b, q...)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, int64(r.startUnix), 10)
+		b = append(b, `,"owned_by":"vllm","root":`...)
+		b = append(b, q...)
+		b = append(b, `,"parent":`...)
+		b = append(b, r.modelJSON...)
+		b = append(b, `,"max_model_len":null,"permission":[]}`...)
+	}
+	b = append(b, `]}`...)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
 }

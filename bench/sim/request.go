@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/cespare/xxhash/v2"
@@ -79,10 +80,11 @@ func parseRequest(body []byte, ep endpoint, cfg *Config, scratch *[]byte) (*apiR
 		if err != nil {
 			return nil, badRequest("model", "model must be a string")
 		}
-		if string(s) != cfg.Model {
+		if string(s) != cfg.Model && !slices.Contains(cfg.Adapters, string(s)) {
 			return nil, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found", param: "model",
 				msg: fmt.Sprintf("The model `%s` does not exist.", s)}
 		}
+		req.model = string(s)
 	}
 	if s := v.Get("stream"); s != nil && s.Type() != fastjson.TypeNull {
 		b, err := s.Bool()
@@ -128,7 +130,7 @@ func parseRequest(body []byte, ep endpoint, cfg *Config, scratch *[]byte) (*apiR
 		}
 		salt = string(s)
 	}
-	req.seed = ChainSeed(cfg.Model, salt)
+	req.seed = ChainSeed(req.model, salt) // an adapter's cache is its own
 
 	if chat {
 		render := renderChat

@@ -87,13 +87,19 @@ func DeadURL(t testing.TB) string {
 	return "http://" + FreeAddr(t)
 }
 
-// StatusBackend answers every request with status and body, and counts the requests. It is
-// closed when the test ends.
+// StatusBackend answers every request with status and body, and counts the requests. The
+// health checker's model-list reads (GET /v1/models with User-Agent prefixlb-health) are
+// answered 404, as by a server without the endpoint, and not counted: the count is of the
+// requests routed to it and the checks the test turned on. It is closed when the test ends.
 func StatusBackend(t testing.TB, status int, body string) (*httptest.Server, *atomic.Int32) {
 	t.Helper()
 	var hits atomic.Int32
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/v1/models" && r.UserAgent() == "prefixlb-health" {
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
 		hits.Add(1)
 		w.WriteHeader(status)
 		_, _ = io.WriteString(w, body)

@@ -1,0 +1,107 @@
+package health
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
+)
+
+func TestParseModels(t *testing.T) {
+	cases := []struct {
+		name, body string
+		want       []backend.Model
+		err        string
+	}{
+		{"vLLM with a LoRA adapter",
+			`{"object":"list","data":[{"id":"meta-llama/Llama-3.1-8B-Instruct","object":"model","root":"meta-llama/Llama-3.1-8B-Instruct","parent":null,"max_model_len":131072},` +
+				`{"id":"sql-lora","object":"model","root":"/adapters/sql","parent":"meta-llama/Llama-3.1-8B-Instruct"}]}`,
+			[]backend.Model{{ID: "meta-llama/Llama-3.1-8B-Instruct"}, {ID: "sql-lora", Parent: "meta-llama/Llama-3.1-8B-Instruct"}}, ""},
+		{"SGLang (no parent field)", `{"object":"list","data":[{"id":"qwen","object":"model","owned_by":"sglang"}]}`, []backend.Model{{ID: "qwen"}}, ""},
+		{"no ids", `{"object":"list","data":[]}`, nil, "no ids"},
+		{"not JSON", `<html>404</html>`, nil, "not JSON"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := parseModels(strings.NewReader(c.body))
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("err %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := s.Models()
+			if len(got) != len(c.want) {
+				t.Fatalf("models %+v, want %+v", got, c.want)
+			}
+			for i := range got {
+				if got[i] != c.want[i] {
+					t.Errorf("model %d = %+v, want %+v", i, got[i], c.want[i])
+				}
+			}
+		})
+	}
+}
+
+// The Checker reads a backend's /v1/models at start and again when kicked (a return to
+// healthy, a restart), keeps what it knew when the list fails, calls the OnModels hook on a
+// change only, and never reads a backend whose models the config fixes.
+func TestModelDiscovery(t *testing.T) {
+	var list atomic.Pointer[string]
+	var reads atomic.Int32
+	set := func(s string) { list.Store(&s) }
+	set(`{"data":[{"id":"a"}]}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != DefaultModelsPath {
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		reads.Add(1)
+		if s := *list.Load(); s == "" {
+			w.WriteHeader(http.StatusNotFound)
+		} else {
+			_, _ = w.Write([]byte(s))
+		}
+	}))
+	defer srv.Close()
+	b, _ := backend.New(srv.URL, 0, 1)
+	fixed, _ := backend.New("http://"+testutil.FreeAddr(t), 0, 1)
+	fixed.SetConfiguredModels([]string{"z"})
+	c := New(Options{Disabled: true, ModelsInterval: time.Hour}, nil, nil)
+	defer c.Close()
+	var hooks atomic.Int32
+	c.OnModels(func(*backend.Backend) { hooks.Add(1) })
+	c.SetBackends([]*backend.Backend{b, fixed})
+	c.Start()
+	testutil.Eventually(t, testutil.Timeout, "models read at start", func() bool { return b.Models() != nil })
+	if !b.Models().Has([]byte("a")) || hooks.Load() != 1 {
+		t.Fatalf("after the first read: %+v, hooks %d", b.Models().Models(), hooks.Load())
+	}
+	st := c.lookup(b)
+	kick := func(want int32) {
+		t.Helper()
+		st.kickModels()
+		testutil.Eventually(t, testutil.Timeout, "a kicked read", func() bool { return reads.Load() >= want })
+	}
+	set("") // the list fails: what was known stays
+	kick(2)
+	set(`{"data":[{"id":"a"}]}`) // the same list again: no hook
+	kick(3)
+	set(`{"data":[{"id":"b"},{"id":"b-lora","parent":"b"}]}`)
+	kick(4)
+	testutil.Eventually(t, testutil.Timeout, "the new list stored", func() bool { return b.Models().Has([]byte("b-lora")) })
+	if b.Models().Has([]byte("a")) || hooks.Load() != 2 {
+		t.Errorf("after the change: %+v, hooks %d (want 2)", b.Models().Models(), hooks.Load())
+	}
+	if m := fixed.Models().Models(); len(m) != 1 || m[0].ID != "z" {
+		t.Errorf("the configured set changed: %+v", m)
+	}
+}
