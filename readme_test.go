@@ -59,7 +59,7 @@ func TestReadmeMetricsExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	var src strings.Builder
-	for _, dir := range []string{"proxy"} {
+	for _, dir := range []string{"proxy", "peering"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil {
 			t.Fatal(err)
@@ -81,7 +81,7 @@ func TestReadmeMetricsExist(t *testing.T) {
 	for _, m := range metricRE.FindAllStringSubmatch(string(readme), -1) {
 		seen++
 		if !strings.Contains(code, m[1]) {
-			t.Errorf("README lists metric %s, which proxy/ does not write", m[1])
+			t.Errorf("README lists metric %s, which neither proxy/ nor peering/ writes", m[1])
 		}
 	}
 	if seen < 17 {
@@ -89,7 +89,7 @@ func TestReadmeMetricsExist(t *testing.T) {
 	}
 	for _, m := range regexp.MustCompile(`prefixlb_[a-z_]+`).FindAllString(code, -1) {
 		if !strings.Contains(string(readme), m) {
-			t.Errorf("proxy/ writes metric %s, which the README's table does not list", m)
+			t.Errorf("proxy/ or peering/ writes metric %s, which the README's table does not list", m)
 		}
 	}
 }
