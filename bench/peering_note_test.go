@@ -3,6 +3,8 @@ package bench
 import (
 	"strings"
 	"testing"
+
+	"github.com/prefixlb/prefixlb/peering"
 )
 
 // TestRouterReplicasNote: the report's note says the replicas shared one index only for a
@@ -16,7 +18,7 @@ func TestRouterReplicasNote(t *testing.T) {
 		wantNot []string
 	}{
 		{"unpeered", false, []string{"prefix", "round-robin"}, []string{"3 independent", "its own index"}, []string{"peered"}},
-		{"peered prefix only", true, []string{"prefix"}, []string{"prefix×3+peer", "peered over 127.0.0.1", "5ms"}, []string{"independent", "own index"}},
+		{"peered prefix only", true, []string{"prefix"}, []string{"prefix×3+peer", "peered over 127.0.0.1", peering.DefaultFlushInterval.String()}, []string{"independent", "own index"}},
 		{"peered with other modes", true, []string{"round-robin", "prefix"}, []string{"prefix×3+peer", "other modes' arms ran 3 independent"}, nil},
 		{"peering asked, no prefix arm", true, []string{"round-robin"}, []string{"3 independent"}, []string{"peered"}},
 	} {
