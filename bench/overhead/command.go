@@ -132,8 +132,8 @@ func (o *Options) validate() error {
 		}
 	}
 	for _, t := range o.Targets {
-		if !contains(AllTargets, t) {
-			return fmt.Errorf("--targets: unknown target %q (want %s)", t, strings.Join(AllTargets, ","))
+		if !contains(KnownTargets, t) {
+			return fmt.Errorf("--targets: unknown target %q (want %s)", t, strings.Join(KnownTargets, ","))
 		}
 	}
 	return nil
@@ -446,6 +446,11 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 			} else {
 				t, err = prefixlbInProcess(name, mode, urls)
 			}
+		case TargetPrefixlbPeer:
+			if len(o.PrefixlbExec) == 0 {
+				return nil, fmt.Errorf("%s needs the prefixlb binary (--prefixlb, or run the built binary): peering runs between processes", name)
+			}
+			t, err = peeredPrefixlbTargets(o.PrefixlbExec, dir, o.LogLevel, urls, o.CPUProfileDir, o.PrefixlbEnv)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("starting %s: %w", name, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
+	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -518,4 +520,39 @@ func TestSmokeRun(t *testing.T) {
 		t.Errorf("overhead.json: %v, %d rows", err, len(back.Rows))
 	}
 	_, _ = io.Copy(io.Discard, f)
+}
+
+// TestPrefixlbConfigPeering: the benchmarked prefixlb's YAML, with and without a peering
+// section, parses and validates as prefixlb would load it, and the peering section lands.
+func TestPrefixlbConfigPeering(t *testing.T) {
+	dir := t.TempDir()
+	sf := filepath.Join(dir, "secret")
+	if err := os.WriteFile(sf, []byte("0123456789abcdef0123456789abcdef"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	backends := []string{"http://127.0.0.1:8001", "http://127.0.0.1:8002"}
+	for _, tc := range []struct {
+		name, peering string
+		join          []string
+	}{
+		{"unpeered", "", nil},
+		{"peered", fmt.Sprintf("  listen: \"127.0.0.1:17946\"\n  join: [\"127.0.0.1:17947\"]\n  secret_file: %q\n", sf), []string{"127.0.0.1:17947"}},
+	} {
+		c, err := configs.Parse([]byte(prefixlbConfig("127.0.0.1:18080", "prefix", "warn", backends, tc.peering)))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(c.Backends) != 2 || c.Mode != "prefix" {
+			t.Errorf("%s: backends %v mode %q", tc.name, c.Backends, c.Mode)
+		}
+		switch {
+		case tc.join == nil && c.Peering != nil:
+			t.Errorf("%s: peering %+v, want none", tc.name, c.Peering)
+		case tc.join != nil && (c.Peering == nil || !slices.Equal(c.Peering.Join, tc.join) || c.Peering.SecretFile != sf):
+			t.Errorf("%s: peering %+v, want join %v, secret %s", tc.name, c.Peering, tc.join, sf)
+		}
+	}
 }

@@ -3,6 +3,8 @@ package overhead
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -31,10 +33,17 @@ const (
 	TargetHAProxyTCP  = "haproxy-tcp"
 	TargetPrefixlbRR  = "prefixlb-rr"
 	TargetPrefixlbPfx = "prefixlb-prefix"
+	// TargetPrefixlbPeer is mode prefix with peering on (package peering): the measured
+	// replica is peered with a second prefixlb that takes no traffic, so every request it
+	// routes is also sent to a peer. Not in AllTargets: ask for it with --targets.
+	TargetPrefixlbPeer = "prefixlb-prefix-peer"
 )
 
-// AllTargets are the targets in report order.
-var AllTargets = []string{TargetDirect, TargetHAProxyTCP, TargetHAProxy, TargetPrefixlbRR, TargetPrefixlbPfx}
+// AllTargets are the targets in report order; KnownTargets adds the opt-in ones.
+var (
+	AllTargets   = []string{TargetDirect, TargetHAProxyTCP, TargetHAProxy, TargetPrefixlbRR, TargetPrefixlbPfx}
+	KnownTargets = append(append([]string(nil), AllTargets...), TargetPrefixlbPeer)
+)
 
 // target is one way to reach the backends: directly, or through a proxy.
 type target struct {
@@ -303,26 +312,73 @@ func haproxyTarget(bin, dir string, backends []string, tcp bool) (*target, error
 
 // ---- prefixlb ----
 
-// prefixlbConfig renders the YAML of a benchmarked prefixlb.
-func prefixlbConfig(listen, mode, logLevel string, backends []string) string {
+// prefixlbConfig renders the YAML of a benchmarked prefixlb; peering, when set, is its
+// peering section's YAML (indented two spaces).
+func prefixlbConfig(listen, mode, logLevel string, backends []string, peering string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "listen: %q\nadmin_listen: \"127.0.0.1:0\"\nmode: %s\nlog:\n  level: %s\n  format: json\nbackends:\n", listen, mode, logLevel)
 	for _, u := range backends {
 		fmt.Fprintf(&b, "  - url: %q\n", u)
 	}
+	if peering != "" {
+		b.WriteString("peering:\n" + peering)
+	}
 	return b.String()
+}
+
+// peeredPrefixlbTargets starts TargetPrefixlbPeer: an idle prefixlb peer and the measured
+// one joining it, both child processes in mode prefix, with a fresh random secret. Only the
+// measured one's CPU and RSS are reported; the peer's stop is folded into the target's.
+func peeredPrefixlbTargets(argv []string, dir, logLevel string, backends []string, profDir string, extraEnv []string) (*target, error) {
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	sf := filepath.Join(dir, "peering.secret")
+	if err := os.WriteFile(sf, []byte(base64.StdEncoding.EncodeToString(secret)), 0o600); err != nil {
+		return nil, err
+	}
+	pp, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	mp, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	peerAddr, ownAddr := "127.0.0.1:"+strconv.Itoa(pp), "127.0.0.1:"+strconv.Itoa(mp)
+	peer, err := prefixlbTargetWith("prefixlb-idle-peer", argv, dir, "prefix", logLevel, backends, "", extraEnv,
+		fmt.Sprintf("  listen: %q\n  secret_file: %q\n", peerAddr, sf))
+	if err != nil {
+		return nil, err
+	}
+	t, err := prefixlbTargetWith(TargetPrefixlbPeer, argv, dir, "prefix", logLevel, backends, profDir, extraEnv,
+		fmt.Sprintf("  listen: %q\n  join: [%q]\n  secret_file: %q\n", ownAddr, peerAddr, sf))
+	if err != nil {
+		_ = peer.stop()
+		return nil, err
+	}
+	stopOwn := t.stop
+	t.stop = func() error { return errors.Join(stopOwn(), peer.stop()) }
+	t.note += "; peered with an idle prefixlb (peering.join)"
+	return t, nil
 }
 
 // prefixlbTarget starts `<argv...> serve --config FILE` as a child process, so that its CPU
 // time and peak RSS are its own.
 func prefixlbTarget(name string, argv []string, dir, mode, logLevel string, backends []string, profDir string, extraEnv []string) (*target, error) {
+	return prefixlbTargetWith(name, argv, dir, mode, logLevel, backends, profDir, extraEnv, "")
+}
+
+// prefixlbTargetWith is prefixlbTarget with a peering section (YAML, "" for none).
+func prefixlbTargetWith(name string, argv []string, dir, mode, logLevel string, backends []string, profDir string, extraEnv []string, peering string) (*target, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	cfg := filepath.Join(dir, name+".yaml")
-	if err := os.WriteFile(cfg, []byte(prefixlbConfig(addr, mode, logLevel, backends)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(prefixlbConfig(addr, mode, logLevel, backends, peering)), 0o644); err != nil {
 		return nil, err
 	}
 	args := append(append([]string(nil), argv...), "serve", "--config", cfg)
