@@ -44,6 +44,7 @@ type Backend struct {
 	prefill       PrefillModel
 	unhealthy     atomic.Bool
 	neverPassed   atomic.Bool
+	reportsCached atomic.Bool // a response's usage carried a cached-token count
 	epoch         atomic.Uint64
 	served        atomic.Uint64
 	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
@@ -204,6 +205,18 @@ func (b *Backend) SetScrapedKVUsage(u float64) {
 
 // Served is the number of requests ever dispatched to the backend.
 func (b *Backend) Served() uint64 { return b.served.Load() }
+
+// ReportsCachedTokens reports whether a response from this backend has carried a cached-token
+// count in its usage (prompt_tokens_details.cached_tokens or cache_read_input_tokens): from
+// then on a usage without one means nothing was cached (vLLM omits a zero count).
+func (b *Backend) ReportsCachedTokens() bool { return b.reportsCached.Load() }
+
+// SetReportsCachedTokens records that the backend reports cached tokens.
+func (b *Backend) SetReportsCachedTokens() {
+	if !b.reportsCached.Load() {
+		b.reportsCached.Store(true)
+	}
+}
 
 // Healthy reports whether the backend may take new requests.
 func (b *Backend) Healthy() bool { return !b.unhealthy.Load() }

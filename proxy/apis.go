@@ -69,9 +69,9 @@ func (f *flow) sniffUsage(p []byte) {
 func (f *flow) usageAt(u []byte) bool {
 	if v, ok := intAfter(u, promptTokensKey); ok {
 		f.usagePrompt = v
-		f.usageCached = 0
+		f.usageCached, f.usageCacheSeen = 0, false
 		if c, ok := intAfter(u, cachedTokensKey); ok {
-			f.usageCached = c
+			f.usageCached, f.usageCacheSeen = c, true
 		}
 		return true
 	}
@@ -85,6 +85,6 @@ func (f *flow) usageAt(u []byte) bool {
 	}
 	created, _ := intAfter(u, cacheCreationKey)
 	f.usagePrompt = in + read + created
-	f.usageCached = read
+	f.usageCached, f.usageCacheSeen = read, hasRead
 	return true
 }

@@ -7,8 +7,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prefixlb/prefixlb/backend"
@@ -159,5 +162,69 @@ func TestIndexCorrectsFromReportedCache(t *testing.T) {
 	}
 	if off.entries < 3*simChunks {
 		t.Errorf("without correction the index holds %d entries, want ≥ %d: the scenario must overfill the sim", off.entries, 3*simChunks)
+	}
+}
+
+// TestCorrectionNeedsACachedCount: a usage without a cached-token count is no report, so
+// stock vLLM (prompt_tokens_details only with --enable-prompt-tokens-details, and omitted
+// when 0) never shrinks the index; once a backend has sent a count, its absence means 0.
+func TestCorrectionNeedsACachedCount(t *testing.T) {
+	const sends = 6
+	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + strings.Repeat("the same long prompt about KV caches ", 60) + `"}]}`
+	for _, tc := range []struct {
+		name    string
+		usage   func(i int) string // the usage object of response i
+		correct bool
+	}{
+		{"never a count", func(int) string { return `{"prompt_tokens":600,"completion_tokens":4}` }, false},
+		{"a count of 0 every time", func(int) string {
+			return `{"prompt_tokens":600,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":0}}`
+		}, true},
+		{"a count once, then absent (vLLM omits 0)", func(i int) string {
+			if i == 1 {
+				return `{"prompt_tokens":600,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":592}}`
+			}
+			return `{"prompt_tokens":600,"completion_tokens":4}`
+		}, true},
+		{"full counts", func(int) string {
+			return `{"prompt_tokens":600,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":592}}`
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var n atomic.Int64
+			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				i := int(n.Add(1)) - 1
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"choices":[{"message":{"role":"assistant","content":"ok"}}],"usage":`+tc.usage(i)+`}`)
+			}))
+			defer ts.Close()
+			be, err := backend.New(ts.URL, 0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pol := router.NewPrefix(router.PrefixOptions{}, nil)
+			s, url := startProxy(t, "prefix", nil, func(o *Options) {
+				o.Policy = pol
+				o.Backends = []*backend.Backend{be}
+			})
+			c := testClient()
+			for i := range sends {
+				resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("send %d: status %d", i, resp.StatusCode)
+				}
+			}
+			waitInFlightZero(t, s)
+			st := pol.Index().Stats(nil)
+			if got := st[0].Corrections > 0; got != tc.correct {
+				t.Errorf("%d corrections over %d sends, want corrections: %v", st[0].Corrections, sends, tc.correct)
+			}
+		})
 	}
 }

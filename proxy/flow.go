@@ -65,6 +65,9 @@ type flow struct {
 	readErr     error // the first error reading the backend's body
 	usagePrompt int   // backend-reported usage.prompt_tokens (0: not seen)
 	usageCached int   // backend-reported usage.prompt_tokens_details.cached_tokens
+	// usageCacheSeen: the usage carried a cached-token count (cached_tokens or
+	// cache_read_input_tokens); without it usageCached 0 means "not reported".
+	usageCacheSeen bool
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.

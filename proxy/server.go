@@ -203,7 +203,7 @@ func (s *Server) putFlow(f *flow) {
 	f.idleSet = time.Time{}
 	f.bytes = 0
 	f.attempts = 0
-	f.usagePrompt, f.usageCached = 0, 0
+	f.usagePrompt, f.usageCached, f.usageCacheSeen = 0, 0, false
 	f.readErr = nil
 	f.method = f.method[:0]
 	f.path = f.path[:0]
