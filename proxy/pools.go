@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -158,7 +157,8 @@ func (s *Server) modelsChanged(*backend.Backend) {
 	s.rebuildPoolsLocked()
 }
 
-var pathModels = []byte("/v1/models")
+// pathModels is the model list's path (matched percent-decoded, as the backend matches it).
+const pathModels = "/v1/models"
 
 // serveLocally answers what prefixlb answers itself, after prepare: GET /v1/models (the union
 // of the models served, once some are known) and a request for a model no backend serves
@@ -169,7 +169,7 @@ func (s *Server) serveLocally(ctx *fasthttp.RequestCtx, f *flow) bool {
 	if p == nil || !p.filtering {
 		return false
 	}
-	if bytes.Equal(f.path, pathModels) && (ctx.IsGet() || ctx.IsHead()) {
+	if key.PathIs(f.path, pathModels) && (ctx.IsGet() || ctx.IsHead()) {
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("application/json")
 		ctx.SetBody(p.list)
