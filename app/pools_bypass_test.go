@@ -5,9 +5,11 @@ package app
 // still picks the pool).
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -67,5 +69,40 @@ func TestModelPoolsNotBypassed(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(lb), `"owned_by":"prefixlb"`) {
 		t.Errorf("GET /v1/%%6Dodels: %d %.200s; want prefixlb's own list", resp.StatusCode, lb)
+	}
+}
+
+// /debug/route answers as the data path: it picks within the request's model pool, and a
+// model no backend serves gets the 404 with the model_not_found error.
+func TestDebugRouteUsesPools(t *testing.T) {
+	a := startPoolSim(t, "127.0.0.1:0", "alpha")
+	b := startPoolSim(t, "127.0.0.1:0", "beta")
+	sv := startPools(t, poolConfig("round-robin", a, b), nil)
+	waitModels(t, sv.URL(), "alpha", "beta")
+	admin := httptest.NewServer(sv.AdminHandler())
+	defer admin.Close()
+	explain := func(model string, i int) (int, proxy.RouteInfo) {
+		t.Helper()
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"debug %d"}]}`, model, i)
+		resp, err := testutil.Client().Post(admin.URL+"/debug/route?path=/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var ri proxy.RouteInfo
+		if err := json.NewDecoder(resp.Body).Decode(&ri); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, ri
+	}
+	for i := range 4 {
+		if st, ri := explain("beta", i); st != http.StatusOK || ri.Backend != b.url || ri.Error != nil {
+			t.Fatalf("beta, try %d: status %d backend %q error %+v; want beta's %s", i, st, ri.Backend, ri.Error, b.url)
+		}
+	}
+	st, ri := explain("nope", 0)
+	if st != http.StatusNotFound || ri.Backend != "" || ri.Error == nil || ri.Error.Code != "model_not_found" ||
+		!strings.Contains(ri.Error.Message, `model "nope" is not served; served models: alpha, beta`) {
+		t.Errorf("unknown model: status %d backend %q error %+v; want 404 model_not_found naming the served models", st, ri.Backend, ri.Error)
 	}
 }

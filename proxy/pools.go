@@ -181,11 +181,8 @@ func (s *Server) serveLocally(ctx *fasthttp.RequestCtx, f *flow) bool {
 	if _, ok := s.poolFor(&f.k); ok {
 		return false
 	}
-	name := string(f.k.Model)
-	if len(name) > maxModelEcho {
-		name = name[:maxModelEcho] + "…"
-	}
-	msg := fmt.Sprintf("model %s is not served; served models: %s", strconv.Quote(name), servedSummary(p.served))
+	name := echoModel(string(f.k.Model))
+	msg := notServedMessage(name, p)
 	body, _ := json.Marshal(map[string]map[string]any{"error": {
 		"message": msg, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
 	ctx.Response.Reset()
@@ -197,6 +194,19 @@ func (s *Server) serveLocally(ctx *fasthttp.RequestCtx, f *flow) bool {
 		zap.String("model", name), zap.ByteString("path", f.path), zap.String("remote", ctx.RemoteAddr().String()))
 	s.doneLocally(f)
 	return true
+}
+
+// echoModel is name cut to maxModelEcho bytes (with "…" when cut).
+func echoModel(name string) string {
+	if len(name) > maxModelEcho {
+		return name[:maxModelEcho] + "…"
+	}
+	return name
+}
+
+// notServedMessage is the 404's message for a model no backend of p serves.
+func notServedMessage(name string, p *modelPools) string {
+	return fmt.Sprintf("model %s is not served; served models: %s", strconv.Quote(echoModel(name)), servedSummary(p.served))
 }
 
 // doneLocally ends a flow that no backend saw.
