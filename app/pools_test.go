@@ -283,6 +283,16 @@ func TestModelPoolsConfigWins(t *testing.T) {
 	sv := startPools(t, cfg, nil)
 	base := sv.URL()
 	waitModels(t, base, "alpha")
+	// The list is [alpha] as soon as the configured backend is in; until a's own list is
+	// read, a serves any model (alpha-lora too), so wait for that read.
+	testutil.Eventually(t, testutil.Timeout, "a's models read", func() bool {
+		for _, b := range sv.Backends() {
+			if b.Models() == nil {
+				return false
+			}
+		}
+		return true
+	})
 	if st, _, body := chat(t, base, "alpha-lora", "hi"); st != http.StatusNotFound || !strings.Contains(string(body), `"model_not_found"`) {
 		t.Errorf("alpha-lora with backends[1].models [alpha]: status %d %s, want 404 model_not_found", st, body)
 	}

@@ -152,7 +152,10 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	if peeringChanged(old.Peering, nc.Peering) {
 		c.log.Warn("config reload: peering changes need a restart; the running peering settings stay", zap.String("field", "peering"))
 	}
-	nc.Shadow = old.Shadow
+	if changed := healthChanged(old.Health, nc.Health); len(changed) > 0 {
+		c.log.Warn("config reload: health changes need a restart; the running health settings stay", zap.Strings("fields", changed))
+	}
+	nc.Shadow, nc.Health = old.Shadow, old.Health
 	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders, nc.Peering =
 		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders, old.Peering
 	c.cfg = nc

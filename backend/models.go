@@ -14,17 +14,26 @@ type Model struct {
 	Parent string
 }
 
+// MaxModels bounds the models kept per replica: vLLM lists its base model and at most
+// --max-loras adapters (a few hundred at most), so 1024 is far above any real list, and it
+// bounds what a replica listing an endless /v1/models costs (pools, the GET /v1/models
+// answer: per model a pool slice and a list entry).
+const MaxModels = 1024
+
 // ModelSet is the set of models one replica serves: immutable once built, sorted by ID,
-// without duplicates.
+// without duplicates, at most MaxModels.
 type ModelSet struct {
 	models []Model
+	// Dropped is how many distinct ids beyond MaxModels were dropped (those after the first
+	// MaxModels in ID order).
+	Dropped int
 	// Configured is true when the set comes from the config (backends[].models), which wins
 	// over what the replica lists.
 	Configured bool
 }
 
-// NewModelSet returns the set of ms, sorted by ID; the first of duplicate IDs wins and empty
-// IDs are dropped.
+// NewModelSet returns the set of ms, sorted by ID; the first of duplicate IDs wins, empty
+// IDs are dropped, and only the first MaxModels IDs are kept (Dropped counts the others).
 func NewModelSet(ms []Model, configured bool) *ModelSet {
 	out := make([]Model, 0, len(ms))
 	for _, m := range ms {
@@ -34,7 +43,12 @@ func NewModelSet(ms []Model, configured bool) *ModelSet {
 	}
 	slices.SortStableFunc(out, func(a, b Model) int { return strings.Compare(a.ID, b.ID) })
 	out = slices.CompactFunc(out, func(a, b Model) bool { return a.ID == b.ID })
-	return &ModelSet{models: out, Configured: configured}
+	dropped := 0
+	if len(out) > MaxModels {
+		dropped = len(out) - MaxModels
+		out = slices.Clone(out[:MaxModels]) // let the long list go
+	}
+	return &ModelSet{models: out, Configured: configured, Dropped: dropped}
 }
 
 // Models returns the set's models, sorted by ID. The slice must not be modified.

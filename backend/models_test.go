@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -78,5 +79,32 @@ func TestModelSetHasDoesNotAllocate(t *testing.T) {
 	name := []byte("beta")
 	if n := testing.AllocsPerRun(100, func() { _ = s.Has(name) }); n != 0 {
 		t.Errorf("Has allocates %v times", n)
+	}
+}
+
+// A replica listing more than MaxModels ids keeps the first MaxModels (in ID order) and
+// counts the rest (duplicates not counted twice).
+func TestModelSetBounded(t *testing.T) {
+	const extra = 10
+	var in []Model
+	for i := MaxModels + extra - 1; i >= 0; i-- {
+		id := fmt.Sprintf("m%06d", i)
+		in = append(in, Model{ID: id}, Model{ID: id})
+	}
+	s := NewModelSet(in, false)
+	if got := len(s.Models()); got != MaxModels {
+		t.Fatalf("kept %d models, want MaxModels=%d", got, MaxModels)
+	}
+	if s.Dropped != extra {
+		t.Errorf("Dropped=%d, want %d", s.Dropped, extra)
+	}
+	if first, last := s.Models()[0].ID, s.Models()[MaxModels-1].ID; first != "m000000" || last != fmt.Sprintf("m%06d", MaxModels-1) {
+		t.Errorf("kept %s..%s, want the first MaxModels ids in order", first, last)
+	}
+	if cap(s.Models()) != MaxModels {
+		t.Errorf("the set holds on to %d entries, want %d", cap(s.Models()), MaxModels)
+	}
+	if s := NewModelSet(in[:4], false); s.Dropped != 0 || len(s.Models()) != 2 {
+		t.Errorf("small set: %d models, Dropped %d", len(s.Models()), s.Dropped)
 	}
 }

@@ -80,6 +80,9 @@ type bstate struct {
 	checkURL, metricsURL, modelsURL string
 	// modelsKick asks the backend's model reader for a read now (models.go); buffered 1.
 	modelsKick chan struct{}
+	// modelsCapped: a list over backend.MaxModels was warned about (models.go; the model
+	// reader's goroutine only).
+	modelsCapped bool
 
 	removed    bool
 	everPassed bool // has passed an active check at least once

@@ -25,6 +25,9 @@ import (
 // most a few hundred adapters (--max-loras), so 4 MiB is far above any real list.
 const maxModelsBytes = 4 << 20
 
+// maxModelsLogged bounds the ids the "backend models" log line names (it gives the count).
+const maxModelsLogged = 20
+
 // OnModels sets f to be called (from a model-discovery goroutine) when a backend's
 // discovered model set changes; the proxy rebuilds its per-model pools then.
 func (c *Checker) OnModels(f func(b *backend.Backend)) { c.modelsHook.Store(&f) }
@@ -93,12 +96,20 @@ func (c *Checker) readModels(ctx context.Context, st *bstate, wasFailing bool) b
 		}
 		return true
 	}
+	if set.Dropped > 0 && !st.modelsCapped {
+		st.modelsCapped = true
+		c.log.Warn("backend lists too many models; keeping the first (by id), dropping the rest",
+			zap.String("backend", st.b.Name), zap.Int("kept", len(set.Models())), zap.Int("dropped", set.Dropped),
+			zap.Int("max", backend.MaxModels))
+	}
 	if st.b.SetDiscoveredModels(set) {
-		ids := make([]string, len(set.Models()))
-		for i, m := range set.Models() {
+		n := min(len(set.Models()), maxModelsLogged)
+		ids := make([]string, n)
+		for i, m := range set.Models()[:n] {
 			ids[i] = m.ID
 		}
-		c.log.Info("backend models", zap.String("backend", st.b.Name), zap.Strings("models", ids))
+		c.log.Info("backend models", zap.String("backend", st.b.Name), zap.Strings("models", ids),
+			zap.Int("count", len(set.Models())), zap.Int("dropped", set.Dropped))
 		if h := c.modelsHook.Load(); h != nil {
 			(*h)(st.b)
 		}

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -103,5 +104,54 @@ func TestModelDiscovery(t *testing.T) {
 	}
 	if m := fixed.Models().Models(); len(m) != 1 || m[0].ID != "z" {
 		t.Errorf("the configured set changed: %+v", m)
+	}
+}
+
+// A backend listing far more than backend.MaxModels ids, new ones on every read, is kept to
+// MaxModels per read and warned about once, not once per read.
+func TestModelDiscoveryBounded(t *testing.T) {
+	var reads atomic.Int32
+	const listed = 3 * backend.MaxModels
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != DefaultModelsPath {
+			return
+		}
+		n := reads.Add(1)
+		var sb strings.Builder
+		sb.WriteString(`{"data":[`)
+		for i := range listed {
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			fmt.Fprintf(&sb, `{"id":"read%d-model%d"}`, n, i)
+		}
+		sb.WriteString(`]}`)
+		_, _ = w.Write([]byte(sb.String()))
+	}))
+	defer srv.Close()
+	b, _ := backend.New(srv.URL, 0, 1)
+	c, _, logs := newTestChecker(t, Options{Disabled: true, ModelsInterval: time.Hour})
+	c.SetBackends([]*backend.Backend{b})
+	c.Start()
+	testutil.Eventually(t, testutil.Timeout, "models read at start", func() bool { return b.Models() != nil })
+	st := c.lookup(b)
+	st.kickModels()
+	testutil.Eventually(t, testutil.Timeout, "the second list stored", func() bool {
+		return b.Models().Has([]byte("read2-model0"))
+	})
+	if got := len(b.Models().Models()); got != backend.MaxModels {
+		t.Errorf("kept %d models, want backend.MaxModels=%d", got, backend.MaxModels)
+	}
+	warn := logs.FilterMessage("backend lists too many models; keeping the first (by id), dropping the rest").All()
+	if len(warn) != 1 {
+		t.Fatalf("%d warnings over 2 reads, want 1", len(warn))
+	}
+	if d := warn[0].ContextMap()["dropped"]; d != int64(listed-backend.MaxModels) {
+		t.Errorf("dropped=%v, want %d", d, listed-backend.MaxModels)
+	}
+	for _, e := range logs.FilterMessage("backend models").All() {
+		if ids, _ := e.ContextMap()["models"].([]any); len(ids) > maxModelsLogged {
+			t.Errorf("the log line names %d ids, want at most %d", len(ids), maxModelsLogged)
+		}
 	}
 }

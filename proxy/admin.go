@@ -9,7 +9,6 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
-	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -152,6 +151,18 @@ type RouteInfo struct {
 	PredictedPrefillTokens int64                      `json:"predicted_prefill_tokens,omitempty"`
 	PredictedTTFTMs        float64                    `json:"predicted_ttft_ms,omitempty"`
 	Candidates             []router.CandidateEstimate `json:"candidates,omitempty"`
+	// Error is set when the data path would answer the request itself instead of routing it:
+	// a model no backend serves (the 404's OpenAI-shaped error, code model_not_found; Backend
+	// is then empty and /debug/route answers 404).
+	Error *RouteError `json:"error,omitempty"`
+}
+
+// RouteError is the OpenAI-shaped error the data path would answer.
+type RouteError struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Param   string `json:"param"`
+	Code    string `json:"code"`
 }
 
 func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
@@ -164,15 +175,29 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 	if path == "" {
 		path = "/v1/chat/completions"
 	}
-	writeJSON(w, http.StatusOK, s.Explain(path, body))
+	ri := s.Explain(path, body)
+	status := http.StatusOK
+	if ri.Error != nil {
+		status = http.StatusNotFound
+	}
+	writeJSON(w, status, ri)
 }
 
 // Explain returns the decision the proxy would make for body sent to path, without
-// forwarding it or recording it in the index.
+// forwarding it or recording it in the index: among the healthy backends of the request's
+// model pool, as the data path picks; for a model no backend serves, the data path's 404 in
+// Error.
 func (s *Server) Explain(path string, body []byte) RouteInfo {
 	var k key.Key
 	s.keys.Build([]byte(path), body, &k)
-	cands, _ := backend.Healthy(nil, s.pool.Snapshot())
+	if p := s.pools.Load(); p != nil && p.filtering {
+		if _, ok := s.poolFor(&k); !ok {
+			return RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,
+				Chunks: len(k.Chunks), Reason: "model_not_found", Error: &RouteError{Message: notServedMessage(string(k.Model), p),
+					Type: "invalid_request_error", Param: "model", Code: "model_not_found"}}
+		}
+	}
+	cands := s.candidatesFor(nil, &k)
 	d := s.decider.Pick(&k, cands)
 	ri := RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,
 		Chunks: len(k.Chunks), Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks,

@@ -103,7 +103,7 @@ type backendMetrics struct {
 }
 
 func (sm *serverMetrics) forBackend(name string) *backendMetrics {
-	l := fmt.Sprintf(`backend=%q`, name)
+	l := `backend=` + labelValue(name)
 	return &backendMetrics{
 		sm:              sm,
 		label:           l,
@@ -123,7 +123,7 @@ func (bm *backendMetrics) request(r router.Reason, status int) {
 	c := bm.reqs[k]
 	bm.mu.RUnlock()
 	if c == nil {
-		name := fmt.Sprintf(`prefixlb_requests_total{%s,mode=%q,reason=%q,status="%d"}`, bm.label, bm.sm.mode, r.String(), status)
+		name := fmt.Sprintf(`prefixlb_requests_total{%s,mode=%s,reason=%s,status="%d"}`, bm.label, labelValue(bm.sm.mode), labelValue(r.String()), status)
 		c = bm.sm.set.GetOrCreateCounter(name)
 		bm.mu.Lock()
 		bm.reqs[k] = c
@@ -179,7 +179,7 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 func (s *Server) writeGauges(w io.Writer) {
 	bs := s.pool.Snapshot()
 	for _, b := range bs {
-		l := fmt.Sprintf(`{backend=%q}`, b.Name)
+		l := `{backend=` + labelValue(b.Name) + `}`
 		metrics.WriteGaugeUint64(w, `prefixlb_backend_inflight`+l, uint64(max(b.InFlight(), 0)))
 		metrics.WriteGaugeUint64(w, `prefixlb_backend_prefill_tokens`+l, uint64(max(b.PrefillTokens(), 0)))
 		h := uint64(0)
@@ -190,7 +190,7 @@ func (s *Server) writeGauges(w io.Writer) {
 	}
 	if x := s.decider.Index(); x != nil {
 		for _, st := range x.Stats(nil) {
-			l := fmt.Sprintf(`{backend=%q}`, st.Name)
+			l := `{backend=` + labelValue(st.Name) + `}`
 			metrics.WriteGaugeUint64(w, `prefixlb_index_entries`+l, uint64(max(st.Entries, 0)))
 			metrics.WriteGaugeUint64(w, `prefixlb_index_capacity_entries`+l, uint64(max(st.Capacity, 0)))
 			metrics.WriteCounterUint64(w, `prefixlb_index_evictions_total`+l, st.Evictions)

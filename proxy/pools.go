@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -49,6 +48,18 @@ const modelLabelOther = "other"
 
 // maxModelEcho bounds how much of an unknown model name the 404 and its log line repeat.
 const maxModelEcho = 256
+
+// maxServedEcho bounds how many served models the 404's message names (the first, in order;
+// "and N more" counts the rest): GET /v1/models lists them all.
+const maxServedEcho = 20
+
+// servedSummary is served joined by ", ", at most maxServedEcho of them, then "and N more".
+func servedSummary(served []string) string {
+	if len(served) <= maxServedEcho {
+		return strings.Join(served, ", ")
+	}
+	return strings.Join(served[:maxServedEcho], ", ") + fmt.Sprintf(" and %d more (GET /v1/models lists them)", len(served)-maxServedEcho)
+}
 
 // buildPools computes the pools of bs. now stamps the list's "created".
 func buildPools(bs []*backend.Backend, now time.Time) *modelPools {
@@ -146,7 +157,8 @@ func (s *Server) modelsChanged(*backend.Backend) {
 	s.rebuildPoolsLocked()
 }
 
-var pathModels = []byte("/v1/models")
+// pathModels is the model list's path (matched percent-decoded, as the backend matches it).
+const pathModels = "/v1/models"
 
 // serveLocally answers what prefixlb answers itself, after prepare: GET /v1/models (the union
 // of the models served, once some are known) and a request for a model no backend serves
@@ -157,7 +169,7 @@ func (s *Server) serveLocally(ctx *fasthttp.RequestCtx, f *flow) bool {
 	if p == nil || !p.filtering {
 		return false
 	}
-	if bytes.Equal(f.path, pathModels) && (ctx.IsGet() || ctx.IsHead()) {
+	if key.PathIs(f.path, pathModels) && (ctx.IsGet() || ctx.IsHead()) {
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("application/json")
 		ctx.SetBody(p.list)
@@ -169,11 +181,8 @@ func (s *Server) serveLocally(ctx *fasthttp.RequestCtx, f *flow) bool {
 	if _, ok := s.poolFor(&f.k); ok {
 		return false
 	}
-	name := string(f.k.Model)
-	if len(name) > maxModelEcho {
-		name = name[:maxModelEcho] + "…"
-	}
-	msg := fmt.Sprintf("model %s is not served; served models: %s", strconv.Quote(name), strings.Join(p.served, ", "))
+	name := echoModel(string(f.k.Model))
+	msg := notServedMessage(name, p)
 	body, _ := json.Marshal(map[string]map[string]any{"error": {
 		"message": msg, "type": "invalid_request_error", "param": "model", "code": "model_not_found"}})
 	ctx.Response.Reset()
@@ -187,12 +196,32 @@ func (s *Server) serveLocally(ctx *fasthttp.RequestCtx, f *flow) bool {
 	return true
 }
 
+// echoModel is name cut to maxModelEcho bytes (with "…" when cut).
+func echoModel(name string) string {
+	if len(name) > maxModelEcho {
+		return name[:maxModelEcho] + "…"
+	}
+	return name
+}
+
+// notServedMessage is the 404's message for a model no backend of p serves.
+func notServedMessage(name string, p *modelPools) string {
+	return fmt.Sprintf("model %s is not served; served models: %s", strconv.Quote(echoModel(name)), servedSummary(p.served))
+}
+
 // doneLocally ends a flow that no backend saw.
 func (s *Server) doneLocally(f *flow) {
 	f.done.Store(true)
 	s.wd.remove(f)
 	s.putFlow(f)
 }
+
+// maxModelLabels bounds the model label's values: at most this many served models have
+// series of their own (prefixlb_model_requests_total, prefixlb_model_ttft_seconds), the rest
+// count as modelLabelOther. A deployment serves a few base models and adapters; 64 keeps the
+// per-model series (a histogram's ~20 and a counter per status) in the low thousands even
+// when a backend lists backend.MaxModels ids.
+const maxModelLabels = 64
 
 // modelMetrics are one model label's series: prefixlb_model_requests_total{model,status} and
 // prefixlb_model_ttft_seconds{model}.
@@ -201,19 +230,22 @@ type modelMetrics struct {
 	ttft  *metrics.PrometheusHistogram
 	mu    sync.RWMutex
 	reqs  map[int]*metrics.Counter // by status
+	dead  bool                     // unregistered: no new series (guarded by mu)
 }
 
-// modelSeries holds the model labels' series; the served set only grows the registry (a
-// model that stops being served keeps its series, as removed backends keep theirs).
+// modelSeries holds the model labels' series: at most maxModelLabels models served now have a
+// label of their own (those labelled before keep theirs while served, then the first served in
+// order fill the free labels); a model that stops being served has its series unregistered,
+// so the registry holds at most maxModelLabels+1 models' series.
 type modelSeries struct {
 	mu     sync.Mutex
-	all    map[string]*modelMetrics
+	all    map[string]*modelMetrics // the labelled models: ≤ maxModelLabels
 	other  *modelMetrics
-	served atomic.Pointer[map[string]*modelMetrics] // model name → series, for the models served now
+	served atomic.Pointer[map[string]*modelMetrics] // model name → series, for the labelled models
 }
 
-// setModels makes served the models with a label of their own; any other name counts as
-// modelLabelOther.
+// setModels gives up to maxModelLabels of served (sorted) a label of their own; any other
+// name counts as modelLabelOther. Models no longer served lose their series.
 func (sm *serverMetrics) setModels(served []string) {
 	ms := &sm.models
 	ms.mu.Lock()
@@ -222,22 +254,46 @@ func (sm *serverMetrics) setModels(served []string) {
 		ms.all = map[string]*modelMetrics{}
 		ms.other = sm.newModelMetrics(modelLabelOther)
 	}
-	cur := make(map[string]*modelMetrics, len(served))
-	for _, id := range served {
-		m := ms.all[id]
-		if m == nil {
-			m = sm.newModelMetrics(id)
-			ms.all[id] = m
+	for id, m := range ms.all {
+		if _, ok := slices.BinarySearch(served, id); !ok {
+			sm.dropModelMetrics(m)
+			delete(ms.all, id)
 		}
+	}
+	for _, id := range served {
+		if len(ms.all) >= maxModelLabels {
+			break
+		}
+		if ms.all[id] == nil {
+			ms.all[id] = sm.newModelMetrics(id)
+		}
+	}
+	cur := make(map[string]*modelMetrics, len(ms.all))
+	for id, m := range ms.all {
 		cur[id] = m
 	}
 	ms.served.Store(&cur)
 }
 
 func (sm *serverMetrics) newModelMetrics(name string) *modelMetrics {
-	l := fmt.Sprintf(`model=%q`, name)
+	l := `model=` + labelValue(name)
 	return &modelMetrics{label: l, reqs: map[int]*metrics.Counter{},
 		ttft: sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_model_ttft_seconds{`+l+`}`, latencyBuckets)}
+}
+
+// dropModelMetrics unregisters m's series; a flow still holding m updates detached ones.
+func (sm *serverMetrics) dropModelMetrics(m *modelMetrics) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dead = true
+	sm.set.UnregisterMetric(`prefixlb_model_ttft_seconds{` + m.label + `}`)
+	for status := range m.reqs {
+		sm.set.UnregisterMetric(modelRequestsName(m.label, status))
+	}
+}
+
+func modelRequestsName(label string, status int) string {
+	return fmt.Sprintf(`prefixlb_model_requests_total{%s,status="%d"}`, label, status)
 }
 
 // observeModel counts a request that reached a backend under its model's label (with its TTFT
@@ -256,9 +312,15 @@ func (sm *serverMetrics) observeModel(f *flow, status int) {
 	c := m.reqs[status]
 	m.mu.RUnlock()
 	if c == nil {
-		c = sm.set.GetOrCreateCounter(fmt.Sprintf(`prefixlb_model_requests_total{%s,status="%d"}`, m.label, status))
 		m.mu.Lock()
-		m.reqs[status] = c
+		if c = m.reqs[status]; c == nil {
+			if m.dead { // dropped meanwhile: register nothing for it
+				m.mu.Unlock()
+				return
+			}
+			c = sm.set.GetOrCreateCounter(modelRequestsName(m.label, status))
+			m.reqs[status] = c
+		}
 		m.mu.Unlock()
 	}
 	c.Inc()

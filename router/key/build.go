@@ -58,8 +58,16 @@ func normChunkTokens(n int) int {
 	return min(n, maxChunkTokens)
 }
 
-// classify names the API of a request path (no query string): one trailing slash is allowed.
+// classify names the API of a request path (no query string), percent-decoded first as the
+// backend decodes it (path.go): one trailing slash is allowed. It does not allocate.
 func classify(path []byte) API {
+	var buf [3 * maxClassifiedPath]byte
+	if hasEscape(path) {
+		if len(path) > len(buf) { // decodes to more than maxClassifiedPath bytes: no API's
+			return APINone
+		}
+		path = DecodePath(buf[:0], path)
+	}
 	if n := len(path); n > 1 && path[n-1] == '/' {
 		path = path[:n-1]
 	}
@@ -192,6 +200,9 @@ func (b *Builder) Build(path []byte, body []byte, k *Key) {
 	s := statePool.Get().(*state)
 	defer func() {
 		k.Body = body
+		if !k.OK && len(k.Model) == 0 {
+			s.fallbackModel(body, k) // keep the request in its model's pool
+		}
 		if len(body) <= maxPooledBody {
 			s.reset()
 			statePool.Put(s)

@@ -23,14 +23,23 @@ package key
 // bytes. Otherwise the body is built in full. Either way its key is bit for bit the full
 // build's (TestMemoMatchesFullBuild).
 //
-// A false match needs two 64-bit hash collisions on the same prefix length and costs one
-// misrouted request, never a wrong answer, as any chunk-hash collision.
+// A false match needs two 64-bit hash collisions on the same prefix length. XXH64 is not a
+// cryptographic hash: its rounds are invertible, so with a known seed a client can craft a
+// body of the same length that agrees with another at every memoBlock prefix hash past an
+// edit, and have it keyed as the other (the prefix before the edit then reads as the
+// original's). The memo's hashes are therefore seeded with a random 64-bit key drawn per
+// Builder from crypto/rand (memo.seed) and never exposed: crafting a collision then needs
+// the key, and an accidental one costs one misrouted request, never a wrong answer, as any
+// chunk-hash collision. (Seeded XXH64 is a cheap barrier, not a MAC; the chunk hashes
+// themselves are unseeded, as peers must agree on them.)
 //
 // The slots are direct-mapped (a slot is overwritten by the next checkpoint filed under it);
 // each holds a copy of its chunk hashes, so memoSlots × 8 bytes × chunks is the memory: at
 // most 32 MiB with 1 MiB bodies at the default chunk size, nothing while bodies are small.
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 
@@ -55,17 +64,35 @@ const (
 // memo remembers the key state at the end of recently keyed large chat bodies. It is safe
 // for concurrent use.
 type memo struct {
+	seed  uint64 // the secret seed of every memo hash (see the package comment above)
 	slots [memoSlots]slot
 	hits  atomic.Uint64 // builds that resumed from a checkpoint (for tests)
 }
 
-func newMemo() *memo { return new(memo) }
+func newMemo() *memo {
+	m := new(memo)
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil { // never fails on Linux (getrandom); be safe
+		panic("key: no randomness for the memo seed: " + err.Error())
+	}
+	m.seed = binary.LittleEndian.Uint64(b[:])
+	return m
+}
+
+// memoSum is the seeded xxhash64 of b. It does not allocate.
+func memoSum(seed uint64, b []byte) uint64 {
+	var d xxhash.Digest
+	d.ResetWithSeed(seed)
+	_, _ = d.Write(b)
+	return d.Sum64()
+}
 
 // checkpoint is the state of a build after a body's last message: everything a build of a
 // body with the same first end bytes needs to resume there.
 type checkpoint struct {
 	end    int     // P: the position after the last message's '}'
-	hash   uint64  // xxhash64 of body[:end]
+	key    uint64  // the memo's seed (set by recall; allows hashes with it)
+	hash   uint64  // seeded xxhash64 of body[:end]
 	top    scanTop // positions (and ends) of the top-level fields; promptBytes unused (chat)
 	raw    [topFieldCount]uint64
 	seed   uint64
@@ -79,7 +106,7 @@ type checkpoint struct {
 }
 
 type slot struct {
-	key atomic.Uint64 // xxhash64 of body[:cp.end/memoBlock*memoBlock]; 0: empty
+	key atomic.Uint64 // seeded xxhash64 of body[:cp.end/memoBlock*memoBlock]; 0: empty
 	mu  sync.Mutex    // guards cp, and writes of key
 	cp  checkpoint
 }
@@ -88,14 +115,14 @@ type slot struct {
 // header's, and the messages themselves (a later duplicate replaces them).
 var memoFields = [...]topField{topModel, topCacheSalt, topMessages, topTools, topFunctions, topResponseFormat}
 
-// prefixSums hashes body in memoBlock steps: s.sums[j] is xxhash64 of body[:j*memoBlock]
-// and s.digests[j] the digest there (j ≥ 1; index 0 unused).
-func (s *state) prefixSums(body []byte) {
+// prefixSums hashes body in memoBlock steps: s.sums[j] is xxhash64 (seeded with seed) of
+// body[:j*memoBlock] and s.digests[j] the digest there (j ≥ 1; index 0 unused).
+func (s *state) prefixSums(seed uint64, body []byte) {
 	n := len(body) / memoBlock
 	s.sums = s.sums[:0]
 	s.digests = s.digests[:0]
 	var d xxhash.Digest
-	d.Reset()
+	d.ResetWithSeed(seed)
 	s.sums = append(s.sums, 0)
 	s.digests = append(s.digests, d)
 	for j := 1; j <= n; j++ {
@@ -109,8 +136,8 @@ func (s *state) prefixSums(body []byte) {
 // 0 when there is none) and returns the position from which body is not known to be valid
 // UTF-8: s.hit.end, or 0.
 func (s *state) recall(m *memo, body []byte) int {
-	s.hit.end = 0
-	s.prefixSums(body)
+	s.hit.end, s.hit.key = 0, m.seed
+	s.prefixSums(m.seed, body)
 	for j := len(s.sums) - 1; j >= 1; j-- {
 		g := s.sums[j]
 		sl := &m.slots[g%memoSlots]
@@ -175,7 +202,7 @@ func (h *checkpoint) allows(body []byte, top *scanTop) bool {
 			if is != was {
 				return false
 			}
-		case is < h.end || xxhash.Sum64(body[is:top.end[f]]) != h.raw[f]:
+		case is < h.end || memoSum(h.key, body[is:top.end[f]]) != h.raw[f]:
 			return false
 		}
 	}
@@ -215,7 +242,7 @@ func (s *state) remember(m *memo, body []byte, k *Key) {
 			if f == topMessages { // the array ends after its last message: never here
 				return
 			}
-			raw[f] = xxhash.Sum64(body[v:top.end[f]])
+			raw[f] = memoSum(m.seed, body[v:top.end[f]])
 		}
 	}
 	d := s.digests[j]
