@@ -249,7 +249,7 @@ func (n *Node) config() (*memberlist.Config, error) {
 	conf.TCPTimeout = tcpTimeout
 	conf.Delegate = delegate{n}
 	conf.Events = events{n}
-	conf.Logger = log.New(levelWriter{n.log.Named("memberlist")}, "", 0)
+	conf.Logger = log.New(newLevelWriter(n.log, n.m.rejected), "", 0)
 	if n.o.wrapTransport != nil {
 		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: conf.Logger})
 		if err != nil {
@@ -498,18 +498,4 @@ func (e events) NotifyJoin(m *memberlist.Node)  { e.n.setMember(m.Name, m.Addres
 func (e events) NotifyLeave(m *memberlist.Node) { e.n.setMember(m.Name, m.Address(), false) }
 func (e events) NotifyUpdate(*memberlist.Node)  {}
 
-// levelWriter turns memberlist's log lines ("[LEVEL] memberlist: …") into zap lines:
-// warnings and errors at warn, the rest at debug.
-type levelWriter struct{ log *zap.Logger }
-
-func (w levelWriter) Write(p []byte) (int, error) {
-	line := strings.TrimSpace(string(p))
-	if strings.HasPrefix(line, "[WARN]") || strings.HasPrefix(line, "[ERR]") {
-		w.log.Warn(line)
-	} else {
-		w.log.Debug(line)
-	}
-	return len(p), nil
-}
-
-var _ io.Writer = levelWriter{}
+var _ io.Writer = (*levelWriter)(nil)
