@@ -212,12 +212,18 @@ func (n *Node) snapshot(join bool) []byte {
 	for _, e := range exp {
 		buf = appendGroup(buf, e.ID, -1, e.Hashes)
 	}
+	n.own.add(n, buf, n.now())
 	return buf
 }
 
-// merge imports a peer's join snapshot.
+// merge imports a peer's join snapshot; this replica's own, come back over a join to itself
+// (a join target naming it in a spelling isSelf missed), is not imported.
 func (n *Node) merge(buf []byte, join bool) {
 	if !join || len(buf) == 0 {
+		return
+	}
+	if n.own.mine(n, buf, n.now()) {
+		n.log.Debug("peering: own index snapshot not imported (a join target is this replica)", zap.Int("bytes", len(buf)))
 		return
 	}
 	set := n.backends.Load()

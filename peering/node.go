@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log"
 	"net"
@@ -161,6 +162,9 @@ type Node struct {
 	recvHashes []uint64
 	recent     recentLearns // the peers' recent learned groups, for their forgets
 
+	snapMu sync.Mutex   // guards own
+	own    ownSnapshots // this replica's recent join snapshots, not to import back
+
 	ready     chan struct{}
 	readyOnce sync.Once
 	stop      chan struct{}
@@ -207,7 +211,8 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 		return nil, fmt.Errorf("peering: the member name is %d bytes, over %d", len(name), maxNameBytes)
 	}
 	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]string{},
-		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{})}
+		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{}),
+		own: ownSnapshots{seed: maphash.MakeSeed()}}
 	n.pol = &Policy{Prefix: p, n: n}
 	n.backends.Store(&backendSet{byID: nil})
 	n.m = newMetrics(func() float64 { return float64(n.Alive()) })
@@ -371,11 +376,11 @@ func (n *Node) initialJoin(ctx context.Context) {
 }
 
 // targets returns the configured peers' addresses (the static list and the DNS name's
-// records), this replica's own left out.
+// records), this replica's own left out in any spelling (isSelf).
 func (n *Node) targets(ctx context.Context) []string {
 	var out []string
 	for _, a := range n.o.Join {
-		if a != n.addr {
+		if !n.isSelf(ctx, a) {
 			out = append(out, a)
 		}
 	}
@@ -391,7 +396,7 @@ func (n *Node) targets(ctx context.Context) []string {
 		}
 		for _, u := range urls {
 			a := strings.TrimPrefix(u, discovery.DefaultScheme+"://")
-			if a != n.addr {
+			if !n.isSelf(ctx, a) {
 				out = append(out, a)
 			}
 		}
@@ -399,7 +404,9 @@ func (n *Node) targets(ctx context.Context) []string {
 	return out
 }
 
-// rejoinLoop joins dead peers again, and the configured ones while no peer is alive.
+// rejoinLoop joins dead peers again, and the configured ones while no peer is alive; never
+// an address a live peer has (a dead peer's replacement there already holds the index, and
+// every join is a full snapshot exchange).
 func (n *Node) rejoinLoop(ctx context.Context) {
 	t := time.NewTicker(n.o.RejoinInterval)
 	defer t.Stop()
@@ -419,8 +426,12 @@ func (n *Node) rejoinLoop(ctx context.Context) {
 		now := time.Now()
 		var targets []string
 		n.mu.Lock()
+		live := make(map[string]bool, len(n.members))
+		for _, a := range n.members {
+			live[a] = true
+		}
 		for name, l := range n.lost {
-			if now.Sub(l.since) > lostForget {
+			if now.Sub(l.since) > lostForget || live[l.addr] {
 				delete(n.lost, name)
 				continue
 			}
@@ -466,6 +477,12 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	if alive {
 		n.members[name] = addr
 		delete(n.lost, name)
+		// A replica restarted at a dead one's address under a new name replaces it.
+		for lname, l := range n.lost {
+			if l.addr == addr {
+				delete(n.lost, lname)
+			}
+		}
 	} else {
 		delete(n.members, name)
 		// Memberlist does not say here whether the peer died or left (Node.State is not
