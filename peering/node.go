@@ -54,7 +54,8 @@ const (
 	// DefaultFlushInterval is 1 ms between two batches of updates: a learned prefix and a
 	// load change reach the peers within about 1 ms plus a loopback or LAN hop (≈ 0.1 ms),
 	// while a batch carries every request routed meanwhile, so that at 10,000 requests/s a
-	// peer gets at most 1000 packets/s (a tick with nothing new sends nothing). 5 ms was
+	// peer gets at most 1000 packets/s (a tick with nothing new sends nothing; an idle
+	// replica, nothing queued and nothing in flight, ticks every loadKeepalive). 5 ms was
 	// measured first: on the shared-prefix bench at 40 requests/s (320/s wall at --speedup 8,
 	// 1.6 requests per 5 ms), 3 peered replicas had p95 TTFT 41.6 / 25.2 ms at 5 ms against
 	// 23.6 / 21.9 ms at 1 ms (two runs each), cached tokens alike.
@@ -70,7 +71,8 @@ const (
 	DefaultPort = 7946
 
 	// loadKeepalive is the longest gap between two load reports to a peer when nothing
-	// changed; loads that change are sent with the next flush.
+	// changed, and the idle flusher's period (flushLoop); loads that change are sent with
+	// the next flush.
 	loadKeepalive = 100 * time.Millisecond
 	// loadTTL is how long a peer's load report counts: five keepalives, so that a lost
 	// packet or two does not drop it, and a dead peer's in-flight requests stop counting
@@ -148,6 +150,7 @@ type Node struct {
 	addr string
 
 	q        queue
+	flushes  atomic.Uint64 // flusher wake-ups, for the idle test
 	loads    *loadTable
 	backends atomic.Pointer[backendSet]
 	m        metricSet
@@ -213,6 +216,7 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]string{},
 		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{}),
 		own: ownSnapshots{seed: maphash.MakeSeed()}}
+	n.q.kick = make(chan struct{}, 1)
 	n.pol = &Policy{Prefix: p, n: n}
 	n.backends.Store(&backendSet{byID: nil})
 	n.m = newMetrics(func() float64 { return float64(n.Alive()) })
