@@ -38,7 +38,7 @@ var rejectedMarks = []string{
 	"Failed to receive", "Failed to read remote state", "packet too short", "invalid checksum",
 	"missing message type", "not supported", "invalid msgType", "Failed to decode",
 	"Remote node state size", "Failed push/pull merge", "Got ping for unexpected node",
-	"truncated messages", "Failed to decompress",
+	"truncated messages", "has been truncated", "cannot decode label", "Failed to decompress",
 }
 
 // levelWriter is memberlist's log output ("[LEVEL] memberlist: …" lines). Each line

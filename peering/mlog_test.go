@@ -37,6 +37,7 @@ func TestLevelWriterLimits(t *testing.T) {
 		{"[DEBUG] memberlist: Stream connection from=127.0.0.1:1", 0, true, 0, 4},
 		{forged, mlogInterval, true, 2, 5},
 		{"[INFO] memberlist: Suspect b has failed", 0, true, 0, 5},
+		{"[ERR] memberlist: cannot decode label; packet has been truncated from=127.0.0.1:9", 0, true, 0, 6},
 	}
 	for i, st := range steps {
 		now = now.Add(st.advance)

@@ -6,7 +6,11 @@
 // Membership and failure detection are hashicorp/memberlist's (SWIM, as in Consul, Loki,
 // Mimir and Cortex), bound to a peer port of its own, never the public listener, and
 // authenticated and encrypted with a shared secret (AES-GCM; memberlist's SecretKey): a
-// replica with another secret can neither join nor inject updates. The updates themselves
+// replica with another secret can neither join nor inject updates. Memberlist reads a TCP
+// push/pull whole (up to 20 MiB) before it can authenticate it: inbound streams are therefore
+// capped (transport.go: 8 handled at once, 17 MiB each), which bounds what an
+// unauthenticated sender can make a replica hold to a few hundred MiB; a NetworkPolicy that
+// admits only the other replicas to the peer port is still the defence. The updates themselves
 // are not gossiped: a flusher every FlushInterval (1 ms) sends one compact batch (wire.go)
 // by UDP to every live peer, which records the hashes in its own index for its own backend
 // of the same ID and never forwards them, so nothing loops. Batches larger than a packet
@@ -259,14 +263,46 @@ func (n *Node) config() (*memberlist.Config, error) {
 	conf.Delegate = delegate{n}
 	conf.Events = events{n}
 	conf.Logger = log.New(newLevelWriter(n.log, n.m.rejected), "", 0)
-	if n.o.wrapTransport != nil {
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: conf.Logger})
-		if err != nil {
-			return nil, fmt.Errorf("peering: listen %s: %w", n.o.Listen, err)
+	nt, err := newNetTransport(host, port, conf.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("peering: listen %s: %w", n.o.Listen, err)
+	}
+	if port == 0 {
+		conf.BindPort = nt.GetAutoBindPort()
+		if n.o.Advertise == "" || conf.AdvertisePort == 0 {
+			conf.AdvertisePort = conf.BindPort
 		}
-		conf.Transport = n.o.wrapTransport(nt)
+	}
+	conf.Transport = newLimitTransport(nt, n.m.rejected)
+	if n.o.wrapTransport != nil {
+		conf.Transport = n.o.wrapTransport(conf.Transport)
 	}
 	return conf, nil
+}
+
+// netTransportTries is how often an ephemeral port (0) is drawn again when its UDP or TCP
+// side is taken (memberlist's own retry count).
+const netTransportTries = 10
+
+// newNetTransport binds memberlist's TCP and UDP on host:port; port 0 draws one free for
+// both, retried up to netTransportTries times.
+func newNetTransport(host string, port int, lg *log.Logger) (*memberlist.NetTransport, error) {
+	tries := 1
+	if port == 0 {
+		tries = netTransportTries
+	}
+	var err error
+	for range tries {
+		var nt *memberlist.NetTransport
+		nt, err = memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: lg})
+		if err == nil {
+			return nt, nil
+		}
+		if !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+	}
+	return nil, err
 }
 
 // splitHostPort parses host:port ("" host: 0.0.0.0; no port: DefaultPort).
