@@ -241,6 +241,7 @@ func (n *Node) snapshot(join bool) []byte {
 	if !join {
 		return nil
 	}
+	n.pushes.Add(1)
 	set := n.backends.Load()
 	if len(set.list) == 0 {
 		return nil

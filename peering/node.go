@@ -155,6 +155,7 @@ type Node struct {
 
 	q        queue
 	flushes  atomic.Uint64 // flusher wake-ups, for the idle test
+	pushes   atomic.Uint64 // join snapshots made (one per join push/pull), for the tests
 	loads    *loadTable
 	backends atomic.Pointer[backendSet]
 	m        metricSet

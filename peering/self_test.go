@@ -44,13 +44,19 @@ func TestRestartSameAddressNoRejoinStorm(t *testing.T) {
 	if got := lostAddrs(a); len(got) != 1 || got[0] != addr {
 		t.Fatalf("a's lost peers %v, want [%s]", got, addr)
 	}
+	// a's index differs from an empty one, so that b2 imports a's snapshot (not its own).
+	a.node.Policy().Learn(prompt(t, 3), a.bs[0], 0)
 	b2 := startReplica(t, "b2", replicaOpts{join: []*replica{a}, listen: addr})
 	testutil.Eventually(t, wait, "a and b2 peered", func() bool { return a.node.Alive() == 1 && b2.node.Alive() == 1 })
+	testutil.Eventually(t, wait, "b2 imported a's snapshot", func() bool { return imports(b2) >= 1 })
 	testutil.Eventually(t, wait, "b1's entry dropped", func() bool { return len(lostAddrs(a)) == 0 })
-	before := imports(b2)
+	before, pushes := imports(b2), b2.node.pushes.Load()
 	time.Sleep(quiet)
 	if after := imports(b2); after != before {
 		t.Fatalf("b2 imported %d more snapshots in %v after it joined: a still joins b1's address", after-before, quiet)
+	}
+	if after := b2.node.pushes.Load(); after != pushes {
+		t.Fatalf("b2 answered %d more join push/pulls in %v after it joined: a still joins b1's address", after-pushes, quiet)
 	}
 }
 
