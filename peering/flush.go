@@ -10,24 +10,46 @@ import (
 	"go.uber.org/zap"
 )
 
-// flushLoop sends, every FlushInterval, what was learned since the last flush and the local
-// loads (when they changed, or every loadKeepalive) to every live peer.
+// flushLoop sends what was learned since the last flush and the local loads (when they
+// changed, or every loadKeepalive) to every live peer: every FlushInterval while there is
+// something to tell or a local request in flight (so that its end reaches the peers within
+// a flush interval), else it sleeps until a Learn or Unlearn queues something (the queue's
+// kick) or loadKeepalive passes, so that an idle replica wakes 10 times a second, not 1000.
+// A load change with nothing in flight before it and no Learn (a request the prefix policy
+// did not learn) waits for that keepalive: at most 100 ms.
 func (n *Node) flushLoop() {
-	t := time.NewTicker(n.o.FlushInterval)
+	t := time.NewTimer(n.o.FlushInterval)
 	defer t.Stop()
 	var (
-		items    []queued
-		hashes   []uint64
-		loads    []peerLoad
-		last     []peerLoad
-		lastSent time.Time
-		packets  [][]byte
+		items     []queued
+		hashes    []uint64
+		loads     []peerLoad
+		last      []peerLoad // as last sent
+		prev      []peerLoad // as the previous wake-up saw them
+		lastSent  time.Time
+		lastApply time.Time
+		packets   [][]byte
+		active    = true
 	)
 	for {
+		if active {
+			select {
+			case <-n.stop:
+				return
+			case <-t.C:
+			}
+		} else {
+			select {
+			case <-n.stop:
+				return
+			case <-t.C:
+			case <-n.q.kick:
+			}
+		}
+		n.flushes.Add(1)
 		select {
-		case <-n.stop:
-			return
-		case <-t.C:
+		case <-n.q.kick: // what it signalled is taken now
+		default:
 		}
 		items, hashes = n.q.take(items, hashes)
 		learned, forgets := 0, 0 // items not cancelled
@@ -42,10 +64,24 @@ func (n *Node) flushLoop() {
 		}
 		now := n.now()
 		set := n.backends.Load()
-		n.loads.apply(set.byID, now) // expire stale peers' reports
+		if now.Sub(lastApply) >= loadKeepalive {
+			n.loads.apply(set.byID, now) // expire stale peers' reports
+			lastApply = now
+		}
 		loads = loads[:0]
+		var inFlight int64
 		for _, b := range set.list {
-			loads = append(loads, peerLoad{id: b.ID, inFlight: b.InFlight(), prefill: b.PrefillTokens()})
+			l := peerLoad{id: b.ID, inFlight: b.InFlight(), prefill: b.PrefillTokens()}
+			inFlight += l.inFlight
+			loads = append(loads, l)
+		}
+		changed := !slices.Equal(loads, prev)
+		prev = append(prev[:0], loads...)
+		active = flushActive(learned+forgets, changed, inFlight)
+		if active {
+			t.Reset(n.o.FlushInterval)
+		} else {
+			t.Reset(loadKeepalive)
 		}
 		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive
 		if learned+forgets == 0 && !sendLoads {
@@ -74,6 +110,13 @@ func (n *Node) flushLoop() {
 			n.m.forgetsSent.Add(forgets)
 		}
 	}
+}
+
+// flushActive reports whether the flusher ticks every FlushInterval (else it waits for a kick
+// or loadKeepalive): with items to send, loads that changed since the last report, or local
+// requests in flight.
+func flushActive(items int, loadsChanged bool, inFlight int64) bool {
+	return items > 0 || loadsChanged || inFlight > 0
 }
 
 // livePeers are the alive members but this replica.
@@ -198,6 +241,7 @@ func (n *Node) snapshot(join bool) []byte {
 	if !join {
 		return nil
 	}
+	n.pushes.Add(1)
 	set := n.backends.Load()
 	if len(set.list) == 0 {
 		return nil
@@ -212,12 +256,18 @@ func (n *Node) snapshot(join bool) []byte {
 	for _, e := range exp {
 		buf = appendGroup(buf, e.ID, -1, e.Hashes)
 	}
+	n.own.add(n, buf, n.now())
 	return buf
 }
 
-// merge imports a peer's join snapshot.
+// merge imports a peer's join snapshot; this replica's own, come back over a join to itself
+// (a join target naming it in a spelling isSelf missed), is not imported.
 func (n *Node) merge(buf []byte, join bool) {
 	if !join || len(buf) == 0 {
+		return
+	}
+	if n.own.mine(n, buf, n.now()) {
+		n.log.Debug("peering: own index snapshot not imported (a join target is this replica)", zap.Int("bytes", len(buf)))
 		return
 	}
 	set := n.backends.Load()

@@ -44,6 +44,8 @@ type replicaOpts struct {
 	secret   []byte
 	join     []*replica
 	dropping bool
+	listen   string   // "": 127.0.0.1:0
+	joinAddr []string // join targets besides join's
 }
 
 func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
@@ -65,6 +67,10 @@ func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 	}
 	for _, j := range ro.join {
 		o.Join = append(o.Join, j.node.Addr())
+	}
+	o.Join = append(o.Join, ro.joinAddr...)
+	if ro.listen != "" {
+		o.Listen = ro.listen
 	}
 	if ro.dropping {
 		o.wrapTransport = func(inner memberlist.Transport) memberlist.Transport {

@@ -16,6 +16,7 @@ type metricSet struct {
 	dropped   *metrics.Counter // learned groups not queued (queue full)
 	unknown   *metrics.Counter // learned groups received for a backend not configured here
 	bad       *metrics.Counter // messages that did not decode
+	rejected  *metrics.Counter // packets and streams memberlist refused (see levelWriter)
 	snapshots *metrics.Counter // snapshot entries imported
 	// forgetsSent and forgetsRecv count withdrawn Learns (a backend refused the request),
 	// sent per peer and received.
@@ -35,6 +36,7 @@ func newMetrics(alive func() float64) metricSet {
 		dropped:   s.NewCounter("prefixlb_peer_updates_dropped_total"),
 		unknown:   s.NewCounter("prefixlb_peer_updates_unknown_backend_total"),
 		bad:       s.NewCounter("prefixlb_peer_messages_invalid_total"),
+		rejected:  s.NewCounter("prefixlb_peer_packets_rejected_total"),
 		snapshots: s.NewCounter("prefixlb_peer_snapshot_entries_imported_total"),
 
 		forgetsSent: s.NewCounter("prefixlb_peer_forgets_sent_total"),
@@ -48,7 +50,10 @@ func newMetrics(alive func() float64) metricSet {
 // once per peer sent to), prefixlb_peer_bytes_sent_total / _received_total (update payload
 // bytes, before memberlist's framing and encryption, about 50 bytes a packet),
 // prefixlb_peer_updates_dropped_total (queue full), _unknown_backend_total (for a backend not
-// configured here), prefixlb_peer_messages_invalid_total,
+// configured here), prefixlb_peer_messages_invalid_total (decrypted updates that did not
+// decode), prefixlb_peer_packets_rejected_total (packets and streams memberlist refused before
+// they reached this package: not decryptable with the secret, mislabelled, truncated,
+// oversized; each also a memberlist log line, at most one a second per kind),
 // prefixlb_peer_snapshot_entries_imported_total, and prefixlb_peer_forgets_sent_total /
 // _received_total (Learns withdrawn after the update went out: the backend refused the
 // request; counted once per peer sent to).

@@ -6,7 +6,11 @@
 // Membership and failure detection are hashicorp/memberlist's (SWIM, as in Consul, Loki,
 // Mimir and Cortex), bound to a peer port of its own, never the public listener, and
 // authenticated and encrypted with a shared secret (AES-GCM; memberlist's SecretKey): a
-// replica with another secret can neither join nor inject updates. The updates themselves
+// replica with another secret can neither join nor inject updates. Memberlist reads a TCP
+// push/pull whole (up to 20 MiB) before it can authenticate it: inbound streams are therefore
+// capped (transport.go: 8 handled at once, 17 MiB each), which bounds what an
+// unauthenticated sender can make a replica hold to a few hundred MiB; a NetworkPolicy that
+// admits only the other replicas to the peer port is still the defence. The updates themselves
 // are not gossiped: a flusher every FlushInterval (1 ms) sends one compact batch (wire.go)
 // by UDP to every live peer, which records the hashes in its own index for its own backend
 // of the same ID and never forwards them, so nothing loops. Batches larger than a packet
@@ -31,6 +35,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log"
 	"net"
@@ -53,7 +58,8 @@ const (
 	// DefaultFlushInterval is 1 ms between two batches of updates: a learned prefix and a
 	// load change reach the peers within about 1 ms plus a loopback or LAN hop (≈ 0.1 ms),
 	// while a batch carries every request routed meanwhile, so that at 10,000 requests/s a
-	// peer gets at most 1000 packets/s (a tick with nothing new sends nothing). 5 ms was
+	// peer gets at most 1000 packets/s (a tick with nothing new sends nothing; an idle
+	// replica, nothing queued and nothing in flight, ticks every loadKeepalive). 5 ms was
 	// measured first: on the shared-prefix bench at 40 requests/s (320/s wall at --speedup 8,
 	// 1.6 requests per 5 ms), 3 peered replicas had p95 TTFT 41.6 / 25.2 ms at 5 ms against
 	// 23.6 / 21.9 ms at 1 ms (two runs each), cached tokens alike.
@@ -69,7 +75,8 @@ const (
 	DefaultPort = 7946
 
 	// loadKeepalive is the longest gap between two load reports to a peer when nothing
-	// changed; loads that change are sent with the next flush.
+	// changed, and the idle flusher's period (flushLoop); loads that change are sent with
+	// the next flush.
 	loadKeepalive = 100 * time.Millisecond
 	// loadTTL is how long a peer's load report counts: five keepalives, so that a lost
 	// packet or two does not drop it, and a dead peer's in-flight requests stop counting
@@ -147,6 +154,8 @@ type Node struct {
 	addr string
 
 	q        queue
+	flushes  atomic.Uint64 // flusher wake-ups, for the idle test
+	pushes   atomic.Uint64 // join snapshots made (one per join push/pull), for the tests
 	loads    *loadTable
 	backends atomic.Pointer[backendSet]
 	m        metricSet
@@ -160,6 +169,9 @@ type Node struct {
 	recvLoads  []peerLoad
 	recvHashes []uint64
 	recent     recentLearns // the peers' recent learned groups, for their forgets
+
+	snapMu sync.Mutex   // guards own
+	own    ownSnapshots // this replica's recent join snapshots, not to import back
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -207,7 +219,9 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 		return nil, fmt.Errorf("peering: the member name is %d bytes, over %d", len(name), maxNameBytes)
 	}
 	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]string{},
-		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{})}
+		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{}),
+		own: ownSnapshots{seed: maphash.MakeSeed()}}
+	n.q.kick = make(chan struct{}, 1)
 	n.pol = &Policy{Prefix: p, n: n}
 	n.backends.Store(&backendSet{byID: nil})
 	n.m = newMetrics(func() float64 { return float64(n.Alive()) })
@@ -249,15 +263,47 @@ func (n *Node) config() (*memberlist.Config, error) {
 	conf.TCPTimeout = tcpTimeout
 	conf.Delegate = delegate{n}
 	conf.Events = events{n}
-	conf.Logger = log.New(levelWriter{n.log.Named("memberlist")}, "", 0)
-	if n.o.wrapTransport != nil {
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: conf.Logger})
-		if err != nil {
-			return nil, fmt.Errorf("peering: listen %s: %w", n.o.Listen, err)
+	conf.Logger = log.New(newLevelWriter(n.log, n.m.rejected), "", 0)
+	nt, err := newNetTransport(host, port, conf.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("peering: listen %s: %w", n.o.Listen, err)
+	}
+	if port == 0 {
+		conf.BindPort = nt.GetAutoBindPort()
+		if n.o.Advertise == "" || conf.AdvertisePort == 0 {
+			conf.AdvertisePort = conf.BindPort
 		}
-		conf.Transport = n.o.wrapTransport(nt)
+	}
+	conf.Transport = newLimitTransport(nt, n.m.rejected)
+	if n.o.wrapTransport != nil {
+		conf.Transport = n.o.wrapTransport(conf.Transport)
 	}
 	return conf, nil
+}
+
+// netTransportTries is how often an ephemeral port (0) is drawn again when its UDP or TCP
+// side is taken (memberlist's own retry count).
+const netTransportTries = 10
+
+// newNetTransport binds memberlist's TCP and UDP on host:port; port 0 draws one free for
+// both, retried up to netTransportTries times.
+func newNetTransport(host string, port int, lg *log.Logger) (*memberlist.NetTransport, error) {
+	tries := 1
+	if port == 0 {
+		tries = netTransportTries
+	}
+	var err error
+	for range tries {
+		var nt *memberlist.NetTransport
+		nt, err = memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: lg})
+		if err == nil {
+			return nt, nil
+		}
+		if !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+	}
+	return nil, err
 }
 
 // splitHostPort parses host:port ("" host: 0.0.0.0; no port: DefaultPort).
@@ -371,11 +417,11 @@ func (n *Node) initialJoin(ctx context.Context) {
 }
 
 // targets returns the configured peers' addresses (the static list and the DNS name's
-// records), this replica's own left out.
+// records), this replica's own left out in any spelling (isSelf).
 func (n *Node) targets(ctx context.Context) []string {
 	var out []string
 	for _, a := range n.o.Join {
-		if a != n.addr {
+		if !n.isSelf(ctx, a) {
 			out = append(out, a)
 		}
 	}
@@ -391,7 +437,7 @@ func (n *Node) targets(ctx context.Context) []string {
 		}
 		for _, u := range urls {
 			a := strings.TrimPrefix(u, discovery.DefaultScheme+"://")
-			if a != n.addr {
+			if !n.isSelf(ctx, a) {
 				out = append(out, a)
 			}
 		}
@@ -399,7 +445,9 @@ func (n *Node) targets(ctx context.Context) []string {
 	return out
 }
 
-// rejoinLoop joins dead peers again, and the configured ones while no peer is alive.
+// rejoinLoop joins dead peers again, and the configured ones while no peer is alive; never
+// an address a live peer has (a dead peer's replacement there already holds the index, and
+// every join is a full snapshot exchange).
 func (n *Node) rejoinLoop(ctx context.Context) {
 	t := time.NewTicker(n.o.RejoinInterval)
 	defer t.Stop()
@@ -419,8 +467,12 @@ func (n *Node) rejoinLoop(ctx context.Context) {
 		now := time.Now()
 		var targets []string
 		n.mu.Lock()
+		live := make(map[string]bool, len(n.members))
+		for _, a := range n.members {
+			live[a] = true
+		}
 		for name, l := range n.lost {
-			if now.Sub(l.since) > lostForget {
+			if now.Sub(l.since) > lostForget || live[l.addr] {
 				delete(n.lost, name)
 				continue
 			}
@@ -466,6 +518,12 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	if alive {
 		n.members[name] = addr
 		delete(n.lost, name)
+		// A replica restarted at a dead one's address under a new name replaces it.
+		for lname, l := range n.lost {
+			if l.addr == addr {
+				delete(n.lost, lname)
+			}
+		}
 	} else {
 		delete(n.members, name)
 		// Memberlist does not say here whether the peer died or left (Node.State is not
@@ -498,18 +556,4 @@ func (e events) NotifyJoin(m *memberlist.Node)  { e.n.setMember(m.Name, m.Addres
 func (e events) NotifyLeave(m *memberlist.Node) { e.n.setMember(m.Name, m.Address(), false) }
 func (e events) NotifyUpdate(*memberlist.Node)  {}
 
-// levelWriter turns memberlist's log lines ("[LEVEL] memberlist: …") into zap lines:
-// warnings and errors at warn, the rest at debug.
-type levelWriter struct{ log *zap.Logger }
-
-func (w levelWriter) Write(p []byte) (int, error) {
-	line := strings.TrimSpace(string(p))
-	if strings.HasPrefix(line, "[WARN]") || strings.HasPrefix(line, "[ERR]") {
-		w.log.Warn(line)
-	} else {
-		w.log.Debug(line)
-	}
-	return len(p), nil
-}
-
-var _ io.Writer = levelWriter{}
+var _ io.Writer = (*levelWriter)(nil)

@@ -81,6 +81,9 @@ type queue struct {
 	items  []queued
 	hashes []uint64
 	size   atomic.Int64 // len(hashes), for a lock-free glance
+	// kick (capacity 1; nil: none) is signalled when something is queued, to wake an idle
+	// flusher.
+	kick chan struct{}
 }
 
 func (q *queue) push(id uint64, stamp int64, chunks []uint64, m *metricSet) {
@@ -122,6 +125,10 @@ func (q *queue) add(it queued, chunks []uint64, m *metricSet) {
 	q.hashes = append(q.hashes, chunks...)
 	q.size.Store(int64(len(q.hashes)))
 	q.mu.Unlock()
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
 }
 
 // take returns what was queued and leaves the queue holding items and hashes (emptied), the

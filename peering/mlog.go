@@ -1,0 +1,148 @@
+// Memberlist's own log lines: counted when they report a rejected packet or stream, and
+// rate-limited per kind, so that forged traffic at the peer port can neither flood the logs
+// nor write its bytes into them.
+
+package peering
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"go.uber.org/zap"
+)
+
+const (
+	// mlogInterval is the least time between two logged memberlist lines of one kind: one a
+	// second; the lines in between are counted and the next logged one says how many
+	// ("suppressed").
+	mlogInterval = time.Second
+	// mlogExcerpt is the most bytes of a memberlist line that are logged: enough for its
+	// message and the sender's address, not for a forged payload echoed in it.
+	mlogExcerpt = 120
+	// mlogKindWords is how many leading words of a line name its kind ("Decrypt packet
+	// failed", "UDP packet too").
+	mlogKindWords = 3
+	// mlogMaxKinds bounds the kinds tracked: memberlist's format strings are a few dozen; a
+	// line of any further kind counts as mlogOtherKind.
+	mlogMaxKinds  = 64
+	mlogOtherKind = "other"
+)
+
+// rejectedMarks are the parts of memberlist's lines (v0.7.0, net.go and net_transport.go)
+// that report a packet or stream it refused: not decryptable (wrong secret or forged), not
+// decodable, mislabelled, truncated, or oversized.
+var rejectedMarks = []string{
+	"Decrypt packet failed", "unacceptable label", "label header", "failed to receive",
+	"Failed to receive", "Failed to read remote state", "packet too short", "invalid checksum",
+	"missing message type", "not supported", "invalid msgType", "Failed to decode",
+	"Remote node state size", "Failed push/pull merge", "Got ping for unexpected node",
+	"truncated messages", "has been truncated", "cannot decode label", "Failed to decompress",
+}
+
+// levelWriter is memberlist's log output ("[LEVEL] memberlist: …" lines). Each line
+// reporting a rejected packet or stream counts in rejected; lines are logged at most one
+// per kind per mlogInterval (warnings and errors at warn, the rest at debug), cut to
+// mlogExcerpt printable ASCII bytes. It is safe for concurrent use.
+type levelWriter struct {
+	log      *zap.Logger
+	rejected *metrics.Counter
+	now      func() time.Time
+
+	mu    sync.Mutex
+	kinds map[string]*mlogKind
+}
+
+type mlogKind struct {
+	last       time.Time
+	suppressed int
+}
+
+func newLevelWriter(lg *zap.Logger, rejected *metrics.Counter) *levelWriter {
+	return &levelWriter{log: lg, rejected: rejected, now: time.Now, kinds: map[string]*mlogKind{}}
+}
+
+func (w *levelWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	warn := strings.HasPrefix(line, "[WARN]") || strings.HasPrefix(line, "[ERR]")
+	msg := line
+	if i := strings.Index(msg, "] "); strings.HasPrefix(msg, "[") && i > 0 {
+		msg = msg[i+2:]
+	}
+	msg = strings.TrimPrefix(msg, "memberlist: ")
+	for _, m := range rejectedMarks {
+		if strings.Contains(msg, m) {
+			w.rejected.Inc()
+			break
+		}
+	}
+	kind := mlogKindOf(msg)
+	w.mu.Lock()
+	k := w.kinds[kind]
+	if k == nil {
+		if len(w.kinds) >= mlogMaxKinds {
+			kind = mlogOtherKind
+		}
+		if k = w.kinds[kind]; k == nil {
+			k = &mlogKind{}
+			w.kinds[kind] = k
+		}
+	}
+	now := w.now()
+	if !k.last.IsZero() && now.Sub(k.last) < mlogInterval {
+		k.suppressed++
+		w.mu.Unlock()
+		return len(p), nil
+	}
+	k.last = now
+	suppressed := k.suppressed
+	k.suppressed = 0
+	w.mu.Unlock()
+	fields := []zap.Field{zap.String("line", sanitize(msg, mlogExcerpt))}
+	if suppressed > 0 {
+		fields = append(fields, zap.Int("suppressed", suppressed))
+	}
+	if warn {
+		w.log.Warn("peering: memberlist", fields...)
+	} else {
+		w.log.Debug("peering: memberlist", fields...)
+	}
+	return len(p), nil
+}
+
+// mlogKindOf is a line's first mlogKindWords words, letters only.
+func mlogKindOf(msg string) string {
+	words := strings.Fields(msg)
+	var sb strings.Builder
+	for i, wd := range words {
+		if i == mlogKindWords {
+			break
+		}
+		for _, r := range wd {
+			if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+				sb.WriteRune(r)
+			}
+		}
+		sb.WriteByte(' ')
+	}
+	return sb.String()
+}
+
+// sanitize returns s cut to at most n bytes, each byte outside printable ASCII as '?'.
+func sanitize(s string, n int) string {
+	b := []byte(s)
+	cut := len(b) > n
+	if cut {
+		b = b[:n]
+	}
+	for i, c := range b {
+		if c < ' ' || c > '~' {
+			b[i] = '?'
+		}
+	}
+	if cut {
+		return string(b) + "…"
+	}
+	return string(b)
+}

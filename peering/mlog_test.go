@@ -1,0 +1,112 @@
+package peering
+
+import (
+	"crypto/rand"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
+)
+
+// TestLevelWriterLimits: memberlist lines are logged at most one per kind per mlogInterval,
+// the next one saying how many were suppressed, cut and sanitised; rejected ones count.
+func TestLevelWriterLimits(t *testing.T) {
+	lg, rec := testutil.RecordingLogger()
+	s := metrics.NewSet()
+	rej := s.NewCounter("rejected")
+	w := newLevelWriter(lg, rej)
+	now := time.Unix(1000, 0)
+	w.now = func() time.Time { return now }
+	forged := "[ERR] memberlist: discarding packet with unacceptable label \"" + strings.Repeat("A", 200) + "\x1b[31m\": from=127.0.0.1:5"
+	steps := []struct {
+		line     string
+		advance  time.Duration
+		logged   bool
+		supp     int
+		rejected uint64
+	}{
+		{forged, 0, true, 0, 1},
+		{forged, 10 * time.Millisecond, false, 0, 2},
+		{forged, 10 * time.Millisecond, false, 0, 3},
+		{"[ERR] memberlist: Decrypt packet failed: no installed keys could decrypt the message from=x", 0, true, 0, 4},
+		{"[DEBUG] memberlist: Stream connection from=127.0.0.1:1", 0, true, 0, 4},
+		{forged, mlogInterval, true, 2, 5},
+		{"[INFO] memberlist: Suspect b has failed", 0, true, 0, 5},
+		{"[ERR] memberlist: cannot decode label; packet has been truncated from=127.0.0.1:9", 0, true, 0, 6},
+	}
+	for i, st := range steps {
+		now = now.Add(st.advance)
+		if _, err := w.Write([]byte(st.line + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		got := rec.Take()
+		if (len(got) == 1) != st.logged || len(got) > 1 {
+			t.Fatalf("step %d: %d lines logged, want logged %v", i, len(got), st.logged)
+		}
+		if rej.Get() != st.rejected {
+			t.Fatalf("step %d: rejected %d, want %d", i, rej.Get(), st.rejected)
+		}
+		if !st.logged {
+			continue
+		}
+		line, _ := got[0].Fields["line"].(string)
+		if len(line) > mlogExcerpt+len("…") || strings.ContainsAny(line, "\x1b") || strings.Contains(line, strings.Repeat("A", mlogExcerpt)) {
+			t.Fatalf("step %d: line not cut or not sanitised: %q", i, line)
+		}
+		supp, _ := got[0].Fields["suppressed"].(int64)
+		if int(supp) != st.supp {
+			t.Fatalf("step %d: suppressed %d, want %d (%v)", i, supp, st.supp, got[0].Fields)
+		}
+	}
+}
+
+// TestForgedPacketsCountedNotFlooded: forged UDP packets at the peer port count in
+// prefixlb_peer_packets_rejected_total and log a handful of short lines, not one each.
+func TestForgedPacketsCountedNotFlooded(t *testing.T) {
+	r := startReplica(t, "target", replicaOpts{})
+	c, err := net.Dial("udp", r.node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r.logs.Take()
+	const sent = 3000
+	label := append([]byte{244, 200}, []byte(strings.Repeat("A", 200))...)
+	for i := 0; i < sent; i++ {
+		var pkt []byte
+		switch i % 3 {
+		case 0:
+			pkt = make([]byte, 1+12+16+20)
+			pkt[0] = 1
+			_, _ = rand.Read(pkt[1:])
+		case 1:
+			pkt = label
+		default:
+			pkt = []byte{0}
+		}
+		_, _ = c.Write(pkt)
+	}
+	testutil.Eventually(t, wait, "forged packets counted as rejected", func() bool {
+		v, _ := strconv.Atoi(r.metric("prefixlb_peer_packets_rejected_total"))
+		return v >= sent/10
+	})
+	time.Sleep(100 * time.Millisecond) // let the receiver drain what it still has
+	var lines int
+	for _, e := range r.logs.Take() {
+		if e.Message != "peering: memberlist" {
+			continue
+		}
+		lines++
+		if l, _ := e.Fields["line"].(string); len(l) > mlogExcerpt+len("…") {
+			t.Fatalf("a logged line of %d bytes: %q", len(l), l)
+		}
+	}
+	if lines >= sent/10 {
+		t.Fatalf("%d memberlist lines for %d forged packets: not rate-limited", lines, sent)
+	}
+}
