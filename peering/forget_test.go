@@ -4,7 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/internal/testutil"
+	"github.com/prefixlb/prefixlb/router"
 )
 
 // TestUnlearnPropagates: a Learn that a backend then refused is withdrawn on the peers too
@@ -111,5 +113,47 @@ func TestRecentLearnsWindow(t *testing.T) {
 	}
 	if got := r.take("q", 1, 14); len(got) != 1 {
 		t.Fatalf("the newest: %v", got)
+	}
+}
+
+// TestLearnSendsWhatIsNew: a Learn queues only the chunks beyond what the backend held when
+// the request was routed, except every fullChainEvery-th, which queues the whole chain; a
+// first learn (nothing held) queues it all.
+func TestLearnSendsWhatIsNew(t *testing.T) {
+	b, err := backend.New("http://127.0.0.1:1", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre := router.NewPrefix(router.PrefixOptions{}, nil)
+	pre.SetBackends([]*backend.Backend{b})
+	n := &Node{name: "q", m: newMetrics(func() float64 { return 0 })}
+	p := &Policy{Prefix: pre, n: n}
+	k := prompt(t, 1)
+	const held = 6
+	queued := func() int {
+		_, hs := n.q.take(nil, nil)
+		return len(hs)
+	}
+	p.Learn(k, b, 0)
+	if got := queued(); got != len(k.Chunks) {
+		t.Fatalf("first learn queued %d hashes, want the whole chain's %d", got, len(k.Chunks))
+	}
+	full := 0
+	for i := range 2 * fullChainEvery {
+		p.Learn(k, b, held)
+		switch got := queued(); got {
+		case len(k.Chunks):
+			full++
+		case len(k.Chunks) - held:
+		default:
+			t.Fatalf("learn %d queued %d hashes, want %d (new) or %d (whole)", i, got, len(k.Chunks)-held, len(k.Chunks))
+		}
+	}
+	if full != 2 {
+		t.Errorf("%d of %d learns sent the whole chain, want 2", full, 2*fullChainEvery)
+	}
+	p.Learn(k, b, len(k.Chunks))
+	if got := queued(); got != 0 {
+		t.Errorf("a fully held prompt queued %d hashes, want none", got)
 	}
 }

@@ -515,6 +515,7 @@ func (n *Node) setMember(name, addr string, alive bool) {
 		return
 	}
 	n.mu.Lock()
+	_, back := n.lost[name]
 	if alive {
 		n.members[name] = addr
 		delete(n.lost, name)
@@ -545,6 +546,24 @@ func (n *Node) setMember(name, addr string, alive bool) {
 		if set := n.backends.Load(); set != nil {
 			n.loads.forget(name, n.now(), set.byID)
 		}
+	}
+	if alive && back {
+		// A peer lost and back (a healed partition, which memberlist may notice by itself
+		// before the rejoin loop joins it) exchanges snapshots once, so that what each side
+		// learned meanwhile converges. Not from here: memberlist's state is locked.
+		go n.exchange(addr)
+	}
+}
+
+// exchange runs one push/pull (both indexes' snapshots) with the peer at addr.
+func (n *Node) exchange(addr string) {
+	select {
+	case <-n.stop:
+		return
+	default:
+	}
+	if _, err := n.ml.Join([]string{addr}); err != nil {
+		n.log.Debug("peering: snapshot exchange after a peer's return failed", zap.String("peer", addr), zap.Error(err))
 	}
 }
 

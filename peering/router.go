@@ -22,22 +22,33 @@ const maxQueuedHashes = 1 << 20
 // request, queues the request's chunk hashes for the peers. It is safe for concurrent use.
 type Policy struct {
 	*router.Prefix
-	n *Node
+	n      *Node
+	learns atomic.Uint64 // Learns with a held prefix, for fullChainEvery
 }
 
-// Learn is router.Prefix.Learn, and queues what was learned for the peers.
+// fullChainEvery: a Learn queues for the peers only the chunks the backend did not hold
+// when the request was routed (the held prefix went out with an earlier request), and every
+// fullChainEvery-th Learn of this replica the whole chain, so that a peer whose own traffic
+// does not touch a hot prefix still refreshes it before its LRU ages it out. On agent
+// sessions, each request its session's previous one plus a step, this sends the step instead
+// of the ~100k-token context.
+const fullChainEvery = 16
+
+// Learn is router.Prefix.Learn, and queues what was learned for the peers: the chunks beyond
+// held (see fullChainEvery).
 func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
 	l := p.Prefix.Learn(k, b, held)
-	if l != 0 {
-		p.n.q.push(b.ID, int64(l), k.Chunks, &p.n.m)
+	if l == 0 {
+		return l
 	}
+	chunks := k.Chunks
+	if held > 0 && p.learns.Add(1)%fullChainEvery != 0 {
+		chunks = chunks[min(held, len(chunks)):]
+	}
+	p.n.q.push(b.ID, int64(l), chunks, &p.n.m)
 	return l
 }
 
-// Unlearn is router.Prefix.Unlearn (b refused the request, its KV cache did not gain the
-// prompt), and withdraws the Learn from the peers too: while the Learn still waits for the
-// flusher it is dropped from the queue; once sent, a forget of it is queued, which each peer
-// applies to what that Learn recorded there (see forget.go). l is what Learn returned.
 func (p *Policy) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {
 	p.Prefix.Unlearn(k, b, l)
 	if k == nil || b == nil || l == 0 {
