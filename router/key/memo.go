@@ -30,7 +30,10 @@ package key
 // original's). The memo's hashes are therefore seeded with a random 64-bit key drawn per
 // Builder from crypto/rand (memo.seed) and never exposed: crafting a collision then needs
 // the key, and an accidental one costs one misrouted request, never a wrong answer, as any
-// chunk-hash collision. (Seeded XXH64 is a cheap barrier, not a MAC; the chunk hashes
+// chunk-hash collision. (Seeded XXH64 is a cheap barrier, not a MAC: a forgery crafted for
+// seed 0 still collided under 1 in 100 random seeds, through the carries of its lane
+// rounds, so a client sending many forgeries gets one of its own requests keyed as another
+// body now and then — a misrouting of its own request, nothing more. The chunk hashes
 // themselves are unseeded, as peers must agree on them.)
 //
 // The slots are direct-mapped (a slot is overwritten by the next checkpoint filed under it);
