@@ -55,7 +55,9 @@ func TestRestartSameAddressNoRejoinStorm(t *testing.T) {
 	if after := imports(b2); after != before {
 		t.Fatalf("b2 imported %d more snapshots in %v after it joined: a still joins b1's address", after-before, quiet)
 	}
-	if after := b2.node.pushes.Load(); after != pushes {
+	// A storm is one join per rejoin interval (200 ms here: 7 in the quiet window); one join
+	// already on its way when b1's entry went (or one exchange as a peer reappears) may land.
+	if after := b2.node.pushes.Load(); after > pushes+1 {
 		t.Fatalf("b2 answered %d more join push/pulls in %v after it joined: a still joins b1's address", after-pushes, quiet)
 	}
 }
