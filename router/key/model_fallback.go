@@ -17,7 +17,7 @@ import (
 // k.Model as it is. A model that is not a string, or not valid UTF-8, is not taken.
 func (s *state) fallbackModel(body []byte, k *Key) {
 	v := topLevelMember(body, "model")
-	if v == nil || v[0] != '"' || !utf8.Valid(v) {
+	if len(v) == 0 || v[0] != '"' || !utf8.Valid(v) {
 		return
 	}
 	p, err := s.parser.ParseBytes(v)
