@@ -238,61 +238,25 @@ func (r *Replica) appendMessageHead(b, id []byte) []byte {
 // it (its usage carries the prompt and cached tokens), message_delta with the output tokens at
 // the end.
 func (r *Replica) streamMessages(w http.ResponseWriter, req *http.Request, rq *Request, id []byte, bp *[]byte) {
-	fl, _ := w.(http.Flusher)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	if fl != nil {
-		fl.Flush()
-	}
-	b := (*bp)[:0]
-	defer func() { *bp = b }()
-	ctx := req.Context()
-	sent := 0
-	for {
-		done := rq.Done()
-		n := rq.Generated()
-		b = b[:0]
-		for ; sent < n; sent++ {
-			if sent == 0 {
-				b = append(b, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":"...)
-				b = r.appendMessageHead(b, id)
-				b = append(b, `[],"stop_reason":null,"stop_sequence":null,`...)
-				b = appendMessagesUsage(b, rq, 0)
-				b = append(b, "}}\n\n"...)
-				b = append(b, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"...)
-			}
-			b = append(b, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\""...)
-			b = append(b, rq.OutputWord(sent)...)
-			b = append(b, "\"}}\n\n"...)
-		}
-		if done && sent == rq.maxTokens {
-			b = append(b, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"...)
-			b = append(b, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":"...)
-			b = strconv.AppendInt(b, int64(sent), 10)
+	r.streamEvents(w, req, rq, bp, func(b []byte, sent int) []byte {
+		if sent == 0 {
+			b = append(b, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":"...)
+			b = r.appendMessageHead(b, id)
+			b = append(b, `[],"stop_reason":null,"stop_sequence":null,`...)
+			b = appendMessagesUsage(b, rq, 0)
 			b = append(b, "}}\n\n"...)
-			b = append(b, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"...)
+			b = append(b, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"...)
 		}
-		if len(b) > 0 {
-			if _, err := w.Write(b); err != nil {
-				return
-			}
-			if fl != nil {
-				fl.Flush()
-			}
-		}
-		if done {
-			return
-		}
-		select {
-		case <-rq.Ready():
-		case <-ctx.Done():
-			return
-		case <-r.quit:
-			return
-		}
-	}
+		b = append(b, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\""...)
+		b = append(b, rq.OutputWord(sent)...)
+		return append(b, "\"}}\n\n"...)
+	}, func(b []byte, sent int) []byte {
+		b = append(b, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"...)
+		b = append(b, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":"...)
+		b = strconv.AppendInt(b, int64(sent), 10)
+		b = append(b, "}}\n\n"...)
+		return append(b, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"...)
+	})
 }
 
 // respondMessages waits for the whole generation and writes one message object.

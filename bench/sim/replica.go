@@ -395,16 +395,50 @@ func appendUsage(b []byte, rq *Request, completion int) []byte {
 // the engine produces it. The chunk text around each word is fixed per request, so a token
 // costs a few appends and one write+flush.
 func (r *Replica) stream(w http.ResponseWriter, req *http.Request, rq *Request, chat, includeUsage bool, id []byte, created int64, bp *[]byte) {
+	head := r.chunkHead(nil, id, chat, created)
+	r.streamEvents(w, req, rq, bp, func(b []byte, sent int) []byte {
+		if chat && sent == 0 {
+			b = append(b, head...)
+			b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+		}
+		b = append(b, head...)
+		if chat {
+			b = append(b, `{"index":0,"delta":{"content":"`...)
+			b = append(b, rq.OutputWord(sent)...)
+			b = append(b, `"},"logprobs":null,"finish_reason":`...)
+		} else {
+			b = append(b, `{"index":0,"text":"`...)
+			b = append(b, rq.OutputWord(sent)...)
+			b = append(b, `","logprobs":null,"finish_reason":`...)
+		}
+		if sent == rq.maxTokens-1 {
+			return append(b, `"length","stop_reason":null}]}`+"\n\n"...)
+		}
+		return append(b, `null,"stop_reason":null}]}`+"\n\n"...)
+	}, func(b []byte, sent int) []byte {
+		if includeUsage {
+			b = append(b, head...)
+			b = append(b, "],"...)
+			b = appendUsage(b, rq, sent)
+			b = append(b, "}\n\n"...)
+		}
+		return append(b, "data: [DONE]\n\n"...)
+	})
+}
+
+// streamEvents is the server-sent-events plumbing of both APIs: headers at once (as uvicorn
+// sends them; the first token may take a while), then, as the engine produces tokens, token's
+// bytes for each new one and, once all maxTokens are out, end's, each batch in one write and
+// flush; it stops when the client or the replica goes.
+func (r *Replica) streamEvents(w http.ResponseWriter, req *http.Request, rq *Request, bp *[]byte, token, end func(b []byte, sent int) []byte) {
 	fl, _ := w.(http.Flusher)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream; charset=utf-8")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	if fl != nil {
-		fl.Flush() // headers now, as uvicorn does; the first token may take a while
+		fl.Flush()
 	}
-
-	head := r.chunkHead(nil, id, chat, created)
 	b := (*bp)[:0]
 	defer func() { *bp = b }()
 	ctx := req.Context()
@@ -414,35 +448,10 @@ func (r *Replica) stream(w http.ResponseWriter, req *http.Request, rq *Request, 
 		n := rq.Generated()
 		b = b[:0]
 		for ; sent < n; sent++ {
-			last := sent == rq.maxTokens-1
-			if chat && sent == 0 {
-				b = append(b, head...)
-				b = append(b, `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
-			}
-			b = append(b, head...)
-			if chat {
-				b = append(b, `{"index":0,"delta":{"content":"`...)
-				b = append(b, rq.OutputWord(sent)...)
-				b = append(b, `"},"logprobs":null,"finish_reason":`...)
-			} else {
-				b = append(b, `{"index":0,"text":"`...)
-				b = append(b, rq.OutputWord(sent)...)
-				b = append(b, `","logprobs":null,"finish_reason":`...)
-			}
-			if last {
-				b = append(b, `"length","stop_reason":null}]}`+"\n\n"...)
-			} else {
-				b = append(b, `null,"stop_reason":null}]}`+"\n\n"...)
-			}
+			b = token(b, sent)
 		}
 		if done && sent == rq.maxTokens {
-			if includeUsage {
-				b = append(b, head...)
-				b = append(b, "],"...)
-				b = appendUsage(b, rq, sent)
-				b = append(b, "}\n\n"...)
-			}
-			b = append(b, "data: [DONE]\n\n"...)
+			b = end(b, sent)
 		}
 		if len(b) > 0 {
 			if _, err := w.Write(b); err != nil {
