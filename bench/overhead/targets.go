@@ -328,7 +328,9 @@ func prefixlbConfig(listen, mode, logLevel string, backends []string, peering st
 
 // peeredPrefixlbTargets starts TargetPrefixlbPeer: an idle prefixlb peer and the measured
 // one joining it, both child processes in mode prefix, with a fresh random secret. Only the
-// measured one's CPU and RSS are reported; the peer's stop is folded into the target's.
+// measured one's CPU and RSS are reported; the peer's stop is folded into the target's. With
+// a profile directory the idle peer writes one too (prefixlb-idle-peer.prof): what receiving
+// the measured one's updates costs.
 func peeredPrefixlbTargets(argv []string, dir, logLevel string, backends []string, profDir string, extraEnv []string) (*target, error) {
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
@@ -347,7 +349,7 @@ func peeredPrefixlbTargets(argv []string, dir, logLevel string, backends []strin
 		return nil, err
 	}
 	peerAddr, ownAddr := "127.0.0.1:"+strconv.Itoa(pp), "127.0.0.1:"+strconv.Itoa(mp)
-	peer, err := prefixlbTargetWith("prefixlb-idle-peer", argv, dir, "prefix", logLevel, backends, "", extraEnv,
+	peer, err := prefixlbTargetWith("prefixlb-idle-peer", argv, dir, "prefix", logLevel, backends, profDir, extraEnv,
 		fmt.Sprintf("  listen: %q\n  secret_file: %q\n", peerAddr, sf))
 	if err != nil {
 		return nil, err
