@@ -251,8 +251,7 @@ func TestNetTransportPorts(t *testing.T) {
 	if nt.port == 0 || tp != nt.port || up != nt.port || nt.GetAutoBindPort() != nt.port {
 		t.Fatalf("TCP port %d, UDP %d, reported %d; want one non-zero port", tp, up, nt.GetAutoBindPort())
 	}
-	taken := udpSender(t)
-	port := taken.LocalAddr().(*net.UDPAddr).Port
+	port := udpOnlyPort(t)
 	if _, err := newNetTransport("127.0.0.1", port, 0, quietLog); !errors.Is(err, syscall.EADDRINUSE) {
 		t.Fatalf("binding a taken UDP port: %v, want EADDRINUSE", err)
 	}
@@ -269,6 +268,22 @@ func TestNetTransportPorts(t *testing.T) {
 	if !named.ip.IsLoopback() {
 		t.Fatalf("localhost bound %v", named.ip)
 	}
+}
+
+// udpOnlyPort is a 127.0.0.1 port taken for UDP (until the test's end) whose TCP side was
+// free a moment ago (an ephemeral UDP port may be some TCP connection's local port).
+func udpOnlyPort(t *testing.T) int {
+	t.Helper()
+	const tries = 20
+	for range tries {
+		port := udpSender(t).LocalAddr().(*net.UDPAddr).Port
+		if ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}); err == nil {
+			_ = ln.Close()
+			return port
+		}
+	}
+	t.Fatalf("no UDP port with its TCP side free in %d tries", tries)
+	return 0
 }
 
 // TestAdvertiseIP: the advertised address is the explicit one, else the bound one, else
