@@ -165,8 +165,15 @@ type dropTransport struct {
 
 func newDropTransport(inner memberlist.Transport) *dropTransport {
 	d := &dropTransport{inner: inner, packets: make(chan *memberlist.Packet), streams: make(chan net.Conn), done: make(chan struct{})}
+	// inner's channels are never closed: both loops end at Shutdown.
 	go func() {
-		for p := range inner.PacketCh() {
+		for {
+			var p *memberlist.Packet
+			select {
+			case p = <-inner.PacketCh():
+			case <-d.done:
+				return
+			}
 			if !d.drop.Load() {
 				select {
 				case d.packets <- p:
@@ -177,7 +184,13 @@ func newDropTransport(inner memberlist.Transport) *dropTransport {
 		}
 	}()
 	go func() {
-		for c := range inner.StreamCh() {
+		for {
+			var c net.Conn
+			select {
+			case c = <-inner.StreamCh():
+			case <-d.done:
+				return
+			}
 			if d.drop.Load() {
 				_ = c.Close()
 				continue
@@ -185,6 +198,7 @@ func newDropTransport(inner memberlist.Transport) *dropTransport {
 			select {
 			case d.streams <- c:
 			case <-d.done:
+				_ = c.Close()
 				return
 			}
 		}

@@ -30,15 +30,16 @@ const (
 	mlogOtherKind = "other"
 )
 
-// rejectedMarks are the parts of memberlist's lines (v0.7.0, net.go and net_transport.go)
-// that report a packet or stream it refused: not decryptable (wrong secret or forged), not
-// decodable, mislabelled, truncated, or oversized.
+// rejectedMarks are the parts of memberlist's lines (v0.7.0, net.go; and nettransport.go's,
+// in memberlist's words) that report a packet or stream refused: not decryptable (wrong
+// secret or forged), not decodable, mislabelled, truncated, empty or oversized.
 var rejectedMarks = []string{
 	"Decrypt packet failed", "unacceptable label", "label header", "failed to receive",
 	"Failed to receive", "Failed to read remote state", "packet too short", "invalid checksum",
 	"missing message type", "not supported", "invalid msgType", "Failed to decode",
 	"Remote node state size", "Failed push/pull merge", "Got ping for unexpected node",
 	"truncated messages", "has been truncated", "cannot decode label", "Failed to decompress",
+	"packet too large",
 }
 
 // levelWriter is memberlist's log output ("[LEVEL] memberlist: …" lines). Each line

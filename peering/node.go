@@ -6,11 +6,13 @@
 // Membership and failure detection are hashicorp/memberlist's (SWIM, as in Consul, Loki,
 // Mimir and Cortex), bound to a peer port of its own, never the public listener, and
 // authenticated and encrypted with a shared secret (AES-GCM; memberlist's SecretKey): a
-// replica with another secret can neither join nor inject updates. Memberlist reads a TCP
-// push/pull whole (up to 20 MiB) before it can authenticate it: inbound streams are therefore
-// capped (transport.go: 8 handled at once, 17 MiB each), which bounds what an
-// unauthenticated sender can make a replica hold to a few hundred MiB; a NetworkPolicy that
-// admits only the other replicas to the peer port is still the defence. The updates themselves
+// replica with another secret can neither join nor inject updates. Its packets and streams
+// go through this package's transport (nettransport.go: one receive buffer, not 64 KiB
+// allocated per packet as memberlist's own does). Memberlist reads a TCP push/pull whole
+// (up to 20 MiB) before it can authenticate it: inbound streams are therefore capped
+// (transport.go: 8 handled at once, 17 MiB each), which bounds what an unauthenticated
+// sender can make a replica hold to a few hundred MiB; a NetworkPolicy that admits only the
+// other replicas to the peer port is still the defence. The updates themselves
 // are not gossiped: a flusher every FlushInterval (1 ms) sends one compact batch (wire.go)
 // by UDP to every live peer, which records the hashes in its own index for its own backend
 // of the same ID and never forwards them, so nothing loops. Batches larger than a packet
@@ -44,6 +46,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -264,7 +267,7 @@ func (n *Node) config() (*memberlist.Config, error) {
 	conf.Delegate = delegate{n}
 	conf.Events = events{n}
 	conf.Logger = log.New(newLevelWriter(n.log, n.m.rejected), "", 0)
-	nt, err := newNetTransport(host, port, conf.Logger)
+	nt, err := newNetTransport(host, port, maxPacketBytes, conf.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("peering: listen %s: %w", n.o.Listen, err)
 	}
@@ -281,25 +284,26 @@ func (n *Node) config() (*memberlist.Config, error) {
 	return conf, nil
 }
 
-// netTransportTries is how often an ephemeral port (0) is drawn again when its UDP or TCP
-// side is taken (memberlist's own retry count).
+// netTransportTries is how often an ephemeral port (0) is drawn again when its UDP side is
+// taken (memberlist's own retry count).
 const netTransportTries = 10
 
-// newNetTransport binds memberlist's TCP and UDP on host:port; port 0 draws one free for
-// both, retried up to netTransportTries times.
-func newNetTransport(host string, port int, lg *log.Logger) (*memberlist.NetTransport, error) {
+// newNetTransport binds the peer port's TCP and UDP on host:port (listenNet: packets up to
+// maxPacket bytes, <= 0 for maxPacketBytes); port 0 draws one free for both, retried up to
+// netTransportTries times.
+func newNetTransport(host string, port, maxPacket int, lg *log.Logger) (*netTransport, error) {
 	tries := 1
 	if port == 0 {
 		tries = netTransportTries
 	}
 	var err error
 	for range tries {
-		var nt *memberlist.NetTransport
-		nt, err = memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: lg})
+		var nt *netTransport
+		nt, err = listenNet(host, port, maxPacket, lg)
 		if err == nil {
 			return nt, nil
 		}
-		if !strings.Contains(err.Error(), "address already in use") {
+		if !errors.Is(err, syscall.EADDRINUSE) {
 			break
 		}
 	}

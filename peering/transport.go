@@ -37,8 +37,9 @@ const (
 // errStreamTooLong is what a stream that sent over maxStreamBytes reads.
 var errStreamTooLong = errors.New("peering: inbound stream over the size limit")
 
-// limitTransport is memberlist's NetTransport with its inbound streams bounded (see the
-// constants above). Streams it refuses or cuts count in rejected.
+// limitTransport is the peer port's transport (netTransport) with its inbound streams
+// bounded (see the constants above). Streams it refuses or cuts count in rejected. Its
+// accept loop ends at Shutdown (inner's StreamCh is never closed).
 type limitTransport struct {
 	memberlist.Transport
 	streams  chan net.Conn
@@ -56,9 +57,16 @@ func newLimitTransport(inner memberlist.Transport, rejected *metrics.Counter) *l
 	return t
 }
 
-// accept hands inner's streams on, each once it has a slot.
+// accept hands inner's streams on, each once it has a slot, until Shutdown.
 func (t *limitTransport) accept() {
-	for c := range t.Transport.StreamCh() {
+	in := t.Transport.StreamCh()
+	for {
+		var c net.Conn
+		select {
+		case c = <-in:
+		case <-t.done:
+			return
+		}
 		select {
 		case t.pending <- struct{}{}:
 		default:

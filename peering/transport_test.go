@@ -3,14 +3,11 @@ package peering
 import (
 	"errors"
 	"io"
-	"log"
 	"net"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
-	"github.com/hashicorp/memberlist"
 
 	"github.com/prefixlb/prefixlb/internal/testutil"
 )
@@ -18,18 +15,14 @@ import (
 // notYet is how long a test watches for a stream that must not be handed on yet.
 const notYet = 300 * time.Millisecond
 
-// limitOnNet wraps a real NetTransport on an ephemeral 127.0.0.1 port.
+// limitOnNet wraps a real netTransport on an ephemeral 127.0.0.1 port.
 func limitOnNet(t *testing.T) (*limitTransport, string, *metrics.Counter) {
 	t.Helper()
-	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{"127.0.0.1"}, BindPort: 0,
-		Logger: log.New(io.Discard, "", 0)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nt := onLoopback(t, 0, quietLog)
 	rej := metrics.NewSet().NewCounter("rejected")
 	lt := newLimitTransport(nt, rej)
 	t.Cleanup(func() { _ = lt.Shutdown() })
-	return lt, net.JoinHostPort("127.0.0.1", strconv.Itoa(nt.GetAutoBindPort())), rej
+	return lt, nt.addr(), rej
 }
 
 // TestLimitTransportStreams: at most maxInboundStreams inbound streams are handed to
