@@ -78,3 +78,43 @@ func buildRecovering(b *Builder, path, body string, k *Key) (recovered any) {
 	b.Build([]byte(path), []byte(body), k)
 	return nil
 }
+
+// Fallback gives the key Build gives a body it cannot read, whatever k held before (a key
+// that a panicking build left half-filled, or a complete one): Routed for a routed API and
+// never OK, no chunks, the model from the lenient scan.
+func TestFallback(t *testing.T) {
+	cases := []struct {
+		name, path, body string
+		api              API
+		model            string
+	}{
+		{"chat body that parses", pathChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, APIChat, "m"},
+		{"the fuzzer's body", pathChat, `{"model":,`, APIChat, ""},
+		{"completions, model after the prompt", pathCompl, `{"prompt":"` + strings.Repeat("x", 2048) + `","model":"n"}`, APICompletions, "n"},
+		{"not JSON", pathMsgs, `model=m`, APIMessages, ""},
+		{"model-only passthrough", pathRerank, `{"model":"r","query":"q"}`, APIModelOnly, "r"},
+		{"passthrough", pathModels, `{"model":"m"}`, APINone, ""},
+	}
+	b := NewBuilder(0)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var k Key
+			b.Build([]byte(pathChat), []byte(`{"model":"old","messages":[{"role":"user","content":"`+strings.Repeat("a", 4096)+`"}]}`), &k)
+			if !k.OK || len(k.Chunks) == 0 {
+				t.Fatal("the key before Fallback did not build")
+			}
+			Fallback([]byte(c.path), []byte(c.body), &k)
+			routed := c.api.Routed()
+			if k.API != c.api || k.Routed != routed || k.OK || k.Stream || len(k.Chunks) != 0 || k.PromptTokens != 0 {
+				t.Fatalf("API %v routed %v OK %v stream %v, %d chunks, %d tokens; want API %v routed %v, not OK, nothing keyed",
+					k.API, k.Routed, k.OK, k.Stream, len(k.Chunks), k.PromptTokens, c.api, routed)
+			}
+			if string(k.Model) != c.model {
+				t.Errorf("model %q, want %q", k.Model, c.model)
+			}
+			if got := string(k.Body); routed && got != c.body || !routed && k.Body != nil {
+				t.Errorf("Body %q, want the body for a routed API only", got)
+			}
+		})
+	}
+}
