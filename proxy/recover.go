@@ -111,10 +111,9 @@ func (s *Server) containKeyPanic(id uint64, path, body []byte, k *key.Key) {
 		return
 	}
 	s.m.keyPanics.Inc()
-	scanPanicked := fallbackKey(path, body, k)
 	fields := append(panicFields(p), zap.Uint64("request_id", id), zap.ByteString("path", path),
 		zap.Int("body_bytes", len(body)))
-	if scanPanicked {
+	if fallbackKey(path, body, k) {
 		fields = append(fields, zap.Bool("model_scan_panicked", true))
 	}
 	s.log.Error(logKeyPanic, fields...)
