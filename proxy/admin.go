@@ -189,7 +189,7 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 // Error.
 func (s *Server) Explain(path string, body []byte) RouteInfo {
 	var k key.Key
-	s.keys.Build([]byte(path), body, &k)
+	s.buildKey(0, []byte(path), body, &k)
 	if p := s.pools.Load(); p != nil && p.filtering {
 		if _, ok := s.poolFor(&k); !ok {
 			return RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,

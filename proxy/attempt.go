@@ -67,6 +67,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		f.lease.Release()
 		return err
 	}
+	s.testPanicAt(stageHead)
 	s.relayResponse(ctx, f, b, early, head)
 	return nil
 }

@@ -128,6 +128,8 @@ func errorType(status int) string {
 		status == fasthttp.StatusRequestHeaderFieldsTooLarge, status == fasthttp.StatusMethodNotAllowed,
 		status == fasthttp.StatusRequestTimeout, status == fasthttp.StatusHTTPVersionNotSupported:
 		return "invalid_request_error"
+	case status == fasthttp.StatusInternalServerError:
+		return "server_error" // prefixlb's own failure (recover.go), as OpenAI types its 500s
 	case status == fasthttp.StatusServiceUnavailable:
 		return "service_unavailable"
 	case status == fasthttp.StatusGatewayTimeout:

@@ -119,9 +119,9 @@ func (f *flow) goneErr() error {
 // runtime timer per chunk; a stall is cut after between 1-1/deadlineSteps and all of it.
 const deadlineSteps = 16
 
-// Read relays the backend's body. Each read may wait at most the idle timeout; what it
-// returns the client must take within timeouts.client_write.
-func (f *flow) Read(p []byte) (int, error) {
+// read relays the backend's body (Read, with its panics contained). Each read may wait at
+// most the idle timeout; what it returns the client must take within timeouts.client_write.
+func (f *flow) read(p []byte) (int, error) {
 	f.mu.Lock()
 	c := f.conn
 	f.mu.Unlock()
@@ -213,6 +213,7 @@ func (f *flow) relayClosing(ctx *fasthttp.RequestCtx) {
 	head := append([]byte(nil), h.Header()...)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
+		defer f.relayClosingGuard()
 		f.hj = c
 		if f.clientWrite > 0 {
 			f.setClientWriteDeadline(time.Now().Add(f.clientWrite))
@@ -271,23 +272,27 @@ func (f *flow) finish(status int, err error) {
 	if f.done.Swap(true) {
 		return
 	}
+	defer f.containFinish() // a panic below: the rest is released, the flow not pooled
 	s := f.s
 	s.wd.remove(f)
 	if !f.tokenSeen {
 		f.firstByte = f.firstBody // no token event (an error, an empty stream): the first byte
 	}
-	c := f.takeConn()
-	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
 	res := f.result(err)
 	s.m.observe(f, status, res)
 	s.correctIndex(f, res)
 	if f.body != nil && (res == resultTruncated || res == resultIdleTimeout) {
 		s.hc.Observe(f.lease.Backend(), health.OutcomeServerError) // died or stalled mid-response
 	}
+	s.testPanicAt(stageFinish)
 	if f.body != nil {
 		_ = f.resp.CloseBodyStream()
 		f.body = nil
 	}
+	// Taken here, not before the bookkeeping above, so that a panic there leaves the
+	// connection on the flow for containFinish to close.
+	c := f.takeConn()
+	reusable := err == nil && f.eof && c != nil && !f.resp.ConnectionClose()
 	if c != nil {
 		if reusable {
 			f.up.put(c, time.Now())

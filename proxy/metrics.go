@@ -38,6 +38,8 @@ type serverMetrics struct {
 	models         modelSeries      // the model label's series (pools.go)
 	streamErrors   streamErrorCounters
 	clientGone     *metrics.Counter
+	keyPanics      *metrics.Counter // key builds that panicked, routed by parse-fallback (recover.go)
+	handlerPanics  *metrics.Counter // requests whose serving panicked (recover.go)
 	matchedRatio   *metrics.PrometheusHistogram
 	// ttftPrediction is the policy's predicted TTFT ÷ the TTFT measured, per streamed
 	// request with a prediction: the cost model is right when it sits near 1.
@@ -56,6 +58,8 @@ func newServerMetrics(mode string) *serverMetrics {
 		modelNotFound:  s.NewCounter(`prefixlb_model_not_found_total`),
 		streamErrors:   newStreamErrorCounters(s),
 		clientGone:     s.NewCounter(`prefixlb_client_disconnects_total`),
+		keyPanics:      s.NewCounter(`prefixlb_key_panics_total`),
+		handlerPanics:  s.NewCounter(`prefixlb_handler_panics_total`),
 		matchedRatio:   s.NewPrometheusHistogramExt(`prefixlb_matched_prefix_ratio`, ratioBuckets),
 		ttftPrediction: s.NewPrometheusHistogramExt(`prefixlb_ttft_predicted_over_measured`, predictionBuckets),
 	}

@@ -64,6 +64,8 @@ type Server struct {
 	clientRead time.Duration // Timeouts.ClientRead
 
 	ext extension // admin additions (extension.go)
+
+	testPanic func(panicStage) // tests only: makes serving panic at a stage (recover.go); nil otherwise
 }
 
 // errNoPolicy is New's answer to Options without a Policy.
@@ -222,13 +224,17 @@ const (
 
 // handle is the request path: classify and key, pick, forward (retrying once elsewhere before
 // any byte reached the client), relay.
+//
+// A panic anywhere in it is contained (recover.go): the client gets a 500 and the request's
+// resources are released.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
-	var body bodyLease
-	defer s.endRequest(ctx, &body)
-	if !s.admit(ctx, &body) {
+	var st serving
+	defer s.endServing(ctx, &st)
+	if !s.admit(ctx, &st.body) {
 		return
 	}
 	f := s.getFlow(ctx)
+	st.f = f
 	s.prepare(ctx, f)
 	if s.serveLocally(ctx, f) {
 		return
@@ -255,7 +261,7 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 	}
 	f.method = append(f.method, req.Header.Method()...)
 	f.path = append(f.path, path...)
-	s.keys.Build(path, req.Body(), &f.k)
+	s.buildKey(f.id, path, req.Body(), &f.k)
 
 	prepareRequestHeader(&req.Header, peerAddr(ctx))
 	s.wd.add(f)
@@ -273,6 +279,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 		} else {
 			f.dec = s.decider.Repick(&f.k, f.dec, f.cands, f.id)
 		}
+		s.testPanicAt(stagePick)
 		if f.dec.Backend == nil {
 			break
 		}

@@ -37,6 +37,10 @@ type Builder struct {
 	// It must not change once the Builder is in use.
 	ChunkTokens int
 	memo        *memo // nil: every body is built in full (a Builder literal)
+	// testPanic, set by tests only (nil otherwise), runs with the state of a routed build
+	// once it is rendered and hashed, before the memo files it: a panic there is one that a
+	// bug in the build would raise.
+	testPanic func(*state)
 }
 
 // NewBuilder returns a Builder cutting prompts into chunks of chunkTokens approximate tokens
@@ -178,6 +182,11 @@ func (k *Key) Recycle() {
 //
 // Steady state allocates nothing: the scanner's arena, the parser, the hasher and k's slices
 // are reused. Bodies over 1 MiB use scratch memory that is not pooled.
+//
+// A panic in Build (a bug: no input is meant to raise one) is not recovered here: it reaches
+// the caller, which decides what it costs (the proxy contains it and routes the request by
+// parse-fallback; the fuzz targets must see it). The scratch state the build used is then
+// dropped, never returned to the pool, and k is left partly filled: Reset it before reuse.
 func (b *Builder) Build(path []byte, body []byte, k *Key) {
 	k.Reset()
 	ep := classify(path)
@@ -198,16 +207,22 @@ func (b *Builder) Build(path []byte, body []byte, k *Key) {
 	}
 	k.Routed = true
 	s := statePool.Get().(*state)
-	defer func() {
-		k.Body = body
-		if !k.OK && len(k.Model) == 0 {
-			s.fallbackModel(body, k) // keep the request in its model's pool
-		}
-		if len(body) <= maxPooledBody {
-			s.reset()
-			statePool.Put(s)
-		}
-	}()
+	b.buildRouted(s, ep, body, k)
+	k.Body = body
+	if !k.OK && len(k.Model) == 0 {
+		s.fallbackModel(body, k) // keep the request in its model's pool
+	}
+	// Reached only when nothing above panicked: a state that a panic left half-way (its
+	// scanner, arena, parser or chunker in the middle of a body) is dropped with the panic,
+	// never pooled, so that no later build starts from it.
+	if len(body) <= maxPooledBody {
+		s.reset()
+		statePool.Put(s)
+	}
+}
+
+// buildRouted fills k, Routed already, from the body of a request to a routed API, with s.
+func (b *Builder) buildRouted(s *state, ep API, body []byte, k *Key) {
 	m := b.memo
 	if ep != APIChat || len(body) < memoMinBody {
 		m = nil
@@ -220,6 +235,9 @@ func (b *Builder) Build(path []byte, body []byte, k *Key) {
 		return
 	}
 	s.build(ep, b.chunkTokens(), body, k)
+	if b.testPanic != nil {
+		b.testPanic(s)
+	}
 	if m != nil && s.fast {
 		if s.resumed {
 			m.hits.Add(1)

@@ -134,3 +134,23 @@ func valueEnd(b []byte, i int) int {
 	}
 	return i
 }
+
+// Fallback sets k to the key of a request to path whose body the Builder could not read, as
+// Build leaves one that does not parse: API from the path, Routed for a routed API (with
+// OK false, no chunks, PromptTokens 0, Body set), and Model from the lenient top-level
+// "model" scan, so that the request stays in its model's pool. A caller that contained a
+// panic of Build (which leaves k partly filled) calls it before routing the request by
+// parse-fallback. It uses scratch state of its own, never pooled; a panic in the scan leaves
+// every field set but Model, which is then empty.
+func Fallback(path, body []byte, k *Key) {
+	k.Reset()
+	k.API = classify(path)
+	k.Routed = k.API.Routed()
+	if k.Routed {
+		k.Body = body
+	}
+	if k.API != APINone {
+		var s state
+		s.fallbackModel(body, k)
+	}
+}
