@@ -24,8 +24,12 @@ import (
 //     (and flushed) one by one, then a usage event and "data: [DONE]";
 //   - otherwise one application/json chat.completion (text_completion for /v1/completions).
 //
-// usage.prompt_tokens is the body length ÷ 4. GET /v1/models and /health answer as vLLM does;
-// anything else is 404.
+// usage.prompt_tokens is the body length ÷ 4. The usage has no prompt_tokens_details, as stock
+// vLLM's (it reports cached tokens only with --enable-prompt-tokens-details): a replica without
+// a cache that reported "cached_tokens": 0 would have prefixlb's index correct itself away on
+// every request (router/correct.go), and the overhead bench would measure that churn (every
+// prompt relearned whole, and sent whole to a peer) instead of a proxy in front of replicas that
+// keep their prefixes. GET /v1/models and /health answer as vLLM does; anything else is 404.
 
 // DefaultZeroChunks is the number of content events in a streamed zero-latency response.
 const DefaultZeroChunks = 4
@@ -123,10 +127,10 @@ func newZeroHandler(o ZeroOptions, served *atomic.Uint64) *zeroHandler {
 	h.models = []byte(`{"object":"list","data":[{"id":` + q + `,"object":"model","owned_by":"vllm","max_model_len":131072}]}`)
 	h.chatHead = []byte(`{"id":"chatcmpl-zero","object":"chat.completion","created":0,"model":` + q +
 		`,"choices":[{"index":0,"message":{"role":"assistant","content":"zero latency reply"},"finish_reason":"stop"}],"usage":{"completion_tokens":` +
-		strconv.Itoa(o.Chunks) + `,"prompt_tokens_details":{"cached_tokens":0},"prompt_tokens":`)
+		strconv.Itoa(o.Chunks) + `,"prompt_tokens":`)
 	h.textHead = []byte(`{"id":"cmpl-zero","object":"text_completion","created":0,"model":` + q +
 		`,"choices":[{"index":0,"text":"zero latency reply","finish_reason":"stop"}],"usage":{"completion_tokens":` +
-		strconv.Itoa(o.Chunks) + `,"prompt_tokens_details":{"cached_tokens":0},"prompt_tokens":`)
+		strconv.Itoa(o.Chunks) + `,"prompt_tokens":`)
 	for i := range o.Chunks {
 		fin := "null"
 		if i == o.Chunks-1 {
@@ -138,9 +142,9 @@ func newZeroHandler(o ZeroOptions, served *atomic.Uint64) *zeroHandler {
 			`,"choices":[{"index":0,"text":"tok`+strconv.Itoa(i)+` ","finish_reason":`+fin+`}]}`+"\n\n"))
 	}
 	h.usageA = []byte(`data: {"id":"zero","object":"chat.completion.chunk","created":0,"model":` + q +
-		`,"choices":[],"usage":{"completion_tokens":` + strconv.Itoa(o.Chunks) + `,"prompt_tokens_details":{"cached_tokens":0},"prompt_tokens":`)
+		`,"choices":[],"usage":{"completion_tokens":` + strconv.Itoa(o.Chunks) + `,"prompt_tokens":`)
 	h.usageT = []byte(`data: {"id":"zero","object":"text_completion","created":0,"model":` + q +
-		`,"choices":[],"usage":{"completion_tokens":` + strconv.Itoa(o.Chunks) + `,"prompt_tokens_details":{"cached_tokens":0},"prompt_tokens":`)
+		`,"choices":[],"usage":{"completion_tokens":` + strconv.Itoa(o.Chunks) + `,"prompt_tokens":`)
 	h.readers.New = func() any { return &sseReader{h: h} }
 	return h
 }
