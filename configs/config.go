@@ -145,6 +145,11 @@ type Prefix struct {
 	// LoadMargin is an absolute number of requests added to the cap so low load does not
 	// flap. Left out: router.DefaultLoadMargin (2); 0: no margin.
 	LoadMargin OptionalInt `yaml:"load_margin"`
+	// HardLoadFactor is the factor of the hard cap ceil(h × (total in-flight + 1) / n) +
+	// margin, up to which a backend over the cap still takes a request that the cost model
+	// estimates it fastest for. Left out: router.DefaultHardLoadFactor (2.5); equal to
+	// load_factor: the cap alone.
+	HardLoadFactor float64 `yaml:"hard_load_factor"`
 	// TieMarginPercent is how close, in percent of the least, a backend's estimated TTFT must
 	// be to count as a near-tie, which the consistent-hash ring breaks so that prefixlb
 	// replicas agree where a new prefix lives. Left out: 50 (router.DefaultTieMargin); 0:
@@ -362,6 +367,9 @@ func (c *Config) ApplyDefaults() {
 	if p.LoadFactor == 0 {
 		p.LoadFactor = router.DefaultLoadFactor
 	}
+	if p.HardLoadFactor == 0 {
+		p.HardLoadFactor = max(router.DefaultHardLoadFactor, p.LoadFactor)
+	}
 	p.LoadMargin.orDefault(router.DefaultLoadMargin)
 	p.TieMarginPercent.orDefault(int(math.Round(router.DefaultTieMargin * 100)))
 	if p.DefaultKVCacheTokens == 0 {
@@ -452,6 +460,7 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 		TieBreak:             tb,
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
+		HardLoadFactor:       p.HardLoadFactor,
 		LoadMargin:           margin,
 		TieMargin:            tie,
 		MaxIndexEntries:      p.MaxIndexEntries,
@@ -506,6 +515,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("prefix.chunk_tokens: %d is outside 1..%d", p.ChunkTokens, maxChunkTokens)
 	case p.LoadFactor < 1:
 		return fmt.Errorf("prefix.load_factor: %g is below 1 (1 = perfect balance, no affinity)", p.LoadFactor)
+	case p.HardLoadFactor < p.LoadFactor:
+		return fmt.Errorf("prefix.hard_load_factor: %g is below prefix.load_factor (%g): the hard cap cannot be tighter than the cap", p.HardLoadFactor, p.LoadFactor)
 	case p.LoadMargin.V < 0:
 		return fmt.Errorf("prefix.load_margin: %d is negative", p.LoadMargin.V)
 	case p.TieBreak != TieBreakAuto && p.TieBreak != TieBreakRing && p.TieBreak != TieBreakLoad:

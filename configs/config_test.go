@@ -229,7 +229,7 @@ var defaulted = Config{
 		ClientWrite:    Duration(60 * time.Second),
 		ClientBodyIdle: Duration(10 * time.Second),
 	},
-	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, LoadMargin: OptionalInt{V: 2, Set: true}, TieMarginPercent: OptionalInt{V: 50, Set: true}, TieBreak: "auto", DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
+	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, HardLoadFactor: 2.5, LoadMargin: OptionalInt{V: 2, Set: true}, TieMarginPercent: OptionalInt{V: 50, Set: true}, TieBreak: "auto", DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
 	Health: Health{
 		Path: "/health", Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
 		HealthyThreshold: 2, UnhealthyThreshold: 3, ConsecutiveFailures: 5,
@@ -319,6 +319,7 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 	}{
 		{"prefix.chunk_tokens", c.Prefix.ChunkTokens, key.DefaultChunkTokens},
 		{"prefix.load_factor", c.Prefix.LoadFactor, router.DefaultLoadFactor},
+		{"prefix.hard_load_factor", c.Prefix.HardLoadFactor, router.DefaultHardLoadFactor},
 		{"prefix.load_margin", c.Prefix.LoadMargin, OptionalInt{V: router.DefaultLoadMargin, Set: true}},
 		{"prefix.tie_margin_percent", c.Prefix.TieMarginPercent, OptionalInt{V: 50, Set: true}},
 		{"prefix.default_kv_cache_tokens", c.Prefix.DefaultKVCacheTokens, int64(index.DefaultKVCacheTokens)},
@@ -368,6 +369,7 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"max_request_body_bytes: 1048576\nlimits:\n  max_buffered_body_bytes: 2000000\nbackends:\n - url: http://a:1", "below twice max_request_body_bytes"},
 		{"prefix:\n  chunk_tokens: 100000\nbackends:\n - url: http://a:1", "prefix.chunk_tokens"},
 		{"prefix:\n  load_factor: 0.5\nbackends:\n - url: http://a:1", "prefix.load_factor"},
+		{"prefix:\n  load_factor: 2\n  hard_load_factor: 1.5\nbackends:\n - url: http://a:1", "prefix.hard_load_factor"},
 		{"prefix:\n  load_margin: -1\nbackends:\n - url: http://a:1", "prefix.load_margin"},
 		{"prefix:\n  tie_margin_percent: -1\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
 		{"prefix:\n  tie_margin_percent: 101\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},

@@ -145,11 +145,23 @@ func median(xs []float64) float64 {
 	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
+// selection is what pickCost weighs besides the candidates: the caps and the near-tie rule.
+type selection struct {
+	loadFactor float64 // c of the bounded-load cap
+	hardFactor float64 // the hard cap's factor (≥ loadFactor)
+	margin     int64   // both caps' absolute margin in requests
+	tieMargin  float64 // near-tie margin of estimated TTFTs, as a fraction of the least
+	loadFirst  bool    // TieBreakLoad
+}
+
 // pickCost is the selection of mode prefix over a snapshot of the candidates (estimate
 // filled); it returns the chosen index into cs and why. place may be nil (no ring).
 //
-//  1. Candidates at the bounded-load cap are out (a hard guard against pile-ups), unless
-//     all are.
+//  1. Candidates at the bounded-load cap are out, unless all are, or unless one is under
+//     the hard cap (sel.hardFactor) and estimated faster than every candidate under the
+//     cap: the cap counts requests, not what they cost, and spilling a request off the
+//     replica that holds its prefix costs its whole prefill. The hard cap is the guard
+//     against pile-ups that the estimate misses.
 //  2. The least estimated TTFT wins; candidates within tieMargin of it are near-ties. Among
 //     them the longest match wins (what a cache holds is not computed twice), and among
 //     those the ring decides: the first met walking from the first chunk they do not hold (a
@@ -160,7 +172,7 @@ func median(xs []float64) float64 {
 //  3. The reason: ReasonMatch when the chosen candidate holds more than every candidate
 //     holds; ReasonOverload when another held more (it was over the cap or would have been
 //     slower); ReasonCold when nobody held more than the common prefix.
-func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieMargin float64, loadFirst bool, place *placement) (int, Reason) {
+func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int, Reason) {
 	var total int64
 	wsum, common, most := 0, math.MaxInt, 0
 	for i := range cs {
@@ -171,16 +183,19 @@ func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieM
 		most = max(most, cs[i].matched)
 	}
 	under := func(j int) bool {
-		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, loadFactor, margin)
+		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, sel.loadFactor, sel.margin)
 	}
-	anyUnder := false
+	anyUnder, bestUnder := false, math.Inf(1)
 	for j := range cs {
 		if under(j) {
 			anyUnder = true
-			break
+			bestUnder = math.Min(bestUnder, cs[j].est)
 		}
 	}
-	ok := func(j int) bool { return !anyUnder || under(j) }
+	ok := func(j int) bool {
+		return !anyUnder || under(j) ||
+			cs[j].est < bestUnder && cs[j].inFlight < loadCap(total, cs[j].weight, wsum, sel.hardFactor, sel.margin)
+	}
 	var first uint64
 	if len(chunks) > 0 {
 		first = chunks[0]
@@ -193,7 +208,7 @@ func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieM
 	}
 	// Near-ties: within tieMargin of the least estimate. Among them the longest match (what
 	// the cache already holds is not computed again), and among those the ring.
-	limit := cs[best].est * (1 + max(tieMargin, 0))
+	limit := cs[best].est * (1 + max(sel.tieMargin, 0))
 	tie := func(j int) bool { return ok(j) && cs[j].est <= limit }
 	at := -1
 	for j := range cs {
@@ -210,7 +225,7 @@ func pickCost(chunks []uint64, cs []cand, loadFactor float64, margin int64, tieM
 			}
 		}
 	}
-	if loadFirst {
+	if sel.loadFirst {
 		// Among the near-ties that hold the most, only the least loaded (in-flight requests
 		// per weight) stay: with peering every replica sees the same loads within
 		// milliseconds, so spreading by load keeps them coherent, and the ring decides only

@@ -127,7 +127,10 @@ type CandidateEstimate struct {
 	BaseMs          float64 `json:"base_ms"`
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
 	InFlight        int64   `json:"in_flight"`
-	UnderCap        bool    `json:"under_load_cap"`
+	// UnderCap: under the bounded-load cap; UnderHardCap: under the hard cap, up to which a
+	// candidate over the cap still wins when its estimate beats every one under it.
+	UnderCap     bool `json:"under_load_cap"`
+	UnderHardCap bool `json:"under_hard_load_cap"`
 }
 
 // RoundRobin cycles through the candidates, with one turn counter per model (a slot chosen

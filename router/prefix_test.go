@@ -87,16 +87,16 @@ func (rs *inflight) releaseOldest() {
 	*rs = (*rs)[1:]
 }
 
-// capNow is the bounded-load cap over candidates before the next request.
+// capNow is the hard cap over candidates before the next request: no pick goes past it.
 func capNow(p *Prefix, cs []*backend.Backend) int64 {
 	var total int64
 	for _, b := range cs {
 		total += b.InFlight()
 	}
-	return loadCap(total, 1, len(cs), p.loadFactor, p.margin)
+	return loadCap(total, 1, len(cs), p.sel.hardFactor, p.sel.margin)
 }
 
-// pickAndLearn picks, checks the cap, learns and begins the request, as the proxy does.
+// pickAndLearn picks, checks the hard cap, learns and begins the request, as the proxy does.
 func pickAndLearn(t *testing.T, p *Prefix, k *key.Key, cs []*backend.Backend, rs *inflight) Decision {
 	t.Helper()
 	limit := capNow(p, cs)
@@ -105,7 +105,7 @@ func pickAndLearn(t *testing.T, p *Prefix, k *key.Key, cs []*backend.Backend, rs
 		t.Fatal("no backend picked")
 	}
 	if in := d.Backend.InFlight(); in >= limit {
-		t.Fatalf("picked %s with %d in flight, at or over the cap %d", d.Backend.Name, in, limit)
+		t.Fatalf("picked %s with %d in flight, at or over the hard cap %d", d.Backend.Name, in, limit)
 	}
 	p.Learn(k, d.Backend, d.MatchedChunks)
 	rs.begin(d.Backend, int(d.PrefillTokens))
@@ -154,8 +154,13 @@ func TestPickCostSnapshots(t *testing.T) {
 		{"match beats a lower request count", []cand{c(1, 0, 2, 0), c(2, 2, 7, 0), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
 		{"a queue costs more than the match saves", []cand{c(1, 0, 2, 0), c(2, 1, 7, 5000), c(3, 0, 0, 0)}, 0, 1, ReasonOverload},
 		{"a small queue is worth the match", []cand{c(1, 0, 2, 0), c(2, 1, 7, 200), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
-		{"best over the cap: next best", []cand{c(1, 9, 8, 0), c(2, 1, 4, 0), c(3, 0, 0, 0)}, 0, 2, ReasonOverload},
-		{"only holder over the cap", []cand{c(1, 9, 8, 0), c(2, 1, 0, 0), c(3, 0, 0, 0)}, 0, 3, ReasonOverload},
+		// 9 of 10 in flight: over the cap ceil(1.25 × 11 / 3) + 2 = 7, under the hard cap
+		// ceil(2.5 × 11 / 3) + 2 = 12.
+		{"over the cap, fastest: kept", []cand{c(1, 9, 8, 0), c(2, 1, 4, 0), c(3, 0, 0, 0)}, 0, 1, ReasonMatch},
+		{"over the cap, slower than one under it: next best", []cand{c(1, 9, 8, 1500), c(2, 1, 4, 0), c(3, 0, 0, 0)}, 0, 2, ReasonOverload},
+		// 30 of 31 in flight: over the hard cap ceil(2.5 × 32 / 3) + 2 = 29.
+		{"best over the hard cap: next best", []cand{c(1, 30, 8, 0), c(2, 1, 4, 0), c(3, 0, 0, 0)}, 0, 2, ReasonOverload},
+		{"only holder over the hard cap", []cand{c(1, 30, 8, 0), c(2, 1, 0, 0), c(3, 0, 0, 0)}, 0, 3, ReasonOverload},
 		{"all at the cap: least estimate", []cand{c(1, 9, 8, 0), c(2, 9, 0, 0), c(3, 9, 0, 0)}, 0, 1, ReasonMatch},
 		{"common prefix does not decide: least work", []cand{c(1, 0, 5, 300), c(2, 0, 5, 0), c(3, 0, 5, 100)}, 0, 2, ReasonCold},
 		{"a full KV cache discounts the match", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 150), func(x *cand) { x.kvUsage = 1 }), c(3, 0, 0, 0)}, 0, 1, ReasonOverload},
@@ -168,12 +173,17 @@ func TestPickCostSnapshots(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cs := slices.Clone(tt.cs)
 			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tt.meanWork})
-			j, r := pickCost(chunks, cs, 1.25, 2, 0, false, nil)
+			j, r := pickCost(chunks, cs, testSel(0, false), nil)
 			if cs[j].id != tt.want || r != tt.reason {
 				t.Errorf("picked %d (%s), want %d (%s); estimates %v", cs[j].id, r, tt.want, tt.reason, ests(cs))
 			}
 		})
 	}
+}
+
+// testSel is the default caps (1.25, hard 2.5, margin 2) with a tie margin and tie-break.
+func testSel(tieMargin float64, loadFirst bool) selection {
+	return selection{loadFactor: DefaultLoadFactor, hardFactor: DefaultHardLoadFactor, margin: DefaultLoadMargin, tieMargin: tieMargin, loadFirst: loadFirst}
 }
 
 func ests(cs []cand) []string {
@@ -224,12 +234,12 @@ func TestTieBreakIndependentOfOrder(t *testing.T) {
 		chunks := chunkChain(nil).extend(fmt.Sprint("p", i), 4)
 		a := slices.Clone(cs)
 		estimate(a, in)
-		j, _ := pickCost(chunks, a, 1.25, 2, 0, false, nil)
+		j, _ := pickCost(chunks, a, testSel(0, false), nil)
 		want := a[j].id
 		rev := slices.Clone(cs)
 		slices.Reverse(rev)
 		estimate(rev, in)
-		if k, _ := pickCost(chunks, rev, 1.25, 2, 0, false, nil); rev[k].id != want {
+		if k, _ := pickCost(chunks, rev, testSel(0, false), nil); rev[k].id != want {
 			t.Fatalf("prompt %d: picked %d in one order, %d in the other", i, want, rev[k].id)
 		}
 		seen[want] = true
@@ -648,8 +658,8 @@ func TestTieBreakLoad(t *testing.T) {
 	for i := range 64 {
 		chunks := chunkChain(nil).extend(fmt.Sprint("cold", i), 4)
 		idle := mk([n]int64{0, 0, 0, 0})
-		r, _ := pickCost(chunks, idle, 1.25, 2, 0.5, false, place)
-		l, _ := pickCost(chunks, idle, 1.25, 2, 0.5, true, place)
+		r, _ := pickCost(chunks, idle, testSel(0.5, false), place)
+		l, _ := pickCost(chunks, idle, testSel(0.5, true), place)
 		if r != l {
 			t.Fatalf("prompt %d, equal loads: ring picked %d, load-first %d (want the ring's choice)", i, r, l)
 		}
@@ -662,12 +672,12 @@ func TestTieBreakLoad(t *testing.T) {
 			}
 		}
 		busy := mk(loads)
-		if j, _ := pickCost(chunks, busy, 1.25, 2, 0.5, true, place); j != free {
+		if j, _ := pickCost(chunks, busy, testSel(0.5, true), place); j != free {
 			t.Fatalf("prompt %d: load-first picked %d (in-flight %d), want the idle %d", i, j, busy[j].inFlight, free)
 		} else if j != r {
 			loadMoved++
 		}
-		if j, _ := pickCost(chunks, busy, 1.25, 2, 0.5, false, place); j != r {
+		if j, _ := pickCost(chunks, busy, testSel(0.5, false), place); j != r {
 			ringMoved++
 		}
 	}
