@@ -144,7 +144,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		o.ChunkTokens = key.DefaultChunkTokens
 	}
 	return &Prefix{
-		chunkTokens:  int64(o.ChunkTokens),
+		chunkTokens: int64(o.ChunkTokens),
 		sel: selection{loadFactor: o.LoadFactor, hardFactor: o.HardLoadFactor, margin: int64(o.LoadMargin),
 			tieMargin: o.TieMargin, loadFirst: o.TieBreak == TieBreakLoad},
 		clock:        clock,
