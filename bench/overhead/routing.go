@@ -43,7 +43,7 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		}
 		bs[i] = b
 	}
-	pol := router.NewPrefix(router.PrefixOptions{ChunkTokens: key.DefaultChunkTokens}, nil)
+	pol := router.NewPrefix(router.PrefixOptions{ChunkTokens: key.DefaultChunkTokens, DefaultKVCacheTokens: BenchKVCacheTokens}, nil)
 	pol.SetBackends(bs)
 	kb := key.NewBuilder(key.DefaultChunkTokens)
 	path := []byte(chatPath)

@@ -312,11 +312,22 @@ func haproxyTarget(bin, dir string, backends []string, tcp bool) (*target, error
 
 // ---- prefixlb ----
 
+// BenchKVCacheTokens is the KV-cache capacity, in tokens, that the benchmarked prefixlb is
+// told each zero-latency backend has (prefix.default_kv_cache_tokens), and the routing
+// harness's backends too: 8 Mi, so that the coding-agent sessions at 1 MB (64 sessions of up
+// to ~221k tokens, 14M in all over two backends) fit, as on a fleet sized for its sessions.
+// At the default (400k tokens per backend) they cannot: every request then misses, relearns
+// its whole prompt (3,458 chunks) and evicts as many, and Learn is 41% of prefixlb's CPU at 1
+// MB (0.88 ms of CPU per request against 0.50 ms in round-robin mode, one run). Smaller
+// bodies are not affected (their shared system prompts stay, their unique turns are evicted
+// either way).
+const BenchKVCacheTokens = 8 << 20
+
 // prefixlbConfig renders the YAML of a benchmarked prefixlb; peering, when set, is its
 // peering section's YAML (indented two spaces).
 func prefixlbConfig(listen, mode, logLevel string, backends []string, peering string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "listen: %q\nadmin_listen: \"127.0.0.1:0\"\nmode: %s\nlog:\n  level: %s\n  format: json\nbackends:\n", listen, mode, logLevel)
+	fmt.Fprintf(&b, "listen: %q\nadmin_listen: \"127.0.0.1:0\"\nmode: %s\nlog:\n  level: %s\n  format: json\nprefix:\n  default_kv_cache_tokens: %d\nbackends:\n", listen, mode, logLevel, BenchKVCacheTokens)
 	for _, u := range backends {
 		fmt.Fprintf(&b, "  - url: %q\n", u)
 	}
@@ -407,7 +418,8 @@ func prefixlbTargetWith(name string, argv []string, dir, mode, logLevel string, 
 // prefixlbInProcess serves prefixlb inside the harness (app.Start). Its CPU and RSS cannot
 // be told apart from the load generator's and are not reported.
 func prefixlbInProcess(name, mode string, backends []string) (*target, error) {
-	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0"}
+	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+		Prefix: configs.Prefix{DefaultKVCacheTokens: BenchKVCacheTokens}}
 	for _, u := range backends {
 		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
 	}
