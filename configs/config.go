@@ -213,6 +213,11 @@ type Backend struct {
 	Models []string `yaml:"models"`
 }
 
+// maxLoadFactor bounds prefix.load_factor and hard_load_factor: a cap 100 times the mean
+// is no cap; past that (and at infinity, where ceil(c × n) overflows int64) the policy would
+// read every backend as over its cap.
+const maxLoadFactor = 100
+
 // maxTieMarginPercent bounds prefix.tie_margin_percent: a near-tie 100% slower than the best
 // is not a tie, and the ring would override the load.
 const maxTieMarginPercent = 100
@@ -513,8 +518,10 @@ func (c *Config) Validate() error {
 	switch {
 	case p.ChunkTokens < 1 || p.ChunkTokens > maxChunkTokens:
 		return fmt.Errorf("prefix.chunk_tokens: %d is outside 1..%d", p.ChunkTokens, maxChunkTokens)
-	case p.LoadFactor < 1:
-		return fmt.Errorf("prefix.load_factor: %g is below 1 (1 = perfect balance, no affinity)", p.LoadFactor)
+	case !(p.LoadFactor >= 1 && p.LoadFactor <= maxLoadFactor): // NaN fails both
+		return fmt.Errorf("prefix.load_factor: %g is outside 1..%d (1 = perfect balance, no affinity)", p.LoadFactor, maxLoadFactor)
+	case !(p.HardLoadFactor <= maxLoadFactor):
+		return fmt.Errorf("prefix.hard_load_factor: %g is over %d", p.HardLoadFactor, maxLoadFactor)
 	case p.HardLoadFactor < p.LoadFactor:
 		return fmt.Errorf("prefix.hard_load_factor: %g is below prefix.load_factor (%g): the hard cap cannot be tighter than the cap", p.HardLoadFactor, p.LoadFactor)
 	case p.LoadMargin.V < 0:

@@ -75,6 +75,7 @@ func (w *levelWriter) Write(p []byte) (int, error) {
 	for _, m := range rejectedMarks {
 		if strings.Contains(msg, m) {
 			w.rejected.Inc()
+			msg = redact(msg) // the sender chose what memberlist quotes (a label, a name)
 			break
 		}
 	}
@@ -101,6 +102,10 @@ func (w *levelWriter) Write(p []byte) (int, error) {
 	k.suppressed = 0
 	w.mu.Unlock()
 	fields := []zap.Field{zap.String("line", sanitize(msg, mlogExcerpt))}
+	if from := fromOf(msg); from != "" {
+		// Logged on its own, so that a long line cut at mlogExcerpt still names the sender.
+		fields = append(fields, zap.String("from", sanitize(from, mlogFromMax)))
+	}
 	if suppressed > 0 {
 		fields = append(fields, zap.Int("suppressed", suppressed))
 	}
@@ -110,6 +115,51 @@ func (w *levelWriter) Write(p []byte) (int, error) {
 		w.log.Debug("peering: memberlist", fields...)
 	}
 	return len(p), nil
+}
+
+// mlogFromMax bounds the logged sender address ("from=" of memberlist's lines): an IPv6
+// address with a port and a zone fits.
+const mlogFromMax = 64
+
+// redact replaces what a rejected packet's line quotes ("…" or '…': memberlist echoes a
+// forged label or node name with %q) by "…", so that a forger's text never reaches the log.
+// An unterminated quote is redacted to the end of the line.
+func redact(msg string) string {
+	var sb strings.Builder
+	for i := 0; i < len(msg); i++ {
+		c := msg[i]
+		if c != '"' && c != '\'' {
+			sb.WriteByte(c)
+			continue
+		}
+		j := i + 1
+		for j < len(msg) && msg[j] != c {
+			if msg[j] == '\\' {
+				j++ // %q escapes the quote it would end on
+			}
+			j++
+		}
+		sb.WriteByte(c)
+		sb.WriteString("…")
+		if j < len(msg) {
+			sb.WriteByte(c)
+		}
+		i = j
+	}
+	return sb.String()
+}
+
+// fromOf is the sender address a memberlist line names ("from=ADDR"), "" when none.
+func fromOf(msg string) string {
+	i := strings.LastIndex(msg, "from=")
+	if i < 0 {
+		return ""
+	}
+	f := msg[i+len("from="):]
+	if j := strings.IndexAny(f, " \t"); j >= 0 {
+		f = f[:j]
+	}
+	return f
 }
 
 // mlogKindOf is a line's first mlogKindWords words, letters only.

@@ -58,9 +58,37 @@ func TestLevelWriterLimits(t *testing.T) {
 		if len(line) > mlogExcerpt+len("…") || strings.ContainsAny(line, "\x1b") || strings.Contains(line, strings.Repeat("A", mlogExcerpt)) {
 			t.Fatalf("step %d: line not cut or not sanitised: %q", i, line)
 		}
+		if st.line == forged {
+			// The forger's label is not logged at all, and the sender is, whatever the cut.
+			if strings.Contains(line, "AAAA") {
+				t.Fatalf("step %d: the forged label reached the log: %q", i, line)
+			}
+			if from, _ := got[0].Fields["from"].(string); from != "127.0.0.1:5" {
+				t.Fatalf("step %d: from %q, want 127.0.0.1:5 (%v)", i, from, got[0].Fields)
+			}
+		}
 		supp, _ := got[0].Fields["suppressed"].(int64)
 		if int(supp) != st.supp {
 			t.Fatalf("step %d: suppressed %d, want %d (%v)", i, supp, st.supp, got[0].Fields)
+		}
+	}
+}
+
+// TestRedact: what a rejected line quotes is replaced, escaped quotes included, an
+// unterminated quote to the end; the sender address is found after the redaction.
+func TestRedact(t *testing.T) {
+	for _, tc := range []struct{ in, want, from string }{
+		{`discarding packet with unacceptable label "secret=hunter2 from=10.0.0.9:1": from=127.0.0.1:5`, `discarding packet with unacceptable label "…": from=127.0.0.1:5`, "127.0.0.1:5"},
+		{`label "a\"b" and 'c' from=[::1]:7`, `label "…" and '…' from=[::1]:7`, "[::1]:7"},
+		{`unterminated "abc from=1.2.3.4:5`, `unterminated "…`, ""},
+		{`no quotes here`, `no quotes here`, ""},
+	} {
+		got := redact(tc.in)
+		if got != tc.want {
+			t.Errorf("redact(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+		if f := fromOf(got); f != tc.from {
+			t.Errorf("fromOf(%q) = %q, want %q", got, f, tc.from)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"math"
 	"testing"
 
 	"github.com/prefixlb/prefixlb/router/key"
@@ -22,6 +23,7 @@ func TestPrefixOptionsDefaults(t *testing.T) {
 		{"set", PrefixOptions{ChunkTokens: 16, LoadFactor: 1.5, HardLoadFactor: 3, LoadMargin: 5, TieMargin: 0.3}, 16, 1.5, 3, 5, 0.3},
 		{"hard below the cap: the cap alone", PrefixOptions{LoadFactor: 1.5, HardLoadFactor: 1.1}, key.DefaultChunkTokens, 1.5, 1.5, DefaultLoadMargin, DefaultTieMargin},
 		{"load factor above the default hard one", PrefixOptions{LoadFactor: 4}, key.DefaultChunkTokens, 4, 4, DefaultLoadMargin, DefaultTieMargin},
+		{"NaN factors: the defaults", PrefixOptions{LoadFactor: math.NaN(), HardLoadFactor: math.NaN()}, key.DefaultChunkTokens, DefaultLoadFactor, DefaultHardLoadFactor, DefaultLoadMargin, DefaultTieMargin},
 		{"no margin", PrefixOptions{LoadMargin: NoLoadMargin, TieMargin: NoTieMargin}, key.DefaultChunkTokens, DefaultLoadFactor, DefaultHardLoadFactor, 0, 0},
 		{"negative margin", PrefixOptions{LoadMargin: -7, TieMargin: -2}, key.DefaultChunkTokens, DefaultLoadFactor, DefaultHardLoadFactor, 0, 0},
 	}

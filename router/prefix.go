@@ -118,10 +118,10 @@ type placement struct {
 // NewPrefix returns a prefix policy; clock (nil: time.Now) stamps learned prefixes. Call
 // SetBackends before use: backends not set are neither learned nor placed by the ring.
 func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
-	if o.LoadFactor <= 0 {
+	if !(o.LoadFactor > 0) || math.IsInf(o.LoadFactor, 0) { // NaN too
 		o.LoadFactor = DefaultLoadFactor
 	}
-	if o.HardLoadFactor == 0 {
+	if o.HardLoadFactor == 0 || math.IsNaN(o.HardLoadFactor) {
 		o.HardLoadFactor = DefaultHardLoadFactor
 	}
 	o.HardLoadFactor = max(o.HardLoadFactor, o.LoadFactor)
@@ -275,7 +275,11 @@ func (p *Prefix) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
 // The +1 counts the request being placed; the margin keeps low load from flapping, where
 // the relative bound alone is a request or two.
 func loadCap(total int64, w, wsum int, loadFactor float64, margin int64) int64 {
-	return int64(math.Ceil(loadFactor*float64(total+1)*float64(w)/float64(wsum))) + margin
+	c := math.Ceil(loadFactor * float64(total+1) * float64(w) / float64(wsum))
+	if !(c < math.MaxInt32) { // an infinite or huge factor: no cap (int64(+Inf) is MinInt64)
+		return math.MaxInt64
+	}
+	return int64(c) + margin
 }
 
 // lighter ranks a before b by in-flight requests per weight, then pending prefill tokens

@@ -3,6 +3,7 @@ package router
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -120,12 +121,14 @@ func TestLoadCap(t *testing.T) {
 		margin  int64
 		want    int64
 	}{
-		{0, 1, 4, 1.25, 2, 3},      // ceil(1.25/4)=1, +2
-		{3, 1, 4, 1.25, 2, 4},      // ceil(5/4)=2
-		{99, 1, 4, 1.25, 2, 34},    // ceil(125/4)=32
-		{99, 2, 5, 1.25, 0, 50},    // a weight-2 backend of 5 units
-		{7, 1, 8, 1.0, 0, 1},       // c=1: exactly the average
-		{1000, 1, 3, 1.25, 2, 420}, // ceil(1251.25/3)=418
+		{0, 1, 4, 1.25, 2, 3},                    // ceil(1.25/4)=1, +2
+		{3, 1, 4, 1.25, 2, 4},                    // ceil(5/4)=2
+		{99, 1, 4, 1.25, 2, 34},                  // ceil(125/4)=32
+		{99, 2, 5, 1.25, 0, 50},                  // a weight-2 backend of 5 units
+		{7, 1, 8, 1.0, 0, 1},                     // c=1: exactly the average
+		{1000, 1, 3, 1.25, 2, 420},               // ceil(1251.25/3)=418
+		{5, 1, 4, math.Inf(1), 2, math.MaxInt64}, // no cap, not MinInt64
+		{5, 1, 4, 1e30, 2, math.MaxInt64},
 	}
 	for _, tt := range tests {
 		if g := loadCap(tt.total, tt.w, tt.wsum, tt.c, tt.margin); g != tt.want {
