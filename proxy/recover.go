@@ -185,30 +185,27 @@ func (f *flow) Read(p []byte) (n int, err error) {
 
 // containRead is Read's deferred recover.
 func (f *flow) containRead(n *int, err *error) {
-	p := recover()
-	if p == nil {
-		return
+	if p := recover(); p != nil {
+		*n, *err = 0, errPanicked
+		f.panicked(p, logRelayPanic, "relay")
 	}
-	s := f.s
-	s.m.handlerPanics.Inc()
-	fields := append(panicFields(p), f.requestFields()...)
-	f.abandon()
-	*n, *err = 0, errPanicked
-	s.log.Error(logRelayPanic, append(fields, zap.String("in", "relay"))...)
 }
 
 // containFinish is finish's deferred recover: what finish had not released yet is released,
 // and the flow is not pooled.
 func (f *flow) containFinish() {
-	p := recover()
-	if p == nil {
-		return
+	if p := recover(); p != nil {
+		f.panicked(p, logFinishPanic, "release")
 	}
+}
+
+// panicked counts, abandons and logs a panic p recovered while f was served; in names where.
+func (f *flow) panicked(p any, msg, in string) {
 	s := f.s
 	s.m.handlerPanics.Inc()
 	fields := append(panicFields(p), f.requestFields()...)
 	f.abandon()
-	s.log.Error(logFinishPanic, append(fields, zap.String("in", "release"))...)
+	s.log.Error(msg, append(fields, zap.String("in", in))...)
 }
 
 // relayClosingGuard is the deferred recover of relayClosing's hijacked goroutine, for a
