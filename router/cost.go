@@ -154,6 +154,12 @@ type selection struct {
 	loadFirst  bool    // TieBreakLoad
 }
 
+// caps are the bounded-load cap and the hard cap of a backend of weight w among candidates
+// of weight wsum with total requests in flight.
+func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
+	return loadCap(total, w, wsum, sel.loadFactor, sel.margin), loadCap(total, w, wsum, sel.hardFactor, sel.margin)
+}
+
 // pickCost is the selection of mode prefix over a snapshot of the candidates (estimate
 // filled); it returns the chosen index into cs and why. place may be nil (no ring).
 //
@@ -182,19 +188,24 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		common = min(common, cs[i].matched)
 		most = max(most, cs[i].matched)
 	}
-	under := func(j int) bool {
-		return cs[j].inFlight < loadCap(total, cs[j].weight, wsum, sel.loadFactor, sel.margin)
+	// Under the cap, or under the hard cap; the caps depend on the weight only, so each
+	// candidate's are computed once.
+	var ubuf, hbuf [maxStackCandidates]bool
+	under, underHard := ubuf[:0], hbuf[:0]
+	if len(cs) > maxStackCandidates {
+		under, underHard = make([]bool, 0, len(cs)), make([]bool, 0, len(cs))
 	}
 	anyUnder, bestUnder := false, math.Inf(1)
 	for j := range cs {
-		if under(j) {
+		soft, hard := sel.caps(total, cs[j].weight, wsum)
+		under, underHard = append(under, cs[j].inFlight < soft), append(underHard, cs[j].inFlight < hard)
+		if under[j] {
 			anyUnder = true
 			bestUnder = math.Min(bestUnder, cs[j].est)
 		}
 	}
 	ok := func(j int) bool {
-		return !anyUnder || under(j) ||
-			cs[j].est < bestUnder && cs[j].inFlight < loadCap(total, cs[j].weight, wsum, sel.hardFactor, sel.margin)
+		return !anyUnder || under[j] || cs[j].est < bestUnder && underHard[j]
 	}
 	var first uint64
 	if len(chunks) > 0 {

@@ -95,8 +95,9 @@ const (
 // index says the replica does not hold — at the replica's learned prefill rate. The least
 // estimate wins; near-ties (within TieMargin) go to the consistent-hash ring's choice, so
 // independent prefixlb replicas agree where a new prefix lives. No candidate takes a request
-// once its in-flight count reaches ceil(c × (total + 1) × w / W) + margin (w its weight, W the
-// candidates' sum) while another is under its cap.
+// once its in-flight count reaches the cap ceil(c × (total + 1) × w / W) + margin (w its
+// weight, W the candidates' sum) while another is under its cap, unless it is estimated
+// faster than every candidate under the cap and is under the hard cap (c = HardLoadFactor).
 type Prefix struct {
 	chunkTokens int64 // chunk size in approximate tokens
 	sel         selection
@@ -246,8 +247,9 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 		out[j] = CandidateEstimate{Backend: candidates[j].Name, MatchedChunks: c.matched, HeldTokens: int64(c.held),
 			QueuedTokens: c.queued, ForeignRequests: c.foreign, KVCacheUsage: c.kvUsage, PrefillRate: rate,
 			RateLearned: learned, BaseMs: float64(base) / float64(time.Millisecond), PredictedTTFTMs: c.est * 1000,
-			InFlight: c.inFlight, UnderCap: c.inFlight < loadCap(total, max(c.weight, 1), wsum, p.sel.loadFactor, p.sel.margin),
-			UnderHardCap: c.inFlight < loadCap(total, max(c.weight, 1), wsum, p.sel.hardFactor, p.sel.margin)}
+			InFlight: c.inFlight}
+		soft, hard := p.sel.caps(total, max(c.weight, 1), wsum)
+		out[j].UnderCap, out[j].UnderHardCap = c.inFlight < soft, c.inFlight < hard
 	}
 	return out
 }
