@@ -129,8 +129,13 @@ func benchProxyRequests(b *testing.B, mode string, stream bool, size int) {
 // tool calls and results), each request of a session its previous request plus one step, as
 // bench overhead sends at 1 MB: key.NewBuilder resumes its key from the previous request's
 // (key/memo.go), except at a session's first request (1 in agentbody.DefaultSteps); the
-// 1MB-agent-full case keys every body in full.
+// 1MB-agent-full case keys every body in full. benchInFlight requests stay dispatched, each
+// released benchInFlight decisions later as bench overhead's closed loop does, so that the
+// load caps spread the sessions over the backends as they do under load (with nothing in
+// flight every request would go where the shared prompt is held, and that one backend's
+// capacity would churn through every session's history).
 func BenchmarkRoutingDecision(b *testing.B) {
+	const benchInFlight = 32 // bench overhead's closed-loop connections
 	type bodies func(dst []byte, i uint64) []byte
 	chat := func(size int) bodies { return newBenchBodies(size, true).body }
 	agent, err := agentbody.New(agentbody.Options{Size: 1 << 20, StreamFraction: 1})
@@ -151,7 +156,11 @@ func BenchmarkRoutingDecision(b *testing.B) {
 		{"body=1MB-agent-full", agentBody, 2 * agentbody.DefaultSessions, true},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			pol := router.NewPrefix(router.PrefixOptions{}, nil) // the defaults, as mode prefix runs
+			// The defaults, as mode prefix runs, but for the KV capacity bench overhead gives its
+			// prefixlb (overhead.BenchKVCacheTokens), which holds the agent sessions' working set:
+			// at the default 400k tokens 64 sessions of ~220k tokens churn through every
+			// backend's capacity, and the case would measure evictions.
+			pol := router.NewPrefix(router.PrefixOptions{DefaultKVCacheTokens: 8 << 20}, nil)
 			bs := make([]*backend.Backend, 4)
 			for i := range bs {
 				var err error
@@ -167,10 +176,18 @@ func BenchmarkRoutingDecision(b *testing.B) {
 			path := []byte("/v1/chat/completions")
 			var k key.Key
 			var buf []byte
+			var leases [benchInFlight]backend.Lease
+			dispatch := func(i uint64, d router.Decision) {
+				l := &leases[i%benchInFlight]
+				l.Release()
+				l.Begin(d.Backend, d.PrefillTokens, false)
+			}
 			for i := range c.warm {
 				buf = c.body(buf, 1<<40+i)
 				kb.Build(path, buf, &k)
-				pol.Learn(&k, pol.Pick(&k, bs).Backend, 0)
+				d := pol.Pick(&k, bs)
+				pol.Learn(&k, d.Backend, 0)
+				dispatch(i, d)
 			}
 			b.SetBytes(int64(len(buf)))
 			b.ReportAllocs()
@@ -182,6 +199,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 				kb.Build(path, buf, &k)
 				d := pol.Pick(&k, bs)
 				pol.Learn(&k, d.Backend, d.MatchedChunks)
+				dispatch(c.warm+i, d)
 			}
 			b.StopTimer()
 			if !k.OK || len(k.Chunks) == 0 {

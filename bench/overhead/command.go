@@ -564,7 +564,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 			if err != nil {
 				return rep, err
 			}
-			rr, err := measureRouting(wl, o.Backends, o.RoutingN)
+			rr, err := measureRouting(wl, o.Backends, o.RoutingN, o.Conns)
 			if err != nil {
 				return rep, err
 			}

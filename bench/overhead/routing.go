@@ -19,12 +19,18 @@ import (
 // hashes) + Prefix.Pick + Prefix.Learn, on a policy whose index already holds the workload's
 // system prompts. With agent bodies most builds resume from the session's previous request
 // (key's prefix memo) and a session's first request (1 in agentbody.DefaultSteps) is built in
-// full, so p50 is the former and p99 the latter.
+// full, so p50 is the former and p99 the latter. The decisions keep InFlight requests
+// dispatched (each released InFlight decisions later, as the saturation phase's closed loop
+// releases a connection's request when the next one goes), so that the policy's load caps
+// spread the sessions over the backends as they do under load: decided one at a time with
+// nothing in flight, every request would go where the shared tools prompt is held, and one
+// backend's KV capacity would churn through the working set of all the sessions.
 type RoutingResult struct {
 	BodyBytes  int            `json:"body_bytes"`
 	Shape      string         `json:"body_shape"`
 	Chunks     int            `json:"chunks"`
 	Decisions  int            `json:"decisions"`
+	InFlight   int            `json:"in_flight"`
 	P50us      float64        `json:"p50_us"`
 	P99us      float64        `json:"p99_us"`
 	BuildP50us float64        `json:"build_p50_us"`
@@ -33,8 +39,9 @@ type RoutingResult struct {
 	Reasons    map[string]int `json:"reasons"`
 }
 
-// measureRouting times n routing decisions on bodies of wl over nb backends.
-func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
+// measureRouting times n routing decisions on bodies of wl over nb backends, with inFlight
+// requests dispatched at each decision.
+func measureRouting(wl *Workload, nb, n, inFlight int) (RoutingResult, error) {
 	bs := make([]*backend.Backend, nb)
 	for i := range bs {
 		b, err := backend.New(fmt.Sprintf("http://10.0.0.%d:8000", i+1), 0, 1)
@@ -49,6 +56,7 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 	path := []byte(chatPath)
 	var k key.Key
 	var buf []byte
+	leases := make([]backend.Lease, max(inFlight, 1))
 	decide := func(i uint64) (build, pick, learn time.Duration, d router.Decision) {
 		buf, _ = wl.Body(buf, i)
 		t0 := time.Now()
@@ -58,6 +66,11 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		t2 := time.Now()
 		pol.Learn(&k, d.Backend, d.MatchedChunks)
 		t3 := time.Now()
+		if inFlight > 0 {
+			l := &leases[i%uint64(len(leases))]
+			l.Release() // the request this connection sent before
+			l.Begin(d.Backend, d.PrefillTokens, false)
+		}
 		return t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), d
 	}
 	const warm = 200
@@ -81,7 +94,7 @@ func measureRouting(wl *Workload, nb, n int) (RoutingResult, error) {
 		return RoutingResult{}, fmt.Errorf("routing: the workload's body did not parse")
 	}
 	return RoutingResult{
-		BodyBytes: wl.Size, Shape: wl.Shape(), Chunks: len(k.Chunks), Decisions: n,
+		BodyBytes: wl.Size, Shape: wl.Shape(), Chunks: len(k.Chunks), Decisions: n, InFlight: inFlight,
 		P50us: pctUs(total, 50), P99us: pctUs(total, 99),
 		BuildP50us: pctUs(build, 50), PickP50us: pctUs(pick, 50), LearnP50us: pctUs(learn, 50),
 		Reasons: reasons,

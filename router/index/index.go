@@ -9,7 +9,8 @@
 // RWMutex. Each backend gets a small slot number and its own LRU list of the chunks it holds
 // (lru.go), guarded by the slot's mutex. Lock order is slot, then shard; no goroutine holds
 // two shard locks, no lock is held across a request, and Match (match.go) takes only shard
-// read locks, one chunk at a time. A table slot (16 bytes) carries a bitmask of the backend
+// read locks, one at a time. The chunks of a long prompt are looked up in batches, each
+// shard of a batch locked once (batch.go), so that the probes overlap. A table slot (16 bytes) carries a bitmask of the backend
 // slots below 32 that hold the chunk, so Match reads one table slot per chunk and no list.
 // Lists link int32 indexes into slabs (slab.go), not pointers: a (chunk, backend) entry
 // costs a 12-byte holder, a 24-byte LRU node and its share of a 16-byte table slot (tables
@@ -110,7 +111,8 @@ type table struct {
 // New returns an empty Index.
 func New(o Options) *Index { return newIndex(o, defaultShards) }
 
-// newIndex returns an empty Index of shards hash shards, rounded up to a power of two.
+// newIndex returns an empty Index of shards hash shards, rounded up to a power of two and
+// at most maxShards.
 func newIndex(o Options, shards int) *Index {
 	if o.ChunkTokens <= 0 {
 		o.ChunkTokens = key.DefaultChunkTokens
@@ -122,7 +124,7 @@ func newIndex(o Options, shards int) *Index {
 		o.MaxEntries = DefaultMaxEntries
 	}
 	n := 1
-	for n < shards {
+	for n < min(shards, maxShards) {
 		n <<= 1
 	}
 	x := &Index{

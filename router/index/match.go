@@ -70,10 +70,13 @@ const (
 	matchStackSlots      = 256
 )
 
-// matchMask is Match for slots that all fit the chunk mask.
+// matchMask is Match for slots that all fit the chunk mask. It looks up the first
+// seqChunks chunks one at a time and the rest, if the prompt is still held that far, in
+// growing batches (batch.go), each shard of a batch read-locked once.
 func (x *Index) matchMask(chunks []uint64, want uint32, pos []uint16, out []int) int {
 	alive := want
-	for i, h := range chunks {
+	seq := min(len(chunks), seqChunks)
+	for i, h := range chunks[:seq] {
 		h = norm(h)
 		sh := x.shard(h)
 		var mask uint32
@@ -82,18 +85,38 @@ func (x *Index) matchMask(chunks []uint64, want uint32, pos []uint16, out []int)
 			mask = ch.mask
 		}
 		sh.mu.RUnlock()
-		next := alive & mask
-		for gone := alive &^ next; gone != 0; gone &= gone - 1 {
-			out[pos[bits.TrailingZeros32(gone)]-1] = i
-		}
-		if alive = next; alive == 0 {
+		if alive = x.narrow(alive, mask, i, pos, out); alive == 0 {
 			return i
+		}
+	}
+	if seq < len(chunks) {
+		sc := scratchPool.Get().(*scratch)
+		defer scratchPool.Put(sc)
+		for lo, n := seq, firstBatch; lo < len(chunks); lo, n = lo+n, min(n*batchGrowth, batchChunks) {
+			hs := chunks[lo:min(lo+n, len(chunks))]
+			masks := sc.masks[:len(hs)]
+			x.masksOf(hs, masks, &sc.batch)
+			for j, mask := range masks {
+				if alive = x.narrow(alive, mask, lo+j, pos, out); alive == 0 {
+					return lo + j
+				}
+			}
 		}
 	}
 	for ; alive != 0; alive &= alive - 1 {
 		out[pos[bits.TrailingZeros32(alive)]-1] = len(chunks)
 	}
 	return len(chunks)
+}
+
+// narrow returns the candidates of alive that also hold chunk i (mask), and sets out to i
+// for those that do not.
+func (*Index) narrow(alive, mask uint32, i int, pos []uint16, out []int) uint32 {
+	next := alive & mask
+	for gone := alive &^ next; gone != 0; gone &= gone - 1 {
+		out[pos[bits.TrailingZeros32(gone)]-1] = i
+	}
+	return next
 }
 
 // matchList is Match through the holder lists, for slots beyond the chunk mask.

@@ -225,3 +225,74 @@ func compareModel(t *testing.T, step int, x *Index, b *backend.Backend, m *lruMo
 		t.Fatalf("step %d: %s: oldest entry last used %v, model %v", step, b.Name, got, want)
 	}
 }
+
+// TestAgainstModelLong is TestAgainstModel for prompts long enough that Match and Record look
+// their chunks up in batches (batch.go: past seqChunks, in windows up to batchChunks), over
+// one shard, two and the default 64: prompts of up to 1,400 chunks on backends of 1 to 1,500,
+// so that a Record often evicts chunks of its own prompt that its batch already looked up.
+// Records pass a held hint (right, short, long or none); the steps are a second apart, so
+// that no held prefix is fresh and every Record must touch its whole prompt as Record does.
+func TestAgainstModelLong(t *testing.T) {
+	for _, shards := range []int{1, 2, defaultShards} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(shards), 12))
+			const nb = 3
+			bs := make([]*backend.Backend, nb)
+			models := make([]*lruModel, nb)
+			for i := range bs {
+				capacity := 1 + rng.IntN(1500)
+				bs[i] = newBackend(t, fmt.Sprintf("b%d", i), int64(capacity)*64)
+				models[i] = newLRUModel(capacity)
+			}
+			x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1}, shards)
+			x.SetBackends(bs)
+			prompt := func() []uint64 {
+				p := chain(uint64(rng.IntN(4)), 1+rng.IntN(1400))
+				if rng.IntN(4) == 0 { // a hole
+					i := rng.IntN(len(p))
+					p = slices.Delete(p, i, i+1)
+				}
+				return p
+			}
+			out := make([]int, nb)
+			for step := range 400 {
+				j := rng.IntN(nb)
+				b, m := bs[j], models[j]
+				p := prompt()
+				if rng.IntN(10) == 0 {
+					st := m.stamps
+					if n := len(st); n > 0 {
+						x.Forget(p, b, st[n-1])
+						m.forget(p, st[n-1])
+					}
+				} else {
+					held := 0
+					switch rng.IntN(4) {
+					case 1:
+						held = m.match(p)
+					case 2:
+						held = rng.IntN(len(p) + 1)
+					case 3:
+						held = min(m.match(p)+1+rng.IntN(100), len(p))
+					}
+					st := x.RecordHeld(p, b, t0.Add(time.Duration(step)*time.Second), held)
+					if st == 0 {
+						t.Fatalf("step %d: RecordHeld returned stamp 0", step)
+					}
+					m.record(p, st)
+				}
+				for k := range bs {
+					compareModel(t, step, x, bs[k], models[k])
+				}
+				q := prompt()
+				x.Match(q, bs, out)
+				for k := range bs {
+					if want := models[k].match(q); out[k] != want {
+						t.Fatalf("step %d: backend %d matched %d, model %d", step, k, out[k], want)
+					}
+				}
+			}
+			check(t, x)
+		})
+	}
+}

@@ -65,38 +65,43 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 		}
 	}
 	var evicted uint64
-	// Chained hashes make a backend's entries whole prefixes, so walking deepest first the
-	// new chunks come before the held ones: until a chunk is found held, expect the next one
-	// to be new too, and look it up under the write lock that adding it takes anyway.
-	fresh := true
 	// Deepest first, each moved to the front: the prompt ends up shallow-to-deep from the
-	// front of the list, so its deepest chunks are the first of it to be evicted.
-	for i := len(chunks) - 1; i >= lo; i-- {
+	// front of the list, so its deepest chunks are the first of it to be evicted. Chained
+	// hashes make a backend's entries whole prefixes, so the chunks past the held hint are
+	// expected new: each is claimed, which looks it up under the write lock that adding it
+	// takes anyway. The chunks up to the hint (all of them without one) are expected held:
+	// they are looked up in batches, each shard locked once (batch.go), and touched; one that
+	// an eviction of this same Record took meanwhile (its node now carries another hash) is
+	// claimed again.
+	split := len(chunks)
+	if held > 0 {
+		split = max(min(held, len(chunks)), lo)
+	}
+	for i := len(chunks) - 1; i >= split; i-- {
 		h := norm(chunks[i])
 		if ni := s.recalled(h); ni != nilIdx {
 			s.retouch(ni, t)
-			fresh = false
-			continue
-		}
-		sh := x.shard(h)
-		// Only this slot adds or removes its own holders, and s.mu is held: what find
-		// says stays true after the lock is released.
-		if !fresh {
-			if ni := sh.lookup(h, s.num); ni != nilIdx {
-				s.remember(h, ni)
-				s.retouch(ni, t)
-				continue
-			}
-			fresh = true
-		}
-		ni, already, evictedOne := x.claim(s, sh, h, t, limit)
-		if already {
-			s.remember(h, ni)
-			s.retouch(ni, t)
-			fresh = false
-		} else if evictedOne {
+		} else if x.touchOrClaim(s, h, t, limit) {
 			evicted++
 		}
+	}
+	if split-lo <= seqChunks {
+		for i := split - 1; i >= lo; i-- {
+			h := norm(chunks[i])
+			ni := s.recalled(h)
+			if ni == nilIdx {
+				if ni = x.shard(h).lookup(h, s.num); ni != nilIdx {
+					s.remember(h, ni)
+				}
+			}
+			if ni != nilIdx {
+				s.retouch(ni, t)
+			} else if x.touchOrClaim(s, h, t, limit) {
+				evicted++
+			}
+		}
+	} else {
+		evicted += x.touchBatched(s, chunks[lo:split], t, limit)
 	}
 	if evicted > 0 {
 		s.evictions.Add(evicted)
@@ -126,6 +131,42 @@ func (x *Index) heldFresh(s *slot, h uint64, t int64) (fresh bool, used int64) {
 		window = min(window, (t-s.nodes[s.tail].used&^added)/freshHorizonShare)
 	}
 	return t-used < window, used
+}
+
+// touchBatched touches s's entries of chunks, deepest first, looked up in batches
+// (batch.go), and claims those s does not hold. It returns the entries evicted. Called with
+// s.mu held.
+func (x *Index) touchBatched(s *slot, chunks []uint64, t, limit int64) (evicted uint64) {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	for hi := len(chunks); hi > 0; {
+		from := max(0, hi-batchChunks)
+		hs := chunks[from:hi]
+		nodes := sc.nodes[:len(hs)]
+		x.nodesOf(s, hs, nodes, &sc.batch)
+		for p := len(hs) - 1; p >= 0; p-- {
+			h := norm(hs[p])
+			// A node that an eviction of this same walk reused carries another hash now.
+			if ni := nodes[p]; ni != nilIdx && s.nodes[ni].hash == h {
+				s.retouch(ni, t)
+			} else if x.touchOrClaim(s, h, t, limit) {
+				evicted++
+			}
+		}
+		hi = from
+	}
+	return evicted
+}
+
+// touchOrClaim claims h for s (claim) and touches it if s held it already. It reports whether
+// an entry was evicted for it. Called with s.mu held.
+func (x *Index) touchOrClaim(s *slot, h uint64, t, limit int64) bool {
+	ni, already, evicted := x.claim(s, x.shard(h), h, t, limit)
+	if already {
+		s.remember(h, ni)
+		s.retouch(ni, t)
+	}
+	return evicted
 }
 
 // claim looks h up for s under sh's write lock and, when s does not hold it, adds it as s's

@@ -1,0 +1,133 @@
+// Batches: the lookups of many chunks of one prompt, grouped by shard, one lock per shard.
+
+package index
+
+import "sync"
+
+// A long prompt's chunks are looked up in batches of up to batchChunks, each batch grouped by
+// shard so that every shard it touches is locked once. Why: on x86 a lock's acquire and its
+// release are each a locked instruction, a full fence, so that chunk by chunk every table
+// probe (a cache miss once the index outgrows the CPU's caches) must finish before the next
+// one starts. Within one read lock the probes of a shard's chunks are independent loads that
+// the core overlaps. A 1 MB coding-agent prompt is ~3,500 chunks: one lock each made Match
+// and Record's lookups most of the routing decision (BenchmarkRoutingDecision/body=1MB-agent).
+//
+// Short prompts gain nothing from it and would pay the grouping: Match looks up the first
+// seqChunks chunks one at a time, and Record batches only more than seqChunks held chunks.
+// Past those, Match cannot know how far a prompt is held before it looks, so it looks up
+// growing batches, firstBatch chunks, then batchGrowth times more each time up to
+// batchChunks: a prompt held for n chunks costs at most about batchGrowth × n lookups.
+const (
+	seqChunks   = 32
+	batchChunks = 512
+	firstBatch  = 64
+	batchGrowth = 8
+	// maxShards bounds the shards an Index has, so that a batch's per-shard counts fit on
+	// the stack.
+	maxShards = 64
+)
+
+// scratch is the working memory of one batched Match or Record (4.2 KiB), pooled so that
+// neither allocates nor clears it per call.
+type scratch struct {
+	masks [batchChunks]uint32
+	nodes [batchChunks]int32
+	batch batch
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// batch groups the positions of up to batchChunks chunk hashes by shard. Its zero value is
+// ready.
+type batch struct {
+	order [batchChunks]uint16 // positions in the batch, shard by shard
+	start [maxShards + 1]uint16
+}
+
+// group fills b with the positions of hs (len(hs) ≤ batchChunks) grouped by x's shard.
+// After it, shard i's positions are b.order[b.start[i]:b.start[i+1]], in the order of hs.
+func (b *batch) group(x *Index, hs []uint64) {
+	n := len(x.shards)
+	clear(b.start[:n+1])
+	for _, h := range hs {
+		b.start[norm(h)&x.mask+1]++
+	}
+	for i := 1; i <= n; i++ {
+		b.start[i] += b.start[i-1]
+	}
+	// Fill from the end, each shard's run back to front, so that start[i] ends where shard
+	// i's run begins and every run keeps the order of hs.
+	for p := len(hs) - 1; p >= 0; p-- {
+		si := norm(hs[p])&x.mask + 1
+		b.start[si]--
+		b.order[b.start[si]] = uint16(p)
+	}
+	// start[i+1] now holds where shard i's run begins; shift down by one.
+	copy(b.start[:n], b.start[1:n+1])
+	b.start[n] = uint16(len(hs))
+}
+
+// masksOf sets masks[p] to the holder mask of hs[p] (0: no backend holds it), locking each
+// shard once. len(masks) == len(hs) ≤ batchChunks.
+func (x *Index) masksOf(hs []uint64, masks []uint32, b *batch) {
+	b.group(x, hs)
+	for si := range x.shards {
+		run := b.order[b.start[si]:b.start[si+1]]
+		if len(run) == 0 {
+			continue
+		}
+		sh := &x.shards[si]
+		sh.mu.RLock()
+		for _, p := range run {
+			var m uint32
+			if ch := sh.chunks.get(norm(hs[p])); ch != nil {
+				m = ch.mask
+			}
+			masks[p] = m
+		}
+		sh.mu.RUnlock()
+	}
+}
+
+// nodesOf sets nodes[p] to s's LRU node of hs[p], or nilIdx when s does not hold it: from
+// the recent cache where it remembers one, else looked up with each shard locked once (and
+// then remembered). len(nodes) == len(hs) ≤ batchChunks. Called with s.mu held: only this
+// slot adds or removes its own holders, so what the lookups find stays true until s changes
+// its own entries.
+func (x *Index) nodesOf(s *slot, hs []uint64, nodes []int32, b *batch) {
+	missing := false
+	for p, h := range hs {
+		nodes[p] = s.recalled(norm(h))
+		missing = missing || nodes[p] == nilIdx
+	}
+	if !missing {
+		return
+	}
+	b.group(x, hs)
+	for si := range x.shards {
+		run := b.order[b.start[si]:b.start[si+1]]
+		if len(run) == 0 {
+			continue
+		}
+		sh := &x.shards[si]
+		locked := false
+		for _, p := range run {
+			if nodes[p] != nilIdx {
+				continue
+			}
+			if !locked {
+				sh.mu.RLock()
+				locked = true
+			}
+			nodes[p] = sh.find(norm(hs[p]), s.num)
+		}
+		if locked {
+			sh.mu.RUnlock()
+		}
+	}
+	for p, ni := range nodes {
+		if ni != nilIdx {
+			s.remember(norm(hs[p]), ni)
+		}
+	}
+}
