@@ -33,21 +33,26 @@ func (x *Index) Export(bs []*backend.Backend, maxPerBackend int) []BackendEntrie
 		if s == nil {
 			continue
 		}
-		s.mu.Lock()
-		if s.removed.Load() || s.epoch.Load() != b.Epoch() {
-			s.mu.Unlock()
+		var e BackendEntries
+		ok := false
+		s.locked(func() {
+			if s.removed.Load() || s.epoch.Load() != b.Epoch() {
+				return
+			}
+			n := int(s.count.Load())
+			if maxPerBackend > 0 {
+				n = min(n, maxPerBackend)
+			}
+			e = BackendEntries{ID: b.ID, Hashes: make([]uint64, 0, n), Used: make([]int64, 0, n)}
+			for ni := s.head; ni != nilIdx && len(e.Hashes) < n; ni = s.nodes[ni].next {
+				e.Hashes = append(e.Hashes, s.nodes[ni].hash)
+				e.Used = append(e.Used, s.nodes[ni].used&^added)
+			}
+			ok = true
+		})
+		if !ok {
 			continue
 		}
-		n := int(s.count.Load())
-		if maxPerBackend > 0 {
-			n = min(n, maxPerBackend)
-		}
-		e := BackendEntries{ID: b.ID, Hashes: make([]uint64, 0, n), Used: make([]int64, 0, n)}
-		for ni := s.head; ni != nilIdx && len(e.Hashes) < n; ni = s.nodes[ni].next {
-			e.Hashes = append(e.Hashes, s.nodes[ni].hash)
-			e.Used = append(e.Used, s.nodes[ni].used&^added)
-		}
-		s.mu.Unlock()
 		out = append(out, e)
 	}
 	return out

@@ -188,9 +188,7 @@ func (x *Index) SetBackends(bs []*backend.Backend) {
 	}
 	x.install(next)
 	for id, s := range next.byID {
-		s.mu.Lock()
-		x.catchUp(s, want[id].Epoch())
-		s.mu.Unlock()
+		s.locked(func() { x.catchUp(s, want[id].Epoch()) })
 	}
 }
 
@@ -226,11 +224,11 @@ func (x *Index) install(tab *table) {
 // retire frees s's entries and marks it removed. Called with x.mu held.
 func (x *Index) retire(s *slot) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	x.retiredStamp = max(x.retiredStamp, s.stamp)
 	x.purge(s)
 	s.removed.Store(true)
 	s.nodes, s.recent = nil, nil
-	s.mu.Unlock()
 }
 
 // BackendStats describes one backend's part of the index.

@@ -88,6 +88,13 @@ func (s *slot) nextStamp(now int64) int64 {
 	return t
 }
 
+// locked runs f with s.mu held, released however f ends (see shard.go on panics).
+func (s *slot) locked(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f()
+}
+
 // evict drops s's least recently used entry. Called with s.mu held and no shard lock.
 func (x *Index) evict(s *slot) {
 	tail := s.tail

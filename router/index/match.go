@@ -78,14 +78,7 @@ func (x *Index) matchMask(chunks []uint64, want uint32, pos []uint16, out []int)
 	seq := min(len(chunks), seqChunks)
 	for i, h := range chunks[:seq] {
 		h = norm(h)
-		sh := x.shard(h)
-		var mask uint32
-		sh.mu.RLock()
-		if ch := sh.chunks.get(h); ch != nil {
-			mask = ch.mask
-		}
-		sh.mu.RUnlock()
-		if alive = x.narrow(alive, mask, i, pos, out); alive == 0 {
+		if alive = x.narrow(alive, x.shard(h).maskOf(h), i, pos, out); alive == 0 {
 			return i
 		}
 	}
@@ -123,27 +116,31 @@ func (*Index) narrow(alive, mask uint32, i int, pos []uint16, out []int) uint32 
 func (x *Index) matchList(chunks []uint64, pos []uint16, out []int) int {
 	best := 0
 	for i, h := range chunks {
-		h = norm(h)
-		sh := x.shard(h)
-		advanced := false
-		sh.mu.RLock()
-		hi := int32(nilIdx)
-		if ch := sh.chunks.get(h); ch != nil {
-			hi = ch.head
-		}
-		for hi != nilIdx {
-			hold := sh.hs.at(hi)
-			if p := int(pos[hold.num]); p > 0 && out[p-1] == i {
-				out[p-1] = i + 1
-				advanced = true
-			}
-			hi = hold.next
-		}
-		sh.mu.RUnlock()
-		if !advanced {
+		if !x.shard(norm(h)).advance(norm(h), i, pos, out) {
 			break
 		}
 		best = i + 1
 	}
 	return best
+}
+
+// advance sets out[p] to i+1 for every candidate p that holds the first i chunks (out[p] ==
+// i) and holds h too, under sh's read lock. It reports whether any did.
+func (sh *shard) advance(h uint64, i int, pos []uint16, out []int) bool {
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	advanced := false
+	hi := int32(nilIdx)
+	if ch := sh.chunks.get(h); ch != nil {
+		hi = ch.head
+	}
+	for hi != nilIdx {
+		hold := sh.hs.at(hi)
+		if p := int(pos[hold.num]); p > 0 && out[p-1] == i {
+			out[p-1] = i + 1
+			advanced = true
+		}
+		hi = hold.next
+	}
+	return advanced
 }

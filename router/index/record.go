@@ -186,36 +186,56 @@ func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, h
 	} else {
 		s.reserve(limit) // not while readers wait on sh
 	}
-	sh.mu.Lock()
-	if victimShard == sh {
-		// Rare: h shares the evicted entry's shard. Remove before adding, as evicting
-		// first would.
-		if ni := sh.find(h, s.num); ni != nilIdx {
-			sh.mu.Unlock()
-			return ni, true, false
-		}
-		sh.remove(victimHash, s.num)
-		sh.add(h, s.num, victim)
-		sh.mu.Unlock()
-	} else {
-		ch := sh.chunks.put(h) // one probe for the lookup and the insertion
-		if ni := sh.holderOf(ch, s.num); ni != nilIdx {
-			sh.mu.Unlock()
-			return ni, true, false
-		}
-		if victim == nilIdx {
-			ni := s.alloc(h, t|added, limit)
-			sh.link(ch, s.num, ni)
-			sh.mu.Unlock()
-			return ni, false, false
-		}
-		sh.link(ch, s.num, victim)
-		sh.mu.Unlock()
+	if ni, held := x.claimIn(s, sh, h, t, limit, victim, victimHash, victimShard == sh); held || victim == nilIdx {
+		return ni, held, false
+	}
+	if victimShard != sh {
 		victimShard.drop(victimHash, s.num)
 	}
 	s.nodes[victim].hash = h
 	s.touch(victim, t|added)
 	return victim, false, true
+}
+
+// withdraw removes s's holder of h if its node's stamp is mark, under sh's write lock, and
+// returns that node (nilIdx: nothing removed).
+func (sh *shard) withdraw(s *slot, h uint64, mark int64) int32 {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	ni := sh.find(h, s.num)
+	if ni == nilIdx || s.nodes[ni].used != mark {
+		return nilIdx
+	}
+	sh.remove(h, s.num)
+	return ni
+}
+
+// claimIn is claim's part under sh's write lock: it returns s's node of h and true when s
+// held h already; else it links h to a new node (no victim: returned) or to the victim's
+// node, whose old holder it removes when it is in sh too (sameShard: remove before adding,
+// as evicting first would).
+func (x *Index) claimIn(s *slot, sh *shard, h uint64, t, limit int64, victim int32, victimHash uint64, sameShard bool) (int32, bool) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sameShard {
+		if ni := sh.find(h, s.num); ni != nilIdx {
+			return ni, true
+		}
+		sh.remove(victimHash, s.num)
+		sh.add(h, s.num, victim)
+		return victim, false
+	}
+	ch := sh.chunks.put(h) // one probe for the lookup and the insertion
+	if ni := sh.holderOf(ch, s.num); ni != nilIdx {
+		return ni, true
+	}
+	if victim == nilIdx {
+		ni := s.alloc(h, t|added, limit)
+		sh.link(ch, s.num, ni)
+		return ni, false
+	}
+	sh.link(ch, s.num, victim)
+	return victim, false
 }
 
 // Forget withdraws what the Record stamped stamp added to b's entries among chunks: entries it
@@ -242,17 +262,7 @@ func (x *Index) Forget(chunks []uint64, b *backend.Backend, stamp Stamp) {
 	}
 	mark := int64(stamp) | added
 	for _, hash := range chunks {
-		h := norm(hash)
-		sh := x.shard(h)
-		sh.mu.Lock()
-		ni := sh.find(h, s.num)
-		if ni != nilIdx && s.nodes[ni].used == mark {
-			sh.remove(h, s.num)
-		} else {
-			ni = nilIdx
-		}
-		sh.mu.Unlock()
-		if ni != nilIdx {
+		if ni := x.shard(norm(hash)).withdraw(s, norm(hash), mark); ni != nilIdx {
 			s.unlink(ni)
 			s.release(ni)
 		}

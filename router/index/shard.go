@@ -1,4 +1,8 @@
 // Shards: each maps chunk hashes (table.go) to the list of slots that hold them.
+//
+// Every shard lock is released by a defer, here and in batch.go, match.go and record.go: a
+// panic inside the index (a bug) fails the request that hit it, which the proxy contains,
+// rather than leave a shard locked and every later request that needs it waiting forever.
 
 package index
 
@@ -36,9 +40,18 @@ func (sh *shard) find(h uint64, num uint16) int32 {
 // lookup is find under sh's read lock.
 func (sh *shard) lookup(h uint64, num uint16) int32 {
 	sh.mu.RLock()
-	ni := sh.find(h, num)
-	sh.mu.RUnlock()
-	return ni
+	defer sh.mu.RUnlock()
+	return sh.find(h, num)
+}
+
+// maskOf is the holder mask of h (0: no slot below maskSlots holds it), under sh's read lock.
+func (sh *shard) maskOf(h uint64) uint32 {
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	if ch := sh.chunks.get(h); ch != nil {
+		return ch.mask
+	}
+	return 0
 }
 
 // holderOf returns the LRU node of slot num's holder of ch, or nilIdx. Called with sh.mu held.
@@ -101,6 +114,6 @@ func (sh *shard) remove(h uint64, num uint16) {
 // drop is remove under sh's write lock.
 func (sh *shard) drop(h uint64, num uint16) {
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	sh.remove(h, num)
-	sh.mu.Unlock()
 }
