@@ -36,6 +36,11 @@ type RoutingResult struct {
 	BuildP50us float64        `json:"build_p50_us"`
 	PickP50us  float64        `json:"pick_p50_us"`
 	LearnP50us float64        `json:"learn_p50_us"`
+	// The parts of the decision at the p99 of the whole: the means of build, pick and learn
+	// over the decisions at or above its p99 (a session's first request, built in full).
+	BuildTailUs float64 `json:"build_tail_us"`
+	PickTailUs  float64 `json:"pick_tail_us"`
+	LearnTailUs float64 `json:"learn_tail_us"`
 	Reasons    map[string]int `json:"reasons"`
 }
 
@@ -97,8 +102,27 @@ func measureRouting(wl *Workload, nb, n, inFlight int) (RoutingResult, error) {
 		BodyBytes: wl.Size, Shape: wl.Shape(), Chunks: len(k.Chunks), Decisions: n, InFlight: inFlight,
 		P50us: pctUs(total, 50), P99us: pctUs(total, 99),
 		BuildP50us: pctUs(build, 50), PickP50us: pctUs(pick, 50), LearnP50us: pctUs(learn, 50),
+		BuildTailUs: tailUs(total, build, 99), PickTailUs: tailUs(total, pick, 99), LearnTailUs: tailUs(total, learn, 99),
 		Reasons: reasons,
 	}, nil
+}
+
+// tailUs is the mean of part over the decisions whose total is at or above total's p-th
+// percentile, µs.
+func tailUs(total, part []time.Duration, p float64) float64 {
+	cut := pctUs(total, p) * 1e3
+	var sum time.Duration
+	n := 0
+	for i, d := range total {
+		if float64(d) >= cut {
+			sum += part[i]
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(sum) / float64(n) / 1e3
 }
 
 func pctUs(ds []time.Duration, p float64) float64 {
