@@ -155,7 +155,10 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	if changed := healthChanged(old.Health, nc.Health); len(changed) > 0 {
 		c.log.Warn("config reload: health changes need a restart; the running health settings stay", zap.Strings("fields", changed))
 	}
-	nc.Shadow, nc.Health = old.Shadow, old.Health
+	if changed := discoveryChanged(old.Discovery, nc.Discovery); len(changed) > 0 {
+		c.log.Warn("config reload: discovery changes need a restart; the running discovery settings stay", zap.Strings("fields", changed))
+	}
+	nc.Shadow, nc.Health, nc.Discovery = old.Shadow, old.Health, old.Discovery
 	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders, nc.Peering =
 		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders, old.Peering
 	c.cfg = nc
