@@ -95,3 +95,44 @@ func TestDiscoveryReloadNeedsRestart(t *testing.T) {
 		t.Error("the running discovery's backend is gone")
 	}
 }
+
+// A reload that changes a setting only a restart applies (outside backends, health,
+// discovery and peering, which have warnings of their own) warns once; limits.* and log.*
+// among them.
+func TestReloadRestartSettingsWarn(t *testing.T) {
+	const msg = "config reload: only backends change at runtime; restart to apply listeners, mode, shadow, timeouts, prefix, limits, log and response headers"
+	a, _ := testutil.StatusBackend(t, http.StatusOK, "a")
+	b, _ := testutil.StatusBackend(t, http.StatusOK, "b")
+	with := func(section string, urls ...string) string {
+		return strings.Replace(reloadConf(urls...), "backends:\n", section+"backends:\n", 1)
+	}
+	f := newReloadFile(t)
+	f.write(reloadConf(a.URL))
+	cfg, err := f.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, logs := testutil.RecordingLogger()
+	h := startRun(t, cfg, log, RunOptions{Load: f.load, Path: f.path, PollInterval: 10 * time.Millisecond})
+	for i, c := range []struct {
+		name string
+		conf string
+		warn bool
+	}{
+		{"backends only", reloadConf(a.URL, b.URL), false},
+		{"limits", with("limits:\n  max_buffered_body_bytes: 536870912\n", a.URL), true},
+		{"log level", with("log:\n  level: debug\n", a.URL, b.URL), true},
+		{"log format", with("log:\n  format: console\n", a.URL), true},
+		{"timeouts", with("timeouts:\n  idle: 7s\n", a.URL, b.URL), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := len(logs.WithMessage(msg))
+			f.write(c.conf)
+			want := 2 - i%2 // the backends alternate between two and one
+			testutil.Eventually(t, testutil.Timeout, "the backends applied", func() bool { return len(h.s.Backends()) == want })
+			if n := len(logs.WithMessage(msg)) - before; n != map[bool]int{false: 0, true: 1}[c.warn] {
+				t.Errorf("%d warnings, want %v", n, c.warn)
+			}
+		})
+	}
+}
