@@ -145,9 +145,9 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	c.mu.Lock()
 	old := c.cfg
 	if nc.Mode != old.Mode || nc.Shadow != old.Shadow || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
-		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes ||
+		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes || nc.Limits != old.Limits || nc.Log != old.Log ||
 		nc.ResponseHeaders.BackendOn() != old.ResponseHeaders.BackendOn() {
-		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, shadow, timeouts, prefix, limits and response headers")
+		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, shadow, timeouts, prefix, limits, log and response headers")
 	}
 	if peeringChanged(old.Peering, nc.Peering) {
 		c.log.Warn("config reload: peering changes need a restart; the running peering settings stay", zap.String("field", "peering"))
@@ -155,7 +155,10 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	if changed := healthChanged(old.Health, nc.Health); len(changed) > 0 {
 		c.log.Warn("config reload: health changes need a restart; the running health settings stay", zap.Strings("fields", changed))
 	}
-	nc.Shadow, nc.Health = old.Shadow, old.Health
+	if changed := discoveryChanged(old.Discovery, nc.Discovery); len(changed) > 0 {
+		c.log.Warn("config reload: discovery changes need a restart; the running discovery settings stay", zap.Strings("fields", changed))
+	}
+	nc.Shadow, nc.Health, nc.Discovery, nc.Limits, nc.Log = old.Shadow, old.Health, old.Discovery, old.Limits, old.Log
 	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders, nc.Peering =
 		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders, old.Peering
 	c.cfg = nc

@@ -332,13 +332,14 @@ func Parse(data []byte) (*Config, error) {
 }
 
 // ParseRaw parses YAML without defaults or validation, for callers that override fields
-// (command-line flags) before ApplyDefaults and Validate. Unknown fields are errors.
+// (command-line flags) before ApplyDefaults and Validate. Unknown fields are errors. A
+// decoding error is one line naming the field's path and line (decodeError).
 func ParseRaw(data []byte) (*Config, error) {
 	c := &Config{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, decodeError(data, err)
 	}
 	return c, nil
 }

@@ -380,7 +380,7 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"prefix:\n  tie_margin_percent: -1\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
 		{"prefix:\n  tie_margin_percent: 101\nbackends:\n - url: http://a:1", "prefix.tie_margin_percent"},
 		{"prefix:\n  tie_break: random\nbackends:\n - url: http://a:1", "prefix.tie_break"},
-		{"bogus_field: 1\nbackends:\n - url: http://a:1", "field bogus_field not found"},
+		{"bogus_field: 1\nbackends:\n - url: http://a:1", "bogus_field: line 1: unknown field"},
 		{"shadow: prefix\nbackends:\n - url: http://a:1", `shadow: "prefix" runs only beside mode round-robin or least-load, not mode "prefix"`},
 		{"mode: round-robin\nshadow: oracle\nbackends:\n - url: http://a:1", `shadow: "oracle" is not a shadow policy`},
 		{"backends:\n - url: http://a:1\n   models: [a, \"\"]", "backends[0].models[1]: empty model name"},

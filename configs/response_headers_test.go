@@ -20,7 +20,7 @@ func TestResponseHeadersBackend(t *testing.T) {
 		{"on", "response_headers:\n  backend: true\n" + bk, true, ""},
 		{"off", "response_headers:\n  backend: false\n" + bk, false, ""},
 		{"not a boolean", "response_headers:\n  backend: maybe\n" + bk, false, "line 2"},
-		{"unknown header", "response_headers:\n  route: false\n" + bk, false, "field route not found"},
+		{"unknown header", "response_headers:\n  route: false\n" + bk, false, "response_headers.route: line 2: unknown field"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -60,7 +60,7 @@ func TestZeroWrittenInTheFile(t *testing.T) {
 }
 
 // prefix.load_margin reads as the plain integer field it was: a non-integer is an error
-// naming the line, a negative one fails validation, a null is left out.
+// naming the field and the line, a negative one fails validation, a null is left out.
 func TestLoadMarginSyntax(t *testing.T) {
 	const bk = "backends:\n  - url: http://a:8000\n"
 	for _, c := range []struct {
@@ -68,9 +68,9 @@ func TestLoadMarginSyntax(t *testing.T) {
 		want    int
 		errPart string
 	}{
-		{"prefix:\n  load_margin: two\n", 0, "line 2: cannot unmarshal !!str `two` into int"},
-		{"prefix:\n  load_margin: \"3\"\n", 0, "line 2: cannot unmarshal !!str `3` into int"},
-		{"prefix:\n  load_margin: [1]\n", 0, "line 2: cannot unmarshal !!seq into int"},
+		{"prefix:\n  load_margin: two\n", 0, `prefix.load_margin: line 2: want an integer, got the string "two"`},
+		{"prefix:\n  load_margin: \"3\"\n", 0, `prefix.load_margin: line 2: want an integer, got the string "3"`},
+		{"prefix:\n  load_margin: [1]\n", 0, "prefix.load_margin: line 2: want an integer, got a list"},
 		{"prefix:\n  load_margin: -1\n", 0, "prefix.load_margin: -1 is negative"},
 		{"prefix:\n  load_margin: ~\n", router.DefaultLoadMargin, ""},
 		{"prefix:\n  load_margin: 0x10\n", 16, ""},

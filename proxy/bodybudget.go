@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
 )
 
 // Request bodies. The fasthttp server streams request bodies (StreamRequestBody): before
@@ -37,6 +36,10 @@ const (
 // msgBodyStalled is the message of a 408 for a body that stopped coming.
 const msgBodyStalled = "request body not received in time (timeouts.client_body_idle between reads, timeouts.client_read in all)"
 
+// msgBodyIncomplete is the message of a 400 for a body whose connection ended (the client
+// closed or half-closed it) before the body's end.
+const msgBodyIncomplete = "request body incomplete: the connection ended before the end of the body (its Content-Length, or the last chunk)"
+
 // bodyRefusal is why readBody answered a request itself.
 type bodyRefusal int
 
@@ -46,7 +49,8 @@ const (
 	bodyNoBudget
 	bodyStalled
 	bodyMalformed
-	bodyClientGone
+	bodyIncomplete // the stream ended (EOF) before the body's framing did
+	bodyClientGone // the connection was reset or closed under the read
 )
 
 // readBody reads the request body into a buffer held by bl and makes it the request's
@@ -131,7 +135,7 @@ func (s *Server) readGrowing(ctx *fasthttp.RequestCtx, bl *bodyLease, st io.Read
 		n += m
 		switch {
 		case err == io.EOF && !chunked && n < cl:
-			return n, bodyClientGone // the stream ends early only when the client left
+			return n, bodyIncomplete // the client closed (or half-closed) its side early
 		case err == io.EOF:
 			return n, bodyOK
 		case err != nil:
@@ -188,14 +192,16 @@ func (s *Server) bodyDeadline(start time.Time) time.Time {
 	return start.Add(s.clientRead)
 }
 
-// classifyBodyErr sorts a failed body read: deadline (stalled client), the client gone
-// (EOF, reset, closed), or broken chunked framing.
+// classifyBodyErr sorts a failed body read: deadline (stalled client), the stream ended
+// early (EOF: the client closed or half-closed its side, and may still read the answer),
+// the client gone (reset, closed), or broken chunked framing.
 func classifyBodyErr(err error) bodyRefusal {
 	switch {
 	case isTimeout(err):
 		return bodyStalled
-	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return bodyIncomplete
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
 		return bodyClientGone
 	}
 	return bodyMalformed
@@ -228,8 +234,11 @@ func (r *bodyReader) read(p []byte) (int, error) {
 }
 
 // refuseBody answers a request whose body readBody did not take: 413, 503 (with
-// Retry-After), 408, 400, or nothing for a client that left. The connection closes after
-// the answer, lingering so that a client still sending its body sees the refusal.
+// Retry-After), 408, 400 (malformed, or incomplete: prefixlb_request_body_incomplete_total),
+// or, for a client that reset the connection, nothing it could read (logged as 499 and
+// counted in prefixlb_client_disconnects_total). Each is one log line naming the class. The
+// connection closes after the answer, lingering so that a client still sending its body
+// sees the refusal.
 func (s *Server) refuseBody(ctx *fasthttp.RequestCtx, why bodyRefusal) {
 	var status int
 	var class, msg string
@@ -248,8 +257,13 @@ func (s *Server) refuseBody(ctx *fasthttp.RequestCtx, why bodyRefusal) {
 	case bodyMalformed:
 		status, class = fasthttp.StatusBadRequest, "body_malformed"
 		msg = "malformed chunked request body"
+	case bodyIncomplete:
+		s.m.bodyIncomplete.Inc()
+		status, class, msg = fasthttp.StatusBadRequest, "body_incomplete", msgBodyIncomplete
 	case bodyClientGone:
-		s.log.Info("client left while sending the request body", zap.String("remote", ctx.RemoteAddr().String()))
+		// Nothing written can reach the client: the status is the log line's.
+		s.m.clientGone.Inc()
+		s.logRejected(ctx, StatusClientClosedRequest, "body_client_gone")
 		ctx.SetConnectionClose()
 		ctx.SetStatusCode(StatusClientClosedRequest)
 		return

@@ -33,6 +33,7 @@ type serverMetrics struct {
 	retries        *metrics.Counter
 	parseFallbacks *metrics.Counter
 	rejected413    *metrics.Counter
+	bodyIncomplete *metrics.Counter // request bodies that ended before their framing said (bodybudget.go)
 	noBackend      *metrics.Counter
 	modelNotFound  *metrics.Counter // 404s for models no backend serves (pools.go)
 	models         modelSeries      // the model label's series (pools.go)
@@ -54,6 +55,7 @@ func newServerMetrics(mode string) *serverMetrics {
 		retries:        s.NewCounter(`prefixlb_retries_total`),
 		parseFallbacks: s.NewCounter(`prefixlb_parse_fallbacks_total`),
 		rejected413:    s.NewCounter(`prefixlb_request_body_too_large_total`),
+		bodyIncomplete: s.NewCounter(`prefixlb_request_body_incomplete_total`),
 		noBackend:      s.NewCounter(`prefixlb_no_backend_total`),
 		modelNotFound:  s.NewCounter(`prefixlb_model_not_found_total`),
 		streamErrors:   newStreamErrorCounters(s),

@@ -3,8 +3,10 @@ package proxy
 // Containing panics: a bug that one request hits (hostile input reaching a key-builder bug,
 // a nil in the routing code) fails that request, never the process. fasthttp does not
 // recover a handler's panic, so without this one panic would end every stream of every
-// user. Each panic is logged once, at error level, with its stack (bounded), and counted;
-// every resource the request held is released exactly once.
+// user. Each panic is logged once, at error level, and counted; every resource the request
+// held is released exactly once. The line has the stack (bounded) at most once per
+// panicStackEvery per site (panicLimiter), so that a client that can trigger a panic again
+// and again does not flood the log; the others name the site and count the stacks left out.
 //
 // Where a request's serving runs, and what contains a panic there:
 //
@@ -44,7 +46,12 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"path"
+	"runtime"
 	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -58,6 +65,15 @@ const (
 	maxPanicStack = 8 << 10
 	maxPanicValue = 256
 )
+
+// panicStackEvery is how often one site's panics log their stack: the first of a site's
+// panics, and the first after each panicStackEvery since its last stack, do; the others log
+// the short line.
+const panicStackEvery = time.Minute
+
+// maxPanicSites bounds the sites panicLimiter tracks apart (sites are places in the code, a
+// few; past the bound the new ones share one entry).
+const maxPanicSites = 64
 
 // The messages of the panic log lines, one per place a panic is contained.
 const (
@@ -111,7 +127,7 @@ func (s *Server) containKeyPanic(id uint64, path, body []byte, k *key.Key) {
 		return
 	}
 	s.m.keyPanics.Inc()
-	fields := append(panicFields(p), zap.Uint64("request_id", id), zap.ByteString("path", path),
+	fields := append(s.panicFields(logKeyPanic, p), zap.Uint64("request_id", id), zap.ByteString("path", path),
 		zap.Int("body_bytes", len(body)))
 	if fallbackKey(path, body, k) {
 		fields = append(fields, zap.Bool("model_scan_panicked", true))
@@ -158,7 +174,7 @@ func (s *Server) endServing(ctx *fasthttp.RequestCtx, st *serving) {
 // trusted).
 func (s *Server) handlerPanicked(ctx *fasthttp.RequestCtx, f *flow, p any) {
 	s.m.handlerPanics.Inc()
-	fields := panicFields(p)
+	fields := s.panicFields(logHandlerPanic, p)
 	if f != nil && !f.done.Load() {
 		fields = append(fields, f.requestFields()...)
 		f.abandon()
@@ -203,7 +219,7 @@ func (f *flow) containFinish() {
 func (f *flow) panicked(p any, msg, in string) {
 	s := f.s
 	s.m.handlerPanics.Inc()
-	fields := append(panicFields(p), f.requestFields()...)
+	fields := append(s.panicFields(msg, p), f.requestFields()...)
 	f.abandon()
 	s.log.Error(msg, append(fields, zap.String("in", in))...)
 }
@@ -218,7 +234,7 @@ func (f *flow) relayClosingGuard() {
 	}
 	s := f.s
 	s.m.handlerPanics.Inc()
-	fields := panicFields(p)
+	fields := s.panicFields(logRelayPanic, p)
 	if !f.done.Load() {
 		fields = append(fields, f.requestFields()...)
 		f.abandon()
@@ -261,15 +277,97 @@ func (f *flow) requestFields() []zap.Field {
 		zap.String("backend", name), zap.Int("attempts", f.attempts), zap.Int64("bytes", f.bytes)}
 }
 
-// panicFields are the panic's value and the goroutine's stack, each cut to its bound.
-func panicFields(p any) []zap.Field {
+// panicFields are the panic's value, where it was raised (panic_site) and, when
+// s.panicLog lets the site's stack through, the goroutine's stack, each cut to its bound;
+// stacks_suppressed counts the site's stacks left out since its last one (on a full line:
+// those before it). place is where the panic was contained (its log message).
+func (s *Server) panicFields(place string, p any) []zap.Field {
 	v := fmt.Sprint(p)
 	if len(v) > maxPanicValue {
 		v = v[:maxPanicValue]
 	}
-	stack := debug.Stack()
-	if len(stack) > maxPanicStack {
-		stack = stack[:maxPanicStack]
+	site := panicSite()
+	fields := []zap.Field{zap.String("panic", v), zap.String("panic_site", site)}
+	full, suppressed := s.panicLog.stack(place + "|" + site)
+	if full {
+		stack := debug.Stack()
+		if len(stack) > maxPanicStack {
+			stack = stack[:maxPanicStack]
+		}
+		fields = append(fields, zap.ByteString("stack", stack))
 	}
-	return []zap.Field{zap.String("panic", v), zap.ByteString("stack", stack)}
+	if suppressed > 0 {
+		fields = append(fields, zap.Int("stacks_suppressed", suppressed))
+	}
+	return fields
+}
+
+// panicSite names the code that raised the panic being recovered: the first frame below the
+// runtime's panic machinery (gopanic, sigpanic, panicIndex…), as "function dir/file:line".
+func panicSite() string {
+	var pcs [32]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs[:])])
+	inRuntime := false
+	for {
+		fr, more := frames.Next()
+		if strings.HasPrefix(fr.Function, "runtime.") {
+			inRuntime = true
+		} else if inRuntime {
+			dir, file := path.Split(fr.File)
+			return fmt.Sprintf("%s %s%s:%d", fr.Function, path.Base(dir)+"/", file, fr.Line)
+		}
+		if !more {
+			return "unknown"
+		}
+	}
+}
+
+// panicLimiter decides which panics log their stack: one per panicStackEvery per site.
+type panicLimiter struct {
+	now   func() time.Time // time.Now; a test's clock
+	mu    sync.Mutex
+	sites map[string]*panicSiteState
+}
+
+// panicSiteState is a site's last stack logged and the stacks left out since.
+type panicSiteState struct {
+	logged     time.Time
+	suppressed int
+}
+
+func newPanicLimiter(now func() time.Time) *panicLimiter {
+	return &panicLimiter{now: now, sites: map[string]*panicSiteState{}}
+}
+
+// stack reports whether a panic at site logs its stack, and the site's stacks left out: on a
+// full stack, those since the last one; otherwise, those since the last one, this one counted.
+func (l *panicLimiter) stack(site string) (full bool, suppressed int) {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.sites[site]
+	if st == nil {
+		if len(l.sites) >= maxPanicSites {
+			site = "" // the shared entry of the sites past the bound
+			st = l.sites[site]
+		}
+		if st == nil {
+			l.sites[site] = &panicSiteState{logged: now}
+			return true, 0
+		}
+	}
+	if now.Sub(st.logged) >= panicStackEvery {
+		n := st.suppressed
+		*st = panicSiteState{logged: now}
+		return true, n
+	}
+	st.suppressed++
+	return false, st.suppressed
+}
+
+// size is the number of sites tracked.
+func (l *panicLimiter) size() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.sites)
 }

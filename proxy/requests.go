@@ -78,9 +78,17 @@ func (s *Server) endRequest(ctx *fasthttp.RequestCtx, bl *bodyLease) {
 }
 
 // reject answers a request prefixlb refuses itself with status and an OpenAI-shaped error
-// (msg is fixed per class, never request bytes), and logs one line with the class: at info
-// for the client's errors, at warn when prefixlb's own limit refused it (503).
+// (msg is fixed per class, never request bytes), and logs one line with the class
+// (logRejected).
 func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, class, msg string) {
+	s.logRejected(ctx, status, class)
+	writeError(ctx, status, msg)
+}
+
+// logRejected is the one log line of a refused request: its status, class and remote
+// address; at info for the client's errors, at warn when prefixlb's own limit refused it
+// (503).
+func (s *Server) logRejected(ctx *fasthttp.RequestCtx, status int, class string) {
 	lvl := zap.InfoLevel
 	if status == fasthttp.StatusServiceUnavailable {
 		lvl = zap.WarnLevel
@@ -88,7 +96,6 @@ func (s *Server) reject(ctx *fasthttp.RequestCtx, status int, class, msg string)
 	if ce := s.log.Check(lvl, "rejected request"); ce != nil {
 		ce.Write(zap.Int("status", status), zap.String("class", class), zap.String("remote", ctx.RemoteAddr().String()))
 	}
-	writeError(ctx, status, msg)
 }
 
 // parseErrorClass is one kind of request fasthttp could not read, recognised by a fragment
@@ -132,6 +139,8 @@ func (s *Server) classifyParseError(err error) (status int, class, msg string) {
 		return fasthttp.StatusBadRequest, "bare_lf", "malformed HTTP request: header lines must end in CRLF (RFC 9112 §2.2)"
 	case isTimeout(err):
 		return fasthttp.StatusRequestTimeout, "read_timeout", "request not received within timeouts.client_read"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return fasthttp.StatusBadRequest, "request_incomplete", "request incomplete: the connection ended inside the request headers"
 	}
 	text := strings.ToLower(err.Error())
 	for _, c := range parseErrorClasses {
@@ -146,13 +155,19 @@ func (s *Server) classifyParseError(err error) (status int, class, msg string) {
 // max_request_body_bytes, 431 for oversized headers, 408 for requests not read within
 // client_read (or whose first body bytes did not come within client_body_idle), 505 for
 // unknown versions, 400 otherwise, each with a fixed message per class. Each is logged
-// once, by class.
+// once, by class. A body that ended or was reset during fasthttp's pre-read is answered
+// as one that did so in readBody (refuseBody).
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	status, class, msg := s.classifyParseError(err)
-	if cc, ok := ctx.Conn().(*clientConn); ok && class == "read_timeout" && cc.headerRead() {
-		// The header was whole: fasthttp's pre-read of the body timed out
-		// (client_body_idle, headerReceived).
-		class, msg = "body_stalled", msgBodyStalled
+	if cc, ok := ctx.Conn().(*clientConn); ok && cc.headerRead() {
+		// The header was whole: fasthttp's pre-read of the body failed.
+		switch why := classifyBodyErr(err); {
+		case class == "read_timeout": // client_body_idle (headerReceived)
+			class, msg = "body_stalled", msgBodyStalled
+		case why == bodyIncomplete, why == bodyClientGone:
+			s.refuseBody(ctx, why)
+			return
+		}
 	}
 	if status == fasthttp.StatusRequestEntityTooLarge {
 		s.m.rejected413.Inc()

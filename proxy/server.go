@@ -65,6 +65,8 @@ type Server struct {
 
 	ext extension // admin additions (extension.go)
 
+	panicLog *panicLimiter // which panics log their stack (recover.go)
+
 	testPanic func(panicStage) // tests only: makes serving panic at a stage (recover.go); nil otherwise
 }
 
@@ -87,6 +89,7 @@ func New(o Options) (*Server, error) {
 		wd:            newWatchdog(),
 		hc:            health.New(o.Health, log, nil),
 		m:             newServerMetrics(o.Mode),
+		panicLog:      newPanicLimiter(time.Now),
 		mode:          o.Mode,
 		defaultKV:     o.DefaultKVCacheTokens,
 		headerTimeout: o.Timeouts.ResponseHeader,

@@ -1,0 +1,243 @@
+package configs
+
+// Decoding errors in the file's terms. yaml.v3 reports a value of the wrong type as
+// "line N: cannot unmarshal !!str `abc` into float64", one line per error under a header:
+// the line, and Go's type, but not the field. decodeError walks the document beside the
+// Config's type to find the first value that does not decode, and names it by its path
+// (prefix.hard_load_factor, backends[0].models[1]), as Validate's errors do, with its line
+// and what the field wants, on one line.
+
+import (
+	"fmt"
+	"reflect"
+	"regexp"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// maxQuotedValue bounds the part of a wrong value that an error quotes, bytes.
+const maxQuotedValue = 40
+
+// selfDecoder is the interface of the types that decode themselves (Duration, OptionalInt).
+var selfDecoder = reflect.TypeFor[yaml.Unmarshaler]()
+
+// decodeError rewrites err, yaml's error decoding data into a Config, as one line naming the
+// first field at fault, its line, and the number of other errors. An error it cannot place
+// (a syntax error: the document does not parse) is yaml's, on one line.
+func decodeError(data []byte, err error) error {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) == nil {
+		var w errWalk
+		w.value(&doc, reflect.TypeFor[Config](), "")
+		if len(w.errs) > 0 {
+			msg := w.errs[0]
+			if n := len(w.errs) - 1; n == 1 {
+				msg += " (and 1 more error)"
+			} else if n > 1 {
+				msg += fmt.Sprintf(" (and %d more errors)", n)
+			}
+			return fmt.Errorf("config: %s", msg)
+		}
+	}
+	return fmt.Errorf("config: %s", oneLine(err.Error()))
+}
+
+// oneLine joins yaml's multi-line error ("yaml: unmarshal errors:\n  line 2: …\n  line 3: …").
+func oneLine(s string) string {
+	s = strings.TrimPrefix(s, "yaml: unmarshal errors:\n  ")
+	return strings.ReplaceAll(s, "\n  ", "; ")
+}
+
+// errWalk collects, in document order, the errors of the values that do not decode.
+type errWalk struct {
+	errs []string
+}
+
+func (w *errWalk) fail(n *yaml.Node, path, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if path == "" {
+		w.errs = append(w.errs, fmt.Sprintf("line %d: %s", n.Line, msg))
+		return
+	}
+	w.errs = append(w.errs, fmt.Sprintf("%s: line %d: %s", path, n.Line, msg))
+}
+
+// value checks that n decodes into a t at path.
+func (w *errWalk) value(n *yaml.Node, t reflect.Type, path string) {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		if len(n.Content) == 1 {
+			w.value(n.Content[0], t, path)
+		}
+		return
+	case yaml.AliasNode:
+		if n.Alias != nil {
+			w.value(n.Alias, t, path)
+		}
+		return
+	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return // leaves the field as it is
+	}
+	for t.Kind() == reflect.Pointer && !t.Implements(selfDecoder) {
+		t = t.Elem()
+	}
+	selfDecoding := reflect.PointerTo(t).Implements(selfDecoder) || t.Implements(selfDecoder)
+	switch {
+	case selfDecoding:
+		w.leaf(n, t, path)
+	case t.Kind() == reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			w.fail(n, path, "want a mapping, got %s", got(n))
+			return
+		}
+		w.fields(n, t, path, map[string]int{})
+	case t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Uint8:
+		if n.Kind != yaml.SequenceNode {
+			w.fail(n, path, "want a list, got %s", got(n))
+			return
+		}
+		for i, e := range n.Content {
+			w.value(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
+		}
+	default:
+		w.leaf(n, t, path)
+	}
+}
+
+// fields checks the keys and values of mapping n against struct t; seen holds the keys met
+// so far and their lines.
+func (w *errWalk) fields(n *yaml.Node, t reflect.Type, path string, seen map[string]int) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Value == "<<" && k.ShortTag() == "!!merge" {
+			w.merge(v, t, path)
+			continue
+		}
+		p := join(path, k.Value)
+		if first, dup := seen[k.Value]; dup {
+			w.fail(k, p, "already set at line %d", first)
+			continue
+		}
+		seen[k.Value] = k.Line
+		ft, ok := fieldType(t, k.Value)
+		if !ok {
+			w.fail(k, p, "unknown field")
+			continue
+		}
+		w.value(v, ft, p)
+	}
+}
+
+// merge checks the mappings a merge key (<<) brings in; their keys may be overridden.
+func (w *errWalk) merge(v *yaml.Node, t reflect.Type, path string) {
+	switch v.Kind {
+	case yaml.AliasNode:
+		if v.Alias != nil {
+			w.merge(v.Alias, t, path)
+		}
+	case yaml.MappingNode:
+		w.fields(v, t, path, map[string]int{})
+	case yaml.SequenceNode:
+		for _, e := range v.Content {
+			w.merge(e, t, path)
+		}
+	}
+}
+
+// leaf checks that n decodes into a t: yaml.v3's own decoding, so that what passes here
+// passes there.
+func (w *errWalk) leaf(n *yaml.Node, t reflect.Type, path string) {
+	err := n.Decode(reflect.New(t).Interface())
+	if err == nil {
+		return
+	}
+	if _, typeErr := err.(*yaml.TypeError); typeErr {
+		w.fail(n, path, "want %s, got %s", want(t), got(n))
+		return
+	}
+	// A type's own error (Duration's): its message, without the line it names itself.
+	w.fail(n, path, "%s", lineRE.ReplaceAllString(oneLine(err.Error()), ""))
+}
+
+// lineRE is the "line N: " that yaml's and Duration's messages start with.
+var lineRE = regexp.MustCompile(`^line \d+: `)
+
+// fieldType is the type of t's field named key in YAML (yaml.v3's naming: the tag's name,
+// else the Go name in lower case).
+func fieldType(t reflect.Type, key string) (reflect.Type, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		if name == key {
+			return f.Type, true
+		}
+	}
+	return nil, false
+}
+
+// join is path.key, or key at the top.
+func join(path, key string) string {
+	if len(key) > maxQuotedValue {
+		key = key[:maxQuotedValue] + "…"
+	}
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// want says what a field of type t takes.
+func want(t reflect.Type) string {
+	switch t {
+	case reflect.TypeFor[Duration]():
+		return "a duration (e.g. 500ms, 5s, 10m)"
+	case reflect.TypeFor[OptionalInt]():
+		return "an integer"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice:
+		return "a list"
+	case reflect.Pointer:
+		return want(t.Elem())
+	}
+	return "a mapping"
+}
+
+// got describes the value n: a list, a mapping, the string quoted, or another scalar as
+// written (a number, a boolean), each cut to its bound.
+func got(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	}
+	v, cut := n.Value, ""
+	if len(v) > maxQuotedValue {
+		v, cut = v[:maxQuotedValue], "…"
+	}
+	if n.ShortTag() == "!!str" {
+		return fmt.Sprintf("the string %q%s", v, cut)
+	}
+	return fmt.Sprintf("%s%s", strings.ToValidUTF8(v, "?"), cut)
+}
