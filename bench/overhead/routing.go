@@ -26,22 +26,22 @@ import (
 // nothing in flight, every request would go where the shared tools prompt is held, and one
 // backend's KV capacity would churn through the working set of all the sessions.
 type RoutingResult struct {
-	BodyBytes  int            `json:"body_bytes"`
-	Shape      string         `json:"body_shape"`
-	Chunks     int            `json:"chunks"`
-	Decisions  int            `json:"decisions"`
-	InFlight   int            `json:"in_flight"`
-	P50us      float64        `json:"p50_us"`
-	P99us      float64        `json:"p99_us"`
-	BuildP50us float64        `json:"build_p50_us"`
-	PickP50us  float64        `json:"pick_p50_us"`
-	LearnP50us float64        `json:"learn_p50_us"`
+	BodyBytes  int     `json:"body_bytes"`
+	Shape      string  `json:"body_shape"`
+	Chunks     int     `json:"chunks"`
+	Decisions  int     `json:"decisions"`
+	InFlight   int     `json:"in_flight"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	BuildP50us float64 `json:"build_p50_us"`
+	PickP50us  float64 `json:"pick_p50_us"`
+	LearnP50us float64 `json:"learn_p50_us"`
 	// The parts of the decision at the p99 of the whole: the means of build, pick and learn
 	// over the decisions at or above its p99 (a session's first request, built in full).
-	BuildTailUs float64 `json:"build_tail_us"`
-	PickTailUs  float64 `json:"pick_tail_us"`
-	LearnTailUs float64 `json:"learn_tail_us"`
-	Reasons    map[string]int `json:"reasons"`
+	BuildTailUs float64        `json:"build_tail_us"`
+	PickTailUs  float64        `json:"pick_tail_us"`
+	LearnTailUs float64        `json:"learn_tail_us"`
+	Reasons     map[string]int `json:"reasons"`
 }
 
 // measureRouting times n routing decisions on bodies of wl over nb backends, with inFlight
