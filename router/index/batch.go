@@ -30,11 +30,13 @@ const (
 	maxShards = 64
 )
 
-// scratch is the working memory of one batched Match or Record (5.1 KiB), pooled so that
+// scratch is the working memory of one batched Match or Record (9.1 KiB), pooled so that
 // neither allocates nor clears it per call.
 type scratch struct {
 	masks [batchChunks]uint32
 	nodes [batchChunks]int32
+	fresh [batchChunks]int32
+	held  [batchChunks]int32
 	batch batch
 }
 

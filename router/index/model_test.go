@@ -229,7 +229,8 @@ func compareModel(t *testing.T, step int, x *Index, b *backend.Backend, m *lruMo
 // TestAgainstModelLong is TestAgainstModel for prompts long enough that Match and Record look
 // their chunks up in batches (batch.go: past seqChunks, in windows up to batchChunks), over
 // one shard, two and the default 64: prompts of up to 1,400 chunks on backends of 1 to 1,500,
-// so that a Record often evicts chunks of its own prompt that its batch already looked up.
+// so that a Record often evicts chunks of its own prompt that its batch already looked up,
+// and one of 6,000, so that it often has room to claim a new suffix in batches.
 // Records pass a held hint (right, short, long or none); the steps are a second apart, so
 // that no held prefix is fresh and every Record must touch its whole prompt as Record does.
 func TestAgainstModelLong(t *testing.T) {
@@ -241,6 +242,9 @@ func TestAgainstModelLong(t *testing.T) {
 			models := make([]*lruModel, nb)
 			for i := range bs {
 				capacity := 1 + rng.IntN(1500)
+				if i == nb-1 {
+					capacity = 6000 // room for whole prompts: Record claims a new suffix in batches
+				}
 				bs[i] = newBackend(t, fmt.Sprintf("b%d", i), int64(capacity)*64)
 				models[i] = newLRUModel(capacity)
 			}
@@ -248,14 +252,20 @@ func TestAgainstModelLong(t *testing.T) {
 			x.SetBackends(bs)
 			prompt := func() []uint64 {
 				p := chain(uint64(rng.IntN(4)), 1+rng.IntN(1400))
-				if rng.IntN(4) == 0 { // a hole
+				switch rng.IntN(6) {
+				case 0: // a hole
 					i := rng.IntN(len(p))
 					p = slices.Delete(p, i, i+1)
+				case 1: // a repeated chunk
+					p = append(p, p[rng.IntN(len(p))])
+				case 2: // a new tail that repeats a chunk of itself
+					tail := chain(uint64(4+rng.IntN(1<<20)), 1+rng.IntN(400))
+					p = append(append(p, tail...), tail[rng.IntN(len(tail))])
 				}
 				return p
 			}
 			out := make([]int, nb)
-			for step := range 400 {
+			for step := range 300 {
 				j := rng.IntN(nb)
 				b, m := bs[j], models[j]
 				p := prompt()

@@ -77,12 +77,16 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	if held > 0 {
 		split = max(min(held, len(chunks)), lo)
 	}
-	for i := len(chunks) - 1; i >= split; i-- {
-		h := norm(chunks[i])
-		if ni := s.recalled(h); ni != nilIdx {
-			s.retouch(ni, t)
-		} else if x.touchOrClaim(s, h, t, limit) {
-			evicted++
+	if n := len(chunks) - split; n > seqChunks && s.count.Load()+int64(n) <= limit {
+		x.claimBatched(s, chunks[split:], t, limit)
+	} else {
+		for i := len(chunks) - 1; i >= split; i-- {
+			h := norm(chunks[i])
+			if ni := s.recalled(h); ni != nilIdx {
+				s.retouch(ni, t)
+			} else if x.touchOrClaim(s, h, t, limit) {
+				evicted++
+			}
 		}
 	}
 	if split-lo <= seqChunks {
@@ -134,8 +138,8 @@ func (x *Index) heldFresh(s *slot, h uint64, t int64) (fresh bool, used int64) {
 }
 
 // touchBatched touches s's entries of chunks, deepest first, looked up in batches
-// (batch.go), and claims those s does not hold. It returns the entries evicted. Called with
-// s.mu held.
+// (batch.go), and claims those s does not hold: in a batch too when s has room for them all
+// (claimAll), else one by one. It returns the entries evicted. Called with s.mu held.
 func (x *Index) touchBatched(s *slot, chunks []uint64, t, limit int64) (evicted uint64) {
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
@@ -144,6 +148,17 @@ func (x *Index) touchBatched(s *slot, chunks []uint64, t, limit int64) (evicted 
 		hs := chunks[from:hi]
 		nodes := sc.nodes[:len(hs)]
 		x.nodesOf(s, hs, nodes, &sc.batch)
+		missing := 0
+		for _, ni := range nodes {
+			if ni == nilIdx {
+				missing++
+			}
+		}
+		if missing > 0 && s.count.Load()+int64(missing) <= limit {
+			x.claimAll(s, hs, nodes, t, limit, sc)
+			hi = from
+			continue
+		}
 		for p := len(hs) - 1; p >= 0; p-- {
 			h := norm(hs[p])
 			// A node that an eviction of this same walk reused carries another hash now.
@@ -156,6 +171,76 @@ func (x *Index) touchBatched(s *slot, chunks []uint64, t, limit int64) (evicted 
 		hi = from
 	}
 	return evicted
+}
+
+// claimBatched is claim for each of chunks, deepest first, when s has room for all of them:
+// claimAll, batch by batch. Called with s.mu held.
+func (x *Index) claimBatched(s *slot, chunks []uint64, t, limit int64) {
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
+	for hi := len(chunks); hi > 0; {
+		from := max(0, hi-batchChunks)
+		hs := chunks[from:hi]
+		nodes := sc.nodes[:len(hs)]
+		for p := range nodes {
+			nodes[p] = nilIdx
+		}
+		x.claimAll(s, hs, nodes, t, limit, sc)
+		hi = from
+	}
+}
+
+// claimAll is claim, deepest first, for each chunk of a batch hs whose node is nilIdx, and a
+// touch for the others (nodes[p] is s's node of hs[p]), when s has room for every claim (none
+// evicts): the new nodes are taken first, then linked to their chunks with each shard
+// write-locked once, then every node of the batch is put at the front deepest first. A chunk
+// that s turns out to hold already (or that the batch holds twice) is touched instead, and
+// its spare node given back. Called with s.mu held.
+func (x *Index) claimAll(s *slot, hs []uint64, nodes []int32, t, limit int64, sc *scratch) {
+	fresh, held := sc.fresh[:len(hs)], sc.held[:len(hs)]
+	for p, h := range hs {
+		fresh[p], held[p] = nilIdx, nilIdx
+		if nodes[p] == nilIdx {
+			fresh[p] = s.allocDetached(norm(h), t|added, limit)
+		}
+	}
+	sc.batch.group(x, hs)
+	for si := range x.shards {
+		if run := sc.batch.order[sc.batch.start[si]:sc.batch.start[si+1]]; len(run) > 0 {
+			x.shards[si].linkAll(hs, run, s.num, fresh, held)
+		}
+	}
+	for p := len(hs) - 1; p >= 0; p-- {
+		ni := nodes[p]
+		if ni == nilIdx {
+			if ni = fresh[p]; held[p] != nilIdx {
+				s.release(ni)
+				ni = held[p]
+			}
+		}
+		if s.linked(ni) {
+			s.retouch(ni, t)
+		} else {
+			s.pushFront(ni)
+		}
+	}
+}
+
+// linkAll links, for each position p of run with a node fresh[p], slot num's holder of hs[p]
+// to that node, or, when num holds hs[p] already, sets held[p] to that holder's node. Under
+// sh's write lock.
+func (sh *shard) linkAll(hs []uint64, run []uint16, num uint16, fresh, held []int32) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, p := range run {
+		if fresh[p] == nilIdx {
+			continue
+		}
+		ch := sh.chunks.put(norm(hs[p]))
+		if held[p] = sh.holderOf(ch, num); held[p] == nilIdx {
+			sh.link(ch, num, fresh[p])
+		}
+	}
 }
 
 // touchOrClaim claims h for s (claim) and touches it if s held it already. It reports whether
