@@ -30,14 +30,17 @@ const (
 	maxShards = 64
 )
 
-// scratch is the working memory of one batched Match or Record (9.1 KiB), pooled so that
-// neither allocates nor clears it per call.
+// scratch is the working memory of one batched Match or Record (about 30 KiB), pooled so
+// that neither allocates nor clears it per call.
 type scratch struct {
-	masks [batchChunks]uint32
-	nodes [batchChunks]int32
-	fresh [batchChunks]int32
-	held  [batchChunks]int32
-	batch batch
+	masks  [batchChunks]uint32
+	nodes  [batchChunks]int32
+	addH   [batchChunks]uint64 // a batch's new chunks (recordBatched)
+	addN   [batchChunks]int32  // their nodes
+	remH   [batchChunks]uint64 // the chunks evicted for them
+	batch  batch
+	rbatch batch
+	seen   seenSet
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -140,6 +143,47 @@ func (x *Index) nodesOf(s *slot, hs []uint64, nodes []int32, b *batch) {
 	for p, ni := range nodes {
 		if ni != nilIdx {
 			s.remember(norm(hs[p]), ni)
+		}
+	}
+}
+
+// seenSet maps the chunks one batch claimed to their nodes (recordBatched: a chunk a batch
+// holds twice is claimed once): open addressing over twice a batch's chunks, emptied by
+// deleting what was put.
+type seenSet struct {
+	keys  [2 * batchChunks]uint64 // 0: empty (hashes are normalised, never 0)
+	nodes [2 * batchChunks]int32
+}
+
+const seenBits = 10 // log2(2 × batchChunks)
+
+func (t *seenSet) slot(h uint64) int { return int((h * fibonacci) >> (64 - seenBits)) }
+
+func (t *seenSet) get(h uint64) int32 {
+	for i := t.slot(h); t.keys[i] != 0; i = (i + 1) & (len(t.keys) - 1) {
+		if t.keys[i] == h {
+			return t.nodes[i]
+		}
+	}
+	return nilIdx
+}
+
+func (t *seenSet) put(h uint64, ni int32) {
+	i := t.slot(h)
+	for t.keys[i] != 0 && t.keys[i] != h {
+		i = (i + 1) & (len(t.keys) - 1)
+	}
+	t.keys[i], t.nodes[i] = h, ni
+}
+
+// del removes h, which must be the most recently put key still in the set: deleting keys in
+// the reverse order of their puts keeps every remaining key's probe run whole (its run holds
+// only keys put before it), so the set ends empty without a clear.
+func (t *seenSet) del(h uint64) {
+	for i := t.slot(h); t.keys[i] != 0; i = (i + 1) & (len(t.keys) - 1) {
+		if t.keys[i] == h {
+			t.keys[i] = 0
+			return
 		}
 	}
 }

@@ -66,20 +66,19 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	}
 	var evicted uint64
 	// Deepest first, each moved to the front: the prompt ends up shallow-to-deep from the
-	// front of the list, so its deepest chunks are the first of it to be evicted. Chained
-	// hashes make a backend's entries whole prefixes, so the chunks past the held hint are
-	// expected new: each is claimed, which looks it up under the write lock that adding it
-	// takes anyway. The chunks up to the hint (all of them without one) are expected held:
-	// they are looked up in batches, each shard locked once (batch.go), and touched; one that
-	// an eviction of this same Record took meanwhile (its node now carries another hash) is
-	// claimed again.
-	split := len(chunks)
-	if held > 0 {
-		split = max(min(held, len(chunks)), lo)
-	}
-	if n := len(chunks) - split; n > seqChunks && s.count.Load()+int64(n) <= limit {
-		x.claimBatched(s, chunks[split:], t, limit)
+	// front of the list, so its deepest chunks are the first of it to be evicted. More than
+	// seqChunks chunks go in batches (recordBatched). Fewer go one by one: chained hashes
+	// make a backend's entries whole prefixes, so the chunks past the held hint are expected
+	// new and each is claimed, which looks it up under the write lock that adding it takes
+	// anyway; the chunks up to the hint (all of them without one) are expected held, looked up
+	// and touched.
+	if len(chunks)-lo > seqChunks {
+		evicted = x.recordBatched(s, chunks[lo:], t, limit)
 	} else {
+		split := len(chunks)
+		if held > 0 {
+			split = max(min(held, len(chunks)), lo)
+		}
 		for i := len(chunks) - 1; i >= split; i-- {
 			h := norm(chunks[i])
 			if ni := s.recalled(h); ni != nilIdx {
@@ -88,8 +87,6 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 				evicted++
 			}
 		}
-	}
-	if split-lo <= seqChunks {
 		for i := split - 1; i >= lo; i-- {
 			h := norm(chunks[i])
 			ni := s.recalled(h)
@@ -104,8 +101,6 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 				evicted++
 			}
 		}
-	} else {
-		evicted += x.touchBatched(s, chunks[lo:split], t, limit)
 	}
 	if evicted > 0 {
 		s.evictions.Add(evicted)
@@ -137,109 +132,95 @@ func (x *Index) heldFresh(s *slot, h uint64, t int64) (fresh bool, used int64) {
 	return t-used < window, used
 }
 
-// touchBatched touches s's entries of chunks, deepest first, looked up in batches
-// (batch.go), and claims those s does not hold: in a batch too when s has room for them all
-// (claimAll), else one by one. It returns the entries evicted. Called with s.mu held.
-func (x *Index) touchBatched(s *slot, chunks []uint64, t, limit int64) (evicted uint64) {
+// recordBatched is RecordHeld's walk over chunks (deepest first) in batches of up to
+// batchChunks, so that each shard is locked twice a batch rather than once or twice a chunk:
+//
+//  1. look up s's node of every chunk of the batch, each shard read-locked once (nodesOf);
+//  2. walk the batch deepest first, on s's own LRU list only: a chunk s holds is touched; one
+//     it does not is given a node at the front, a new one below the capacity, else the least
+//     recently used entry's (the victim, evicted); a chunk the batch holds twice is
+//     claimed once and then touched; a node that a victim of this same batch took now
+//     carries another hash, and its chunk is claimed again;
+//  3. apply the batch to the shards, each write-locked once: the victims' holders removed,
+//     then the new chunks' holders linked to their nodes.
+//
+// Meanwhile holders of victims name nodes that now carry new chunks, which only this slot's
+// own lookups, under s.mu, could see. The result is that of claiming the chunks one by one
+// (TestAgainstModelLong) because no victim is a chunk its own batch added: RecordHeld cuts a
+// prompt to the capacity, so that a batch's claims and touches number at most the capacity,
+// and the j-th eviction of a batch, at its (capacity − entries + j)-th claim, still finds one
+// of the entries older than the batch at the tail. It returns the entries evicted. Called
+// with s.mu held.
+func (x *Index) recordBatched(s *slot, chunks []uint64, t, limit int64) (evicted uint64) {
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
 	for hi := len(chunks); hi > 0; {
 		from := max(0, hi-batchChunks)
 		hs := chunks[from:hi]
+		hi = from
 		nodes := sc.nodes[:len(hs)]
 		x.nodesOf(s, hs, nodes, &sc.batch)
-		missing := 0
-		for _, ni := range nodes {
-			if ni == nilIdx {
-				missing++
-			}
-		}
-		if missing > 0 && s.count.Load()+int64(missing) <= limit {
-			x.claimAll(s, hs, nodes, t, limit, sc)
-			hi = from
-			continue
-		}
-		for p := len(hs) - 1; p >= 0; p-- {
-			h := norm(hs[p])
-			// A node that an eviction of this same walk reused carries another hash now.
-			if ni := nodes[p]; ni != nilIdx && s.nodes[ni].hash == h {
-				s.retouch(ni, t)
-			} else if x.touchOrClaim(s, h, t, limit) {
-				evicted++
-			}
-		}
-		hi = from
+		evicted += x.settle(s, hs, nodes, t, limit, sc)
 	}
 	return evicted
 }
 
-// claimBatched is claim for each of chunks, deepest first, when s has room for all of them:
-// claimAll, batch by batch. Called with s.mu held.
-func (x *Index) claimBatched(s *slot, chunks []uint64, t, limit int64) {
-	sc := scratchPool.Get().(*scratch)
-	defer scratchPool.Put(sc)
-	for hi := len(chunks); hi > 0; {
-		from := max(0, hi-batchChunks)
-		hs := chunks[from:hi]
-		nodes := sc.nodes[:len(hs)]
-		for p := range nodes {
-			nodes[p] = nilIdx
-		}
-		x.claimAll(s, hs, nodes, t, limit, sc)
-		hi = from
-	}
-}
-
-// claimAll is claim, deepest first, for each chunk of a batch hs whose node is nilIdx, and a
-// touch for the others (nodes[p] is s's node of hs[p]), when s has room for every claim (none
-// evicts): the new nodes are taken first, then linked to their chunks with each shard
-// write-locked once, then every node of the batch is put at the front deepest first. A chunk
-// that s turns out to hold already (or that the batch holds twice) is touched instead, and
-// its spare node given back. Called with s.mu held.
-func (x *Index) claimAll(s *slot, hs []uint64, nodes []int32, t, limit int64, sc *scratch) {
-	fresh, held := sc.fresh[:len(hs)], sc.held[:len(hs)]
-	for p, h := range hs {
-		fresh[p], held[p] = nilIdx, nilIdx
-		if nodes[p] == nilIdx {
-			fresh[p] = s.allocDetached(norm(h), t|added, limit)
-		}
-	}
-	sc.batch.group(x, hs)
-	for si := range x.shards {
-		if run := sc.batch.order[sc.batch.start[si]:sc.batch.start[si+1]]; len(run) > 0 {
-			x.shards[si].linkAll(hs, run, s.num, fresh, held)
-		}
-	}
+// settle is steps 2 and 3 of recordBatched for one batch hs, with nodes[p] s's node of hs[p]
+// as looked up (nilIdx: none). It returns the entries evicted.
+func (x *Index) settle(s *slot, hs []uint64, nodes []int32, t, limit int64, sc *scratch) (evicted uint64) {
+	adds, rems := sc.addH[:0], sc.remH[:0]
+	addNodes := sc.addN[:0]
 	for p := len(hs) - 1; p >= 0; p-- {
-		ni := nodes[p]
-		if ni == nilIdx {
-			if ni = fresh[p]; held[p] != nilIdx {
-				s.release(ni)
-				ni = held[p]
-			}
-		}
-		if s.linked(ni) {
+		h := norm(hs[p])
+		if ni := nodes[p]; ni != nilIdx && s.nodes[ni].hash == h {
 			s.retouch(ni, t)
-		} else {
-			s.pushFront(ni)
-		}
-	}
-}
-
-// linkAll links, for each position p of run with a node fresh[p], slot num's holder of hs[p]
-// to that node, or, when num holds hs[p] already, sets held[p] to that holder's node. Under
-// sh's write lock.
-func (sh *shard) linkAll(hs []uint64, run []uint16, num uint16, fresh, held []int32) {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	for _, p := range run {
-		if fresh[p] == nilIdx {
 			continue
 		}
-		ch := sh.chunks.put(norm(hs[p]))
-		if held[p] = sh.holderOf(ch, num); held[p] == nilIdx {
-			sh.link(ch, num, fresh[p])
+		if ni := sc.seen.get(h); ni != nilIdx {
+			s.retouch(ni, t) // claimed by this batch already: keeps its added mark
+			continue
 		}
+		var ni int32
+		if s.count.Load() < limit {
+			ni = s.alloc(h, t|added, limit)
+		} else {
+			ni = s.tail
+			rems = append(rems, s.nodes[ni].hash)
+			s.nodes[ni].hash = h
+			s.touch(ni, t|added)
+			evicted++
+		}
+		adds, addNodes = append(adds, h), append(addNodes, ni)
+		sc.seen.put(h, ni)
+	}
+	for i := len(adds) - 1; i >= 0; i-- { // last put first: see seenSet.del
+		sc.seen.del(adds[i])
+	}
+	if len(adds) == 0 {
+		return evicted
+	}
+	sc.batch.group(x, adds)
+	sc.rbatch.group(x, rems)
+	for si := range x.shards {
+		a := sc.batch.order[sc.batch.start[si]:sc.batch.start[si+1]]
+		r := sc.rbatch.order[sc.rbatch.start[si]:sc.rbatch.start[si+1]]
+		if len(a)+len(r) > 0 {
+			x.shards[si].apply(s.num, rems, r, adds, addNodes, a)
+		}
+	}
+	return evicted
+}
+
+// apply removes slot num's holders of rems[p] for the positions p of r, then links its
+// holders of adds[p] to addNodes[p] for the positions p of a, under sh's write lock.
+func (sh *shard) apply(num uint16, rems []uint64, r []uint16, adds []uint64, addNodes []int32, a []uint16) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, p := range r {
+		sh.remove(rems[p], num)
+	}
+	for _, p := range a {
+		sh.link(sh.chunks.put(adds[p]), num, addNodes[p])
 	}
 }
 

@@ -46,9 +46,6 @@ func (s *slot) alloc(h uint64, t int64, limit int64) int32 {
 	return ni
 }
 
-// linked reports whether node ni is in s's LRU list (allocDetached's are not, yet).
-func (s *slot) linked(ni int32) bool { return s.head == ni || s.nodes[ni].prev != nilIdx }
-
 // allocDetached is alloc without the list: the node counts as an entry, and the caller
 // puts it at the front (pushFront) or gives it back (release).
 func (s *slot) allocDetached(h uint64, t int64, limit int64) int32 {

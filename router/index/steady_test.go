@@ -123,3 +123,44 @@ func TestSteadyState(t *testing.T) {
 	}
 	check(t, st.x)
 }
+
+// BenchmarkRecordAtCapacity is Record on a backend at capacity (every new chunk evicts one)
+// in the shape of a coding agent's 1 MB prompts (3,400 chunks): a session's next step, whose
+// last 200 chunks are new, and a session's first request, all new.
+func BenchmarkRecordAtCapacity(b *testing.B) {
+	const promptChunks, capacity = 3400, 50_000
+	for _, c := range []struct {
+		name string
+		new  int
+	}{{"step", 200}, {"first", promptChunks}} {
+		b.Run(c.name, func(b *testing.B) {
+			bk := newBackend(b, "b0", capacity*64)
+			x := New(Options{ChunkTokens: 64})
+			x.SetBackends([]*backend.Backend{bk})
+			prompt := make([]uint64, promptChunks)
+			seq := uint64(0)
+			fill := func() {
+				seq++
+				for i := range prompt {
+					if i >= promptChunks-c.new || seq == 1 {
+						prompt[i] = mix64(seq<<20 | uint64(i))
+					}
+				}
+			}
+			now := t0
+			for x.Entries() < capacity { // at capacity before the timer starts
+				fill()
+				now = now.Add(time.Second)
+				x.Record(prompt, bk, now)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				fill()
+				now = now.Add(time.Second) // never fresh: every chunk is touched
+				x.Record(prompt, bk, now)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*promptChunks), "ns/chunk")
+		})
+	}
+}
