@@ -367,20 +367,35 @@ func TestCapacityUnderMillionInserts(t *testing.T) {
 }
 
 func TestConcurrent(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		chunks, capacity  int // prompt length at most, backend capacity
+		shards, iteration int
+	}{
+		{"short", 20, 300, 4, 3000},
+		{"long", 1200, 2000, defaultShards, 150}, // batched (batch.go), evicting
+	} {
+		t.Run(c.name, func(t *testing.T) { testConcurrent(t, c.chunks, c.capacity, c.shards, c.iteration) })
+	}
+}
+
+// testConcurrent runs 8 goroutines of random Records, Corrects, Forgets, Matches, restarts
+// and backend removals on one index, then checks its invariants.
+func testConcurrent(t *testing.T, maxChunks, capacity, shards, iterations int) {
 	const nb = 6
 	bs := make([]*backend.Backend, nb)
 	for i := range bs {
-		bs[i] = newBackend(t, fmt.Sprintf("b%d", i), 300*64)
+		bs[i] = newBackend(t, fmt.Sprintf("b%d", i), int64(capacity)*64)
 	}
-	x := newIndex(Options{ChunkTokens: 64}, 4)
+	x := newIndex(Options{ChunkTokens: 64}, shards)
 	x.SetBackends(bs)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(g), 9))
 			out := make([]int, nb)
-			for i := range 3000 {
-				p := chain(uint64(rng.IntN(50)), 1+rng.IntN(20))
+			for i := range iterations {
+				p := chain(uint64(rng.IntN(50)), 1+rng.IntN(maxChunks))
 				switch r := rng.IntN(100); {
 				case r < 38:
 					x.RecordHeld(p, bs[rng.IntN(nb)], t0.Add(time.Duration(i)*time.Millisecond), rng.IntN(len(p)+1))
