@@ -275,7 +275,17 @@ func (l *Lease) Backend() *Backend { return l.b }
 
 // FirstByte marks the end of prefill: the backend started answering. For a streamed request
 // the time since Begin is an observation of the backend's prefill model.
-func (l *Lease) FirstByte() {
+func (l *Lease) FirstByte() { l.firstByte(true) }
+
+// Refused marks a request the backend answered with an error status (a 400 for a prompt
+// over the context, a 429): its prefill work leaves the queue as at FirstByte, but its answer
+// came without a prefill and teaches the prefill model nothing. A 400 in 3 ms for a 300k-token
+// prompt taken as its TTFT made a replica look 100× faster than it is, and every replica
+// that had not learned its own rate took that one's (the fleet median). Safe to call after
+// FirstByte or Release (then it does nothing).
+func (l *Lease) Refused() { l.firstByte(false) }
+
+func (l *Lease) firstByte(observe bool) {
 	for {
 		s := l.state.Load()
 		if s&1 != 0 || s&2 != 0 {
@@ -284,7 +294,7 @@ func (l *Lease) FirstByte() {
 		if l.state.CompareAndSwap(s, s|1) {
 			l.b.prefillTokens.Add(-l.prefill)
 			l.b.prefillReqs.Add(-1)
-			if l.timed {
+			if observe && l.timed {
 				l.b.prefill.Observe(l.ahead+l.prefill, time.Since(l.began))
 			}
 			return

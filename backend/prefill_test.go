@@ -103,6 +103,17 @@ func TestLeaseObservesPrefill(t *testing.T) {
 	if n := b.Prefill().Samples(); n != 1 {
 		t.Fatalf("a non-streamed response was observed: %d observations, want 1", n)
 	}
+	var refused Lease // streamed, answered with an error status: dequeued, not observed
+	refused.Begin(b, 700, true)
+	refused.Refused()
+	if b.PrefillTokens() != 0 || b.PrefillRequests() != 0 {
+		t.Fatalf("a refused request is still queued: %d tokens, %d requests", b.PrefillTokens(), b.PrefillRequests())
+	}
+	refused.FirstByte() // its error body's first byte
+	refused.Release()
+	if n := b.Prefill().Samples(); n != 1 {
+		t.Fatalf("a refused request was observed: %d observations, want 1", n)
+	}
 	if b.PrefillTokens() != 0 || b.PrefillRequests() != 0 || b.InFlight() != 0 {
 		t.Fatalf("after release: %d tokens, %d requests, %d in flight", b.PrefillTokens(), b.PrefillRequests(), b.InFlight())
 	}

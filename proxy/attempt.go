@@ -162,6 +162,9 @@ func (s *Server) sendAndReadHead(ctx *fasthttp.RequestCtx, f *flow, b *backend.B
 func (s *Server) judge(f *flow, b *backend.Backend, canRetry bool) error {
 	status := f.resp.StatusCode()
 	s.hc.Observe(b, outcomeOf(status))
+	if status >= fasthttp.StatusMultipleChoices {
+		f.lease.Refused() // its first byte is no token: not a TTFT for the prefill model
+	}
 	// A refused request (400 context too long, 429, 503 retried elsewhere) left nothing in
 	// the backend's cache.
 	if status >= fasthttp.StatusBadRequest {

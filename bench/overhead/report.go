@@ -254,9 +254,9 @@ func Markdown(rep *Report) string {
 			fx(r.SatCPUPer1k, "%.3f"), fx(r.LatCPUPer1k, "%.3f"), rss, r.SatErrors+r.LatErrors)
 	}
 	if len(rep.Routing) > 0 {
-		b.WriteString("\nRouting decision of mode prefix (in the harness, no load), µs; the tail parts are the means over the decisions at or above the p99:\n\n| body | chunks | p50 | p99 | build p50 | pick p50 | learn p50 | build / pick / learn at p99 |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("\nRouting decision of mode prefix (in the harness, no load), µs, after a warm-up to the index's steady state; the tail parts are the means over the decisions at or above the p99:\n\n| body | chunks | p50 | p99 | build p50 | pick p50 | learn p50 | build / pick / learn at p99 | warm-up decisions | index fill |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range rep.Routing {
-			fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f / %.0f / %.0f |\n", bodyName(r.BodyBytes, r.Shape), r.Chunks, r.P50us, r.P99us, r.BuildP50us, r.PickP50us, r.LearnP50us, r.BuildTailUs, r.PickTailUs, r.LearnTailUs)
+			fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.0f / %.0f / %.0f | %d | %.2f |\n", bodyName(r.BodyBytes, r.Shape), r.Chunks, r.P50us, r.P99us, r.BuildP50us, r.PickP50us, r.LearnP50us, r.BuildTailUs, r.PickTailUs, r.LearnTailUs, r.WarmDecisions, r.IndexFill)
 		}
 	}
 	if x := rep.Index; x != nil {

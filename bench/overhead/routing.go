@@ -42,6 +42,10 @@ type RoutingResult struct {
 	PickTailUs  float64        `json:"pick_tail_us"`
 	LearnTailUs float64        `json:"learn_tail_us"`
 	Reasons     map[string]int `json:"reasons"`
+	// WarmDecisions is the decisions made before the timed ones, IndexFill the index's
+	// entries over its capacity when the timing began.
+	WarmDecisions int     `json:"warm_decisions"`
+	IndexFill     float64 `json:"index_fill"`
 }
 
 // measureRouting times n routing decisions on bodies of wl over nb backends, with inFlight
@@ -78,11 +82,28 @@ func measureRouting(wl *Workload, nb, n, inFlight int) (RoutingResult, error) {
 		}
 		return t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), d
 	}
-	const warm = 200
-	base := uint64(1) << 40
-	for i := range uint64(warm) { // learn the system prompts, warm the pools
-		decide(base + i)
+	// Warm up: learn the system prompts and warm the pools, then go on until the index is in
+	// its steady state, at capacity (or no longer growing, for a working set that fits), at
+	// most maxWarm decisions: a filling index pays slab and table growth (and the GC assists
+	// that go with it) that a running proxy pays once.
+	const minWarm, maxWarm, every = 200, 20_000, 500
+	var capacity int64
+	for _, s := range pol.Index().Stats(nil) {
+		capacity += s.Capacity
 	}
+	base := uint64(1) << 40
+	warm := uint64(0)
+	for last := int64(-1); warm < maxWarm; warm++ {
+		decide(base + warm)
+		if warm >= minWarm && warm%every == 0 {
+			e := pol.Index().Entries()
+			if e >= capacity*95/100 || e == last {
+				break
+			}
+			last = e
+		}
+	}
+	fill := float64(pol.Index().Entries()) / float64(max(capacity, 1))
 	total := make([]time.Duration, n)
 	build := make([]time.Duration, n)
 	pick := make([]time.Duration, n)
@@ -103,6 +124,7 @@ func measureRouting(wl *Workload, nb, n, inFlight int) (RoutingResult, error) {
 		P50us: pctUs(total, 50), P99us: pctUs(total, 99),
 		BuildP50us: pctUs(build, 50), PickP50us: pctUs(pick, 50), LearnP50us: pctUs(learn, 50),
 		BuildTailUs: tailUs(total, build, 99), PickTailUs: tailUs(total, pick, 99), LearnTailUs: tailUs(total, learn, 99),
+		WarmDecisions: int(warm), IndexFill: fill,
 		Reasons: reasons,
 	}, nil
 }
