@@ -30,8 +30,9 @@ const (
 // LRU, a few cache misses each, for a recency that changes by milliseconds. A Record touches
 // a whole prefix at once, so the skipped chunks are at most two windows staler than a full
 // Record would leave them. A prefix still marked as added by an earlier Record that no later
-// one touched is touched in full (that Record may yet be withdrawn by Forget). held ≤ 0 (or
-// a stale hint) records every chunk.
+// one touched is touched in full (that Record may yet be withdrawn by Forget), and so is a
+// skipped prefix that the new chunks' own evictions reached (TestFreshPrefixSurvivesItsOwnSuffix).
+// held ≤ 0 (or a stale hint) records every chunk.
 func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, held int) Stamp {
 	if len(chunks) == 0 || b == nil {
 		return 0
@@ -64,42 +65,19 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 			s.notePrior(t, used)
 		}
 	}
-	var evicted uint64
-	// Deepest first, each moved to the front: the prompt ends up shallow-to-deep from the
-	// front of the list, so its deepest chunks are the first of it to be evicted. More than
-	// seqChunks chunks go in batches (recordBatched). Fewer go one by one: chained hashes
-	// make a backend's entries whole prefixes, so the chunks past the held hint are expected
-	// new and each is claimed, which looks it up under the write lock that adding it takes
-	// anyway; the chunks up to the hint (all of them without one) are expected held, looked up
-	// and touched.
-	if len(chunks)-lo > seqChunks {
-		evicted = x.recordBatched(s, chunks[lo:], t, limit)
-	} else {
-		split := len(chunks)
-		if held > 0 {
-			split = max(min(held, len(chunks)), lo)
-		}
-		for i := len(chunks) - 1; i >= split; i-- {
-			h := norm(chunks[i])
-			if ni := s.recalled(h); ni != nilIdx {
-				s.retouch(ni, t)
-			} else if x.touchOrClaim(s, h, t, limit) {
-				evicted++
-			}
-		}
-		for i := split - 1; i >= lo; i-- {
-			h := norm(chunks[i])
-			ni := s.recalled(h)
-			if ni == nilIdx {
-				if ni = x.shard(h).lookup(h, s.num); ni != nilIdx {
-					s.remember(h, ni)
-				}
-			}
-			if ni != nilIdx {
-				s.retouch(ni, t)
-			} else if x.touchOrClaim(s, h, t, limit) {
-				evicted++
-			}
+	hint := -1 // no hint: every chunk is expected held
+	if held > 0 {
+		hint = max(min(held, len(chunks))-lo, 0)
+	}
+	evicted := x.walk(s, chunks[lo:], hint, t, limit)
+	if lo > 0 && evicted > 0 {
+		// The held prefix was left as it is, fresh, but this Record's own claims may have
+		// evicted it: a burst of new chunks onto a backend whose older entries ran out. Its
+		// deepest chunk, touched first whenever the prefix was touched whole, is the oldest
+		// of it and goes first; if that went, the prefix is recorded too, as a full Record
+		// would have.
+		if h := norm(chunks[lo-1]); s.recalled(h) == nilIdx && x.shard(h).lookup(h, s.num) == nilIdx {
+			evicted += x.walk(s, chunks[:lo], lo, t, limit)
 		}
 	}
 	if evicted > 0 {
@@ -130,6 +108,47 @@ func (x *Index) heldFresh(s *slot, h uint64, t int64) (fresh bool, used int64) {
 		window = min(window, (t-s.nodes[s.tail].used&^added)/freshHorizonShare)
 	}
 	return t-used < window, used
+}
+
+// walk records chunks on s as of stamp t, deepest first, each moved to the front: the
+// prompt ends up shallow-to-deep from the front of the list, so its deepest chunks are the
+// first of it to be evicted. held is how many of the first chunks s is expected to hold (< 0:
+// no hint, all of them). More than seqChunks chunks go in batches (recordBatched). Fewer go one by one:
+// chained hashes make a backend's entries whole prefixes, so the chunks past held are
+// expected new and each is claimed, which looks it up under the write lock that adding it
+// takes anyway; the first held (all of them without a hint) are expected held, looked up
+// and touched. It returns the entries evicted. Called with s.mu held.
+func (x *Index) walk(s *slot, chunks []uint64, held int, t, limit int64) (evicted uint64) {
+	if len(chunks) > seqChunks {
+		return x.recordBatched(s, chunks, t, limit)
+	}
+	split := len(chunks)
+	if held >= 0 {
+		split = min(held, len(chunks))
+	}
+	for i := len(chunks) - 1; i >= split; i-- {
+		h := norm(chunks[i])
+		if ni := s.recalled(h); ni != nilIdx {
+			s.retouch(ni, t)
+		} else if x.touchOrClaim(s, h, t, limit) {
+			evicted++
+		}
+	}
+	for i := split - 1; i >= 0; i-- {
+		h := norm(chunks[i])
+		ni := s.recalled(h)
+		if ni == nilIdx {
+			if ni = x.shard(h).lookup(h, s.num); ni != nilIdx {
+				s.remember(h, ni)
+			}
+		}
+		if ni != nilIdx {
+			s.retouch(ni, t)
+		} else if x.touchOrClaim(s, h, t, limit) {
+			evicted++
+		}
+	}
+	return evicted
 }
 
 // recordBatched is RecordHeld's walk over chunks (deepest first) in batches of up to
