@@ -341,6 +341,9 @@ func ParseRaw(data []byte) (*Config, error) {
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, decodeError(data, err)
 	}
+	if err := walkError(data); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 

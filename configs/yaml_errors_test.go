@@ -22,6 +22,10 @@ func TestTypeErrorsNameTheFieldPath(t *testing.T) {
 		{"quoted number", "prefix:\n  load_margin: \"3\"\n" + bk, `config: prefix.load_margin: line 2: want an integer, got the string "3"`},
 		{"bool", "health:\n  disabled: [yes]\n" + bk, "config: health.disabled: line 2: want true or false, got a list"},
 		{"optional int", "prefix:\n  load_margin: two\n" + bk, `config: prefix.load_margin: line 2: want an integer, got the string "two"`},
+		// yaml.v3 would truncate these (1000.7 read as 1000): a fraction is refused.
+		{"fraction for an integer", bk + "   kv_cache_tokens: 1000.7\n", "config: backends[0].kv_cache_tokens: line 3: want an integer, got 1000.7"},
+		{"fraction for a weight", bk + "   weight: 2.9\n", "config: backends[0].weight: line 3: want an integer, got 2.9"},
+		{"fraction for an optional int", "prefix:\n  load_margin: 1.5\n" + bk, "config: prefix.load_margin: line 2: want an integer, got 1.5"},
 		{"duration syntax", "timeouts:\n  connect: soon\n" + bk, `config: timeouts.connect: line 2: "soon" is not a duration`},
 		{"duration of a list", "timeouts:\n  idle: [1]\n" + bk, "config: timeouts.idle: line 2: want a duration (e.g. 500ms, 5s, 10m), got a list"},
 		{"discovery", "discovery:\n  dns:\n    port: http\n" + bk, `config: discovery.dns.port: line 3: want an integer, got the string "http"`},

@@ -9,8 +9,10 @@ package configs
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -26,21 +28,33 @@ var selfDecoder = reflect.TypeFor[yaml.Unmarshaler]()
 // first field at fault, its line, and the number of other errors. An error it cannot place
 // (a syntax error: the document does not parse) is yaml's, on one line.
 func decodeError(data []byte, err error) error {
-	var doc yaml.Node
-	if yaml.Unmarshal(data, &doc) == nil {
-		var w errWalk
-		w.value(&doc, reflect.TypeFor[Config](), "")
-		if len(w.errs) > 0 {
-			msg := w.errs[0]
-			if n := len(w.errs) - 1; n == 1 {
-				msg += " (and 1 more error)"
-			} else if n > 1 {
-				msg += fmt.Sprintf(" (and %d more errors)", n)
-			}
-			return fmt.Errorf("config: %s", msg)
-		}
+	if placed := walkError(data); placed != nil {
+		return placed
 	}
 	return fmt.Errorf("config: %s", oneLine(err.Error()))
+}
+
+// walkError is the first value of data, a document that decoded into a Config or did not,
+// that does not fit its field, as decodeError words it; nil when every value fits (or data
+// does not parse). It also catches what yaml.v3 lets through: a number with a fraction in
+// an integer field, which yaml.v3 truncates (kv_cache_tokens: 1000.7 read as 1000).
+func walkError(data []byte) error {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil {
+		return nil
+	}
+	var w errWalk
+	w.value(&doc, reflect.TypeFor[Config](), "")
+	if len(w.errs) == 0 {
+		return nil
+	}
+	msg := w.errs[0]
+	if n := len(w.errs) - 1; n == 1 {
+		msg += " (and 1 more error)"
+	} else if n > 1 {
+		msg += fmt.Sprintf(" (and %d more errors)", n)
+	}
+	return fmt.Errorf("config: %s", msg)
 }
 
 // oneLine joins yaml's multi-line error ("yaml: unmarshal errors:\n  line 2: …\n  line 3: …").
@@ -149,6 +163,12 @@ func (w *errWalk) merge(v *yaml.Node, t reflect.Type, path string) {
 // leaf checks that n decodes into a t: yaml.v3's own decoding, so that what passes here
 // passes there.
 func (w *errWalk) leaf(n *yaml.Node, t reflect.Type, path string) {
+	if want(t) == "an integer" && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
+		if f, err := strconv.ParseFloat(n.Value, 64); err != nil || f != math.Trunc(f) {
+			w.fail(n, path, "want %s, got %s", want(t), got(n)) // yaml.v3 would truncate it
+			return
+		}
+	}
 	err := n.Decode(reflect.New(t).Interface())
 	if err == nil {
 		return
