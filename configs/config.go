@@ -485,6 +485,9 @@ func (c *Config) Validate() error {
 	if err := checkHostPort(c.AdminListen); err != nil {
 		return fmt.Errorf("admin_listen: %w", err)
 	}
+	if samePort(c.AdminListen, c.Listen) {
+		return fmt.Errorf("admin_listen: %q has the port of listen (%q); the admin listener needs a port of its own", c.AdminListen, c.Listen)
+	}
 	if modes := router.ModeNames(); !slices.Contains(modes, c.Mode) {
 		return fmt.Errorf("mode: %q is not one of %v", c.Mode, modes)
 	}

@@ -357,6 +357,7 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"mode: random\nbackends:\n - url: http://a:1", "mode:"},
 		{"listen: nope\nbackends:\n - url: http://a:1", "listen:"},
 		{"admin_listen: nope\nbackends:\n - url: http://a:1", "admin_listen:"},
+		{"listen: :8080\nadmin_listen: 127.0.0.1:8080\nbackends:\n - url: http://a:1", "admin_listen: \"127.0.0.1:8080\" has the port of listen"},
 		{"log:\n  level: loud\nbackends:\n - url: http://a:1", "log.level"},
 		{"log:\n  format: xml\nbackends:\n - url: http://a:1", "log.format"},
 		{"max_request_body_bytes: 10\nbackends:\n - url: http://a:1", "max_request_body_bytes"},
