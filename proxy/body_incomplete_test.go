@@ -83,10 +83,10 @@ func TestIncompleteRequestBody(t *testing.T) {
 			var lines []logEntry
 			eventually(t, 10*time.Second, "the request's log line", func() bool {
 				lines = append(lines, rec.Take()...)
-				return len(infoAndAbove(lines)) > 0
+				return len(logsAtLeast(zapcore.InfoLevel, lines)) > 0
 			})
 			eventually(t, 10*time.Second, "the body budget back to 0", func() bool { return s.bodies.used.Load() == 0 })
-			lines = infoAndAbove(append(lines, rec.Take()...))
+			lines = logsAtLeast(zapcore.InfoLevel, append(lines, rec.Take()...))
 			if len(lines) != 1 || lines[0].Message != "rejected request" {
 				t.Fatalf("log lines %+v, want one rejected request", lines)
 			}
@@ -111,15 +111,4 @@ func TestIncompleteRequestBody(t *testing.T) {
 		t.Fatalf("the next request: %v %v", resp, err)
 	}
 	_ = resp.Body.Close()
-}
-
-// infoAndAbove are the entries of logs at info level and above.
-func infoAndAbove(logs []logEntry) []logEntry {
-	var out []logEntry
-	for _, e := range logs {
-		if e.Level >= zapcore.InfoLevel {
-			out = append(out, e)
-		}
-	}
-	return out
 }

@@ -112,27 +112,22 @@ func panicChatBody(prompt string) string {
 		strings.Repeat("the cache keeps every prefix it has seen ", 40) + `"}]}`
 }
 
-// errorLines are the error-level entries of logs.
-func errorLines(logs []logEntry) []logEntry {
+// logsAtLeast are the entries of logs at level lvl and above.
+func logsAtLeast(lvl zapcore.Level, logs []logEntry) []logEntry {
 	var out []logEntry
 	for _, e := range logs {
-		if e.Level >= zapcore.ErrorLevel {
+		if e.Level >= lvl {
 			out = append(out, e)
 		}
 	}
 	return out
 }
 
+// errorLines are the error-level entries of logs.
+func errorLines(logs []logEntry) []logEntry { return logsAtLeast(zapcore.ErrorLevel, logs) }
+
 // infoLines counts the entries of logs at info level and above.
-func infoLines(logs []logEntry) int {
-	n := 0
-	for _, e := range logs {
-		if e.Level >= zapcore.InfoLevel {
-			n++
-		}
-	}
-	return n
-}
+func infoLines(logs []logEntry) int { return len(logsAtLeast(zapcore.InfoLevel, logs)) }
 
 // checkPanicLine checks that logs hold exactly one error line, the panic's: message msg, the
 // panic's value, a stack cut to its bound that shows where the panic was raised, the request
