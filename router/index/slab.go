@@ -41,14 +41,6 @@ func (s *holderSlab) release(i int32) {
 
 // alloc takes a node for h and puts it at the front. limit bounds the slab's growth.
 func (s *slot) alloc(h uint64, t int64, limit int64) int32 {
-	ni := s.allocDetached(h, t, limit)
-	s.pushFront(ni)
-	return ni
-}
-
-// allocDetached is alloc without the list: the node counts as an entry, and the caller
-// puts it at the front (pushFront) or gives it back (release).
-func (s *slot) allocDetached(h uint64, t int64, limit int64) int32 {
 	ni := s.free
 	if ni != nilIdx {
 		s.free = s.nodes[ni].next
@@ -58,6 +50,7 @@ func (s *slot) allocDetached(h uint64, t int64, limit int64) int32 {
 		ni = int32(len(s.nodes) - 1)
 	}
 	s.nodes[ni] = node{hash: h, used: t, prev: nilIdx, next: nilIdx}
+	s.pushFront(ni)
 	s.count.Add(1)
 	return ni
 }
