@@ -90,7 +90,8 @@ func (p *Prefix) Correct(k *key.Key, b *backend.Backend, l Learned, r CacheRepor
 	if n == 0 {
 		return 0
 	}
-	return p.idx.Correct(b, index.Stamp(l), n)
+	// In the index's units: a coarse chunk counts key.CoarseFactor of its capacity.
+	return p.idx.Correct(b, index.Stamp(l), key.ChunkUnits(r.MatchedChunks-n, r.MatchedChunks))
 }
 
 // Correct hands what b reported for k's request to the policy, if it corrects itself (see

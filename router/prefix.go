@@ -154,6 +154,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 			ChunkTokens:          o.ChunkTokens,
 			DefaultKVCacheTokens: o.DefaultKVCacheTokens,
 			MaxEntries:           o.MaxIndexEntries,
+			CoarseWeight:         key.CoarseFactor,
 		}),
 	}
 }

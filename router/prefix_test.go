@@ -56,7 +56,11 @@ func (p chunkChain) extend(label string, n int) chunkChain {
 		}
 		buf = binary.LittleEndian.AppendUint64(buf[:0], prev)
 		buf = fmt.Appendf(buf, "%s/%d", label, i)
-		out = append(out, xxhash.Sum64(buf))
+		h := xxhash.Sum64(buf) &^ 1 // marked as the key marks it: fine, then coarse (key.IsCoarse)
+		if len(out) >= key.FineChunks {
+			h |= 1
+		}
+		out = append(out, h)
 	}
 	return out
 }

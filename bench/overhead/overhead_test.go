@@ -284,7 +284,7 @@ func TestWorkloadAgentBodies(t *testing.T) {
 			t.Fatalf("body %d: %v, %d tools, %d messages", i, err, len(v.Tools), len(v.Messages))
 		}
 		kb.Build([]byte(chatPath), cur, &k)
-		if !k.OK || len(k.Chunks) < 3000 {
+		if !k.OK || len(k.Chunks) < key.ChunkCount(768<<10, key.DefaultChunkTokens*key.BytesPerToken) {
 			t.Fatalf("body %d: key OK %v, %d chunks", i, k.OK, len(k.Chunks))
 		}
 		prev, _ = wl.Body(prev, i-agentbody.DefaultSessions)
@@ -444,7 +444,7 @@ func TestSmokeRunAgent(t *testing.T) {
 			t.Errorf("prefixlb-prefix routes = %v: no request matched its session's previous one", r.Routes)
 		}
 	}
-	if len(rep.Routing) != 1 || rep.Routing[0].Shape != ShapeAgent || rep.Routing[0].Chunks < 3000 || rep.Routing[0].Reasons["match"] == 0 {
+	if len(rep.Routing) != 1 || rep.Routing[0].Shape != ShapeAgent || rep.Routing[0].Chunks < key.ChunkCount(768<<10, key.DefaultChunkTokens*key.BytesPerToken) || rep.Routing[0].Reasons["match"] == 0 {
 		t.Errorf("routing = %+v", rep.Routing)
 	}
 	if md := Markdown(rep); !strings.Contains(md, "| 1 MB agent | direct |") {

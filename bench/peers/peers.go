@@ -83,7 +83,7 @@ func newTree(o router.PrefixOptions) tree {
 		defaultKV:   o.DefaultKVCacheTokens,
 		clock:       time.Now,
 		idx: index.New(index.Options{ChunkTokens: o.ChunkTokens, DefaultKVCacheTokens: o.DefaultKVCacheTokens,
-			MaxEntries: o.MaxIndexEntries}),
+			MaxEntries: o.MaxIndexEntries, CoarseWeight: key.CoarseFactor}),
 	}
 }
 

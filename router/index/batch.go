@@ -58,7 +58,7 @@ func (b *batch) group(x *Index, hs []uint64) {
 	n := len(x.shards)
 	clear(b.start[:n+1])
 	for _, h := range hs {
-		b.start[norm(h)&x.mask+1]++
+		b.start[x.shardOf(norm(h))+1]++
 	}
 	for i := 1; i <= n; i++ {
 		b.start[i] += b.start[i-1]
@@ -66,7 +66,7 @@ func (b *batch) group(x *Index, hs []uint64) {
 	// Fill from the end, each shard's run back to front, so that start[i] ends where shard
 	// i's run begins and every run keeps the order of hs.
 	for p := len(hs) - 1; p >= 0; p-- {
-		si := norm(hs[p])&x.mask + 1
+		si := x.shardOf(norm(hs[p])) + 1
 		b.start[si]--
 		b.order[b.start[si]] = uint16(p)
 	}

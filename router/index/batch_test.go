@@ -25,7 +25,7 @@ func TestBatchGroup(t *testing.T) {
 				for si := range x.shards {
 					run := b.order[b.start[si]:b.start[si+1]]
 					for k, p := range run {
-						if got := int(norm(hs[p]) & x.mask); got != si {
+						if got := x.shardOf(norm(hs[p])); got != si {
 							t.Fatalf("position %d (shard %d) listed under shard %d", p, got, si)
 						}
 						if k > 0 && run[k-1] >= p {

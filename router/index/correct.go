@@ -85,7 +85,8 @@ func (s *slot) forgetLearned() {
 
 // Correct corrects b's entries after b answered the request that the Record stamped stamp
 // learned with fewer cached tokens than the index had listed: of the chunks the index said b
-// held, b had kept all but shortfall (> 0). It returns the entries dropped. Other backends'
+// held, b had kept all but shortfall (> 0) chunks' worth (a coarse chunk counting
+// Options.CoarseWeight, as in the capacity). It returns the entries dropped, by weight. Other backends'
 // entries are untouched; the Record's own chunks stay (b computed the whole prompt, so it
 // holds it now, as that Record says).
 //

@@ -78,6 +78,11 @@ type Options struct {
 	// MaxEntries caps the (chunk, backend) entries over all backends (0: DefaultMaxEntries;
 	// negative: no cap).
 	MaxEntries int
+	// CoarseWeight is how many chunks' worth of a backend's capacity an entry whose hash
+	// is marked coarse (key.IsCoarse: the key's chunks past key.FineChunks, each
+	// key.CoarseFactor chunks long) takes; 0 or 1: one, as every other entry. The prefix
+	// policy sets key.CoarseFactor.
+	CoarseWeight int
 }
 
 // defaultShards spreads the chunk hashes over 64 shards, each with its own lock: Records and
@@ -92,6 +97,7 @@ type Index struct {
 	defaultKV   int64
 	maxEntries  int64
 	mask        uint64
+	coarseW     int64 // an entry's weight when its hash is marked coarse (≥ 1)
 	shards      []shard
 
 	mu sync.Mutex // serialises SetBackends
@@ -132,6 +138,7 @@ func newIndex(o Options, shards int) *Index {
 		defaultKV:   o.DefaultKVCacheTokens,
 		maxEntries:  int64(o.MaxEntries),
 		mask:        uint64(n - 1),
+		coarseW:     int64(max(o.CoarseWeight, 1)),
 		shards:      make([]shard, n),
 	}
 	for i := range x.shards {
@@ -141,7 +148,11 @@ func newIndex(o Options, shards int) *Index {
 	return x
 }
 
-func (x *Index) shard(h uint64) *shard { return &x.shards[h&x.mask] }
+func (x *Index) shard(h uint64) *shard { return &x.shards[x.shardOf(h)] }
+
+// shardOf is the shard number of hash h: bits 1 and up, as bit 0 marks coarse chunks (half
+// of the hashes of a long prompt have it set, the others clear).
+func (x *Index) shardOf(h uint64) int { return int(h >> 1 & x.mask) }
 
 // norm maps the chunk hash 0, which marks empty table slots, to 1.
 func norm(h uint64) uint64 { return max(h, 1) }
@@ -179,7 +190,7 @@ func (x *Index) SetBackends(bs []*backend.Backend) {
 			continue // more backends than slots; they are simply not indexed
 		}
 		used = setBit(used, num)
-		s := &slot{num: uint16(num), name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx, stamp: x.retiredStamp}
+		s := &slot{num: uint16(num), name: b.Name, head: nilIdx, tail: nilIdx, free: nilIdx, stamp: x.retiredStamp, coarseW: x.coarseW}
 		s.epoch.Store(b.Epoch())
 		next.byID[b.ID] = s
 	}

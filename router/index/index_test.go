@@ -74,10 +74,10 @@ func oldest(x *Index, b *backend.Backend) time.Time {
 // the shards and nothing else is there; no backend is over capacity.
 func check(t *testing.T, x *Index) {
 	t.Helper()
-	total := int64(0)
+	total := int64(0) // nodes
 	for _, s := range x.tab.Load().byID {
 		s.mu.Lock()
-		n := int64(0)
+		n, nodes := int64(0), int64(0) // their weight, their number
 		prev := int32(nilIdx)
 		for ni := s.head; ni != nilIdx; ni = s.nodes[ni].next {
 			if s.nodes[ni].prev != prev {
@@ -91,19 +91,20 @@ func check(t *testing.T, x *Index) {
 			if got != ni {
 				t.Fatalf("%s: node %d of chunk %d has holder node %d", s.name, ni, s.nodes[ni].hash, got)
 			}
-			n++
+			n += s.weight(s.nodes[ni].hash)
+			nodes++
 		}
 		if prev != s.tail {
 			t.Fatalf("%s: tail %d, last node %d", s.name, s.tail, prev)
 		}
 		if n != s.count.Load() {
-			t.Fatalf("%s: list has %d nodes, count says %d", s.name, n, s.count.Load())
+			t.Fatalf("%s: list's nodes weigh %d, count says %d", s.name, n, s.count.Load())
 		}
 		if c := s.limit(); n > c {
 			t.Fatalf("%s: %d entries over capacity %d", s.name, n, c)
 		}
 		s.mu.Unlock()
-		total += n
+		total += nodes
 	}
 	holders := int64(0)
 	for i := range x.shards {

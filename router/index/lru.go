@@ -17,7 +17,8 @@ type slot struct {
 	removed   atomic.Bool   // retired; its number may belong to a new slot
 	epoch     atomic.Uint64 // the backend epoch the entries belong to
 	capacity  atomic.Int64  // effective capacity in chunks
-	count     atomic.Int64
+	count     atomic.Int64  // the entries' weight in chunks (weight: see slot.weight)
+	coarseW   int64         // the weight of an entry marked coarse (Options.CoarseWeight)
 	evictions atomic.Uint64
 	rawCap    int64 // capacity before the global cap; guarded by Index.mu
 
@@ -94,6 +95,18 @@ func (s *slot) locked(f func()) {
 	defer s.mu.Unlock()
 	f()
 }
+
+// weight is how many chunks of s's capacity an entry of hash h takes: coarseW when h is
+// marked coarse (bit 0, key.IsCoarse), else 1.
+func (s *slot) weight(h uint64) int64 {
+	if h&1 != 0 {
+		return s.coarseW
+	}
+	return 1
+}
+
+// full reports whether an entry of hash h would take s past limit: a new one then evicts.
+func (s *slot) full(h uint64, limit int64) bool { return s.count.Load()+s.weight(h) > limit }
 
 // evict drops s's least recently used entry. Called with s.mu held and no shard lock.
 func (x *Index) evict(s *slot) {

@@ -16,6 +16,8 @@ import (
 // another Record touching it, and how many entries capacity evicted.
 type lruModel struct {
 	capacity  int
+	coarseW   int              // the weight of a hash with bit 0 set (Options.CoarseWeight); others weigh 1
+	used      int              // the entries' weight
 	order     []uint64         // most recently used first
 	addedBy   map[uint64]Stamp // the Record that added the chunk, while no other touched it
 	lastUse   map[uint64]Stamp // the last Record that touched the chunk
@@ -23,8 +25,15 @@ type lruModel struct {
 	stamps    []Stamp // every Record's stamp, for Forget
 }
 
-func newLRUModel(capacity int) *lruModel {
-	return &lruModel{capacity: capacity, addedBy: map[uint64]Stamp{}, lastUse: map[uint64]Stamp{}}
+func newLRUModel(capacity, coarseW int) *lruModel {
+	return &lruModel{capacity: capacity, coarseW: max(coarseW, 1), addedBy: map[uint64]Stamp{}, lastUse: map[uint64]Stamp{}}
+}
+
+func (m *lruModel) weight(h uint64) int {
+	if h&1 != 0 {
+		return m.coarseW
+	}
+	return 1
 }
 
 // modelKey is the chunk as the index stores it: the hash 0 is documented to alias 1.
@@ -42,6 +51,7 @@ func (m *lruModel) evictTail() {
 }
 
 func (m *lruModel) drop(h uint64) {
+	m.used -= m.weight(h)
 	m.order = slices.DeleteFunc(m.order, func(x uint64) bool { return x == h })
 	delete(m.addedBy, h)
 	delete(m.lastUse, h)
@@ -49,17 +59,23 @@ func (m *lruModel) drop(h uint64) {
 
 func (m *lruModel) reset() {
 	m.order = m.order[:0]
+	m.used = 0
 	clear(m.addedBy)
 	clear(m.lastUse)
 }
 
-// record applies a Record that returned st: the prompt, cut to the capacity, is touched
-// deepest chunk first, each moved to the front; a chunk not held is added, evicting the least
-// recently used entry at capacity. A chunk this Record itself added (a prompt that repeats a
-// hash) stays added by it; any other touch confirms the chunk, which no Forget takes back.
+// record applies a Record that returned st: the prompt, cut to the capacity (its longest
+// prefix whose chunks, repeats included, weigh at most that), is touched deepest chunk first,
+// each moved to the front; a chunk not held is added, evicting the least recently used
+// entries until it fits. A chunk this Record itself added (a prompt that repeats a hash)
+// stays added by it; any other touch confirms the chunk, which no Forget takes back.
 func (m *lruModel) record(chunks []uint64, st Stamp) {
-	if len(chunks) > m.capacity {
-		chunks = chunks[:m.capacity]
+	w := 0
+	for i, c := range chunks {
+		if w += m.weight(modelKey(c)); w > m.capacity {
+			chunks = chunks[:i]
+			break
+		}
 	}
 	for i := len(chunks) - 1; i >= 0; i-- {
 		h := modelKey(chunks[i])
@@ -69,9 +85,10 @@ func (m *lruModel) record(chunks []uint64, st Stamp) {
 				delete(m.addedBy, h)
 			}
 		} else {
-			if len(m.order) >= m.capacity {
+			for m.used+m.weight(h) > m.capacity {
 				m.evictTail()
 			}
+			m.used += m.weight(h)
 			m.addedBy[h] = st
 		}
 		m.order = slices.Insert(m.order, 0, h)
@@ -107,18 +124,22 @@ func (m *lruModel) match(chunks []uint64) int {
 // step. Prompts share prefixes, have holes and repeat chunks; some backends are beyond the
 // chunk mask, so that their holders are found by list. Stamps are compared only as the
 // documented contract has them: nonzero and increasing per backend.
+//
+// With coarse weight 8, the hashes with bit 0 set (half of them) weigh 8 chunks of the
+// capacity, as the key's coarse chunks do, so that a claim often evicts several entries.
 func TestAgainstModel(t *testing.T) {
-	for _, nb := range []int{3, 35} {
-		t.Run(fmt.Sprintf("backends=%d", nb), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(uint64(nb), 11))
+	for _, c := range []struct{ nb, coarseW int }{{3, 1}, {35, 1}, {3, 8}, {35, 8}} {
+		nb := c.nb
+		t.Run(fmt.Sprintf("backends=%d/coarse=%d", nb, c.coarseW), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(nb*c.coarseW), 11))
 			bs := make([]*backend.Backend, nb)
 			models := make([]*lruModel, nb)
 			for i := range bs {
 				capacity := 1 + rng.IntN(40)
 				bs[i] = newBackend(t, fmt.Sprintf("b%d", i), int64(capacity)*64)
-				models[i] = newLRUModel(capacity)
+				models[i] = newLRUModel(capacity, c.coarseW)
 			}
-			x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1}, 2)
+			x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1, CoarseWeight: c.coarseW}, 2)
 			x.SetBackends(bs)
 			active := []int{0, 1, 2} // the backends used: the last ones, for nb > 32
 			if nb > 32 {
@@ -212,8 +233,8 @@ func compareModel(t *testing.T, step int, x *Index, b *backend.Backend, m *lruMo
 		t.Fatalf("step %d: %s: LRU order\n%v\nmodel\n%v", step, b.Name, got, m.order)
 	}
 	st := stat(x, b)
-	if st.Entries != int64(len(m.order)) || st.Evictions != m.evictions {
-		t.Fatalf("step %d: %s: %d entries, %d evictions; model %d, %d", step, b.Name, st.Entries, st.Evictions, len(m.order), m.evictions)
+	if st.Entries != int64(m.used) || st.Evictions != m.evictions {
+		t.Fatalf("step %d: %s: %d entries' weight, %d evictions; model %d, %d", step, b.Name, st.Entries, st.Evictions, m.used, m.evictions)
 	}
 	// The oldest entry's last use is the time of the Record that last touched the least
 	// recently used entry, which its Stamp is (unix nanoseconds).
@@ -234,9 +255,10 @@ func compareModel(t *testing.T, step int, x *Index, b *backend.Backend, m *lruMo
 // Records pass a held hint (right, short, long or none); the steps are a second apart, so
 // that no held prefix is fresh and every Record must touch its whole prompt as Record does.
 func TestAgainstModelLong(t *testing.T) {
-	for _, shards := range []int{1, 2, defaultShards} {
-		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(uint64(shards), 12))
+	for _, c := range []struct{ shards, coarseW int }{{1, 1}, {2, 1}, {defaultShards, 1}, {1, 8}, {defaultShards, 8}} {
+		shards := c.shards
+		t.Run(fmt.Sprintf("shards=%d/coarse=%d", shards, c.coarseW), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(shards*c.coarseW), 12))
 			const nb = 3
 			bs := make([]*backend.Backend, nb)
 			models := make([]*lruModel, nb)
@@ -246,9 +268,9 @@ func TestAgainstModelLong(t *testing.T) {
 					capacity = 6000 // room for whole prompts: Record claims a new suffix in batches
 				}
 				bs[i] = newBackend(t, fmt.Sprintf("b%d", i), int64(capacity)*64)
-				models[i] = newLRUModel(capacity)
+				models[i] = newLRUModel(capacity, c.coarseW)
 			}
-			x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1}, shards)
+			x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1, CoarseWeight: c.coarseW}, shards)
 			x.SetBackends(bs)
 			prompt := func() []uint64 {
 				p := chain(uint64(rng.IntN(4)), 1+rng.IntN(1400))

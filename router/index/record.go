@@ -10,7 +10,8 @@ import (
 
 // Record marks b as holding every chunk of chunks (a prompt's chained hashes, in order) as
 // of now, making them its most recently used entries. A prompt longer than b's capacity is
-// recorded up to the capacity. Backends not registered with SetBackends are ignored.
+// recorded up to the capacity (a coarse chunk counting Options.CoarseWeight). Backends not
+// registered with SetBackends are ignored.
 func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp {
 	return x.RecordHeld(chunks, b, now, 0)
 }
@@ -51,9 +52,7 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	if limit <= 0 {
 		return 0
 	}
-	if int64(len(chunks)) > limit {
-		chunks = chunks[:limit]
-	}
+	chunks = chunks[:s.fit(chunks, limit)]
 	t := s.nextStamp(now.UnixNano())
 	lo := 0 // the shallowest chunk to record
 	if held > 0 && held <= len(chunks) {
@@ -85,6 +84,20 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 		s.regrowBy(int64(evicted))
 	}
 	return Stamp(t)
+}
+
+// fit is how many leading chunks of chunks fit in limit, each counting its weight.
+func (s *slot) fit(chunks []uint64, limit int64) int {
+	if int64(len(chunks))*s.coarseW <= limit {
+		return len(chunks)
+	}
+	var w int64
+	for i, h := range chunks {
+		if w += s.weight(norm(h)); w > limit {
+			return i
+		}
+	}
+	return len(chunks)
 }
 
 // heldFresh reports whether s holds h and touched it within the fresh window before t, and
@@ -130,8 +143,8 @@ func (x *Index) walk(s *slot, chunks []uint64, held int, t, limit int64) (evicte
 		h := norm(chunks[i])
 		if ni := s.recalled(h); ni != nilIdx {
 			s.retouch(ni, t)
-		} else if x.touchOrClaim(s, h, t, limit) {
-			evicted++
+		} else {
+			evicted += x.touchOrClaim(s, h, t, limit)
 		}
 	}
 	for i := split - 1; i >= 0; i-- {
@@ -144,8 +157,8 @@ func (x *Index) walk(s *slot, chunks []uint64, held int, t, limit int64) (evicte
 		}
 		if ni != nilIdx {
 			s.retouch(ni, t)
-		} else if x.touchOrClaim(s, h, t, limit) {
-			evicted++
+		} else {
+			evicted += x.touchOrClaim(s, h, t, limit)
 		}
 	}
 	return evicted
@@ -157,19 +170,22 @@ func (x *Index) walk(s *slot, chunks []uint64, held int, t, limit int64) (evicte
 //  1. look up s's node of every chunk of the batch, each shard read-locked once (nodesOf);
 //  2. walk the batch deepest first, on s's own LRU list only: a chunk s holds is touched; one
 //     it does not is given a node at the front, a new one below the capacity, else the least
-//     recently used entry's (the victim, evicted); a chunk the batch holds twice is
-//     claimed once and then touched; a node that a victim of this same batch took now
-//     carries another hash, and its chunk is claimed again;
+//     recently used entry's (the victim, evicted), and when the new chunk weighs more than
+//     the victim (coarse over fine) the next least recently used go too until s is within
+//     the capacity; a chunk the batch holds twice is claimed once and then touched; a node
+//     that a victim of this same batch took now carries another hash (or none), and its
+//     chunk is claimed again;
 //  3. apply the batch to the shards, each write-locked once: the victims' holders removed,
 //     then the new chunks' holders linked to their nodes.
 //
 // Meanwhile holders of victims name nodes that now carry new chunks, which only this slot's
 // own lookups, under s.mu, could see. The result is that of claiming the chunks one by one
 // (TestAgainstModelLong) because no victim is a chunk its own batch added: RecordHeld cuts a
-// prompt to the capacity, so that a batch's claims and touches number at most the capacity,
-// and the j-th eviction of a batch, at its (capacity − entries + j)-th claim, still finds one
-// of the entries older than the batch at the tail. It returns the entries evicted. Called
-// with s.mu held.
+// prompt to the capacity, so that the weight of a batch's claims and touches is at most the
+// capacity. An eviction happens only while the entries weigh more than the capacity (with the
+// chunk being claimed); were every entry left this Record's, they would weigh at most what
+// the cut prompt does, within the capacity, so an entry older than the batch is at the tail.
+// It returns the entries evicted. Called with s.mu held.
 func (x *Index) recordBatched(s *slot, chunks []uint64, t, limit int64) (evicted uint64) {
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
@@ -200,14 +216,29 @@ func (x *Index) settle(s *slot, hs []uint64, nodes []int32, t, limit int64, sc *
 			continue
 		}
 		var ni int32
-		if s.count.Load() < limit {
+		if !s.full(h, limit) {
 			ni = s.alloc(h, t|added, limit)
 		} else {
+			if len(rems) == len(sc.remH) {
+				rems = x.removeEarly(s, rems, sc)
+			}
 			ni = s.tail
-			rems = append(rems, s.nodes[ni].hash)
+			old := s.nodes[ni].hash
+			rems = append(rems, old)
 			s.nodes[ni].hash = h
+			s.count.Add(s.weight(h) - s.weight(old))
 			s.touch(ni, t|added)
 			evicted++
+			for s.count.Load() > limit && s.tail != nilIdx { // a coarse chunk took a fine one's place
+				if len(rems) == len(sc.remH) {
+					rems = x.removeEarly(s, rems, sc)
+				}
+				v := s.tail
+				rems = append(rems, s.nodes[v].hash)
+				s.unlink(v)
+				s.release(v)
+				evicted++
+			}
 		}
 		adds, addNodes = append(adds, h), append(addNodes, ni)
 		sc.seen.put(h, ni)
@@ -230,6 +261,19 @@ func (x *Index) settle(s *slot, hs []uint64, nodes []int32, t, limit int64, sc *
 	return evicted
 }
 
+// removeEarly removes slot s's holders of rems, each shard write-locked once, and returns rems
+// emptied: a batch whose coarse claims evict more fine entries than remH holds removes them
+// before the rest, still ahead of every add of the batch, as settle's step 3 does.
+func (x *Index) removeEarly(s *slot, rems []uint64, sc *scratch) []uint64 {
+	sc.rbatch.group(x, rems)
+	for si := range x.shards {
+		if r := sc.rbatch.order[sc.rbatch.start[si]:sc.rbatch.start[si+1]]; len(r) > 0 {
+			x.shards[si].apply(s.num, rems, r, nil, nil, nil)
+		}
+	}
+	return rems[:0]
+}
+
 // apply removes slot num's holders of rems[p] for the positions p of r, then links its
 // holders of adds[p] to addNodes[p] for the positions p of a, under sh's write lock.
 func (sh *shard) apply(num uint16, rems []uint64, r []uint16, adds []uint64, addNodes []int32, a []uint16) {
@@ -243,9 +287,9 @@ func (sh *shard) apply(num uint16, rems []uint64, r []uint16, adds []uint64, add
 	}
 }
 
-// touchOrClaim claims h for s (claim) and touches it if s held it already. It reports whether
-// an entry was evicted for it. Called with s.mu held.
-func (x *Index) touchOrClaim(s *slot, h uint64, t, limit int64) bool {
+// touchOrClaim claims h for s (claim) and touches it if s held it already. It returns the
+// entries evicted for it. Called with s.mu held.
+func (x *Index) touchOrClaim(s *slot, h uint64, t, limit int64) uint64 {
 	ni, already, evicted := x.claim(s, x.shard(h), h, t, limit)
 	if already {
 		s.remember(h, ni)
@@ -258,13 +302,15 @@ func (x *Index) touchOrClaim(s *slot, h uint64, t, limit int64) bool {
 // most recently used entry, evicting the least recently used one at capacity: that entry's
 // node is reused for h, and its holder is removed after sh is released, so that no two
 // shard locks are ever held at once. Meanwhile both holders name the node, which only this
-// slot's own finds, under s.mu, could see. It returns s's node of h, whether s held h
-// already (then nothing changed), and whether an entry was evicted. Called with s.mu held.
-func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, held, evicted bool) {
+// slot's own finds, under s.mu, could see. When h weighs more than the victim (a coarse chunk
+// for a fine one), the next least recently used entries are evicted too until s is within
+// limit. It returns s's node of h, whether s held h already (then nothing changed), and the
+// entries evicted. Called with s.mu held.
+func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, held bool, evicted uint64) {
 	victim := int32(nilIdx) // the node evicted for h, if s is at capacity
 	var victimHash uint64
 	var victimShard *shard
-	if s.count.Load() >= limit {
+	if s.full(h, limit) {
 		victim = s.tail
 		victimHash = s.nodes[victim].hash
 		victimShard = x.shard(victimHash)
@@ -272,14 +318,20 @@ func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, h
 		s.reserve(limit) // not while readers wait on sh
 	}
 	if ni, held := x.claimIn(s, sh, h, t, limit, victim, victimHash, victimShard == sh); held || victim == nilIdx {
-		return ni, held, false
+		return ni, held, 0
 	}
 	if victimShard != sh {
 		victimShard.drop(victimHash, s.num)
 	}
 	s.nodes[victim].hash = h
+	s.count.Add(s.weight(h) - s.weight(victimHash))
 	s.touch(victim, t|added)
-	return victim, false, true
+	evicted = 1
+	for s.count.Load() > limit && s.tail != nilIdx { // a coarse chunk took a fine one's place
+		x.drop(s, s.tail) // counted with the rest by RecordHeld
+		evicted++
+	}
+	return victim, false, evicted
 }
 
 // withdraw removes s's holder of h if its node's stamp is mark, under sh's write lock, and

@@ -51,7 +51,7 @@ func (s *slot) alloc(h uint64, t int64, limit int64) int32 {
 	}
 	s.nodes[ni] = node{hash: h, used: t, prev: nilIdx, next: nilIdx}
 	s.pushFront(ni)
-	s.count.Add(1)
+	s.count.Add(s.weight(h))
 	return ni
 }
 
@@ -76,7 +76,7 @@ func (s *slot) reserve(limit int64) {
 }
 
 func (s *slot) release(ni int32) {
+	s.count.Add(-s.weight(s.nodes[ni].hash))
 	s.nodes[ni] = node{next: s.free}
 	s.free = ni
-	s.count.Add(-1)
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
 )
 
 type msg struct {
@@ -112,6 +114,7 @@ func BenchmarkBuild(b *testing.B) {
 		{"plain_128KB", []byte(pathChat), widenSystem(overheadBody, 10)},
 		{"ids_8k_tokens", []byte(pathCompl), idsBody(8192)},
 		{"messages_agent_16KB", []byte(pathMsgs), messagesAgentBody(24)},
+		{"agent_1MB", []byte(pathChat), agentBody(b, 1<<20)},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -130,6 +133,18 @@ func BenchmarkBuild(b *testing.B) {
 			b.ReportMetric(float64(len(k.Chunks)), "chunks")
 		})
 	}
+}
+
+// agentBody is the largest body of a coding agent's session as bench overhead sends it
+// (tools, a system prompt, then tool calls and tool results with code and paths), about size
+// bytes.
+func agentBody(tb testing.TB, size int) []byte {
+	w, err := agentbody.New(agentbody.Options{Size: size})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	body, _ := w.Body(nil, uint64(agentbody.DefaultSessions*(w.Steps()-1)))
+	return body
 }
 
 func BenchmarkRouted(b *testing.B) {

@@ -17,12 +17,59 @@ const (
 // that keys from different prefixlb versions (e.g. during a rolling upgrade with a shared or
 // persisted index) never match by accident. v3: chunks are hashed on their own and chained by
 // a hash of (seed, previous, chunk hash), instead of one hash over seed ‖ previous ‖ chunk.
-const seedDomain = "prefixlb/key/v3"
+// v4: chunks past FineChunks are CoarseFactor times larger, and bit 0 of a hash marks them.
+const seedDomain = "prefixlb/key/v4"
+
+// Deep chunks are coarse. A coding agent's 1 MB request is ~3,500 chunks at the default
+// size, and the index touched every one of them on each request (about 300 µs of a 380 µs
+// routing decision at 1 MB, bench overhead). Where the prompt diverges from others is what
+// routing needs to resolve finely, and that is near its start; past FineChunks chunks (32 KiB
+// of rendering, 8k tokens, at the default size) a chunk of CoarseFactor × ChunkTokens (512
+// tokens) loses at most that much of a match against prompts at least 16 times longer, and
+// the index does an eighth of the work (BenchmarkRoutingDecision at 1 MB: see the README's
+// overhead section).
+const (
+	// FineChunks is how many leading chunks of a key have the configured size (the first a
+	// quarter of it).
+	FineChunks = 128
+	// CoarseFactor is how many configured chunk sizes every later chunk spans.
+	CoarseFactor = 8
+)
+
+// coarseMark is the bit of a chunk hash that is set for a coarse chunk (past FineChunks) and
+// clear for a fine one, so that the index, which sees only hashes, can weigh an entry by the
+// KV cache it stands for (IsCoarse).
+const coarseMark = 1
+
+// IsCoarse reports whether chunk hash h (an element of Key.Chunks) names a coarse chunk, one
+// of CoarseFactor times the configured size.
+func IsCoarse(h uint64) bool { return h&coarseMark != 0 }
+
+// ChunkWeight is the size of chunk i of a key in configured chunk sizes: 1 for the first
+// FineChunks (the very first is a quarter, counted as one), CoarseFactor after them.
+func ChunkWeight(i int) int {
+	if i < FineChunks {
+		return 1
+	}
+	return CoarseFactor
+}
+
+// ChunkUnits is the sum of ChunkWeight over chunks lo..hi-1 (0 when hi <= lo).
+func ChunkUnits(lo, hi int) int {
+	lo = max(lo, 0)
+	if hi <= lo {
+		return 0
+	}
+	fine := max(min(hi, FineChunks)-lo, 0)
+	coarse := hi - lo - fine
+	return fine + coarse*CoarseFactor
+}
 
 // maxPartBytes is the largest chunk, in bytes, that the chunker buffers when it arrives in
 // pieces; a larger one is hashed as a stream instead, so that a huge configured chunk size
-// does not make the pooled buffer huge. 4 KiB covers ChunkTokens up to 1024.
-const maxPartBytes = 4 << 10
+// does not make the pooled buffer huge. 16 KiB covers the coarse chunks of ChunkTokens up to
+// 512.
+const maxPartBytes = 16 << 10
 
 // chunker cuts a byte stream into chunks and appends one chained hash per full chunk to
 // k.Chunks:
@@ -38,7 +85,8 @@ const maxPartBytes = 4 << 10
 // The first chunk is a quarter of the others (16 tokens at the default 64): a conversation
 // whose first turn is a short question (most MT-Bench and chatbot first turns are under 64
 // tokens) still leaves a chunk in the index, so its second turn finds the replica that holds
-// the first instead of being placed cold elsewhere.
+// the first instead of being placed cold elsewhere. Chunks past FineChunks are CoarseFactor
+// times the size, their hashes with coarseMark set; the others' have it clear.
 type chunker struct {
 	seed    uint64
 	prev    uint64 // the hash of the chunks so far (0 before the first)
@@ -69,19 +117,25 @@ func firstChunkBytes(size int) int {
 	return max(size/firstChunkShare/BytesPerToken*BytesPerToken, BytesPerToken)
 }
 
-// ChunkCount is how many full chunks a rendering of n bytes has with chunks of size bytes.
+// ChunkCount is how many full chunks a rendering of n bytes has with chunks of size bytes
+// (and coarse ones of CoarseFactor × size past FineChunks).
 func ChunkCount(n, size int) int {
 	f := firstChunkBytes(size)
 	if n < f {
 		return 0
 	}
-	return 1 + (n-f)/size
+	fine := f + (FineChunks-1)*size // bytes of the fine chunks
+	if n < fine {
+		return 1 + (n-f)/size
+	}
+	return FineChunks + (n-fine)/(size*CoarseFactor)
 }
 
 // PrefixTokens is how many approximate tokens (or token ids) the first n chunks of a key hold
 // when it was built with chunks of chunkTokens tokens (chunkTokens as NewBuilder takes it:
 // <= 0 is DefaultChunkTokens): the first chunk is a quarter of the others (at least one
-// token), every later one chunkTokens. n <= 0 holds none. A key of PromptTokens tokens has
+// token), every later one chunkTokens up to FineChunks, then CoarseFactor × chunkTokens.
+// n <= 0 holds none. A key of PromptTokens tokens has
 // ChunkCount(PromptTokens×BytesPerToken, chunkTokens×BytesPerToken) chunks, and its chunk i
 // ends at token PrefixTokens(i+1, chunkTokens).
 func PrefixTokens(n, chunkTokens int) int {
@@ -89,7 +143,7 @@ func PrefixTokens(n, chunkTokens int) int {
 		return 0
 	}
 	size := normChunkTokens(chunkTokens) * BytesPerToken
-	return (firstChunkBytes(size) + (n-1)*size) / BytesPerToken
+	return (firstChunkBytes(size) + (ChunkUnits(1, n))*size) / BytesPerToken
 }
 
 func (c *chunker) write(p []byte) {
@@ -132,12 +186,20 @@ func (c *chunker) add(p []byte) {
 	c.missing -= len(p)
 }
 
-// push chains the hash of a completed chunk, records it and begins the next chunk.
+// push chains the hash of a completed chunk, records it (coarseMark set past FineChunks,
+// clear before) and begins the next chunk.
 func (c *chunker) push(h uint64) {
-	c.prev = chain(c.seed, c.prev, h)
+	n := len(c.out.Chunks)
+	c.prev = chain(c.seed, c.prev, h) &^ coarseMark
+	if n >= FineChunks {
+		c.prev |= coarseMark
+	}
 	c.out.Chunks = append(c.out.Chunks, c.prev)
 	c.curSize = c.size
-	c.missing = c.size
+	if n+1 >= FineChunks {
+		c.curSize = c.size * CoarseFactor
+	}
+	c.missing = c.curSize
 }
 
 // reset drops a part buffer that grew unusually large and the key reference.

@@ -10,11 +10,17 @@ import (
 // completions text prompt of PrefixTokens(m, ct) tokens (4 bytes each) and a token-id prompt
 // of as many ids both have m chunks, and one byte (one id) less has m-1; so the router's
 // thin-match rule, which counts matched tokens with it, counts what the keys hold, for every
-// chunk size the config allows (1..4096) and for the Builder's default (ct <= 0).
+// chunk size the config allows (1..4096) and for the Builder's default (ct <= 0), and on
+// both sides of FineChunks, where chunks become coarse (sizes up to 64 tokens: the others'
+// prompts would be tens of MB).
 func TestPrefixTokens(t *testing.T) {
 	for _, ct := range []int{-1, 0, 1, 2, 3, 4, 5, 7, 16, 63, 64, 65, 1000, 4096} {
 		b := NewBuilder(ct)
-		for m := 1; m <= 6; m++ {
+		ms := []int{1, 2, 3, 4, 5, 6}
+		if ct <= 64 {
+			ms = append(ms, FineChunks-1, FineChunks, FineChunks+1, FineChunks+2)
+		}
+		for _, m := range ms {
 			n := PrefixTokens(m, ct)
 			if n < m { // every chunk holds at least one token
 				t.Errorf("PrefixTokens(%d, %d) = %d, want at least %d", m, ct, n, m)

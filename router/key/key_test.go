@@ -368,23 +368,9 @@ func TestDifferentKey(t *testing.T) {
 // documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ xxhash64(chunk_i)),
 // Chunks[-1] = 0, the first chunk a quarter of the others.
 func TestChainFormula(t *testing.T) {
-	chain := func(seed uint64, stream []byte, size int) []uint64 {
-		var out []uint64
-		var prev uint64
-		n := size / 4 // the first chunk is a quarter of the others
-		for len(stream) >= n {
-			buf := binary.LittleEndian.AppendUint64(nil, seed)
-			buf = binary.LittleEndian.AppendUint64(buf, prev)
-			buf = binary.LittleEndian.AppendUint64(buf, xxhash.Sum64(stream[:n]))
-			prev = xxhash.Sum64(buf)
-			out = append(out, prev)
-			stream = stream[n:]
-			n = size
-		}
-		return out
-	}
-	text := []byte(strings.Repeat("0123456789abcdef", 40)) // 640 bytes
-	idList := make([]string, 100)
+	// Past FineChunks of 64 bytes (8,144 bytes) chunks are 512 bytes: both prompts have some.
+	text := []byte(strings.Repeat("0123456789abcdef", 640)) // 10,240 bytes
+	idList := make([]string, 2600)
 	var idStream []byte
 	for i := range idList {
 		idList[i] = fmt.Sprint(i * 70001)
@@ -401,17 +387,20 @@ func TestChainFormula(t *testing.T) {
 		stream []byte
 		tokens int
 	}{
-		{"text", `{"model":"m","cache_salt":"s","prompt":"` + string(text) + `"}`, 'p', 0xe48b8748d77e014b, text, 160},
-		{"ids", `{"model":"m","cache_salt":"s","prompt":[` + strings.Join(idList, ",") + `]}`, 'i', 0xad67ece05058d054, idStream, 100},
+		{"text", `{"model":"m","cache_salt":"s","prompt":"` + string(text) + `"}`, 'p', 0x18678c388a8e7aef, text, 2560},
+		{"ids", `{"model":"m","cache_salt":"s","prompt":[` + strings.Join(idList, ",") + `]}`, 'i', 0x4b59f5c325830015, idStream, 2600},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := xxhash.Sum64String("prefixlb/key/v3" + string(tt.kind) + "m\x01m" + "s\x01s"); got != tt.seed {
+			if got := xxhash.Sum64String("prefixlb/key/v4" + string(tt.kind) + "m\x01m" + "s\x01s"); got != tt.seed {
 				t.Fatalf("seed formula gives %#x, pinned %#x", got, tt.seed)
 			}
 			b := NewBuilder(16)
 			k := build(b, pathCompl, tt.body)
-			want := chain(tt.seed, tt.stream, 64)
+			want := refChain(tt.seed, tt.stream, 64)
+			if len(want) <= FineChunks {
+				t.Fatalf("the stream has %d chunks: none coarse", len(want))
+			}
 			if !slices.Equal(k.Chunks, want) {
 				t.Errorf("Chunks = %x\nwant %x", k.Chunks, want)
 			}
@@ -461,8 +450,9 @@ func TestLargeBody(t *testing.T) {
 	b := NewBuilder(64)
 	big := strings.Repeat("a", 3<<20)
 	k := build(b, pathCompl, `{"prompt":"`+big+`"}`)
-	if !k.OK || k.PromptTokens != len(big)/4 || len(k.Chunks) != len(big)/256 {
-		t.Errorf("OK=%v tokens=%d chunks=%d, want true %d %d", k.OK, k.PromptTokens, len(k.Chunks), len(big)/4, len(big)/256)
+	// 16 tokens, 127 of 64, then 512 each: (3 MiB − 32,576 bytes) ÷ 2,048 bytes = 1,520.
+	if want := FineChunks + (len(big)-(64+127*256))/2048; !k.OK || k.PromptTokens != len(big)/4 || len(k.Chunks) != want || want != ChunkCount(len(big), 256) {
+		t.Errorf("OK=%v tokens=%d chunks=%d, want true %d %d (ChunkCount %d)", k.OK, k.PromptTokens, len(k.Chunks), len(big)/4, want, ChunkCount(len(big), 256))
 	}
 	small := build(b, pathCompl, `{"prompt":"`+big[:2560]+`"}`)
 	if !slices.Equal(small.Chunks, k.Chunks[:10]) {

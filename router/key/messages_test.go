@@ -32,19 +32,31 @@ func (s stream) media(typ string, h uint64) stream {
 // with chunks of chunkTokens×4 bytes, the first a quarter of that.
 func chainOf(m string, st []byte, chunkTokens int) []uint64 {
 	seedIn := seedDomain + string(rune(kindChat)) + "m" + string(binary.AppendUvarint(nil, uint64(len(m)))) + m + "s\x00"
-	seed := xxhash.Sum64String(seedIn)
+	return refChain(xxhash.Sum64String(seedIn), st, chunkTokens*BytesPerToken)
+}
+
+// refChain is the chunk hashes of a rendered stream as the key format defines them, written
+// out with no shortcut: chunk i is a quarter of size for i = 0, size up to FineChunks, then
+// CoarseFactor × size; h_i = xxhash64(seed ‖ h_{i-1} ‖ xxhash64(chunk_i)) with bit 0
+// (coarseMark) cleared for the fine chunks and set for the coarse ones.
+func refChain(seed uint64, st []byte, size int) []uint64 {
 	var out []uint64
 	var prev uint64
-	size := chunkTokens * BytesPerToken
 	n := firstChunkBytes(size)
 	for len(st) >= n {
 		buf := binary.LittleEndian.AppendUint64(nil, seed)
 		buf = binary.LittleEndian.AppendUint64(buf, prev)
 		buf = binary.LittleEndian.AppendUint64(buf, xxhash.Sum64(st[:n]))
-		prev = xxhash.Sum64(buf)
+		prev = xxhash.Sum64(buf) &^ 1
+		if len(out) >= FineChunks {
+			prev |= 1
+		}
 		out = append(out, prev)
 		st = st[n:]
 		n = size
+		if len(out) >= FineChunks {
+			n = size * CoarseFactor
+		}
 	}
 	return out
 }
