@@ -178,9 +178,10 @@ func (b *Backend) SetScrapedKVCacheTokens(tokens int64) bool {
 	return b.kvScraped.Swap(tokens) != tokens
 }
 
-// PrefillTokens is the prefill work this proxy has queued on the replica: the prompt tokens
-// the policy predicted uncached (Lease.Begin) of in-flight requests that have not yet
-// produced a first response byte.
+// PrefillTokens is the prefill work this proxy has queued on the replica: the work given to
+// Lease.Begin of in-flight requests that have not yet produced a first response byte. The
+// prefix policy gives the prompt tokens it predicted uncached, weighted by their attention
+// (router.PrefillWork: a token deep in a long context counts more); others the prompt tokens.
 func (b *Backend) PrefillTokens() int64 { return b.prefillTokens.Load() }
 
 // PrefillRequests is the number of this proxy's in-flight requests on the replica that have

@@ -34,9 +34,10 @@ const (
 //
 //	TTFT ≈ Base + work ÷ Rate
 //
-// where work is the prompt tokens the replica had to compute (this request's, less what the
-// policy predicted cached, plus what this proxy had sent there before it that had not started
-// answering). Rate is in tokens per second, learned from requests with at least 512 tokens of
+// where work is the prefill work the replica had to do, as Lease.Begin was given it: this
+// request's, less what the policy predicted cached, plus what this proxy had sent there
+// before it that had not started answering (the prefix policy's router.PrefillWork, tokens
+// weighted by their attention). Rate is in tokens per second, learned from requests with at least 512 tokens of
 // work; Base from those with less. Each is a running median in log space (see prefillStep),
 // robust to outliers. Decode interference, other clients' load
 // and the replica's own scheduling are not modelled apart: they are in what is measured. Safe

@@ -51,9 +51,9 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		return &dialError{errBackendRemoved}
 	}
 	f.up = up
-	work := f.dec.PrefillTokens
+	work := f.dec.PrefillWork
 	if work <= 0 || f.dec.Backend != b {
-		work = int64(f.k.PromptTokens)
+		work = router.PrefillWork(int64(f.k.PromptTokens), 0)
 	}
 	f.lease.Begin(b, work, f.k.Stream)
 	ctx.Request.Header.SetHost(b.Addr)

@@ -35,6 +35,28 @@ const (
 	kvPressureKeep = 0.5
 )
 
+// AttentionTokens is the context length, in tokens, at which a prompt token's attention
+// costs as much as the rest of its forward pass, so that prefilling n tokens after h cached
+// ones costs n × (1 + (h + n/2) ÷ AttentionTokens) tokens' worth of work (PrefillWork): a
+// token's MLP and projections cost ~2 × parameters FLOP, its causal attention ~4 × layers ×
+// hidden FLOP per token before it, equal at 32k tokens for Llama-3-8B (2 × 8.03e9 vs 4 × 32
+// × 4096 × 32k) and at ~53k for Llama-3-70B; bench/sim's per-context prefill cost (54 µs a
+// token plus 1.5 µs per 1k tokens of context) puts it at 36k. Linear in tokens, a 120k-token
+// prompt looked 6.5 s of prefill where it takes 17: replicas busy with one were taken for
+// nearly free (the Mooncake trace's prompts reach 120k tokens).
+const AttentionTokens = 32 << 10
+
+// PrefillWork is the prefill work of a prompt of prompt tokens of which held are cached, in
+// tokens' worth at the start of a context: (prompt − held) × (1 + (held + (prompt −
+// held)/2) ÷ AttentionTokens), rounded, at least 1. The prefix policy queues and learns in these units
+// (backend.Lease, backend.PrefillModel), so that a replica's learned rate is the same for short
+// and long prompts.
+func PrefillWork(prompt, held int64) int64 {
+	n := max(prompt-max(held, 0), 1)
+	ctx := float64(max(held, 0)) + float64(n)/2
+	return max(int64(math.Round(float64(n)*(1+ctx/AttentionTokens))), 1)
+}
+
 // cand is one candidate as the selection sees it: a snapshot, so that one decision uses one
 // consistent view of the loads.
 type cand struct {
@@ -67,7 +89,7 @@ type costInput struct {
 
 // estimate fills each candidate's estimated time to first token:
 //
-//	est = base + (queued + foreign × waitingShare × meanWork + prompt − held) ÷ rate
+//	est = base + (queued + foreign × waitingShare × meanWork + PrefillWork(prompt, held)) ÷ rate
 //
 // queued is this proxy's (and its peers', see peering) prefill work not yet started answering there, foreign the requests
 // the replica reports beyond this proxy's (other prefixlb replicas, other clients), of which
@@ -103,7 +125,7 @@ func estimate(cs []cand, in costInput) {
 		if base <= 0 {
 			base = fleetBase
 		}
-		work := float64(c.queued) + float64(c.foreign)*share*in.meanWork + math.Max(float64(in.promptTokens)-held, 1)
+		work := float64(c.queued) + float64(c.foreign)*share*in.meanWork + float64(PrefillWork(in.promptTokens, int64(held)))
 		c.est = base + work/rate
 	}
 }

@@ -54,6 +54,10 @@ type Decision struct {
 	// PrefillTokens is the prompt tokens the policy predicts the chosen backend must prefill
 	// (0: no prediction; the proxy counts the whole prompt).
 	PrefillTokens int64
+	// PrefillWork is that prefill in tokens' worth of work, attention included (PrefillWork:
+	// a token deep in a long context costs more), as the backend's queue counts it (0: no
+	// prediction; the proxy counts PrefillWork(prompt, 0)).
+	PrefillWork int64
 	// PredictedTTFT is the policy's estimate of the time to first token there (0: none).
 	PredictedTTFT time.Duration
 }

@@ -196,9 +196,11 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
 	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()})
 	j, r := pickCost(k.Chunks, cs, p.sel, p.ring.Load())
-	work := max(int64(k.PromptTokens)-int64(cs[j].held), 1)
+	prompt, held := int64(k.PromptTokens), int64(cs[j].held)
+	work := PrefillWork(prompt, held)
 	p.meanWork.Observe(float64(work))
-	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: work, PredictedTTFT: estSeconds(cs[j].est)}
+	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: max(prompt-held, 1),
+		PrefillWork: work, PredictedTTFT: estSeconds(cs[j].est)}
 }
 
 // snapshot reads each candidate's match and load into cs (matched and cs are scratch of any

@@ -201,24 +201,48 @@ func ests(cs []cand) []string {
 	return out
 }
 
+// TestPrefillWork: n uncached tokens after h cached ones cost n × (1 + (h + n/2) ÷ 32768),
+// rounded, at least 1.
+func TestPrefillWork(t *testing.T) {
+	for _, tc := range []struct{ prompt, held, want int64 }{
+		{592, 0, 597},           // 592 × (1 + 296/32768) = 597.35
+		{592, 400, 195},         // 192 × (1 + 496/32768) = 194.9
+		{120_000, 0, 339_727},   // 120k × (1 + 60k/32768) = 339,726.6: 2.8× its tokens
+		{20_000, 17_000, 4_694}, // 3k × (1 + 18.5k/32768) = 4,693.7
+		{10, 10, 1},             // fully held: one token
+		{10, 20, 1},             // held beyond the prompt: one token
+		{0, 0, 1},               // nothing: one token
+		{32_768, 0, 49_152},     // exactly 1.5×
+		{1, -5, 1},              // a negative held is none
+	} {
+		if got := PrefillWork(tc.prompt, tc.held); got != tc.want {
+			t.Errorf("PrefillWork(%d, %d) = %d, want %d", tc.prompt, tc.held, got, tc.want)
+		}
+	}
+}
+
 // TestEstimate: the estimate is base + work ÷ rate, with the documented defaults and
-// discounts.
+// discounts; work is the queued work plus this prompt's (TestPrefillWork's formula).
 func TestEstimate(t *testing.T) {
 	prompt := int64(key.PrefixTokens(10, key.DefaultChunkTokens)) // 592
 	held7 := float64(key.PrefixTokens(7, key.DefaultChunkTokens)) // 400
+	work := func(held float64) float64 {                          // 592 tokens after held
+		n := 592 - held
+		return math.Round(n * (1 + (held+n/2)/32768))
+	}
 	for _, tc := range []struct {
 		name string
 		c    cand
 		mean float64
 		want float64 // seconds
 	}{
-		{"cold", cand{rate: 10_000, base: 0.02}, 0, 0.02 + 592.0/10_000},
-		{"held and queued", cand{rate: 10_000, base: 0.02, matched: 7, queued: 1000}, 0, 0.02 + (1000+592-held7)/10_000},
-		{"foreign requests at the mean work, half waiting", cand{rate: 10_000, base: 0.02, foreign: 2}, 250, 0.02 + (0.5*500+592.0)/10_000},
-		{"foreign requests waiting as this proxy's do", cand{rate: 10_000, base: 0.02, foreign: 2, own: 4, pending: 1}, 250, 0.02 + (0.25*500+592.0)/10_000},
-		{"held at 95% usage counts 75%", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 0.95}, 0, 0.02 + (592-0.75*held7)/10_000},
-		{"held at 100% usage counts half", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 1}, 0, 0.02 + (592-0.5*held7)/10_000},
-		{"nothing learned: the defaults", cand{}, 0, backend.DefaultPrefillBase.Seconds() + 592/backend.DefaultPrefillRate},
+		{"cold", cand{rate: 10_000, base: 0.02}, 0, 0.02 + work(0)/10_000},
+		{"held and queued", cand{rate: 10_000, base: 0.02, matched: 7, queued: 1000}, 0, 0.02 + (1000+work(held7))/10_000},
+		{"foreign requests at the mean work, half waiting", cand{rate: 10_000, base: 0.02, foreign: 2}, 250, 0.02 + (0.5*500+work(0))/10_000},
+		{"foreign requests waiting as this proxy's do", cand{rate: 10_000, base: 0.02, foreign: 2, own: 4, pending: 1}, 250, 0.02 + (0.25*500+work(0))/10_000},
+		{"held at 95% usage counts 75%", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 0.95}, 0, 0.02 + work(0.75*held7)/10_000},
+		{"held at 100% usage counts half", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 1}, 0, 0.02 + work(0.5*held7)/10_000},
+		{"nothing learned: the defaults", cand{}, 0, backend.DefaultPrefillBase.Seconds() + work(0)/backend.DefaultPrefillRate},
 		{"a fully held prompt still computes one token", cand{rate: 10_000, base: 0.02, matched: 10}, 0, 0.02 + 1.0/10_000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -136,9 +136,9 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	s.stats.shadowTTFTNanos.Add(uint64(estSeconds(cs[j].est)))
 	s.stats.actualTTFTNanos.Add(uint64(estSeconds(cs[a].est)))
 	// The work actually routed is the actual backend's: it feeds the mean the estimates use.
-	work := max(prompt-int64(cs[a].held), 1)
+	work := PrefillWork(prompt, int64(cs[a].held))
 	p.meanWork.Observe(float64(work))
-	d.MatchedChunks, d.PrefillTokens, d.PredictedTTFT = cs[a].matched, work, estSeconds(cs[a].est)
+	d.MatchedChunks, d.PrefillTokens, d.PrefillWork, d.PredictedTTFT = cs[a].matched, max(prompt-int64(cs[a].held), 1), work, estSeconds(cs[a].est)
 	return d
 }
 
