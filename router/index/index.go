@@ -22,8 +22,10 @@
 // a shard; a new chunk costs one shard write lock to look it up and add it, and at capacity
 // one more to drop the entry it evicts.
 //
-// Bounds. A backend holds at most its capacity in chunks (KV-cache tokens ÷ chunk tokens);
-// past it, its least recently used chunks go first. Record touches a prompt's chunks deepest
+// Bounds. A backend holds at most its capacity in chunks (KV-cache tokens ÷ chunk tokens),
+// an entry marked coarse (key.IsCoarse: a key's chunks past key.FineChunks, each
+// key.CoarseFactor chunks long) counting Options.CoarseWeight of it; past it, its least
+// recently used chunks go first. Record touches a prompt's chunks deepest
 // first, so of one prompt the deeper chunks are always evicted before their ancestors, as the
 // engine's own LRU frees leaf blocks first, and a backend's entries always form whole
 // prefixes. When the capacities add up to more than MaxEntries, every backend's capacity
@@ -245,8 +247,9 @@ func (x *Index) retire(s *slot) {
 // BackendStats describes one backend's part of the index.
 type BackendStats struct {
 	Name string
-	// Entries is the number of chunks recorded for the backend (including, until the next
-	// Record, entries of an old epoch that Match already ignores).
+	// Entries is the chunks recorded for the backend, by weight: a coarse entry counts
+	// Options.CoarseWeight (including, until the next Record, entries of an old epoch that
+	// Match already ignores).
 	Entries int64
 	// Capacity is the most entries the backend may have, after the global cap and what
 	// Correct learned of the backend's own capacity.

@@ -7,6 +7,8 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // slot is one backend's part of the index: its LRU list of entries.
@@ -97,9 +99,9 @@ func (s *slot) locked(f func()) {
 }
 
 // weight is how many chunks of s's capacity an entry of hash h takes: coarseW when h is
-// marked coarse (bit 0, key.IsCoarse), else 1.
+// marked coarse (key.IsCoarse), else 1.
 func (s *slot) weight(h uint64) int64 {
-	if h&1 != 0 {
+	if key.IsCoarse(h) {
 		return s.coarseW
 	}
 	return 1
