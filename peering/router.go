@@ -35,13 +35,15 @@ type Policy struct {
 const fullChainEvery = 16
 
 // Learn is router.Prefix.Learn, and queues what was learned for the peers: the chunks beyond
-// held (see fullChainEvery).
+// held (see fullChainEvery), up to where this replica's Record cut a prompt longer than the
+// backend's capacity.
 func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
 	l := p.Prefix.Learn(k, b, held)
 	if l == 0 {
 		return l
 	}
-	chunks := k.Chunks
+	// What this replica recorded: a prompt over b's capacity was cut (index.Index.Fit).
+	chunks := k.Chunks[:p.Prefix.Index().Fit(k.Chunks, b)]
 	if held > 0 && p.learns.Add(1)%fullChainEvery != 0 {
 		chunks = chunks[min(held, len(chunks)):]
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // Latency buckets, seconds: 5 ms … 10 min. TTFT spans cached prefills of a few ms to minutes of
@@ -29,6 +30,9 @@ var ratioBuckets = []float64{0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, 1}
 type serverMetrics struct {
 	set  *metrics.Set
 	mode string
+	// chunkTokens is the keys' chunk size (Options.ChunkTokens; 0: the default), for the
+	// matched share in tokens.
+	chunkTokens int
 
 	retries        *metrics.Counter
 	parseFallbacks *metrics.Counter
@@ -167,8 +171,10 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 		}
 	}
 	bm.e2e.Update(time.Since(f.start).Seconds())
-	if n := len(f.k.Chunks); n > 0 {
-		sm.matchedRatio.Update(float64(f.dec.MatchedChunks) / float64(n))
+	if len(f.k.Chunks) > 0 && f.k.PromptTokens > 0 {
+		// In tokens: past key.FineChunks a chunk is key.CoarseFactor times longer.
+		matched := min(key.PrefixTokens(f.dec.MatchedChunks, sm.chunkTokens), f.k.PromptTokens)
+		sm.matchedRatio.Update(float64(matched) / float64(f.k.PromptTokens))
 	}
 	if f.usagePrompt > 0 {
 		bm.promptTokens.Add(f.usagePrompt)

@@ -101,6 +101,7 @@ func New(o Options) (*Server, error) {
 		bodyIdle:      o.Timeouts.ClientBodyIdle,
 		clientRead:    o.Timeouts.ClientRead,
 	}
+	s.m.chunkTokens = o.ChunkTokens
 	s.flows.New = func() any { return &flow{s: s} }
 	s.hc.OnKVCapacity(func(b *backend.Backend) {
 		log.Info("backend reported its KV-cache capacity", zap.String("backend", b.Name),

@@ -39,7 +39,7 @@ func (x *Index) Export(bs []*backend.Backend, maxPerBackend int) []BackendEntrie
 			if s.removed.Load() || s.epoch.Load() != b.Epoch() {
 				return
 			}
-			n := int(s.count.Load())
+			n := min(int(s.count.Load()), len(s.nodes)) // count is the entries' weight
 			if maxPerBackend > 0 {
 				n = min(n, maxPerBackend)
 			}
@@ -74,7 +74,7 @@ func (x *Index) Import(b *backend.Backend, hashes []uint64, now time.Time) int {
 	if s == nil {
 		return 0
 	}
-	hashes = hashes[:min(int64(len(hashes)), max(s.capacity.Load(), 0))]
+	hashes = hashes[:s.fit(hashes, max(s.capacity.Load(), 0))] // by weight, as Record cuts
 	// Oldest batch first: each Record makes its batch the most recently used, and within a
 	// batch Record leaves the first hash at the front.
 	for end := len(hashes); end > 0; end -= importBatch {

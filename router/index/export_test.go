@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // TestExportImportRoundTrip: an index built from another's export matches the same prompts
@@ -94,4 +95,43 @@ func TestExportSkipsStaleAndUnknown(t *testing.T) {
 	if n := x.Import(c, chain(3, 4), t0); n != 0 || x.Entries() != 8 {
 		t.Fatalf("import of an unregistered backend: %d recorded, %d entries", n, x.Entries())
 	}
+}
+
+// TestImportCoarseCountsWhatItKept: Import into a backend whose capacity holds only part of an
+// export of coarse-weighted entries keeps the newest that fit by weight, in order, and returns
+// how many it kept (the count the snapshot metric and log line report); a backend with room
+// takes the whole export back in order.
+func TestImportCoarseCountsWhatItKept(t *testing.T) {
+	o := Options{ChunkTokens: 64, MaxEntries: -1, CoarseWeight: key.CoarseFactor}
+	a := newBackend(t, "a", 1<<30)
+	src := newIndex(o, defaultShards)
+	src.SetBackends([]*backend.Backend{a})
+	for i := range 20 {
+		src.Record(keyChunks(uint64(i), 400), a, t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	exp := src.Export([]*backend.Backend{a}, 0)[0]
+	small, err := backend.New(a.Name, 64*2000, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := newIndex(o, defaultShards)
+	dst.SetBackends([]*backend.Backend{small})
+	n := dst.Import(small, exp.Hashes, t0.Add(time.Hour))
+	got := dst.Export([]*backend.Backend{small}, 0)[0]
+	check(t, dst)
+	if n != len(got.Hashes) || n == 0 || n >= len(exp.Hashes) {
+		t.Errorf("Import returned %d; the backend holds %d of the %d exported", n, len(got.Hashes), len(exp.Hashes))
+	}
+	if !slices.Equal(got.Hashes, exp.Hashes[:len(got.Hashes)]) {
+		t.Errorf("Import did not keep the newest entries in their order")
+	}
+	whole := newIndex(o, defaultShards)
+	whole.SetBackends([]*backend.Backend{a})
+	if n := whole.Import(a, exp.Hashes, t0.Add(time.Hour)); n != len(exp.Hashes) {
+		t.Errorf("with room, Import kept %d of %d", n, len(exp.Hashes))
+	}
+	if again := whole.Export([]*backend.Backend{a}, 0)[0]; !slices.Equal(again.Hashes, exp.Hashes) {
+		t.Errorf("with room, the order was lost")
+	}
+	check(t, whole)
 }

@@ -35,3 +35,52 @@ func TestFreshPrefixSurvivesItsOwnSuffix(t *testing.T) {
 		})
 	}
 }
+
+// TestFreshPrefixOlderShallowPart: a held prefix whose deeper half was touched after its
+// shallow half (by a Record with a shorter held hint) is skipped as fresh; the new suffix's
+// claims then evict the shallow half, which its deepest chunk, still held, does not show. The
+// Record must leave its whole (cut) prompt held, as a full Record does: with fine chunks, and
+// with one coarse chunk that evicts several entries at once.
+func TestFreshPrefixOlderShallowPart(t *testing.T) {
+	for _, coarse := range []bool{false, true} {
+		w := 1
+		if coarse {
+			w = 8
+		}
+		mk := func(seed uint64, n int) []uint64 {
+			p := chain(seed, n)
+			for i := range p {
+				p[i] <<= 1 // fine
+				if coarse && seed == 4 {
+					p[i] |= 1 // Y coarse
+				}
+			}
+			return p
+		}
+		capacity, ycount, olds := 16, 6, 1
+		if coarse {
+			capacity, ycount, olds = 18, 1, 3 // one coarse chunk of weight 8 evicts E (3) and P4..P0
+		}
+		b := newBackend(t, "a", int64(capacity)*64)
+		x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1, CoarseWeight: w}, defaultShards)
+		x.SetBackends([]*backend.Backend{b})
+		now := t0.Add(time.Hour)
+		x.Record(mk(9, olds), b, t0) // E: old
+		P := mk(1, 10)
+		x.Record(P, b, now.Add(-4*time.Millisecond))
+		x.Record(P, b, now.Add(-3*time.Millisecond))
+		Q := append(append([]uint64{}, P...), mk(2, 5)...)
+		x.RecordHeld(Q, b, now.Add(-2*time.Millisecond), 5) // hint 5: P[5:] touched, P[:5] left
+		check(t, x)
+		R := append(append([]uint64{}, P...), mk(4, ycount)...)
+		x.RecordHeld(R, b, now, 10)
+		check(t, x)
+		s := x.tab.Load().byID[b.ID]
+		s.mu.Lock()
+		cut := s.fit(R, s.limit())
+		s.mu.Unlock()
+		if got := match(x, R, b)[0]; got != cut {
+			t.Errorf("coarse=%v: just recorded %d chunks (held 10, fresh), Match finds %d; P alone matches %d", coarse, cut, got, match(x, P, b)[0])
+		}
+	}
+}

@@ -31,8 +31,9 @@ const (
 // LRU, a few cache misses each, for a recency that changes by milliseconds. A Record touches
 // a whole prefix at once, so the skipped chunks are at most two windows staler than a full
 // Record would leave them. A prefix still marked as added by an earlier Record that no later
-// one touched is touched in full (that Record may yet be withdrawn by Forget), and so is a
-// skipped prefix that the new chunks' own evictions reached (TestFreshPrefixSurvivesItsOwnSuffix).
+// one touched is touched in full (that Record may yet be withdrawn by Forget), and so is the
+// prefix of a Record whose new chunks evicted anything (they may have evicted part of it:
+// TestFreshPrefixSurvivesItsOwnSuffix), so the skip saves work only while b has room.
 // held ≤ 0 (or a stale hint) records every chunk.
 func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, held int) Stamp {
 	if len(chunks) == 0 || b == nil {
@@ -70,20 +71,34 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	}
 	evicted := x.walk(s, chunks[lo:], hint, t, limit)
 	if lo > 0 && evicted > 0 {
-		// The held prefix was left as it is, fresh, but this Record's own claims may have
-		// evicted it: a burst of new chunks onto a backend whose older entries ran out. Its
-		// deepest chunk, touched first whenever the prefix was touched whole, is the oldest
-		// of it and goes first; if that went, the prefix is recorded too, as a full Record
-		// would have.
-		if h := norm(chunks[lo-1]); s.recalled(h) == nilIdx && x.shard(h).lookup(h, s.num) == nilIdx {
-			evicted += x.walk(s, chunks[:lo], lo, t, limit)
-		}
+		// The held prefix was left as it is, fresh, but this Record's own claims evicted
+		// entries, and some may be the prefix's: its chunks need not be as fresh as its
+		// deepest one (a Record with a shorter held hint touched only the part past it, so
+		// the shallower part is older), and a coarse claim evicts several at once. The prefix
+		// is then walked too, as a full Record walks it after the suffix: the result is the
+		// full Record's (TestFreshPrefixSurvivesItsOwnSuffix, TestFreshPrefixOlderShallowPart).
+		evicted += x.walk(s, chunks[:lo], lo, t, limit)
 	}
 	if evicted > 0 {
 		s.evictions.Add(evicted)
 		s.regrowBy(int64(evicted))
 	}
 	return Stamp(t)
+}
+
+// Fit is how many leading chunks of chunks a Record on b keeps now: those that fit in b's
+// capacity, each counting its weight (a coarse chunk Options.CoarseWeight); 0 for a backend
+// not registered. A peer told of the chunks past it would record chunks b's own index never
+// held, and evict its copy of the prefix for them.
+func (x *Index) Fit(chunks []uint64, b *backend.Backend) int {
+	if b == nil {
+		return 0
+	}
+	s := x.tab.Load().byID[b.ID]
+	if s == nil {
+		return 0
+	}
+	return s.fit(chunks, max(s.limit(), 0))
 }
 
 // fit is how many leading chunks of chunks fit in limit, each counting its weight.

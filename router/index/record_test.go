@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 func TestForget(t *testing.T) {
@@ -181,5 +182,50 @@ func TestForgetNeverTakesWhatOthersHold(t *testing.T) {
 				t.Errorf("matched %d chunks, want %d", got, want)
 			}
 		})
+	}
+}
+
+// keyChunks is a prompt's chunk hashes as router/key marks them: n hashes named by seed, the
+// first key.FineChunks fine (bit 0 clear), the rest coarse (bit 0 set).
+func keyChunks(seed uint64, n int) []uint64 {
+	out := chain(seed, n)
+	for i := range out {
+		out[i] = max(out[i]&^1, 2)
+		if i >= key.FineChunks {
+			out[i] |= 1
+		}
+	}
+	return out
+}
+
+// TestFitKeepsPeersInStep: one session's prompts, each extending the last and weighing more
+// than the backend's capacity, recorded on one index with the held hint and sent to another
+// as peering sends them (the chunks past held, up to Fit): both match the same every step.
+// Sent past the cut, the peer recorded coarse chunks the first never held and evicted its own
+// copy of the prefix for them (166, 162, 158, … against 170).
+func TestFitKeepsPeersInStep(t *testing.T) {
+	const capacity = 468 // 30,000 KV tokens of 64-token chunks
+	b := newBackend(t, "a", capacity*64)
+	local := newIndex(Options{ChunkTokens: 64, MaxEntries: -1, CoarseWeight: key.CoarseFactor}, defaultShards)
+	peer := newIndex(Options{ChunkTokens: 64, MaxEntries: -1, CoarseWeight: key.CoarseFactor}, defaultShards)
+	local.SetBackends([]*backend.Backend{b})
+	peer.SetBackends([]*backend.Backend{b})
+	now := t0
+	for step, n := range []int{167, 171, 175, 179, 183} {
+		p := keyChunks(1, n)
+		now = now.Add(time.Second)
+		held := match(local, p, b)[0]
+		cut := local.Fit(p, b)
+		if want := 128 + (capacity-128)/key.CoarseFactor; cut != min(n, want) {
+			t.Fatalf("step %d: Fit = %d, want %d", step, cut, min(n, want))
+		}
+		local.RecordHeld(p, b, now, held)
+		peer.Record(p[min(held, cut):cut], b, now)
+		if l, r := match(local, p, b)[0], match(peer, p, b)[0]; l != cut || r != cut {
+			t.Errorf("step %d: prompt of %d chunks, cut %d: local matches %d, peer %d", step, n, cut, l, r)
+		}
+	}
+	if got := local.Fit(keyChunks(2, 10), newBackend(t, "unregistered", 64)); got != 0 {
+		t.Errorf("Fit on an unregistered backend = %d, want 0", got)
 	}
 }
