@@ -1,12 +1,15 @@
 package peering
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // TestUnlearnPropagates: a Learn that a backend then refused is withdrawn on the peers too
@@ -155,5 +158,44 @@ func TestLearnSendsWhatIsNew(t *testing.T) {
 	p.Learn(k, b, len(k.Chunks))
 	if got := queued(); got != 0 {
 		t.Errorf("a fully held prompt queued %d hashes, want none", got)
+	}
+}
+
+// TestLearnSendsOnlyWhatFits: for a prompt that weighs more than the backend's capacity, a
+// Learn queues for the peers only the chunks this replica's own Record kept (index.Index.Fit),
+// whole or past the held prefix: a peer sent the rest recorded coarse chunks this replica never
+// held and evicted its own copy of the prefix for them (index.TestFitKeepsPeersInStep).
+func TestLearnSendsOnlyWhatFits(t *testing.T) {
+	const capacity = 200 // chunks of 64 tokens: 128 fine ones and 9 coarse ones of 8 fit
+	b, err := backend.New("http://127.0.0.1:1", capacity*key.DefaultChunkTokens, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre := router.NewPrefix(router.PrefixOptions{}, nil)
+	pre.SetBackends([]*backend.Backend{b})
+	n := &Node{name: "q", m: newMetrics(func() float64 { return 0 })}
+	p := &Policy{Prefix: pre, n: n}
+	text := strings.Repeat("a long agent context that runs well past eight thousand tokens. ", 1500) // ~96 KB
+	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": text}}})
+	k := &key.Key{}
+	key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)
+	fit := key.FineChunks + (capacity-key.FineChunks)/key.CoarseFactor
+	if !k.OK || len(k.Chunks) <= fit {
+		t.Fatalf("key OK %v with %d chunks, want more than the %d that fit", k.OK, len(k.Chunks), fit)
+	}
+	queued := func() int {
+		_, hs := n.q.take(nil, nil)
+		return len(hs)
+	}
+	p.Learn(k, b, 0)
+	if got := queued(); got != fit {
+		t.Fatalf("a first learn queued %d hashes, want the %d that fit", got, fit)
+	}
+	const held = 130
+	for i := range fullChainEvery {
+		p.Learn(k, b, held)
+		if got := queued(); got != fit-held && got != fit {
+			t.Fatalf("learn %d queued %d hashes, want %d (new) or %d (whole)", i, got, fit-held, fit)
+		}
 	}
 }
