@@ -119,6 +119,18 @@ func TestRecentLearnsWindow(t *testing.T) {
 	}
 }
 
+// learnQueue returns a peering Policy over b alone, with no transport, and a function that
+// takes what its Learns queued for the peers and returns how many hashes that was.
+func learnQueue(b *backend.Backend) (*Policy, func() int) {
+	pre := router.NewPrefix(router.PrefixOptions{}, nil)
+	pre.SetBackends([]*backend.Backend{b})
+	n := &Node{name: "q", m: newMetrics(func() float64 { return 0 })}
+	return &Policy{Prefix: pre, n: n}, func() int {
+		_, hs := n.q.take(nil, nil)
+		return len(hs)
+	}
+}
+
 // TestLearnSendsWhatIsNew: a Learn queues only the chunks beyond what the backend held when
 // the request was routed, except every fullChainEvery-th, which queues the whole chain; a
 // first learn (nothing held) queues it all.
@@ -127,16 +139,9 @@ func TestLearnSendsWhatIsNew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pre := router.NewPrefix(router.PrefixOptions{}, nil)
-	pre.SetBackends([]*backend.Backend{b})
-	n := &Node{name: "q", m: newMetrics(func() float64 { return 0 })}
-	p := &Policy{Prefix: pre, n: n}
+	p, queued := learnQueue(b)
 	k := prompt(t, 1)
 	const held = 6
-	queued := func() int {
-		_, hs := n.q.take(nil, nil)
-		return len(hs)
-	}
 	p.Learn(k, b, 0)
 	if got := queued(); got != len(k.Chunks) {
 		t.Fatalf("first learn queued %d hashes, want the whole chain's %d", got, len(k.Chunks))
@@ -171,10 +176,7 @@ func TestLearnSendsOnlyWhatFits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pre := router.NewPrefix(router.PrefixOptions{}, nil)
-	pre.SetBackends([]*backend.Backend{b})
-	n := &Node{name: "q", m: newMetrics(func() float64 { return 0 })}
-	p := &Policy{Prefix: pre, n: n}
+	p, queued := learnQueue(b)
 	text := strings.Repeat("a long agent context that runs well past eight thousand tokens. ", 1500) // ~96 KB
 	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": text}}})
 	k := &key.Key{}
@@ -182,10 +184,6 @@ func TestLearnSendsOnlyWhatFits(t *testing.T) {
 	fit := key.FineChunks + (capacity-key.FineChunks)/key.CoarseFactor
 	if !k.OK || len(k.Chunks) <= fit {
 		t.Fatalf("key OK %v with %d chunks, want more than the %d that fit", k.OK, len(k.Chunks), fit)
-	}
-	queued := func() int {
-		_, hs := n.q.take(nil, nil)
-		return len(hs)
 	}
 	p.Learn(k, b, 0)
 	if got := queued(); got != fit {
