@@ -54,7 +54,7 @@ const AttentionTokens = 32 << 10
 func PrefillWork(prompt, held int64) int64 {
 	n := max(prompt-max(held, 0), 1)
 	ctx := float64(max(held, 0)) + float64(n)/2
-	return max(int64(math.Round(float64(n)*(1+ctx/AttentionTokens))), 1)
+	return int64(math.Round(float64(n) * (1 + ctx/AttentionTokens))) // ≥ n ≥ 1
 }
 
 // cand is one candidate as the selection sees it: a snapshot, so that one decision uses one

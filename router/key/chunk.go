@@ -45,16 +45,9 @@ const coarseMark = 1
 // of CoarseFactor times the configured size.
 func IsCoarse(h uint64) bool { return h&coarseMark != 0 }
 
-// ChunkWeight is the size of chunk i of a key in configured chunk sizes: 1 for the first
-// FineChunks (the very first is a quarter, counted as one), CoarseFactor after them.
-func ChunkWeight(i int) int {
-	if i < FineChunks {
-		return 1
-	}
-	return CoarseFactor
-}
-
-// ChunkUnits is the sum of ChunkWeight over chunks lo..hi-1 (0 when hi <= lo).
+// ChunkUnits is the size of chunks lo..hi-1 of a key in configured chunk sizes (0 when hi <=
+// lo): 1 each for the first FineChunks (the very first, a quarter, counted as one),
+// CoarseFactor each after them.
 func ChunkUnits(lo, hi int) int {
 	lo = max(lo, 0)
 	if hi <= lo {
