@@ -47,6 +47,8 @@ type Backend struct {
 	reportsCached atomic.Bool // a response's usage carried a cached-token count
 	epoch         atomic.Uint64
 	served        atomic.Uint64
+	completed     atomic.Uint64            // requests answered in full with a success status (Lease.Complete)
+	senders       atomic.Int32             // Senders: the health checker's verdict
 	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
 	peerPrefill   atomic.Int64             // and their queued prefill tokens
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go

@@ -158,7 +158,9 @@ type Prefix struct {
 	// TieBreak is how near-ties holding the same prefix are broken: "ring" (the
 	// consistent-hash ring alone, so unpeered replicas agree), "load" (the least in-flight
 	// first, the ring among equals; for peered replicas or one alone) or "auto" (left out:
-	// "load" with peering on, "ring" without; Config.PrefixOptions resolves it).
+	// "load" with peering on; without, "load" while this replica is its backends' only
+	// sender and "ring" as soon as another sends to them, see router.TieBreakAuto;
+	// Config.PrefixOptions resolves it).
 	TieBreak string `yaml:"tie_break"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
@@ -420,7 +422,8 @@ const (
 
 // PrefixOptions are the prefix policy's options (Prefix.RouterOptions) with tie_break
 // "auto" resolved: TieBreakLoad when peering is on (the replicas share their loads), else
-// TieBreakRing.
+// router.TieBreakAuto (load while this replica is its backends' only sender, the ring as soon
+// as another sends to them).
 func (c *Config) PrefixOptions() router.PrefixOptions {
 	o := c.Prefix.RouterOptions()
 	if c.Prefix.TieBreak == TieBreakAuto && c.Peering != nil {
@@ -450,8 +453,8 @@ func setD(p *Duration, v time.Duration) {
 
 // RouterOptions are the prefix policy's options from a defaulted prefix section: a
 // load_margin of 0 becomes router.NoLoadMargin, so that it means no margin, and a
-// tie_margin_percent of 0 router.NoTieMargin; tie_break "auto" is taken as "ring" here
-// (Config.PrefixOptions knows whether peering is on).
+// tie_margin_percent of 0 router.NoTieMargin; tie_break "auto" is router.TieBreakAuto here
+// (Config.PrefixOptions, which knows whether peering is on, makes it TieBreakLoad with it).
 func (p Prefix) RouterOptions() router.PrefixOptions {
 	margin := p.LoadMargin.V
 	if p.LoadMargin.Set && margin == 0 {
@@ -462,8 +465,11 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 		tie = router.NoTieMargin
 	}
 	tb := router.TieBreakRing
-	if p.TieBreak == TieBreakLoad {
+	switch p.TieBreak {
+	case TieBreakLoad:
 		tb = router.TieBreakLoad
+	case TieBreakAuto:
+		tb = router.TieBreakAuto
 	}
 	return router.PrefixOptions{
 		TieBreak:             tb,

@@ -29,7 +29,7 @@ func TestZeroWrittenInTheFile(t *testing.T) {
 		{"prefix:\n  load_margin: ~\n" + bk, func(c *Config) any { return c.Prefix.LoadMargin }, OptionalInt{V: router.DefaultLoadMargin, Set: true}},
 		{"prefix:\n  tie_margin_percent: 0\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().TieMargin }, float64(router.NoTieMargin)},
 		{"prefix:\n  tie_margin_percent: 25\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().TieMargin }, 0.25},
-		{bk, func(c *Config) any { return c.PrefixOptions().TieBreak }, router.TieBreakRing},
+		{bk, func(c *Config) any { return c.PrefixOptions().TieBreak }, router.TieBreakAuto},
 		{"prefix:\n  tie_break: ring\n" + bk, func(c *Config) any { return c.PrefixOptions().TieBreak }, router.TieBreakRing},
 		{"prefix:\n  tie_break: load\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().TieBreak }, router.TieBreakLoad},
 		{bk, func(c *Config) any { return c.Prefix.RouterOptions().TieMargin }, router.DefaultTieMargin},

@@ -101,8 +101,9 @@ type bstate struct {
 	resetSinceScrape bool         // the epoch was bumped since the last successful scrape
 	// Scraping: written by the backend's scrape goroutine (or a test's scrapeAll), read lock-free.
 	scrape     atomic.Pointer[scrapeResult]
-	scrapeMu   sync.Mutex // serialises scrapes of this backend
-	scrapeFail bool       // guarded by scrapeMu: the last scrape failed (for logging changes)
+	scrapeMu   sync.Mutex   // serialises scrapes of this backend
+	scrapeFail bool         // guarded by scrapeMu: the last scrape failed (for logging changes)
+	senders    sendersJudge // guarded by scrapeMu: who else sends to the backend
 }
 
 func (st *bstate) healthyLocked() bool { return st.activeOK && st.ejectedUntil.IsZero() }

@@ -105,6 +105,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 		st.scrape.Store(res)
 		st.b.SetScrapedLoad(0) // fall back to the proxy's own in-flight count
 		st.b.SetScrapedKVUsage(0)
+		c.setSenders(st, backend.SendersUnknown)
 		if !st.scrapeFail {
 			st.scrapeFail = true
 			c.log.Warn("metrics scrape failing; routing without this backend's load",
@@ -139,7 +140,15 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	}
 	res.prompt, res.hasProm = m.prompt, m.hasPrompt
 	st.scrape.Store(res)
+	c.setSenders(st, st.senders.observe(now, m.finished, m.hasFinished, st.b.Completed()))
 	c.scraped(st, restarted, prev, load)
+}
+
+// setSenders stores the verdict on st's other senders, logging a change (scrape goroutine).
+func (c *Checker) setSenders(st *bstate, v backend.Senders) {
+	if st.b.SetOtherSenders(v) && v != backend.SendersUnknown {
+		c.log.Info("backend's other senders judged", zap.String("backend", st.b.Name), zap.Stringer("senders", v))
+	}
 }
 
 // scraped handles restart detection after a successful scrape.
@@ -198,6 +207,8 @@ type metrics struct {
 	startTime              float64
 	prompt                 float64 // prompt-token counters (restart fallback)
 	hasPrompt              bool
+	finished               float64 // finished requests: the e2e latency histograms' counts (senders.go)
+	hasFinished            bool
 }
 
 func (m *metrics) load(at time.Time) Load {
@@ -228,6 +239,7 @@ const (
 	mSglTokens
 	mStart
 	mPrompt
+	mFinished
 )
 
 func metricKind(name []byte) int {
@@ -248,6 +260,8 @@ func metricKind(name []byte) int {
 		return mStart
 	case "vllm:prompt_tokens_total", "sglang:prompt_tokens_total":
 		return mPrompt
+	case "vllm:e2e_request_latency_seconds_count", "sglang:e2e_request_latency_seconds_count":
+		return mFinished
 	}
 	return 0
 }
@@ -344,6 +358,9 @@ func (m *metrics) line(line []byte) {
 	case mPrompt:
 		m.prompt = addSample(m.prompt, v)
 		m.hasPrompt = true
+	case mFinished:
+		m.finished = addSample(m.finished, v)
+		m.hasFinished = true
 	}
 }
 

@@ -300,6 +300,9 @@ func (f *flow) finish(status int, err error) {
 			_ = c.Close()
 		}
 	}
+	if err == nil && f.eof && status >= fasthttp.StatusOK && status < fasthttp.StatusMultipleChoices {
+		f.lease.Complete() // as the replica counts it finished (who else sends: health/senders.go)
+	}
 	f.lease.Release()
 	s.logRequest(f, status, err, res)
 	f.ctx, f.hj, f.clientWrite, f.clientWriteA = nil, nil, 0, time.Time{}

@@ -411,6 +411,11 @@ func TestInFlightAccounting(t *testing.T) {
 		}
 	}
 	waitInFlightZero(t, s)
+	// Only the whole success counts as completed, as the replica counts it finished (the
+	// health checker compares the two to find other senders).
+	if n := s.Backends()[0].Completed(); n != 1 {
+		t.Errorf("completed %d after /ok, a 500 and a cut response, want 1", n)
+	}
 	// Held requests count while they run.
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

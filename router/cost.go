@@ -72,6 +72,7 @@ type cand struct {
 	pending int64   // of those, requests not yet answering (prefilling or queued)
 	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
 	kvUsage float64 // reported KV-cache usage, 0..1 (0: unknown)
+	alone   bool    // every request the replica finished lately came through this proxy
 	rate    float64 // learned prefill tokens/s (0: not yet)
 	base    float64 // learned seconds to first token with no prefill (0: not yet)
 
@@ -174,6 +175,7 @@ type selection struct {
 	margin     int64   // both caps' absolute margin in requests
 	tieMargin  float64 // near-tie margin of estimated TTFTs, as a fraction of the least
 	loadFirst  bool    // TieBreakLoad
+	auto       bool    // TieBreakAuto: loadFirst while every candidate is alone
 }
 
 // caps are the bounded-load cap and the hard cap of a backend of weight w among candidates
@@ -195,7 +197,7 @@ func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
 //     those the ring decides: the first met walking from the first chunk they do not hold (a
 //     cold conversation's first own chunk, which its later turns keep; prompts that share
 //     only a prefix some replica learned first spread by what follows it). With loadFirst
-//     (TieBreakLoad) the least loaded of those go to the ring, the others are out. Without a
+//     (TieBreakLoad, or TieBreakAuto while every candidate is alone) the least loaded of those go to the ring, the others are out. Without a
 //     ring, the least estimate among them.
 //  3. The reason: ReasonMatch when the chosen candidate holds more than every candidate
 //     holds; ReasonOverload when another held more (it was over the cap or would have been
@@ -203,7 +205,9 @@ func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
 func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int, Reason) {
 	var total int64
 	wsum, common, most := 0, math.MaxInt, 0
+	loadFirst := sel.loadFirst || sel.auto
 	for i := range cs {
+		loadFirst = loadFirst && (!sel.auto || cs[i].alone)
 		cs[i].weight = max(cs[i].weight, 1)
 		total += cs[i].inFlight
 		wsum += cs[i].weight
@@ -258,7 +262,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 			}
 		}
 	}
-	if sel.loadFirst {
+	if loadFirst {
 		// Among the near-ties that hold the most, only the least loaded (in-flight requests
 		// per weight) stay: with peering every replica sees the same loads within
 		// milliseconds, so spreading by load keeps them coherent, and the ring decides only

@@ -135,6 +135,9 @@ type CandidateEstimate struct {
 	// candidate over the cap still wins when its estimate beats every one under it.
 	UnderCap     bool `json:"under_load_cap"`
 	UnderHardCap bool `json:"under_hard_load_cap"`
+	// OtherSenders is the health checker's verdict on who else sends to the replica (alone,
+	// shared or unknown): tie_break auto breaks near-ties by load only while all are alone.
+	OtherSenders string `json:"other_senders"`
 }
 
 // RoundRobin cycles through the candidates, with one turn counter per model (a slot chosen

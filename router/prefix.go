@@ -64,7 +64,8 @@ type PrefixOptions struct {
 	TieMargin float64
 	// TieBreak is how near-ties that hold the same prefix are broken: TieBreakRing (the
 	// zero value) by the consistent-hash ring alone, TieBreakLoad by the least in-flight
-	// requests per weight first and the ring among equals.
+	// requests per weight first and the ring among equals, TieBreakAuto by load while every
+	// candidate is backend.SendersAlone and by the ring otherwise.
 	TieBreak TieBreak
 	// NoIndexCorrection turns off the index's correction from the backends' reported cached
 	// tokens (Prefix.Correct), for comparison: the index then trusts its capacities alone.
@@ -83,6 +84,12 @@ const (
 	// load instead of by hash (on the multi-turn bench, 11 conversations on 4 replicas, the
 	// ring alone put up to 2.1× the mean on one replica).
 	TieBreakLoad
+	// TieBreakAuto: TieBreakLoad while every candidate's requests come through this proxy
+	// alone (backend.SendersAlone, judged by the health checker from the replicas' own
+	// finished-request counts), TieBreakRing as soon as one has another sender or is not
+	// judged yet: a prefixlb replica running alone spreads cold prompts by load, and one that
+	// shares its backends with unpeered others keeps the ring's coherence with them.
+	TieBreakAuto
 )
 
 // Prefix is the policy of mode prefix: send a request where it will see its first token
@@ -147,7 +154,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 	return &Prefix{
 		chunkTokens: int64(o.ChunkTokens),
 		sel: selection{loadFactor: o.LoadFactor, hardFactor: o.HardLoadFactor, margin: int64(o.LoadMargin),
-			tieMargin: o.TieMargin, loadFirst: o.TieBreak == TieBreakLoad},
+			tieMargin: o.TieMargin, loadFirst: o.TieBreak == TieBreakLoad, auto: o.TieBreak == TieBreakAuto},
 		clock:        clock,
 		noCorrection: o.NoIndexCorrection,
 		idx: index.New(index.Options{
@@ -218,7 +225,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		load, peers := b.Load(), b.PeerInFlight()
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
 			queued: b.PrefillTokens() + b.PeerPrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
-			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage()}
+			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: b.OtherSenders() == backend.SendersAlone}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()
@@ -250,7 +257,7 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 		out[j] = CandidateEstimate{Backend: candidates[j].Name, MatchedChunks: c.matched, HeldTokens: int64(c.held),
 			QueuedTokens: c.queued, ForeignRequests: c.foreign, KVCacheUsage: c.kvUsage, PrefillRate: rate,
 			RateLearned: learned, BaseMs: float64(base) / float64(time.Millisecond), PredictedTTFTMs: c.est * 1000,
-			InFlight: c.inFlight}
+			InFlight: c.inFlight, OtherSenders: candidates[j].OtherSenders().String()}
 		soft, hard := p.sel.caps(total, max(c.weight, 1), wsum)
 		out[j].UnderCap, out[j].UnderHardCap = c.inFlight < soft, c.inFlight < hard
 	}

@@ -716,3 +716,57 @@ func TestTieBreakLoad(t *testing.T) {
 		t.Errorf("ring tie-break moved %d of 64 prompts with load (want 0), load tie-break %d (want 64)", ringMoved, loadMoved)
 	}
 }
+
+// TestTieBreakAuto: TieBreakAuto breaks a cold prompt's near-ties by load while every
+// candidate is alone (only this proxy sends to it), and by the ring alone as soon as one
+// candidate has another sender or is not judged yet.
+func TestTieBreakAuto(t *testing.T) {
+	const n = 4
+	ms := make([]hashring.Member, n)
+	ids := make([]uint64, n)
+	for i := range n {
+		ms[i] = hashring.Member{Name: fmt.Sprint("http://b", i), Weight: 1}
+		ids[i] = uint64(100 + i)
+	}
+	place := &placement{ring: hashring.New(ms), ids: ids}
+	in := costInput{promptTokens: int64(key.PrefixTokens(4, key.DefaultChunkTokens)), chunkTokens: key.DefaultChunkTokens}
+	auto := testSel(0.5, false)
+	auto.auto = true
+	cases := []struct {
+		name   string
+		alone  [n]bool
+		byLoad bool
+	}{
+		{"all alone", [n]bool{true, true, true, true}, true},
+		{"one shared or unknown", [n]bool{true, true, false, true}, false},
+		{"none judged", [n]bool{}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 32 {
+				chunks := chunkChain(nil).extend(fmt.Sprint("cold", i), 4)
+				idle := make([]cand, n)
+				for j := range idle {
+					idle[j] = cand{id: ids[j], weight: 1, rate: 10_000, base: 0.02, alone: tc.alone[j]}
+				}
+				estimate(idle, in)
+				ring, _ := pickCost(chunks, idle, testSel(0.5, false), place)
+				// Load everyone but one backend that is not the ring's choice.
+				free := (ring + 1 + i%(n-1)) % n
+				busy := make([]cand, n)
+				for j := range busy {
+					busy[j] = cand{id: ids[j], weight: 1, rate: 10_000, base: 0.02, alone: tc.alone[j], inFlight: 1}
+				}
+				busy[free].inFlight = 0
+				estimate(busy, in)
+				want := ring
+				if tc.byLoad {
+					want = free
+				}
+				if got, _ := pickCost(chunks, busy, auto, place); got != want {
+					t.Fatalf("prompt %d: auto picked %d, want %d (ring's %d, idle %d)", i, got, want, ring, free)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,48 @@
+package backend
+
+// Senders is what a prefixlb replica has learned of who else sends requests to a backend:
+// the health checker compares the requests the replica reports finished with those this
+// proxy finished there (health/senders.go). The prefix policy's tie_break auto breaks
+// near-ties by load only while every candidate is SendersAlone.
+type Senders int32
+
+const (
+	// SendersUnknown: not judged yet, or the replica reports no request counter.
+	SendersUnknown Senders = iota
+	// SendersAlone: every request the replica finished lately came through this proxy.
+	SendersAlone
+	// SendersShared: the replica finished requests this proxy did not send (another
+	// prefixlb replica, another client).
+	SendersShared
+)
+
+// String is the verdict's name in logs and /debug: unknown, alone or shared.
+func (s Senders) String() string {
+	switch s {
+	case SendersAlone:
+		return "alone"
+	case SendersShared:
+		return "shared"
+	}
+	return "unknown"
+}
+
+// OtherSenders is the health checker's latest verdict on who else sends to b.
+func (b *Backend) OtherSenders() Senders { return Senders(b.senders.Load()) }
+
+// SetOtherSenders stores the verdict and reports whether it changed.
+func (b *Backend) SetOtherSenders(s Senders) (changed bool) {
+	return Senders(b.senders.Swap(int32(s))) != s
+}
+
+// Completed is the number of this proxy's requests the backend answered in full with a
+// success status (Lease.Complete).
+func (b *Backend) Completed() uint64 { return b.completed.Load() }
+
+// Complete counts the request as answered in full with a success status: the counterpart of
+// the replica's own finished-requests counter. Call it before Release, at most once.
+func (l *Lease) Complete() {
+	if l.b != nil && l.state.Load()&2 == 0 {
+		l.b.completed.Add(1)
+	}
+}

@@ -1,0 +1,89 @@
+package health
+
+import (
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// Who else sends to a backend. Each successful scrape compares the requests the replica
+// reports finished (the count of its end-to-end latency histogram,
+// vllm:e2e_request_latency_seconds_count or sglang's, summed) with those this proxy finished
+// there with a success status (backend.Completed), both since the previous scrape. Both count
+// a request when its last token leaves, so the two move together to within the requests
+// finishing during the scrape itself. Over the last sendersWindow scrapes, a replica that
+// finished more than sendersSlack + sendersShare × this proxy's requests beyond them has
+// another sender (another prefixlb replica, another client) and is SendersShared for
+// sendersHold after the last such window; otherwise it is SendersAlone once sendersSettle
+// scrapes agree, or at once when its counter starts at zero (nobody else has used it).
+const (
+	// sendersWindow is how many scrape intervals are summed (8 s at the default 1 s).
+	sendersWindow = 8
+	// sendersSlack is the absolute excess, in requests, that a window may show alone:
+	// requests that finished between the replica's count and this proxy's, and client
+	// aborts that the replica counts.
+	sendersSlack = 3
+	// sendersShare is the excess relative to this proxy's own requests in the window.
+	sendersShare = 0.1
+	// sendersSettle is how many scrapes must find no excess before a replica whose counter
+	// was already above zero counts as alone.
+	sendersSettle = 3
+	// sendersHold is how long a replica seen shared stays shared without a new excess: a
+	// second prefixlb replica that sends in bursts keeps the ring's coherence between bursts.
+	sendersHold = time.Minute
+)
+
+// sendersJudge is one backend's comparison state; its scrape goroutine owns it.
+type sendersJudge struct {
+	have             bool    // prev* are set
+	prevTheirs       float64 // the replica's finished-requests count at the last scrape
+	prevOurs         uint64  // backend.Completed at the last scrape
+	theirs, ours     [sendersWindow]float64
+	n, next          int // filled slots, next slot
+	clean            int // scrapes without excess since the counter was first seen or reset
+	sharedAt         time.Time
+	startedUntouched bool // the first count seen was 0
+}
+
+// observe folds one scrape: finished is the replica's count (has false: it reports none),
+// ours backend.Completed. It returns the verdict at now.
+func (j *sendersJudge) observe(now time.Time, finished float64, has bool, ours uint64) backend.Senders {
+	if !has {
+		*j = sendersJudge{sharedAt: j.sharedAt}
+		return j.verdict(now)
+	}
+	if !j.have || finished < j.prevTheirs || ours < j.prevOurs {
+		// The first count, or the replica restarted (its counter went back): start over.
+		*j = sendersJudge{sharedAt: j.sharedAt, have: true, prevTheirs: finished, prevOurs: ours,
+			startedUntouched: finished == 0}
+		return j.verdict(now)
+	}
+	j.theirs[j.next], j.ours[j.next] = finished-j.prevTheirs, float64(ours-j.prevOurs)
+	j.next = (j.next + 1) % sendersWindow
+	j.n = min(j.n+1, sendersWindow)
+	j.prevTheirs, j.prevOurs = finished, ours
+	var t, o float64
+	for i := range j.n {
+		t += j.theirs[i]
+		o += j.ours[i]
+	}
+	if t-o > sendersSlack+sendersShare*o {
+		j.sharedAt = now
+		j.clean = 0
+	} else {
+		j.clean++
+	}
+	return j.verdict(now)
+}
+
+func (j *sendersJudge) verdict(now time.Time) backend.Senders {
+	switch {
+	case !j.sharedAt.IsZero() && now.Sub(j.sharedAt) < sendersHold:
+		return backend.SendersShared
+	case !j.have:
+		return backend.SendersUnknown
+	case j.startedUntouched || j.clean >= sendersSettle:
+		return backend.SendersAlone
+	}
+	return backend.SendersUnknown
+}

@@ -1,0 +1,141 @@
+package health
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+)
+
+// TestSendersJudge walks scrape sequences (the replica's finished count, this proxy's) and
+// checks the verdict after each.
+func TestSendersJudge(t *testing.T) {
+	type scrape struct {
+		theirs float64
+		has    bool
+		ours   uint64
+		want   backend.Senders
+	}
+	alone, shared, unknown := backend.SendersAlone, backend.SendersShared, backend.SendersUnknown
+	cases := []struct {
+		name    string
+		scrapes []scrape
+	}{
+		{"fresh replica, only us", []scrape{
+			{0, true, 0, alone}, {40, true, 40, alone}, {90, true, 88, alone}, {130, true, 131, alone}}},
+		{"fresh replica, a second sender half the traffic", []scrape{
+			{0, true, 0, alone}, {80, true, 40, shared}, {160, true, 80, shared}}},
+		{"used before: alone only after settling", []scrape{
+			{5000, true, 0, unknown}, {5040, true, 40, unknown}, {5080, true, 80, unknown},
+			{5120, true, 120, alone}}},
+		{"a few requests of slack are not a sender", []scrape{
+			{0, true, 0, alone}, {103, true, 100, alone}, {200, true, 200, alone}}},
+		{"excess beyond slack and share", []scrape{
+			{0, true, 0, alone}, {100, true, 100, alone}, {222, true, 200, alone}, {340, true, 300, shared}}},
+		{"no counter reported", []scrape{
+			{0, false, 0, unknown}, {0, false, 10, unknown}}},
+		{"restart keeps a shared verdict for the hold", []scrape{
+			{0, true, 0, alone}, {100, true, 50, shared}, {3, true, 52, shared}, {6, true, 55, shared}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var j sendersJudge
+			now := time.Unix(1000, 0)
+			for i, s := range tc.scrapes {
+				if got := j.observe(now, s.theirs, s.has, s.ours); got != s.want {
+					t.Fatalf("scrape %d (%v / %d): %v, want %v", i, s.theirs, s.ours, got, s.want)
+				}
+				now = now.Add(time.Second)
+			}
+		})
+	}
+}
+
+// TestSendersHoldAndWindow: a shared verdict lasts sendersHold after the last excess, and an
+// excess leaves the sum once sendersWindow scrapes have passed.
+func TestSendersHoldAndWindow(t *testing.T) {
+	var j sendersJudge
+	now := time.Unix(1000, 0)
+	var theirs float64
+	var ours uint64
+	step := func(t2, o uint64) backend.Senders {
+		theirs += float64(t2)
+		ours += o
+		now = now.Add(time.Second)
+		return j.observe(now, theirs, true, ours)
+	}
+	j.observe(now, 0, true, 0)
+	if v := step(60, 30); v != backend.SendersShared {
+		t.Fatalf("after a burst from another sender: %v, want shared", v)
+	}
+	// The burst stays in the summed window for sendersWindow scrapes.
+	for range sendersWindow - 1 {
+		if v := step(20, 20); v != backend.SendersShared {
+			t.Fatalf("burst still in the window: %v, want shared", v)
+		}
+	}
+	shared := now
+	for now.Sub(shared) < sendersHold-time.Second {
+		if v := step(20, 20); v != backend.SendersShared {
+			t.Fatalf("%v after the excess: %v, want shared until %v", now.Sub(shared), v, sendersHold)
+		}
+	}
+	if v := step(20, 20); v != backend.SendersAlone {
+		t.Fatalf("%v after the last excess (window long past): %v, want alone", now.Sub(shared), v)
+	}
+}
+
+// TestScrapeJudgesSenders: the scrape reads the replica's finished count (vLLM's and SGLang's
+// e2e latency histogram counts, summed over label sets) and stores the verdict on the backend,
+// logging each change.
+func TestScrapeJudgesSenders(t *testing.T) {
+	for name, running := range map[string]string{"vllm": "vllm:num_requests_running", "sglang": "sglang:num_running_reqs"} {
+		t.Run(name, func(t *testing.T) {
+			srv := newFakeServer(t)
+			b := srv.backend(t)
+			c, clk, logs := newTestChecker(t, Options{})
+			c.SetBackends([]*backend.Backend{b})
+			expose := func(finished int) {
+				half := finished / 2
+				srv.setMetrics(fmt.Sprintf("%[4]s{engine=\"0\"} 0\n%[1]s:e2e_request_latency_seconds_count{engine=\"0\"} %[2]d\n%[1]s:e2e_request_latency_seconds_count{engine=\"1\"} %[3]d\n",
+					name, half, finished-half, running))
+			}
+			serve := func(n int) {
+				for range n {
+					var l backend.Lease
+					l.Begin(b, 1, true)
+					l.Complete()
+					l.Release()
+				}
+			}
+			steps := []struct {
+				ours, others int
+				want         backend.Senders
+			}{
+				{0, 0, backend.SendersAlone}, // a fresh replica
+				{50, 0, backend.SendersAlone},
+				{50, 50, backend.SendersShared},
+			}
+			finished := 0
+			for i, s := range steps {
+				serve(s.ours)
+				finished += s.ours + s.others
+				expose(finished)
+				c.scrapeAll(bg)
+				if got := b.OtherSenders(); got != s.want {
+					t.Fatalf("scrape %d: %v, want %v", i, got, s.want)
+				}
+				clk.Add(time.Second)
+			}
+			if n := countLogs(logs, "backend's other senders judged"); n != 2 {
+				t.Errorf("%d change lines logged, want 2 (alone, then shared)", n)
+			}
+			srv.setMetrics("garbage\n")
+			c.scrapeAll(bg)
+			if got := b.OtherSenders(); got != backend.SendersUnknown {
+				t.Errorf("after a failed scrape: %v, want unknown", got)
+			}
+		})
+	}
+}
