@@ -254,8 +254,8 @@ func outcomeOf(status int) health.Outcome {
 }
 
 // routeHeaderCap holds the longest x-prefixlb-route value ("overload-fallback;chunks=",
-// ";cached=" and 19 digits each) without allocating.
-const routeHeaderCap = 80
+// ";cached=", ";predicted_ttft_us=" and 19 digits each) without allocating.
+const routeHeaderCap = 128
 
 func routeHeader(d router.Decision, promptTokens int) string {
 	return string(appendRouteHeader(nil, d, promptTokens))
@@ -263,7 +263,8 @@ func routeHeader(d router.Decision, promptTokens int) string {
 
 // appendRouteHeader appends the x-prefixlb-route value "REASON;chunks=N", with
 // ";cached=T" (the prompt tokens the policy predicts the backend holds) when the policy
-// predicted its prefill (no fmt: this runs on every request).
+// predicted its prefill and ";predicted_ttft_us=U" (the time to first token it estimated
+// there, microseconds) when it estimated one (no fmt: this runs on every request).
 func appendRouteHeader(dst []byte, d router.Decision, promptTokens int) []byte {
 	dst = append(dst, d.Reason.String()...)
 	dst = append(dst, ";chunks="...)
@@ -271,6 +272,10 @@ func appendRouteHeader(dst []byte, d router.Decision, promptTokens int) []byte {
 	if d.PrefillTokens > 0 {
 		dst = append(dst, ";cached="...)
 		dst = strconv.AppendInt(dst, max(int64(promptTokens)-d.PrefillTokens, 0), 10)
+	}
+	if d.PredictedTTFT > 0 {
+		dst = append(dst, ";predicted_ttft_us="...)
+		dst = strconv.AppendInt(dst, d.PredictedTTFT.Microseconds(), 10)
 	}
 	return dst
 }

@@ -99,6 +99,7 @@ func runCorrection(t *testing.T, correct bool, simBlocks int) correctionOutcome 
 		}
 		route := resp.Header.Get(HeaderRoute)
 		_, v, _ := strings.Cut(route, ";cached=")
+		v, _, _ = strings.Cut(v, ";")
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			t.Fatalf("prompt %d: x-prefixlb-route %q has no cached=T", i, route)

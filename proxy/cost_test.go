@@ -44,9 +44,13 @@ func TestPrefixReceipts(t *testing.T) {
 		resp.Body.Close()
 		route := resp.Header.Get(HeaderRoute)
 		_, v, ok := strings.Cut(route, ";cached=")
+		v, us, hasTTFT := strings.Cut(v, ";predicted_ttft_us=")
 		n, err := strconv.Atoi(v)
 		if !ok || err != nil {
 			t.Fatalf("x-prefixlb-route %q has no cached=N", route)
+		}
+		if p, err := strconv.Atoi(us); !hasTTFT || err != nil || p <= 0 {
+			t.Fatalf("x-prefixlb-route %q has no predicted_ttft_us=U > 0 after cached=N", route)
 		}
 		cached = append(cached, n)
 	}

@@ -27,7 +27,8 @@ import (
 const (
 	// HeaderBackend names the backend that served the request (its configured URL).
 	HeaderBackend = "x-prefixlb-backend"
-	// HeaderRoute gives the routing reason and the matched chunks: "match;chunks=12".
+	// HeaderRoute gives the routing reason and the matched chunks, and in prefix mode the
+	// predicted cached tokens and TTFT: "match;chunks=12;cached=764;predicted_ttft_us=21850".
 	HeaderRoute = "x-prefixlb-route"
 )
 
