@@ -4,6 +4,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestNew(t *testing.T) {
@@ -129,5 +130,44 @@ func TestHealthyPanicMode(t *testing.T) {
 		if len(got) != c.want || p != c.wantPanic {
 			t.Errorf("%d of %d down: %d candidates, panic %v; want %d, %v", c.down, c.n, len(got), p, c.want, c.wantPanic)
 		}
+	}
+}
+
+// TestQueuedPrefillDrains: the queued prefill work falls at the replica's prefill rate from
+// when its queue last moved, to 0 at most, and a finished prefill restarts the clock on what
+// is left.
+func TestQueuedPrefillDrains(t *testing.T) {
+	b, _ := New("http://q:1", 0, 1)
+	var big, small Lease
+	big.Begin(b, 100_000, true)
+	t0 := time.Now()
+	small.Begin(b, 5_000, true)
+	if small.ahead < 95_000 || small.ahead > 100_000 {
+		t.Fatalf("the second request's queue ahead %d, want ≈ 100000 (the first's work, barely started)", small.ahead)
+	}
+	cases := []struct {
+		after time.Duration
+		lo    int64
+		hi    int64
+	}{
+		{0, 100_000, 105_000},
+		{time.Second, 93_000, 95_000}, // DefaultPrefillRate: 10k tokens a second
+		{5 * time.Second, 53_000, 55_000},
+		{20 * time.Second, 0, 0},
+	}
+	for _, tc := range cases {
+		if q := b.QueuedPrefill(t0.Add(tc.after)); q < tc.lo || q > tc.hi {
+			t.Errorf("queued %v later: %d, want %d..%d (raw %d)", tc.after, q, tc.lo, tc.hi, b.PrefillTokens())
+		}
+	}
+	big.FirstByte()
+	t1 := time.Now()
+	if q := b.QueuedPrefill(t1); q < 4_900 || q > 5_000 {
+		t.Errorf("after the first's prefill finished: %d queued, want ≈ 5000 (the second's, from now)", q)
+	}
+	small.Release()
+	big.Release()
+	if q := b.QueuedPrefill(t1.Add(-time.Hour)); q != 0 {
+		t.Errorf("nothing pending: %d queued, want 0", q)
 	}
 }

@@ -67,7 +67,7 @@ type cand struct {
 	weight   int
 	matched  int // leading chunks of the prompt the backend holds
 
-	queued  int64   // this proxy's and its peers' prefill work queued there (tokens)
+	queued  int64   // this proxy's (drained, backend.QueuedPrefill) and its peers' prefill work queued there (tokens)
 	own     int64   // this proxy's in-flight requests there
 	pending int64   // of those, requests not yet answering (prefilling or queued)
 	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
@@ -92,7 +92,7 @@ type costInput struct {
 //
 //	est = base + (queued + foreign × waitingShare × meanWork + PrefillWork(prompt, held)) ÷ rate
 //
-// queued is this proxy's (and its peers', see peering) prefill work not yet started answering there, foreign the requests
+// queued is this proxy's (and its peers', see peering) prefill work not yet started answering there, less what the replica has likely worked off since its queue last moved (backend.QueuedPrefill), foreign the requests
 // the replica reports beyond this proxy's (other prefixlb replicas, other clients), of which
 // the share still waiting for their first token is taken to be that of this proxy's own
 // in-flight requests (defaultWaitingShare with none), each at the mean work this policy

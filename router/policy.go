@@ -119,8 +119,9 @@ type CandidateEstimate struct {
 	MatchedChunks int    `json:"matched_chunks"`
 	// HeldTokens is the prompt tokens counted as held, after the KV-pressure discount.
 	HeldTokens int64 `json:"held_tokens"`
-	// QueuedTokens is this proxy's prefill work queued there; ForeignRequests the requests the
-	// replica reports beyond this proxy's.
+	// QueuedTokens is this proxy's prefill work queued there, less what the replica has
+	// likely worked off since its queue last moved (backend.QueuedPrefill), plus its peers';
+	// ForeignRequests the requests the replica reports beyond this proxy's.
 	QueuedTokens    int64   `json:"queued_prefill_tokens"`
 	ForeignRequests int64   `json:"foreign_requests"`
 	KVCacheUsage    float64 `json:"kv_cache_usage"`

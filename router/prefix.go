@@ -217,6 +217,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	if cap(matched) < n {
 		matched, cs = make([]int, 0, n), make([]cand, 0, n)
 	}
+	now := p.clock()
 	matched = matched[:n]
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
@@ -224,7 +225,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// are known: they count as queued work, not as foreign requests of unknown size.
 		load, peers := b.Load(), b.PeerInFlight()
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
-			queued: b.PrefillTokens() + b.PeerPrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
+			queued: b.QueuedPrefill(now) + b.PeerPrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
 			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: b.OtherSenders() == backend.SendersAlone}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
