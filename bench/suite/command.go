@@ -14,8 +14,8 @@ import (
 // (bench/suite imports bench, so bench cannot import it).
 func Command() *cobra.Command {
 	var (
-		o                   Options
-		workloads, policies string
+		o                           Options
+		workloads, policies, levels string
 	)
 	c := &cobra.Command{
 		Use:   "suite",
@@ -35,6 +35,9 @@ writes DIR/suite.json and DIR/suite.png. The full suite takes about 45 minutes o
 			if err != nil {
 				return err
 			}
+			if cells, err = KeepLevels(cells, splitList(levels)); err != nil {
+				return err
+			}
 			o.Policies = splitList(policies)
 			o.Stdout, o.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			parent := cmd.Context()
@@ -51,6 +54,7 @@ writes DIR/suite.json and DIR/suite.png. The full suite takes about 45 minutes o
 	fs.BoolVar(&o.Quick, "quick", false, "one load level per workload and smaller sizes (about 5 minutes on 2 cores)")
 	fs.StringVar(&o.Out, "out", "bench-out/suite", "directory for suite.json and suite.png (empty: write nothing)")
 	fs.StringVar(&workloads, "workloads", "", "comma-separated workloads (default: all of "+strings.Join(Workloads, ", ")+")")
+	fs.StringVar(&levels, "levels", "", "comma-separated load levels (default: all of "+strings.Join(Levels, ", ")+")")
 	fs.StringVar(&policies, "policies", "", "comma-separated policies (default: all of "+strings.Join(Policies, ", ")+"; prefix-x3 = prefix×3, prefix-x3+peer = prefix×3+peer)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed, the same for every arm")
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-arm lines on stderr")

@@ -224,3 +224,26 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 	}
 	return cells, skipped, nil
 }
+
+// Levels are the load levels' names, as --levels takes them.
+var Levels = []string{"closed", "light", "medium", "near-saturation"}
+
+// KeepLevels returns the cells at the named levels (nil: all), in order; the error names an
+// unknown level. A repeated A/B of one load level then costs a third of its workload's cells.
+func KeepLevels(cells []Cell, only []string) ([]Cell, error) {
+	for _, l := range only {
+		if !slices.Contains(Levels, l) {
+			return nil, fmt.Errorf("--levels: unknown %q (want some of %s)", l, strings.Join(Levels, ", "))
+		}
+	}
+	if len(only) == 0 {
+		return cells, nil
+	}
+	var out []Cell
+	for _, c := range cells {
+		if slices.Contains(only, c.Level) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}

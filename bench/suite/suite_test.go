@@ -214,3 +214,36 @@ func TestSuiteInterrupted(t *testing.T) {
 		t.Errorf("suite.json not written: %v", err)
 	}
 }
+
+// TestKeepLevels: --levels keeps the named levels' cells in plan order and refuses an unknown
+// name.
+func TestKeepLevels(t *testing.T) {
+	cells, _, err := Plan(false, []string{"multi-turn", "shared-prefix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		levels []string
+		want   []string
+	}{
+		{nil, []string{"multi-turn closed", "shared-prefix light", "shared-prefix medium", "shared-prefix near-saturation"}},
+		{[]string{"near-saturation", "closed"}, []string{"multi-turn closed", "shared-prefix near-saturation"}},
+		{[]string{"medium"}, []string{"shared-prefix medium"}},
+	}
+	for _, tc := range cases {
+		kept, err := KeepLevels(cells, tc.levels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, c := range kept {
+			got = append(got, c.Name())
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("levels %v: %v, want %v", tc.levels, got, tc.want)
+		}
+	}
+	if _, err := KeepLevels(cells, []string{"heavy"}); err == nil || !strings.Contains(err.Error(), `"heavy"`) {
+		t.Errorf("unknown level: %v, want an error naming it", err)
+	}
+}
