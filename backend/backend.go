@@ -39,7 +39,7 @@ type Backend struct {
 	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
 	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
-	prefillSince  atomic.Int64 // UnixNano of the queue's last progress (QueuedPrefill)
+	prefillSince  atomic.Int64  // UnixNano of the queue's last progress (QueuedPrefill)
 	prefillReqs   atomic.Int64  // in-flight requests that have not started answering
 	kvUsage       atomic.Uint64 // float64 bits: the KV-cache usage the replica reported, 0..1
 	prefill       PrefillModel
@@ -52,6 +52,7 @@ type Backend struct {
 	senders       atomic.Int32             // Senders: the health checker's verdict
 	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
 	peerPrefill   atomic.Int64             // and their queued prefill tokens
+	peerPrefillAt atomic.Int64             // UnixNano of the last SetPeerLoad
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
 }
 
@@ -196,11 +197,15 @@ func (b *Backend) PrefillTokens() int64 { return b.prefillTokens.Load() }
 // this too, so a replica that drains slower than its rate is seen to answer later, and its
 // learned rate falls.
 func (b *Backend) QueuedPrefill(now time.Time) int64 {
-	q := b.prefillTokens.Load()
+	return b.drained(b.prefillTokens.Load(), now.UnixNano()-b.prefillSince.Load())
+}
+
+// drained is q tokens of prefill work less since nanoseconds of it at the learned prefill
+// rate (DefaultPrefillRate until learned), at least 0.
+func (b *Backend) drained(q, since int64) int64 {
 	if q <= 0 {
 		return 0
 	}
-	since := now.UnixNano() - b.prefillSince.Load()
 	if since <= 0 {
 		return q
 	}

@@ -171,3 +171,35 @@ func TestQueuedPrefillDrains(t *testing.T) {
 		t.Errorf("nothing pending: %d queued, want 0", q)
 	}
 }
+
+// TestPeerQueuedPrefillDrains: the peers' reported prefill work drains from the report at the
+// replica's rate, and a new report starts it over.
+func TestPeerQueuedPrefillDrains(t *testing.T) {
+	b, _ := New("http://q:1", 0, 1)
+	b.SetPeerLoad(2, 50_000)
+	t0 := time.Now()
+	cases := []struct {
+		after  time.Duration
+		lo, hi int64
+	}{
+		{0, 49_000, 50_000},
+		{2 * time.Second, 29_000, 30_000}, // DefaultPrefillRate: 10k tokens a second
+		{6 * time.Second, 0, 0},
+	}
+	for _, tc := range cases {
+		if q := b.PeerQueuedPrefill(t0.Add(tc.after)); q < tc.lo || q > tc.hi {
+			t.Errorf("%v after the report: %d, want %d..%d", tc.after, q, tc.lo, tc.hi)
+		}
+	}
+	b.SetPeerLoad(3, 50_000) // a keepalive: the same work
+	if q := b.PeerQueuedPrefill(t0.Add(2 * time.Second)); q < 29_000 || q > 30_000 {
+		t.Errorf("after a report repeating the work: %d 2 s on, want 29000..30000 (the drain goes on)", q)
+	}
+	b.SetPeerLoad(2, 60_000)
+	if q := b.PeerQueuedPrefill(time.Now()); q < 59_000 {
+		t.Errorf("right after a new report: %d, want ≈ 60000", q)
+	}
+	if b.PeerPrefillTokens() != 60_000 {
+		t.Errorf("raw peer prefill %d, want 60000 (the report as it came)", b.PeerPrefillTokens())
+	}
+}

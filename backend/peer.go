@@ -1,5 +1,7 @@
 package backend
 
+import "time"
+
 // PeerInFlight is the sum of the in-flight requests that the other prefixlb replicas this one
 // is peered with (package peering) last reported on the backend: 0 without peering, or
 // when no live peer reported any. Load counts it.
@@ -9,10 +11,22 @@ func (b *Backend) PeerInFlight() int64 { return b.peerInFlight.Load() }
 // PrefillTokens), as PeerInFlight.
 func (b *Backend) PeerPrefillTokens() int64 { return b.peerPrefill.Load() }
 
+// PeerQueuedPrefill is PeerPrefillTokens less what the replica has likely worked off since
+// they were last reported, at its learned prefill rate, at least 0: QueuedPrefill's drain for
+// the peers' share, from the report rather than from the peers' own queue events (which a
+// report does not carry), so it drains no faster than theirs. A report that repeats the
+// sum does not restart the drain.
+func (b *Backend) PeerQueuedPrefill(now time.Time) int64 {
+	return b.drained(b.peerPrefill.Load(), now.UnixNano()-b.peerPrefillAt.Load())
+}
+
 // SetPeerLoad stores the peers' summed in-flight requests and queued prefill tokens on the
 // backend (negative values are stored as 0). Peering calls it whenever a peer reports or
 // expires.
 func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 	b.peerInFlight.Store(max(inFlight, 0))
-	b.peerPrefill.Store(max(prefillTokens, 0))
+	if p := max(prefillTokens, 0); b.peerPrefill.Swap(p) != p {
+		// A keepalive repeating the same work does not restart its drain.
+		b.peerPrefillAt.Store(time.Now().UnixNano())
+	}
 }

@@ -225,7 +225,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// are known: they count as queued work, not as foreign requests of unknown size.
 		load, peers := b.Load(), b.PeerInFlight()
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
-			queued: b.QueuedPrefill(now) + b.PeerPrefillTokens(), own: b.InFlight(), pending: b.PrefillRequests(),
+			queued: b.QueuedPrefill(now) + b.PeerQueuedPrefill(now), own: b.InFlight(), pending: b.PrefillRequests(),
 			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: b.OtherSenders() == backend.SendersAlone}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
