@@ -72,9 +72,11 @@ func TestPeerLoadInCost(t *testing.T) {
 		}
 		return -1, -1
 	}
+	// The reported 15000 tokens drain from the report at the replica's rate (10k tokens/s
+	// unlearned, so for 1.5 s): the estimate counts what is left of them.
 	testutil.Eventually(t, wait, "b's estimate counts a's 3 requests and 15000 prefill tokens", func() bool {
 		q, inf := queued()
-		return q == 15000 && inf == 3
+		return q > 0 && q <= 15000 && inf == 3 && b.byName(url).PeerPrefillTokens() == 15000
 	})
 	if p := b.byName(url).PeerInFlight(); p != 3 {
 		t.Fatalf("PeerInFlight %d", p)
