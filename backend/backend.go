@@ -39,7 +39,7 @@ type Backend struct {
 	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
 	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
-	prefillSince  atomic.Int64  // UnixNano of the queue's last progress (QueuedPrefill)
+	drain         drain         // what of prefillTokens the replica has likely done (QueuedPrefill)
 	prefillReqs   atomic.Int64  // in-flight requests that have not started answering
 	kvUsage       atomic.Uint64 // float64 bits: the KV-cache usage the replica reported, 0..1
 	prefill       PrefillModel
@@ -52,7 +52,7 @@ type Backend struct {
 	senders       atomic.Int32             // Senders: the health checker's verdict
 	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
 	peerPrefill   atomic.Int64             // and their queued prefill tokens
-	peerPrefillAt atomic.Int64             // UnixNano of the last SetPeerLoad
+	peerPrefillAt atomic.Int64             // monoNanos of the last change of peerPrefill
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
 }
 
@@ -188,38 +188,6 @@ func (b *Backend) SetScrapedKVCacheTokens(tokens int64) bool {
 // (router.PrefillWork: a token deep in a long context counts more); others the prompt tokens.
 func (b *Backend) PrefillTokens() int64 { return b.prefillTokens.Load() }
 
-// QueuedPrefill is PrefillTokens less what the replica has likely worked off since its queue
-// last moved (its first request arrived at an empty queue, or a request's prefill finished),
-// at its learned prefill rate (DefaultPrefillRate until learned), at least 0. A 120k-token
-// prompt 15 s into its 17 s prefill is no longer 120k tokens ahead of the next request; the
-// whole of it was, until its first token, when a replica was judged by PrefillTokens. What the
-// rate overestimates comes back through the prefill model: a request's queue ahead (Begin) is
-// this too, so a replica that drains slower than its rate is seen to answer later, and its
-// learned rate falls.
-func (b *Backend) QueuedPrefill(now time.Time) int64 {
-	return b.drained(b.prefillTokens.Load(), now.UnixNano()-b.prefillSince.Load())
-}
-
-// drained is q tokens of prefill work less since nanoseconds of it at the learned prefill
-// rate (DefaultPrefillRate until learned), at least 0.
-func (b *Backend) drained(q, since int64) int64 {
-	if q <= 0 {
-		return 0
-	}
-	if since <= 0 {
-		return q
-	}
-	rate, ok := b.prefill.Rate()
-	if !ok {
-		rate = DefaultPrefillRate
-	}
-	done := float64(since) / float64(time.Second) * rate
-	if done >= float64(q) {
-		return 0
-	}
-	return q - int64(done)
-}
-
 // PrefillRequests is the number of this proxy's in-flight requests on the replica that have
 // not yet produced a first response byte; InFlight less it are decoding.
 func (b *Backend) PrefillRequests() int64 { return b.prefillReqs.Load() }
@@ -305,7 +273,7 @@ func (l *Lease) Begin(b *Backend, work int64, streamed bool) {
 	l.ahead = b.QueuedPrefill(l.began)
 	b.prefillTokens.Add(work)
 	if b.prefillReqs.Add(1) == 1 {
-		b.prefillSince.Store(l.began.UnixNano()) // the queue was empty: it starts now
+		b.drain.start(l.began) // the queue was empty: it starts now
 	}
 	b.served.Add(1)
 }
@@ -332,9 +300,9 @@ func (l *Lease) firstByte(observe bool) {
 			return
 		}
 		if l.state.CompareAndSwap(s, s|1) {
+			l.b.drain.left(time.Now(), l.prefill, true, l.b.rate()) // a prefill finished: the queue moved
 			l.b.prefillTokens.Add(-l.prefill)
 			l.b.prefillReqs.Add(-1)
-			l.b.prefillSince.Store(time.Now().UnixNano()) // a prefill finished: the queue moved
 			if observe && l.timed {
 				l.b.prefill.Observe(l.ahead+l.prefill, time.Since(l.began))
 			}
@@ -352,6 +320,7 @@ func (l *Lease) Release() {
 		}
 		if l.state.CompareAndSwap(s, s|2) {
 			if s&1 == 0 {
+				l.b.drain.left(time.Now(), l.prefill, false, l.b.rate()) // it leaves the queue undone
 				l.b.prefillTokens.Add(-l.prefill)
 				l.b.prefillReqs.Add(-1)
 			}

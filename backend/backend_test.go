@@ -203,3 +203,36 @@ func TestPeerQueuedPrefillDrains(t *testing.T) {
 		t.Errorf("raw peer prefill %d, want 60000 (the report as it came)", b.PeerPrefillTokens())
 	}
 }
+
+// TestQueuedPrefillKeepsCredit: a request that answers takes what it needed off the credit,
+// and the rest of what was worked off stays: a big prompt 9 s into its prefill does not jump
+// back to its full size when a small request answers first (chunked prefill does that). One
+// that leaves unanswered takes none of the credit. (Found by a break-it pass: the first
+// version restarted the drain on the whole queue at every first byte.)
+func TestQueuedPrefillKeepsCredit(t *testing.T) {
+	b, _ := New("http://q:1", 0, 1)
+	var big, small, gone Lease
+	big.Begin(b, 100_000, true)
+	small.Begin(b, 5_000, true)
+	gone.Begin(b, 5_000, true)
+	now := time.Now()
+	b.drain.mu.Lock()
+	b.drain.since = monoNanos(now.Add(-9 * time.Second)) // the queue started 9 s ago
+	b.drain.mu.Unlock()
+	before := b.QueuedPrefill(now) // 110k less 90k at 10k tokens/s
+	if before < 19_000 || before > 20_000 {
+		t.Fatalf("9 s in: %d queued, want ≈ 20000", before)
+	}
+	small.FirstByte()
+	if after := b.QueuedPrefill(time.Now()); after > before || after < before-1_000 {
+		t.Errorf("after a small request answered: %d queued, want ≈ %d (its 5000 were part of the 90000 done)", after, before)
+	}
+	gone.Release() // cancelled before answering: its 5000 leave, the credit stays
+	if after := b.QueuedPrefill(time.Now()); after > before-4_000 {
+		t.Errorf("after a request left unanswered: %d queued, want ≈ %d", after, before-5_000)
+	}
+	big.FirstByte()
+	if q := b.QueuedPrefill(time.Now()); q != 0 {
+		t.Errorf("all answered: %d queued, want 0", q)
+	}
+}

@@ -17,7 +17,18 @@ func (b *Backend) PeerPrefillTokens() int64 { return b.peerPrefill.Load() }
 // report does not carry), so it drains no faster than theirs. A report that repeats the
 // sum does not restart the drain.
 func (b *Backend) PeerQueuedPrefill(now time.Time) int64 {
-	return b.drained(b.peerPrefill.Load(), now.UnixNano()-b.peerPrefillAt.Load())
+	q := b.peerPrefill.Load()
+	if q <= 0 {
+		return 0
+	}
+	done := float64(monoNanos(now)-b.peerPrefillAt.Load()) / float64(time.Second) * b.rate()
+	if done <= 0 {
+		return q
+	}
+	if done >= float64(q) {
+		return 0
+	}
+	return q - int64(done)
 }
 
 // SetPeerLoad stores the peers' summed in-flight requests and queued prefill tokens on the
@@ -27,6 +38,6 @@ func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 	b.peerInFlight.Store(max(inFlight, 0))
 	if p := max(prefillTokens, 0); b.peerPrefill.Swap(p) != p {
 		// A keepalive repeating the same work does not restart its drain.
-		b.peerPrefillAt.Store(time.Now().UnixNano())
+		b.peerPrefillAt.Store(monoNanos(time.Now()))
 	}
 }

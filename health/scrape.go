@@ -105,7 +105,11 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 		st.scrape.Store(res)
 		st.b.SetScrapedLoad(0) // fall back to the proxy's own in-flight count
 		st.b.SetScrapedKVUsage(0)
-		c.setSenders(st, backend.SendersUnknown)
+		if prev == nil || !prev.good || now.Sub(prev.load.At) > c.o.ScrapeStaleAfter {
+			// A failure or two keep the verdict (and the tie-break) as it was; a stale one
+			// is no verdict.
+			c.setSenders(st, backend.SendersUnknown)
+		}
 		if !st.scrapeFail {
 			st.scrapeFail = true
 			c.log.Warn("metrics scrape failing; routing without this backend's load",

@@ -8,22 +8,26 @@ import (
 
 // Who else sends to a backend. Each successful scrape compares the requests the replica
 // reports finished (the count of its end-to-end latency histogram,
-// vllm:e2e_request_latency_seconds_count or sglang's, summed) with those this proxy finished
-// there with a success status (backend.Completed), both since the previous scrape. Both count
-// a request when its last token leaves, so the two move together to within the requests
-// finishing during the scrape itself. Over the last sendersWindow scrapes, a replica that
-// finished more than sendersSlack + sendersShare × this proxy's requests beyond them has
-// another sender (another prefixlb replica, another client) and is SendersShared for
-// sendersHold after the last such window; otherwise it is SendersAlone once sendersSettle
-// scrapes agree, or at once when its counter starts at zero (nobody else has used it).
+// vllm:e2e_request_latency_seconds_count or sglang's, summed) with the generations this proxy
+// finished there with a success status (backend.Completed), both since the previous scrape.
+// Both count a request when its last token leaves, so per scrape they differ by the requests
+// finishing during the scrape itself, and those differences cancel over time. The excess
+// (theirs − ours) and ours are summed with exponential decay over about sendersTau scrapes; a
+// replica whose decayed excess is above sendersSlack + sendersShare × the decayed ours has
+// another sender (another prefixlb replica, another client) and is SendersShared until
+// sendersHold after the last scrape that found so; otherwise it is SendersAlone once
+// sendersSettle scrapes agree, or at once when its counter starts at zero (nobody else has
+// used it). A sender of under sendersShare of this proxy's requests there can go unseen.
 const (
-	// sendersWindow is how many scrape intervals are summed (8 s at the default 1 s).
-	sendersWindow = 8
-	// sendersSlack is the absolute excess, in requests, that a window may show alone:
-	// requests that finished between the replica's count and this proxy's, and client
-	// aborts that the replica counts.
+	// sendersTau is the decay of the sums, in scrapes (32 s at the default 1 s interval): a
+	// second sender of a quarter of this proxy's rate is seen within about a minute, one of
+	// as much within a scrape or two.
+	sendersTau = 32
+	// sendersSlack is the absolute decayed excess, in requests, that a lone replica may show:
+	// requests that finished between the replica's count and this proxy's, and client aborts
+	// that the replica counts.
 	sendersSlack = 3
-	// sendersShare is the excess relative to this proxy's own requests in the window.
+	// sendersShare is the excess relative to this proxy's own requests.
 	sendersShare = 0.1
 	// sendersSettle is how many scrapes must find no excess before a replica whose counter
 	// was already above zero counts as alone.
@@ -38,9 +42,8 @@ type sendersJudge struct {
 	have             bool    // prev* are set
 	prevTheirs       float64 // the replica's finished-requests count at the last scrape
 	prevOurs         uint64  // backend.Completed at the last scrape
-	theirs, ours     [sendersWindow]float64
-	n, next          int // filled slots, next slot
-	clean            int // scrapes without excess since the counter was first seen or reset
+	excess, ours     float64 // decayed sums since the counter was first seen or reset
+	clean            int     // scrapes without excess since then
 	sharedAt         time.Time
 	startedUntouched bool // the first count seen was 0
 }
@@ -58,16 +61,12 @@ func (j *sendersJudge) observe(now time.Time, finished float64, has bool, ours u
 			startedUntouched: finished == 0}
 		return j.verdict(now)
 	}
-	j.theirs[j.next], j.ours[j.next] = finished-j.prevTheirs, float64(ours-j.prevOurs)
-	j.next = (j.next + 1) % sendersWindow
-	j.n = min(j.n+1, sendersWindow)
+	dt, do := finished-j.prevTheirs, float64(ours-j.prevOurs)
 	j.prevTheirs, j.prevOurs = finished, ours
-	var t, o float64
-	for i := range j.n {
-		t += j.theirs[i]
-		o += j.ours[i]
-	}
-	if t-o > sendersSlack+sendersShare*o {
+	const keep = 1 - 1.0/sendersTau
+	j.excess = j.excess*keep + (dt - do)
+	j.ours = j.ours*keep + do
+	if j.excess > sendersSlack+sendersShare*j.ours {
 		j.sharedAt = now
 		j.clean = 0
 	} else {

@@ -52,9 +52,10 @@ func TestSendersJudge(t *testing.T) {
 	}
 }
 
-// TestSendersHoldAndWindow: a shared verdict lasts sendersHold after the last excess, and an
-// excess leaves the sum once sendersWindow scrapes have passed.
-func TestSendersHoldAndWindow(t *testing.T) {
+// TestSendersHoldAndDecay: a burst from another sender is shared at once; once it stops, its
+// excess decays below the threshold within sendersTau scrapes, and the verdict stays shared
+// for sendersHold after the last scrape that found an excess.
+func TestSendersHoldAndDecay(t *testing.T) {
 	var j sendersJudge
 	now := time.Unix(1000, 0)
 	var theirs float64
@@ -69,21 +70,49 @@ func TestSendersHoldAndWindow(t *testing.T) {
 	if v := step(60, 30); v != backend.SendersShared {
 		t.Fatalf("after a burst from another sender: %v, want shared", v)
 	}
-	// The burst stays in the summed window for sendersWindow scrapes.
-	for range sendersWindow - 1 {
-		if v := step(20, 20); v != backend.SendersShared {
-			t.Fatalf("burst still in the window: %v, want shared", v)
+	burst := now
+	for range 4 * sendersTau {
+		v := step(20, 20)
+		last := j.sharedAt
+		if last.Sub(burst) > sendersTau*time.Second {
+			t.Fatalf("an excess still found %v after the burst stopped", last.Sub(burst))
 		}
-	}
-	shared := now
-	for now.Sub(shared) < sendersHold-time.Second {
-		if v := step(20, 20); v != backend.SendersShared {
-			t.Fatalf("%v after the excess: %v, want shared until %v", now.Sub(shared), v, sendersHold)
+		want := backend.SendersAlone
+		if now.Sub(last) < sendersHold {
+			want = backend.SendersShared
+		}
+		if v != want {
+			t.Fatalf("%v after the burst (last excess %v before): %v, want %v", now.Sub(burst), now.Sub(last), v, want)
 		}
 	}
 	if v := step(20, 20); v != backend.SendersAlone {
-		t.Fatalf("%v after the last excess (window long past): %v, want alone", now.Sub(shared), v)
+		t.Fatalf("long after the burst: %v, want alone", v)
 	}
+}
+
+// TestSendersSmallSecondSender: another sender of a quarter of this proxy's rate is found
+// within about a minute (a window of plain sums missed it for good; break-it pass).
+func TestSendersSmallSecondSender(t *testing.T) {
+	var j sendersJudge
+	now := time.Unix(1000, 0)
+	j.observe(now, 0, true, 0)
+	var theirs float64
+	var ours uint64
+	for i := 1; i <= 90; i++ {
+		ours++
+		theirs++
+		if i%4 == 0 {
+			theirs++ // the other sender: a request every 4 s
+		}
+		now = now.Add(time.Second)
+		if j.observe(now, theirs, true, ours) == backend.SendersShared {
+			if i > 75 {
+				t.Errorf("found after %d s, want within 75", i)
+			}
+			return
+		}
+	}
+	t.Fatal("a second sender of a quarter of our rate never found in 90 s")
 }
 
 // TestScrapeJudgesSenders: the scrape reads the replica's finished count (vLLM's and SGLang's
@@ -133,8 +162,13 @@ func TestScrapeJudgesSenders(t *testing.T) {
 			}
 			srv.setMetrics("garbage\n")
 			c.scrapeAll(bg)
+			if got := b.OtherSenders(); got != backend.SendersShared {
+				t.Errorf("after one failed scrape: %v, want shared as before", got)
+			}
+			clk.Add(c.o.ScrapeStaleAfter + time.Second)
+			c.scrapeAll(bg)
 			if got := b.OtherSenders(); got != backend.SendersUnknown {
-				t.Errorf("after a failed scrape: %v, want unknown", got)
+				t.Errorf("after failing for longer than scrape_stale_after: %v, want unknown", got)
 			}
 		})
 	}

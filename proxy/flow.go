@@ -300,8 +300,10 @@ func (f *flow) finish(status int, err error) {
 			_ = c.Close()
 		}
 	}
-	if err == nil && f.eof && status >= fasthttp.StatusOK && status < fasthttp.StatusMultipleChoices {
-		f.lease.Complete() // as the replica counts it finished (who else sends: health/senders.go)
+	if f.k.Routed && err == nil && f.eof && status >= fasthttp.StatusOK && status < fasthttp.StatusMultipleChoices {
+		// A generation the replica counts finished (who else sends: health/senders.go); its
+		// /health, /tokenize or embeddings answers it does not count.
+		f.lease.Complete()
 	}
 	f.lease.Release()
 	s.logRequest(f, status, err, res)

@@ -411,11 +411,6 @@ func TestInFlightAccounting(t *testing.T) {
 		}
 	}
 	waitInFlightZero(t, s)
-	// Only the whole success counts as completed, as the replica counts it finished (the
-	// health checker compares the two to find other senders).
-	if n := s.Backends()[0].Completed(); n != 1 {
-		t.Errorf("completed %d after /ok, a 500 and a cut response, want 1", n)
-	}
 	// Held requests count while they run.
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -434,6 +429,55 @@ func TestInFlightAccounting(t *testing.T) {
 	cancel()
 	wg.Wait()
 	waitInFlightZero(t, s)
+}
+
+// TestCompletedCountsGenerations: a backend's Completed counts what the replica counts
+// finished, generations answered in full with a success status, and nothing else (the health
+// checker compares the two to find other senders).
+func TestCompletedCountsGenerations(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Header.Get("X-Fail") != "":
+			w.WriteHeader(500)
+		case r.URL.Path == "/v1/chat/completions" && r.Header.Get("X-Cut") != "":
+			w.Header().Set("Content-Length", "100")
+			w.WriteHeader(200)
+			_, _ = w.Write([]byte("short"))
+			w.(http.Flusher).Flush()
+			hj, _, _ := w.(http.Hijacker).Hijack()
+			hj.Close()
+		default:
+			_, _ = w.Write([]byte(`{"ok":true}`))
+		}
+	}))
+	defer ts.Close()
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, nil)
+	c := testClient()
+	chat := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	cases := []struct {
+		method, path, header string
+		completed            uint64
+	}{
+		{"POST", "/v1/chat/completions", "", 1},
+		{"POST", "/v1/chat/completions", "X-Fail", 1}, // a 500
+		{"POST", "/v1/chat/completions", "X-Cut", 1},  // cut mid-body
+		{"GET", "/health", "", 1},                     // not a generation
+		{"POST", "/v1/completions", "", 2},
+	}
+	for _, tc := range cases {
+		req, _ := http.NewRequest(tc.method, url+tc.path, strings.NewReader(chat))
+		if tc.header != "" {
+			req.Header.Set(tc.header, "1")
+		}
+		if resp, err := c.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		waitInFlightZero(t, s)
+		if n := s.Backends()[0].Completed(); n != tc.completed {
+			t.Fatalf("after %s %s %s: completed %d, want %d", tc.method, tc.path, tc.header, n, tc.completed)
+		}
+	}
 }
 
 // Round-robin spreads evenly; least-load sends to the backend with fewest in-flight and does

@@ -28,7 +28,7 @@ import (
 const (
 	// BackendHeader names the backend that served a request.
 	BackendHeader = "x-prefixlb-backend"
-	// RouteHeader says why: "REASON;chunks=N".
+	// RouteHeader says why: "REASON;chunks=N", in prefix mode with ";cached=T;predicted_ttft_us=U".
 	RouteHeader = "x-prefixlb-route"
 )
 

@@ -1,0 +1,88 @@
+package backend
+
+import (
+	"sync"
+	"time"
+)
+
+// clockBase anchors monoNanos: durations from it use the monotonic clock, so a wall-clock
+// step (NTP) neither empties nor freezes a queue's drain.
+var clockBase = time.Now()
+
+// monoNanos is t as nanoseconds since clockBase (monotonic when t carries a monotonic reading,
+// as time.Now's does).
+func monoNanos(t time.Time) int64 { return int64(t.Sub(clockBase)) }
+
+// drain is what QueuedPrefill has credited the replica with: the prefill work it has likely
+// done by since, at the rate in force at each event, that is still in PrefillTokens (the
+// requests it belongs to have not answered). Events fold the time since the last one into the
+// credit, so a request that answers or leaves does not forget what was done of the others.
+type drain struct {
+	mu     sync.Mutex
+	since  int64   // monoNanos of the last event
+	credit float64 // work done by since and not yet removed from PrefillTokens
+}
+
+// start begins a queue that was empty at now.
+func (d *drain) start(now time.Time) {
+	d.mu.Lock()
+	d.since, d.credit = monoNanos(now), 0
+	d.mu.Unlock()
+}
+
+// left folds the time up to now into the credit as a request of work tokens leaves the queue:
+// done (it answered) its work was part of what was done, so it leaves the credit too; not
+// done (it failed or was cancelled first) it takes none of the credit.
+func (d *drain) left(now time.Time, work int64, done bool, rate float64) {
+	t := monoNanos(now)
+	d.mu.Lock()
+	if dt := t - d.since; dt > 0 {
+		d.credit += float64(dt) / float64(time.Second) * rate
+		d.since = t
+	}
+	if done {
+		d.credit = max(d.credit-float64(work), 0)
+	}
+	d.mu.Unlock()
+}
+
+// queued is q tokens of queued work less the credit and what the time since the last event
+// adds to it at rate, at least 0.
+func (d *drain) queued(now time.Time, q int64, rate float64) int64 {
+	if q <= 0 {
+		return 0
+	}
+	t := monoNanos(now)
+	d.mu.Lock()
+	done := d.credit
+	if dt := t - d.since; dt > 0 {
+		done += float64(dt) / float64(time.Second) * rate
+	}
+	d.mu.Unlock()
+	if done >= float64(q) {
+		return 0
+	}
+	return q - int64(done)
+}
+
+// QueuedPrefill is PrefillTokens less what the replica has likely worked off since its queue
+// started (its first request arrived at an empty queue) at its learned prefill rate
+// (DefaultPrefillRate until learned), at least 0. What was worked off stays credited when a
+// request answers (what it needed is taken off the credit, the rest carries over) or leaves
+// unanswered. A 120k-token prompt 15 s into its 17 s prefill is no longer 120k tokens ahead
+// of the next request; the whole of it was, until its first token, when a replica was judged
+// by PrefillTokens. What the rate overestimates comes back through the prefill model: a
+// request's queue ahead (Begin) is this too, so a replica that drains slower than its rate is
+// seen to answer later, and its learned rate falls. A replica that hangs is seen drained
+// after q ÷ rate: the bounded-load cap, which counts requests, still holds it.
+func (b *Backend) QueuedPrefill(now time.Time) int64 {
+	return b.drain.queued(now, b.prefillTokens.Load(), b.rate())
+}
+
+// rate is the learned prefill rate, DefaultPrefillRate until learned (tokens/s).
+func (b *Backend) rate() float64 {
+	if r, ok := b.prefill.Rate(); ok {
+		return r
+	}
+	return DefaultPrefillRate
+}
