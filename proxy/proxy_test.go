@@ -378,6 +378,17 @@ func TestForwardingHeadersAndPaths(t *testing.T) {
 }
 
 // In-flight returns to 0 after normal, failed (500, reset mid-body) and cancelled requests.
+// cutResponse answers 200 with a Content-Length of 100, sends 5 bytes and closes the
+// connection: a response cut mid-body.
+func cutResponse(w http.ResponseWriter) {
+	w.Header().Set("Content-Length", "100")
+	w.WriteHeader(200)
+	_, _ = w.Write([]byte("short"))
+	w.(http.Flusher).Flush()
+	hj, _, _ := w.(http.Hijacker).Hijack()
+	hj.Close()
+}
+
 func TestInFlightAccounting(t *testing.T) {
 	release := make(chan struct{})
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -385,12 +396,7 @@ func TestInFlightAccounting(t *testing.T) {
 		case "/fail":
 			w.WriteHeader(500)
 		case "/reset":
-			w.Header().Set("Content-Length", "100")
-			w.WriteHeader(200)
-			_, _ = w.Write([]byte("short"))
-			w.(http.Flusher).Flush()
-			hj, _, _ := w.(http.Hijacker).Hijack()
-			hj.Close()
+			cutResponse(w)
 		case "/hold":
 			w.WriteHeader(200)
 			w.(http.Flusher).Flush()
@@ -440,12 +446,7 @@ func TestCompletedCountsGenerations(t *testing.T) {
 		case r.Header.Get("X-Fail") != "":
 			w.WriteHeader(500)
 		case r.URL.Path == "/v1/chat/completions" && r.Header.Get("X-Cut") != "":
-			w.Header().Set("Content-Length", "100")
-			w.WriteHeader(200)
-			_, _ = w.Write([]byte("short"))
-			w.(http.Flusher).Flush()
-			hj, _, _ := w.(http.Hijacker).Hijack()
-			hj.Close()
+			cutResponse(w)
 		default:
 			_, _ = w.Write([]byte(`{"ok":true}`))
 		}

@@ -664,19 +664,25 @@ func TestNearTiesFollowTheRing(t *testing.T) {
 	}
 }
 
-// TestTieBreakLoad: with TieBreakLoad a cold prompt's near-ties go to the least loaded
-// (in-flight per weight), the ring deciding only among equally loaded ones; with TieBreakRing
-// the ring decides whatever the loads, so the ring's own choice is the same in every replica.
-func TestTieBreakLoad(t *testing.T) {
-	const n = 4
+// tieBreakSetup is the tie-break tests' ring of n equal backends (IDs 100, 101, ...) and the
+// cost input of a 4-chunk cold prompt.
+func tieBreakSetup(n int) (*placement, []uint64, costInput) {
 	ms := make([]hashring.Member, n)
 	ids := make([]uint64, n)
 	for i := range n {
 		ms[i] = hashring.Member{Name: fmt.Sprint("http://b", i), Weight: 1}
 		ids[i] = uint64(100 + i)
 	}
-	place := &placement{ring: hashring.New(ms), ids: ids}
 	in := costInput{promptTokens: int64(key.PrefixTokens(4, key.DefaultChunkTokens)), chunkTokens: key.DefaultChunkTokens}
+	return &placement{ring: hashring.New(ms), ids: ids}, ids, in
+}
+
+// TestTieBreakLoad: with TieBreakLoad a cold prompt's near-ties go to the least loaded
+// (in-flight per weight), the ring deciding only among equally loaded ones; with TieBreakRing
+// the ring decides whatever the loads, so the ring's own choice is the same in every replica.
+func TestTieBreakLoad(t *testing.T) {
+	const n = 4
+	place, ids, in := tieBreakSetup(n)
 	mk := func(loads [n]int64) []cand {
 		cs := make([]cand, n)
 		for i := range cs {
@@ -722,14 +728,7 @@ func TestTieBreakLoad(t *testing.T) {
 // candidate has another sender or is not judged yet.
 func TestTieBreakAuto(t *testing.T) {
 	const n = 4
-	ms := make([]hashring.Member, n)
-	ids := make([]uint64, n)
-	for i := range n {
-		ms[i] = hashring.Member{Name: fmt.Sprint("http://b", i), Weight: 1}
-		ids[i] = uint64(100 + i)
-	}
-	place := &placement{ring: hashring.New(ms), ids: ids}
-	in := costInput{promptTokens: int64(key.PrefixTokens(4, key.DefaultChunkTokens)), chunkTokens: key.DefaultChunkTokens}
+	place, ids, in := tieBreakSetup(n)
 	auto := testSel(0.5, false)
 	auto.auto = true
 	cases := []struct {
