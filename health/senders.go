@@ -15,9 +15,12 @@ import (
 // (theirs − ours) and ours are summed with exponential decay over about sendersTau scrapes; a
 // replica whose decayed excess is above sendersSlack + sendersShare × the decayed ours has
 // another sender (another prefixlb replica, another client) and is SendersShared until
-// sendersHold after the last scrape that found so; otherwise it is SendersAlone once
-// sendersSettle scrapes agree, or at once when its counter starts at zero (nobody else has
-// used it). A sender of under sendersShare of this proxy's requests there can go unseen.
+// sendersHold after the last scrape that found so; otherwise it is SendersAlone once this proxy
+// has finished requests there (a decayed sendersMinOurs) and sendersSettle scrapes agree (one
+// when its counter started at zero: nobody else had used it). Without traffic there is no
+// evidence: a replica idle for a while is unknown again, so prefixlb replicas that start or
+// wake together use the ring until their requests show each other. A sender of under
+// sendersShare of this proxy's requests there can go unseen.
 const (
 	// sendersTau is the decay of the sums, in scrapes (32 s at the default 1 s interval): a
 	// second sender of a quarter of this proxy's rate is seen within about a minute, one of
@@ -32,6 +35,9 @@ const (
 	// sendersSettle is how many scrapes must find no excess before a replica whose counter
 	// was already above zero counts as alone.
 	sendersSettle = 3
+	// sendersMinOurs is how many of this proxy's requests (decayed) a replica must have
+	// finished before it can count as alone.
+	sendersMinOurs = 2
 	// sendersHold is how long a replica seen shared stays shared without a new excess: a
 	// second prefixlb replica that sends in bursts keeps the ring's coherence between bursts.
 	sendersHold = time.Minute
@@ -81,7 +87,7 @@ func (j *sendersJudge) verdict(now time.Time) backend.Senders {
 		return backend.SendersShared
 	case !j.have:
 		return backend.SendersUnknown
-	case j.startedUntouched || j.clean >= sendersSettle:
+	case j.ours >= sendersMinOurs && (j.startedUntouched && j.clean >= 1 || j.clean >= sendersSettle):
 		return backend.SendersAlone
 	}
 	return backend.SendersUnknown
