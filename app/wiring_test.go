@@ -331,7 +331,10 @@ func TestLoadCapFromConfig(t *testing.T) {
 				defer hbs[i].release() // before ts.Close, which waits for the handlers
 				urls = append(urls, ts.URL)
 			}
-			cfg, err := configs.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\nmode: prefix\nprefix:\n  load_factor: 1\n  load_margin: %d\n"+
+			// hard_load_factor 1: the cap alone, so that the cost model (the holder's queue
+			// drains while its copies are held; backend.QueuedPrefill) does not take a copy
+			// over the cap under the hard cap.
+			cfg, err := configs.Parse([]byte(fmt.Sprintf("listen: 127.0.0.1:0\nmode: prefix\nprefix:\n  load_factor: 1\n  hard_load_factor: 1\n  load_margin: %d\n"+
 				"health:\n  disabled: true\n  scrape_disabled: true\nbackends:\n  - url: %s\n  - url: %s\n", margin, urls[0], urls[1])))
 			if err != nil {
 				t.Fatal(err)
