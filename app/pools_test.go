@@ -296,13 +296,19 @@ func TestModelPoolsConfigWins(t *testing.T) {
 	if st, _, body := chat(t, base, "alpha-lora", "hi"); st != http.StatusNotFound || !strings.Contains(string(body), `"model_not_found"`) {
 		t.Errorf("alpha-lora with backends[1].models [alpha]: status %d %s, want 404 model_not_found", st, body)
 	}
+	served := map[string]int{}
 	for i := range 4 {
-		if st, _, body := chat(t, base, "alpha", fmt.Sprint("hi ", i)); st != http.StatusOK {
+		st, by, body := chat(t, base, "alpha", fmt.Sprint("hi ", i))
+		if st != http.StatusOK {
 			t.Fatalf("alpha: %d %s", st, body)
 		}
+		served[by]++
 	}
-	if a.rep.Seen("/v1/chat/completions") != 2 || c.rep.Seen("/v1/chat/completions") != 2 {
-		t.Errorf("alpha split %d / %d, want 2 / 2", a.rep.Seen("/v1/chat/completions"), c.rep.Seen("/v1/chat/completions"))
+	// Counted by the backend that answered (x-prefixlb-backend), not by what each sim
+	// received: a pooled connection the sim closed as the request reached it is resent on a
+	// new one, and the sim may count both.
+	if served[a.url] != 2 || served[c.url] != 2 {
+		t.Errorf("alpha split %d / %d, want 2 / 2 (%v)", served[a.url], served[c.url], served)
 	}
 	if n := c.rep.Seen("/v1/models"); n != 0 {
 		t.Errorf("the replica whose models the config gives was asked for its list %d times", n)
