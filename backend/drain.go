@@ -37,7 +37,7 @@ func (d *drain) left(now time.Time, work int64, done bool, rate float64) {
 	t := monoNanos(now)
 	d.mu.Lock()
 	if dt := t - d.since; dt > 0 {
-		d.credit += float64(dt) / float64(time.Second) * rate
+		d.credit += worked(dt, rate)
 		d.since = t
 	}
 	if done {
@@ -56,10 +56,21 @@ func (d *drain) queued(now time.Time, q int64, rate float64) int64 {
 	d.mu.Lock()
 	done := d.credit
 	if dt := t - d.since; dt > 0 {
-		done += float64(dt) / float64(time.Second) * rate
+		done += worked(dt, rate)
 	}
 	d.mu.Unlock()
-	if done >= float64(q) {
+	return remaining(q, done)
+}
+
+// worked is the prefill work done in dt nanoseconds at rate tokens/s.
+func worked(dt int64, rate float64) float64 { return float64(dt) / float64(time.Second) * rate }
+
+// remaining is q tokens of queued work less done, at least 0 (q when done ≤ 0).
+func remaining(q int64, done float64) int64 {
+	switch {
+	case done <= 0:
+		return q
+	case done >= float64(q):
 		return 0
 	}
 	return q - int64(done)

@@ -21,14 +21,7 @@ func (b *Backend) PeerQueuedPrefill(now time.Time) int64 {
 	if q <= 0 {
 		return 0
 	}
-	done := float64(monoNanos(now)-b.peerPrefillAt.Load()) / float64(time.Second) * b.rate()
-	if done <= 0 {
-		return q
-	}
-	if done >= float64(q) {
-		return 0
-	}
-	return q - int64(done)
+	return remaining(q, worked(monoNanos(now)-b.peerPrefillAt.Load(), b.rate()))
 }
 
 // SetPeerLoad stores the peers' summed in-flight requests and queued prefill tokens on the

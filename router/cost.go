@@ -92,7 +92,9 @@ type costInput struct {
 //
 //	est = base + (queued + foreign × waitingShare × meanWork + PrefillWork(prompt, held)) ÷ rate
 //
-// queued is this proxy's (and its peers', see peering) prefill work not yet started answering there, less what the replica has likely worked off since its queue last moved (backend.QueuedPrefill), foreign the requests
+// queued is this proxy's (and its peers', see peering) prefill work not yet started
+// answering there, less what the replica has likely worked off since (backend.QueuedPrefill,
+// PeerQueuedPrefill), foreign the requests
 // the replica reports beyond this proxy's (other prefixlb replicas, other clients), of which
 // the share still waiting for their first token is taken to be that of this proxy's own
 // in-flight requests (defaultWaitingShare with none), each at the mean work this policy
@@ -197,8 +199,9 @@ func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
 //     those the ring decides: the first met walking from the first chunk they do not hold (a
 //     cold conversation's first own chunk, which its later turns keep; prompts that share
 //     only a prefix some replica learned first spread by what follows it). With loadFirst
-//     (TieBreakLoad, or TieBreakAuto while every candidate is alone) the least loaded of those go to the ring, the others are out. Without a
-//     ring, the least estimate among them.
+//     (TieBreakLoad, or TieBreakAuto while every candidate is alone) the least loaded of
+//     those go to the ring, the others are out. Without a ring, the least estimate among
+//     them.
 //  3. The reason: ReasonMatch when the chosen candidate holds more than every candidate
 //     holds; ReasonOverload when another held more (it was over the cap or would have been
 //     slower); ReasonCold when nobody held more than the common prefix.
