@@ -339,7 +339,9 @@ func TestLoadCapFromConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			url := startConfig(t, cfg).URL()
+			sv := startConfig(t, cfg)
+			url := sv.URL()
+			ix := sv.Policy().(*router.Prefix).Index()
 			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("one shared prompt ", 200))
 			c := testutil.Client()
 			routes := make(chan string, fits+1)
@@ -356,6 +358,9 @@ func TestLoadCapFromConfig(t *testing.T) {
 					routes <- resp.Header.Get(proxy.HeaderRoute)
 				}()
 				testutil.Eventually(t, testutil.Timeout, fmt.Sprintf("%d requests held in the backends", i), func() bool { h0, h1 := held(); return h0+h1 == int32(i) })
+				// The proxy learns a prompt right after writing it, which may be after the
+				// backend's handler already holds it: the next copy must find it learned.
+				testutil.Eventually(t, testutil.Timeout, "the first copy learned", func() bool { return ix.Entries() > 0 })
 			}
 			h0, h1 := held()
 			if f := int32(fits); !(h0 == f && h1 == 1 || h0 == 1 && h1 == f) {
