@@ -25,6 +25,7 @@ import (
 	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // listening reports whether something accepts connections on addr.
@@ -343,6 +344,11 @@ func TestLoadCapFromConfig(t *testing.T) {
 			url := sv.URL()
 			ix := sv.Policy().(*router.Prefix).Index()
 			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat("one shared prompt ", 200))
+			var k key.Key
+			key.NewBuilder(0).Build([]byte("/v1/chat/completions"), []byte(body), &k)
+			if len(k.Chunks) == 0 {
+				t.Fatal("the prompt has no chunks")
+			}
 			c := testutil.Client()
 			routes := make(chan string, fits+1)
 			held := func() (int32, int32) { return hbs[0].holding.Load(), hbs[1].holding.Load() }
@@ -359,8 +365,9 @@ func TestLoadCapFromConfig(t *testing.T) {
 				}()
 				testutil.Eventually(t, testutil.Timeout, fmt.Sprintf("%d requests held in the backends", i), func() bool { h0, h1 := held(); return h0+h1 == int32(i) })
 				// The proxy learns a prompt right after writing it, which may be after the
-				// backend's handler already holds it: the next copy must find it learned.
-				testutil.Eventually(t, testutil.Timeout, "the first copy learned", func() bool { return ix.Entries() > 0 })
+				// backend's handler already holds it, and a Record inserts the deepest chunk
+				// first: the next copy must find every chunk learned.
+				testutil.Eventually(t, testutil.Timeout, "the first copy learned", func() bool { return ix.Entries() >= int64(len(k.Chunks)) })
 			}
 			h0, h1 := held()
 			if f := int32(fits); !(h0 == f && h1 == 1 || h0 == 1 && h1 == f) {

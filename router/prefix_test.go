@@ -641,7 +641,10 @@ func TestNearTiesFollowTheRing(t *testing.T) {
 			idleBs, busyBs := prefixBackends(t, 4), prefixBackends(t, 4)
 			idle := NewPrefix(PrefixOptions{TieMargin: tc.margin}, nil)
 			idle.SetBackends(idleBs)
-			busy := NewPrefix(PrefixOptions{TieMargin: tc.margin}, nil)
+			// The busy replica's clock stands at the queue's start, so that its few queued
+			// tokens do not drain (backend.QueuedPrefill) while a slow machine gets to Pick.
+			start := time.Now()
+			busy := NewPrefix(PrefixOptions{TieMargin: tc.margin}, func() time.Time { return start })
 			busy.SetBackends(busyBs)
 			prompt := chunkChain(nil).extend("a cold conversation", 16) // 1024 tokens
 			owner := 0
