@@ -57,6 +57,7 @@ writes DIR/suite.json and DIR/suite.png. The full suite takes about 45 minutes o
 	fs.StringVar(&levels, "levels", "", "comma-separated load levels (default: all of "+strings.Join(Levels, ", ")+")")
 	fs.StringVar(&policies, "policies", "", "comma-separated policies (default: all of "+strings.Join(Policies, ", ")+"; prefix-x3 = prefix×3, prefix-x3+peer = prefix×3+peer)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed, the same for every arm")
+	fs.IntVar(&o.Repeat, "repeat", 0, "rounds of every cell, scored by each arm's median round (default: the plan's, 3–5 for the cells with the shortest arms, 1 elsewhere and with --quick)")
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-arm lines on stderr")
 	return c
 }

@@ -95,10 +95,23 @@ const (
 	QuickOASSTConversations = 100
 )
 
-// level is one load level of a workload: its name and the value of its load knob.
+// ShortArmRounds and BriefArmRounds are the rounds of the full suite's cells whose arms are
+// shortest, where one arm's p95 is mostly noise. OASST's medium and near-saturation arms last
+// ≈2 s wall each and their prefix p95 read 10–97 ms across runs of one binary; shared-prefix's
+// last 3–5 s. The full suite runs those cells in ShortArmRounds (OASST) and BriefArmRounds
+// (shared-prefix) interleaved rounds and scores each arm's median (Combine), ≈6 minutes more
+// than one round; every other cell, and --quick, runs one round.
+const (
+	ShortArmRounds = 5
+	BriefArmRounds = 3
+)
+
+// level is one load level of a workload: its name, the value of its load knob and how many
+// rounds the full suite runs it (0: one).
 type level struct {
-	name string
-	load float64 // requests, conversations or sessions per second; mooncake: time scale
+	name   string
+	load   float64 // requests, conversations or sessions per second; mooncake: time scale
+	rounds int
 }
 
 // plan is one workload's place in the suite.
@@ -130,8 +143,8 @@ var plans = []plan{
 		},
 		unit: func(level) string { return fmt.Sprintf("%d users", bench.DefaultUsers) }},
 	{name: "shared-prefix",
-		full:  []level{{"light", SharedPrefixLight}, {"medium", SharedPrefixMedium}, {"near-saturation", SharedPrefixNearSat}},
-		quick: &level{"medium", SharedPrefixMedium},
+		full:  []level{{name: "light", load: SharedPrefixLight}, {"medium", SharedPrefixMedium, BriefArmRounds}, {"near-saturation", SharedPrefixNearSat, BriefArmRounds}},
+		quick: &level{name: "medium", load: SharedPrefixMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			if q {
 				return bench.WorkloadFlags{Groups: QuickSharedPrefixGroups, PromptsPerGroup: QuickSharedPrefixPrompts, Rate: l.load}
@@ -140,8 +153,8 @@ var plans = []plan{
 		},
 		unit: perSecond("req")},
 	{name: "agentic",
-		full:    []level{{"light", AgenticLight}, {"medium", AgenticMedium}, {"near-saturation", AgenticNearSat}},
-		quick:   &level{"near-saturation", QuickAgenticRate},
+		full:    []level{{name: "light", load: AgenticLight}, {name: "medium", load: AgenticMedium}, {name: "near-saturation", load: AgenticNearSat}},
+		quick:   &level{name: "near-saturation", load: QuickAgenticRate},
 		speedup: AgenticSpeedup,
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			if q {
@@ -151,15 +164,15 @@ var plans = []plan{
 		},
 		unit: perSecond("sessions")},
 	{name: "mooncake", shared: workload.MooncakeTrace,
-		full:  []level{{"light", MooncakeLight}, {"medium", MooncakeMedium}, {"near-saturation", MooncakeNearSat}},
-		quick: &level{"medium", MooncakeMedium},
+		full:  []level{{name: "light", load: MooncakeLight}, {name: "medium", load: MooncakeMedium}, {name: "near-saturation", load: MooncakeNearSat}},
+		quick: &level{name: "medium", load: MooncakeMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			return bench.WorkloadFlags{Count: pick(q, QuickMooncakeCount, MooncakeCount), TimeScale: l.load}
 		},
 		unit: func(l level) string { return fmt.Sprintf("trace arrivals × time-scale %g", l.load) }},
 	{name: "oasst", shared: workload.OASSTThreads,
-		full:  []level{{"light", OASSTLight}, {"medium", OASSTMedium}, {"near-saturation", OASSTNearSat}},
-		quick: &level{"medium", OASSTMedium},
+		full:  []level{{name: "light", load: OASSTLight}, {"medium", OASSTMedium, ShortArmRounds}, {"near-saturation", OASSTNearSat, ShortArmRounds}},
+		quick: &level{name: "medium", load: OASSTMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			return bench.WorkloadFlags{Conversations: pick(q, QuickOASSTConversations, OASSTConversations), Rate: l.load}
 		},
@@ -215,7 +228,10 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 			if p.speedup > 0 {
 				o.Speedup = p.speedup
 			}
-			c := Cell{Workload: p.name, Level: l.name, Load: p.unit(l), Options: o}
+			c := Cell{Workload: p.name, Level: l.name, Load: p.unit(l), Rounds: max(l.rounds, 1), Options: o}
+			if quick {
+				c.Rounds = 1
+			}
 			if p.name != "mooncake" {
 				c.Rate = o.Flags.Rate
 			}

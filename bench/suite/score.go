@@ -25,6 +25,10 @@ type Row struct {
 	// Ratio is TTFT p95 ÷ the oracle's TTFT p95 in the same cell; NaN when this arm or the
 	// cell's oracle arm is flagged, missing or has no p95.
 	Ratio float64
+	// Rounds is how many rounds Mode is the median of (Combine); P95 and P99 are the lowest
+	// and highest TTFT p95 and p99 over them (ms; zero for one round).
+	Rounds   int
+	P95, P99 [2]float64
 }
 
 // Valid reports whether the row counts: it ran, has no flags and no errors.
@@ -53,6 +57,9 @@ type Board struct {
 	// Routers are the multi-router arms (prefix×N, prefix×N+peer) against the prefix arm,
 	// per cell (routers.go).
 	Routers []RouterCheck
+	// Targets are the cells' prefix arms against issue 15's targets (targets.go), for the
+	// cells with a valid prefix arm.
+	Targets []TargetCheck
 }
 
 // Analyze flags every arm (not run, failed, the bench's validity flags, requests that differ
@@ -83,7 +90,13 @@ func Analyze(r *Result) *Board {
 		oracle := math.NaN()
 		for i, a := range c.Arms {
 			c.Arms[i].Flags = flags[i]
-			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN()}
+			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN(), Rounds: max(len(a.Rounds), 1)}
+			if lo, hi, ok := spread(&c.Arms[i], func(m *report.Mode) float64 { return m.TTFT.P95 }); ok {
+				rows[i].P95 = [2]float64{lo, hi}
+			}
+			if lo, hi, ok := spread(&c.Arms[i], func(m *report.Mode) float64 { return m.TTFT.P99 }); ok {
+				rows[i].P99 = [2]float64{lo, hi}
+			}
 			if a.Policy == OraclePolicy && rows[i].Valid() && a.Mode.TTFT.P95 > 0 {
 				oracle = a.Mode.TTFT.P95
 			}
@@ -97,6 +110,9 @@ func Analyze(r *Result) *Board {
 		losses, judged := prefixLosses(c.Name(), rows)
 		b.Losses = append(b.Losses, losses...)
 		b.Routers = append(b.Routers, routerChecks(c.Name(), rows)...)
+		if t, ok := targetChecks(c.Name(), rows); ok {
+			b.Targets = append(b.Targets, t)
+		}
 		switch {
 		case !judged:
 			b.Unjudged = append(b.Unjudged, c.Name())
@@ -215,6 +231,9 @@ func Render(b *Board) string {
 		if c.Replicas > 0 {
 			fmt.Fprintf(&sb, "%d simulated replicas at %g× model time; latencies are wall-clock ms (× %g for model time).\n\n", c.Replicas, c.Speedup, c.Speedup)
 		}
+		if c.Rounds > 1 {
+			fmt.Fprintf(&sb, "%d interleaved rounds per arm: each figure is the median round's, TTFT p95 and p99 with the lowest–highest round in brackets.\n\n", c.Rounds)
+		}
 		sb.WriteString("| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | E2E p95 ms | cached-token ratio | max share / mean | p95 ÷ oracle | validity |\n")
 		sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, row := range b.Rows[ci] {
@@ -227,6 +246,7 @@ func Render(b *Board) string {
 	sb.WriteString(ratioMatrix(b))
 	sb.WriteString(validity(b))
 	sb.WriteString(lossBlock(b))
+	sb.WriteString(targetsBlock(b))
 	return sb.String()
 }
 
@@ -243,8 +263,16 @@ func tableRow(row Row) string {
 		return fmt.Sprintf("| %s | - | - | - | - | - | - | - | %s |\n", row.Policy, valid)
 	}
 	return fmt.Sprintf("| %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s |\n", row.Policy,
-		fms(m.TTFT.P50), fms(m.TTFT.P95), fms(m.TTFT.P99), fms(m.E2E.P95), m.CachedTokenRatio,
+		fms(m.TTFT.P50), withSpread(m.TTFT.P95, row.P95), withSpread(m.TTFT.P99, row.P99), fms(m.E2E.P95), m.CachedTokenRatio,
 		m.MaxShareOverMean, ratio(row.Ratio), valid)
+}
+
+// withSpread is v in ms, with the rounds' lowest–highest after it when there were several.
+func withSpread(v float64, lohi [2]float64) string {
+	if lohi == [2]float64{} {
+		return fms(v)
+	}
+	return fmt.Sprintf("%s (%s–%s)", fms(v), fms(lohi[0]), fms(lohi[1]))
 }
 
 // flagsOrErrors is the row's flags, or its error count when the bench set no flag for it.

@@ -97,6 +97,9 @@ type Cell struct {
 	// Rate is the open-loop rate in the workload's unit (requests/s, conversations/s or
 	// sessions/s, model time); 0 for closed loop and for mooncake, whose load is TimeScale.
 	Rate float64 `json:"rate,omitempty"`
+	// Rounds is how many times every arm runs (interleaved: every policy once, then again);
+	// the scoreboard shows each arm's median round (Combine). 0 counts as 1.
+	Rounds int `json:"rounds,omitempty"`
 	// Options are the bench options of every arm.
 	Options bench.Options `json:"-"`
 }
@@ -116,6 +119,9 @@ type Arm struct {
 	WallS float64 `json:"wall_s"`
 	// Flags are the validity flags the scoreboard gives the arm (see Analyze); set by Analyze.
 	Flags []string `json:"flags,omitempty"`
+	// Rounds are the arm's runs when its cell ran more than one round (Combine made Mode
+	// from them); empty for one round.
+	Rounds []Arm `json:"rounds,omitempty"`
 }
 
 // CellResult is a cell and its arms, in policy order.
@@ -161,6 +167,8 @@ type Options struct {
 	// Seed is every arm's workload seed.
 	Seed  uint64
 	Quick bool
+	// Repeat, when > 0, is every cell's rounds (Cell.Rounds), in place of the plan's.
+	Repeat int
 	// Quiet hides the progress bar and the per-arm lines on Stderr.
 	Quiet          bool
 	Stdout, Stderr io.Writer
@@ -211,32 +219,49 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 	}
 	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped}
 	start := time.Now()
-	bar, visible := newBar(o, len(cells)*len(o.Policies))
-	done, total := 0, len(cells)*len(o.Policies)
+	total := 0
+	for i := range cells {
+		cells[i].Rounds = o.rounds(cells[i])
+		total += cells[i].Rounds * len(o.Policies)
+	}
+	bar, visible := newBar(o, total)
+	done := 0
 cells:
 	for _, c := range cells {
 		cr := CellResult{Cell: c}
-		for _, p := range o.Policies {
-			if ctx.Err() != nil {
-				break
+		rounds := make([][]Arm, len(o.Policies))
+		for round := 1; round <= c.Rounds && ctx.Err() == nil; round++ {
+			for pi, p := range o.Policies {
+				if ctx.Err() != nil {
+					break
+				}
+				name := c.Name() + " " + p
+				if c.Rounds > 1 {
+					name += fmt.Sprintf(" (round %d/%d)", round, c.Rounds)
+				}
+				bar.Describe(fmt.Sprintf("%-40s", name))
+				arm := runArm(ctx, o, c, p, &cr)
+				if ctx.Err() != nil {
+					break // the arm was cut short: not a measurement
+				}
+				rounds[pi] = append(rounds[pi], arm)
+				done++
+				_ = bar.Add(1)
+				if !visible && !o.Quiet {
+					fmt.Fprintf(o.Stderr, "[%d/%d] %s\n", done, total, armLine(c, arm, round))
+				}
 			}
-			bar.Describe(fmt.Sprintf("%-40s", c.Name()+" "+p))
-			arm := runArm(ctx, o, c, p, &cr)
-			if ctx.Err() != nil {
-				break // the arm was cut short: not a measurement
-			}
-			cr.Arms = append(cr.Arms, arm)
-			done++
-			_ = bar.Add(1)
-			if !visible && !o.Quiet {
-				fmt.Fprintf(o.Stderr, "[%d/%d] %s\n", done, total, armLine(c, arm))
+		}
+		for pi, p := range o.Policies {
+			if len(rounds[pi]) > 0 {
+				cr.Arms = append(cr.Arms, Combine(p, rounds[pi]))
 			}
 		}
 		if len(cr.Arms) > 0 {
 			res.Cells = append(res.Cells, cr)
 		}
 		if ctx.Err() != nil {
-			res.Interrupted = fmt.Sprintf("interrupted after %d of %d arms: the last cell may be partial and later cells are missing", done, total)
+			res.Interrupted = fmt.Sprintf("interrupted after %d of %d arm runs: the last cell may be partial (fewer rounds) and later cells are missing", done, total)
 			break cells
 		}
 	}
@@ -294,12 +319,24 @@ func runArm(ctx context.Context, o Options, c Cell, policy string, cr *CellResul
 	return arm
 }
 
-// armLine is one arm's progress line when stderr is not a terminal.
-func armLine(c Cell, a Arm) string {
-	if a.Mode == nil {
-		return fmt.Sprintf("%s %s: not run: %s", c.Name(), a.Policy, a.Error)
+// rounds is how many rounds the cell runs: Repeat when set, else the cell's own (at least 1).
+func (o Options) rounds(c Cell) int {
+	if o.Repeat > 0 {
+		return o.Repeat
 	}
-	return fmt.Sprintf("%s %s: %d requests, %d errors, TTFT p95 %.1f ms, %.1f s", c.Name(), a.Policy,
+	return max(c.Rounds, 1)
+}
+
+// armLine is one arm's progress line when stderr is not a terminal.
+func armLine(c Cell, a Arm, round int) string {
+	name := c.Name() + " " + a.Policy
+	if c.Rounds > 1 {
+		name += fmt.Sprintf(" round %d", round)
+	}
+	if a.Mode == nil {
+		return fmt.Sprintf("%s: not run: %s", name, a.Error)
+	}
+	return fmt.Sprintf("%s: %d requests, %d errors, TTFT p95 %.1f ms, %.1f s", name,
 		a.Mode.Requests, a.Mode.Errors, a.Mode.TTFT.P95, a.WallS)
 }
 

@@ -207,7 +207,7 @@ func TestSuiteInterrupted(t *testing.T) {
 	if len(res.Cells) != 1 || len(res.Cells[0].Arms) != 1 || res.Cells[0].Arms[0].Mode == nil {
 		t.Fatalf("cells %+v, want the first arm only", res.Cells)
 	}
-	if !strings.Contains(stdout.String(), "interrupted after 1 of 4 arms") || !strings.Contains(stdout.String(), "| round-robin |") {
+	if !strings.Contains(stdout.String(), "interrupted after 1 of 4 arm runs") || !strings.Contains(stdout.String(), "| round-robin |") {
 		t.Errorf("scoreboard:\n%s", stdout.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "suite.json")); err != nil {

@@ -1,0 +1,136 @@
+// Rounds: a cell's arms run several times and are scored by their median.
+
+package suite
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/prefixlb/prefixlb/bench/report"
+)
+
+// Combine makes one arm of a policy's rounds (runs of the same cell, same seed, each on fresh
+// replicas). One round is returned as it is. With several, Mode is a copy of the round with
+// the median TTFT p95 (for the request counts, shares and routes) whose scored figures are
+// each the median over the rounds that produced a row: TTFT and E2E p50/p90/p95/p99 and mean,
+// cached-token ratio, max share / mean. Errors are the most any round had, Flags the union,
+// and a round that failed (Error) or sent other requests (digest) flags the arm: a median
+// never hides a bad round. WallS is the rounds' sum; Rounds keeps every round.
+func Combine(policy string, rounds []Arm) Arm {
+	if len(rounds) == 1 {
+		return rounds[0]
+	}
+	a := Arm{Policy: policy, Rounds: rounds}
+	var modes []*report.Mode
+	var errs []string
+	for i, r := range rounds {
+		a.WallS += r.WallS
+		if r.Error != "" {
+			errs = append(errs, fmt.Sprintf("round %d: %s", i+1, r.Error))
+		}
+		if r.Mode != nil {
+			modes = append(modes, r.Mode)
+		}
+	}
+	a.Error = strings.Join(errs, "; ")
+	if len(modes) == 0 {
+		return a
+	}
+	byP95 := slices.Clone(modes)
+	slices.SortStableFunc(byP95, func(x, y *report.Mode) int { return cmpFloat(x.TTFT.P95, y.TTFT.P95) })
+	m := *byP95[(len(byP95)-1)/2]
+	m.Flags = nil
+	med := func(f func(*report.Mode) float64) float64 {
+		xs := make([]float64, len(modes))
+		for i, x := range modes {
+			xs[i] = f(x)
+		}
+		return Median(xs)
+	}
+	m.TTFT = medianLatency(modes, func(x *report.Mode) *report.Latency { return &x.TTFT })
+	m.E2E = medianLatency(modes, func(x *report.Mode) *report.Latency { return &x.E2E })
+	m.CachedTokenRatio = med(func(x *report.Mode) float64 { return x.CachedTokenRatio })
+	m.MaxShareOverMean = med(func(x *report.Mode) float64 { return x.MaxShareOverMean })
+	for _, x := range modes {
+		m.Errors = max(m.Errors, x.Errors)
+		for _, f := range x.Flags {
+			if !slices.Contains(m.Flags, f) {
+				m.Flags = append(m.Flags, f)
+			}
+		}
+		if x.RequestsDigest != m.RequestsDigest {
+			if f := "rounds sent different requests"; !slices.Contains(m.Flags, f) {
+				m.Flags = append(m.Flags, f)
+			}
+		}
+	}
+	a.Mode = &m
+	return a
+}
+
+// medianLatency is the per-field median of the rounds' latencies (Count the representative's).
+func medianLatency(modes []*report.Mode, l func(*report.Mode) *report.Latency) report.Latency {
+	field := func(f func(*report.Latency) float64) float64 {
+		xs := make([]float64, len(modes))
+		for i, x := range modes {
+			xs[i] = f(l(x))
+		}
+		return Median(xs)
+	}
+	return report.Latency{
+		P50:   field(func(x *report.Latency) float64 { return x.P50 }),
+		P90:   field(func(x *report.Latency) float64 { return x.P90 }),
+		P95:   field(func(x *report.Latency) float64 { return x.P95 }),
+		P99:   field(func(x *report.Latency) float64 { return x.P99 }),
+		Mean:  field(func(x *report.Latency) float64 { return x.Mean }),
+		Max:   field(func(x *report.Latency) float64 { return x.Max }),
+		Count: l(modes[0]).Count,
+	}
+}
+
+// Median is the median of xs (the mean of the middle two for an even count; NaN for none).
+// xs is not modified.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// spread is the lowest and highest of a figure over an arm's rounds with a row (ok false with
+// fewer than two).
+func spread(a *Arm, f func(*report.Mode) float64) (lo, hi float64, ok bool) {
+	n := 0
+	for _, r := range a.Rounds {
+		if r.Mode == nil {
+			continue
+		}
+		v := f(r.Mode)
+		if n == 0 || v < lo {
+			lo = v
+		}
+		if n == 0 || v > hi {
+			hi = v
+		}
+		n++
+	}
+	return lo, hi, n > 1
+}
+
+func cmpFloat(x, y float64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
