@@ -38,6 +38,7 @@ func TestCompareOracleSeveralRouters(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	o := DefaultOptions()
 	o.Out, o.Speedup, o.Quiet = "", 50, true
+	o.AllowBursts = true // 50×: counts, not latencies
 	o.Modes, o.RouterReplicas = []string{oracle.Name}, 2
 	o.Stdout, o.Stderr = &stdout, &stderr
 	o.Flags = WorkloadFlags{Conversations: 4, Turns: 3, DocTokens: 300, OutputTokens: 8, Users: 2,

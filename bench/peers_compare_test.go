@@ -20,6 +20,7 @@ func TestComparePeers(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	o := DefaultOptions()
 	o.Out, o.Speedup, o.Quiet = "", 50, true
+	o.AllowBursts = true // 50×: counts, not latencies
 	o.Modes = peers.Names()
 	o.Stdout, o.Stderr = &stdout, &stderr
 	o.Flags = WorkloadFlags{Conversations: 4, Turns: 3, DocTokens: 300, OutputTokens: 8, Users: 2,

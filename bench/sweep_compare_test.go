@@ -27,6 +27,7 @@ func TestCompareRoutersAndDigest(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	o := DefaultOptions()
 	o.Out, o.Speedup, o.Quiet = dir, 50, true
+	o.AllowBursts = true // 50×: counts and digests, not latencies
 	o.Modes, o.RouterReplicas = []string{"round-robin", "prefix"}, routers
 	o.Stdout, o.Stderr = &stdout, &stderr
 	o.Flags = WorkloadFlags{Conversations: 4, Turns: 3, DocTokens: 300, OutputTokens: 8, Users: 2,
@@ -101,6 +102,7 @@ func TestCompareRates(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	o := DefaultOptions()
 	o.Workload, o.Out, o.Speedup, o.Quiet = "shared-prefix", "", 50, true
+	o.AllowBursts = true
 	o.Modes, o.Rates = []string{"round-robin", "prefix"}, []float64{5, 10}
 	o.Stdout, o.Stderr = &stdout, &stderr
 	o.Flags = WorkloadFlags{Groups: 2, PromptsPerGroup: 3, SystemTokens: 64, QuestionTokens: 8, OutputTokens: 4}

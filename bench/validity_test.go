@@ -69,6 +69,16 @@ func TestCheckValidity(t *testing.T) {
 			m.Errors, m.ReplicaCachedTokens = 10, 0
 			return m
 		}()}, true, [][]string{{"errors: 10 of 10"}}},
+		{"tokens in bursts: the bench machine was short of CPU", []report.Mode{func() report.Mode {
+			m := ok("round-robin", 0, "aa")
+			m.ITL = report.Latency{P50: 0.8, Count: 100} // at the step: fine
+			return m
+		}(), func() report.Mode {
+			m := ok("prefix", 0, "aa")
+			m.ITL = report.Latency{P50: 0.01, Count: 100}
+			return m
+		}(), ok("oracle", 0, "aa")}, // no tokens measured: not judged
+			true, [][]string{nil, {"bench machine short of CPU: tokens came in bursts (ITL p50 0.01 ms, a sim step is at least 0.75 ms)"}, nil}},
 		{"several flags on one arm", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode {
 			m := ok("prefix×3", 0, "bb")
 			m.Errors, m.ReplicaCachedTokens = 1, 0
@@ -77,7 +87,7 @@ func TestCheckValidity(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			modes := slices.Clone(c.modes)
-			checkValidity(modes, c.reuse)
+			checkValidity(modes, c.reuse, 750*time.Microsecond) // StepBase 6 ms at --speedup 8
 			for i, m := range modes {
 				if len(m.Flags) != len(c.want[i]) {
 					t.Fatalf("%s: flags %q, want %d matching %q", m.Mode, m.Flags, len(c.want[i]), c.want[i])

@@ -82,6 +82,7 @@ func TestCompareAgenticTiny(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	o := DefaultOptions()
 	o.Workload, o.Out, o.Speedup, o.Quiet = "agentic", "", 50, true
+	o.AllowBursts = true
 	o.Stdout, o.Stderr = &stdout, &stderr
 	o.Flags = WorkloadFlags{Conversations: 3, Rate: 20, Turns: 4, SystemTokens: 1500, OutputTokens: 8, MaxOutput: 16,
 		ThinkMin: time.Millisecond, ThinkMax: 5 * time.Millisecond, thinkSet: true}

@@ -39,6 +39,11 @@ type Result struct {
 	// Scheduled is when the request was due (after think time or at its arrival offset);
 	// latencies are measured from it, so a late send counts against the server, not hidden.
 	Scheduled time.Time
+	// SendLag is how late the request went out: Scheduled → the client starting to send it
+	// (encoding, and for an open-loop arrival the wake-up of its timer). On an idle machine it
+	// is microseconds; milliseconds mean the machine running the bench is short of CPU, and
+	// its latencies measure that machine rather than the routing.
+	SendLag time.Duration
 	// TTFT: Scheduled → first data line with non-empty content. Zero if none arrived.
 	TTFT time.Duration
 	// ITL are the gaps between consecutive content events.
@@ -197,6 +202,7 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
+	res.SendLag = time.Since(scheduled)
 	resp, err := c.HTTP.Do(hreq)
 	if err != nil {
 		res.E2E = time.Since(scheduled)

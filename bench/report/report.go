@@ -70,10 +70,12 @@ func (r *Recorder) Summary() Latency {
 
 // Mode is one row of the comparison: one mode (or label) run over the workload.
 type Mode struct {
-	Mode             string             `json:"mode"`
-	TTFT             Latency            `json:"ttft"`
-	ITL              Latency            `json:"itl"`
-	E2E              Latency            `json:"e2e"`
+	Mode string  `json:"mode"`
+	TTFT Latency `json:"ttft"`
+	ITL  Latency `json:"itl"`
+	E2E  Latency `json:"e2e"`
+	// SendLag is how late requests went out (loadgen.Result.SendLag), failed ones included.
+	SendLag          Latency            `json:"send_lag"`
 	Requests         int                `json:"requests"`
 	Errors           int                `json:"errors"`
 	RPS              float64            `json:"rps"`
@@ -122,7 +124,7 @@ type Mode struct {
 // backend that served nothing shows a share of 0 (nil: only those seen).
 func Summarize(mode string, out *loadgen.Outcome, backends []string) Mode {
 	m := Mode{Mode: mode, Requests: len(out.Results), BackendShare: map[string]float64{}}
-	ttft, itl, e2e := NewRecorder(), NewRecorder(), NewRecorder()
+	ttft, itl, e2e, lag := NewRecorder(), NewRecorder(), NewRecorder(), NewRecorder()
 	first, later := NewRecorder(), NewRecorder()
 	counts := map[string]int{}
 	for _, b := range backends {
@@ -131,6 +133,7 @@ func Summarize(mode string, out *loadgen.Outcome, backends []string) Mode {
 	ok, withBackend := 0, 0
 	for i := range out.Results {
 		r := &out.Results[i]
+		lag.Record(r.SendLag)
 		if !r.OK() {
 			m.Errors++
 			if m.ErrorReasons == nil {
@@ -171,7 +174,7 @@ func Summarize(mode string, out *loadgen.Outcome, backends []string) Mode {
 		}
 	}
 	sort.Float64s(m.TTFTMs)
-	m.TTFT, m.ITL, m.E2E = ttft.Summary(), itl.Summary(), e2e.Summary()
+	m.TTFT, m.ITL, m.E2E, m.SendLag = ttft.Summary(), itl.Summary(), e2e.Summary(), lag.Summary()
 	if later.h.TotalCount() > 0 {
 		f, l := first.Summary(), later.Summary()
 		m.TTFTFirstTurn, m.TTFTLaterTurns = &f, &l

@@ -95,23 +95,33 @@ const (
 	QuickOASSTConversations = 100
 )
 
-// ShortArmRounds and BriefArmRounds are the rounds of the full suite's cells whose arms are
-// shortest, where one arm's p95 is mostly noise. OASST's medium and near-saturation arms last
-// ≈2 s wall each and their prefix p95 read 10–97 ms across runs of one binary; shared-prefix's
-// last 3–5 s. The full suite runs those cells in ShortArmRounds (OASST) and BriefArmRounds
-// (shared-prefix) interleaved rounds and scores each arm's median (Combine), ≈6 minutes more
-// than one round; every other cell, and --quick, runs one round.
+// Cells where one arm at bench's default 8× measured the bench machine rather than the
+// routing. The sims, the proxy and the load generator share 2 cores; past ≈200 requests/s or
+// ≈50k streamed tokens/s of wall time the stream backs up and tokens come in bursts (bench
+// flags such arms: BurstITLShare). At 8×, OASST at 32 and 64 conversations/s (≈300
+// requests/s wall) read ITL p50 0.01 ms against a 0.75 ms step, TTFT p95 spread 10–60 and
+// 48–145 ms over five rounds of one binary, and round-robin's 19 ms wall were 150 ms of model
+// time, where at 2× the same 64/s read 22 ms wall = 45 ms model (37 ms at 1×, ITL 3.7 ms against
+// a 3 ms step). Shared-prefix at 40 req/s read ITL 0.0 at 8×; at 2× 7.8 ms. So:
+//   - SlowSpeedup (2×) for those three cells; their arms last ≈7–14 s instead of 2–4;
+//   - ShortArmRounds interleaved rounds, scored by each arm's median (Combine), for the cells
+//     whose arms are still shortest: OASST medium and near saturation, shared-prefix medium.
+//
+// OASST's short prompts hardly load 4 sims at any of its rates: at 1× its p95 was 37 ms at 64,
+// 128 and 256 conversations/s (the threads' think times, not the arrival rate, set the request
+// rate, ≈45 requests/s). Its cells test that routing costs nothing where caching gains little.
 const (
-	ShortArmRounds = 5
-	BriefArmRounds = 3
+	SlowSpeedup    = 2
+	ShortArmRounds = 3
 )
 
-// level is one load level of a workload: its name, the value of its load knob and how many
-// rounds the full suite runs it (0: one).
+// level is one load level of a workload: its name, the value of its load knob, how many
+// rounds the full suite runs it (0: one) and its speedup (0: the plan's).
 type level struct {
-	name   string
-	load   float64 // requests, conversations or sessions per second; mooncake: time scale
-	rounds int
+	name    string
+	load    float64 // requests, conversations or sessions per second; mooncake: time scale
+	rounds  int
+	speedup float64
 }
 
 // plan is one workload's place in the suite.
@@ -143,7 +153,7 @@ var plans = []plan{
 		},
 		unit: func(level) string { return fmt.Sprintf("%d users", bench.DefaultUsers) }},
 	{name: "shared-prefix",
-		full:  []level{{name: "light", load: SharedPrefixLight}, {"medium", SharedPrefixMedium, BriefArmRounds}, {"near-saturation", SharedPrefixNearSat, BriefArmRounds}},
+		full:  []level{{name: "light", load: SharedPrefixLight}, {"medium", SharedPrefixMedium, ShortArmRounds, 0}, {"near-saturation", SharedPrefixNearSat, 1, SlowSpeedup}},
 		quick: &level{name: "medium", load: SharedPrefixMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			if q {
@@ -171,8 +181,8 @@ var plans = []plan{
 		},
 		unit: func(l level) string { return fmt.Sprintf("trace arrivals × time-scale %g", l.load) }},
 	{name: "oasst", shared: workload.OASSTThreads,
-		full:  []level{{name: "light", load: OASSTLight}, {"medium", OASSTMedium, ShortArmRounds}, {"near-saturation", OASSTNearSat, ShortArmRounds}},
-		quick: &level{name: "medium", load: OASSTMedium},
+		full:  []level{{name: "light", load: OASSTLight}, {"medium", OASSTMedium, ShortArmRounds, SlowSpeedup}, {"near-saturation", OASSTNearSat, ShortArmRounds, SlowSpeedup}},
+		quick: &level{name: "medium", load: OASSTMedium, speedup: SlowSpeedup},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			return bench.WorkloadFlags{Conversations: pick(q, QuickOASSTConversations, OASSTConversations), Rate: l.load}
 		},
@@ -227,6 +237,9 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 			o.Flags = p.flags(quick, l)
 			if p.speedup > 0 {
 				o.Speedup = p.speedup
+			}
+			if l.speedup > 0 {
+				o.Speedup = l.speedup
 			}
 			c := Cell{Workload: p.name, Level: l.name, Load: p.unit(l), Rounds: max(l.rounds, 1), Options: o}
 			if quick {

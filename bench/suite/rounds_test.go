@@ -89,24 +89,29 @@ func TestMedian(t *testing.T) {
 	}
 }
 
-// TestPlanRounds: the full suite repeats the cells with the shortest arms; --quick runs one
-// round everywhere.
+// TestPlanRounds: the full suite slows the cells that measured the bench machine and repeats
+// the shortest; --quick runs one round everywhere.
 func TestPlanRounds(t *testing.T) {
 	t.Setenv("PREFIXLB_SHARED", t.TempDir())
 	cells, _, err := Plan(false, []string{"multi-turn", "shared-prefix"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]int{"multi-turn closed": 1, "shared-prefix light": 1, "shared-prefix medium": BriefArmRounds, "shared-prefix near-saturation": BriefArmRounds}
+	type rs struct {
+		rounds  int
+		speedup float64
+	}
+	want := map[string]rs{"multi-turn closed": {1, bench.DefaultSpeedup}, "shared-prefix light": {1, bench.DefaultSpeedup},
+		"shared-prefix medium": {ShortArmRounds, bench.DefaultSpeedup}, "shared-prefix near-saturation": {1, SlowSpeedup}}
 	for _, c := range cells {
-		if c.Rounds != want[c.Name()] {
-			t.Errorf("%s: %d rounds, want %d", c.Name(), c.Rounds, want[c.Name()])
+		if got := (rs{c.Rounds, c.Options.Speedup}); got != want[c.Name()] {
+			t.Errorf("%s: %+v, want %+v", c.Name(), got, want[c.Name()])
 		}
 	}
 	quick, _, _ := Plan(true, nil)
 	for _, c := range quick {
-		if c.Rounds != 1 {
-			t.Errorf("--quick %s: %d rounds", c.Name(), c.Rounds)
+		if c.Rounds != 1 || c.Options.Speedup < SlowSpeedup {
+			t.Errorf("--quick %s: %d rounds at %g×", c.Name(), c.Rounds, c.Options.Speedup)
 		}
 	}
 }
@@ -116,6 +121,7 @@ func TestPlanRounds(t *testing.T) {
 func TestSuiteRounds(t *testing.T) {
 	o := bench.DefaultOptions()
 	o.Workload, o.Replicas, o.Speedup = "shared-prefix", smokeReplicas, smokeSpeedup
+	o.AllowBursts = true
 	o.Flags = bench.WorkloadFlags{Groups: 2, PromptsPerGroup: 3, SystemTokens: 256, QuestionTokens: 16, OutputTokens: 8, Rate: 10}
 	cells := []Cell{{Workload: "shared-prefix", Level: "medium", Load: "10 req/s", Rate: 10, Options: o}}
 	ctx, cancel := context.WithTimeout(context.Background(), smokeTimeout)

@@ -107,6 +107,7 @@ func TestSuiteSmoke(t *testing.T) {
 	tiny := func(w string, f bench.WorkloadFlags) bench.Options {
 		o := bench.DefaultOptions()
 		o.Workload, o.Flags, o.Replicas, o.Speedup = w, f, smokeReplicas, smokeSpeedup
+		o.AllowBursts = true // 20×: counts and digests, not latencies
 		o.RequestTimeout = time.Minute
 		return o
 	}
@@ -193,6 +194,7 @@ func (w *cancelOnWrite) Write(p []byte) (int, error) { w.cancel(); return w.buf.
 func TestSuiteInterrupted(t *testing.T) {
 	o := bench.DefaultOptions()
 	o.Workload, o.Replicas, o.Speedup = "shared-prefix", smokeReplicas, smokeSpeedup
+	o.AllowBursts = true
 	o.Flags = bench.WorkloadFlags{Groups: 1, PromptsPerGroup: 2, SystemTokens: 64, QuestionTokens: 8, OutputTokens: 4, Rate: 40}
 	cells := []Cell{{Workload: "shared-prefix", Level: "medium", Options: o}, {Workload: "shared-prefix", Level: "light", Options: o}}
 	ctx, cancel := context.WithTimeout(context.Background(), smokeTimeout)
