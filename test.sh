@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command from README.md: the race-enabled unit and end-to-end tests, the tests that
-# skip under -race run once without it, then each fuzz target for a bounded time. Real sockets
+# skip under -race run once without it, then each fuzz target for a bounded number of runs. Real sockets
 # on 127.0.0.1 only. Tests that read ../shared skip with a message when it is absent.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,6 +25,6 @@ fuzztime="${PREFIXLB_FUZZTIME:-50000x}"
 for pkg in $(go list ./...); do
   for f in $(go test -list '^Fuzz' "$pkg" 2>/dev/null | grep '^Fuzz' || true); do
     echo "fuzz $pkg $f ($fuzztime)"
-    go test -run '^$' -fuzz "^${f}\$" -fuzztime "$fuzztime" "$pkg"
+    go test -run '^$' -fuzz "^${f}\$" -fuzztime "$fuzztime" -timeout 5m "$pkg"
   done
 done

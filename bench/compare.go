@@ -250,12 +250,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 			}
 		}
 	}
-	var minStep time.Duration // sims only: external replicas' steps are unknown
-	if len(o.Backends) == 0 && o.Target == "" && !o.AllowBursts {
-		minStep = time.Duration(float64(simCfg.StepBase) / o.Speedup)
-	}
+	minStep := simMinStep(o, simCfg)
 	checkValidity(rep.Modes, reuse, minStep)
-	validity := validityLines(rep.Modes, reuse, cachedSource)
+	validity := validityLines(rep.Modes, reuse, cachedSource, minStep)
 	rep.Notes = append(rep.Notes, strings.Join(validity, "\n")) // one block under the table
 
 	if o.Target != "" {

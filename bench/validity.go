@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/bench/loadgen"
 	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
@@ -100,12 +101,26 @@ func hasReuse(w *workload.Workload) bool {
 // 2 ITL p50 was 3.7 ms against a 3 ms step.)
 const BurstITLShare = 0.5
 
+// minBurstGaps is the fewest inter-token gaps an arm needs for the burst check: a handful of
+// gaps (mostly one-token replies) says nothing about the stream.
+const minBurstGaps = 100
+
+// simMinStep is the shortest step of the arms' sims in wall time, the burst check's yardstick;
+// 0 (not checked) with external replicas or a target, whose steps are unknown, or when the
+// options allow bursts.
+func simMinStep(o Options, cfg sim.Config) time.Duration {
+	if len(o.Backends) > 0 || o.Target != "" || o.AllowBursts || o.Speedup <= 0 {
+		return 0
+	}
+	return time.Duration(float64(cfg.StepBase) / o.Speedup)
+}
+
 // checkValidity appends to each mode's Flags the checks it fails. Modes are compared for
 // RequestsDigest with the first mode of the same Rate (arms at different rates have different
 // schedules). reuse says whether the workload reuses prefixes (hasReuse), so that an arm whose
 // replicas reported no cached tokens is flagged. minStep is the sims' shortest step in wall
-// time (0: external replicas, not checked): an arm whose tokens came in bursts (BurstITLShare)
-// is flagged.
+// time (simMinStep; 0: not checked): an arm with at least minBurstGaps inter-token gaps whose
+// ITL p50 is under BurstITLShare of it is flagged.
 func checkValidity(modes []report.Mode, reuse bool, minStep time.Duration) {
 	first := map[float64]int{} // rate → index of its first mode
 	for i := range modes {
@@ -121,7 +136,7 @@ func checkValidity(modes []report.Mode, reuse bool, minStep time.Duration) {
 		if reuse && m.Requests > m.Errors && m.ReplicaCachedTokens == 0 {
 			m.Flags = append(m.Flags, "no cache hits: the replicas reported 0 cached tokens on a workload that reuses prefixes")
 		}
-		if step := float64(minStep) / float64(time.Millisecond); step > 0 && m.ITL.Count > 0 && m.ITL.P50 < BurstITLShare*step {
+		if step := float64(minStep) / float64(time.Millisecond); step > 0 && m.ITL.Count >= minBurstGaps && m.ITL.P50 < BurstITLShare*step {
 			m.Flags = append(m.Flags, fmt.Sprintf("bench machine short of CPU: tokens came in bursts (ITL p50 %.2f ms, a sim step is at least %.2f ms); lower --speedup or the load", m.ITL.P50, step))
 		}
 	}
@@ -129,7 +144,7 @@ func checkValidity(modes []report.Mode, reuse bool, minStep time.Duration) {
 
 // validityLines describes the checks under the table: one line per flagged arm, or one line
 // saying every arm passed. cachedSource names where ReplicaCachedTokens came from.
-func validityLines(modes []report.Mode, reuse bool, cachedSource string) []string {
+func validityLines(modes []report.Mode, reuse bool, cachedSource string, minStep time.Duration) []string {
 	var out []string
 	for _, m := range modes {
 		if len(m.Flags) > 0 {
@@ -147,7 +162,11 @@ func validityLines(modes []report.Mode, reuse bool, cachedSource string) []strin
 	if slices.ContainsFunc(modes, func(m report.Mode) bool { return m.Rate != 0 }) {
 		atRate = " at its rate"
 	}
-	return []string{fmt.Sprintf("Validity: every arm got the same requests as the first arm%s (request digest), no request failed, and %s.", atRate, hits)}
+	bursts := ""
+	if minStep > 0 {
+		bursts = ", no arm's tokens came in bursts (the bench machine kept up)"
+	}
+	return []string{fmt.Sprintf("Validity: every arm got the same requests as the first arm%s (request digest), no request failed%s, and %s.", atRate, bursts, hits)}
 }
 
 // rateSuffix is " @ RATE" for a swept rate, "" otherwise.

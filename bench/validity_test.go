@@ -8,6 +8,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/bench/loadgen"
 	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
@@ -77,8 +78,12 @@ func TestCheckValidity(t *testing.T) {
 			m := ok("prefix", 0, "aa")
 			m.ITL = report.Latency{P50: 0.01, Count: 100}
 			return m
+		}(), func() report.Mode {
+			m := ok("sglang", 0, "aa")
+			m.ITL = report.Latency{P50: 0.01, Count: 99} // too few gaps to judge
+			return m
 		}(), ok("oracle", 0, "aa")}, // no tokens measured: not judged
-			true, [][]string{nil, {"bench machine short of CPU: tokens came in bursts (ITL p50 0.01 ms, a sim step is at least 0.75 ms)"}, nil}},
+			true, [][]string{nil, {"bench machine short of CPU: tokens came in bursts (ITL p50 0.01 ms, a sim step is at least 0.75 ms)"}, nil, nil}},
 		{"several flags on one arm", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode {
 			m := ok("prefix×3", 0, "bb")
 			m.Errors, m.ReplicaCachedTokens = 1, 0
@@ -98,12 +103,41 @@ func TestCheckValidity(t *testing.T) {
 					}
 				}
 			}
-			lines := validityLines(modes, c.reuse, "src")
+			lines := validityLines(modes, c.reuse, "src", 750*time.Microsecond)
 			flagged := slices.ContainsFunc(modes, func(m report.Mode) bool { return len(m.Flags) > 0 })
 			if strings.HasPrefix(lines[0], "Validity: every arm") == flagged {
 				t.Fatalf("flagged %v, lines %q", flagged, lines)
 			}
+			if !flagged && !strings.Contains(lines[0], "no arm's tokens came in bursts") {
+				t.Fatalf("all-clear line does not mention the burst check: %q", lines[0])
+			}
 		})
+	}
+}
+
+// TestSimMinStep: the burst check's yardstick is the sims' StepBase ÷ speedup, and it is off
+// for external replicas, a target and AllowBursts.
+func TestSimMinStep(t *testing.T) {
+	cfg := sim.DefaultConfig()
+	cfg.StepBase = 6 * time.Millisecond
+	base := DefaultOptions()
+	base.Speedup = 8
+	for _, c := range []struct {
+		name string
+		edit func(*Options)
+		want time.Duration
+	}{
+		{"sims at 8×", func(*Options) {}, 750 * time.Microsecond},
+		{"sims at 2×", func(o *Options) { o.Speedup = 2 }, 3 * time.Millisecond},
+		{"external backends", func(o *Options) { o.Backends = []string{"http://127.0.0.1:1"} }, 0},
+		{"a target", func(o *Options) { o.Target = "http://127.0.0.1:1" }, 0},
+		{"bursts allowed", func(o *Options) { o.AllowBursts = true }, 0},
+	} {
+		o := base
+		c.edit(&o)
+		if got := simMinStep(o, cfg); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }
 

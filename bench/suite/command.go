@@ -2,6 +2,7 @@ package suite
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"strings"
@@ -26,11 +27,14 @@ near saturation for open-loop workloads; one level for closed-loop ones) × poli
 each arm on fresh simulated replicas with the same seed. It prints one scoreboard (TTFT
 p50/p95/p99, E2E p95, cached-token ratio, max share / mean, TTFT p95 ÷ the oracle's), a validity
 summary and the cells where prefix's p95 is more than 10% above the oracle's or a peer's, and
-writes DIR/suite.json and DIR/suite.png. The full suite takes about 45 minutes on 2 cores;
+writes DIR/suite.json and DIR/suite.png. The full suite takes about 55 minutes on 2 cores;
 --quick (one level per workload, smaller sizes) about 5.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Repeat < 0 {
+				return fmt.Errorf("--repeat must be ≥ 1, or 0 for the plan's rounds (got %d)", o.Repeat)
+			}
 			cells, skipped, err := Plan(o.Quick, splitList(workloads))
 			if err != nil {
 				return err
@@ -57,7 +61,7 @@ writes DIR/suite.json and DIR/suite.png. The full suite takes about 45 minutes o
 	fs.StringVar(&levels, "levels", "", "comma-separated load levels (default: all of "+strings.Join(Levels, ", ")+")")
 	fs.StringVar(&policies, "policies", "", "comma-separated policies (default: all of "+strings.Join(Policies, ", ")+"; prefix-x3 = prefix×3, prefix-x3+peer = prefix×3+peer)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed, the same for every arm")
-	fs.IntVar(&o.Repeat, "repeat", 0, "rounds of every cell, scored by each arm's median round (default: the plan's, 3–5 for the cells with the shortest arms, 1 elsewhere and with --quick)")
+	fs.IntVar(&o.Repeat, "repeat", 0, "rounds of every cell, each arm scored by its medians over them (default: the plan's, 3 for the cells with the shortest or most chaotic arms, 1 elsewhere and with --quick)")
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-arm lines on stderr")
 	return c
 }

@@ -13,54 +13,67 @@ import (
 
 // Combine makes one arm of a policy's rounds (runs of the same cell, same seed, each on fresh
 // replicas). One round is returned as it is. With several, Mode is a copy of the round with
-// the median TTFT p95 (for the request counts, shares and routes) whose scored figures are
-// each the median over the rounds that produced a row: TTFT and E2E p50/p90/p95/p99 and mean,
-// cached-token ratio, max share / mean. Errors are the most any round had, Flags the union,
-// and a round that failed (Error) or sent other requests (digest) flags the arm: a median
-// never hides a bad round. WallS is the rounds' sum; Rounds keeps every round.
+// the median TTFT p95 (for the request counts, ITL, shares and routes) whose scored figures are
+// each the median over the rounds: TTFT and E2E p50/p90/p95/p99, mean and max, cached-token
+// ratio, max share / mean. Rounds in which no request succeeded have no figures and are left
+// out of the medians (unless no round has any). A median never hides a bad round: Errors and
+// UsageMissing are the most any round had; each round's flags are kept, prefixed "round N:";
+// a round that failed (Error) or produced no row, or that sent other requests (digest or
+// count) than the representative, flags the arm. WallS is the rounds' sum; Rounds keeps every
+// round.
 func Combine(policy string, rounds []Arm) Arm {
 	if len(rounds) == 1 {
 		return rounds[0]
 	}
 	a := Arm{Policy: policy, Rounds: rounds}
-	var modes []*report.Mode
-	var errs []string
+	var modes, scored []*report.Mode
+	var errs, flags []string
 	for i, r := range rounds {
 		a.WallS += r.WallS
-		if r.Error != "" {
+		switch {
+		case r.Error != "":
 			errs = append(errs, fmt.Sprintf("round %d: %s", i+1, r.Error))
+		case r.Mode == nil:
+			errs = append(errs, fmt.Sprintf("round %d: no report", i+1))
 		}
-		if r.Mode != nil {
-			modes = append(modes, r.Mode)
+		if r.Mode == nil {
+			continue
+		}
+		modes = append(modes, r.Mode)
+		if r.Mode.Requests > r.Mode.Errors {
+			scored = append(scored, r.Mode)
+		}
+		for _, f := range r.Mode.Flags {
+			flags = append(flags, fmt.Sprintf("round %d: %s", i+1, f))
 		}
 	}
 	a.Error = strings.Join(errs, "; ")
 	if len(modes) == 0 {
 		return a
 	}
-	byP95 := slices.Clone(modes)
+	if len(scored) == 0 {
+		scored = modes
+	}
+	byP95 := slices.Clone(scored)
 	slices.SortStableFunc(byP95, func(x, y *report.Mode) int { return cmpFloat(x.TTFT.P95, y.TTFT.P95) })
-	m := *byP95[(len(byP95)-1)/2]
-	m.Flags = nil
+	repr := byP95[(len(byP95)-1)/2]
+	m := *repr
 	med := func(f func(*report.Mode) float64) float64 {
-		xs := make([]float64, len(modes))
-		for i, x := range modes {
+		xs := make([]float64, len(scored))
+		for i, x := range scored {
 			xs[i] = f(x)
 		}
 		return Median(xs)
 	}
-	m.TTFT = medianLatency(modes, func(x *report.Mode) *report.Latency { return &x.TTFT })
-	m.E2E = medianLatency(modes, func(x *report.Mode) *report.Latency { return &x.E2E })
+	m.TTFT = medianLatency(scored, repr, func(x *report.Mode) *report.Latency { return &x.TTFT })
+	m.E2E = medianLatency(scored, repr, func(x *report.Mode) *report.Latency { return &x.E2E })
 	m.CachedTokenRatio = med(func(x *report.Mode) float64 { return x.CachedTokenRatio })
 	m.MaxShareOverMean = med(func(x *report.Mode) float64 { return x.MaxShareOverMean })
+	m.Flags = flags
 	for _, x := range modes {
 		m.Errors = max(m.Errors, x.Errors)
-		for _, f := range x.Flags {
-			if !slices.Contains(m.Flags, f) {
-				m.Flags = append(m.Flags, f)
-			}
-		}
-		if x.RequestsDigest != m.RequestsDigest {
+		m.UsageMissing = max(m.UsageMissing, x.UsageMissing)
+		if x.RequestsDigest != repr.RequestsDigest || x.Requests != repr.Requests {
 			if f := "rounds sent different requests"; !slices.Contains(m.Flags, f) {
 				m.Flags = append(m.Flags, f)
 			}
@@ -71,7 +84,7 @@ func Combine(policy string, rounds []Arm) Arm {
 }
 
 // medianLatency is the per-field median of the rounds' latencies (Count the representative's).
-func medianLatency(modes []*report.Mode, l func(*report.Mode) *report.Latency) report.Latency {
+func medianLatency(modes []*report.Mode, repr *report.Mode, l func(*report.Mode) *report.Latency) report.Latency {
 	field := func(f func(*report.Latency) float64) float64 {
 		xs := make([]float64, len(modes))
 		for i, x := range modes {
@@ -86,7 +99,7 @@ func medianLatency(modes []*report.Mode, l func(*report.Mode) *report.Latency) r
 		P99:   field(func(x *report.Latency) float64 { return x.P99 }),
 		Mean:  field(func(x *report.Latency) float64 { return x.Mean }),
 		Max:   field(func(x *report.Latency) float64 { return x.Max }),
-		Count: l(modes[0]).Count,
+		Count: l(repr).Count,
 	}
 }
 
@@ -105,12 +118,12 @@ func Median(xs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// spread is the lowest and highest of a figure over an arm's rounds with a row (ok false with
-// fewer than two).
+// spread is the lowest and highest of a figure over an arm's rounds in which some request
+// succeeded (ok false with fewer than two).
 func spread(a *Arm, f func(*report.Mode) float64) (lo, hi float64, ok bool) {
 	n := 0
 	for _, r := range a.Rounds {
-		if r.Mode == nil {
+		if r.Mode == nil || r.Mode.Requests == r.Mode.Errors {
 			continue
 		}
 		v := f(r.Mode)

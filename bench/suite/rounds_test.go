@@ -3,13 +3,18 @@ package suite
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/prefixlb/prefixlb/bench"
 	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
 func TestCombine(t *testing.T) {
@@ -17,6 +22,7 @@ func TestCombine(t *testing.T) {
 		m := mode(p95)
 		m.CachedTokenRatio, m.MaxShareOverMean, m.RequestsDigest = cached, share, "d1"
 		m.BackendShare = map[string]float64{"r": p95} // marks which round is the representative
+		m.TTFT.Count = int64(p95)
 		if f != nil {
 			f(m)
 		}
@@ -41,7 +47,13 @@ func TestCombine(t *testing.T) {
 		{name: "even: mean of the middle two, lower middle represents", rounds: []Arm{round(10, 0.5, 1, nil), round(40, 0.5, 1, nil), round(20, 0.5, 1, nil), round(30, 0.5, 1, nil)},
 			p95: 25, p99: 50, cached: 0.5, share: 1, repr: 20},
 		{name: "a round with errors flags the arm", rounds: []Arm{round(10, 0.5, 1, nil), round(20, 0.5, 1, func(m *report.Mode) { m.Errors, m.Flags = 3, []string{"3 errors"} }), round(30, 0.5, 1, nil)},
-			p95: 20, p99: 40, cached: 0.5, share: 1, repr: 20, errors: 3, flags: []string{"3 errors"}},
+			p95: 20, p99: 40, cached: 0.5, share: 1, repr: 20, errors: 3, flags: []string{"round 2: 3 errors"}},
+		{name: "a round where every request failed is out of the medians", rounds: []Arm{round(10, 0.5, 1, nil), round(0, 0, 0, func(m *report.Mode) { m.Errors = m.Requests }), round(30, 0.7, 1.2, nil)},
+			p95: 20, p99: 40, cached: 0.6, share: 1.1, repr: 10, errors: 100},
+		{name: "a round that sent fewer requests", rounds: []Arm{round(10, 0.5, 1, nil), round(20, 0.5, 1, func(m *report.Mode) { m.Requests = 99 }), round(30, 0.5, 1, nil)},
+			p95: 20, p99: 40, cached: 0.5, share: 1, repr: 20, flags: []string{"rounds sent different requests"}},
+		{name: "a round without a report", rounds: []Arm{round(10, 0.5, 1, nil), {Policy: "prefix"}, round(30, 0.5, 1, nil)},
+			p95: 20, p99: 40, cached: 0.5, share: 1, repr: 10, err: "round 2: no report"},
 		{name: "other requests in a round", rounds: []Arm{round(10, 0.5, 1, nil), round(20, 0.5, 1, func(m *report.Mode) { m.RequestsDigest = "d2" }), round(30, 0.5, 1, nil)},
 			p95: 20, p99: 40, cached: 0.5, share: 1, repr: 20, flags: []string{"rounds sent different requests"}},
 		{name: "a failed round is named", rounds: []Arm{round(10, 0.5, 1, nil), {Policy: "prefix", Error: "sims did not start"}, round(30, 0.5, 1, nil)},
@@ -66,6 +78,9 @@ func TestCombine(t *testing.T) {
 			}
 			if n := len(tc.rounds); n > 1 && (len(a.Rounds) != n || a.WallS != 2*float64(len(a.Rounds)-strings.Count(tc.err, "round "))) {
 				t.Errorf("rounds %d wall %g", len(a.Rounds), a.WallS)
+			}
+			if a.Mode.TTFT.Count != int64(tc.repr) {
+				t.Errorf("TTFT count %d, want the representative round's %g", a.Mode.TTFT.Count, tc.repr)
 			}
 		})
 	}
@@ -92,8 +107,18 @@ func TestMedian(t *testing.T) {
 // TestPlanRounds: the full suite slows the cells that measured the bench machine and repeats
 // the shortest; --quick runs one round everywhere.
 func TestPlanRounds(t *testing.T) {
-	t.Setenv("PREFIXLB_SHARED", t.TempDir())
-	cells, _, err := Plan(false, []string{"multi-turn", "shared-prefix"})
+	dir := t.TempDir()
+	for _, rel := range []string{workload.MooncakeTrace, workload.OASSTThreads} { // Plan only checks they exist
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PREFIXLB_SHARED", dir)
+	cells, _, err := Plan(false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,17 +126,25 @@ func TestPlanRounds(t *testing.T) {
 		rounds  int
 		speedup float64
 	}
-	want := map[string]rs{"multi-turn closed": {1, bench.DefaultSpeedup}, "shared-prefix light": {1, bench.DefaultSpeedup},
-		"shared-prefix medium": {ShortArmRounds, bench.DefaultSpeedup}, "shared-prefix near-saturation": {1, SlowSpeedup}}
+	d, a := float64(bench.DefaultSpeedup), float64(AgenticSpeedup)
+	want := map[string]rs{"multi-turn closed": {1, d},
+		"shared-prefix light": {1, d}, "shared-prefix medium": {ShortArmRounds, d}, "shared-prefix near-saturation": {1, SlowSpeedup},
+		"agentic light": {1, a}, "agentic medium": {1, a}, "agentic near-saturation": {1, a},
+		"mooncake light": {1, d}, "mooncake medium": {1, d}, "mooncake near-saturation": {ShortArmRounds, d},
+		"oasst light": {1, d}, "oasst medium": {ShortArmRounds, SlowSpeedup}, "oasst near-saturation": {ShortArmRounds, SlowSpeedup}}
+	if len(cells) != len(want) {
+		t.Errorf("%d cells, want %d", len(cells), len(want))
+	}
 	for _, c := range cells {
 		if got := (rs{c.Rounds, c.Options.Speedup}); got != want[c.Name()] {
 			t.Errorf("%s: %+v, want %+v", c.Name(), got, want[c.Name()])
 		}
 	}
 	quick, _, _ := Plan(true, nil)
+	wantQuick := map[string]float64{"multi-turn": d, "shared-prefix": d, "agentic": a, "mooncake": d, "oasst": SlowSpeedup}
 	for _, c := range quick {
-		if c.Rounds != 1 || c.Options.Speedup < SlowSpeedup {
-			t.Errorf("--quick %s: %d rounds at %g×", c.Name(), c.Rounds, c.Options.Speedup)
+		if c.Rounds != 1 || c.Options.Speedup != wantQuick[c.Workload] {
+			t.Errorf("--quick %s: %d rounds at %g×, want 1 at %g×", c.Name(), c.Rounds, c.Options.Speedup, wantQuick[c.Workload])
 		}
 	}
 }
@@ -158,8 +191,10 @@ func TestSuiteRounds(t *testing.T) {
 			t.Errorf("%s: %d rounds, p95 %v of %v, flags %v", a.Policy, len(a.Rounds), a.Mode, p95s, a.Flags)
 		}
 	}
-	if out := stdout.String(); !strings.Contains(out, "3 interleaved rounds per arm") || !strings.Contains(out, "–") {
-		t.Errorf("scoreboard does not show the rounds:\n%s", out)
+	out := stdout.String()
+	spreadRow := regexp.MustCompile(`(?m)^\| prefix \| [0-9.]+ \| [0-9.]+ \([0-9.]+–[0-9.]+\) \| [0-9.]+ \([0-9.]+–[0-9.]+\) \|`)
+	if !strings.Contains(out, "3 interleaved rounds per arm") || !spreadRow.MatchString(out) {
+		t.Errorf("scoreboard does not show the rounds' medians and spread:\n%s", out)
 	}
 }
 
@@ -199,12 +234,64 @@ func TestTargets(t *testing.T) {
 				t.Errorf("checks %v, want %v (%+v)", got, tc.checks, b.Targets[0])
 			}
 			all := tc.checks == [5]bool{true, true, true, true, true}
-			if want := map[bool]string{true: "1 of 1 cells meet", false: "0 of 1 cells meet"}[all]; !strings.Contains(Render(b), want) {
+			want := map[bool]string{true: "1 of 1 judged cells meet", false: "0 of 1 judged cells meet"}[all]
+			if !b.Targets[0].Judged() {
+				want = "0 of 0 judged cells meet every target; not judged (a yardstick arm missing or flagged): w medium"
+			}
+			if !strings.Contains(Render(b), want) {
 				t.Errorf("scoreboard lacks %q:\n%s", want, Render(b))
 			}
 		})
 	}
 	if b := Analyze(cell("w", Arm{Policy: "round-robin", Mode: mode(10)})); len(b.Targets) != 0 || strings.Contains(Render(b), "issue 15") {
 		t.Error("a suite without a prefix arm shows issue 15's table")
+	}
+	flagged := Analyze(cell("w", Arm{Policy: "prefix", Mode: with(mode(10), func(m *report.Mode) { m.Errors = 2 })}, Arm{Policy: "oracle", Mode: mode(10)}))
+	if out := Render(flagged); len(flagged.Targets) != 0 || !strings.Contains(out, "prefix flagged (see Validity): w medium") {
+		t.Errorf("a flagged prefix arm is not named under issue 15's table:\n%s", out)
+	}
+}
+
+// cancelAfter cancels a context at its n-th write (the n-th arm's progress line).
+type cancelAfter struct {
+	n      int
+	cancel context.CancelFunc
+	buf    bytes.Buffer
+}
+
+func (w *cancelAfter) Write(p []byte) (int, error) {
+	if w.n--; w.n == 0 {
+		w.cancel()
+	}
+	return w.buf.Write(p)
+}
+
+// TestSuiteInterruptedMidRound: a run cut short in round 2 (after round-robin's second run,
+// before prefix's) keeps one complete round of each arm, so both medians are over the same
+// rounds, and says the cell had 1 round.
+func TestSuiteInterruptedMidRound(t *testing.T) {
+	o := bench.DefaultOptions()
+	o.Workload, o.Replicas, o.Speedup = "shared-prefix", smokeReplicas, smokeSpeedup
+	o.AllowBursts = true
+	o.Flags = bench.WorkloadFlags{Groups: 1, PromptsPerGroup: 2, SystemTokens: 64, QuestionTokens: 8, OutputTokens: 4, Rate: 40}
+	cells := []Cell{{Workload: "shared-prefix", Level: "medium", Options: o}}
+	ctx, cancel := context.WithTimeout(context.Background(), smokeTimeout)
+	defer cancel()
+	stderr := &cancelAfter{n: 3, cancel: cancel}
+	var stdout bytes.Buffer
+	res, err := Run(ctx, Options{Policies: []string{"round-robin", "prefix"}, Repeat: 2, Stdout: &stdout, Stderr: stderr}, cells, nil)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", err)
+	}
+	if len(res.Cells) != 1 || res.Cells[0].Rounds != 1 || len(res.Cells[0].Arms) != 2 {
+		t.Fatalf("cells %+v, want one cell of 1 round, 2 arms", res.Cells)
+	}
+	for _, a := range res.Cells[0].Arms {
+		if a.Mode == nil || len(a.Rounds) != 0 {
+			t.Errorf("%s: mode %v, %d rounds kept, want one round's row", a.Policy, a.Mode, len(a.Rounds))
+		}
+	}
+	if cells[0].Rounds != 0 {
+		t.Errorf("Run changed the caller's cells: rounds %d", cells[0].Rounds)
 	}
 }

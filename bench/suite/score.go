@@ -25,9 +25,8 @@ type Row struct {
 	// Ratio is TTFT p95 ÷ the oracle's TTFT p95 in the same cell; NaN when this arm or the
 	// cell's oracle arm is flagged, missing or has no p95.
 	Ratio float64
-	// Rounds is how many rounds Mode is the median of (Combine); P95 and P99 are the lowest
-	// and highest TTFT p95 and p99 over them (ms; zero for one round).
-	Rounds   int
+	// P95 and P99 are the lowest and highest TTFT p95 and p99 over the arm's rounds (ms;
+	// zero for one round: Combine).
 	P95, P99 [2]float64
 }
 
@@ -58,8 +57,10 @@ type Board struct {
 	// per cell (routers.go).
 	Routers []RouterCheck
 	// Targets are the cells' prefix arms against issue 15's targets (targets.go), for the
-	// cells with a valid prefix arm.
-	Targets []TargetCheck
+	// cells with a valid prefix arm; PrefixFlagged the cells whose prefix arm ran but is
+	// not valid.
+	Targets       []TargetCheck
+	PrefixFlagged []string
 }
 
 // Analyze flags every arm (not run, failed, the bench's validity flags, requests that differ
@@ -90,7 +91,7 @@ func Analyze(r *Result) *Board {
 		oracle := math.NaN()
 		for i, a := range c.Arms {
 			c.Arms[i].Flags = flags[i]
-			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN(), Rounds: max(len(a.Rounds), 1)}
+			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN()}
 			if lo, hi, ok := spread(&c.Arms[i], func(m *report.Mode) float64 { return m.TTFT.P95 }); ok {
 				rows[i].P95 = [2]float64{lo, hi}
 			}
@@ -112,6 +113,8 @@ func Analyze(r *Result) *Board {
 		b.Routers = append(b.Routers, routerChecks(c.Name(), rows)...)
 		if t, ok := targetChecks(c.Name(), rows); ok {
 			b.Targets = append(b.Targets, t)
+		} else if slices.ContainsFunc(rows, func(r Row) bool { return r.Policy == PrefixPolicy && r.Mode != nil }) {
+			b.PrefixFlagged = append(b.PrefixFlagged, c.Name())
 		}
 		switch {
 		case !judged:
@@ -232,7 +235,7 @@ func Render(b *Board) string {
 			fmt.Fprintf(&sb, "%d simulated replicas at %g× model time; latencies are wall-clock ms (× %g for model time).\n\n", c.Replicas, c.Speedup, c.Speedup)
 		}
 		if c.Rounds > 1 {
-			fmt.Fprintf(&sb, "%d interleaved rounds per arm: each figure is the median round's, TTFT p95 and p99 with the lowest–highest round in brackets.\n\n", c.Rounds)
+			fmt.Fprintf(&sb, "%d interleaved rounds per arm: each figure is its median over the rounds, TTFT p95 and p99 followed by the lowest and highest round's in parentheses.\n\n", c.Rounds)
 		}
 		sb.WriteString("| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | E2E p95 ms | cached-token ratio | max share / mean | p95 ÷ oracle | validity |\n")
 		sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")

@@ -219,6 +219,7 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 	}
 	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped}
 	start := time.Now()
+	cells = slices.Clone(cells) // Rounds is resolved below; the caller's cells stay as given
 	total := 0
 	for i := range cells {
 		cells[i].Rounds = o.rounds(cells[i])
@@ -252,16 +253,25 @@ cells:
 				}
 			}
 		}
+		// A run cut short mid-round keeps only the complete rounds of every arm that ran, so
+		// that each arm's median is over the same rounds.
+		complete := c.Rounds
+		for pi := range o.Policies {
+			if n := len(rounds[pi]); n > 0 {
+				complete = min(complete, n)
+			}
+		}
+		cr.Rounds = complete
 		for pi, p := range o.Policies {
 			if len(rounds[pi]) > 0 {
-				cr.Arms = append(cr.Arms, Combine(p, rounds[pi]))
+				cr.Arms = append(cr.Arms, Combine(p, rounds[pi][:complete]))
 			}
 		}
 		if len(cr.Arms) > 0 {
 			res.Cells = append(res.Cells, cr)
 		}
 		if ctx.Err() != nil {
-			res.Interrupted = fmt.Sprintf("interrupted after %d of %d arm runs: the last cell may be partial (fewer rounds) and later cells are missing", done, total)
+			res.Interrupted = fmt.Sprintf("interrupted after %d of %d arm runs: the last cell may be partial (fewer arms or rounds) and later cells are missing", done, total)
 			break cells
 		}
 	}

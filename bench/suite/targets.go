@@ -48,6 +48,13 @@ func (t TargetCheck) Checks() [5]bool {
 	} // every comparison with NaN is false
 }
 
+// Judged reports whether every yardstick arm (oracle, round-robin, at least one peer) was valid,
+// so that each check could be made.
+func (t TargetCheck) Judged() bool {
+	return !math.IsNaN(t.P95Oracle) && !math.IsNaN(t.CachedOracle) && !math.IsNaN(t.P99RR) &&
+		!math.IsNaN(t.ShareOracle) && t.PeersJudged > 0
+}
+
 // Meets reports whether the cell holds every target.
 func (t TargetCheck) Meets() bool {
 	c := t.Checks()
@@ -91,18 +98,25 @@ func targetChecks(cell string, rows []Row) (TargetCheck, bool) {
 	return t, true
 }
 
-// targetsBlock is issue 15's table: one row per cell with a valid prefix arm, and the count
-// of cells that meet every target.
+// targetsBlock is issue 15's table: one row per cell with a valid prefix arm, the count of
+// judged cells that meet every target, and the cells not judged (a yardstick missing or
+// flagged) or whose prefix arm is flagged.
 func targetsBlock(b *Board) string {
-	if len(b.Targets) == 0 {
+	if len(b.Targets) == 0 && len(b.PrefixFlagged) == 0 {
 		return ""
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n## Prefix against issue 15's targets\n\np95 ÷ oracle ≤ %.2f; p95 ≤ every peer's; p99 ≤ round-robin's; cached ÷ oracle ≥ %.2f; max share / mean ≤ %.1f or ≤ the oracle's. - : the yardstick arm is missing or flagged.\n\n",
 		TargetP95Oracle, TargetCachedOracle, TargetMaxShare)
 	sb.WriteString("| cell | p95 ÷ oracle | p95 ≤ peers | p99 ≤ rr (prefix/rr ms) | cached ÷ oracle | max share (oracle) | all |\n|---|---:|---|---|---:|---|---|\n")
-	met := 0
+	met, judged := 0, 0
+	var unjudged []string
 	for _, t := range b.Targets {
+		if t.Judged() {
+			judged++
+		} else {
+			unjudged = append(unjudged, t.Cell)
+		}
 		ok := t.Checks()
 		peers := "yes"
 		switch {
@@ -120,12 +134,23 @@ func targetsBlock(b *Board) string {
 			cached = fmt.Sprintf("%.3f", t.CachedOracle)
 		}
 		share := fmt.Sprintf("%.2f (%s)", t.Share, ratio(t.ShareOracle))
-		if t.Meets() {
+		all := yes(t.Meets())
+		switch {
+		case t.Meets():
 			met++
+		case !t.Judged():
+			all = "not judged"
 		}
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s |\n", t.Cell, ratio(t.P95Oracle), peers, p99, cached, share, yes(t.Meets()))
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %s | %s |\n", t.Cell, ratio(t.P95Oracle), peers, p99, cached, share, all)
 	}
-	fmt.Fprintf(&sb, "\n%d of %d cells meet every target\n", met, len(b.Targets))
+	fmt.Fprintf(&sb, "\n%d of %d judged cells meet every target", met, judged)
+	if len(unjudged) > 0 {
+		fmt.Fprintf(&sb, "; not judged (a yardstick arm missing or flagged): %s", strings.Join(unjudged, ", "))
+	}
+	if len(b.PrefixFlagged) > 0 {
+		fmt.Fprintf(&sb, "; prefix flagged (see Validity): %s", strings.Join(b.PrefixFlagged, ", "))
+	}
+	sb.WriteString("\n")
 	return sb.String()
 }
 
