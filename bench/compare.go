@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -251,7 +252,7 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		}
 	}
 	minStep := simMinStep(o, simCfg)
-	checkValidity(rep.Modes, reuse, minStep)
+	checkValidity(rep.Modes, reuse, minStep, runtime.NumCPU())
 	validity := validityLines(rep.Modes, reuse, cachedSource, minStep)
 	rep.Notes = append(rep.Notes, strings.Join(validity, "\n")) // one block under the table
 
@@ -365,8 +366,10 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	}
 	defer client.HTTP.CloseIdleConnections()
 	bar, visible := newBar(o, label+rateSuffix(rate), w.Requests())
+	cpu0 := processCPU()
 	out, err := loadgen.Run(ctx, w, loadgen.Options{Client: client, Speedup: o.Speedup,
 		RequestTimeout: o.RequestTimeout, OnResult: func(loadgen.Result) { _ = bar.Add(1) }})
+	cpu := processCPU() - cpu0
 	if visible {
 		_ = bar.Finish()
 		fmt.Fprintln(o.Stderr)
@@ -392,6 +395,9 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	}
 	m := report.Summarize(label, out, names)
 	m.Rate = rate
+	if d := out.Duration(); d > 0 && cpu > 0 {
+		m.BenchCores = cpu.Seconds() / d.Seconds()
+	}
 	m.RequestsDigest = RequestsDigest(out)
 	if cluster != nil {
 		for _, r := range cluster.Replicas() {

@@ -70,20 +70,28 @@ func TestCheckValidity(t *testing.T) {
 			m.Errors, m.ReplicaCachedTokens = 10, 0
 			return m
 		}()}, true, [][]string{{"errors: 10 of 10"}}},
-		{"tokens in bursts: the bench machine was short of CPU", []report.Mode{func() report.Mode {
+		{"tokens in bursts on a busy machine: short of CPU", []report.Mode{func() report.Mode {
 			m := ok("round-robin", 0, "aa")
-			m.ITL = report.Latency{P50: 0.8, Count: 100} // at the step: fine
+			m.ITL, m.BenchCores = report.Latency{P50: 0.8, Count: 100}, 1.9 // at the step: fine
 			return m
 		}(), func() report.Mode {
 			m := ok("prefix", 0, "aa")
-			m.ITL = report.Latency{P50: 0.01, Count: 100}
+			m.ITL, m.BenchCores = report.Latency{P50: 0.01, Count: 100}, 1.2
+			return m
+		}(), func() report.Mode {
+			m := ok("llm-d", 0, "aa")
+			m.ITL, m.BenchCores = report.Latency{P50: 0.01, Count: 100}, 0.3 // idle machine: the sims' pacing
+			return m
+		}(), func() report.Mode {
+			m := ok("dynamo", 0, "aa")
+			m.ITL = report.Latency{P50: 0.01, Count: 100} // CPU not measured: flagged
 			return m
 		}(), func() report.Mode {
 			m := ok("sglang", 0, "aa")
-			m.ITL = report.Latency{P50: 0.01, Count: 99} // too few gaps to judge
+			m.ITL, m.BenchCores = report.Latency{P50: 0.01, Count: 99}, 1.9 // too few gaps to judge
 			return m
 		}(), ok("oracle", 0, "aa")}, // no tokens measured: not judged
-			true, [][]string{nil, {"bench machine short of CPU: tokens came in bursts (ITL p50 0.01 ms, a sim step is at least 0.75 ms)"}, nil, nil}},
+			true, [][]string{nil, {"bench machine short of CPU: tokens came in bursts (ITL p50 0.010 ms, a sim step is at least 0.75 ms) with the bench using 1.20 of 2 cores"}, nil, {"short of CPU"}, nil, nil}},
 		{"several flags on one arm", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode {
 			m := ok("prefix×3", 0, "bb")
 			m.Errors, m.ReplicaCachedTokens = 1, 0
@@ -92,7 +100,7 @@ func TestCheckValidity(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			modes := slices.Clone(c.modes)
-			checkValidity(modes, c.reuse, 750*time.Microsecond) // StepBase 6 ms at --speedup 8
+			checkValidity(modes, c.reuse, 750*time.Microsecond, 2) // StepBase 6 ms at --speedup 8, 2 cores
 			for i, m := range modes {
 				if len(m.Flags) != len(c.want[i]) {
 					t.Fatalf("%s: flags %q, want %d matching %q", m.Mode, m.Flags, len(c.want[i]), c.want[i])

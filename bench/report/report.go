@@ -74,6 +74,10 @@ type Mode struct {
 	TTFT Latency `json:"ttft"`
 	ITL  Latency `json:"itl"`
 	E2E  Latency `json:"e2e"`
+	// BenchCores is the CPU the bench process used during the arm, in cores (CPU seconds ÷
+	// wall seconds): with simulated replicas that is the sims, the proxies and the load
+	// generator together. 0: not measured.
+	BenchCores float64 `json:"bench_cores,omitempty"`
 	// SendLag is how late requests went out (loadgen.Result.SendLag), failed ones included.
 	SendLag          Latency            `json:"send_lag"`
 	Requests         int                `json:"requests"`
