@@ -98,7 +98,7 @@ type Cell struct {
 	// sessions/s, model time); 0 for closed loop and for mooncake, whose load is TimeScale.
 	Rate float64 `json:"rate,omitempty"`
 	// Rounds is how many times every arm runs (interleaved: every policy once, then again);
-	// the scoreboard shows each arm's median round (Combine). 0 counts as 1.
+	// the scoreboard shows each arm's medians over them (Combine). 0 counts as 1.
 	Rounds int `json:"rounds,omitempty"`
 	// Options are the bench options of every arm.
 	Options bench.Options `json:"-"`
