@@ -32,7 +32,6 @@ import (
 	"math"
 	"os"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +39,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
+	"github.com/prefixlb/prefixlb/bench/report"
 	"github.com/prefixlb/prefixlb/bench/sim"
 )
 
@@ -346,19 +346,6 @@ func (a *agg) addLat(r loadResult) {
 	}
 }
 
-// median of xs (0 for none).
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if n := len(s); n%2 == 0 {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-	return s[len(s)/2]
-}
-
 func per1k(cpu time.Duration, n int64, ok bool) *float64 {
 	if !ok || n == 0 {
 		return nil
@@ -534,7 +521,9 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 				row.P50us, row.P90us, row.P99us = quantileUs(a.lat.service, 50), quantileUs(a.lat.service, 90), quantileUs(a.lat.service, 99)
 				row.P999us, row.MaxUs = quantileUs(a.lat.service, 99.9), float64(a.lat.service.Max())/1e3
 				row.CoP50us, row.CoP99us = quantileUs(a.lat.co, 50), quantileUs(a.lat.co, 99)
-				row.P99MedUs = median(a.p99s)
+				if len(a.p99s) > 0 {
+					row.P99MedUs = report.Median(a.p99s)
+				}
 			}
 			if t.pid != 0 {
 				if p, err := peakRSS(t.pid); err == nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
+	"github.com/prefixlb/prefixlb/bench/report"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -202,10 +203,10 @@ func TestParseSizesAndMedian(t *testing.T) {
 			t.Errorf("parseSizes accepted %q", bad)
 		}
 	}
-	if m := median([]float64{5, 1, 3}); m != 3 {
+	if m := report.Median([]float64{5, 1, 3}); m != 3 {
 		t.Errorf("median = %v", m)
 	}
-	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+	if m := report.Median([]float64{4, 1, 3, 2}); m != 2.5 {
 		t.Errorf("median = %v", m)
 	}
 }

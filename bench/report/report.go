@@ -38,6 +38,21 @@ type Latency struct {
 	Count int64   `json:"count"`
 }
 
+// Median is the median of xs (the mean of the middle two for an even count; NaN for none).
+// xs is not modified. The suite's rounds and the overhead harness's per-round p99s use it.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
 // Recorder accumulates durations into an HDR histogram (µs) and an exact sum for the mean.
 type Recorder struct {
 	h   *hdrhistogram.Histogram

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -211,5 +212,21 @@ func TestPlot(t *testing.T) {
 	}
 	if !bytes.HasPrefix(b, []byte("\x89PNG")) {
 		t.Fatal("not a PNG")
+	}
+}
+
+// TestMedian: odd and even counts, the input untouched, NaN for none.
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		xs   []float64
+		want float64
+	}{{[]float64{3}, 3}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		in := slices.Clone(tc.xs)
+		if got := Median(in); got != tc.want || !slices.Equal(in, tc.xs) {
+			t.Errorf("Median(%v) = %g (input now %v), want %g", tc.xs, got, in, tc.want)
+		}
+	}
+	if !math.IsNaN(Median(nil)) {
+		t.Error("Median(nil) is not NaN")
 	}
 }

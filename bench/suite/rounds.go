@@ -3,8 +3,8 @@
 package suite
 
 import (
+	"cmp"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 
@@ -55,20 +55,13 @@ func Combine(policy string, rounds []Arm) Arm {
 		scored = modes
 	}
 	byP95 := slices.Clone(scored)
-	slices.SortStableFunc(byP95, func(x, y *report.Mode) int { return cmpFloat(x.TTFT.P95, y.TTFT.P95) })
+	slices.SortStableFunc(byP95, func(x, y *report.Mode) int { return cmp.Compare(x.TTFT.P95, y.TTFT.P95) })
 	repr := byP95[(len(byP95)-1)/2]
 	m := *repr
-	med := func(f func(*report.Mode) float64) float64 {
-		xs := make([]float64, len(scored))
-		for i, x := range scored {
-			xs[i] = f(x)
-		}
-		return Median(xs)
-	}
 	m.TTFT = medianLatency(scored, repr, func(x *report.Mode) *report.Latency { return &x.TTFT })
 	m.E2E = medianLatency(scored, repr, func(x *report.Mode) *report.Latency { return &x.E2E })
-	m.CachedTokenRatio = med(func(x *report.Mode) float64 { return x.CachedTokenRatio })
-	m.MaxShareOverMean = med(func(x *report.Mode) float64 { return x.MaxShareOverMean })
+	m.CachedTokenRatio = medianOf(scored, func(x *report.Mode) float64 { return x.CachedTokenRatio })
+	m.MaxShareOverMean = medianOf(scored, func(x *report.Mode) float64 { return x.MaxShareOverMean })
 	m.Flags = flags
 	for _, x := range modes {
 		m.Errors = max(m.Errors, x.Errors)
@@ -83,14 +76,19 @@ func Combine(policy string, rounds []Arm) Arm {
 	return a
 }
 
+// medianOf is the median of f over the rounds' rows.
+func medianOf(modes []*report.Mode, f func(*report.Mode) float64) float64 {
+	xs := make([]float64, len(modes))
+	for i, x := range modes {
+		xs[i] = f(x)
+	}
+	return report.Median(xs)
+}
+
 // medianLatency is the per-field median of the rounds' latencies (Count the representative's).
 func medianLatency(modes []*report.Mode, repr *report.Mode, l func(*report.Mode) *report.Latency) report.Latency {
 	field := func(f func(*report.Latency) float64) float64 {
-		xs := make([]float64, len(modes))
-		for i, x := range modes {
-			xs[i] = f(l(x))
-		}
-		return Median(xs)
+		return medianOf(modes, func(x *report.Mode) float64 { return f(l(x)) })
 	}
 	return report.Latency{
 		P50:   field(func(x *report.Latency) float64 { return x.P50 }),
@@ -101,21 +99,6 @@ func medianLatency(modes []*report.Mode, repr *report.Mode, l func(*report.Mode)
 		Max:   field(func(x *report.Latency) float64 { return x.Max }),
 		Count: l(repr).Count,
 	}
-}
-
-// Median is the median of xs (the mean of the middle two for an even count; NaN for none).
-// xs is not modified.
-func Median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // spread is the lowest and highest of a figure over an arm's rounds in which some request
@@ -136,14 +119,4 @@ func spread(a *Arm, f func(*report.Mode) float64) (lo, hi float64, ok bool) {
 		n++
 	}
 	return lo, hi, n > 1
-}
-
-func cmpFloat(x, y float64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -86,21 +85,6 @@ func TestCombine(t *testing.T) {
 	}
 	if a := Combine("prefix", []Arm{{Policy: "prefix", Error: "x"}, {Policy: "prefix", Error: "y"}}); a.Mode != nil || a.Error != "round 1: x; round 2: y" {
 		t.Errorf("no round ran: %+v", a)
-	}
-}
-
-func TestMedian(t *testing.T) {
-	for _, tc := range []struct {
-		xs   []float64
-		want float64
-	}{{[]float64{3}, 3}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}} {
-		in := slices.Clone(tc.xs)
-		if got := Median(in); got != tc.want || !slices.Equal(in, tc.xs) {
-			t.Errorf("Median(%v) = %g (input now %v), want %g", tc.xs, got, in, tc.want)
-		}
-	}
-	if !math.IsNaN(Median(nil)) {
-		t.Error("Median(nil) is not NaN")
 	}
 }
 
@@ -187,7 +171,7 @@ func TestSuiteRounds(t *testing.T) {
 			}
 			p95s = append(p95s, r.Mode.TTFT.P95)
 		}
-		if len(a.Rounds) != 3 || a.Mode == nil || a.Mode.TTFT.P95 != Median(p95s) || len(a.Flags) > 0 {
+		if len(a.Rounds) != 3 || a.Mode == nil || a.Mode.TTFT.P95 != report.Median(p95s) || len(a.Flags) > 0 {
 			t.Errorf("%s: %d rounds, p95 %v of %v, flags %v", a.Policy, len(a.Rounds), a.Mode, p95s, a.Flags)
 		}
 	}

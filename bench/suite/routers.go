@@ -31,12 +31,7 @@ func (c RouterCheck) Meets() bool {
 // routerChecks compares each valid multi-router arm of a cell with its valid prefix arm
 // (none: nothing is compared; a prefix arm without cache hits or p95 is no yardstick).
 func routerChecks(cell string, rows []Row) []RouterCheck {
-	var one *Row
-	for i := range rows {
-		if rows[i].Policy == PrefixPolicy && rows[i].Valid() {
-			one = &rows[i]
-		}
-	}
+	one := validRow(rows, PrefixPolicy)
 	if one == nil || one.Mode.CachedTokenRatio <= 0 || one.Mode.TTFT.P95 <= 0 {
 		return nil
 	}

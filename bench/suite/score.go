@@ -184,15 +184,20 @@ func digestFlags(c *CellResult, flags [][]string, digest func(report.Mode) strin
 	}
 }
 
+// validRow is the cell's valid row of policy (nil: none; a cell has one arm per policy).
+func validRow(rows []Row, policy string) *Row {
+	for i := range rows {
+		if rows[i].Policy == policy && rows[i].Valid() {
+			return &rows[i]
+		}
+	}
+	return nil
+}
+
 // prefixLosses compares the cell's valid prefix arm with its valid oracle and peer arms.
 // judged is false when there is no valid prefix arm or nothing valid to compare it with.
 func prefixLosses(cell string, rows []Row) (losses []Loss, judged bool) {
-	var prefix *Row
-	for i := range rows {
-		if rows[i].Policy == PrefixPolicy && rows[i].Valid() {
-			prefix = &rows[i]
-		}
-	}
+	prefix := validRow(rows, PrefixPolicy)
 	if prefix == nil {
 		return nil, false
 	}

@@ -63,14 +63,7 @@ func (t TargetCheck) Meets() bool {
 
 // targetChecks is the cell's check, ok false when its prefix arm is not valid.
 func targetChecks(cell string, rows []Row) (TargetCheck, bool) {
-	find := func(p string) *Row {
-		for i := range rows {
-			if rows[i].Policy == p && rows[i].Valid() {
-				return &rows[i]
-			}
-		}
-		return nil
-	}
+	find := func(p string) *Row { return validRow(rows, p) }
 	pre := find(PrefixPolicy)
 	if pre == nil {
 		return TargetCheck{}, false
