@@ -23,23 +23,27 @@ func TestSendersJudge(t *testing.T) {
 		scrapes []scrape
 	}{
 		{"fresh replica, only us", []scrape{
-			{0, true, 0, unknown}, {40, true, 40, alone}, {90, true, 88, alone}, {130, true, 131, alone}}},
+			{0, true, 0, alone}, {40, true, 40, alone}, {90, true, 88, alone}, {130, true, 131, alone}}},
 		{"fresh replica, a second sender half the traffic", []scrape{
-			{0, true, 0, unknown}, {80, true, 40, shared}, {160, true, 80, shared}}},
+			{0, true, 0, alone}, {80, true, 40, shared}, {160, true, 80, shared}}},
 		{"used before: alone only after settling", []scrape{
 			{5000, true, 0, unknown}, {5040, true, 40, unknown}, {5080, true, 80, unknown},
 			{5120, true, 120, alone}}},
 		{"a few requests of slack are not a sender", []scrape{
-			{0, true, 0, unknown}, {103, true, 100, alone}, {200, true, 200, alone}}},
+			{0, true, 0, alone}, {103, true, 100, alone}, {200, true, 200, alone}}},
 		{"excess beyond slack and share", []scrape{
-			{0, true, 0, unknown}, {100, true, 100, alone}, {222, true, 200, alone}, {340, true, 300, shared}}},
-		{"no traffic is no evidence", []scrape{
-			{0, true, 0, unknown}, {0, true, 0, unknown}, {0, true, 0, unknown}, {0, true, 0, unknown}, {1, true, 1, unknown},
-			{3, true, 3, alone}}},
+			{0, true, 0, alone}, {100, true, 100, alone}, {222, true, 200, alone}, {340, true, 300, shared}}},
+		{"fresh and idle: nobody else uses it", []scrape{
+			{0, true, 0, alone}, {0, true, 0, alone}, {0, true, 0, alone}, {1, true, 1, alone}, {3, true, 3, alone}}},
+		{"used before and idle: no evidence", []scrape{
+			{70, true, 0, unknown}, {70, true, 0, unknown}, {70, true, 0, unknown}, {70, true, 0, unknown},
+			{71, true, 1, unknown}, {73, true, 3, alone}}},
+		{"restarted at zero: fresh again", []scrape{
+			{500, true, 0, unknown}, {0, true, 0, alone}, {10, true, 10, alone}}},
 		{"no counter reported", []scrape{
 			{0, false, 0, unknown}, {0, false, 10, unknown}}},
 		{"restart keeps a shared verdict for the hold", []scrape{
-			{0, true, 0, unknown}, {100, true, 50, shared}, {3, true, 52, shared}, {6, true, 55, shared}}},
+			{0, true, 0, alone}, {100, true, 50, shared}, {3, true, 52, shared}, {6, true, 55, shared}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,7 +149,7 @@ func TestScrapeJudgesSenders(t *testing.T) {
 				ours, others int
 				want         backend.Senders
 			}{
-				{0, 0, backend.SendersUnknown}, // a fresh replica, no traffic yet
+				{0, 0, backend.SendersAlone}, // a fresh replica: nobody has used it
 				{50, 0, backend.SendersAlone},
 				{50, 50, backend.SendersShared},
 			}

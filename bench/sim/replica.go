@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prefixlb/prefixlb/bench/pace"
 )
 
 // Replica is one simulated vLLM server: an OpenAI-compatible HTTP API in front of one Engine
@@ -147,8 +149,8 @@ const maxCatchUp = 20 * time.Millisecond
 
 func (r *Replica) runEngine() {
 	defer r.engineDone.Done()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	sleep := pace.New()
+	defer sleep.Close()
 	var due time.Duration // model time at which the previous step ended
 	busy := false
 	for {
@@ -171,20 +173,8 @@ func (r *Replica) runEngine() {
 		due = start + d
 		r.stepDue.Store(int64(due))
 		busy = true
-		if wait := time.Until(r.wallAt(due)); wait > 0 {
-			timer.Reset(wait)
-			select {
-			case <-timer.C:
-			case <-r.quit:
-				timer.Stop()
-				return
-			}
-		} else {
-			select {
-			case <-r.quit:
-				return
-			default:
-			}
+		if !sleep.Until(r.wallAt(due), r.quit) {
+			return
 		}
 		r.mu.Lock()
 		r.eng.Complete(due)
