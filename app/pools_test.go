@@ -168,6 +168,11 @@ func TestModelPoolsRouteByModel(t *testing.T) {
 	sv := startPools(t, poolConfig("round-robin", a, b, c), log)
 	base := sv.URL()
 	waitModels(t, base, "alpha", "alpha-lora", "beta")
+	// The union can be complete before the health checker's first read of a (c serves alpha
+	// too): the baseline below waits for every replica's first read (ModelsInterval is an hour).
+	testutil.Eventually(t, testutil.Timeout, "every replica's model list read once", func() bool {
+		return a.rep.Seen("/v1/models") > 0 && b.rep.Seen("/v1/models") > 0 && c.rep.Seen("/v1/models") > 0
+	})
 
 	// The union is prefixlb's own answer: sorted, alpha once though two replicas serve it,
 	// the adapter with its parent; no replica is asked.
