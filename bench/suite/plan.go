@@ -113,10 +113,11 @@ const (
 //     and Mooncake near saturation (11 s arms past saturation, where one round's p95 is
 //     chaotic: the oracle read 643 ms wall at 8× in one run and 1652 at 4× in the next, prefix
 //     1497 and 1415), and two cells where one round was not a verdict: Mooncake medium
-//     (prefix p95 read 625, 1455 and 1656 ms in three single rounds of one routing code; its
-//     200-request p95 is the 10th-worst request) and OASST light (8 s arms: in one full
-//     suite every arm but round-robin read p50 3.4–4.0 ms against 2.1–2.4 in a rerun of the
-//     same binary minutes later, prefix p95 10.4 against 4.3). These add ≈9 minutes.
+//     (prefix p95 read 646, 682 and 1455 ms in three single rounds of one routing code; its
+//     200-request p95 is the 10th-worst request) and OASST light (9 s arms: in one full suite
+//     least-load, prefix and prefix×3 read p50 3.4–4.0 ms where the other arms read 2.1–2.5;
+//     a rerun of the same binary minutes later read 2.1–2.4, prefix p95 10.4 against 4.3).
+//     These add ≈9 minutes.
 //
 // OASST's short prompts hardly load 4 sims at any of its rates: at 1× its p95 was 37 ms at 64,
 // 128 and 256 conversations/s (the threads' think times, not the arrival rate, set the request
