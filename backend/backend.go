@@ -54,6 +54,7 @@ type Backend struct {
 	peerPrefill   atomic.Int64             // and their queued prefill tokens
 	peerPrefillAt atomic.Int64             // monoNanos of the last change of peerPrefill
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
+	routed        RecentCount              // the prefix policy's recent requests here (recent.go)
 }
 
 // DefaultWeight is the weight of a backend configured without one: 1, an equal share of the

@@ -162,6 +162,10 @@ type Prefix struct {
 	// sender and "ring" as soon as another sends to them, see router.TieBreakAuto;
 	// Config.PrefixOptions resolves it).
 	TieBreak string `yaml:"tie_break"`
+	// SpreadNewPrefixes spreads new prefixes among near-ties (router.PrefixOptions.
+	// SpreadNewPrefixes): a thin match counts as none there, and a replica alone sends a new
+	// prefix to the near-tie it routed the fewest requests to lately. Left out: false.
+	SpreadNewPrefixes bool `yaml:"spread_new_prefixes"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -473,6 +477,7 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 	}
 	return router.PrefixOptions{
 		TieBreak:             tb,
+		SpreadNewPrefixes:    p.SpreadNewPrefixes,
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
 		HardLoadFactor:       p.HardLoadFactor,

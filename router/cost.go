@@ -30,6 +30,11 @@ const (
 	// defaultWaitingShare is the share of other clients' requests taken to be waiting for
 	// their first token when this proxy has none in flight to judge by.
 	defaultWaitingShare = 0.5
+	// thinMatchShare: among near-ties, a match that spares less than this share of the
+	// prefill work the least held among them leaves counts as no match (see pickCost). A
+	// follow-up turn as long as the history it extends spares half; one chunk shared by
+	// every conversation of a 4000-token document workload spares under 7%.
+	thinMatchShare = 0.25
 	// kvPressureKeep is the share of a held prefix that counts at 100% usage (linear from 1
 	// at kvPressureStart).
 	kvPressureKeep = 0.5
@@ -73,11 +78,13 @@ type cand struct {
 	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
 	kvUsage float64 // reported KV-cache usage, 0..1 (0: unknown)
 	alone   bool    // every request the replica finished lately came through this proxy
+	recent  float64 // requests this policy routed there lately (backend.Routed, RecentHalfLife)
 	rate    float64 // learned prefill tokens/s (0: not yet)
 	base    float64 // learned seconds to first token with no prefill (0: not yet)
 
 	// Filled by the selection.
 	held float64 // prompt tokens counted as held, after the cache-pressure discount
+	work int64   // PrefillWork of the prompt after held
 	est  float64 // estimated TTFT, seconds
 }
 
@@ -128,7 +135,8 @@ func estimate(cs []cand, in costInput) {
 		if base <= 0 {
 			base = fleetBase
 		}
-		work := float64(c.queued) + float64(c.foreign)*share*in.meanWork + float64(PrefillWork(in.promptTokens, int64(held)))
+		c.work = PrefillWork(in.promptTokens, int64(held))
+		work := float64(c.queued) + float64(c.foreign)*share*in.meanWork + float64(c.work)
 		c.est = base + work/rate
 	}
 }
@@ -178,6 +186,7 @@ type selection struct {
 	tieMargin  float64 // near-tie margin of estimated TTFTs, as a fraction of the least
 	loadFirst  bool    // TieBreakLoad
 	auto       bool    // TieBreakAuto: loadFirst while every candidate is alone
+	spread     bool    // PrefixOptions.SpreadNewPrefixes
 }
 
 // caps are the bounded-load cap and the hard cap of a backend of weight w among candidates
@@ -247,50 +256,79 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		}
 	}
 	// Near-ties: within tieMargin of the least estimate. Among them the longest match (what
-	// the cache already holds is not computed again), and among those the ring.
+	// the cache already holds is not computed again), and among those the ring. With
+	// sel.spread (PrefixOptions.SpreadNewPrefixes) a thin match counts as none: one that spares less than thinMatchShare of the prefill work the least
+	// held among the near-ties leaves (a system prompt or document chunk that several
+	// conversations share, learned by whichever replica saw it first), so that it does not
+	// pull every conversation that starts with it onto one replica.
 	limit := cs[best].est * (1 + max(sel.tieMargin, 0))
 	tie := func(j int) bool { return ok(j) && cs[j].est <= limit }
+	lo, loWork := math.MaxInt, int64(0)
+	for j := range cs {
+		if tie(j) {
+			lo, loWork = min(lo, cs[j].matched), max(loWork, cs[j].work)
+		}
+	}
+	thin := thinMatchShare * float64(loWork)
+	eff := func(j int) int {
+		if sel.spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin {
+			return lo
+		}
+		return cs[j].matched
+	}
 	at := -1
 	for j := range cs {
 		if tie(j) {
-			at = max(at, cs[j].matched)
+			at = max(at, eff(j))
 		}
 	}
 	chosen := best
-	if cs[best].matched != at {
+	if eff(best) != at {
 		chosen = -1
 		for j := range cs {
-			if tie(j) && cs[j].matched == at && (chosen < 0 || cs[j].est < cs[chosen].est) {
+			if tie(j) && eff(j) == at && (chosen < 0 || cs[j].est < cs[chosen].est) {
 				chosen = j
 			}
 		}
 	}
+	// The ring key is the first chunk the near-ties left do not hold: a cold conversation's
+	// first own chunk, which its later turns keep; prompts that share only a prefix some
+	// replica learned first spread by what follows it.
+	keyAt := at
+	for j := range cs {
+		if tie(j) && eff(j) == at {
+			keyAt = max(keyAt, cs[j].matched)
+		}
+	}
 	if loadFirst {
-		// Among the near-ties that hold the most, only the least loaded (in-flight requests
-		// per weight) stay: with peering every replica sees the same loads within
-		// milliseconds, so spreading by load keeps them coherent, and the ring decides only
-		// among equals.
+		// Among the near-ties that hold the most, only the least loaded stay, and the ring
+		// decides among equals. With sel.spread, a replica alone (TieBreakAuto) ranks by the requests it routed
+		// to each lately (per weight), then by in-flight requests: it sees all of its
+		// backends' traffic, so that share follows the conversations each serves between
+		// their turns, when their in-flight count is 0 (4 llm-d-inference-sim replicas,
+		// multi-turn: new conversations went to replicas serving 2–3 while two served 1).
+		// Peered replicas (TieBreakLoad) rank by in-flight requests alone: peering gives
+		// every replica the same counts within milliseconds, so they agree, where each
+		// one's routed share is its own.
+		byRecent := sel.spread && !sel.loadFirst
 		light := -1
 		for j := range cs {
-			if tie(j) && cs[j].matched == at && (light < 0 || cs[j].inFlight*int64(cs[light].weight) < cs[light].inFlight*int64(cs[j].weight)) {
+			if tie(j) && eff(j) == at && (light < 0 || lessLoaded(&cs[j], &cs[light], byRecent) < 0) {
 				light = j
 			}
 		}
 		tie0 := tie
 		tie = func(j int) bool {
-			return tie0(j) && cs[j].matched == at && cs[j].inFlight*int64(cs[light].weight) == cs[light].inFlight*int64(cs[j].weight)
+			return tie0(j) && eff(j) == at && lessLoaded(&cs[j], &cs[light], byRecent) == 0
 		}
 		if !tie(chosen) {
 			chosen = light
 		}
 	}
 	if place != nil && len(chunks) > 0 {
-		// The ring key is the first chunk the near-ties do not hold: a cold conversation's
-		// first own chunk, which its later turns keep; prompts that share only a prefix some
-		// replica learned first spread by what follows it.
-		place.ring.Lookup(chunks[min(at, len(chunks)-1)], func(m int) bool {
+		place.ring.Lookup(chunks[min(keyAt, len(chunks)-1)], func(m int) bool {
 			for j := range cs {
-				if cs[j].id == place.ids[m] && tie(j) && cs[j].matched == at {
+				if cs[j].id == place.ids[m] && tie(j) && eff(j) == at {
 					chosen = j
 					return true
 				}
@@ -305,6 +343,27 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		return chosen, ReasonMatch
 	}
 	return chosen, ReasonOverload
+}
+
+// lessLoaded compares a's load with b's, per weight: −1 lighter, 0 equal, 1 heavier. byRecent
+// ranks by recent routed requests first, then in-flight requests.
+func lessLoaded(a, b *cand, byRecent bool) int {
+	if byRecent {
+		if l, r := a.recent*float64(b.weight), b.recent*float64(a.weight); l != r {
+			if l < r {
+				return -1
+			}
+			return 1
+		}
+	}
+	l, r := a.inFlight*int64(b.weight), b.inFlight*int64(a.weight)
+	switch {
+	case l < r:
+		return -1
+	case l > r:
+		return 1
+	}
+	return 0
 }
 
 // estSeconds converts an estimate to a Duration.

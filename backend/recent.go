@@ -1,0 +1,44 @@
+package backend
+
+import (
+	"math"
+	"sync"
+)
+
+// RecentCount is a count of events that decays with a clock of the caller's (a sequence
+// number of decisions, not wall time): an event n ticks ago counts 2^(−n ÷ halfLife). The
+// prefix policy keeps one per backend of the requests it routed there (Backend.Routed), so
+// that a new prefix goes to the replica whose recent share of the traffic is the least, which
+// follows the conversations a replica serves between their turns where its in-flight count
+// does not. Safe for concurrent use; the zero value is ready.
+type RecentCount struct {
+	mu sync.Mutex
+	v  float64 // the count at tick at
+	at uint64
+}
+
+// Value is the count at tick now (a tick before the last Add reads as at that Add).
+func (r *RecentCount) Value(now uint64, halfLife float64) float64 {
+	r.mu.Lock()
+	v, at := r.v, r.at
+	r.mu.Unlock()
+	return decay(v, at, now, halfLife)
+}
+
+// Add counts one event at tick now.
+func (r *RecentCount) Add(now uint64, halfLife float64) {
+	r.mu.Lock()
+	r.v = decay(r.v, r.at, now, halfLife) + 1
+	r.at = max(r.at, now)
+	r.mu.Unlock()
+}
+
+func decay(v float64, at, now uint64, halfLife float64) float64 {
+	if now <= at || v == 0 {
+		return v
+	}
+	return v * math.Exp2(-float64(now-at)/halfLife)
+}
+
+// Routed is the prefix policy's decaying count of the requests it routed to the backend.
+func (b *Backend) Routed() *RecentCount { return &b.routed }
