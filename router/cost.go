@@ -257,10 +257,11 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	}
 	// Near-ties: within tieMargin of the least estimate. Among them the longest match (what
 	// the cache already holds is not computed again), and among those the ring. With
-	// sel.spread (PrefixOptions.SpreadNewPrefixes) a thin match counts as none: one that spares less than thinMatchShare of the prefill work the least
-	// held among the near-ties leaves (a system prompt or document chunk that several
-	// conversations share, learned by whichever replica saw it first), so that it does not
-	// pull every conversation that starts with it onto one replica.
+	// sel.spread (PrefixOptions.SpreadNewPrefixes) a thin match counts as none: one that
+	// spares less than thinMatchShare of the prefill work the least held among the near-ties
+	// leaves (a system prompt or document chunk that several conversations share, learned by
+	// whichever replica saw it first), so that it does not pull every conversation that
+	// starts with it onto one replica.
 	limit := cs[best].est * (1 + max(sel.tieMargin, 0))
 	tie := func(j int) bool { return ok(j) && cs[j].est <= limit }
 	lo, loWork := math.MaxInt, int64(0)
@@ -302,8 +303,8 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	}
 	if loadFirst {
 		// Among the near-ties that hold the most, only the least loaded stay, and the ring
-		// decides among equals. With sel.spread, a replica alone (TieBreakAuto) ranks by the requests it routed
-		// to each lately (per weight), then by in-flight requests: it sees all of its
+		// decides among equals. With sel.spread, a replica alone (TieBreakAuto) ranks by the
+		// requests it routed to each lately (per weight), then by in-flight requests: it sees all of its
 		// backends' traffic, so that share follows the conversations each serves between
 		// their turns, when their in-flight count is 0 (4 llm-d-inference-sim replicas,
 		// multi-turn: new conversations went to replicas serving 2–3 while two served 1).
