@@ -266,7 +266,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	tie := func(j int) bool { return ok(j) && cs[j].est <= limit }
 	lo, loWork := math.MaxInt, int64(0)
 	for j := range cs {
-		if tie(j) {
+		if sel.spread && tie(j) {
 			lo, loWork = min(lo, cs[j].matched), max(loWork, cs[j].work)
 		}
 	}
