@@ -144,7 +144,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	}
 	res.prompt, res.hasProm = m.prompt, m.hasPrompt
 	st.scrape.Store(res)
-	c.setSenders(st, st.senders.observe(now, m.finished, m.hasFinished, st.b.Completed()))
+	c.setSenders(st, st.senders.observe(now, m.finished, m.hasFinished, m.hasRunning, st.b.Completed()))
 	c.scraped(st, restarted, prev, load)
 }
 

@@ -21,6 +21,16 @@ import (
 // sendersMinOurs) and sendersSettle scrapes agree. A sender of under sendersShare of this
 // proxy's requests there can go unseen.
 //
+// A replica that reports its running requests (a vLLM or SGLang dialect, so a finished count
+// is expected) but no finished count yet has finished nothing: Prometheus clients that create
+// a labelled series on its first observation (client_golang's vectors; llm-d-inference-sim)
+// expose none before then. Such a replica counts as fresh (alone) until the count appears,
+// and the count is then judged from zero at the first scrape without it; if this proxy has
+// finished sendersMinOurs requests there and the count is still absent, the replica does not
+// export one and stays unknown. Before this, 4 fresh llm-d-inference-sim replicas stayed
+// unknown until each had finished a request, so a lone prefixlb placed its first
+// conversations by the ring (multi-turn, 8 conversations: 3 on one replica).
+//
 // A fresh replica counted alone at once: a prefixlb running alone in front of fresh replicas
 // spreads its first cold prompts by load rather than by the ring, which put two of the
 // multi-turn bench's first conversations on one replica in about half the runs (prefix p95
@@ -61,14 +71,33 @@ type sendersJudge struct {
 	clean            int     // scrapes without excess since then
 	sharedAt         time.Time
 	startedUntouched bool // the first count seen was 0
+	// absent: the replica speaks a known dialect and reports no finished count (yet), since
+	// the scrape when backend.Completed was absentOurs; absentDone is what this proxy has
+	// finished there since.
+	absent     bool
+	absentOurs uint64
+	absentDone uint64
 }
 
 // observe folds one scrape: finished is the replica's count (has false: it reports none),
-// ours backend.Completed. It returns the verdict at now.
-func (j *sendersJudge) observe(now time.Time, finished float64, has bool, ours uint64) backend.Senders {
+// ours backend.Completed. dialect says the replica reported its running requests, so that a
+// missing count means nothing finished yet (see the package comment above). It returns the
+// verdict at now.
+func (j *sendersJudge) observe(now time.Time, finished float64, has, dialect bool, ours uint64) backend.Senders {
 	if !has {
-		*j = sendersJudge{sharedAt: j.sharedAt}
+		switch {
+		case !dialect:
+			*j = sendersJudge{sharedAt: j.sharedAt}
+		case !j.absent || ours < j.absentOurs:
+			*j = sendersJudge{sharedAt: j.sharedAt, absent: true, absentOurs: ours}
+		default:
+			j.absentDone = ours - j.absentOurs
+		}
 		return j.verdict(now)
+	}
+	if !j.have && j.absent && ours >= j.absentOurs {
+		// The count appeared: it was 0 at the first scrape without it.
+		*j = sendersJudge{sharedAt: j.sharedAt, have: true, prevOurs: j.absentOurs, startedUntouched: true}
 	}
 	if !j.have || finished < j.prevTheirs || ours < j.prevOurs {
 		// The first count, or the replica restarted (its counter went back): start over.
@@ -94,6 +123,11 @@ func (j *sendersJudge) verdict(now time.Time) backend.Senders {
 	switch {
 	case !j.sharedAt.IsZero() && now.Sub(j.sharedAt) < sendersHold:
 		return backend.SendersShared
+	case j.absent:
+		if j.absentDone < sendersMinOurs {
+			return backend.SendersAlone
+		}
+		return backend.SendersUnknown
 	case !j.have:
 		return backend.SendersUnknown
 	case j.startedUntouched, j.ours >= sendersMinOurs && j.clean >= sendersSettle:

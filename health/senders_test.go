@@ -21,36 +21,45 @@ func TestSendersJudge(t *testing.T) {
 	cases := []struct {
 		name    string
 		scrapes []scrape
+		dialect bool // the replica reports its running requests (a missing count is 0 so far)
 	}{
 		{"fresh replica, only us", []scrape{
-			{0, true, 0, alone}, {40, true, 40, alone}, {90, true, 88, alone}, {130, true, 131, alone}}},
+			{0, true, 0, alone}, {40, true, 40, alone}, {90, true, 88, alone}, {130, true, 131, alone}}, true},
 		{"fresh replica, a second sender half the traffic", []scrape{
-			{0, true, 0, alone}, {80, true, 40, shared}, {160, true, 80, shared}}},
+			{0, true, 0, alone}, {80, true, 40, shared}, {160, true, 80, shared}}, true},
 		{"used before: alone only after settling", []scrape{
 			{5000, true, 0, unknown}, {5040, true, 40, unknown}, {5080, true, 80, unknown},
-			{5120, true, 120, alone}}},
+			{5120, true, 120, alone}}, true},
 		{"a few requests of slack are not a sender", []scrape{
-			{0, true, 0, alone}, {103, true, 100, alone}, {200, true, 200, alone}}},
+			{0, true, 0, alone}, {103, true, 100, alone}, {200, true, 200, alone}}, true},
 		{"excess beyond slack and share", []scrape{
-			{0, true, 0, alone}, {100, true, 100, alone}, {222, true, 200, alone}, {340, true, 300, shared}}},
+			{0, true, 0, alone}, {100, true, 100, alone}, {222, true, 200, alone}, {340, true, 300, shared}}, true},
 		{"fresh and idle: nobody else uses it", []scrape{
-			{0, true, 0, alone}, {0, true, 0, alone}, {0, true, 0, alone}, {1, true, 1, alone}, {3, true, 3, alone}}},
+			{0, true, 0, alone}, {0, true, 0, alone}, {0, true, 0, alone}, {1, true, 1, alone}, {3, true, 3, alone}}, true},
 		{"used before and idle: no evidence", []scrape{
 			{70, true, 0, unknown}, {70, true, 0, unknown}, {70, true, 0, unknown}, {70, true, 0, unknown},
-			{71, true, 1, unknown}, {73, true, 3, alone}}},
+			{71, true, 1, unknown}, {73, true, 3, alone}}, true},
 		{"restarted at zero: fresh again", []scrape{
-			{500, true, 0, unknown}, {0, true, 0, alone}, {10, true, 10, alone}}},
+			{500, true, 0, unknown}, {0, true, 0, alone}, {10, true, 10, alone}}, true},
 		{"no counter reported", []scrape{
-			{0, false, 0, unknown}, {0, false, 10, unknown}}},
+			{0, false, 0, unknown}, {0, false, 10, unknown}}, false},
+		{"no counter, known dialect: fresh until ours finish without one", []scrape{
+			{0, false, 0, alone}, {0, false, 1, alone}, {0, false, 2, unknown}, {0, false, 40, unknown}}, true},
+		{"count created on first use: judged from zero", []scrape{
+			{0, false, 5, alone}, {0, false, 5, alone}, {3, true, 8, alone}, {43, true, 48, alone}}, true},
+		{"count created on first use by another sender", []scrape{
+			{0, false, 0, alone}, {30, true, 2, shared}, {60, true, 4, shared}}, true},
+		{"count gone (restart, lazy series): fresh again", []scrape{
+			{0, true, 0, alone}, {50, true, 50, alone}, {0, false, 50, alone}, {4, true, 54, alone}}, true},
 		{"restart keeps a shared verdict for the hold", []scrape{
-			{0, true, 0, alone}, {100, true, 50, shared}, {3, true, 52, shared}, {6, true, 55, shared}}},
+			{0, true, 0, alone}, {100, true, 50, shared}, {3, true, 52, shared}, {6, true, 55, shared}}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var j sendersJudge
 			now := time.Unix(1000, 0)
 			for i, s := range tc.scrapes {
-				if got := j.observe(now, s.theirs, s.has, s.ours); got != s.want {
+				if got := j.observe(now, s.theirs, s.has, tc.dialect, s.ours); got != s.want {
 					t.Fatalf("scrape %d (%v / %d): %v, want %v", i, s.theirs, s.ours, got, s.want)
 				}
 				now = now.Add(time.Second)
@@ -71,9 +80,9 @@ func TestSendersHoldAndDecay(t *testing.T) {
 		theirs += float64(t2)
 		ours += o
 		now = now.Add(time.Second)
-		return j.observe(now, theirs, true, ours)
+		return j.observe(now, theirs, true, true, ours)
 	}
-	j.observe(now, 0, true, 0)
+	j.observe(now, 0, true, true, 0)
 	if v := step(60, 30); v != backend.SendersShared {
 		t.Fatalf("after a burst from another sender: %v, want shared", v)
 	}
@@ -102,7 +111,7 @@ func TestSendersHoldAndDecay(t *testing.T) {
 func TestSendersSmallSecondSender(t *testing.T) {
 	var j sendersJudge
 	now := time.Unix(1000, 0)
-	j.observe(now, 0, true, 0)
+	j.observe(now, 0, true, true, 0)
 	var theirs float64
 	var ours uint64
 	for i := 1; i <= 90; i++ {
@@ -112,7 +121,7 @@ func TestSendersSmallSecondSender(t *testing.T) {
 			theirs++ // the other sender: a request every 4 s
 		}
 		now = now.Add(time.Second)
-		if j.observe(now, theirs, true, ours) == backend.SendersShared {
+		if j.observe(now, theirs, true, true, ours) == backend.SendersShared {
 			if i > 75 {
 				t.Errorf("found after %d s, want within 75", i)
 			}
@@ -178,5 +187,66 @@ func TestScrapeJudgesSenders(t *testing.T) {
 				t.Errorf("after failing for longer than scrape_stale_after: %v, want unknown", got)
 			}
 		})
+	}
+}
+
+// TestScrapeJudgesLazySeries: a replica whose finished-requests histogram appears only after
+// its first request (llm-d-inference-sim, Prometheus client_golang vectors) counts as fresh
+// while it reports its running requests and no count, is judged from zero once the count
+// appears, and one that never reports a count goes unknown once this proxy has finished
+// requests there.
+func TestScrapeJudgesLazySeries(t *testing.T) {
+	srv := newFakeServer(t)
+	b := srv.backend(t)
+	c, clk, _ := newTestChecker(t, Options{})
+	c.SetBackends([]*backend.Backend{b})
+	serve := func(n int) {
+		for range n {
+			var l backend.Lease
+			l.Begin(b, 1, true)
+			l.Complete()
+			l.Release()
+		}
+	}
+	steps := []struct {
+		metrics string
+		ours    int
+		want    backend.Senders
+	}{
+		{"vllm:num_requests_running 0\n", 0, backend.SendersAlone},
+		{"vllm:num_requests_running 1\n", 0, backend.SendersAlone},
+		{"vllm:num_requests_running 0\nvllm:e2e_request_latency_seconds_count{model_name=\"m\"} 4\n", 4, backend.SendersAlone},
+		{"vllm:num_requests_running 0\nvllm:e2e_request_latency_seconds_count{model_name=\"m\"} 60\n", 6, backend.SendersShared},
+	}
+	for i, s := range steps {
+		serve(s.ours)
+		srv.setMetrics(s.metrics)
+		c.scrapeAll(bg)
+		if got := b.OtherSenders(); got != s.want {
+			t.Fatalf("scrape %d: %v, want %v", i, got, s.want)
+		}
+		clk.Add(time.Second)
+	}
+
+	// Never a count: unknown once this proxy has finished sendersMinOurs requests there.
+	srv2 := newFakeServer(t)
+	b2 := srv2.backend(t)
+	c2, clk2, _ := newTestChecker(t, Options{})
+	c2.SetBackends([]*backend.Backend{b2})
+	srv2.setMetrics("vllm:num_requests_running 0\n")
+	c2.scrapeAll(bg)
+	if got := b2.OtherSenders(); got != backend.SendersAlone {
+		t.Fatalf("fresh, no count: %v, want alone", got)
+	}
+	for range sendersMinOurs {
+		var l backend.Lease
+		l.Begin(b2, 1, true)
+		l.Complete()
+		l.Release()
+	}
+	clk2.Add(time.Second)
+	c2.scrapeAll(bg)
+	if got := b2.OtherSenders(); got != backend.SendersUnknown {
+		t.Fatalf("no count after %d of ours finished: %v, want unknown", sendersMinOurs, got)
 	}
 }
