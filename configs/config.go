@@ -162,10 +162,11 @@ type Prefix struct {
 	// sender and "ring" as soon as another sends to them, see router.TieBreakAuto;
 	// Config.PrefixOptions resolves it).
 	TieBreak string `yaml:"tie_break"`
-	// SpreadNewPrefixes spreads new prefixes among near-ties (router.PrefixOptions.
-	// SpreadNewPrefixes): a thin match counts as none there, and a replica alone sends a new
-	// prefix to the near-tie it routed the fewest requests to lately. Left out: false.
-	SpreadNewPrefixes bool `yaml:"spread_new_prefixes"`
+	// SpreadNewPrefixes spreads new prefixes among near-ties that go by load (see
+	// router.PrefixOptions.NoSpreadNewPrefixes): a thin match counts as none there, and a
+	// replica alone sends a new prefix to the near-tie it routed the fewest requests to
+	// lately. Left out: true; false turns it off.
+	SpreadNewPrefixes OptionalBool `yaml:"spread_new_prefixes"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -254,6 +255,34 @@ func (o OptionalInt) MarshalYAML() (any, error) { return o.V, nil }
 func (o *OptionalInt) orDefault(def int) {
 	if !o.Set {
 		*o = OptionalInt{V: def, Set: true}
+	}
+}
+
+// OptionalBool is a boolean field whose default is true (prefix.spread_new_prefixes), so that
+// a false written in the file is told apart from a field left out, as OptionalInt; the struct
+// stays comparable (a reload compares the prefix section with ==).
+type OptionalBool struct {
+	V   bool
+	Set bool
+}
+
+// UnmarshalYAML reads a boolean and marks the field set.
+func (o *OptionalBool) UnmarshalYAML(n *yaml.Node) error {
+	var v bool
+	if err := n.Decode(&v); err != nil {
+		return err
+	}
+	*o = OptionalBool{V: v, Set: true}
+	return nil
+}
+
+// MarshalYAML writes the boolean.
+func (o OptionalBool) MarshalYAML() (any, error) { return o.V, nil }
+
+// orDefault sets o to def when the file left it out.
+func (o *OptionalBool) orDefault(def bool) {
+	if !o.Set {
+		*o = OptionalBool{V: def, Set: true}
 	}
 }
 
@@ -387,6 +416,7 @@ func (c *Config) ApplyDefaults() {
 	}
 	p.LoadMargin.orDefault(router.DefaultLoadMargin)
 	p.TieMarginPercent.orDefault(int(math.Round(router.DefaultTieMargin * 100)))
+	p.SpreadNewPrefixes.orDefault(true) // router.PrefixOptions' zero value spreads
 	if p.DefaultKVCacheTokens == 0 {
 		p.DefaultKVCacheTokens = index.DefaultKVCacheTokens
 	}
@@ -477,7 +507,7 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 	}
 	return router.PrefixOptions{
 		TieBreak:             tb,
-		SpreadNewPrefixes:    p.SpreadNewPrefixes,
+		NoSpreadNewPrefixes:  p.SpreadNewPrefixes.Set && !p.SpreadNewPrefixes.V,
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
 		HardLoadFactor:       p.HardLoadFactor,

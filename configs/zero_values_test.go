@@ -33,6 +33,9 @@ func TestZeroWrittenInTheFile(t *testing.T) {
 		{"prefix:\n  tie_break: ring\n" + bk, func(c *Config) any { return c.PrefixOptions().TieBreak }, router.TieBreakRing},
 		{"prefix:\n  tie_break: load\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().TieBreak }, router.TieBreakLoad},
 		{bk, func(c *Config) any { return c.Prefix.RouterOptions().TieMargin }, router.DefaultTieMargin},
+		{bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, false},
+		{"prefix:\n  spread_new_prefixes: false\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, true},
+		{"prefix:\n  spread_new_prefixes: true\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, false},
 		{"max_request_body_bytes: 0\n" + bk, func(c *Config) any { return c.MaxRequestBodyBytes }, proxy.DefaultMaxRequestBodyBytes},
 		{"timeouts:\n  connect: 0s\n  idle: 0s\n" + bk, func(c *Config) any { return []time.Duration{c.Timeouts.Connect.D(), c.Timeouts.Idle.D()} },
 			[]time.Duration{proxy.DefaultConnectTimeout, proxy.DefaultIdleTimeout}},
@@ -86,5 +89,14 @@ func TestLoadMarginSyntax(t *testing.T) {
 		case cfg.Prefix.LoadMargin != OptionalInt{V: c.want, Set: true}:
 			t.Errorf("Parse(%q): load_margin %+v, want %d", c.yaml, cfg.Prefix.LoadMargin, c.want)
 		}
+	}
+}
+
+// prefix.spread_new_prefixes reads as a plain boolean: anything else is an error naming the
+// field.
+func TestSpreadNewPrefixesSyntax(t *testing.T) {
+	_, err := Parse([]byte("prefix:\n  spread_new_prefixes: sometimes\nbackends:\n  - url: http://a:8000\n"))
+	if err == nil || !strings.Contains(err.Error(), "prefix.spread_new_prefixes: line 2: want true or false") {
+		t.Fatalf("Parse: %v, want an error about the boolean", err)
 	}
 }

@@ -4,13 +4,16 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// TestThinMatchAmongNearTies: with SpreadNewPrefixes, among near-ties a match that spares under thinMatchShare of the
-// prefill (one shared chunk of a 16-chunk prompt) counts as none, so the ring places the
-// prompt by its first own chunk and such prompts spread; a match that spares half or more
-// keeps the prompt on its holder whatever the ring says.
+// TestThinMatchAmongNearTies: spreading new prefixes (the default), where near-ties go by load, a match
+// that spares under thinMatchShare of the prefill (one shared chunk of a 16-chunk prompt)
+// counts as none, so the ring places the prompt by its first own chunk among the equally
+// loaded and such prompts spread; a match that spares half or more keeps the prompt on its
+// holder whatever the ring says. Where near-ties go by the ring alone, the holder keeps every
+// match, thin or not.
 func TestThinMatchAmongNearTies(t *testing.T) {
 	const n = 4
 	place, ids, in := tieBreakSetup(n)
@@ -41,13 +44,18 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 				}
 				cs[0].matched = tt.matched
 				estimate(cs, in)
-				spread := testSel(0.5, false)
+				spread := testSel(0.5, true)
 				spread.spread = true
 				if j, _ := pickCost(chunks, cs, spread, place); j == 0 {
 					hits++
 				}
-				if j, _ := pickCost(chunks, cs, testSel(0.5, false), place); j != 0 {
+				if j, _ := pickCost(chunks, cs, testSel(0.5, true), place); j != 0 {
 					t.Fatalf("prompt %d: without spread the holder of %d chunks lost to %d", i, tt.matched, j)
+				}
+				ring := testSel(0.5, false)
+				ring.spread = true
+				if j, _ := pickCost(chunks, cs, ring, place); j != 0 {
+					t.Fatalf("prompt %d: under the ring the holder of %d chunks lost to %d", i, tt.matched, j)
 				}
 			}
 			if hits < tt.minHits || hits > tt.maxHits {
@@ -57,7 +65,7 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 	}
 }
 
-// TestTieBreakAutoByRecentShare: with SpreadNewPrefixes, a prefixlb replica alone (TieBreakAuto, every candidate
+// TestTieBreakAutoByRecentShare: spreading new prefixes (the default), a prefixlb replica alone (TieBreakAuto, every candidate
 // alone) sends a cold prompt's near-ties to the backend it routed the fewest requests to
 // lately, even where that one has a request in flight and another has none (conversations
 // between turns have none); peered replicas (TieBreakLoad) rank by in-flight requests only.
@@ -84,6 +92,48 @@ func TestTieBreakAutoByRecentShare(t *testing.T) {
 		}
 		if got, _ := pickCost(chunks, cs, load, place); got != idle {
 			t.Fatalf("prompt %d: load picked %d, want %d (none in flight)", i, got, idle)
+		}
+	}
+}
+
+// TestPickSpreadsConversationsAlone: a prefixlb replica alone (TieBreakAuto, every backend
+// SendersAlone) places cold conversations, between whose turns nothing is in flight, by the
+// requests it routed to each backend lately: 8 conversations' first turns on 4 backends land
+// 2 on each, and each conversation's later turns follow its first. Candidates not all alone
+// read no recent share (the ring breaks their ties).
+func TestPickSpreadsConversationsAlone(t *testing.T) {
+	bs := prefixBackends(t, 4)
+	for _, b := range bs {
+		b.SetOtherSenders(backend.SendersAlone)
+	}
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
+	p.SetBackends(bs)
+	where := map[int]*backend.Backend{}
+	per := map[string]int{}
+	for turn := range 3 {
+		for conv := range 8 {
+			k := routedKey(chunkChain(nil).extend(fmt.Sprint("conversation ", conv), 4+4*turn))
+			d := p.Pick(k, bs)
+			p.Learn(k, d.Backend, d.MatchedChunks)
+			switch {
+			case turn == 0:
+				where[conv] = d.Backend
+				per[d.Backend.Name]++
+			case d.Backend != where[conv]:
+				t.Fatalf("turn %d of conversation %d went to %s, its first to %s", turn, conv, d.Backend.Name, where[conv].Name)
+			}
+		}
+	}
+	for _, b := range bs {
+		if per[b.Name] != 2 {
+			t.Errorf("%s got %d of 8 conversations, want 2 each: %v", b.Name, per[b.Name], per)
+		}
+	}
+	bs[0].SetOtherSenders(backend.SendersShared)
+	cs := p.snapshot(routedKey(chunkChain(nil).extend("x", 4)), bs, nil, nil)
+	for _, c := range cs {
+		if c.recent != 0 {
+			t.Fatalf("recent share read while a backend is shared: %+v", c)
 		}
 	}
 }

@@ -67,17 +67,18 @@ type PrefixOptions struct {
 	// requests per weight first and the ring among equals, TieBreakAuto by load while every
 	// candidate is backend.SendersAlone and by the ring otherwise.
 	TieBreak TieBreak
-	// SpreadNewPrefixes (off by default until the bench suite has scored it) spreads new
-	// prefixes among near-ties: a thin match (one sparing under a quarter of the prefill
-	// work, such as a system prompt many conversations share) counts as no match there, and
-	// a prefixlb replica alone (TieBreakAuto) sends a new prefix to the near-tie it routed
-	// the fewest requests to lately (backend.Routed, RecentHalfLife) before the in-flight
-	// count: between turns a conversation has nothing in flight where it is served. Measured
-	// (one run each, bench suite cells): shared-prefix at 40 req/s max share / mean 1.21 off,
-	// 1.07 on (the oracle 1.06), TTFT p95 79.6 / 72.7 ms; agentic sessions unchanged; in
-	// front of 4 llm-d-inference-sim replicas (multi-turn) 1.50 off, 2.00 on (4 of 8
-	// conversations on one replica).
-	SpreadNewPrefixes bool
+	// NoSpreadNewPrefixes turns off the spreading of new prefixes among near-ties, for
+	// comparison. With it on (the zero value), where near-ties go by load (TieBreakLoad, or
+	// TieBreakAuto while every candidate is alone) a thin match (one sparing under
+	// thinMatchShare of the prefill work, such as a system prompt many conversations share)
+	// counts as no match among them, and a prefixlb replica alone (TieBreakAuto) sends a new
+	// prefix to the near-tie it routed the fewest requests to lately (backend.Routed,
+	// RecentHalfLife) before the in-flight count: between turns a conversation has nothing in
+	// flight where it is served. Under the ring a thin match still counts. Measured (bench
+	// suite cells, prefix arm, off / on): multi-turn max share / mean 1.45 / 1.09 and TTFT p95
+	// 4.4 / 3.8 ms (3 rounds' medians); one round each: shared-prefix at 40 req/s 1.24 / 1.12
+	// (77.6 / 75.8 ms), agentic sessions at 0.2/s 1.37 / 1.12 (181 / 144 ms).
+	NoSpreadNewPrefixes bool
 	// NoIndexCorrection turns off the index's correction from the backends' reported cached
 	// tokens (Prefix.Correct), for comparison: the index then trusts its capacities alone.
 	NoIndexCorrection bool
@@ -174,7 +175,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		chunkTokens: int64(o.ChunkTokens),
 		sel: selection{loadFactor: o.LoadFactor, hardFactor: o.HardLoadFactor, margin: int64(o.LoadMargin),
 			tieMargin: o.TieMargin, loadFirst: o.TieBreak == TieBreakLoad, auto: o.TieBreak == TieBreakAuto,
-			spread: o.SpreadNewPrefixes},
+			spread: !o.NoSpreadNewPrefixes},
 		clock:        clock,
 		noCorrection: o.NoIndexCorrection,
 		idx: index.New(index.Options{
@@ -233,7 +234,7 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 		PrefillWork: work, PredictedTTFT: estSeconds(cs[j].est)}
 }
 
-// noteRouted counts a decision for b's recent share (only SpreadNewPrefixes reads it).
+// noteRouted counts a decision for b's recent share (read only while spreading new prefixes).
 func (p *Prefix) noteRouted(b *backend.Backend) {
 	if p.sel.spread {
 		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
@@ -248,6 +249,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		matched, cs = make([]int, 0, n), make([]cand, 0, n)
 	}
 	now, seq := p.clock(), p.seq.Load()
+	allAlone := true
 	matched = matched[:n]
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
@@ -257,14 +259,19 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
 			queued: b.QueuedPrefill(now) + b.PeerQueuedPrefill(now), own: b.InFlight(), pending: b.PrefillRequests(),
 			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: b.OtherSenders() == backend.SendersAlone}
-		if p.sel.spread {
-			c.recent = b.Routed().Value(seq, RecentHalfLife)
-		}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()
 		}
+		allAlone = allAlone && c.alone
 		cs = append(cs, c)
+	}
+	if p.sel.spread && p.sel.auto && allAlone {
+		// Only a replica alone ranks near-ties by recent share (pickCost): a lock and an exp2
+		// per candidate that every other decision skips.
+		for j, b := range candidates {
+			cs[j].recent = b.Routed().Value(seq, RecentHalfLife)
+		}
 	}
 	return cs
 }

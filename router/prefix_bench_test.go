@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -36,10 +37,21 @@ func BenchmarkPickLearn16KB(b *testing.B)       { benchmarkPickLearn(b, 16<<10, 
 func BenchmarkPickLearn128KB(b *testing.B)      { benchmarkPickLearn(b, 128<<10, 128) }
 func BenchmarkPickLearn128KBEvict(b *testing.B) { benchmarkPickLearn(b, 128<<10, 256) }
 
-// BenchmarkPickCold measures the ring path: prompts nobody holds.
-func BenchmarkPickCold(b *testing.B) {
+// BenchmarkPickCold measures the ring path: prompts nobody holds (tie_break auto, the
+// backends' other senders unknown).
+func BenchmarkPickCold(b *testing.B) { benchmarkPickCold(b, backend.SendersUnknown) }
+
+// BenchmarkPickColdAlone is BenchmarkPickCold for a prefixlb replica alone (every backend
+// SendersAlone), which also reads each backend's recent routed share.
+func BenchmarkPickColdAlone(b *testing.B) { benchmarkPickCold(b, backend.SendersAlone) }
+
+func benchmarkPickCold(b *testing.B, senders backend.Senders) {
 	bs := prefixBackends(b, 8)
-	p, _ := newTestPrefix(b, bs)
+	for _, be := range bs {
+		be.SetOtherSenders(senders)
+	}
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
+	p.SetBackends(bs)
 	keys := make([]*key.Key, 256)
 	for i := range keys {
 		keys[i] = routedKey(chunkChain(nil).extend(fmt.Sprint("cold ", i), 16))
