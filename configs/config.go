@@ -163,9 +163,9 @@ type Prefix struct {
 	// Config.PrefixOptions resolves it).
 	TieBreak string `yaml:"tie_break"`
 	// SpreadNewPrefixes spreads new prefixes among near-ties that go by load (see
-	// router.PrefixOptions.NoSpreadNewPrefixes): a thin match counts as none there, and a
-	// replica alone sends a new prefix to the near-tie it routed the fewest requests to
-	// lately. Left out: true; false turns it off.
+	// router.PrefixOptions.SpreadNewPrefixes): a thin match counts as none there, and a
+	// replica alone under tie_break auto sends a new prefix to the near-tie it routed the
+	// fewest requests to lately. Left out: false.
 	SpreadNewPrefixes OptionalBool `yaml:"spread_new_prefixes"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
@@ -248,8 +248,13 @@ func (o *OptionalInt) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// MarshalYAML writes the integer.
-func (o OptionalInt) MarshalYAML() (any, error) { return o.V, nil }
+// MarshalYAML writes the integer, or null when unset (which reads back as unset).
+func (o OptionalInt) MarshalYAML() (any, error) {
+	if !o.Set {
+		return nil, nil
+	}
+	return o.V, nil
+}
 
 // orDefault sets o to def when the file left it out.
 func (o *OptionalInt) orDefault(def int) {
@@ -258,7 +263,7 @@ func (o *OptionalInt) orDefault(def int) {
 	}
 }
 
-// OptionalBool is a boolean field whose default is true (prefix.spread_new_prefixes), so that
+// OptionalBool is a boolean field (prefix.spread_new_prefixes) whose default may be either, so that
 // a false written in the file is told apart from a field left out, as OptionalInt; the struct
 // stays comparable (a reload compares the prefix section with ==).
 type OptionalBool struct {
@@ -276,8 +281,13 @@ func (o *OptionalBool) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// MarshalYAML writes the boolean.
-func (o OptionalBool) MarshalYAML() (any, error) { return o.V, nil }
+// MarshalYAML writes the boolean, or null when unset (which reads back as unset).
+func (o OptionalBool) MarshalYAML() (any, error) {
+	if !o.Set {
+		return nil, nil
+	}
+	return o.V, nil
+}
 
 // orDefault sets o to def when the file left it out.
 func (o *OptionalBool) orDefault(def bool) {
@@ -416,7 +426,7 @@ func (c *Config) ApplyDefaults() {
 	}
 	p.LoadMargin.orDefault(router.DefaultLoadMargin)
 	p.TieMarginPercent.orDefault(int(math.Round(router.DefaultTieMargin * 100)))
-	p.SpreadNewPrefixes.orDefault(true) // router.PrefixOptions' zero value spreads
+	p.SpreadNewPrefixes.orDefault(false) // as router.PrefixOptions' zero value
 	if p.DefaultKVCacheTokens == 0 {
 		p.DefaultKVCacheTokens = index.DefaultKVCacheTokens
 	}
@@ -507,7 +517,7 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 	}
 	return router.PrefixOptions{
 		TieBreak:             tb,
-		NoSpreadNewPrefixes:  p.SpreadNewPrefixes.Set && !p.SpreadNewPrefixes.V,
+		SpreadNewPrefixes:    p.SpreadNewPrefixes.V,
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
 		HardLoadFactor:       p.HardLoadFactor,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
+	"gopkg.in/yaml.v3"
 )
 
 // A zero written in the file means what the field documents. prefix.load_margin is the one
@@ -33,9 +34,9 @@ func TestZeroWrittenInTheFile(t *testing.T) {
 		{"prefix:\n  tie_break: ring\n" + bk, func(c *Config) any { return c.PrefixOptions().TieBreak }, router.TieBreakRing},
 		{"prefix:\n  tie_break: load\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().TieBreak }, router.TieBreakLoad},
 		{bk, func(c *Config) any { return c.Prefix.RouterOptions().TieMargin }, router.DefaultTieMargin},
-		{bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, false},
-		{"prefix:\n  spread_new_prefixes: false\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, true},
-		{"prefix:\n  spread_new_prefixes: true\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, false},
+		{bk, func(c *Config) any { return c.Prefix.RouterOptions().SpreadNewPrefixes }, false},
+		{"prefix:\n  spread_new_prefixes: false\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().SpreadNewPrefixes }, false},
+		{"prefix:\n  spread_new_prefixes: true\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().SpreadNewPrefixes }, true},
 		{"max_request_body_bytes: 0\n" + bk, func(c *Config) any { return c.MaxRequestBodyBytes }, proxy.DefaultMaxRequestBodyBytes},
 		{"timeouts:\n  connect: 0s\n  idle: 0s\n" + bk, func(c *Config) any { return []time.Duration{c.Timeouts.Connect.D(), c.Timeouts.Idle.D()} },
 			[]time.Duration{proxy.DefaultConnectTimeout, proxy.DefaultIdleTimeout}},
@@ -98,5 +99,27 @@ func TestSpreadNewPrefixesSyntax(t *testing.T) {
 	_, err := Parse([]byte("prefix:\n  spread_new_prefixes: sometimes\nbackends:\n  - url: http://a:8000\n"))
 	if err == nil || !strings.Contains(err.Error(), "prefix.spread_new_prefixes: line 2: want true or false") {
 		t.Fatalf("Parse: %v, want an error about the boolean", err)
+	}
+}
+
+// A Config written back to YAML reads back the same, unset optional fields included (null,
+// not their zero, which would turn a default-on field off).
+func TestOptionalRoundTrip(t *testing.T) {
+	for _, in := range []Prefix{
+		{},
+		{LoadMargin: OptionalInt{V: 0, Set: true}, SpreadNewPrefixes: OptionalBool{V: false, Set: true}},
+		{TieMarginPercent: OptionalInt{V: 25, Set: true}, SpreadNewPrefixes: OptionalBool{V: true, Set: true}},
+	} {
+		out, err := yaml.Marshal(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Prefix
+		if err := yaml.Unmarshal(out, &back); err != nil {
+			t.Fatalf("%s: %v", out, err)
+		}
+		if back != in {
+			t.Errorf("round trip of %+v: %+v (%s)", in, back, out)
+		}
 	}
 }

@@ -144,7 +144,8 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	}
 	res.prompt, res.hasProm = m.prompt, m.hasPrompt
 	st.scrape.Store(res)
-	c.setSenders(st, st.senders.observe(now, m.finished, m.hasFinished, m.hasRunning, st.b.Completed()))
+	c.setSenders(st, st.senders.observe(now, senderSample{finished: m.finished, has: m.hasFinished, dialect: m.hasRunning,
+		busy: m.running + m.waiting, ours: st.b.Completed(), inFlight: st.b.InFlight()}))
 	c.scraped(st, restarted, prev, load)
 }
 

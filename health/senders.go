@@ -25,9 +25,11 @@ import (
 // is expected) but no finished count yet has finished nothing: Prometheus clients that create
 // a labelled series on its first observation (client_golang's vectors; llm-d-inference-sim)
 // expose none before then. Such a replica counts as fresh (alone) until the count appears,
-// and the count is then judged from zero at the first scrape without it; if this proxy has
-// finished sendersMinOurs requests there and the count is still absent, the replica does not
-// export one and stays unknown. Before this, 4 fresh llm-d-inference-sim replicas stayed
+// and the count is then judged from zero at the first scrape without it; meanwhile more
+// requests running and waiting there than this proxy has in flight (beyond sendersSlack) mean
+// another sender. If this proxy has finished sendersMinOurs requests there and the count is
+// still absent, the replica does not export one and stays unknown. A count that goes missing
+// and comes back no lower carries on where it was. Before this, 4 fresh llm-d-inference-sim replicas stayed
 // unknown until each had finished a request, so a lone prefixlb placed its first
 // conversations by the ring (multi-turn, 8 conversations: 3 on one replica).
 //
@@ -79,34 +81,55 @@ type sendersJudge struct {
 	absentDone uint64
 }
 
-// observe folds one scrape: finished is the replica's count (has false: it reports none),
-// ours backend.Completed. dialect says the replica reported its running requests, so that a
-// missing count means nothing finished yet (see the package comment above). It returns the
-// verdict at now.
-func (j *sendersJudge) observe(now time.Time, finished float64, has, dialect bool, ours uint64) backend.Senders {
-	if !has {
+// senderSample is what one successful scrape tells the judge.
+type senderSample struct {
+	finished float64 // the replica's finished-requests count
+	has      bool    // it reported one
+	dialect  bool    // it reported its running requests: a missing count means none finished yet
+	busy     float64 // running + waiting requests it reported
+	ours     uint64  // backend.Completed
+	inFlight int64   // this proxy's requests in flight there
+}
+
+// observe folds one scrape and returns the verdict at now.
+func (j *sendersJudge) observe(now time.Time, s senderSample) backend.Senders {
+	if !s.has {
 		switch {
-		case !dialect:
+		case !s.dialect:
 			*j = sendersJudge{sharedAt: j.sharedAt}
-		case !j.absent || ours < j.absentOurs:
-			*j = sendersJudge{sharedAt: j.sharedAt, absent: true, absentOurs: ours}
+			return j.verdict(now)
+		case !j.absent || s.ours < j.absentOurs:
+			// The count is gone, or never was: the rest of the state is kept for a count
+			// that comes back where it was (a scrape that missed it).
+			j.absent, j.absentOurs, j.absentDone = true, s.ours, 0
 		default:
-			j.absentDone = ours - j.absentOurs
+			j.absentDone = s.ours - j.absentOurs
+		}
+		if !j.have && s.busy > float64(s.inFlight)+sendersSlack {
+			// No count to compare, but more requests there than this proxy has in flight.
+			j.sharedAt = now
 		}
 		return j.verdict(now)
 	}
-	if !j.have && j.absent && ours >= j.absentOurs {
-		// The count appeared: it was 0 at the first scrape without it.
-		*j = sendersJudge{sharedAt: j.sharedAt, have: true, prevOurs: j.absentOurs, startedUntouched: true}
+	if j.absent {
+		restarted := !j.have || s.finished < j.prevTheirs || s.ours < j.prevOurs
+		if restarted && s.ours >= j.absentOurs {
+			// The count appeared (a series created on first use) or came back lower (the
+			// replica restarted meanwhile): it was 0 at the first scrape without it. That
+			// replica was fresh if this proxy had not finished its own requests there since.
+			*j = sendersJudge{sharedAt: j.sharedAt, have: true, prevOurs: j.absentOurs,
+				startedUntouched: j.absentDone < sendersMinOurs}
+		}
+		j.absent, j.absentOurs, j.absentDone = false, 0, 0
 	}
-	if !j.have || finished < j.prevTheirs || ours < j.prevOurs {
+	if !j.have || s.finished < j.prevTheirs || s.ours < j.prevOurs {
 		// The first count, or the replica restarted (its counter went back): start over.
-		*j = sendersJudge{sharedAt: j.sharedAt, have: true, prevTheirs: finished, prevOurs: ours,
-			startedUntouched: finished == 0}
+		*j = sendersJudge{sharedAt: j.sharedAt, have: true, prevTheirs: s.finished, prevOurs: s.ours,
+			startedUntouched: s.finished == 0}
 		return j.verdict(now)
 	}
-	dt, do := finished-j.prevTheirs, float64(ours-j.prevOurs)
-	j.prevTheirs, j.prevOurs = finished, ours
+	dt, do := s.finished-j.prevTheirs, float64(s.ours-j.prevOurs)
+	j.prevTheirs, j.prevOurs = s.finished, s.ours
 	const keep = 1 - 1.0/sendersTau
 	j.excess = j.excess*keep + (dt - do)
 	j.ours = j.ours*keep + do
@@ -123,7 +146,7 @@ func (j *sendersJudge) verdict(now time.Time) backend.Senders {
 	switch {
 	case !j.sharedAt.IsZero() && now.Sub(j.sharedAt) < sendersHold:
 		return backend.SendersShared
-	case j.absent:
+	case j.absent && !j.have:
 		if j.absentDone < sendersMinOurs {
 			return backend.SendersAlone
 		}

@@ -21,45 +21,53 @@ func TestSendersJudge(t *testing.T) {
 	cases := []struct {
 		name    string
 		scrapes []scrape
-		dialect bool // the replica reports its running requests (a missing count is 0 so far)
+		dialect bool    // the replica reports its running requests (a missing count is 0 so far)
+		busy    float64 // its running + waiting requests (this proxy has none in flight)
 	}{
 		{"fresh replica, only us", []scrape{
-			{0, true, 0, alone}, {40, true, 40, alone}, {90, true, 88, alone}, {130, true, 131, alone}}, true},
+			{0, true, 0, alone}, {40, true, 40, alone}, {90, true, 88, alone}, {130, true, 131, alone}}, true, 0},
 		{"fresh replica, a second sender half the traffic", []scrape{
-			{0, true, 0, alone}, {80, true, 40, shared}, {160, true, 80, shared}}, true},
+			{0, true, 0, alone}, {80, true, 40, shared}, {160, true, 80, shared}}, true, 0},
 		{"used before: alone only after settling", []scrape{
 			{5000, true, 0, unknown}, {5040, true, 40, unknown}, {5080, true, 80, unknown},
-			{5120, true, 120, alone}}, true},
+			{5120, true, 120, alone}}, true, 0},
 		{"a few requests of slack are not a sender", []scrape{
-			{0, true, 0, alone}, {103, true, 100, alone}, {200, true, 200, alone}}, true},
+			{0, true, 0, alone}, {103, true, 100, alone}, {200, true, 200, alone}}, true, 0},
 		{"excess beyond slack and share", []scrape{
-			{0, true, 0, alone}, {100, true, 100, alone}, {222, true, 200, alone}, {340, true, 300, shared}}, true},
+			{0, true, 0, alone}, {100, true, 100, alone}, {222, true, 200, alone}, {340, true, 300, shared}}, true, 0},
 		{"fresh and idle: nobody else uses it", []scrape{
-			{0, true, 0, alone}, {0, true, 0, alone}, {0, true, 0, alone}, {1, true, 1, alone}, {3, true, 3, alone}}, true},
+			{0, true, 0, alone}, {0, true, 0, alone}, {0, true, 0, alone}, {1, true, 1, alone}, {3, true, 3, alone}}, true, 0},
 		{"used before and idle: no evidence", []scrape{
 			{70, true, 0, unknown}, {70, true, 0, unknown}, {70, true, 0, unknown}, {70, true, 0, unknown},
-			{71, true, 1, unknown}, {73, true, 3, alone}}, true},
+			{71, true, 1, unknown}, {73, true, 3, alone}}, true, 0},
 		{"restarted at zero: fresh again", []scrape{
-			{500, true, 0, unknown}, {0, true, 0, alone}, {10, true, 10, alone}}, true},
+			{500, true, 0, unknown}, {0, true, 0, alone}, {10, true, 10, alone}}, true, 0},
 		{"no counter reported", []scrape{
-			{0, false, 0, unknown}, {0, false, 10, unknown}}, false},
+			{0, false, 0, unknown}, {0, false, 10, unknown}}, false, 0},
 		{"no counter, known dialect: fresh until ours finish without one", []scrape{
-			{0, false, 0, alone}, {0, false, 1, alone}, {0, false, 2, unknown}, {0, false, 40, unknown}}, true},
+			{0, false, 0, alone}, {0, false, 1, alone}, {0, false, 2, unknown}, {0, false, 40, unknown}}, true, 0},
 		{"count created on first use: judged from zero", []scrape{
-			{0, false, 5, alone}, {0, false, 5, alone}, {3, true, 8, alone}, {43, true, 48, alone}}, true},
+			{0, false, 5, alone}, {0, false, 5, alone}, {3, true, 8, alone}, {43, true, 48, alone}}, true, 0},
 		{"count created on first use by another sender", []scrape{
-			{0, false, 0, alone}, {30, true, 2, shared}, {60, true, 4, shared}}, true},
+			{0, false, 0, alone}, {30, true, 2, shared}, {60, true, 4, shared}}, true, 0},
 		{"count gone (restart, lazy series): fresh again", []scrape{
-			{0, true, 0, alone}, {50, true, 50, alone}, {0, false, 50, alone}, {4, true, 54, alone}}, true},
+			{0, true, 0, alone}, {50, true, 50, alone}, {0, false, 50, alone}, {4, true, 54, alone}}, true, 0},
+		{"count blinks out: carried on where it was", []scrape{
+			{0, true, 0, alone}, {50, true, 50, alone}, {0, false, 55, alone}, {60, true, 60, alone},
+			{100, true, 100, alone}}, true, 0},
+		{"count appears after ours finished without it: not fresh", []scrape{
+			{0, false, 0, alone}, {0, false, 3, unknown}, {5, true, 5, unknown}}, true, 0},
+		{"no count, another sender's requests running there", []scrape{
+			{0, false, 0, shared}, {0, false, 0, shared}}, true, 8},
 		{"restart keeps a shared verdict for the hold", []scrape{
-			{0, true, 0, alone}, {100, true, 50, shared}, {3, true, 52, shared}, {6, true, 55, shared}}, true},
+			{0, true, 0, alone}, {100, true, 50, shared}, {3, true, 52, shared}, {6, true, 55, shared}}, true, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var j sendersJudge
 			now := time.Unix(1000, 0)
 			for i, s := range tc.scrapes {
-				if got := j.observe(now, s.theirs, s.has, tc.dialect, s.ours); got != s.want {
+				if got := j.observe(now, senderSample{finished: s.theirs, has: s.has, dialect: tc.dialect, busy: tc.busy, ours: s.ours}); got != s.want {
 					t.Fatalf("scrape %d (%v / %d): %v, want %v", i, s.theirs, s.ours, got, s.want)
 				}
 				now = now.Add(time.Second)
@@ -80,9 +88,9 @@ func TestSendersHoldAndDecay(t *testing.T) {
 		theirs += float64(t2)
 		ours += o
 		now = now.Add(time.Second)
-		return j.observe(now, theirs, true, true, ours)
+		return j.observe(now, senderSample{finished: theirs, has: true, dialect: true, ours: ours})
 	}
-	j.observe(now, 0, true, true, 0)
+	j.observe(now, senderSample{has: true, dialect: true})
 	if v := step(60, 30); v != backend.SendersShared {
 		t.Fatalf("after a burst from another sender: %v, want shared", v)
 	}
@@ -111,7 +119,7 @@ func TestSendersHoldAndDecay(t *testing.T) {
 func TestSendersSmallSecondSender(t *testing.T) {
 	var j sendersJudge
 	now := time.Unix(1000, 0)
-	j.observe(now, 0, true, true, 0)
+	j.observe(now, senderSample{has: true, dialect: true})
 	var theirs float64
 	var ours uint64
 	for i := 1; i <= 90; i++ {
@@ -121,7 +129,7 @@ func TestSendersSmallSecondSender(t *testing.T) {
 			theirs++ // the other sender: a request every 4 s
 		}
 		now = now.Add(time.Second)
-		if j.observe(now, theirs, true, true, ours) == backend.SendersShared {
+		if j.observe(now, senderSample{finished: theirs, has: true, dialect: true, ours: ours}) == backend.SendersShared {
 			if i > 75 {
 				t.Errorf("found after %d s, want within 75", i)
 			}
@@ -248,5 +256,12 @@ func TestScrapeJudgesLazySeries(t *testing.T) {
 	c2.scrapeAll(bg)
 	if got := b2.OtherSenders(); got != backend.SendersUnknown {
 		t.Fatalf("no count after %d of ours finished: %v, want unknown", sendersMinOurs, got)
+	}
+	// Still no count, and more requests running and waiting there than this proxy has in flight.
+	srv2.setMetrics("vllm:num_requests_running 5\nvllm:num_requests_waiting 2\n")
+	clk2.Add(time.Second)
+	c2.scrapeAll(bg)
+	if got := b2.OtherSenders(); got != backend.SendersShared {
+		t.Fatalf("no count, 7 requests there and none of ours: %v, want shared", got)
 	}
 }

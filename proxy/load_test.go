@@ -51,7 +51,8 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 			})
 			c := testClient()
 			for i := 0; i < 30; i++ {
-				// Distinct prompts: cold placements, spread by the ring within the load cap.
+				// Distinct prompts: cold placements, spread within the load cap (by load: the
+				// fake replicas report running requests and no finished count, so they count as alone).
 				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, strings.Repeat(fmt.Sprintf("topic %d ", i), 100))
 				resp, err := c.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 				if err != nil {

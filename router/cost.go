@@ -186,7 +186,7 @@ type selection struct {
 	tieMargin  float64 // near-tie margin of estimated TTFTs, as a fraction of the least
 	loadFirst  bool    // TieBreakLoad
 	auto       bool    // TieBreakAuto: loadFirst while every candidate is alone
-	spread     bool    // !PrefixOptions.NoSpreadNewPrefixes
+	spread     bool    // PrefixOptions.SpreadNewPrefixes
 }
 
 // caps are the bounded-load cap and the hard cap of a backend of weight w among candidates
@@ -257,7 +257,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	}
 	// Near-ties: within tieMargin of the least estimate. Among them the longest match (what
 	// the cache already holds is not computed again), and among those the ring. With
-	// sel.spread (not PrefixOptions.NoSpreadNewPrefixes) a thin match counts as none: one that
+	// sel.spread (PrefixOptions.SpreadNewPrefixes) a thin match counts as none: one that
 	// spares less than thinMatchShare of the prefill work the least held among the near-ties
 	// leaves (a system prompt or document chunk that several conversations share, learned by
 	// whichever replica saw it first), so that it does not pull every conversation that

@@ -8,7 +8,7 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// TestThinMatchAmongNearTies: spreading new prefixes (the default), where near-ties go by load, a match
+// TestThinMatchAmongNearTies: with SpreadNewPrefixes, where near-ties go by load, a match
 // that spares under thinMatchShare of the prefill (one shared chunk of a 16-chunk prompt)
 // counts as none, so the ring places the prompt by its first own chunk among the equally
 // loaded and such prompts spread; a match that spares half or more keeps the prompt on its
@@ -57,6 +57,15 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 				if j, _ := pickCost(chunks, cs, ring, place); j != 0 {
 					t.Fatalf("prompt %d: under the ring the holder of %d chunks lost to %d", i, tt.matched, j)
 				}
+				// auto with one candidate shared: the ring, so the thin match counts too.
+				auto := testSel(0.5, false)
+				auto.auto, auto.spread = true, true
+				for j := range cs {
+					cs[j].alone = j != 1
+				}
+				if j, _ := pickCost(chunks, cs, auto, place); j != 0 {
+					t.Fatalf("prompt %d: auto with a shared candidate, the holder of %d chunks lost to %d", i, tt.matched, j)
+				}
 			}
 			if hits < tt.minHits || hits > tt.maxHits {
 				t.Errorf("holder of %d chunks got %d of 64 prompts, want %d..%d", tt.matched, hits, tt.minHits, tt.maxHits)
@@ -65,7 +74,7 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 	}
 }
 
-// TestTieBreakAutoByRecentShare: spreading new prefixes (the default), a prefixlb replica alone (TieBreakAuto, every candidate
+// TestTieBreakAutoByRecentShare: with SpreadNewPrefixes, a prefixlb replica alone (TieBreakAuto, every candidate
 // alone) sends a cold prompt's near-ties to the backend it routed the fewest requests to
 // lately, even where that one has a request in flight and another has none (conversations
 // between turns have none); peered replicas (TieBreakLoad) rank by in-flight requests only.
@@ -106,7 +115,7 @@ func TestPickSpreadsConversationsAlone(t *testing.T) {
 	for _, b := range bs {
 		b.SetOtherSenders(backend.SendersAlone)
 	}
-	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto, SpreadNewPrefixes: true}, nil)
 	p.SetBackends(bs)
 	where := map[int]*backend.Backend{}
 	per := map[string]int{}

@@ -67,18 +67,21 @@ type PrefixOptions struct {
 	// requests per weight first and the ring among equals, TieBreakAuto by load while every
 	// candidate is backend.SendersAlone and by the ring otherwise.
 	TieBreak TieBreak
-	// NoSpreadNewPrefixes turns off the spreading of new prefixes among near-ties, for
-	// comparison. With it on (the zero value), where near-ties go by load (TieBreakLoad, or
-	// TieBreakAuto while every candidate is alone) a thin match (one sparing under
-	// thinMatchShare of the prefill work, such as a system prompt many conversations share)
-	// counts as no match among them, and a prefixlb replica alone (TieBreakAuto) sends a new
-	// prefix to the near-tie it routed the fewest requests to lately (backend.Routed,
-	// RecentHalfLife) before the in-flight count: between turns a conversation has nothing in
-	// flight where it is served. Under the ring a thin match still counts. Measured (bench
-	// suite cells, prefix arm, off / on): multi-turn max share / mean 1.45 / 1.09 and TTFT p95
-	// 4.4 / 3.8 ms (3 rounds' medians); one round each: shared-prefix at 40 req/s 1.24 / 1.12
-	// (77.6 / 75.8 ms), agentic sessions at 0.2/s 1.37 / 1.12 (181 / 144 ms).
-	NoSpreadNewPrefixes bool
+	// SpreadNewPrefixes (off by default: see the measurements below) spreads new prefixes
+	// among near-ties. Where near-ties go by load (TieBreakLoad, or TieBreakAuto while every
+	// candidate is alone) a thin match (one sparing under thinMatchShare of the prefill work,
+	// such as a system prompt many conversations share) counts as no match among them, and a
+	// prefixlb replica alone (TieBreakAuto) sends a new prefix to the near-tie it routed the
+	// fewest requests to lately (backend.Routed, RecentHalfLife) before the in-flight count:
+	// between turns a conversation has nothing in flight where it is served. Under the ring
+	// a thin match still counts. Measured (full bench suite with it on, one run on 9a85f59,
+	// against the previous full run with it off): multi-turn max share / mean 1.45 → 1.09,
+	// shared-prefix at 40 req/s 1.36 → 1.07, agentic sessions at 0.2/s TTFT p95 0.94 → 0.86×
+	// the oracle's; but OpenAssistant threads lost a fifth of their cached tokens (cached
+	// 0.61 against the oracle's 0.78 at 4 conversations/s, 0.75 with the thin-match rule
+	// alone taken out): siblings of a thread share a prefix that is thin against their
+	// own turns, and the rule sends them elsewhere.
+	SpreadNewPrefixes bool
 	// NoIndexCorrection turns off the index's correction from the backends' reported cached
 	// tokens (Prefix.Correct), for comparison: the index then trusts its capacities alone.
 	NoIndexCorrection bool
@@ -175,7 +178,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		chunkTokens: int64(o.ChunkTokens),
 		sel: selection{loadFactor: o.LoadFactor, hardFactor: o.HardLoadFactor, margin: int64(o.LoadMargin),
 			tieMargin: o.TieMargin, loadFirst: o.TieBreak == TieBreakLoad, auto: o.TieBreak == TieBreakAuto,
-			spread: !o.NoSpreadNewPrefixes},
+			spread: o.SpreadNewPrefixes},
 		clock:        clock,
 		noCorrection: o.NoIndexCorrection,
 		idx: index.New(index.Options{
@@ -234,9 +237,10 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 		PrefillWork: work, PredictedTTFT: estSeconds(cs[j].est)}
 }
 
-// noteRouted counts a decision for b's recent share (read only while spreading new prefixes).
+// noteRouted counts a decision for b's recent share, which only TieBreakAuto reads (while
+// spreading new prefixes and every candidate is alone).
 func (p *Prefix) noteRouted(b *backend.Backend) {
-	if p.sel.spread {
+	if p.sel.spread && p.sel.auto {
 		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
 	}
 }

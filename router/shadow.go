@@ -105,6 +105,9 @@ func (s *Shadow) Actual() Policy { return s.actual }
 // Pick returns Actual's pick and records what the prefix policy would have chosen.
 func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	d := s.actual.Pick(k, candidates)
+	if d.Backend != nil {
+		s.prefix.noteRouted(d.Backend) // where requests go is what the recent share counts
+	}
 	if d.Backend == nil || k == nil || !k.Routed || !k.OK || len(k.Chunks) == 0 || len(candidates) > maxStackCandidates {
 		return d
 	}
