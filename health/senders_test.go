@@ -154,14 +154,7 @@ func TestScrapeJudgesSenders(t *testing.T) {
 				srv.setMetrics(fmt.Sprintf("%[4]s{engine=\"0\"} 0\n%[1]s:e2e_request_latency_seconds_count{engine=\"0\"} %[2]d\n%[1]s:e2e_request_latency_seconds_count{engine=\"1\"} %[3]d\n",
 					name, half, finished-half, running))
 			}
-			serve := func(n int) {
-				for range n {
-					var l backend.Lease
-					l.Begin(b, 1, true)
-					l.Complete()
-					l.Release()
-				}
-			}
+			serve := func(n int) { finishRequests(b, n) }
 			steps := []struct {
 				ours, others int
 				want         backend.Senders
@@ -208,14 +201,7 @@ func TestScrapeJudgesLazySeries(t *testing.T) {
 	b := srv.backend(t)
 	c, clk, _ := newTestChecker(t, Options{})
 	c.SetBackends([]*backend.Backend{b})
-	serve := func(n int) {
-		for range n {
-			var l backend.Lease
-			l.Begin(b, 1, true)
-			l.Complete()
-			l.Release()
-		}
-	}
+	serve := func(n int) { finishRequests(b, n) }
 	steps := []struct {
 		metrics string
 		ours    int
@@ -246,12 +232,7 @@ func TestScrapeJudgesLazySeries(t *testing.T) {
 	if got := b2.OtherSenders(); got != backend.SendersAlone {
 		t.Fatalf("fresh, no count: %v, want alone", got)
 	}
-	for range sendersMinOurs {
-		var l backend.Lease
-		l.Begin(b2, 1, true)
-		l.Complete()
-		l.Release()
-	}
+	finishRequests(b2, sendersMinOurs)
 	clk2.Add(time.Second)
 	c2.scrapeAll(bg)
 	if got := b2.OtherSenders(); got != backend.SendersUnknown {
@@ -263,5 +244,15 @@ func TestScrapeJudgesLazySeries(t *testing.T) {
 	c2.scrapeAll(bg)
 	if got := b2.OtherSenders(); got != backend.SendersShared {
 		t.Fatalf("no count, 7 requests there and none of ours: %v, want shared", got)
+	}
+}
+
+// finishRequests completes n streamed requests through b, as the proxy would (backend.Completed).
+func finishRequests(b *backend.Backend, n int) {
+	for range n {
+		var l backend.Lease
+		l.Begin(b, 1, true)
+		l.Complete()
+		l.Release()
 	}
 }
