@@ -166,7 +166,7 @@ type Prefix struct {
 	// router.PrefixOptions.SpreadNewPrefixes): a thin match counts as none there, and a
 	// replica alone under tie_break auto sends a new prefix to the near-tie it routed the
 	// fewest requests to lately. Left out: false.
-	SpreadNewPrefixes OptionalBool `yaml:"spread_new_prefixes"`
+	SpreadNewPrefixes bool `yaml:"spread_new_prefixes"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -260,39 +260,6 @@ func (o OptionalInt) MarshalYAML() (any, error) {
 func (o *OptionalInt) orDefault(def int) {
 	if !o.Set {
 		*o = OptionalInt{V: def, Set: true}
-	}
-}
-
-// OptionalBool is a boolean field (prefix.spread_new_prefixes) whose default may be either, so that
-// a false written in the file is told apart from a field left out, as OptionalInt; the struct
-// stays comparable (a reload compares the prefix section with ==).
-type OptionalBool struct {
-	V   bool
-	Set bool
-}
-
-// UnmarshalYAML reads a boolean and marks the field set.
-func (o *OptionalBool) UnmarshalYAML(n *yaml.Node) error {
-	var v bool
-	if err := n.Decode(&v); err != nil {
-		return err
-	}
-	*o = OptionalBool{V: v, Set: true}
-	return nil
-}
-
-// MarshalYAML writes the boolean, or null when unset (which reads back as unset).
-func (o OptionalBool) MarshalYAML() (any, error) {
-	if !o.Set {
-		return nil, nil
-	}
-	return o.V, nil
-}
-
-// orDefault sets o to def when the file left it out.
-func (o *OptionalBool) orDefault(def bool) {
-	if !o.Set {
-		*o = OptionalBool{V: def, Set: true}
 	}
 }
 
@@ -426,7 +393,6 @@ func (c *Config) ApplyDefaults() {
 	}
 	p.LoadMargin.orDefault(router.DefaultLoadMargin)
 	p.TieMarginPercent.orDefault(int(math.Round(router.DefaultTieMargin * 100)))
-	p.SpreadNewPrefixes.orDefault(false) // as router.PrefixOptions' zero value
 	if p.DefaultKVCacheTokens == 0 {
 		p.DefaultKVCacheTokens = index.DefaultKVCacheTokens
 	}
@@ -517,7 +483,7 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 	}
 	return router.PrefixOptions{
 		TieBreak:             tb,
-		SpreadNewPrefixes:    p.SpreadNewPrefixes.V,
+		SpreadNewPrefixes:    p.SpreadNewPrefixes,
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
 		HardLoadFactor:       p.HardLoadFactor,

@@ -103,12 +103,12 @@ func TestSpreadNewPrefixesSyntax(t *testing.T) {
 }
 
 // A Config written back to YAML reads back the same, unset optional fields included (null,
-// not their zero, which would turn a default-on field off).
+// not their zero, which would turn the default margin into none).
 func TestOptionalRoundTrip(t *testing.T) {
 	for _, in := range []Prefix{
 		{},
-		{LoadMargin: OptionalInt{V: 0, Set: true}, SpreadNewPrefixes: OptionalBool{V: false, Set: true}},
-		{TieMarginPercent: OptionalInt{V: 25, Set: true}, SpreadNewPrefixes: OptionalBool{V: true, Set: true}},
+		{LoadMargin: OptionalInt{V: 0, Set: true}},
+		{TieMarginPercent: OptionalInt{V: 25, Set: true}, SpreadNewPrefixes: true},
 	} {
 		out, err := yaml.Marshal(in)
 		if err != nil {

@@ -112,8 +112,7 @@ func (j *sendersJudge) observe(now time.Time, s senderSample) backend.Senders {
 		return j.verdict(now)
 	}
 	if j.absent {
-		restarted := !j.have || s.finished < j.prevTheirs || s.ours < j.prevOurs
-		if restarted && s.ours >= j.absentOurs {
+		if j.startsOver(s) && s.ours >= j.absentOurs {
 			// The count appeared (a series created on first use) or came back lower (the
 			// replica restarted meanwhile): it was 0 at the first scrape without it. That
 			// replica was fresh if this proxy had not finished its own requests there since.
@@ -122,7 +121,7 @@ func (j *sendersJudge) observe(now time.Time, s senderSample) backend.Senders {
 		}
 		j.absent, j.absentOurs, j.absentDone = false, 0, 0
 	}
-	if !j.have || s.finished < j.prevTheirs || s.ours < j.prevOurs {
+	if j.startsOver(s) {
 		// The first count, or the replica restarted (its counter went back): start over.
 		*j = sendersJudge{sharedAt: j.sharedAt, have: true, prevTheirs: s.finished, prevOurs: s.ours,
 			startedUntouched: s.finished == 0}
@@ -140,6 +139,11 @@ func (j *sendersJudge) observe(now time.Time, s senderSample) backend.Senders {
 		j.clean++
 	}
 	return j.verdict(now)
+}
+
+// startsOver reports whether s's count is the first, or lower than the last (a restart).
+func (j *sendersJudge) startsOver(s senderSample) bool {
+	return !j.have || s.finished < j.prevTheirs || s.ours < j.prevOurs
 }
 
 func (j *sendersJudge) verdict(now time.Time) backend.Senders {
