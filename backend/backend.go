@@ -51,8 +51,7 @@ type Backend struct {
 	completed     atomic.Uint64            // requests answered in full with a success status (Lease.Complete)
 	senders       atomic.Int32             // Senders: the health checker's verdict
 	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
-	peerPrefill   atomic.Int64             // and their queued prefill tokens
-	peerPrefillAt atomic.Int64             // monoNanos of the last change of peerPrefill
+	peerPrefill   atomic.Int64             // and their queued prefill tokens (in QueuedPrefill's queue)
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
 	routed        RecentCount              // the prefix policy's recent requests here (recent.go)
 }
@@ -254,7 +253,7 @@ func (b *Backend) ResetCache() { b.epoch.Add(1) }
 type Lease struct {
 	b       *Backend
 	prefill int64
-	ahead   int64 // this proxy's prefill work queued on b before this request
+	ahead   int64 // prefill work queued on b before this request (this proxy's and its peers', QueuedPrefill)
 	began   time.Time
 	timed   bool          // the first byte is the first token: observe the prefill model
 	state   atomic.Uint32 // bit 0: first byte accounted; bit 1: released
@@ -273,7 +272,7 @@ func (l *Lease) Begin(b *Backend, work int64, streamed bool) {
 	b.inFlight.Add(1)
 	l.ahead = b.QueuedPrefill(l.began)
 	b.prefillTokens.Add(work)
-	if b.prefillReqs.Add(1) == 1 {
+	if b.prefillReqs.Add(1) == 1 && b.peerPrefill.Load() == 0 {
 		b.drain.start(l.began) // the queue was empty: it starts now
 	}
 	b.served.Add(1)

@@ -172,9 +172,12 @@ func TestQueuedPrefillDrains(t *testing.T) {
 	}
 }
 
-// TestPeerQueuedPrefillDrains: the peers' reported prefill work drains from the report at the
-// replica's rate, and a new report starts it over.
-func TestPeerQueuedPrefillDrains(t *testing.T) {
+// TestQueuedPrefillCountsPeers: the peers' reported prefill work joins this proxy's in one
+// queue that the replica works off at one rate: it drains from the report that started it, a
+// report repeating the sum changes nothing, a request begun behind it counts it ahead, both
+// together drain at the replica's rate (not twice it, as two queues drained apart did), and
+// a sum that falls takes the answered work off the credit.
+func TestQueuedPrefillCountsPeers(t *testing.T) {
 	b, _ := New("http://q:1", 0, 1)
 	b.SetPeerLoad(2, 50_000)
 	t0 := time.Now()
@@ -187,20 +190,33 @@ func TestPeerQueuedPrefillDrains(t *testing.T) {
 		{6 * time.Second, 0, 0},
 	}
 	for _, tc := range cases {
-		if q := b.PeerQueuedPrefill(t0.Add(tc.after)); q < tc.lo || q > tc.hi {
+		if q := b.QueuedPrefill(t0.Add(tc.after)); q < tc.lo || q > tc.hi {
 			t.Errorf("%v after the report: %d, want %d..%d", tc.after, q, tc.lo, tc.hi)
 		}
 	}
 	b.SetPeerLoad(3, 50_000) // a keepalive: the same work
-	if q := b.PeerQueuedPrefill(t0.Add(2 * time.Second)); q < 29_000 || q > 30_000 {
+	if q := b.QueuedPrefill(t0.Add(2 * time.Second)); q < 29_000 || q > 30_000 {
 		t.Errorf("after a report repeating the work: %d 2 s on, want 29000..30000 (the drain goes on)", q)
 	}
-	b.SetPeerLoad(2, 60_000)
-	if q := b.PeerQueuedPrefill(time.Now()); q < 59_000 {
-		t.Errorf("right after a new report: %d, want ≈ 60000", q)
+	var own Lease
+	own.Begin(b, 50_000, true)
+	if own.ahead < 49_000 || own.ahead > 50_000 {
+		t.Errorf("own request begun behind the peers' 50000: %d ahead, want ≈ 50000", own.ahead)
 	}
-	if b.PeerPrefillTokens() != 60_000 {
-		t.Errorf("raw peer prefill %d, want 60000 (the report as it came)", b.PeerPrefillTokens())
+	if q := b.QueuedPrefill(t0.Add(5 * time.Second)); q < 49_000 || q > 50_000 {
+		t.Errorf("own 50000 behind the peers' 50000, 5 s on: %d queued, want ≈ 50000 (one queue at one rate)", q)
+	}
+	b.SetPeerLoad(0, 0) // the peers' requests answered
+	if q := b.QueuedPrefill(time.Now()); q < 49_000 || q > 50_000 {
+		t.Errorf("after the peers' requests answered: %d queued, want ≈ 50000 (own, barely started)", q)
+	}
+	own.Release()
+	if b.PeerPrefillTokens() != 0 || b.QueuedPrefill(time.Now()) != 0 {
+		t.Errorf("nothing queued: peers %d, queued %d", b.PeerPrefillTokens(), b.QueuedPrefill(time.Now()))
+	}
+	b.SetPeerLoad(1, 60_000)
+	if q := b.QueuedPrefill(time.Now()); q < 59_000 || b.PeerPrefillTokens() != 60_000 {
+		t.Errorf("right after a new report of 60000: %d queued, raw %d", q, b.PeerPrefillTokens())
 	}
 }
 

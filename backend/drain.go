@@ -76,8 +76,9 @@ func remaining(q int64, done float64) int64 {
 	return q - int64(done)
 }
 
-// QueuedPrefill is PrefillTokens less what the replica has likely worked off since its queue
-// started (its first request arrived at an empty queue) at its learned prefill rate
+// QueuedPrefill is PrefillTokens plus PeerPrefillTokens (the peers' queued work, see
+// SetPeerLoad) less what the replica has likely worked off since that queue started (its
+// first request arrived at an empty queue) at its learned prefill rate
 // (DefaultPrefillRate until learned), at least 0. What was worked off stays credited when a
 // request answers (what it needed is taken off the credit, the rest carries over) or leaves
 // unanswered. A 120k-token prompt 15 s into its 17 s prefill is no longer 120k tokens ahead
@@ -85,9 +86,11 @@ func remaining(q int64, done float64) int64 {
 // by PrefillTokens. What the rate overestimates comes back through the prefill model: a
 // request's queue ahead (Begin) is this too, so a replica that drains slower than its rate is
 // seen to answer later, and its learned rate falls. A replica that hangs is seen drained
-// after q ÷ rate: the bounded-load cap, which counts requests, still holds it.
+// after q ÷ rate: the bounded-load cap, which counts requests, still holds it. One queue for
+// both: peered replicas drained their shares apart, each at the full rate (twice the
+// replica's speed with both queued) and the peers' anew from each changed report.
 func (b *Backend) QueuedPrefill(now time.Time) int64 {
-	return b.drain.queued(now, b.prefillTokens.Load(), b.rate())
+	return b.drain.queued(now, b.prefillTokens.Load()+b.peerPrefill.Load(), b.rate())
 }
 
 // rate is the learned prefill rate, DefaultPrefillRate until learned (tokens/s).

@@ -11,26 +11,21 @@ func (b *Backend) PeerInFlight() int64 { return b.peerInFlight.Load() }
 // PrefillTokens), as PeerInFlight.
 func (b *Backend) PeerPrefillTokens() int64 { return b.peerPrefill.Load() }
 
-// PeerQueuedPrefill is PeerPrefillTokens less what the replica has likely worked off since
-// they were last reported, at its learned prefill rate, at least 0: QueuedPrefill's drain for
-// the peers' share, from the report rather than from the peers' own queue events (which a
-// report does not carry), so it drains no faster than theirs. A report that repeats the
-// sum does not restart the drain.
-func (b *Backend) PeerQueuedPrefill(now time.Time) int64 {
-	q := b.peerPrefill.Load()
-	if q <= 0 {
-		return 0
-	}
-	return remaining(q, worked(monoNanos(now)-b.peerPrefillAt.Load(), b.rate()))
-}
-
 // SetPeerLoad stores the peers' summed in-flight requests and queued prefill tokens on the
 // backend (negative values are stored as 0). Peering calls it whenever a peer reports or
-// expires.
+// expires. The peers' prefill work joins this proxy's in one queue (QueuedPrefill): the
+// replica works off both at one rate, so a sum that grows from nothing, with none of this
+// proxy's queued either, starts the queue's drain, and a sum that falls (the peers' requests
+// answered) takes what left off the credit, as this proxy's own answered requests do. A
+// report that repeats the sum changes nothing.
 func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 	b.peerInFlight.Store(max(inFlight, 0))
-	if p := max(prefillTokens, 0); b.peerPrefill.Swap(p) != p {
-		// A keepalive repeating the same work does not restart its drain.
-		b.peerPrefillAt.Store(monoNanos(time.Now()))
+	p := max(prefillTokens, 0)
+	old := b.peerPrefill.Swap(p)
+	switch {
+	case p < old:
+		b.drain.left(time.Now(), old-p, true, b.rate())
+	case old == 0 && p > 0 && b.prefillReqs.Load() == 0:
+		b.drain.start(time.Now())
 	}
 }

@@ -163,10 +163,10 @@ type Prefix struct {
 	// Config.PrefixOptions resolves it).
 	TieBreak string `yaml:"tie_break"`
 	// SpreadNewPrefixes spreads new prefixes among near-ties that go by load (see
-	// router.PrefixOptions.SpreadNewPrefixes): a thin match counts as none there, and a
-	// replica alone under tie_break auto sends a new prefix to the near-tie it routed the
-	// fewest requests to lately. Left out: false.
-	SpreadNewPrefixes bool `yaml:"spread_new_prefixes"`
+	// router.PrefixOptions.NoSpreadNewPrefixes): a thin match counts as none there on a
+	// replica above its share, and a replica alone under tie_break auto sends a new prefix to
+	// the near-tie it routed the fewest requests to lately. Left out: true.
+	SpreadNewPrefixes OptionalBool `yaml:"spread_new_prefixes"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`
 	// MaxIndexEntries caps the prefix index's entries over all backends.
@@ -260,6 +260,39 @@ func (o OptionalInt) MarshalYAML() (any, error) {
 func (o *OptionalInt) orDefault(def int) {
 	if !o.Set {
 		*o = OptionalInt{V: def, Set: true}
+	}
+}
+
+// OptionalBool is a boolean field whose default is true (prefix.spread_new_prefixes), so that
+// a false written in the file is told apart from a field left out, as OptionalInt; the struct
+// stays comparable (a reload compares the prefix section with ==).
+type OptionalBool struct {
+	V   bool
+	Set bool
+}
+
+// UnmarshalYAML reads a boolean and marks the field set.
+func (o *OptionalBool) UnmarshalYAML(n *yaml.Node) error {
+	var v bool
+	if err := n.Decode(&v); err != nil {
+		return err
+	}
+	*o = OptionalBool{V: v, Set: true}
+	return nil
+}
+
+// MarshalYAML writes the boolean, or null when unset (which reads back as unset).
+func (o OptionalBool) MarshalYAML() (any, error) {
+	if !o.Set {
+		return nil, nil
+	}
+	return o.V, nil
+}
+
+// orDefault sets o to def when the file left it out.
+func (o *OptionalBool) orDefault(def bool) {
+	if !o.Set {
+		*o = OptionalBool{V: def, Set: true}
 	}
 }
 
@@ -393,6 +426,7 @@ func (c *Config) ApplyDefaults() {
 	}
 	p.LoadMargin.orDefault(router.DefaultLoadMargin)
 	p.TieMarginPercent.orDefault(int(math.Round(router.DefaultTieMargin * 100)))
+	p.SpreadNewPrefixes.orDefault(true) // router.PrefixOptions' zero value spreads
 	if p.DefaultKVCacheTokens == 0 {
 		p.DefaultKVCacheTokens = index.DefaultKVCacheTokens
 	}
@@ -483,7 +517,7 @@ func (p Prefix) RouterOptions() router.PrefixOptions {
 	}
 	return router.PrefixOptions{
 		TieBreak:             tb,
-		SpreadNewPrefixes:    p.SpreadNewPrefixes,
+		NoSpreadNewPrefixes:  !p.SpreadNewPrefixes.V,
 		ChunkTokens:          p.ChunkTokens,
 		LoadFactor:           p.LoadFactor,
 		HardLoadFactor:       p.HardLoadFactor,

@@ -229,7 +229,7 @@ var defaulted = Config{
 		ClientWrite:    Duration(60 * time.Second),
 		ClientBodyIdle: Duration(10 * time.Second),
 	},
-	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, HardLoadFactor: 2.5, LoadMargin: OptionalInt{V: 2, Set: true}, TieMarginPercent: OptionalInt{V: 50, Set: true}, TieBreak: "auto", DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
+	Prefix: Prefix{ChunkTokens: 64, LoadFactor: 1.25, HardLoadFactor: 2.5, LoadMargin: OptionalInt{V: 2, Set: true}, TieMarginPercent: OptionalInt{V: 50, Set: true}, TieBreak: "auto", SpreadNewPrefixes: OptionalBool{V: true, Set: true}, DefaultKVCacheTokens: 400000, MaxIndexEntries: 4194304},
 	Health: Health{
 		Path: "/health", Interval: Duration(5 * time.Second), Timeout: Duration(2 * time.Second),
 		HealthyThreshold: 2, UnhealthyThreshold: 3, ConsecutiveFailures: 5,

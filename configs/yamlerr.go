@@ -21,7 +21,7 @@ import (
 // maxQuotedValue bounds the part of a wrong value that an error quotes, bytes.
 const maxQuotedValue = 40
 
-// selfDecoder is the interface of the types that decode themselves (Duration, OptionalInt).
+// selfDecoder is the interface of the types that decode themselves (Duration, OptionalInt, OptionalBool).
 var selfDecoder = reflect.TypeFor[yaml.Unmarshaler]()
 
 // decodeError rewrites err, yaml's error decoding data into a Config, as one line naming the
@@ -224,6 +224,8 @@ func want(t reflect.Type) string {
 		return "a duration (e.g. 500ms, 5s, 10m)"
 	case reflect.TypeFor[OptionalInt]():
 		return "an integer"
+	case reflect.TypeFor[OptionalBool]():
+		return "true or false"
 	}
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,

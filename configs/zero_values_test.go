@@ -34,9 +34,9 @@ func TestZeroWrittenInTheFile(t *testing.T) {
 		{"prefix:\n  tie_break: ring\n" + bk, func(c *Config) any { return c.PrefixOptions().TieBreak }, router.TieBreakRing},
 		{"prefix:\n  tie_break: load\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().TieBreak }, router.TieBreakLoad},
 		{bk, func(c *Config) any { return c.Prefix.RouterOptions().TieMargin }, router.DefaultTieMargin},
-		{bk, func(c *Config) any { return c.Prefix.RouterOptions().SpreadNewPrefixes }, false},
-		{"prefix:\n  spread_new_prefixes: false\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().SpreadNewPrefixes }, false},
-		{"prefix:\n  spread_new_prefixes: true\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().SpreadNewPrefixes }, true},
+		{bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, false},
+		{"prefix:\n  spread_new_prefixes: false\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, true},
+		{"prefix:\n  spread_new_prefixes: true\n" + bk, func(c *Config) any { return c.Prefix.RouterOptions().NoSpreadNewPrefixes }, false},
 		{"max_request_body_bytes: 0\n" + bk, func(c *Config) any { return c.MaxRequestBodyBytes }, proxy.DefaultMaxRequestBodyBytes},
 		{"timeouts:\n  connect: 0s\n  idle: 0s\n" + bk, func(c *Config) any { return []time.Duration{c.Timeouts.Connect.D(), c.Timeouts.Idle.D()} },
 			[]time.Duration{proxy.DefaultConnectTimeout, proxy.DefaultIdleTimeout}},
@@ -103,12 +103,12 @@ func TestSpreadNewPrefixesSyntax(t *testing.T) {
 }
 
 // A Config written back to YAML reads back the same, unset optional fields included (null,
-// not their zero, which would turn the default margin into none).
+// not their zero, which would turn a default-on field off).
 func TestOptionalRoundTrip(t *testing.T) {
 	for _, in := range []Prefix{
 		{},
-		{LoadMargin: OptionalInt{V: 0, Set: true}},
-		{TieMarginPercent: OptionalInt{V: 25, Set: true}, SpreadNewPrefixes: true},
+		{LoadMargin: OptionalInt{V: 0, Set: true}, SpreadNewPrefixes: OptionalBool{V: false, Set: true}},
+		{TieMarginPercent: OptionalInt{V: 25, Set: true}, SpreadNewPrefixes: OptionalBool{V: true, Set: true}},
 	} {
 		out, err := yaml.Marshal(in)
 		if err != nil {

@@ -35,6 +35,10 @@ const (
 	// follow-up turn as long as the history it extends spares half; one chunk shared by
 	// every conversation of a 4000-token document workload spares under 7%.
 	thinMatchShare = 0.25
+	// thinMatchLoad: a thin match counts as none only on a holder whose load per weight is
+	// above this many times the near-ties' mean (see pickCost), the max share the
+	// predicted-TTFT targets allow.
+	thinMatchLoad = 1.3
 	// kvPressureKeep is the share of a held prefix that counts at 100% usage (linear from 1
 	// at kvPressureStart).
 	kvPressureKeep = 0.5
@@ -72,7 +76,7 @@ type cand struct {
 	weight   int
 	matched  int // leading chunks of the prompt the backend holds
 
-	queued  int64   // this proxy's (drained, backend.QueuedPrefill) and its peers' prefill work queued there (tokens)
+	queued  int64   // this proxy's and its peers' prefill work queued there, drained (backend.QueuedPrefill; tokens)
 	own     int64   // this proxy's in-flight requests there
 	pending int64   // of those, requests not yet answering (prefilling or queued)
 	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
@@ -101,7 +105,7 @@ type costInput struct {
 //
 // queued is this proxy's (and its peers', see peering) prefill work not yet started
 // answering there, less what the replica has likely worked off since (backend.QueuedPrefill,
-// PeerQueuedPrefill), foreign the requests
+// one queue for both), foreign the requests
 // the replica reports beyond this proxy's (other prefixlb replicas, other clients), of which
 // the share still waiting for their first token is taken to be that of this proxy's own
 // in-flight requests (defaultWaitingShare with none), each at the mean work this policy
@@ -186,7 +190,7 @@ type selection struct {
 	tieMargin  float64 // near-tie margin of estimated TTFTs, as a fraction of the least
 	loadFirst  bool    // TieBreakLoad
 	auto       bool    // TieBreakAuto: loadFirst while every candidate is alone
-	spread     bool    // PrefixOptions.SpreadNewPrefixes
+	spread     bool    // PrefixOptions.NoSpreadNewPrefixes off
 }
 
 // caps are the bounded-load cap and the hard cap of a backend of weight w among candidates
@@ -257,7 +261,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	}
 	// Near-ties: within tieMargin of the least estimate. Among them the longest match (what
 	// the cache already holds is not computed again), and among those the ring. With
-	// sel.spread (PrefixOptions.SpreadNewPrefixes) a thin match counts as none: one that
+	// sel.spread (PrefixOptions.NoSpreadNewPrefixes off) a thin match counts as none: one that
 	// spares less than thinMatchShare of the prefill work the least held among the near-ties
 	// leaves (a system prompt or document chunk that several conversations share, learned by
 	// whichever replica saw it first), so that it does not pull every conversation that
@@ -268,16 +272,26 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	// conversation to the hash of its own first chunk, which piles up as readily as the
 	// shared chunk's holder does (4 llm-d-inference-sim replicas, multi-turn, judged unknown
 	// so that auto stayed on the ring: max share 1.50 with the holder, 2.00 by hash).
+	// And only for a holder already above thinMatchLoad × the near-ties' mean load (recent
+	// routes under byRecent, else in-flight requests, per weight): a thread's own history is
+	// often thin against its next branch (OpenAssistant siblings), and moving it costs the
+	// whole history's prefill, while a pile-up is a holder taking more than its share.
 	spread := sel.spread && loadFirst
+	byRecent := sel.spread && !sel.loadFirst
 	lo, loWork := math.MaxInt, int64(0)
+	var tieLoad float64
+	tieWeight := 0
 	for j := range cs {
 		if spread && tie(j) {
 			lo, loWork = min(lo, cs[j].matched), max(loWork, cs[j].work)
+			tieLoad += loadOf(&cs[j], byRecent)
+			tieWeight += cs[j].weight
 		}
 	}
 	thin := thinMatchShare * float64(loWork)
 	eff := func(j int) int {
-		if spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin {
+		if spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin &&
+			loadOf(&cs[j], byRecent)*float64(tieWeight) > thinMatchLoad*tieLoad*float64(cs[j].weight) {
 			return lo
 		}
 		return cs[j].matched
@@ -316,7 +330,6 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		// Peered replicas (TieBreakLoad) rank by in-flight requests alone: peering gives
 		// every replica the same counts within milliseconds, so they agree, where each
 		// one's routed share is its own.
-		byRecent := sel.spread && !sel.loadFirst
 		light := -1
 		for j := range cs {
 			if tie(j) && eff(j) == at && (light < 0 || lessLoaded(&cs[j], &cs[light], byRecent) < 0) {
@@ -349,6 +362,14 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		return chosen, ReasonMatch
 	}
 	return chosen, ReasonOverload
+}
+
+// loadOf is what lessLoaded ranks first: recent routes under byRecent, else in-flight requests.
+func loadOf(c *cand, byRecent bool) float64 {
+	if byRecent {
+		return c.recent
+	}
+	return float64(c.inFlight)
 }
 
 // lessLoaded compares a's load with b's, per weight: −1 lighter, 0 equal, 1 heavier. byRecent

@@ -8,11 +8,12 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// TestThinMatchAmongNearTies: with SpreadNewPrefixes, where near-ties go by load, a match
+// TestThinMatchAmongNearTies: spreading new prefixes (the default), where near-ties go by load, a match
 // that spares under thinMatchShare of the prefill (one shared chunk of a 16-chunk prompt)
-// counts as none, so the ring places the prompt by its first own chunk among the equally
-// loaded and such prompts spread; a match that spares half or more keeps the prompt on its
-// holder whatever the ring says. Where near-ties go by the ring alone, the holder keeps every
+// counts as none on a holder loaded above thinMatchLoad × the near-ties' mean, so such
+// prompts spread by the ring among the others; on a holder at its share the thin match
+// holds (a thread's history, thin against its next branch), as does a match that spares
+// half or more on any holder. Where near-ties go by the ring alone, the holder keeps every
 // match, thin or not.
 func TestThinMatchAmongNearTies(t *testing.T) {
 	const n = 4
@@ -20,18 +21,20 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 	shared := chunkChain(nil).extend("system prompt", 1)
 	tests := []struct {
 		name    string
-		matched int // chunks of the 16 the holder (candidate 0) holds
-		minHits int // of 64 prompts, how many the holder must get at least
-		maxHits int
+		matched int   // chunks of the 16 the holder (candidate 0) holds
+		load    int64 // the holder's in-flight requests; the others have 1
+		held    bool  // whether the holder gets every prompt (else none, spread over the others)
 	}{
-		{"one chunk of 16: thin, spread", 1, 6, 30},
-		{"eight of 16: held", 8, 64, 64},
-		{"three of 16 (15% of the tokens): thin", 3, 6, 30},
-		{"six of 16 (34%): held", 6, 64, 64},
+		{"one chunk of 16, holder above its share: thin, spread", 1, 2, false},
+		{"one chunk of 16, holder at its share: held", 1, 1, true},
+		{"eight of 16, holder above its share: held", 8, 2, true},
+		{"three of 16 (15% of the tokens), holder above its share: thin", 3, 2, false},
+		{"three of 16, holder at its share: held", 3, 1, true},
+		{"six of 16 (34%), holder above its share: held", 6, 2, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			hits := 0
+			hits := make([]int, n)
 			for i := range 64 {
 				chunks := append(chunkChain(nil).extend("prefix", tt.matched), chunkChain(nil).extend(fmt.Sprint("own", i), 16-tt.matched)...)
 				if tt.matched == 1 {
@@ -40,15 +43,14 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 				in.promptTokens = int64(key.PrefixTokens(16, key.DefaultChunkTokens))
 				cs := make([]cand, n)
 				for j := range cs {
-					cs[j] = cand{id: ids[j], weight: 1, rate: 10_000, base: 0.02}
+					cs[j] = cand{id: ids[j], weight: 1, rate: 10_000, base: 0.02, inFlight: 1}
 				}
-				cs[0].matched = tt.matched
+				cs[0].matched, cs[0].inFlight = tt.matched, tt.load
 				estimate(cs, in)
 				spread := testSel(0.5, true)
 				spread.spread = true
-				if j, _ := pickCost(chunks, cs, spread, place); j == 0 {
-					hits++
-				}
+				j, _ := pickCost(chunks, cs, spread, place)
+				hits[j]++
 				if j, _ := pickCost(chunks, cs, testSel(0.5, true), place); j != 0 {
 					t.Fatalf("prompt %d: without spread the holder of %d chunks lost to %d", i, tt.matched, j)
 				}
@@ -67,14 +69,25 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 					t.Fatalf("prompt %d: auto with a shared candidate, the holder of %d chunks lost to %d", i, tt.matched, j)
 				}
 			}
-			if hits < tt.minHits || hits > tt.maxHits {
-				t.Errorf("holder of %d chunks got %d of 64 prompts, want %d..%d", tt.matched, hits, tt.minHits, tt.maxHits)
+			if tt.held {
+				if hits[0] != 64 {
+					t.Errorf("holder of %d chunks got %d of 64 prompts, want all (%v)", tt.matched, hits[0], hits)
+				}
+				return
+			}
+			if hits[0] != 0 {
+				t.Errorf("holder of %d chunks above its share got %d of 64 prompts, want none (%v)", tt.matched, hits[0], hits)
+			}
+			for j := 1; j < n; j++ {
+				if hits[j] < 8 {
+					t.Errorf("backend %d got %d of 64 prompts, want them spread by the ring (%v)", j, hits[j], hits)
+				}
 			}
 		})
 	}
 }
 
-// TestTieBreakAutoByRecentShare: with SpreadNewPrefixes, a prefixlb replica alone (TieBreakAuto, every candidate
+// TestTieBreakAutoByRecentShare: spreading new prefixes (the default), a prefixlb replica alone (TieBreakAuto, every candidate
 // alone) sends a cold prompt's near-ties to the backend it routed the fewest requests to
 // lately, even where that one has a request in flight and another has none (conversations
 // between turns have none); peered replicas (TieBreakLoad) rank by in-flight requests only.
@@ -115,7 +128,7 @@ func TestPickSpreadsConversationsAlone(t *testing.T) {
 	for _, b := range bs {
 		b.SetOtherSenders(backend.SendersAlone)
 	}
-	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto, SpreadNewPrefixes: true}, nil)
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
 	p.SetBackends(bs)
 	where := map[int]*backend.Backend{}
 	per := map[string]int{}

@@ -67,21 +67,21 @@ type PrefixOptions struct {
 	// requests per weight first and the ring among equals, TieBreakAuto by load while every
 	// candidate is backend.SendersAlone and by the ring otherwise.
 	TieBreak TieBreak
-	// SpreadNewPrefixes (off by default: see the measurements below) spreads new prefixes
-	// among near-ties. Where near-ties go by load (TieBreakLoad, or TieBreakAuto while every
+	// NoSpreadNewPrefixes turns off the spreading of new prefixes among near-ties. Spreading
+	// (the default): where near-ties go by load (TieBreakLoad, or TieBreakAuto while every
 	// candidate is alone) a thin match (one sparing under thinMatchShare of the prefill work,
-	// such as a system prompt many conversations share) counts as no match among them, and a
-	// prefixlb replica alone (TieBreakAuto) sends a new prefix to the near-tie it routed the
-	// fewest requests to lately (backend.Routed, RecentHalfLife) before the in-flight count:
-	// between turns a conversation has nothing in flight where it is served. Under the ring
-	// a thin match still counts. Measured (full bench suite with it on, one run on 9a85f59,
-	// against the previous full run with it off): multi-turn max share / mean 1.45 → 1.09,
-	// shared-prefix at 40 req/s 1.36 → 1.07, agentic sessions at 0.2/s TTFT p95 0.94 → 0.86×
-	// the oracle's; but OpenAssistant threads lost a fifth of their cached tokens (cached
-	// 0.61 against the oracle's 0.78 at 4 conversations/s, 0.75 with the thin-match rule
-	// alone taken out): siblings of a thread share a prefix that is thin against their
-	// own turns, and the rule sends them elsewhere.
-	SpreadNewPrefixes bool
+	// such as a system prompt many conversations share) counts as none among them on a
+	// holder above thinMatchLoad × their mean load, and a prefixlb replica alone
+	// (TieBreakAuto) sends a new prefix to the near-tie it routed the fewest requests to
+	// lately (backend.Routed, RecentHalfLife) before the in-flight count: between turns a
+	// conversation has nothing in flight where it is served. Under the ring a thin match
+	// still counts. Measured (bench suite, 3 rounds, 4 simulated replicas): multi-turn max
+	// share / mean 1.45 without spreading, 1.09 with it; OpenAssistant threads keep their
+	// cached tokens (0.753 against the oracle's 0.776 at 4 conversations/s) only because a
+	// thin match holds on a holder at its share: with every thin match ignored (one full
+	// suite on 9a85f59) they read 0.61, as siblings of a thread share a prefix that is thin
+	// against their own turns.
+	NoSpreadNewPrefixes bool
 	// NoIndexCorrection turns off the index's correction from the backends' reported cached
 	// tokens (Prefix.Correct), for comparison: the index then trusts its capacities alone.
 	NoIndexCorrection bool
@@ -178,7 +178,7 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 		chunkTokens: int64(o.ChunkTokens),
 		sel: selection{loadFactor: o.LoadFactor, hardFactor: o.HardLoadFactor, margin: int64(o.LoadMargin),
 			tieMargin: o.TieMargin, loadFirst: o.TieBreak == TieBreakLoad, auto: o.TieBreak == TieBreakAuto,
-			spread: o.SpreadNewPrefixes},
+			spread: !o.NoSpreadNewPrefixes},
 		clock:        clock,
 		noCorrection: o.NoIndexCorrection,
 		idx: index.New(index.Options{
@@ -261,7 +261,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// are known: they count as queued work, not as foreign requests of unknown size.
 		load, peers := b.Load(), b.PeerInFlight()
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
-			queued: b.QueuedPrefill(now) + b.PeerQueuedPrefill(now), own: b.InFlight(), pending: b.PrefillRequests(),
+			queued: b.QueuedPrefill(now), own: b.InFlight(), pending: b.PrefillRequests(),
 			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: b.OtherSenders() == backend.SendersAlone}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {

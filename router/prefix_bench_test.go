@@ -50,7 +50,7 @@ func benchmarkPickCold(b *testing.B, senders backend.Senders) {
 	for _, be := range bs {
 		be.SetOtherSenders(senders)
 	}
-	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto, SpreadNewPrefixes: true}, nil)
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
 	p.SetBackends(bs)
 	keys := make([]*key.Key, 256)
 	for i := range keys {
