@@ -54,6 +54,7 @@ type Backend struct {
 	peerPrefill   atomic.Int64             // and their queued prefill tokens (in QueuedPrefill's queue)
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
 	routed        RecentCount              // the prefix policy's recent requests here (recent.go)
+	samples       sampleLog                // own prefill observations for peers (samples.go)
 }
 
 // DefaultWeight is the weight of a backend configured without one: 1, an equal share of the
@@ -272,9 +273,11 @@ func (l *Lease) Begin(b *Backend, work int64, streamed bool) {
 	b.inFlight.Add(1)
 	l.ahead = b.QueuedPrefill(l.began)
 	b.prefillTokens.Add(work)
+	b.drain.mu.Lock() // as SetPeerLoad decides, so that one of the two starts the drain
 	if b.prefillReqs.Add(1) == 1 && b.peerPrefill.Load() == 0 {
-		b.drain.start(l.began) // the queue was empty: it starts now
+		b.drain.startLocked(l.began) // the queue was empty: it starts now
 	}
+	b.drain.mu.Unlock()
 	b.served.Add(1)
 }
 
@@ -304,7 +307,9 @@ func (l *Lease) firstByte(observe bool) {
 			l.b.prefillTokens.Add(-l.prefill)
 			l.b.prefillReqs.Add(-1)
 			if observe && l.timed {
-				l.b.prefill.Observe(l.ahead+l.prefill, time.Since(l.began))
+				s := PrefillSample{Work: l.ahead + l.prefill, TTFT: time.Since(l.began)}
+				l.b.prefill.Observe(s.Work, s.TTFT)
+				l.b.samples.keep(s)
 			}
 			return
 		}

@@ -252,3 +252,81 @@ func TestQueuedPrefillKeepsCredit(t *testing.T) {
 		t.Errorf("all answered: %d queued, want 0", q)
 	}
 }
+
+// TestPrefillSamplesKept: with sharing on, a streamed request's first byte keeps its
+// observation for TakePrefillSamples, once; a refused or unstreamed one, or one with sharing
+// off, keeps none.
+func TestPrefillSamplesKept(t *testing.T) {
+	b, _ := New("http://q:1", 0, 1)
+	var l Lease
+	l.Begin(b, 1000, true)
+	l.FirstByte()
+	l.Release()
+	if got := b.TakePrefillSamples(nil); len(got) != 0 {
+		t.Fatalf("sharing off: %d samples kept", len(got))
+	}
+	b.SharePrefillSamples(true)
+	for _, c := range []struct {
+		streamed, refused bool
+	}{{true, false}, {false, false}, {true, true}} {
+		var l Lease
+		l.Begin(b, 1000, c.streamed)
+		if c.refused {
+			l.Refused()
+		}
+		l.FirstByte()
+		l.Release()
+	}
+	got := b.TakePrefillSamples(nil)
+	if len(got) != 1 || got[0].Work != 1000 || got[0].TTFT <= 0 {
+		t.Fatalf("kept %+v, want the one streamed, answered request's (work 1000)", got)
+	}
+	// A request behind another: its sample's work counts the queue ahead of it.
+	var first, second Lease
+	first.Begin(b, 50_000, true)
+	second.Begin(b, 1000, true)
+	second.FirstByte()
+	first.FirstByte()
+	second.Release()
+	first.Release()
+	got = b.TakePrefillSamples(nil)
+	if len(got) != 2 || got[0].Work < 50_000 || got[0].Work > 51_000 || got[1].Work != 50_000 {
+		t.Fatalf("kept %+v, want the second's work with the first's 50000 ahead, then the first's", got)
+	}
+	if again := b.TakePrefillSamples(nil); len(again) != 0 {
+		t.Fatalf("taken twice: %+v", again)
+	}
+	for range maxPendingSamples + 10 {
+		var l Lease
+		l.Begin(b, 1, true)
+		l.FirstByte()
+		l.Release()
+	}
+	if n := len(b.TakePrefillSamples(nil)); n != maxPendingSamples {
+		t.Fatalf("%d samples kept untaken, want the bound %d", n, maxPendingSamples)
+	}
+}
+
+// TestPeerSumHidesAnswer: a peers' sum that grows although some of its work answered (an
+// answer and a new request in one report) does not leave that work credited: what was worked
+// off is held to what is queued, so this proxy's next request still counts in full.
+func TestPeerSumHidesAnswer(t *testing.T) {
+	b, _ := New("http://q:1", 0, 1)
+	for range MinPrefillSamples {
+		b.Prefill().Observe(200_000, time.Second+DefaultPrefillBase) // 200k tokens/s
+	}
+	if r, ok := b.Prefill().Rate(); !ok || r < 190_000 || r > 210_000 {
+		t.Fatalf("learned rate %v %v, want 200k tokens/s", r, ok)
+	}
+	b.SetPeerLoad(1, 50_000)
+	time.Sleep(500 * time.Millisecond) // 100k tokens' worth of work: the 50k are done
+	b.SetPeerLoad(1, 60_000)           // they answered, and 60k arrived in the same report
+	var own Lease
+	own.Begin(b, 20_000, true)
+	defer own.Release()
+	// Credited at most the 60k queued when the report came: the own 20k is still ahead
+	// (less what a few ms of work at 200k tokens/s took).
+	if q := b.QueuedPrefill(time.Now()); q < 10_000 {
+		t.Fatalf("queued %d after own 20000 behind the peers' 60000, want ≥ 10000 (the 50k answered stayed credited)", q)
+	}
+}

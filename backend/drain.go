@@ -23,23 +23,23 @@ type drain struct {
 	credit float64 // work done by since and not yet removed from PrefillTokens
 }
 
-// start begins a queue that was empty at now.
-func (d *drain) start(now time.Time) {
-	d.mu.Lock()
-	d.since, d.credit = monoNanos(now), 0
-	d.mu.Unlock()
+// startLocked begins a queue that was empty at now; d.mu is held.
+func (d *drain) startLocked(now time.Time) { d.since, d.credit = monoNanos(now), 0 }
+
+// foldLocked folds the time up to now into the credit at rate; d.mu is held.
+func (d *drain) foldLocked(now time.Time, rate float64) {
+	if t := monoNanos(now); t > d.since {
+		d.credit += worked(t-d.since, rate)
+		d.since = t
+	}
 }
 
 // left folds the time up to now into the credit as a request of work tokens leaves the queue:
 // done (it answered) its work was part of what was done, so it leaves the credit too; not
 // done (it failed or was cancelled first) it takes none of the credit.
 func (d *drain) left(now time.Time, work int64, done bool, rate float64) {
-	t := monoNanos(now)
 	d.mu.Lock()
-	if dt := t - d.since; dt > 0 {
-		d.credit += worked(dt, rate)
-		d.since = t
-	}
+	d.foldLocked(now, rate)
 	if done {
 		d.credit = max(d.credit-float64(work), 0)
 	}

@@ -21,11 +21,25 @@ func (b *Backend) PeerPrefillTokens() int64 { return b.peerPrefill.Load() }
 func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 	b.peerInFlight.Store(max(inFlight, 0))
 	p := max(prefillTokens, 0)
+	now := time.Now()
+	d := &b.drain
+	// Under the drain's lock, as Lease.Begin decides the queue was empty, so that one of
+	// them sees the other's work and the drain is started once.
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	old := b.peerPrefill.Swap(p)
 	switch {
-	case p < old:
-		b.drain.left(time.Now(), old-p, true, b.rate())
-	case old == 0 && p > 0 && b.prefillReqs.Load() == 0:
-		b.drain.start(time.Now())
+	case p == old:
+		return
+	case old == 0 && b.prefillReqs.Load() == 0:
+		d.startLocked(now)
+		return
 	}
+	d.foldLocked(now, b.rate())
+	if p < old {
+		d.credit = max(d.credit-float64(old-p), 0)
+	}
+	// A sum hides what answered when as much arrived in the same report: what was worked
+	// off cannot exceed what is queued, so the credit is held to it.
+	d.credit = min(d.credit, float64(b.prefillTokens.Load()+p))
 }

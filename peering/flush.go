@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/prefixlb/prefixlb/backend"
 	"go.uber.org/zap"
 )
 
@@ -29,6 +30,8 @@ func (n *Node) flushLoop() {
 		lastSent  time.Time
 		lastApply time.Time
 		packets   [][]byte
+		samples   []backend.PrefillSample
+		shared    []peerSample
 		active    = true
 	)
 	for {
@@ -75,29 +78,40 @@ func (n *Node) flushLoop() {
 			inFlight += l.inFlight
 			loads = append(loads, l)
 		}
+		shared = shared[:0]
+		for _, b := range set.list {
+			samples = b.TakePrefillSamples(samples[:0])
+			for _, x := range samples {
+				shared = append(shared, peerSample{id: b.ID, work: x.Work, ttft: int64(x.TTFT)})
+			}
+		}
 		changed := !slices.Equal(loads, prev)
 		prev = append(prev[:0], loads...)
-		active = flushActive(learned+forgets, changed, inFlight)
+		active = flushActive(learned+forgets+len(shared), changed, inFlight)
 		if active {
 			t.Reset(n.o.FlushInterval)
 		} else {
 			t.Reset(loadKeepalive)
 		}
 		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive
-		if learned+forgets == 0 && !sendLoads {
+		if learned+forgets+len(shared) == 0 && !sendLoads {
 			continue
 		}
 		peers := n.livePeers()
 		if len(peers) == 0 {
 			continue // nobody to tell: what was learned stays this replica's own
 		}
-		if !sendLoads {
+		switch {
+		case learned+forgets == 0 && !sendLoads:
+			packets = packets[:0]
+		case !sendLoads:
 			packets = n.encode(packets[:0], nil, items, hashes)
-		} else {
+		default:
 			packets = n.encode(packets[:0], loads, items, hashes)
 			last = append(last[:0], loads...)
 			lastSent = now
 		}
+		packets = encodeSamples(packets, shared)
 		for _, p := range peers {
 			for _, pkt := range packets {
 				if err := n.ml.SendBestEffort(p, pkt); err != nil {
@@ -108,6 +122,7 @@ func (n *Node) flushLoop() {
 			}
 			n.m.sent.Add(learned)
 			n.m.forgetsSent.Add(forgets)
+			n.m.samplesSent.Add(len(shared))
 		}
 	}
 }
@@ -173,6 +188,22 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 	return packets
 }
 
+// encodeSamples appends to packets samples messages of at most packetBudget bytes carrying
+// ss, reusing the packets' buffers past the end.
+func encodeSamples(packets [][]byte, ss []peerSample) [][]byte {
+	per := max((packetBudget-2-binaryMaxVarint)/sampleBytes, 1)
+	for len(ss) > 0 {
+		k := min(len(ss), per)
+		var buf []byte
+		if len(packets) < cap(packets) {
+			buf = packets[:len(packets)+1][len(packets)][:0]
+		}
+		packets = append(packets, appendSamples(buf, ss[:k]))
+		ss = ss[k:]
+	}
+	return packets
+}
+
 // minGroupHashes: a prompt is split only into parts of at least 16 hashes, unless fewer are
 // left; below that a new packet is started.
 const minGroupHashes = 16
@@ -197,6 +228,10 @@ func (n *Node) receive(buf []byte) {
 	defer n.recvMu.Unlock()
 	n.m.bytesRecv.Add(len(buf))
 	set := n.backends.Load()
+	if len(buf) >= 2 && buf[0] == wireVersion && buf[1] == kindSamples {
+		n.receiveSamples(buf, set)
+		return
+	}
 	now := n.now()
 	idx := n.pol.Index()
 	var sender string
@@ -231,6 +266,25 @@ func (n *Node) receive(buf []byte) {
 	if err != nil {
 		n.m.bad.Inc()
 		n.log.Debug("peering: invalid update", zap.Error(err))
+	}
+}
+
+// receiveSamples folds a peer's prefill observations into the models of the backends they
+// name (unknown IDs are ignored); they are not kept for this replica's own peers (each
+// replica sends only what it observed itself).
+func (n *Node) receiveSamples(buf []byte, set *backendSet) {
+	err := decodeSamples(buf, &n.recvSample)
+	for _, x := range n.recvSample {
+		n.m.samplesRecv.Inc()
+		if b := set.byID[x.id]; b != nil {
+			b.Prefill().Observe(x.work, time.Duration(x.ttft))
+		} else {
+			n.m.unknown.Inc()
+		}
+	}
+	if err != nil {
+		n.m.bad.Inc()
+		n.log.Debug("peering: invalid prefill samples", zap.Error(err))
 	}
 }
 

@@ -22,6 +22,9 @@ type metricSet struct {
 	// sent per peer and received.
 	forgetsSent *metrics.Counter
 	forgetsRecv *metrics.Counter
+	// samplesSent and samplesRecv count prefill observations sent per peer and received.
+	samplesSent *metrics.Counter
+	samplesRecv *metrics.Counter
 }
 
 func newMetrics(alive func() float64) metricSet {
@@ -41,6 +44,8 @@ func newMetrics(alive func() float64) metricSet {
 
 		forgetsSent: s.NewCounter("prefixlb_peer_forgets_sent_total"),
 		forgetsRecv: s.NewCounter("prefixlb_peer_forgets_received_total"),
+		samplesSent: s.NewCounter("prefixlb_peer_prefill_samples_sent_total"),
+		samplesRecv: s.NewCounter("prefixlb_peer_prefill_samples_received_total"),
 	}
 }
 
@@ -56,7 +61,10 @@ func newMetrics(alive func() float64) metricSet {
 // oversized; each also a memberlist log line, at most one a second per kind),
 // prefixlb_peer_snapshot_entries_imported_total, and prefixlb_peer_forgets_sent_total /
 // _received_total (Learns withdrawn after the update went out: the backend refused the
-// request; counted once per peer sent to).
+// request; counted once per peer sent to), prefixlb_peer_prefill_samples_sent_total /
+// _received_total (prefill observations, time to first token against the work, that each
+// replica shares so that all learn a backend's prefill rate from every request; sent counted
+// once per peer).
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
 
 // Stats are the node's counters (those of WriteMetrics).

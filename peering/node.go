@@ -19,7 +19,10 @@
 // are split (packetBudget). The loads each peer reports are summed into the backends'
 // PeerInFlight and PeerPrefillTokens, which the prefix policy's cost model and bounded-load
 // cap add to the local counts; a report older than loadTTL, or of a peer that died or
-// left, no longer counts.
+// left, no longer counts. Each replica also sends the prefill observations it made itself
+// (a streamed request's time to first token against its prefill work, kindSamples), which
+// every peer folds into its model of that backend (backend.PrefillModel): with N replicas
+// each would otherwise learn a backend's rate from 1/N of its requests.
 //
 // A replica that starts joins the configured peers (a static list, or the A records of a
 // headless Service) before it reports ready: memberlist's join push/pull carries a snapshot
@@ -171,6 +174,7 @@ type Node struct {
 	recvMu     sync.Mutex // the receive scratch
 	recvLoads  []peerLoad
 	recvHashes []uint64
+	recvSample []peerSample
 	recent     recentLearns // the peers' recent learned groups, for their forgets
 
 	snapMu sync.Mutex   // guards own

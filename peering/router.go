@@ -61,12 +61,14 @@ func (p *Policy) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {
 	}
 }
 
-// SetBackends is router.Prefix.SetBackends, and makes bs the backends peers' updates name.
+// SetBackends is router.Prefix.SetBackends, and makes bs the backends peers' updates name;
+// their prefill observations are kept for the peers (backend.SharePrefillSamples).
 func (p *Policy) SetBackends(all []*backend.Backend) {
 	p.Prefix.SetBackends(all)
 	byID := make(map[uint64]*backend.Backend, len(all))
 	for _, b := range all {
 		byID[b.ID] = b
+		b.SharePrefillSamples(true)
 	}
 	p.n.backends.Store(&backendSet{list: append([]*backend.Backend(nil), all...), byID: byID})
 	p.n.loads.apply(byID, p.n.now())

@@ -28,6 +28,14 @@ const (
 	//
 	//	version kind { id:u64 uvarint(n) hash:u64 × n }…   (hashes most recently used first)
 	kindSnapshot = 2
+	// kindSamples carries prefill observations the sender made itself (backend.PrefillSample,
+	// Lease.FirstByte), sent to every live peer by UDP, so that each replica learns a
+	// backend's prefill model from every request the fleet sent there:
+	//
+	//	version kind uvarint(n) { id:u64 work:uvarint ttft_ns:uvarint }…
+	//
+	// A replica of an older version counts it as an invalid message and drops it.
+	kindSamples = 3
 )
 
 // hashBytes is the size of one chunk hash on the wire (fixed: the hashes are uniformly
@@ -92,6 +100,46 @@ func appendForget(dst []byte, id uint64, stamp int64, hashes []uint64) []byte {
 		dst = binary.LittleEndian.AppendUint64(dst, h)
 	}
 	return dst
+}
+
+// sampleBytes is the most bytes one prefill sample takes.
+const sampleBytes = 8 + 2*binary.MaxVarintLen64
+
+// peerSample is one prefill observation on backend id: work tokens, ttft nanoseconds.
+type peerSample struct {
+	id   uint64
+	work int64
+	ttft int64
+}
+
+// appendSamples writes a samples message.
+func appendSamples(dst []byte, ss []peerSample) []byte {
+	dst = appendHeader(dst, kindSamples, "")
+	dst = binary.AppendUvarint(dst, uint64(len(ss)))
+	for _, x := range ss {
+		dst = binary.LittleEndian.AppendUint64(dst, x.id)
+		dst = binary.AppendUvarint(dst, uint64(max(x.work, 0)))
+		dst = binary.AppendUvarint(dst, uint64(max(x.ttft, 0)))
+	}
+	return dst
+}
+
+// decodeSamples decodes a samples message into *ss (reused).
+func decodeSamples(buf []byte, ss *[]peerSample) error {
+	r := reader{buf: buf}
+	r.header(kindSamples)
+	n := r.uvarint()
+	if r.err == nil && uint64(len(r.buf))/(8+2) < n {
+		r.err = errShort
+	}
+	*ss = (*ss)[:0]
+	for i := uint64(0); i < n && r.err == nil; i++ {
+		x := peerSample{id: r.u64(), work: int64(r.uvarint()), ttft: int64(r.uvarint())}
+		if r.err == nil {
+			*ss = append(*ss, x)
+		}
+	}
+	return r.err
 }
 
 var errShort = errors.New("truncated message")
