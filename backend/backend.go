@@ -271,9 +271,10 @@ func (l *Lease) Begin(b *Backend, work int64, streamed bool) {
 	l.state.Store(0)
 	l.began = time.Now()
 	b.inFlight.Add(1)
-	l.ahead = b.QueuedPrefill(l.began)
+	// Under the drain's lock, as SetPeerLoad decides, so that one of the two starts the drain.
+	b.drain.mu.Lock()
+	l.ahead = b.drain.queuedLocked(l.began, b.queuedRaw(), b.rate()) // QueuedPrefill
 	b.prefillTokens.Add(work)
-	b.drain.mu.Lock() // as SetPeerLoad decides, so that one of the two starts the drain
 	if b.prefillReqs.Add(1) == 1 && b.peerPrefill.Load() == 0 {
 		b.drain.startLocked(l.began) // the queue was empty: it starts now
 	}

@@ -52,13 +52,20 @@ func (d *drain) queued(now time.Time, q int64, rate float64) int64 {
 	if q <= 0 {
 		return 0
 	}
-	t := monoNanos(now)
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.queuedLocked(now, q, rate)
+}
+
+// queuedLocked is queued with d.mu held.
+func (d *drain) queuedLocked(now time.Time, q int64, rate float64) int64 {
+	if q <= 0 {
+		return 0
+	}
 	done := d.credit
-	if dt := t - d.since; dt > 0 {
+	if dt := monoNanos(now) - d.since; dt > 0 {
 		done += worked(dt, rate)
 	}
-	d.mu.Unlock()
 	return remaining(q, done)
 }
 
@@ -90,8 +97,11 @@ func remaining(q int64, done float64) int64 {
 // both: peered replicas drained their shares apart, each at the full rate (twice the
 // replica's speed with both queued) and the peers' anew from each changed report.
 func (b *Backend) QueuedPrefill(now time.Time) int64 {
-	return b.drain.queued(now, b.prefillTokens.Load()+b.peerPrefill.Load(), b.rate())
+	return b.drain.queued(now, b.queuedRaw(), b.rate())
 }
+
+// queuedRaw is the prefill work queued on b before any drain: this proxy's and its peers'.
+func (b *Backend) queuedRaw() int64 { return b.prefillTokens.Load() + b.peerPrefill.Load() }
 
 // rate is the learned prefill rate, DefaultPrefillRate until learned (tokens/s).
 func (b *Backend) rate() float64 {

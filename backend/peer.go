@@ -41,5 +41,5 @@ func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 	}
 	// A sum hides what answered when as much arrived in the same report: what was worked
 	// off cannot exceed what is queued, so the credit is held to it.
-	d.credit = min(d.credit, float64(b.prefillTokens.Load()+p))
+	d.credit = min(d.credit, float64(b.queuedRaw()))
 }

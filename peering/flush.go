@@ -101,15 +101,13 @@ func (n *Node) flushLoop() {
 		if len(peers) == 0 {
 			continue // nobody to tell: what was learned stays this replica's own
 		}
-		switch {
-		case learned+forgets == 0 && !sendLoads:
-			packets = packets[:0]
-		case !sendLoads:
-			packets = n.encode(packets[:0], nil, items, hashes)
-		default:
-			packets = n.encode(packets[:0], loads, items, hashes)
+		packets = packets[:0]
+		if sendLoads {
+			packets = n.encode(packets, loads, items, hashes)
 			last = append(last[:0], loads...)
 			lastSent = now
+		} else if learned+forgets > 0 {
+			packets = n.encode(packets, nil, items, hashes)
 		}
 		packets = encodeSamples(packets, shared)
 		for _, p := range peers {
@@ -152,16 +150,12 @@ func (n *Node) livePeers() []*memberlist.Node {
 // as one Record of the whole prompt would.
 func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes []uint64) [][]byte {
 	start := func(withLoads []peerLoad) {
-		var buf []byte
-		if len(packets) < cap(packets) {
-			buf = packets[:len(packets)+1][len(packets)][:0]
-		}
-		buf = appendHeader(buf, kindUpdate, n.name)
+		buf := appendHeader(spareBuffer(packets), kindUpdate, n.name)
 		buf = appendLoads(buf, withLoads)
 		packets = append(packets, buf)
 	}
-	// Loads of many backends take several packets: loadBytes each at most.
-	perPacket := max((packetBudget-len(appendHeader(nil, kindUpdate, n.name))-binaryMaxVarint)/loadBytes, 1)
+	// Loads of many backends take several packets: recordBytes each at most.
+	perPacket := max((packetBudget-len(appendHeader(nil, kindUpdate, n.name))-binaryMaxVarint)/recordBytes, 1)
 	for first := true; first || len(loads) > 0; first = false {
 		k := min(len(loads), perPacket)
 		start(loads[:k])
@@ -191,17 +185,22 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 // encodeSamples appends to packets samples messages of at most packetBudget bytes carrying
 // ss, reusing the packets' buffers past the end.
 func encodeSamples(packets [][]byte, ss []peerSample) [][]byte {
-	per := max((packetBudget-2-binaryMaxVarint)/sampleBytes, 1)
+	per := max((packetBudget-2-binaryMaxVarint)/recordBytes, 1)
 	for len(ss) > 0 {
 		k := min(len(ss), per)
-		var buf []byte
-		if len(packets) < cap(packets) {
-			buf = packets[:len(packets)+1][len(packets)][:0]
-		}
-		packets = append(packets, appendSamples(buf, ss[:k]))
+		packets = append(packets, appendSamples(spareBuffer(packets), ss[:k]))
 		ss = ss[k:]
 	}
 	return packets
+}
+
+// spareBuffer is the emptied buffer of the packet past packets' end, kept from an earlier
+// flush, or nil.
+func spareBuffer(packets [][]byte) []byte {
+	if len(packets) < cap(packets) {
+		return packets[:len(packets)+1][len(packets)][:0]
+	}
+	return nil
 }
 
 // minGroupHashes: a prompt is split only into parts of at least 16 hashes, unless fewer are

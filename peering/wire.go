@@ -46,8 +46,12 @@ const hashBytes = 8
 // the stamp and the count.
 const groupOverhead = 8 + 8 + binary.MaxVarintLen64
 
-// loadBytes is the most bytes one backend's load takes.
-const loadBytes = 8 + 2*binary.MaxVarintLen64
+// recordBytes is the most bytes one record of a load section or a samples message takes: a
+// backend id and two counts (appendRecord); recordMinBytes the least.
+const (
+	recordBytes    = 8 + 2*binary.MaxVarintLen64
+	recordMinBytes = 8 + 2
+)
 
 // peerLoad is one backend's load as one replica reports it.
 type peerLoad struct {
@@ -70,11 +74,16 @@ func appendHeader(dst []byte, kind byte, sender string) []byte {
 func appendLoads(dst []byte, ls []peerLoad) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(ls)))
 	for _, l := range ls {
-		dst = binary.LittleEndian.AppendUint64(dst, l.id)
-		dst = binary.AppendUvarint(dst, uint64(max(l.inFlight, 0)))
-		dst = binary.AppendUvarint(dst, uint64(max(l.prefill, 0)))
+		dst = appendRecord(dst, l.id, l.inFlight, l.prefill)
 	}
 	return dst
+}
+
+// appendRecord writes one record: id as 8 bytes, then a and b (negative: 0) as uvarints.
+func appendRecord(dst []byte, id uint64, a, b int64) []byte {
+	dst = binary.LittleEndian.AppendUint64(dst, id)
+	dst = binary.AppendUvarint(dst, uint64(max(a, 0)))
+	return binary.AppendUvarint(dst, uint64(max(b, 0)))
 }
 
 // appendGroup writes one learned group of an update (stamp ≥ 0) or, with stamp < 0, one
@@ -102,9 +111,6 @@ func appendForget(dst []byte, id uint64, stamp int64, hashes []uint64) []byte {
 	return dst
 }
 
-// sampleBytes is the most bytes one prefill sample takes.
-const sampleBytes = 8 + 2*binary.MaxVarintLen64
-
 // peerSample is one prefill observation on backend id: work tokens, ttft nanoseconds.
 type peerSample struct {
 	id   uint64
@@ -117,9 +123,7 @@ func appendSamples(dst []byte, ss []peerSample) []byte {
 	dst = appendHeader(dst, kindSamples, "")
 	dst = binary.AppendUvarint(dst, uint64(len(ss)))
 	for _, x := range ss {
-		dst = binary.LittleEndian.AppendUint64(dst, x.id)
-		dst = binary.AppendUvarint(dst, uint64(max(x.work, 0)))
-		dst = binary.AppendUvarint(dst, uint64(max(x.ttft, 0)))
+		dst = appendRecord(dst, x.id, x.work, x.ttft)
 	}
 	return dst
 }
@@ -128,15 +132,11 @@ func appendSamples(dst []byte, ss []peerSample) []byte {
 func decodeSamples(buf []byte, ss *[]peerSample) error {
 	r := reader{buf: buf}
 	r.header(kindSamples)
-	n := r.uvarint()
-	if r.err == nil && uint64(len(r.buf))/(8+2) < n {
-		r.err = errShort
-	}
 	*ss = (*ss)[:0]
-	for i := uint64(0); i < n && r.err == nil; i++ {
-		x := peerSample{id: r.u64(), work: int64(r.uvarint()), ttft: int64(r.uvarint())}
+	for n := r.records(); n > 0 && r.err == nil; n-- {
+		id, work, ttft := r.record()
 		if r.err == nil {
-			*ss = append(*ss, x)
+			*ss = append(*ss, peerSample{id: id, work: work, ttft: ttft})
 		}
 	}
 	return r.err
@@ -171,6 +171,22 @@ func (r *reader) uvarint() uint64 {
 	}
 	r.buf = r.buf[n:]
 	return v
+}
+
+// records reads the count of the records that follow; more than the rest could hold is an
+// error.
+func (r *reader) records() uint64 {
+	n := r.uvarint()
+	if r.err == nil && uint64(len(r.buf))/recordMinBytes < n {
+		r.err = errShort
+	}
+	return n
+}
+
+// record reads one record (appendRecord).
+func (r *reader) record() (id uint64, a, b int64) {
+	id = r.u64()
+	return id, int64(r.uvarint()), int64(r.uvarint())
 }
 
 // hashes decodes n hashes into dst (reused) and returns it.
@@ -219,13 +235,10 @@ func (r *reader) header(kind byte) string {
 func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(id uint64, stamp int64, forget bool, hashes []uint64)) error {
 	r := reader{buf: buf}
 	sender := r.header(kindUpdate)
-	n := r.uvarint()
-	if r.err == nil && uint64(len(r.buf))/(8+2) < n {
-		r.err = errShort
-	}
 	*ls = (*ls)[:0]
-	for i := uint64(0); i < n && r.err == nil; i++ {
-		*ls = append(*ls, peerLoad{id: r.u64(), inFlight: int64(r.uvarint()), prefill: int64(r.uvarint())})
+	for n := r.records(); n > 0 && r.err == nil; n-- {
+		id, inFlight, prefill := r.record()
+		*ls = append(*ls, peerLoad{id: id, inFlight: inFlight, prefill: prefill})
 	}
 	if r.err != nil {
 		return r.err
