@@ -299,7 +299,9 @@ func (c *Checker) each(ctx context.Context, f func(context.Context, *bstate)) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(c.ctx, cancel)()
-	if ctx.Err() != nil {
+	// AfterFunc cancels in a goroutine of its own when c.ctx is already done: after Close,
+	// ctx may not be cancelled yet here, so c.ctx is asked too.
+	if ctx.Err() != nil || c.ctx.Err() != nil {
 		return
 	}
 	c.mu.Lock()
