@@ -5,6 +5,7 @@ package index
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -43,7 +44,76 @@ type slot struct {
 	regrow int64
 	priors []prior
 	nextPr int // the next priors entry to overwrite
+	// evictLog collects the hashes that the Record in progress evicts while logging is on
+	// (RecordHeld with a fresh prefix left as it is; see evictedAnyOf); evictLogFull: more
+	// than evictLogMax were evicted, and the log no longer says which.
+	evictLog     []uint64
+	logging      bool
+	evictLogFull bool
 }
+
+// evictLogMax bounds a slot's eviction log (8 KiB): a Record that evicts more re-walks its
+// fresh prefix without asking the log, as it would without one.
+const evictLogMax = 1024
+
+// noteEvicted logs h, an entry the Record in progress evicted, while logging is on. Called
+// with s.mu held.
+func (s *slot) noteEvicted(h uint64) {
+	if !s.logging {
+		return
+	}
+	if len(s.evictLog) == evictLogMax {
+		s.evictLogFull = true
+		return
+	}
+	s.evictLog = append(s.evictLog, h)
+}
+
+// startEvictLog empties the eviction log and turns logging on. Called with s.mu held.
+func (s *slot) startEvictLog() {
+	s.evictLog, s.logging, s.evictLogFull = s.evictLog[:0], true, false
+}
+
+// evictedAnyOf turns logging off and reports whether the log holds a chunk of chunks (or
+// overflowed, when it cannot tell). A 4096-bit filter of the log on the stack answers most
+// chunks; the log is sorted and searched only for those the filter lets through. Called with
+// s.mu held.
+func (s *slot) evictedAnyOf(chunks []uint64) bool {
+	s.logging = false
+	if s.evictLogFull {
+		return true
+	}
+	if len(s.evictLog) == 0 {
+		return false
+	}
+	var filter [evictFilterBits / 64]uint64
+	for _, h := range s.evictLog {
+		b := h * fibonacci >> (64 - evictFilterLog)
+		filter[b/64] |= 1 << (b % 64)
+	}
+	sorted := false
+	for _, c := range chunks {
+		h := norm(c)
+		if b := h * fibonacci >> (64 - evictFilterLog); filter[b/64]&(1<<(b%64)) == 0 {
+			continue
+		}
+		if !sorted {
+			slices.Sort(s.evictLog)
+			sorted = true
+		}
+		if _, found := slices.BinarySearch(s.evictLog, h); found {
+			return true
+		}
+	}
+	return false
+}
+
+// The eviction log's filter: evictFilterBits bits (512 bytes), indexed by the top
+// evictFilterLog bits of a hash's Fibonacci product.
+const (
+	evictFilterLog  = 12
+	evictFilterBits = 1 << evictFilterLog
+)
 
 // The recent cache is 2-way set associative: recentSets sets of recentWays entries, the most
 // recently remembered first. An entry is a tag (the low 32 bits of the hash's Fibonacci

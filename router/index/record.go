@@ -69,14 +69,18 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	if held > 0 {
 		hint = max(min(held, len(chunks))-lo, 0)
 	}
+	if lo > 0 {
+		s.startEvictLog()
+	}
 	evicted := x.walk(s, chunks[lo:], hint, t, limit)
-	if lo > 0 && evicted > 0 {
-		// The held prefix was left as it is, fresh, but this Record's own claims evicted
-		// entries, and some may be the prefix's: its chunks need not be as fresh as its
-		// deepest one (a Record with a shorter held hint touched only the part past it, so
-		// the shallower part is older), and a coarse claim evicts several at once. The prefix
-		// is then walked too, as a full Record walks it after the suffix: the result is the
-		// full Record's (TestFreshPrefixSurvivesItsOwnSuffix, TestFreshPrefixOlderShallowPart).
+	if lo > 0 && s.evictedAnyOf(chunks[:lo]) {
+		// The held prefix was left as it is, fresh, but this Record's own claims evicted some
+		// of it: its chunks need not be as fresh as its deepest one (a Record with a shorter
+		// held hint touched only the part past it, so the shallower part is older), and a
+		// coarse claim evicts several at once. The prefix is then walked too, as a full Record
+		// walks it after the suffix: the result is the full Record's
+		// (TestFreshPrefixSurvivesItsOwnSuffix, TestFreshPrefixOlderShallowPart). Claims that
+		// evicted only other entries, as every Record at capacity does, leave it as it is.
 		evicted += x.walk(s, chunks[:lo], lo, t, limit)
 	}
 	if evicted > 0 {
@@ -240,6 +244,7 @@ func (x *Index) settle(s *slot, hs []uint64, nodes []int32, t, limit int64, sc *
 			ni = s.tail
 			old := s.nodes[ni].hash
 			rems = append(rems, old)
+			s.noteEvicted(old)
 			s.nodes[ni].hash = h
 			s.count.Add(s.weight(h) - s.weight(old))
 			s.touch(ni, t|added)
@@ -250,6 +255,7 @@ func (x *Index) settle(s *slot, hs []uint64, nodes []int32, t, limit int64, sc *
 				}
 				v := s.tail
 				rems = append(rems, s.nodes[v].hash)
+				s.noteEvicted(s.nodes[v].hash)
 				s.unlink(v)
 				s.release(v)
 				evicted++
@@ -338,11 +344,13 @@ func (x *Index) claim(s *slot, sh *shard, h uint64, t, limit int64) (ni int32, h
 	if victimShard != sh {
 		victimShard.drop(victimHash, s.num)
 	}
+	s.noteEvicted(victimHash)
 	s.nodes[victim].hash = h
 	s.count.Add(s.weight(h) - s.weight(victimHash))
 	s.touch(victim, t|added)
 	evicted = 1
 	for s.count.Load() > limit && s.tail != nilIdx { // a coarse chunk took a fine one's place
+		s.noteEvicted(s.nodes[s.tail].hash)
 		x.drop(s, s.tail) // counted with the rest by RecordHeld
 		evicted++
 	}

@@ -78,9 +78,10 @@ func mix64(x uint64) uint64 {
 }
 
 // BenchmarkRecordSteadyState is Record (and Match, as the proxy's Pick calls it first) on
-// an index at capacity, in the shape of the proxy's 16 KB chat bodies (see steady).
+// an index at capacity, in the shape of the proxy's 16 KB chat bodies (see steady);
+// RecordHeld is the proxy's Learn, told that the shared prompt was matched.
 func BenchmarkRecordSteadyState(b *testing.B) {
-	for _, op := range []string{"Record", "Match", "MatchRecord"} {
+	for _, op := range []string{"Record", "Match", "MatchRecord", "RecordHeld"} {
 		b.Run(op, func(b *testing.B) {
 			st := newSteady(b)
 			b.ReportAllocs()
@@ -90,9 +91,11 @@ func BenchmarkRecordSteadyState(b *testing.B) {
 				if op != "Record" {
 					st.x.Match(st.prompt, st.bs, st.out)
 				}
-				if op != "Match" {
-					now = now.Add(time.Microsecond)
+				switch now = now.Add(time.Microsecond); op {
+				case "Record", "MatchRecord":
 					st.x.Record(st.prompt, be, now)
+				case "RecordHeld": // as the proxy learns: the shared prompt matched, and fresh
+					st.x.RecordHeld(st.prompt, be, now, steadyShared)
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*steadyChunks), "ns/chunk")
