@@ -52,6 +52,8 @@ type Backend struct {
 	senders       atomic.Int32             // Senders: the health checker's verdict
 	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
 	peerPrefill   atomic.Int64             // and their queued prefill tokens (in QueuedPrefill's queue)
+	decodeSeqs    atomic.Int64             // this proxy's streamed requests answering here (Decoding)
+	decodeCtx     atomic.Int64             // and their prompt tokens
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
 	routed        RecentCount              // the prefix policy's recent requests here (recent.go)
 	samples       sampleLog                // own prefill observations for peers (samples.go)
@@ -255,18 +257,29 @@ type Lease struct {
 	b       *Backend
 	prefill int64
 	ahead   int64 // prefill work queued on b before this request (this proxy's and its peers', QueuedPrefill)
+	decode  int64 // DecodeWork of b's decoding sequences at Begin
+	context int64 // the prompt's tokens: its KV cache while it decodes (Decoding)
 	began   time.Time
 	timed   bool          // the first byte is the first token: observe the prefill model
-	state   atomic.Uint32 // bit 0: first byte accounted; bit 1: released
+	state   atomic.Uint32 // bit 0: first byte accounted; bit 1: released; bit 2: counted decoding
 }
 
+// Lease states.
+const (
+	leaseAnswered = 1 << iota // the first byte was accounted
+	leaseReleased
+	leaseDecoding // counted in Decoding until Release
+)
+
 // Begin dispatches one request to b whose prefill is work prompt tokens (those the policy
-// predicts b does not hold). streamed says that the response's first byte comes with its
-// first token (a streamed completion), so that its time teaches b's prefill model; a
-// non-streamed response's first byte comes at its end.
-func (l *Lease) Begin(b *Backend, work int64, streamed bool) {
+// predicts b does not hold) of a prompt of prompt tokens. streamed says that the response's
+// first byte comes with its first token (a streamed completion), so that its time teaches
+// b's prefill model and it counts as decoding (Decoding) from then on; a non-streamed
+// response's first byte comes at its end.
+func (l *Lease) Begin(b *Backend, work, prompt int64, streamed bool) {
 	l.b = b
 	l.prefill = work
+	l.context = max(prompt, 0)
 	l.timed = streamed
 	l.state.Store(0)
 	l.began = time.Now()
@@ -274,6 +287,8 @@ func (l *Lease) Begin(b *Backend, work int64, streamed bool) {
 	// Under the drain's lock, as SetPeerLoad decides, so that one of the two starts the drain.
 	b.drain.mu.Lock()
 	l.ahead = b.drain.queuedLocked(l.began, b.queuedRaw(), b.rate()) // QueuedPrefill
+	seqs, ctx := b.Decoding()
+	l.decode = DecodeWork(seqs, ctx, l.ahead, work)
 	b.prefillTokens.Add(work)
 	if b.prefillReqs.Add(1) == 1 && b.peerPrefill.Load() == 0 {
 		b.drain.startLocked(l.began) // the queue was empty: it starts now
@@ -300,17 +315,27 @@ func (l *Lease) Refused() { l.firstByte(false) }
 func (l *Lease) firstByte(observe bool) {
 	for {
 		s := l.state.Load()
-		if s&1 != 0 || s&2 != 0 {
+		if s&(leaseAnswered|leaseReleased) != 0 {
 			return
 		}
-		if l.state.CompareAndSwap(s, s|1) {
+		decoding := observe && l.timed
+		next := s | leaseAnswered
+		if decoding {
+			next |= leaseDecoding
+		}
+		if l.state.CompareAndSwap(s, next) {
 			l.b.drain.left(time.Now(), l.prefill, true, l.b.rate()) // a prefill finished: the queue moved
 			l.b.prefillTokens.Add(-l.prefill)
 			l.b.prefillReqs.Add(-1)
-			if observe && l.timed {
-				s := PrefillSample{Work: l.ahead + l.prefill, TTFT: time.Since(l.began)}
+			if decoding {
+				// The sample's work is what the estimate charged: the queue ahead, this
+				// prompt's, and the decodes' (router.estimate), so that the learned rate is
+				// the replica's prefill speed with decode interference taken apart.
+				s := PrefillSample{Work: l.ahead + l.prefill + l.decode, TTFT: time.Since(l.began)}
 				l.b.prefill.Observe(s.Work, s.TTFT)
 				l.b.samples.keep(s)
+				l.b.decodeSeqs.Add(1)
+				l.b.decodeCtx.Add(l.context)
 			}
 			return
 		}
@@ -321,11 +346,15 @@ func (l *Lease) firstByte(observe bool) {
 func (l *Lease) Release() {
 	for {
 		s := l.state.Load()
-		if s&2 != 0 || l.b == nil {
+		if s&leaseReleased != 0 || l.b == nil {
 			return
 		}
-		if l.state.CompareAndSwap(s, s|2) {
-			if s&1 == 0 {
+		if l.state.CompareAndSwap(s, s|leaseReleased) {
+			if s&leaseDecoding != 0 {
+				l.b.decodeSeqs.Add(-1)
+				l.b.decodeCtx.Add(-l.context)
+			}
+			if s&leaseAnswered == 0 {
 				l.b.drain.left(time.Now(), l.prefill, false, l.b.rate()) // it leaves the queue undone
 				l.b.prefillTokens.Add(-l.prefill)
 				l.b.prefillReqs.Add(-1)

@@ -60,7 +60,7 @@ func TestLeaseAccounting(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			b, _ := New("http://x:1", 0, 1)
 			var l Lease
-			l.Begin(b, 100, false)
+			l.Begin(b, 100, 0, false)
 			if b.InFlight() != 1 || b.PrefillTokens() != 100 || b.Served() != 1 {
 				t.Fatalf("after Begin: in-flight %d prefill %d", b.InFlight(), b.PrefillTokens())
 			}
@@ -74,7 +74,7 @@ func TestLeaseAccounting(t *testing.T) {
 	b, _ := New("http://x:1", 0, 1)
 	for i := 0; i < 200; i++ {
 		var l Lease
-		l.Begin(b, 7, false)
+		l.Begin(b, 7, 0, false)
 		var wg sync.WaitGroup
 		for j := 0; j < 3; j++ {
 			wg.Add(2)
@@ -91,7 +91,7 @@ func TestLeaseAccounting(t *testing.T) {
 func TestLoadTakesTheLargerSignal(t *testing.T) {
 	b, _ := New("http://x:1", 0, 1)
 	var l Lease
-	l.Begin(b, 0, false)
+	l.Begin(b, 0, 0, false)
 	defer l.Release()
 	if b.Load() != 1 {
 		t.Errorf("Load %d, want the in-flight count 1", b.Load())
@@ -139,9 +139,9 @@ func TestHealthyPanicMode(t *testing.T) {
 func TestQueuedPrefillDrains(t *testing.T) {
 	b, _ := New("http://q:1", 0, 1)
 	var big, small Lease
-	big.Begin(b, 100_000, true)
+	big.Begin(b, 100_000, 0, true)
 	t0 := time.Now()
-	small.Begin(b, 5_000, true)
+	small.Begin(b, 5_000, 0, true)
 	if small.ahead < 95_000 || small.ahead > 100_000 {
 		t.Fatalf("the second request's queue ahead %d, want ≈ 100000 (the first's work, barely started)", small.ahead)
 	}
@@ -199,7 +199,7 @@ func TestQueuedPrefillCountsPeers(t *testing.T) {
 		t.Errorf("after a report repeating the work: %d 2 s on, want 29000..30000 (the drain goes on)", q)
 	}
 	var own Lease
-	own.Begin(b, 50_000, true)
+	own.Begin(b, 50_000, 0, true)
 	if own.ahead < 49_000 || own.ahead > 50_000 {
 		t.Errorf("own request begun behind the peers' 50000: %d ahead, want ≈ 50000", own.ahead)
 	}
@@ -228,9 +228,9 @@ func TestQueuedPrefillCountsPeers(t *testing.T) {
 func TestQueuedPrefillKeepsCredit(t *testing.T) {
 	b, _ := New("http://q:1", 0, 1)
 	var big, small, gone Lease
-	big.Begin(b, 100_000, true)
-	small.Begin(b, 5_000, true)
-	gone.Begin(b, 5_000, true)
+	big.Begin(b, 100_000, 0, true)
+	small.Begin(b, 5_000, 0, true)
+	gone.Begin(b, 5_000, 0, true)
 	now := time.Now()
 	b.drain.mu.Lock()
 	b.drain.since = monoNanos(now.Add(-9 * time.Second)) // the queue started 9 s ago
@@ -259,7 +259,7 @@ func TestQueuedPrefillKeepsCredit(t *testing.T) {
 func TestPrefillSamplesKept(t *testing.T) {
 	b, _ := New("http://q:1", 0, 1)
 	var l Lease
-	l.Begin(b, 1000, true)
+	l.Begin(b, 1000, 0, true)
 	l.FirstByte()
 	l.Release()
 	if got := b.TakePrefillSamples(nil); len(got) != 0 {
@@ -270,7 +270,7 @@ func TestPrefillSamplesKept(t *testing.T) {
 		streamed, refused bool
 	}{{true, false}, {false, false}, {true, true}} {
 		var l Lease
-		l.Begin(b, 1000, c.streamed)
+		l.Begin(b, 1000, 0, c.streamed)
 		if c.refused {
 			l.Refused()
 		}
@@ -283,8 +283,8 @@ func TestPrefillSamplesKept(t *testing.T) {
 	}
 	// A request behind another: its sample's work counts the queue ahead of it.
 	var first, second Lease
-	first.Begin(b, 50_000, true)
-	second.Begin(b, 1000, true)
+	first.Begin(b, 50_000, 0, true)
+	second.Begin(b, 1000, 0, true)
 	second.FirstByte()
 	first.FirstByte()
 	second.Release()
@@ -298,7 +298,7 @@ func TestPrefillSamplesKept(t *testing.T) {
 	}
 	for range maxPendingSamples + 10 {
 		var l Lease
-		l.Begin(b, 1, true)
+		l.Begin(b, 1, 0, true)
 		l.FirstByte()
 		l.Release()
 	}
@@ -322,7 +322,7 @@ func TestPeerSumHidesAnswer(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // 100k tokens' worth of work: the 50k are done
 	b.SetPeerLoad(1, 60_000)           // they answered, and 60k arrived in the same report
 	var own Lease
-	own.Begin(b, 20_000, true)
+	own.Begin(b, 20_000, 0, true)
 	defer own.Release()
 	// Credited at most the 60k queued when the report came: the own 20k is still ahead
 	// (less what a few ms of work at 200k tokens/s took).

@@ -82,8 +82,8 @@ func TestLeaseObservesPrefill(t *testing.T) {
 	}
 	var first, second Lease
 	t0 := time.Now()
-	first.Begin(b, 3000, true)
-	second.Begin(b, 1000, true)
+	first.Begin(b, 3000, 0, true)
+	second.Begin(b, 1000, 0, true)
 	elapsed := time.Since(t0)
 	if b.PrefillTokens() != 4000 || b.PrefillRequests() != 2 || b.InFlight() != 2 {
 		t.Fatalf("queued %d tokens, %d requests, %d in flight; want 4000, 2, 2", b.PrefillTokens(), b.PrefillRequests(), b.InFlight())
@@ -102,14 +102,14 @@ func TestLeaseObservesPrefill(t *testing.T) {
 		t.Fatalf("%d observations, want 1", n)
 	}
 	var whole Lease // not streamed: its first byte is its last, no prefill time
-	whole.Begin(b, 500, false)
+	whole.Begin(b, 500, 0, false)
 	whole.FirstByte()
 	whole.Release()
 	if n := b.Prefill().Samples(); n != 1 {
 		t.Fatalf("a non-streamed response was observed: %d observations, want 1", n)
 	}
 	var refused Lease // streamed, answered with an error status: dequeued, not observed
-	refused.Begin(b, 700, true)
+	refused.Begin(b, 700, 0, true)
 	refused.Refused()
 	if b.PrefillTokens() != 0 || b.PrefillRequests() != 0 {
 		t.Fatalf("a refused request is still queued: %d tokens, %d requests", b.PrefillTokens(), b.PrefillRequests())

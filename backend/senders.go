@@ -42,7 +42,7 @@ func (b *Backend) Completed() uint64 { return b.completed.Load() }
 // Complete counts the request as answered in full with a success status: the counterpart of
 // the replica's own finished-requests counter. Call it before Release, at most once.
 func (l *Lease) Complete() {
-	if l.b != nil && l.state.Load()&2 == 0 {
+	if l.b != nil && l.state.Load()&leaseReleased == 0 {
 		l.b.completed.Add(1)
 	}
 }

@@ -251,7 +251,7 @@ func TestScrapeJudgesLazySeries(t *testing.T) {
 func finishRequests(b *backend.Backend, n int) {
 	for range n {
 		var l backend.Lease
-		l.Begin(b, 1, true)
+		l.Begin(b, 1, 0, true)
 		l.Complete()
 		l.Release()
 	}

@@ -52,7 +52,7 @@ func TestIdleFlusherSleeps(t *testing.T) {
 
 	// A request in flight keeps the flusher ticking, and its end reaches the peer.
 	var l backend.Lease
-	l.Begin(a.byName(url), 100, true)
+	l.Begin(a.byName(url), 100, 0, true)
 	testutil.Eventually(t, wait, "b sees a's request", func() bool { return b.byName(url).PeerInFlight() == 1 })
 	l.Release()
 	testutil.Eventually(t, wait, "b sees a's request end", func() bool { return b.byName(url).PeerInFlight() == 0 })

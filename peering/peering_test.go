@@ -61,7 +61,7 @@ func TestPeerLoadInCost(t *testing.T) {
 	url := backendURLs[2]
 	var ls [3]backend.Lease
 	for i := range ls {
-		ls[i].Begin(a.byName(url), 5000, true)
+		ls[i].Begin(a.byName(url), 5000, 0, true)
 	}
 	k := prompt(t, 7)
 	queued := func() (int64, int64) {
@@ -136,7 +136,7 @@ func TestPeerKilled(t *testing.T) {
 	a, b, c := rs[0], rs[1], rs[2]
 	url := backendURLs[1]
 	var l backend.Lease
-	l.Begin(c.byName(url), 1000, true)
+	l.Begin(c.byName(url), 1000, 0, true)
 	testutil.Eventually(t, wait, "a sees c's request", func() bool { return a.byName(url).PeerInFlight() == 1 })
 	c.kill()
 	for _, r := range []*replica{a, b} {

@@ -50,7 +50,7 @@ func TestPeersSharePrefillSamples(t *testing.T) {
 	rs := cluster(t, 3)
 	url := backendURLs[1]
 	var l backend.Lease
-	l.Begin(rs[0].byName(url), 20_000, true)
+	l.Begin(rs[0].byName(url), 20_000, 0, true)
 	time.Sleep(20 * time.Millisecond)
 	l.FirstByte()
 	l.Release()

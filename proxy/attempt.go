@@ -55,7 +55,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	if work <= 0 || f.dec.Backend != b {
 		work = router.PrefillWork(int64(f.k.PromptTokens), 0)
 	}
-	f.lease.Begin(b, work, f.k.Stream)
+	f.lease.Begin(b, work, int64(f.k.PromptTokens), f.k.Stream)
 	ctx.Request.Header.SetHost(b.Addr)
 	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))
 	early, err := s.exchange(ctx, f, b, up, head)

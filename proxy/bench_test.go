@@ -180,7 +180,7 @@ func BenchmarkRoutingDecision(b *testing.B) {
 			dispatch := func(i uint64, d router.Decision) {
 				l := &leases[i%benchInFlight]
 				l.Release()
-				l.Begin(d.Backend, d.PrefillTokens, false)
+				l.Begin(d.Backend, d.PrefillTokens, 0, false)
 			}
 			for i := range c.warm {
 				buf = c.body(buf, 1<<40+i)

@@ -521,8 +521,8 @@ func TestLeastLoadPicksIdleBackend(t *testing.T) {
 		bs[i], _ = backend.New(fmt.Sprintf("http://127.0.0.1:%d", 9000+i), 0, 1)
 	}
 	var l0, l1 backend.Lease
-	l0.Begin(bs[0], 0, false)
-	l1.Begin(bs[2], 0, false)
+	l0.Begin(bs[0], 0, 0, false)
+	l1.Begin(bs[2], 0, 0, false)
 	defer l0.Release()
 	defer l1.Release()
 	pol, _ := router.NewPolicy("least-load", router.PolicyOptions{})

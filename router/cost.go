@@ -85,11 +85,14 @@ type cand struct {
 	recent  float64 // requests this policy routed there lately (backend.Routed, RecentHalfLife)
 	rate    float64 // learned prefill tokens/s (0: not yet)
 	base    float64 // learned seconds to first token with no prefill (0: not yet)
+	decodes int64   // this proxy's streamed requests decoding there (backend.Decoding)
+	context int64   // and the KV-cache tokens they hold
 
 	// Filled by the selection.
-	held float64 // prompt tokens counted as held, after the cache-pressure discount
-	work int64   // PrefillWork of the prompt after held
-	est  float64 // estimated TTFT, seconds
+	held   float64 // prompt tokens counted as held, after the cache-pressure discount
+	work   int64   // PrefillWork of the prompt after held
+	decode int64   // backend.DecodeWork of the decodes over the queue and work
+	est    float64 // estimated TTFT, seconds
 }
 
 // costInput is what the estimate needs beyond the candidates.
@@ -101,7 +104,7 @@ type costInput struct {
 
 // estimate fills each candidate's estimated time to first token:
 //
-//	est = base + (queued + foreign × waitingShare × meanWork + PrefillWork(prompt, held)) ÷ rate
+//	est = base + (queued + foreign × waitingShare × meanWork + PrefillWork(prompt, held) + decode) ÷ rate
 //
 // queued is this proxy's (and its peers', see peering) prefill work not yet started
 // answering there, less what the replica has likely worked off since (backend.QueuedPrefill,
@@ -110,7 +113,11 @@ type costInput struct {
 // the share still waiting for their first token is taken to be that of this proxy's own
 // in-flight requests (defaultWaitingShare with none), each at the mean work this policy
 // routes; held the prompt tokens its index says the replica
-// holds, discounted when its KV cache is nearly full (kvPressureStart). rate and base are the
+// holds, discounted when its KV cache is nearly full (kvPressureStart); decode what this
+// proxy's requests decoding there add to the engine steps that the queue and the prompt
+// take (backend.DecodeWork: a replica decoding many long contexts runs slower steps). The
+// learned rate is taught with the same decode work (backend.Lease), so it is the replica's
+// prefill speed without it; other senders' decodes stay in what it measures. rate and base are the
 // replica's learned prefill model (backend.PrefillModel); a replica that has not learned its
 // own takes the median of those that have, else the defaults, so an unlearned replica is
 // neither favoured nor avoided.
@@ -140,7 +147,8 @@ func estimate(cs []cand, in costInput) {
 			base = fleetBase
 		}
 		c.work = PrefillWork(in.promptTokens, int64(held))
-		work := float64(c.queued) + float64(c.foreign)*share*in.meanWork + float64(c.work)
+		c.decode = backend.DecodeWork(c.decodes, c.context, c.queued, c.work)
+		work := float64(c.queued) + float64(c.foreign)*share*in.meanWork + float64(c.work) + float64(c.decode)
 		c.est = base + work/rate
 	}
 }

@@ -159,3 +159,40 @@ func TestPickSpreadsConversationsAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodesSlowAReplica: the decode term (backend.DecodeWork) makes a replica busy decoding
+// long contexts estimate a short prompt's TTFT well above an idle one's, enough to leave the
+// near-ties, so that a cold prompt goes to the idle one whatever the ring says; a long prompt
+// pays the same decodes over more engine steps, a smaller share of its prefill.
+func TestDecodesSlowAReplica(t *testing.T) {
+	const n = 2
+	place, ids, in := tieBreakSetup(n)
+	in.promptTokens = 256
+	for i := range 32 {
+		chunks := chunkChain(nil).extend(fmt.Sprint("cold ", i), 4)
+		cs := make([]cand, n)
+		for j := range cs {
+			cs[j] = cand{id: ids[j], weight: 1, rate: 10_000, base: 0.02, inFlight: 64}
+		}
+		cs[0].decodes, cs[0].context = 64, 64*8192 // 64 sequences of 8k tokens decoding
+		estimate(cs, in)
+		if want := backend.DecodeWork(64, 64*8192, 0, cs[0].work); cs[0].decode != want || cs[1].decode != 0 {
+			t.Fatalf("decode work %d and %d, want %d and 0", cs[0].decode, cs[1].decode, want)
+		}
+		if cs[0].est <= (1+0.5)*cs[1].est {
+			t.Fatalf("estimates %v: the decoding replica within the near-tie margin", ests(cs))
+		}
+		if j, _ := pickCost(chunks, cs, testSel(0.5, false), place); j != 1 {
+			t.Fatalf("prompt %d went to the replica decoding 64 long contexts: %v", i, ests(cs))
+		}
+	}
+	long := in
+	long.promptTokens = 32_000
+	cs := []cand{{id: ids[0], decodes: 64, context: 64 * 8192}}
+	estimate(cs, in)
+	short := float64(cs[0].decode) / float64(cs[0].work)
+	estimate(cs, long)
+	if share := float64(cs[0].decode) / float64(cs[0].work); share >= short/4 {
+		t.Fatalf("decode share of a 32k-token prefill %.3f, of a 256-token one %.3f", share, short)
+	}
+}

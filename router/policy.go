@@ -122,9 +122,15 @@ type CandidateEstimate struct {
 	// QueuedTokens is this proxy's prefill work queued there, less what the replica has
 	// likely worked off since its queue last moved (backend.QueuedPrefill), plus its peers';
 	// ForeignRequests the requests the replica reports beyond this proxy's.
-	QueuedTokens    int64   `json:"queued_prefill_tokens"`
-	ForeignRequests int64   `json:"foreign_requests"`
-	KVCacheUsage    float64 `json:"kv_cache_usage"`
+	QueuedTokens    int64 `json:"queued_prefill_tokens"`
+	ForeignRequests int64 `json:"foreign_requests"`
+	// DecodingRequests and DecodingTokens are this proxy's streamed requests decoding there
+	// and their prompt tokens (backend.Decoding); DecodeWork the prefill work they add to
+	// this request's estimate (backend.DecodeWork).
+	DecodingRequests int64   `json:"decoding_requests"`
+	DecodingTokens   int64   `json:"decoding_context_tokens"`
+	DecodeWork       int64   `json:"decode_work_tokens"`
+	KVCacheUsage     float64 `json:"kv_cache_usage"`
 	// PrefillRate (tokens/s) and BaseMs are the replica's learned prefill model (0 and
 	// RateLearned false until learned: the fleet's median or the defaults stand in).
 	PrefillRate     float64 `json:"prefill_tokens_per_s"`

@@ -263,6 +263,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
 			queued: b.QueuedPrefill(now), own: b.InFlight(), pending: b.PrefillRequests(),
 			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: b.OtherSenders() == backend.SendersAlone}
+		c.decodes, c.context = b.Decoding()
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()
@@ -300,7 +301,8 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 		rate, learned := m.Rate()
 		base, _ := m.Base()
 		out[j] = CandidateEstimate{Backend: candidates[j].Name, MatchedChunks: c.matched, HeldTokens: int64(c.held),
-			QueuedTokens: c.queued, ForeignRequests: c.foreign, KVCacheUsage: c.kvUsage, PrefillRate: rate,
+			QueuedTokens: c.queued, ForeignRequests: c.foreign, DecodingRequests: c.decodes, DecodingTokens: c.context,
+			DecodeWork: c.decode, KVCacheUsage: c.kvUsage, PrefillRate: rate,
 			RateLearned: learned, BaseMs: float64(base) / float64(time.Millisecond), PredictedTTFTMs: c.est * 1000,
 			InFlight: c.inFlight, OtherSenders: candidates[j].OtherSenders().String()}
 		soft, hard := p.sel.caps(total, max(c.weight, 1), wsum)

@@ -75,7 +75,7 @@ type inflight []*backend.Lease
 
 func (rs *inflight) begin(b *backend.Backend, tokens int) {
 	l := new(backend.Lease)
-	l.Begin(b, int64(tokens), false)
+	l.Begin(b, int64(tokens), 0, false)
 	*rs = append(*rs, l)
 }
 

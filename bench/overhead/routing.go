@@ -78,7 +78,7 @@ func measureRouting(wl *Workload, nb, n, inFlight int) (RoutingResult, error) {
 		if inFlight > 0 {
 			l := &leases[i%uint64(len(leases))]
 			l.Release() // the request this connection sent before
-			l.Begin(d.Backend, d.PrefillWork, false)
+			l.Begin(d.Backend, d.PrefillWork, 0, false)
 		}
 		return t1.Sub(t0), t2.Sub(t1), t3.Sub(t2), d
 	}

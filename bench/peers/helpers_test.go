@@ -48,7 +48,7 @@ func loads(t *testing.T, bs []*backend.Backend, in ...int) {
 	for i, n := range in {
 		for range n {
 			l := new(backend.Lease)
-			l.Begin(bs[i], 0, false)
+			l.Begin(bs[i], 0, 0, false)
 			t.Cleanup(l.Release)
 		}
 	}
