@@ -196,3 +196,30 @@ func TestDecodesSlowAReplica(t *testing.T) {
 		t.Fatalf("decode share of a 32k-token prefill %.3f, of a 256-token one %.3f", share, short)
 	}
 }
+
+// TestExplainShowsDecodes: /debug/route's candidates (Prefix.Explain) carry this proxy's
+// requests decoding on each backend, their context and the decode work charged for them, and
+// the estimate is higher by that work at the backend's rate.
+func TestExplainShowsDecodes(t *testing.T) {
+	bs := prefixBackends(t, 2)
+	p, _ := newTestPrefix(t, bs)
+	var l backend.Lease
+	l.Begin(bs[0], 100, 6000, true)
+	l.FirstByte()
+	defer l.Release()
+	k := routedKey(chunkChain(nil).extend("question", 4))
+	ex := p.Explain(k, bs)
+	if len(ex) != 2 {
+		t.Fatalf("%d candidates explained", len(ex))
+	}
+	busy, idle := ex[0], ex[1]
+	if busy.DecodingRequests != 1 || busy.DecodingTokens != 6000 || busy.DecodeWork != backend.DecodeWork(1, 6000, 0, 256) {
+		t.Fatalf("busy backend explained %+v, want 1 decoding request of 6000 tokens and its decode work", busy)
+	}
+	if idle.DecodingRequests != 0 || idle.DecodeWork != 0 {
+		t.Fatalf("idle backend explained %+v", idle)
+	}
+	if extra := busy.PredictedTTFTMs - idle.PredictedTTFTMs; extra <= 0 {
+		t.Fatalf("estimates %.3f and %.3f ms: the decoding backend not slower", busy.PredictedTTFTMs, idle.PredictedTTFTMs)
+	}
+}
