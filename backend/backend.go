@@ -324,6 +324,10 @@ func (l *Lease) firstByte(observe bool) {
 			next |= leaseDecoding
 		}
 		if l.state.CompareAndSwap(s, next) {
+			if decoding { // counted first: Release takes them back once the bit is set
+				l.b.decodeSeqs.Add(1)
+				l.b.decodeCtx.Add(l.context)
+			}
 			l.b.drain.left(time.Now(), l.prefill, true, l.b.rate()) // a prefill finished: the queue moved
 			l.b.prefillTokens.Add(-l.prefill)
 			l.b.prefillReqs.Add(-1)
@@ -334,8 +338,6 @@ func (l *Lease) firstByte(observe bool) {
 				s := PrefillSample{Work: l.ahead + l.prefill + l.decode, TTFT: time.Since(l.began)}
 				l.b.prefill.Observe(s.Work, s.TTFT)
 				l.b.samples.keep(s)
-				l.b.decodeSeqs.Add(1)
-				l.b.decodeCtx.Add(l.context)
 			}
 			return
 		}

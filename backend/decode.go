@@ -27,9 +27,12 @@ const (
 // The prefill ends after about (ahead + work) ÷ StepTokens engine steps (at least one), and
 // every step also carries one token of each decoding sequence, as compute, and reads its
 // whole context, as memory traffic. Both grow a step's duration whatever the prefill does:
-// with 32 sequences of 4k tokens decoding, a step carries ~127 tokens' worth more, which
-// doubles the time to first token of a 128-token follow-up turn and adds ~1% to a 16k-token
-// prompt's. 0 when nothing decodes.
+// with 32 sequences of 4k tokens decoding, a step carries 126 tokens' worth more, about twice
+// the prefill of a 128-token follow-up turn, and 1.8% more for a 16k-token prompt (20,480
+// tokens' worth of work, 3 steps). ahead and work are router.PrefillWork's attention-weighted
+// tokens, not the step budget's plain ones: for long contexts the steps are overcounted by up
+// to that weight, in the estimate and in what the prefill model learns alike. 0 when nothing
+// decodes.
 func DecodeWork(decodes, contextTokens, ahead, work int64) int64 {
 	if decodes <= 0 && contextTokens <= 0 {
 		return 0
@@ -39,9 +42,11 @@ func DecodeWork(decodes, contextTokens, ahead, work int64) int64 {
 }
 
 // Decoding is this proxy's streamed requests on the replica that are answering (the first
-// token came, the last has not) and the KV-cache tokens they hold: their prompts' tokens, as
-// Lease.Begin was given them (generated tokens are not counted). Non-streamed requests are
-// not: their first byte is their last.
+// token came, the lease is not released) and the KV-cache tokens they hold: their prompts'
+// tokens, as Lease.Begin was given them (generated tokens are not counted). A request counts
+// until its response has reached the client, so a slow reader's counts a little past the
+// engine's last token; non-streamed requests never count (their first byte is their last),
+// nor do other senders' requests: what they cost is in the prefill rate learned.
 func (b *Backend) Decoding() (sequences, contextTokens int64) {
-	return b.decodeSeqs.Load(), b.decodeCtx.Load()
+	return max(b.decodeSeqs.Load(), 0), max(b.decodeCtx.Load(), 0)
 }

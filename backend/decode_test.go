@@ -67,3 +67,39 @@ func TestLeaseDecoding(t *testing.T) {
 	next.Release()
 	check("all released", 0, 0)
 }
+
+// TestLeaseDecodingConcurrent: FirstByte, Refused and Release racing from several goroutines
+// leave the decode counts at zero once every lease is released (run with -race).
+func TestLeaseDecodingConcurrent(t *testing.T) {
+	b, _ := New("http://d:2", 0, 1)
+	const n = 200
+	ls := make([]Lease, n)
+	for i := range ls {
+		ls[i].Begin(b, 100, int64(1000+i), i%3 != 0)
+	}
+	done := make(chan struct{})
+	for w := range 3 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range ls {
+				switch (i + w) % 3 {
+				case 0:
+					ls[i].FirstByte()
+				case 1:
+					ls[i].Refused()
+				default:
+					ls[i].Release()
+				}
+			}
+		}()
+	}
+	for range 3 {
+		<-done
+	}
+	for i := range ls {
+		ls[i].Release()
+	}
+	if s, c := b.Decoding(); s != 0 || c != 0 || b.decodeSeqs.Load() != 0 || b.decodeCtx.Load() != 0 {
+		t.Fatalf("after every release: %d sequences, %d tokens decoding (raw %d, %d)", s, c, b.decodeSeqs.Load(), b.decodeCtx.Load())
+	}
+}

@@ -84,3 +84,72 @@ func TestFreshPrefixOlderShallowPart(t *testing.T) {
 		}
 	}
 }
+
+// stampOf is the stamp of b's entry for h (0: b does not hold h).
+func stampOf(x *Index, b *backend.Backend, h uint64) int64 {
+	s := x.tab.Load().byID[b.ID]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ni := x.shard(norm(h)).lookup(norm(h), s.num)
+	if ni == nilIdx {
+		return 0
+	}
+	return s.nodes[ni].used &^ added
+}
+
+// TestFreshPrefixSkipAtCapacity: at capacity every Record evicts. A Record whose held prefix
+// is fresh (chunks 0 and held-1 touched within the window) and whose claims evict only other
+// entries leaves the prefix as it is; one whose claims evict more than the log holds, or a
+// prefix whose chunk 0 is not fresh (a conversation whose turns extend it faster than the
+// window), walks it in full.
+func TestFreshPrefixSkipAtCapacity(t *testing.T) {
+	const capacity, prefix = 3000, 10
+	now := t0.Add(time.Hour)
+	setup := func(t *testing.T) (*Index, *backend.Backend, []uint64) {
+		b := newBackend(t, "a", capacity*64)
+		x := newIndex(Options{ChunkTokens: 64, MaxEntries: -1}, defaultShards)
+		x.SetBackends([]*backend.Backend{b})
+		x.Record(chain(9, capacity-prefix), b, t0) // old entries, an hour old: a long horizon
+		p := chain(1, prefix)
+		x.Record(p, b, now.Add(-4*time.Millisecond))
+		x.Record(p, b, now.Add(-3*time.Millisecond)) // confirmed, 3 ms ago: fresh
+		return x, b, p
+	}
+	for _, c := range []struct {
+		name    string
+		suffix  int
+		touched bool // the prefix walked again (stamped now)
+	}{
+		{"a few claims evict old entries: skipped", 16, false},
+		{"more claims than the log holds: walked", evictLogMax + 8, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			x, b, p := setup(t)
+			before := stampOf(x, b, p[0])
+			prompt := append(append([]uint64{}, p...), chain(3, c.suffix)...)
+			x.RecordHeld(prompt, b, now, prefix)
+			check(t, x)
+			if got := match(x, prompt, b)[0]; got != len(prompt) {
+				t.Fatalf("Match finds %d of %d chunks", got, len(prompt))
+			}
+			if walked := stampOf(x, b, p[0]) != before; walked != c.touched {
+				t.Fatalf("prefix walked again: %v, want %v", walked, c.touched)
+			}
+		})
+	}
+	t.Run("chunk 0 stale, chunk held-1 fresh: walked", func(t *testing.T) {
+		// Requests that share p to different depths: one held to chunk 4 touches p[5:] only,
+		// so p[9] is fresh while p[0] ages; the next, held to p[9], must walk p in full.
+		x, b, p := setup(t)
+		x.RecordHeld(p, b, now.Add(10*time.Millisecond), 5) // p[0] and p[4] 13 ms old: p[5:] touched
+		if got := stampOf(x, b, p[0]); got >= now.UnixNano() {
+			t.Fatalf("held to chunk 4, p[0] fresh: touched anyway (%d)", got)
+		}
+		at := now.Add(55 * time.Millisecond) // p[9] 45 ms old, fresh; p[0] 58 ms old, stale
+		x.RecordHeld(p, b, at, prefix)
+		check(t, x)
+		if got := stampOf(x, b, p[0]); got < at.UnixNano() {
+			t.Fatalf("p[0] stamped %d, before the Record at %d: its stale first chunk was skipped", got, at.UnixNano())
+		}
+	})
+}

@@ -52,8 +52,9 @@ type slot struct {
 	evictLogFull bool
 }
 
-// evictLogMax bounds a slot's eviction log (8 KiB): a Record that evicts more re-walks its
-// fresh prefix without asking the log, as it would without one.
+// evictLogMax bounds a slot's eviction log (8 KiB, allocated by its first eviction under a
+// fresh prefix): a Record that evicts more re-walks its fresh prefix without asking the log,
+// as it would without one.
 const evictLogMax = 1024
 
 // noteEvicted logs h, an entry the Record in progress evicted, while logging is on. Called
@@ -66,6 +67,9 @@ func (s *slot) noteEvicted(h uint64) {
 		s.evictLogFull = true
 		return
 	}
+	if s.evictLog == nil {
+		s.evictLog = make([]uint64, 0, evictLogMax)
+	}
 	s.evictLog = append(s.evictLog, h)
 }
 
@@ -75,12 +79,13 @@ func (s *slot) startEvictLog() {
 }
 
 // evictedAnyOf turns logging off and reports whether the log holds a chunk of chunks (or
-// overflowed, when it cannot tell). A 4096-bit filter of the log on the stack answers most
-// chunks; the log is sorted and searched only for those the filter lets through. Called with
-// s.mu held.
+// overflowed, when it cannot tell; or is over 4 times longer than chunks, when walking the
+// short prefix costs less than sorting the log). A 4096-bit filter of the log on the stack
+// answers most chunks; the log is sorted and searched only for those the filter lets
+// through. Called with s.mu held.
 func (s *slot) evictedAnyOf(chunks []uint64) bool {
 	s.logging = false
-	if s.evictLogFull {
+	if s.evictLogFull || len(s.evictLog) > 4*len(chunks) {
 		return true
 	}
 	if len(s.evictLog) == 0 {

@@ -25,16 +25,20 @@ const (
 )
 
 // RecordHeld is Record for a prompt whose first held chunks b was found to hold when the
-// request was routed (router.Decision.MatchedChunks). When b still holds chunk held-1 and
-// touched it within the fresh window, the held chunks are not touched again: every request
-// that shares a hot system prompt would otherwise move the same chunks to the front of the
-// LRU, a few cache misses each, for a recency that changes by milliseconds. A Record touches
-// a whole prefix at once, so the skipped chunks are at most two windows staler than a full
-// Record would leave them. A prefix still marked as added by an earlier Record that no later
-// one touched is touched in full (that Record may yet be withdrawn by Forget), and so is the
-// prefix of a Record whose new chunks evicted anything (they may have evicted part of it:
-// TestFreshPrefixSurvivesItsOwnSuffix), so the skip saves work only while b has room.
-// held ≤ 0 (or a stale hint) records every chunk.
+// request was routed (router.Decision.MatchedChunks). When b still holds chunks 0 and held-1
+// and touched both within the fresh window, the held chunks are not touched again: every
+// request that shares a hot system prompt would otherwise move the same chunks to the front
+// of the LRU, a few cache misses each, for a recency that changes by milliseconds. Chunk 0 is
+// touched only by Records that walk their whole prompt, so a prefix is walked in full at
+// least once a window and its chunks are at most about two windows staler than a full Record
+// would leave them; chunk held-1 alone would let a conversation whose turns come faster than
+// the window skip its older turns for good (each turn's last chunk fresh from the turn
+// before), and they would age out of the index while the engine keeps them. A prefix still
+// marked as added by an earlier Record that no later one touched is touched in full (that
+// Record may yet be withdrawn by Forget), and so is the prefix of a Record whose new chunks
+// evicted part of it (TestFreshPrefixSurvivesItsOwnSuffix): the Record logs what it evicts
+// (slot.evictLog), so that at capacity, where every Record evicts, a prefix whose chunks were
+// not among them is still skipped. held ≤ 0 (or a stale hint) records every chunk.
 func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, held int) Stamp {
 	if len(chunks) == 0 || b == nil {
 		return 0
@@ -55,9 +59,13 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	}
 	chunks = chunks[:s.fit(chunks, limit)]
 	t := s.nextStamp(now.UnixNano())
-	lo := 0 // the shallowest chunk to record
+	s.logging = false // a Record that panicked mid-walk left it on
+	lo := 0           // the shallowest chunk to record
 	if held > 0 && held <= len(chunks) {
 		fresh, used := x.heldFresh(s, norm(chunks[held-1]), t)
+		if fresh && held > 1 {
+			fresh, _ = x.heldFresh(s, norm(chunks[0]), t)
+		}
 		switch {
 		case fresh:
 			lo = held
