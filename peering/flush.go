@@ -58,7 +58,7 @@ func (n *Node) flushLoop() {
 		learned, forgets := 0, 0 // items not cancelled
 		for _, it := range items {
 			switch {
-			case it.n == 0:
+			case it.cancelled:
 			case it.forget:
 				forgets++
 			default:
@@ -162,7 +162,17 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 		loads = loads[k:]
 	}
 	for _, it := range items {
+		if it.cancelled {
+			continue
+		}
 		hs := hashes[it.off : it.off+it.n]
+		if len(hs) == 0 { // a decision on a prompt held whole: the group alone
+			if packetBudget-len(packets[len(packets)-1]) < groupOverhead {
+				start(nil)
+			}
+			packets[len(packets)-1] = appendGroup(packets[len(packets)-1], it.id, it.stamp, nil)
+			continue
+		}
 		for len(hs) > 0 {
 			cur := packets[len(packets)-1]
 			room := (packetBudget - len(cur) - groupOverhead) / hashBytes
@@ -202,6 +212,10 @@ func spareBuffer(packets [][]byte) []byte {
 	}
 	return nil
 }
+
+// maxGroupSenders bounds Node.lastGroup: past it (peers that came and went) it starts over,
+// at the cost of one decision counted twice per peer.
+const maxGroupSenders = 256
 
 // minGroupHashes: a prompt is split only into parts of at least 16 hashes, unless fewer are
 // left; below that a new packet is started.
@@ -256,6 +270,18 @@ func (n *Node) receive(buf []byte) {
 				for _, local := range n.recent.take(sender, id, stamp) {
 					idx.Forget(hs, b, local)
 				}
+				return
+			}
+			// One decision per group, not per part of a prompt split across packets (the
+			// parts of one come one after another).
+			if k := (learnKey{sender, id, stamp}); n.lastGroup[sender] != k {
+				if len(n.lastGroup) >= maxGroupSenders {
+					clear(n.lastGroup)
+				}
+				n.lastGroup[sender] = k
+				n.pol.NotePeerRouted(b)
+			}
+			if len(hs) == 0 {
 				return
 			}
 			// A peer's clock ahead of this one's must not stamp the future.

@@ -3,13 +3,16 @@ package peering
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // cluster starts n peered replicas, each joining the first, and waits until every one sees
@@ -262,5 +265,41 @@ func TestNewRejectsBadSecret(t *testing.T) {
 		if _, err := New(Options{Listen: "127.0.0.1:0", Secret: make([]byte, n)}, router.NewPrefix(router.PrefixOptions{}, nil)); err == nil {
 			t.Fatalf("secret of %d bytes accepted", n)
 		}
+	}
+}
+
+// TestPeersCountDecisions: every request a peer routes counts once in this replica's recent
+// share of the backend it went to (router.Prefix.NotePeerRouted), by which peered replicas
+// rank near-ties: a prompt learned new, one the backend held whole (an empty group on the
+// wire) and one split across several packets (parts of one group) are three decisions.
+func TestPeersCountDecisions(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	url := backendURLs[2]
+	k := prompt(t, 7)
+	long := &key.Key{OK: true, Routed: true}
+	for i := range 3 * packetBudget / hashBytes { // three packets' worth
+		long.Chunks = append(long.Chunks, uint64(i+1)*0x9e3779b97f4a7c15)
+	}
+	pol := a.node.Policy()
+	if pol.Learn(k, a.byName(url), 0) == 0 || pol.Learn(k, a.byName(url), len(k.Chunks)) == 0 || pol.Learn(long, a.byName(url), 0) == 0 {
+		t.Fatal("nothing learned")
+	}
+	// An Add n ticks apart decays the count before it by 2^(−n ÷ half-life): three
+	// decisions one tick apart read just under 3, a fourth (a part counted twice) nearer 4.
+	three := 1 + math.Exp2(-1/float64(router.RecentHalfLife))*(1+math.Exp2(-1/float64(router.RecentHalfLife)))
+	got := func() float64 { return b.byName(url).Routed().Value(0, router.RecentHalfLife) }
+	testutil.Eventually(t, wait, "r1 counts r0's three decisions", func() bool { return got() >= three-1e-9 })
+	time.Sleep(50 * time.Millisecond) // time for a part counted twice to arrive
+	if v := got(); math.Abs(v-three) > 1e-9 {
+		t.Fatalf("r1's recent count of %s is %.4f, want %.4f (three decisions)", url, v, three)
+	}
+	for _, other := range backendURLs {
+		if other != url && b.byName(other).Routed().Value(0, router.RecentHalfLife) != 0 {
+			t.Fatalf("r1 counted a decision on %s, where r0 sent none", other)
+		}
+	}
+	if !a.holds(long, url) || !b.holds(long, url) {
+		t.Fatal("the split prompt is not held whole on both replicas")
 	}
 }

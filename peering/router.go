@@ -47,6 +47,8 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 	if held > 0 && p.learns.Add(1)%fullChainEvery != 0 {
 		chunks = chunks[min(held, len(chunks)):]
 	}
+	// Pushed even when empty (the backend held the whole prompt): the peers count every
+	// decision (router.Prefix.NotePeerRouted).
 	p.n.q.push(b.ID, int64(l), chunks, &p.n.m)
 	return l
 }
@@ -81,12 +83,14 @@ type backendSet struct {
 }
 
 // queued is one Learn (or, forget set, one Unlearn of a Learn already sent) waiting for the
-// flusher: hashes[off:off+n] of the queue's arena; n 0 once cancelled.
+// flusher: hashes[off:off+n] of the queue's arena (n 0: a Learn of a prompt the backend held
+// whole, sent as an empty group so that the peers count the decision, NotePeerRouted).
 type queued struct {
-	id     uint64
-	stamp  int64
-	off, n int
-	forget bool
+	id        uint64
+	stamp     int64
+	off, n    int
+	forget    bool
+	cancelled bool
 }
 
 // queue holds the Learns since the last flush. push copies the chunks into an arena that
@@ -118,7 +122,7 @@ func (q *queue) cancel(id uint64, stamp int64) bool {
 	defer q.mu.Unlock()
 	for i := len(q.items) - 1; i >= 0; i-- {
 		if it := &q.items[i]; it.id == id && it.stamp == stamp && !it.forget {
-			it.n = 0
+			it.cancelled = true
 			return true
 		}
 	}
@@ -126,7 +130,7 @@ func (q *queue) cancel(id uint64, stamp int64) bool {
 }
 
 func (q *queue) add(it queued, chunks []uint64, m *metricSet) {
-	if len(chunks) == 0 {
+	if len(chunks) == 0 && it.forget {
 		return
 	}
 	q.mu.Lock()

@@ -20,7 +20,9 @@ const (
 	//	{ id:u64 stamp:i64 uvarint(n) hash:u64 × n }…   (to the end: learned prompts)
 	//
 	// integers little-endian; stamp unix nanoseconds; a learned group is one routed request's
-	// chained chunk hashes (or a part of them, see minGroupHashes) on backend id. A group
+	// chained chunk hashes (or a part of them, see minGroupHashes) on backend id, with n 0
+	// for a prompt the backend held whole (the receiver counts each group as one decision,
+	// router.Prefix.NotePeerRouted, the parts of a split one once). A group
 	// whose stamp is negative is a forget: backend id refused the request of the group
 	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
 	kindUpdate = 1

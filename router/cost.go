@@ -199,6 +199,9 @@ type selection struct {
 	loadFirst  bool    // TieBreakLoad
 	auto       bool    // TieBreakAuto: loadFirst while every candidate is alone
 	spread     bool    // PrefixOptions.NoSpreadNewPrefixes off
+	// fleetRecent: the recent routed counts are the fleet's (Prefix.CountPeerRoutes), and
+	// TieBreakLoad ranks by them as TieBreakAuto does alone.
+	fleetRecent bool
 }
 
 // caps are the bounded-load cap and the hard cap of a backend of weight w among candidates
@@ -285,7 +288,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	// often thin against its next branch (OpenAssistant siblings), and moving it costs the
 	// whole history's prefill, while a pile-up is a holder taking more than its share.
 	spread := sel.spread && loadFirst
-	byRecent := sel.spread && !sel.loadFirst
+	byRecent := sel.spread && (!sel.loadFirst || sel.fleetRecent)
 	lo, loWork := math.MaxInt, int64(0)
 	var tieLoad float64
 	tieWeight := 0
@@ -335,9 +338,9 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		// backends' traffic, so that share follows the conversations each serves between
 		// their turns, when their in-flight count is 0 (4 llm-d-inference-sim replicas,
 		// multi-turn: new conversations went to replicas serving 2–3 while two served 1).
-		// Peered replicas (TieBreakLoad) rank by in-flight requests alone: peering gives
-		// every replica the same counts within milliseconds, so they agree, where each
-		// one's routed share is its own.
+		// Peered replicas (TieBreakLoad) rank the same way by the fleet's recent share
+		// (Prefix.CountPeerRoutes: each counts its peers' decisions too, so they agree
+		// within milliseconds); TieBreakLoad without it by in-flight requests alone.
 		light := -1
 		for j := range cs {
 			if tie(j) && eff(j) == at && (light < 0 || lessLoaded(&cs[j], &cs[light], byRecent) < 0) {

@@ -2,7 +2,9 @@ package router
 
 import (
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -90,7 +92,9 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 // TestTieBreakAutoByRecentShare: spreading new prefixes (the default), a prefixlb replica alone (TieBreakAuto, every candidate
 // alone) sends a cold prompt's near-ties to the backend it routed the fewest requests to
 // lately, even where that one has a request in flight and another has none (conversations
-// between turns have none); peered replicas (TieBreakLoad) rank by in-flight requests only.
+// between turns have none); TieBreakLoad ranks by in-flight requests only, unless the recent
+// share is the fleet's (peered replicas, Prefix.CountPeerRoutes), where it ranks as auto
+// alone does, whoever else sends to the backends.
 func TestTieBreakAutoByRecentShare(t *testing.T) {
 	const n = 4
 	place, ids, in := tieBreakSetup(n)
@@ -98,6 +102,8 @@ func TestTieBreakAutoByRecentShare(t *testing.T) {
 	auto.auto, auto.spread = true, true
 	load := testSel(0.5, true)
 	load.spread = true
+	fleet := load
+	fleet.fleetRecent = true
 	for i := range 32 {
 		chunks := chunkChain(nil).extend(fmt.Sprint("cold", i), 4)
 		quiet := i % n      // fewest requests lately, one in flight now
@@ -115,6 +121,68 @@ func TestTieBreakAutoByRecentShare(t *testing.T) {
 		if got, _ := pickCost(chunks, cs, load, place); got != idle {
 			t.Fatalf("prompt %d: load picked %d, want %d (none in flight)", i, got, idle)
 		}
+		for j := range cs {
+			cs[j].alone = false // peers send there too
+		}
+		if got, _ := pickCost(chunks, cs, fleet, place); got != quiet {
+			t.Fatalf("prompt %d: load with the fleet's share picked %d, want %d (fewest routed lately)", i, got, quiet)
+		}
+	}
+}
+
+// TestPickSpreadsConversationsPeered: two peered replicas (TieBreakLoad, CountPeerRoutes;
+// each told of the other's decisions and learned prompts, as package peering does) place
+// 8 cold conversations whose first turns alternate between them 2 on each of 4 backends,
+// with nothing in flight between turns and no backend alone, and each conversation's later
+// turns follow its first whichever replica routes them. Without the peers' decisions
+// counted, in-flight counts (all 0) leave the placement to the ring.
+func TestPickSpreadsConversationsPeered(t *testing.T) {
+	for _, counted := range []bool{true, false} {
+		t.Run(fmt.Sprintf("counted=%v", counted), func(t *testing.T) {
+			var ps [2]*Prefix
+			var bss [2][]*backend.Backend
+			for r := range ps {
+				bss[r] = prefixBackends(t, 4)
+				for _, b := range bss[r] {
+					b.SetOtherSenders(backend.SendersShared)
+				}
+				ps[r] = NewPrefix(PrefixOptions{TieBreak: TieBreakLoad}, nil)
+				ps[r].SetBackends(bss[r])
+				if counted {
+					ps[r].CountPeerRoutes()
+				}
+			}
+			where := map[int]string{}
+			per := map[string]int{}
+			for turn := range 3 {
+				for conv := range 8 {
+					r := (conv + turn) % 2 // the replica the request reaches
+					k := routedKey(chunkChain(nil).extend(fmt.Sprint("conversation ", conv), 4+4*turn))
+					d := ps[r].Pick(k, bss[r])
+					ps[r].Learn(k, d.Backend, d.MatchedChunks)
+					peer := bss[1-r][slices.IndexFunc(bss[r], func(b *backend.Backend) bool { return b == d.Backend })]
+					ps[1-r].Index().Record(k.Chunks, peer, time.Now())
+					ps[1-r].NotePeerRouted(peer)
+					switch {
+					case turn == 0:
+						where[conv] = d.Backend.Name
+						per[d.Backend.Name]++
+					case d.Backend.Name != where[conv]:
+						t.Fatalf("turn %d of conversation %d went to %s, its first to %s", turn, conv, d.Backend.Name, where[conv])
+					}
+				}
+			}
+			even := true
+			for _, b := range bss[0] {
+				even = even && per[b.Name] == 2
+			}
+			if counted && !even {
+				t.Errorf("conversations per backend %v, want 2 each", per)
+			}
+			if !counted && even {
+				t.Errorf("conversations per backend %v without the peers' decisions counted: the ring alone spread them evenly, so this test shows nothing", per)
+			}
+		})
 	}
 }
 

@@ -97,7 +97,8 @@ const (
 	// TieBreakLoad: the least in-flight requests per weight first, the ring among equals. For
 	// replicas that share their loads (peering) or run alone: cold prompts then spread by
 	// load instead of by hash (on the multi-turn bench, 11 conversations on 4 replicas, the
-	// ring alone put up to 2.1× the mean on one replica).
+	// ring alone put up to 2.1× the mean on one replica). Peered replicas
+	// (Prefix.CountPeerRoutes) rank by the fleet's recent routed share first.
 	TieBreakLoad
 	// TieBreakAuto: TieBreakLoad while every candidate's requests come through this proxy
 	// alone (backend.SendersAlone, judged by the health checker from the replicas' own
@@ -131,6 +132,9 @@ type Prefix struct {
 	ring         atomic.Pointer[placement]
 	next         atomic.Uint64
 	seq          atomic.Uint64 // decisions so far: the clock of backend.Routed
+	// peerRoutes: the peers' decisions are counted too (CountPeerRoutes), so that
+	// backend.Routed is the fleet's recent share and TieBreakLoad ranks by it.
+	peerRoutes atomic.Bool
 }
 
 // RecentHalfLife is the half-life, in requests this policy routes, of a backend's count of
@@ -228,7 +232,7 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	var cbuf [maxStackCandidates]cand
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
 	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()})
-	j, r := pickCost(k.Chunks, cs, p.sel, p.ring.Load())
+	j, r := pickCost(k.Chunks, cs, p.selection(), p.ring.Load())
 	prompt, held := int64(k.PromptTokens), int64(cs[j].held)
 	work := PrefillWork(prompt, held)
 	p.meanWork.Observe(float64(work))
@@ -240,9 +244,34 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 // noteRouted counts a decision for b's recent share, which only TieBreakAuto reads (while
 // spreading new prefixes and every candidate is alone).
 func (p *Prefix) noteRouted(b *backend.Backend) {
-	if p.sel.spread && p.sel.auto {
+	if p.sel.spread && (p.sel.auto || p.peerRoutes.Load()) {
 		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
 	}
+}
+
+// CountPeerRoutes makes the recent share by which near-ties for new prefixes are ranked
+// (backend.Routed, RecentHalfLife) the fleet's: from then on NotePeerRouted counts the
+// decisions of the prefixlb replicas this one is peered with (package peering), with its
+// own, on one clock, and TieBreakLoad ranks near-ties by that share before their in-flight
+// requests, as a replica alone does under TieBreakAuto. In-flight requests alone miss the
+// conversations a replica serves between their turns: peered replicas in front of 4
+// simulated replicas (bench suite, agentic near saturation, 3 rounds) left one replica at a
+// tenth of the traffic while another took a third, and moved sessions off it.
+func (p *Prefix) CountPeerRoutes() { p.peerRoutes.Store(true) }
+
+// NotePeerRouted counts a decision a peer made for b (one routed request; see
+// CountPeerRoutes). It does nothing before CountPeerRoutes or without spreading.
+func (p *Prefix) NotePeerRouted(b *backend.Backend) {
+	if p.sel.spread && p.peerRoutes.Load() {
+		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
+	}
+}
+
+// selection is p.sel with what CountPeerRoutes turned on.
+func (p *Prefix) selection() selection {
+	sel := p.sel
+	sel.fleetRecent = p.peerRoutes.Load()
+	return sel
 }
 
 // snapshot reads each candidate's match and load into cs (matched and cs are scratch of any
@@ -271,7 +300,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		allAlone = allAlone && c.alone
 		cs = append(cs, c)
 	}
-	if p.sel.spread && p.sel.auto && allAlone {
+	if p.sel.spread && (p.sel.auto && allAlone || p.sel.loadFirst && p.peerRoutes.Load()) {
 		// Only a replica alone ranks near-ties by recent share (pickCost): a lock and an exp2
 		// per candidate that every other decision skips.
 		for j, b := range candidates {
