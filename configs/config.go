@@ -156,16 +156,18 @@ type Prefix struct {
 	// exact ties only.
 	TieMarginPercent OptionalInt `yaml:"tie_margin_percent"`
 	// TieBreak is how near-ties holding the same prefix are broken: "ring" (the
-	// consistent-hash ring alone, so unpeered replicas agree), "load" (the least in-flight
-	// first, the ring among equals; for peered replicas or one alone) or "auto" (left out:
+	// consistent-hash ring alone, so unpeered replicas agree), "load" (the least loaded first,
+	// the ring among equals: by in-flight requests, and with peering on by the fleet's recent
+	// routed share first; for peered replicas or one alone) or "auto" (left out:
 	// "load" with peering on; without, "load" while this replica is its backends' only
 	// sender and "ring" as soon as another sends to them, see router.TieBreakAuto;
 	// Config.PrefixOptions resolves it).
 	TieBreak string `yaml:"tie_break"`
 	// SpreadNewPrefixes spreads new prefixes among near-ties that go by load (see
 	// router.PrefixOptions.NoSpreadNewPrefixes): a thin match counts as none there on a
-	// replica above its share, and a replica alone under tie_break auto sends a new prefix to
-	// the near-tie it routed the fewest requests to lately. Left out: true.
+	// replica above its share, and a replica alone under tie_break auto, or peered replicas
+	// under load (counting one another's decisions), send a new prefix to the near-tie routed
+	// the fewest requests lately. Left out: true.
 	SpreadNewPrefixes OptionalBool `yaml:"spread_new_prefixes"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`

@@ -213,10 +213,6 @@ func spareBuffer(packets [][]byte) []byte {
 	return nil
 }
 
-// maxGroupSenders bounds Node.lastGroup: past it (peers that came and went) it starts over,
-// at the cost of one decision counted twice per peer.
-const maxGroupSenders = 256
-
 // minGroupHashes: a prompt is split only into parts of at least 16 hashes, unless fewer are
 // left; below that a new packet is started.
 const minGroupHashes = 16
@@ -272,21 +268,18 @@ func (n *Node) receive(buf []byte) {
 				}
 				return
 			}
-			// One decision per group, not per part of a prompt split across packets (the
-			// parts of one come one after another).
-			if k := (learnKey{sender, id, stamp}); n.lastGroup[sender] != k {
-				if len(n.lastGroup) >= maxGroupSenders {
-					clear(n.lastGroup)
-				}
-				n.lastGroup[sender] = k
-				n.pol.NotePeerRouted(b)
-			}
 			if len(hs) == 0 {
+				// A decision on a prompt held whole, or with nothing to learn: never split.
+				n.pol.NotePeerRouted(b)
 				return
 			}
 			// A peer's clock ahead of this one's must not stamp the future.
 			local := idx.Record(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
-			n.recent.add(sender, id, stamp, local, now)
+			if n.recent.add(sender, id, stamp, local, now) {
+				// One decision per group, not per part of a prompt split across packets,
+				// which memberlist may hand over in any order.
+				n.pol.NotePeerRouted(b)
+			}
 		})
 	if err != nil {
 		n.m.bad.Inc()

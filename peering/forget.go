@@ -59,22 +59,24 @@ type recentLearns struct {
 	started   time.Time
 }
 
-// add records that sender's group stamped stamp on backend id got local in this index.
-func (r *recentLearns) add(sender string, id uint64, stamp int64, local index.Stamp, now time.Time) {
-	if local == 0 {
-		return // not recorded (backend gone or of no capacity)
-	}
+// add records that sender's group stamped stamp on backend id got local in this index (0:
+// not recorded, the backend gone or of no capacity), and reports whether it is the first part
+// of that group seen within the window (a prompt split across packets comes in several).
+func (r *recentLearns) add(sender string, id uint64, stamp int64, local index.Stamp, now time.Time) (first bool) {
 	if r.cur == nil || now.Sub(r.started) >= forgetWindow/2 || len(r.cur) >= maxRecentLearns/2 {
 		r.prev, r.cur, r.started = r.cur, make(map[learnKey]localStamps, len(r.cur)), now
 	}
 	k := learnKey{sender, id, stamp}
 	v, ok := r.cur[k]
-	if !ok {
+	_, old := r.prev[k]
+	switch {
+	case !ok:
 		v.first = local
-	} else {
+	case local != 0:
 		v.more = append(v.more, local)
 	}
 	r.cur[k] = v
+	return !ok && !old
 }
 
 // take returns (and forgets) the local stamps of sender's group stamped stamp on backend id;
@@ -84,7 +86,10 @@ func (r *recentLearns) take(sender string, id uint64, stamp int64) []index.Stamp
 	var out []index.Stamp
 	for _, m := range []map[learnKey]localStamps{r.prev, r.cur} {
 		if v, ok := m[k]; ok {
-			out = append(append(out, v.first), v.more...)
+			if v.first != 0 {
+				out = append(out, v.first)
+			}
+			out = append(out, v.more...)
 			delete(m, k)
 		}
 	}

@@ -46,6 +46,7 @@ type replicaOpts struct {
 	dropping bool
 	listen   string   // "": 127.0.0.1:0
 	joinAddr []string // join targets besides join's
+	tieBreak router.TieBreak
 }
 
 func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
@@ -78,7 +79,7 @@ func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 			return r.drop
 		}
 	}
-	n, err := New(o, router.NewPrefix(router.PrefixOptions{}, nil))
+	n, err := New(o, router.NewPrefix(router.PrefixOptions{TieBreak: ro.tieBreak}, nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -176,8 +176,6 @@ type Node struct {
 	recvHashes []uint64
 	recvSample []peerSample
 	recent     recentLearns // the peers' recent learned groups, for their forgets
-	// lastGroup is each peer's last learned group counted as a decision (NotePeerRouted).
-	lastGroup map[string]learnKey
 
 	snapMu sync.Mutex   // guards own
 	own    ownSnapshots // this replica's recent join snapshots, not to import back
@@ -232,7 +230,6 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 		own: ownSnapshots{seed: maphash.MakeSeed()}}
 	n.q.kick = make(chan struct{}, 1)
 	n.pol = &Policy{Prefix: p, n: n}
-	n.lastGroup = map[string]learnKey{}
 	p.CountPeerRoutes()
 	n.backends.Store(&backendSet{byID: nil})
 	n.m = newMetrics(func() float64 { return float64(n.Alive()) })

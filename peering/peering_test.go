@@ -270,29 +270,34 @@ func TestNewRejectsBadSecret(t *testing.T) {
 
 // TestPeersCountDecisions: every request a peer routes counts once in this replica's recent
 // share of the backend it went to (router.Prefix.NotePeerRouted), by which peered replicas
-// rank near-ties: a prompt learned new, one the backend held whole (an empty group on the
-// wire) and one split across several packets (parts of one group) are three decisions.
+// (TieBreakLoad) rank near-ties: a prompt learned new, one the backend held whole and one
+// under a chunk (empty groups on the wire), and one split across several packets (parts of
+// one group, which memberlist may hand over in any order) are four decisions.
 func TestPeersCountDecisions(t *testing.T) {
-	rs := cluster(t, 2)
-	a, b := rs[0], rs[1]
+	a := startReplica(t, "r0", replicaOpts{tieBreak: router.TieBreakLoad})
+	b := startReplica(t, "r1", replicaOpts{tieBreak: router.TieBreakLoad, join: []*replica{a}})
+	for _, r := range []*replica{a, b} {
+		testutil.Eventually(t, wait, "peers see each other", func() bool { return r.node.Alive() == 1 })
+	}
 	url := backendURLs[2]
 	k := prompt(t, 7)
 	long := &key.Key{OK: true, Routed: true}
 	for i := range 3 * packetBudget / hashBytes { // three packets' worth
 		long.Chunks = append(long.Chunks, uint64(i+1)*0x9e3779b97f4a7c15)
 	}
+	long.PromptTokens = len(long.Chunks) * key.DefaultChunkTokens
+	short := &key.Key{OK: true, Routed: true, PromptTokens: 12}
 	pol := a.node.Policy()
 	if pol.Learn(k, a.byName(url), 0) == 0 || pol.Learn(k, a.byName(url), len(k.Chunks)) == 0 || pol.Learn(long, a.byName(url), 0) == 0 {
 		t.Fatal("nothing learned")
 	}
-	// An Add n ticks apart decays the count before it by 2^(−n ÷ half-life): three
-	// decisions one tick apart read just under 3, a fourth (a part counted twice) nearer 4.
-	three := 1 + math.Exp2(-1/float64(router.RecentHalfLife))*(1+math.Exp2(-1/float64(router.RecentHalfLife)))
+	pol.Learn(short, a.byName(url), 0)
+	want := decayedCount(4)
 	got := func() float64 { return b.byName(url).Routed().Value(0, router.RecentHalfLife) }
-	testutil.Eventually(t, wait, "r1 counts r0's three decisions", func() bool { return got() >= three-1e-9 })
+	testutil.Eventually(t, wait, "r1 counts r0's four decisions", func() bool { return got() >= want-1e-9 })
 	time.Sleep(50 * time.Millisecond) // time for a part counted twice to arrive
-	if v := got(); math.Abs(v-three) > 1e-9 {
-		t.Fatalf("r1's recent count of %s is %.4f, want %.4f (three decisions)", url, v, three)
+	if v := got(); math.Abs(v-want) > 1e-9 {
+		t.Fatalf("r1's recent count of %s is %.4f, want %.4f (four decisions)", url, v, want)
 	}
 	for _, other := range backendURLs {
 		if other != url && b.byName(other).Routed().Value(0, router.RecentHalfLife) != 0 {
@@ -301,5 +306,42 @@ func TestPeersCountDecisions(t *testing.T) {
 	}
 	if !a.holds(long, url) || !b.holds(long, url) {
 		t.Fatal("the split prompt is not held whole on both replicas")
+	}
+}
+
+// decayedCount is a backend.RecentCount's value after n Adds one tick apart, read at the last:
+// each Add decays the count before it by 2^(−1 ÷ half-life).
+func decayedCount(n int) float64 {
+	v := 0.0
+	for range n {
+		v = v*math.Exp2(-1/float64(router.RecentHalfLife)) + 1
+	}
+	return v
+}
+
+// TestSplitGroupCountedOnceInAnyOrder: the packets of one flush, a prompt split across them
+// between other groups, handed to the receiver in reverse order (memberlist takes queued
+// messages newest first when its handler falls behind) count one decision per group.
+func TestSplitGroupCountedOnceInAnyOrder(t *testing.T) {
+	a := startReplica(t, "r0", replicaOpts{tieBreak: router.TieBreakLoad})
+	b := startReplica(t, "r1", replicaOpts{tieBreak: router.TieBreakLoad})
+	id := b.byName(backendURLs[1]).ID
+	var hashes []uint64
+	var items []queued
+	for g, n := range []int{40, 3 * packetBudget / hashBytes, 40} {
+		items = append(items, queued{id: id, stamp: int64(1000 + 2*g), off: len(hashes), n: n})
+		for i := range n {
+			hashes = append(hashes, uint64(g*100000+i+1)*0x9e3779b97f4a7c15)
+		}
+	}
+	packets := a.node.encode(nil, nil, items, hashes)
+	if len(packets) < 3 {
+		t.Fatalf("%d packets, want the long prompt split over several", len(packets))
+	}
+	for i := len(packets) - 1; i >= 0; i-- {
+		b.node.receive(packets[i])
+	}
+	if v, want := b.byName(backendURLs[1]).Routed().Value(0, router.RecentHalfLife), decayedCount(3); math.Abs(v-want) > 1e-9 {
+		t.Fatalf("recent count %.4f after %d packets in reverse, want %.4f (three decisions)", v, len(packets), want)
 	}
 }

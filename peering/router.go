@@ -40,6 +40,12 @@ const fullChainEvery = 16
 func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
 	l := p.Prefix.Learn(k, b, held)
 	if l == 0 {
+		if b != nil {
+			// Routed all the same (a prompt under one chunk, a body that did not parse):
+			// an empty group, so that the peers count the decision. Stamp 0 is no Learn's,
+			// and nothing withdraws it (Unlearn of 0 does nothing).
+			p.n.q.push(b.ID, 0, nil, &p.n.m)
+		}
 		return l
 	}
 	// What this replica recorded: a prompt over b's capacity was cut (index.Index.Fit).

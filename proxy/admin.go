@@ -198,7 +198,7 @@ func (s *Server) Explain(path string, body []byte) RouteInfo {
 		}
 	}
 	cands := s.candidatesFor(nil, &k)
-	d := s.decider.Pick(&k, cands)
+	d := s.decider.Preview(&k, cands)
 	ri := RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,
 		Chunks: len(k.Chunks), Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks,
 		PredictedPrefillTokens: d.PrefillTokens, PredictedTTFTMs: float64(d.PredictedTTFT) / float64(time.Millisecond),

@@ -132,10 +132,12 @@ func TestTieBreakAutoByRecentShare(t *testing.T) {
 
 // TestPickSpreadsConversationsPeered: two peered replicas (TieBreakLoad, CountPeerRoutes;
 // each told of the other's decisions and learned prompts, as package peering does) place
-// 8 cold conversations whose first turns alternate between them 2 on each of 4 backends,
+// 8 cold conversations whose first turns reach them in runs one on each of 4 backends and
+// then 2 on each,
 // with nothing in flight between turns and no backend alone, and each conversation's later
 // turns follow its first whichever replica routes them. Without the peers' decisions
-// counted, in-flight counts (all 0) leave the placement to the ring.
+// counted (each replica's own share only, or in-flight counts, all 0), a replica does not see
+// where the other's pair went.
 func TestPickSpreadsConversationsPeered(t *testing.T) {
 	for _, counted := range []bool{true, false} {
 		t.Run(fmt.Sprintf("counted=%v", counted), func(t *testing.T) {
@@ -148,39 +150,52 @@ func TestPickSpreadsConversationsPeered(t *testing.T) {
 				}
 				ps[r] = NewPrefix(PrefixOptions{TieBreak: TieBreakLoad}, nil)
 				ps[r].SetBackends(bss[r])
-				if counted {
-					ps[r].CountPeerRoutes()
-				}
+				ps[r].CountPeerRoutes()
 			}
 			where := map[int]string{}
 			per := map[string]int{}
+			even := true
+			// First turns: three through replica 0, three through 1, two through 0.
+			firstVia := []int{0, 0, 0, 1, 1, 1, 0, 0}
 			for turn := range 3 {
 				for conv := range 8 {
-					r := (conv + turn) % 2 // the replica the request reaches
+					r := (firstVia[conv] + turn) % 2 // the replica the request reaches
 					k := routedKey(chunkChain(nil).extend(fmt.Sprint("conversation ", conv), 4+4*turn))
 					d := ps[r].Pick(k, bss[r])
 					ps[r].Learn(k, d.Backend, d.MatchedChunks)
 					peer := bss[1-r][slices.IndexFunc(bss[r], func(b *backend.Backend) bool { return b == d.Backend })]
 					ps[1-r].Index().Record(k.Chunks, peer, time.Now())
-					ps[1-r].NotePeerRouted(peer)
+					if counted {
+						ps[1-r].NotePeerRouted(peer)
+					}
 					switch {
 					case turn == 0:
 						where[conv] = d.Backend.Name
 						per[d.Backend.Name]++
+						if conv == 3 && len(per) < 4 {
+							even = false // the first four did not go one to each backend
+						}
 					case d.Backend.Name != where[conv]:
 						t.Fatalf("turn %d of conversation %d went to %s, its first to %s", turn, conv, d.Backend.Name, where[conv])
 					}
 				}
 			}
-			even := true
 			for _, b := range bss[0] {
 				even = even && per[b.Name] == 2
 			}
 			if counted && !even {
-				t.Errorf("conversations per backend %v, want 2 each", per)
+				t.Errorf("conversations per backend %v (or the first four not one each), want 2 each: %v", per, where)
+			}
+			if counted {
+				// /debug/route shows the share that ranked the near-ties.
+				for _, e := range ps[0].Explain(routedKey(chunkChain(nil).extend("new", 4)), bss[0]) {
+					if e.RecentRouted <= 0 {
+						t.Errorf("Explain shows %s with recent_routed %v, want the fleet's share (> 0)", e.Backend, e.RecentRouted)
+					}
+				}
 			}
 			if !counted && even {
-				t.Errorf("conversations per backend %v without the peers' decisions counted: the ring alone spread them evenly, so this test shows nothing", per)
+				t.Errorf("conversations per backend %v with each replica's own decisions only: spread evenly all the same, so this test shows nothing", per)
 			}
 		})
 	}
@@ -289,5 +304,44 @@ func TestExplainShowsDecodes(t *testing.T) {
 	}
 	if extra := busy.PredictedTTFTMs - idle.PredictedTTFTMs; extra <= 0 {
 		t.Fatalf("estimates %.3f and %.3f ms: the decoding backend not slower", busy.PredictedTTFTMs, idle.PredictedTTFTMs)
+	}
+}
+
+// TestPreviewCountsNothing: Preview (what /debug/route asks) returns Pick's decision and
+// counts it nowhere: asking again and again moves neither the recent share nor the mean
+// prefill work nor the rotation of short prompts, so the next Pick decides as before.
+func TestPreviewCountsNothing(t *testing.T) {
+	bs := prefixBackends(t, 4)
+	for _, b := range bs {
+		b.SetOtherSenders(backend.SendersAlone)
+	}
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
+	p.SetBackends(bs)
+	d := NewDecider(p)
+	long := routedKey(chunkChain(nil).extend("preview", 8))
+	short := &key.Key{Routed: true, OK: true, PromptTokens: 10}
+	for _, k := range []*key.Key{long, short} {
+		before := make([]float64, len(bs))
+		for i, b := range bs {
+			before[i] = b.Routed().Value(0, RecentHalfLife)
+		}
+		mean := p.meanWork.Mean()
+		first := d.Preview(k, bs)
+		for range 50 {
+			if got := d.Preview(k, bs); got.Backend != first.Backend {
+				t.Fatalf("Preview moved from %s to %s", first.Backend.Name, got.Backend.Name)
+			}
+		}
+		for i, b := range bs {
+			if v := b.Routed().Value(0, RecentHalfLife); v != before[i] {
+				t.Fatalf("%s's recent count went from %v to %v with Previews only", b.Name, before[i], v)
+			}
+		}
+		if m := p.meanWork.Mean(); m != mean {
+			t.Fatalf("mean prefill work went from %v to %v with Previews only", mean, m)
+		}
+		if got := d.Pick(k, bs); got.Backend != first.Backend || got.Reason != first.Reason {
+			t.Fatalf("Pick chose %s (%v), Preview said %s (%v)", got.Backend.Name, got.Reason, first.Backend.Name, first.Reason)
+		}
 	}
 }

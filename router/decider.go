@@ -26,6 +26,7 @@ type Decider struct {
 	explainer Explainer
 	repicker  Repicker
 	corrector Corrector
+	previewer Previewer
 }
 
 // NewDecider wraps p.
@@ -37,6 +38,7 @@ func NewDecider(p Policy) *Decider {
 	d.repicker, _ = p.(Repicker)
 	d.explainer, _ = p.(Explainer)
 	d.corrector, _ = p.(Corrector)
+	d.previewer, _ = p.(Previewer)
 	return d
 }
 
@@ -56,6 +58,25 @@ func (d *Decider) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 		dec.Reason = ReasonParseFallback
 	}
 	return dec
+}
+
+// Previewer is implemented by policies whose Pick counts its decisions (where requests went
+// lately): Preview returns the same Decision without counting it.
+type Previewer interface {
+	Preview(k *key.Key, candidates []*backend.Backend) Decision
+}
+
+// Preview is Pick for /debug/route: the decision the policy would make now, which, where the
+// policy is a Previewer, counts nowhere.
+func (d *Decider) Preview(k *key.Key, candidates []*backend.Backend) Decision {
+	if k.Routed && d.previewer != nil {
+		dec := d.previewer.Preview(k, candidates)
+		if !k.OK {
+			dec.Reason = ReasonParseFallback
+		}
+		return dec
+	}
+	return d.Pick(k, candidates)
 }
 
 // Repick decides a retry after the attempt on failed.Backend failed before any byte reached

@@ -138,12 +138,17 @@ type CandidateEstimate struct {
 	BaseMs          float64 `json:"base_ms"`
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
 	InFlight        int64   `json:"in_flight"`
+	// RecentRouted is the decaying count of requests routed there lately (backend.Routed,
+	// RecentHalfLife; the peers' too when peered) by which near-ties for a new prefix are
+	// ranked first; 0 where it is not read (near-ties by the ring, or in-flight alone).
+	RecentRouted float64 `json:"recent_routed"`
 	// UnderCap: under the bounded-load cap; UnderHardCap: under the hard cap, up to which a
 	// candidate over the cap still wins when its estimate beats every one under it.
 	UnderCap     bool `json:"under_load_cap"`
 	UnderHardCap bool `json:"under_hard_load_cap"`
 	// OtherSenders is the health checker's verdict on who else sends to the replica (alone,
-	// shared or unknown): tie_break auto breaks near-ties by load only while all are alone.
+	// shared or unknown): tie_break auto breaks near-ties by load only while all are alone
+	// (or peering is on, which makes auto load).
 	OtherSenders string `json:"other_senders"`
 }
 

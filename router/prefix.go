@@ -137,11 +137,12 @@ type Prefix struct {
 	peerRoutes atomic.Bool
 }
 
-// RecentHalfLife is the half-life, in requests this policy routes, of a backend's count of
-// requests routed to it (backend.Routed), by which a prefixlb replica alone breaks near-ties
-// for new prefixes: about the last 185 requests (128 ÷ ln 2) count, more than a few rounds
-// of turns of the conversations in flight, so that a conversation between turns still counts
-// where it is served.
+// RecentHalfLife is the half-life, in routing decisions, of a backend's count of requests
+// routed to it (backend.Routed), by which a prefixlb replica alone, or peered replicas
+// counting one another's decisions (CountPeerRoutes), break near-ties for new prefixes: about
+// the last 185 decisions (128 ÷ ln 2) count, more than a few rounds of turns of the
+// conversations in flight, so that a conversation between turns still counts where it is
+// served.
 const RecentHalfLife = 128
 
 // placement is an immutable ring over the configured backends.
@@ -217,6 +218,18 @@ const maxStackCandidates = 32
 // Pick chooses among candidates (healthy, not yet tried). Passthrough and parse-fallback
 // are the Decider's: a body that did not parse has no chunks and is placed as below.
 func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
+	return p.pick(k, candidates, true)
+}
+
+// Preview is the Decision Pick would return now, without counting it anywhere (the recent
+// share, the mean prefill work, the rotation of short prompts): /debug/route asks it, so that
+// looking does not move where the next requests go.
+func (p *Prefix) Preview(k *key.Key, candidates []*backend.Backend) Decision {
+	return p.pick(k, candidates, false)
+}
+
+// pick is Pick; commit false leaves every counter as it is (Preview).
+func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) Decision {
 	n := len(candidates)
 	switch {
 	case n == 0:
@@ -224,6 +237,9 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	case k == nil || len(k.Chunks) == 0:
 		// Shorter than one chunk (or not parsed): nothing to match or place; rotate among
 		// the least loaded so that short prompts do not all land on one backend at low load.
+		if !commit {
+			return Decision{Backend: LeastLoaded(candidates, p.next.Load()), Reason: ReasonLeastLoad}
+		}
 		b := LeastLoaded(candidates, p.next.Add(1)-1)
 		p.noteRouted(b)
 		return Decision{Backend: b, Reason: ReasonLeastLoad}
@@ -235,14 +251,17 @@ func (p *Prefix) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	j, r := pickCost(k.Chunks, cs, p.selection(), p.ring.Load())
 	prompt, held := int64(k.PromptTokens), int64(cs[j].held)
 	work := PrefillWork(prompt, held)
-	p.meanWork.Observe(float64(work))
-	p.noteRouted(candidates[j])
+	if commit {
+		p.meanWork.Observe(float64(work))
+		p.noteRouted(candidates[j])
+	}
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: max(prompt-held, 1),
 		PrefillWork: work, PredictedTTFT: estSeconds(cs[j].est)}
 }
 
-// noteRouted counts a decision for b's recent share, which only TieBreakAuto reads (while
-// spreading new prefixes and every candidate is alone).
+// noteRouted counts a decision for b's recent share, which TieBreakAuto reads while
+// spreading new prefixes and every candidate is alone, and TieBreakLoad once the peers'
+// decisions are counted too (CountPeerRoutes).
 func (p *Prefix) noteRouted(b *backend.Backend) {
 	if p.sel.spread && (p.sel.auto || p.peerRoutes.Load()) {
 		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
@@ -253,16 +272,21 @@ func (p *Prefix) noteRouted(b *backend.Backend) {
 // (backend.Routed, RecentHalfLife) the fleet's: from then on NotePeerRouted counts the
 // decisions of the prefixlb replicas this one is peered with (package peering), with its
 // own, on one clock, and TieBreakLoad ranks near-ties by that share before their in-flight
-// requests, as a replica alone does under TieBreakAuto. In-flight requests alone miss the
+// requests, as a replica alone does under TieBreakAuto. It does nothing under another
+// TieBreak or with NoSpreadNewPrefixes (nothing would read the share). In-flight requests alone miss the
 // conversations a replica serves between their turns: peered replicas in front of 4
 // simulated replicas (bench suite, agentic near saturation, 3 rounds) left one replica at a
 // tenth of the traffic while another took a third, and moved sessions off it.
-func (p *Prefix) CountPeerRoutes() { p.peerRoutes.Store(true) }
+func (p *Prefix) CountPeerRoutes() {
+	if p.sel.loadFirst && p.sel.spread {
+		p.peerRoutes.Store(true)
+	}
+}
 
 // NotePeerRouted counts a decision a peer made for b (one routed request; see
-// CountPeerRoutes). It does nothing before CountPeerRoutes or without spreading.
+// CountPeerRoutes). It does nothing unless CountPeerRoutes took effect.
 func (p *Prefix) NotePeerRouted(b *backend.Backend) {
-	if p.sel.spread && p.peerRoutes.Load() {
+	if p.peerRoutes.Load() {
 		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
 	}
 }
@@ -301,8 +325,9 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		cs = append(cs, c)
 	}
 	if p.sel.spread && (p.sel.auto && allAlone || p.sel.loadFirst && p.peerRoutes.Load()) {
-		// Only a replica alone ranks near-ties by recent share (pickCost): a lock and an exp2
-		// per candidate that every other decision skips.
+		// Only a replica alone, or peered ones counting the fleet's decisions, rank
+		// near-ties by recent share (pickCost): a lock and an exp2 per candidate that every
+		// other decision skips.
 		for j, b := range candidates {
 			cs[j].recent = b.Routed().Value(seq, RecentHalfLife)
 		}
@@ -333,7 +358,7 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 			QueuedTokens: c.queued, ForeignRequests: c.foreign, DecodingRequests: c.decodes, DecodingTokens: c.context,
 			DecodeWork: c.decode, KVCacheUsage: c.kvUsage, PrefillRate: rate,
 			RateLearned: learned, BaseMs: float64(base) / float64(time.Millisecond), PredictedTTFTMs: c.est * 1000,
-			InFlight: c.inFlight, OtherSenders: candidates[j].OtherSenders().String()}
+			InFlight: c.inFlight, RecentRouted: c.recent, OtherSenders: candidates[j].OtherSenders().String()}
 		soft, hard := p.sel.caps(total, max(c.weight, 1), wsum)
 		out[j].UnderCap, out[j].UnderHardCap = c.inFlight < soft, c.inFlight < hard
 	}
