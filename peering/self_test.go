@@ -52,11 +52,12 @@ func TestRestartSameAddressNoRejoinStorm(t *testing.T) {
 	testutil.Eventually(t, wait, "b1's entry dropped", func() bool { return len(lostAddrs(a)) == 0 })
 	before, pushes := imports(b2), b2.node.pushes.Load()
 	time.Sleep(quiet)
-	if after := imports(b2); after != before {
+	// A storm is one join per rejoin interval (200 ms here: 7 in the quiet window); one join
+	// already on its way when b1's entry went (or one exchange as a peer reappears) may land,
+	// and import once more (seen once in a CI run of the whole test command, under load).
+	if after := imports(b2); after > before+1 {
 		t.Fatalf("b2 imported %d more snapshots in %v after it joined: a still joins b1's address", after-before, quiet)
 	}
-	// A storm is one join per rejoin interval (200 ms here: 7 in the quiet window); one join
-	// already on its way when b1's entry went (or one exchange as a peer reappears) may land.
 	if after := b2.node.pushes.Load(); after > pushes+1 {
 		t.Fatalf("b2 answered %d more join push/pulls in %v after it joined: a still joins b1's address", after-pushes, quiet)
 	}
