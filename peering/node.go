@@ -159,12 +159,13 @@ type Node struct {
 	name string
 	addr string
 
-	q        queue
-	flushes  atomic.Uint64 // flusher wake-ups, for the idle test
-	pushes   atomic.Uint64 // join snapshots made (one per join push/pull), for the tests
-	loads    *loadTable
-	backends atomic.Pointer[backendSet]
-	m        metricSet
+	q           queue
+	flushes     atomic.Uint64 // flusher wake-ups, for the idle test
+	samplesMsgs atomic.Uint64 // samples messages sent (once per peer), for the batching test
+	pushes      atomic.Uint64 // join snapshots made (one per join push/pull), for the tests
+	loads       *loadTable
+	backends    atomic.Pointer[backendSet]
+	m           metricSet
 
 	mu      sync.Mutex
 	members map[string]string   // live peers: name → address

@@ -75,3 +75,55 @@ func TestPeersSharePrefillSamples(t *testing.T) {
 		t.Fatalf("r1 sent %s samples, want none: it observed nothing itself", got)
 	}
 }
+
+// TestSamplesDue: prefill samples go out a packet's worth at a time, or once the oldest has
+// waited samplesMaxDelay.
+func TestSamplesDue(t *testing.T) {
+	for _, c := range []struct {
+		n    int
+		age  time.Duration
+		want bool
+	}{
+		{0, time.Hour, false},
+		{1, 0, false},
+		{1, samplesMaxDelay - time.Nanosecond, false},
+		{1, samplesMaxDelay, true},
+		{samplesPerPacket - 1, time.Millisecond, false},
+		{samplesPerPacket, 0, true},
+		{3 * samplesPerPacket, 0, true},
+	} {
+		if got := samplesDue(c.n, c.age); got != c.want {
+			t.Errorf("samplesDue(%d, %v) = %v, want %v", c.n, c.age, got, c.want)
+		}
+	}
+}
+
+// TestSamplesBatched: prefill samples observed a few milliseconds apart, while a request in
+// flight keeps the flusher ticking every FlushInterval, reach the peer in one or two samples
+// messages (a message per flush that took one would be about one per sample), and all of
+// them arrive.
+func TestSamplesBatched(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	url := backendURLs[0]
+	var busy backend.Lease
+	busy.Begin(a.byName(url), 100, 0, true)
+	defer busy.Release()
+	const n = 12
+	before := a.node.samplesMsgs.Load()
+	for range n {
+		var l backend.Lease
+		l.Begin(a.byName(url), 5_000, 0, true)
+		time.Sleep(2 * time.Millisecond)
+		l.FirstByte()
+		l.Release()
+	}
+	testutil.Eventually(t, wait, "b's model of the backend has every sample", func() bool {
+		return b.byName(url).Prefill().Samples() == n
+	})
+	// 12 samples over ~24 ms (more on a slow machine) against samplesMaxDelay (100 ms): one
+	// message, or a few if the machine stalled the loop past the delay.
+	if got := a.node.samplesMsgs.Load() - before; got > 3 {
+		t.Fatalf("%d samples took %d samples messages, want at most 3", n, got)
+	}
+}
