@@ -33,6 +33,7 @@ func (n *Node) flushLoop() {
 		packets      [][]byte
 		samples      []backend.PrefillSample
 		shared       []peerSample // prefill samples not sent yet, the oldest taken at samplesSince
+		sharedBytes  int          // their records' bytes on the wire
 		samplesSince time.Time
 		active       = true
 	)
@@ -84,7 +85,9 @@ func (n *Node) flushLoop() {
 		for _, b := range set.list {
 			samples = b.TakePrefillSamples(samples[:0])
 			for _, x := range samples {
-				shared = append(shared, peerSample{id: b.ID, work: x.Work, ttft: int64(x.TTFT)})
+				ps := peerSample{id: b.ID, work: x.Work, ttft: int64(x.TTFT)}
+				shared = append(shared, ps)
+				sharedBytes += ps.wireBytes()
 			}
 		}
 		if pending == 0 && len(shared) > 0 {
@@ -99,13 +102,13 @@ func (n *Node) flushLoop() {
 			t.Reset(loadKeepalive)
 		}
 		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive
-		sendSamples := samplesDue(len(shared), now.Sub(samplesSince))
+		sendSamples, wholeOnly := samplesDue(len(shared), sharedBytes, now.Sub(samplesSince))
 		if learned+forgets == 0 && !sendSamples && !sendLoads {
 			continue
 		}
 		peers := n.livePeers()
 		if len(peers) == 0 {
-			shared = shared[:0]
+			shared, sharedBytes = shared[:0], 0
 			continue // nobody to tell: what was learned stays this replica's own
 		}
 		packets = packets[:0]
@@ -118,9 +121,15 @@ func (n *Node) flushLoop() {
 		}
 		sentSamples, updates := 0, len(packets)
 		if sendSamples {
-			packets = encodeSamples(packets, shared)
-			sentSamples = len(shared)
-			shared = shared[:0]
+			// Due by size only: whole messages, the rest (this flush's take: what waited
+			// before it was under a message's worth) waits on.
+			packets, sentSamples = encodeSamples(packets, shared, wholeOnly)
+			shared = append(shared[:0], shared[sentSamples:]...)
+			sharedBytes = 0
+			for _, x := range shared {
+				sharedBytes += x.wireBytes()
+			}
+			samplesSince = now
 		}
 		for _, p := range peers {
 			for _, pkt := range packets {
@@ -138,23 +147,34 @@ func (n *Node) flushLoop() {
 	}
 }
 
-// samplesPerPacket is how many prefill samples one samples message carries at most
-// (encodeSamples, at the widest varints).
-const samplesPerPacket = (packetBudget - 2 - binaryMaxVarint) / recordBytes
+// samplesRoom is the bytes of sample records one samples message holds: packetBudget less
+// the message's version, kind and count (appendSamples). A record takes 10–28 bytes
+// (peerSample.wireBytes), typically 14–16: about 85 samples a message.
+const samplesRoom = packetBudget - 2 - binaryMaxVarint
 
-// samplesMaxDelay is the longest a prefill sample waits for the peers: loadKeepalive (100 ms),
-// the idle flusher's period, so that an idle flusher's next wake-up sends it.
+// samplesMaxDelay is how long the flusher holds a prefill sample it took before it sends it
+// short of a message's worth: loadKeepalive (100 ms), the idle flusher's period, so that an
+// idle flusher's next wake-up sends it. A sample observed while the flusher sleeps waits in
+// the backend (backend.TakePrefillSamples) until that wake-up too: at most about twice
+// loadKeepalive from its first token to the peers.
+//
+// The flusher sends prefill samples a full message at a time (samplesRoom bytes of records)
+// or once the oldest it holds has waited samplesMaxDelay. Samples only teach the peers'
+// prefill models (backend.PrefillModel), which a tenth of a second does not age, while a
+// samples message per 1 ms flush was about a quarter of the packets a busy replica sent (16
+// KB bodies at ~10,000 requests/s, bench overhead: 2.4 update and 0.9 samples messages per
+// flush), each a send and an encryption here and a wake-up and a decryption on every peer.
+// Samples held when the node stops are dropped.
 const samplesMaxDelay = loadKeepalive
 
-// samplesDue reports whether the flusher sends the n prefill samples it holds, the oldest
-// taken age ago: a packet's worth (samplesPerPacket), or any once the oldest has waited
-// samplesMaxDelay. Samples only teach the peers' prefill models (backend.PrefillModel), which
-// a tenth of a second does not age, while a samples message per flush was a third of the
-// packets a busy replica sent (at 16 KB bodies and 10,000 requests/s: 2.4 update packets and
-// 0.9 samples packets per 1 ms flush), each costing a send, an encryption and, on every peer,
-// a wake-up and a decryption.
-func samplesDue(n int, age time.Duration) bool {
-	return n >= samplesPerPacket || (n > 0 && age >= samplesMaxDelay)
+// samplesDue reports whether the flusher sends the n prefill samples it holds (size bytes of
+// records, the oldest taken age ago), and whether only full messages (due by size alone):
+// see samplesMaxDelay.
+func samplesDue(n, size int, age time.Duration) (send, wholeOnly bool) {
+	if n > 0 && age >= samplesMaxDelay {
+		return true, false
+	}
+	return size >= samplesRoom, true
 }
 
 // flushActive reports whether the flusher ticks every FlushInterval (else it waits for a kick
@@ -225,15 +245,25 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 }
 
 // encodeSamples appends to packets samples messages of at most packetBudget bytes carrying
-// ss, reusing the packets' buffers past the end.
-func encodeSamples(packets [][]byte, ss []peerSample) [][]byte {
-	per := max(samplesPerPacket, 1)
+// ss in order, as many records a message as fit, reusing the packets' buffers past the end,
+// and returns how many samples it encoded: all of them, or with whole only those that fill
+// their messages (the last message is left out when another record could still fit in it).
+func encodeSamples(packets [][]byte, ss []peerSample, whole bool) ([][]byte, int) {
+	sent := 0
 	for len(ss) > 0 {
-		k := min(len(ss), per)
+		k, size := 0, 0
+		for k < len(ss) && size+ss[k].wireBytes() <= samplesRoom {
+			size += ss[k].wireBytes()
+			k++
+		}
+		k = max(k, 1) // a record is at most recordBytes, far under samplesRoom
+		if whole && k == len(ss) && size+recordMinBytes <= samplesRoom {
+			break // the last message would not be full: those wait
+		}
 		packets = append(packets, appendSamples(spareBuffer(packets), ss[:k]))
-		ss = ss[k:]
+		ss, sent = ss[k:], sent+k
 	}
-	return packets
+	return packets, sent
 }
 
 // spareBuffer is the emptied buffer of the packet past packets' end, kept from an earlier

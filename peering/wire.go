@@ -120,6 +120,22 @@ type peerSample struct {
 	ttft int64
 }
 
+// wireBytes is the bytes x takes in a samples message (appendRecord): recordMinBytes to
+// recordBytes.
+func (x peerSample) wireBytes() int {
+	return 8 + uvarintLen(uint64(max(x.work, 0))) + uvarintLen(uint64(max(x.ttft, 0)))
+}
+
+// uvarintLen is the bytes binary.AppendUvarint writes for v.
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
 // appendSamples writes a samples message.
 func appendSamples(dst []byte, ss []peerSample) []byte {
 	dst = appendHeader(dst, kindSamples, "")
