@@ -286,12 +286,19 @@ func (l *Lease) Begin(b *Backend, work, prompt int64, streamed bool) {
 	b.inFlight.Add(1)
 	// Under the drain's lock, as SetPeerLoad decides, so that one of the two starts the drain.
 	b.drain.mu.Lock()
-	l.ahead = b.drain.queuedLocked(l.began, b.queuedRaw(), b.rate()) // QueuedPrefill
+	rate, raw := b.rate(), b.queuedRaw()
+	l.ahead = b.drain.queuedLocked(l.began, raw, rate) // QueuedPrefill
 	seqs, ctx := b.Decoding()
 	l.decode = DecodeWork(seqs, ctx, l.ahead, work)
 	b.prefillTokens.Add(work)
 	if b.prefillReqs.Add(1) == 1 && b.peerPrefill.Load() == 0 {
 		b.drain.startLocked(l.began) // the queue was empty: it starts now
+	} else {
+		// What was worked off cannot exceed what was queued: a replica the drain has seen
+		// through its queue while its requests have not answered (slower than the learned
+		// rate) banks no idle time against this request's work, which counts in full.
+		b.drain.foldLocked(l.began, rate)
+		b.drain.credit = min(b.drain.credit, float64(raw))
 	}
 	b.drain.mu.Unlock()
 	b.served.Add(1)

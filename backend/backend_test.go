@@ -253,6 +253,41 @@ func TestQueuedPrefillKeepsCredit(t *testing.T) {
 	}
 }
 
+// TestQueuedPrefillBanksNoIdleTime: a replica whose queue the drain has worked through while
+// its request has not answered (it prefills slower than the learned rate: a 87k-token prompt
+// on the Mooncake trace took 1.6 s where 1.2 were predicted) still counts a request begun now
+// in full; the excess of the drain over what was queued is not credited against new work.
+// (Before, four requests of one burst went to such a replica one after another, each seeing
+// the others' work swallowed by that excess: bench compare --workload mooncake, TTFT 536–829
+// ms against 31–247 predicted.)
+func TestQueuedPrefillBanksNoIdleTime(t *testing.T) {
+	b, _ := New("http://q:1", 0, 1)
+	var big, next, third Lease
+	big.Begin(b, 100_000, 0, true)
+	now := time.Now()
+	b.drain.mu.Lock()
+	b.drain.since = monoNanos(now.Add(-20 * time.Second)) // 200k worked off at 10k tokens/s
+	b.drain.mu.Unlock()
+	if q := b.QueuedPrefill(now); q != 0 {
+		t.Fatalf("20 s into a 10 s prefill: %d queued, want 0 (drained as far as the model knows)", q)
+	}
+	next.Begin(b, 30_000, 0, true)
+	if q := b.QueuedPrefill(time.Now()); q < 29_000 || q > 30_000 {
+		t.Errorf("a request begun on a drained queue: %d queued, want ≈ 30000 (its own work)", q)
+	}
+	third.Begin(b, 5_000, 0, true)
+	if third.ahead < 29_000 || third.ahead > 30_000 {
+		t.Errorf("the next request's queue ahead: %d, want ≈ 30000", third.ahead)
+	}
+	big.FirstByte() // the slow prefill answers at last: its 100k leave with the credit they had
+	if q := b.QueuedPrefill(time.Now()); q < 34_000 || q > 35_000 {
+		t.Errorf("after the slow prefill answered: %d queued, want ≈ 35000", q)
+	}
+	next.Release()
+	third.Release()
+	big.Release()
+}
+
 // TestPrefillSamplesKept: with sharing on, a streamed request's first byte keeps its
 // observation for TakePrefillSamples, once; a refused or unstreamed one, or one with sharing
 // off, keeps none.
