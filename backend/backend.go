@@ -43,6 +43,7 @@ type Backend struct {
 	prefillReqs   atomic.Int64  // in-flight requests that have not started answering
 	kvUsage       atomic.Uint64 // float64 bits: the KV-cache usage the replica reported, 0..1
 	prefill       PrefillModel
+	fleet         atomic.Pointer[PrefillModel] // the fleet's model (SetFleetPrefill), nil: none
 	unhealthy     atomic.Bool
 	neverPassed   atomic.Bool
 	reportsCached atomic.Bool // a response's usage carried a cached-token count
@@ -198,6 +199,23 @@ func (b *Backend) PrefillRequests() int64 { return b.prefillReqs.Load() }
 // Prefill is what this proxy has learned of the replica's prefill speed.
 func (b *Backend) Prefill() *PrefillModel { return &b.prefill }
 
+// SetFleetPrefill makes m the fleet's prefill model for b (nil: none): every observation of
+// b's (ObservePrefill) teaches m too, and until b's own model has learned its rate
+// (MinPrefillSamples), QueuedPrefill drains b's queue at m's rate rather than
+// DefaultPrefillRate. The prefix policy gives all its backends one (router.Prefix.SetBackends),
+// so that a fleet of like replicas is judged at its measured speed after its first 8
+// answers, not each replica's 8.
+func (b *Backend) SetFleetPrefill(m *PrefillModel) { b.fleet.Store(m) }
+
+// ObservePrefill folds one measured time to first token after work tokens of prefill into
+// b's prefill model and the fleet's (SetFleetPrefill).
+func (b *Backend) ObservePrefill(work int64, ttft time.Duration) {
+	b.prefill.Observe(work, ttft)
+	if f := b.fleet.Load(); f != nil {
+		f.Observe(work, ttft)
+	}
+}
+
 // KVUsage is the fraction of the replica's KV cache in use as it last reported it
 // (vllm:kv_cache_usage_perc, sglang:token_usage), 0 when unknown.
 func (b *Backend) KVUsage() float64 { return math.Float64frombits(b.kvUsage.Load()) }
@@ -343,7 +361,7 @@ func (l *Lease) firstByte(observe bool) {
 				// prompt's, and the decodes' (router.estimate), so that the learned rate is
 				// the replica's prefill speed with decode interference taken apart.
 				s := PrefillSample{Work: l.ahead + l.prefill + l.decode, TTFT: time.Since(l.began)}
-				l.b.prefill.Observe(s.Work, s.TTFT)
+				l.b.ObservePrefill(s.Work, s.TTFT)
 				l.b.samples.keep(s)
 			}
 			return

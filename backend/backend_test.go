@@ -288,6 +288,49 @@ func TestQueuedPrefillBanksNoIdleTime(t *testing.T) {
 	big.Release()
 }
 
+// TestFleetPrefill: a backend's observations teach the fleet's model too, and a backend that
+// has not learned its own rate drains its queue at the fleet's once that has learned, not at
+// DefaultPrefillRate; its own model, once learned, takes over.
+func TestFleetPrefill(t *testing.T) {
+	var fleet PrefillModel
+	a, _ := New("http://a:1", 0, 1)
+	b, _ := New("http://b:1", 0, 1)
+	a.SetFleetPrefill(&fleet)
+	b.SetFleetPrefill(&fleet)
+	for range MinPrefillSamples {
+		a.ObservePrefill(100_000, 520*time.Millisecond) // 100k tokens in 0.5 s after the 20 ms base
+	}
+	r, ok := fleet.Rate()
+	if !ok || r < 190_000 || r > 210_000 {
+		t.Fatalf("fleet rate %.0f (%v), want ≈ 200000 tokens/s", r, ok)
+	}
+	if _, ok := b.Prefill().Rate(); ok {
+		t.Fatal("b learned from a's observations")
+	}
+	var l Lease
+	l.Begin(b, 100_000, 0, true)
+	now := time.Now()
+	b.drain.mu.Lock()
+	b.drain.since = monoNanos(now.Add(-250 * time.Millisecond))
+	b.drain.mu.Unlock()
+	if q := b.QueuedPrefill(now); q < 45_000 || q > 55_000 {
+		t.Fatalf("b 250 ms into 100k tokens: %d queued, want ≈ 50000 at the fleet's 200k tokens/s (97500 at the default)", q)
+	}
+	l.Release()
+	for range MinPrefillSamples {
+		b.ObservePrefill(100_000, 1020*time.Millisecond) // b itself runs at 100k tokens/s
+	}
+	l.Begin(b, 100_000, 0, true)
+	now = time.Now()
+	b.drain.mu.Lock()
+	b.drain.since = monoNanos(now.Add(-250 * time.Millisecond))
+	b.drain.mu.Unlock()
+	if q := b.QueuedPrefill(now); q < 70_000 || q > 80_000 {
+		t.Fatalf("b learned: %d queued 250 ms in, want ≈ 75000 at its own 100k tokens/s", q)
+	}
+	l.Release()
+}
+
 // TestPrefillSamplesKept: with sharing on, a streamed request's first byte keeps its
 // observation for TakePrefillSamples, once; a refused or unstreamed one, or one with sharing
 // off, keeps none.

@@ -86,7 +86,7 @@ func remaining(q int64, done float64) int64 {
 // QueuedPrefill is PrefillTokens plus PeerPrefillTokens (the peers' queued work, see
 // SetPeerLoad) less what the replica has likely worked off since that queue started (its
 // first request arrived at an empty queue) at its learned prefill rate
-// (DefaultPrefillRate until learned), at least 0. What was worked off stays credited when a
+// (the fleet's until learned, see SetFleetPrefill; DefaultPrefillRate before either), at least 0. What was worked off stays credited when a
 // request answers (what it needed is taken off the credit, the rest carries over) or leaves
 // unanswered. A 120k-token prompt 15 s into its 17 s prefill is no longer 120k tokens ahead
 // of the next request; the whole of it was, until its first token, when a replica was judged
@@ -103,10 +103,16 @@ func (b *Backend) QueuedPrefill(now time.Time) int64 {
 // queuedRaw is the prefill work queued on b before any drain: this proxy's and its peers'.
 func (b *Backend) queuedRaw() int64 { return b.prefillTokens.Load() + b.peerPrefill.Load() }
 
-// rate is the learned prefill rate, DefaultPrefillRate until learned (tokens/s).
+// rate is the learned prefill rate, the fleet's until learned (SetFleetPrefill), else
+// DefaultPrefillRate (tokens/s).
 func (b *Backend) rate() float64 {
 	if r, ok := b.prefill.Rate(); ok {
 		return r
+	}
+	if f := b.fleet.Load(); f != nil {
+		if r, ok := f.Rate(); ok {
+			return r
+		}
 	}
 	return DefaultPrefillRate
 }

@@ -357,7 +357,7 @@ func (n *Node) receiveSamples(buf []byte, set *backendSet) {
 	for _, x := range n.recvSample {
 		n.m.samplesRecv.Inc()
 		if b := set.byID[x.id]; b != nil {
-			b.Prefill().Observe(x.work, time.Duration(x.ttft))
+			b.ObservePrefill(x.work, time.Duration(x.ttft))
 		} else {
 			n.m.unknown.Inc()
 		}

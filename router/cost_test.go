@@ -345,3 +345,55 @@ func TestPreviewCountsNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetModelStandsIn: the prefix policy's backends teach one pooled model; with 8
+// answers spread over 4 backends (none has learned its own), the estimates use the fleet's
+// measured rate rather than DefaultPrefillRate, 15 times slower than these replicas.
+func TestFleetModelStandsIn(t *testing.T) {
+	bs := prefixBackends(t, 4)
+	p, _ := newTestPrefix(t, bs)
+	k := routedKey(chunkChain(nil).extend("fleet", 64))
+	before := p.Explain(k, bs)
+	for i := range backend.MinPrefillSamples {
+		bs[i%len(bs)].ObservePrefill(150_000, 1020*time.Millisecond) // 150k tokens/s after the 20 ms base
+	}
+	after := p.Explain(k, bs)
+	for j := range bs {
+		if after[j].RateLearned {
+			t.Fatalf("%s learned its own rate from %d observations", bs[j].Name, backend.MinPrefillSamples/len(bs))
+		}
+		// The prompt's work at 150k tokens/s against 10k: a fifteenth, plus the same base.
+		base := backend.DefaultPrefillBase.Seconds() * 1000
+		if got, want := after[j].PredictedTTFTMs-base, (before[j].PredictedTTFTMs-base)/15; got < 0.9*want || got > 1.1*want {
+			t.Fatalf("%s: predicted %.2f ms beyond the base, want ≈ %.2f (the fleet's rate; %.2f at the default)",
+				bs[j].Name, got, want, before[j].PredictedTTFTMs-base)
+		}
+	}
+}
+
+// TestAloneIgnoresStaleScrape: a backend judged to have no other senders counts only this
+// proxy's requests; the running + waiting count its last scrape reported (requests since
+// answered) is neither foreign work in the estimate nor load. A shared one's is both.
+func TestAloneIgnoresStaleScrape(t *testing.T) {
+	bs := prefixBackends(t, 2)
+	p, _ := newTestPrefix(t, bs)
+	for _, b := range bs {
+		b.SetScrapedLoad(3) // three requests running at the last scrape, answered since
+	}
+	bs[0].SetOtherSenders(backend.SendersAlone)
+	bs[1].SetOtherSenders(backend.SendersShared)
+	for i := range 4 { // a mean prefill work for the foreign requests to be charged at
+		p.Pick(routedKey(chunkChain(nil).extend(fmt.Sprint("earlier ", i), 16)), bs)
+	}
+	k := routedKey(chunkChain(nil).extend("stale", 16))
+	ex := p.Explain(k, bs)
+	if a := ex[0]; a.ForeignRequests != 0 || a.InFlight != 0 {
+		t.Fatalf("alone: %d foreign requests, load %d; want 0 and 0", a.ForeignRequests, a.InFlight)
+	}
+	if s := ex[1]; s.ForeignRequests != 3 || s.InFlight != 3 {
+		t.Fatalf("shared: %d foreign requests, load %d; want 3 and 3", s.ForeignRequests, s.InFlight)
+	}
+	if ex[0].PredictedTTFTMs >= ex[1].PredictedTTFTMs {
+		t.Fatalf("predicted %.2f ms alone against %.2f shared: the stale count still weighs", ex[0].PredictedTTFTMs, ex[1].PredictedTTFTMs)
+	}
+}

@@ -127,11 +127,14 @@ type Prefix struct {
 	// noCorrection: Correct does nothing (PrefixOptions.NoIndexCorrection).
 	noCorrection bool
 	meanWork     RunningMean
-	clock        func() time.Time
-	idx          *index.Index
-	ring         atomic.Pointer[placement]
-	next         atomic.Uint64
-	seq          atomic.Uint64 // decisions so far: the clock of backend.Routed
+	// fleet learns from every backend's prefill observations (backend.SetFleetPrefill): it
+	// stands in for a replica's own model until that has learned (estimate).
+	fleet backend.PrefillModel
+	clock func() time.Time
+	idx   *index.Index
+	ring  atomic.Pointer[placement]
+	next  atomic.Uint64
+	seq   atomic.Uint64 // decisions so far: the clock of backend.Routed
 	// peerRoutes: the peers' decisions are counted too (CountPeerRoutes), so that
 	// backend.Routed is the fleet's recent share and TieBreakLoad ranks by it.
 	peerRoutes atomic.Bool
@@ -207,6 +210,9 @@ func (p *Prefix) SetBackends(all []*backend.Backend) {
 	}
 	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
 	p.idx.SetBackends(all)
+	for _, b := range all {
+		b.SetFleetPrefill(&p.fleet)
+	}
 }
 
 // Index is the policy's prefix index, for metrics and debugging.
@@ -247,7 +253,7 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 	var mbuf [maxStackCandidates]int
 	var cbuf [maxStackCandidates]cand
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
-	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()})
+	estimate(cs, p.costInput(k))
 	j, r := pickCost(k.Chunks, cs, p.selection(), p.ring.Load())
 	prompt, held := int64(k.PromptTokens), int64(cs[j].held)
 	work := PrefillWork(prompt, held)
@@ -257,6 +263,16 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 	}
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: max(prompt-held, 1),
 		PrefillWork: work, PredictedTTFT: estSeconds(cs[j].est)}
+}
+
+// costInput is what estimate needs of k and the policy beyond the candidates.
+func (p *Prefix) costInput(k *key.Key) costInput {
+	in := costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()}
+	in.fleetRate, _ = p.fleet.Rate()
+	if b, ok := p.fleet.Base(); ok {
+		in.fleetBase = b.Seconds()
+	}
+	return in
 }
 
 // noteRouted counts a decision for b's recent share, which TieBreakAuto reads while
@@ -313,9 +329,18 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// Peers' (peering) in-flight requests are in Load and their queued prefill tokens
 		// are known: they count as queued work, not as foreign requests of unknown size.
 		load, peers := b.Load(), b.PeerInFlight()
+		alone := b.OtherSenders() == backend.SendersAlone
+		if alone {
+			// Every request there is this proxy's: a reported count above its own is a scrape
+			// older than their answers (up to a scrape interval), not other senders' work.
+			// Counted as foreign requests at the mean work, it sent bursts of the Mooncake
+			// trace away from replicas that had just answered (3 phantom requests, ~200 ms
+			// of estimated queue, on 2 of 4 replicas with nothing in flight).
+			load = b.InFlight() + peers
+		}
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
 			queued: b.QueuedPrefill(now), own: b.InFlight(), pending: b.PrefillRequests(),
-			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: b.OtherSenders() == backend.SendersAlone}
+			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: alone}
 		c.decodes, c.context = b.Decoding()
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
@@ -342,7 +367,7 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 		return nil
 	}
 	cs := p.snapshot(k, candidates, nil, nil)
-	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()})
+	estimate(cs, p.costInput(k))
 	var total int64
 	wsum := 0
 	for _, c := range cs {

@@ -231,23 +231,27 @@ func TestEstimate(t *testing.T) {
 		return math.Round(n * (1 + (held+n/2)/32768))
 	}
 	for _, tc := range []struct {
-		name string
-		c    cand
-		mean float64
-		want float64 // seconds
+		name  string
+		c     cand
+		mean  float64
+		want  float64 // seconds
+		fleet [2]float64
 	}{
-		{"cold", cand{rate: 10_000, base: 0.02}, 0, 0.02 + work(0)/10_000},
-		{"held and queued", cand{rate: 10_000, base: 0.02, matched: 7, queued: 1000}, 0, 0.02 + (1000+work(held7))/10_000},
-		{"foreign requests at the mean work, half waiting", cand{rate: 10_000, base: 0.02, foreign: 2}, 250, 0.02 + (0.5*500+work(0))/10_000},
-		{"foreign requests waiting as this proxy's do", cand{rate: 10_000, base: 0.02, foreign: 2, own: 4, pending: 1}, 250, 0.02 + (0.25*500+work(0))/10_000},
-		{"held at 95% usage counts 75%", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 0.95}, 0, 0.02 + work(0.75*held7)/10_000},
-		{"held at 100% usage counts half", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 1}, 0, 0.02 + work(0.5*held7)/10_000},
-		{"nothing learned: the defaults", cand{}, 0, backend.DefaultPrefillBase.Seconds() + work(0)/backend.DefaultPrefillRate},
-		{"a fully held prompt still computes one token", cand{rate: 10_000, base: 0.02, matched: 10}, 0, 0.02 + 1.0/10_000},
+		{"cold", cand{rate: 10_000, base: 0.02}, 0, 0.02 + work(0)/10_000, [2]float64{}},
+		{"held and queued", cand{rate: 10_000, base: 0.02, matched: 7, queued: 1000}, 0, 0.02 + (1000+work(held7))/10_000, [2]float64{}},
+		{"foreign requests at the mean work, half waiting", cand{rate: 10_000, base: 0.02, foreign: 2}, 250, 0.02 + (0.5*500+work(0))/10_000, [2]float64{}},
+		{"foreign requests waiting as this proxy's do", cand{rate: 10_000, base: 0.02, foreign: 2, own: 4, pending: 1}, 250, 0.02 + (0.25*500+work(0))/10_000, [2]float64{}},
+		{"held at 95% usage counts 75%", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 0.95}, 0, 0.02 + work(0.75*held7)/10_000, [2]float64{}},
+		{"held at 100% usage counts half", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 1}, 0, 0.02 + work(0.5*held7)/10_000, [2]float64{}},
+		{"nothing learned: the defaults", cand{}, 0, backend.DefaultPrefillBase.Seconds() + work(0)/backend.DefaultPrefillRate, [2]float64{}},
+		{"a fully held prompt still computes one token", cand{rate: 10_000, base: 0.02, matched: 10}, 0, 0.02 + 1.0/10_000, [2]float64{}},
+		{"nothing learned here: the pooled fleet model", cand{queued: 3000}, 0, 0.005 + (3000+work(0))/150_000, [2]float64{150_000, 0.005}},
+		{"learned here: the fleet model does not count", cand{rate: 10_000, base: 0.02}, 0, 0.02 + work(0)/10_000, [2]float64{150_000, 0.005}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := []cand{tc.c}
-			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tc.mean})
+			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tc.mean,
+				fleetRate: tc.fleet[0], fleetBase: tc.fleet[1]})
 			if d := cs[0].est - tc.want; d > 1e-12 || d < -1e-12 {
 				t.Fatalf("estimate %.6f s, want %.6f s", cs[0].est, tc.want)
 			}

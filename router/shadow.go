@@ -115,7 +115,7 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	var mbuf [maxStackCandidates]int
 	var cbuf [maxStackCandidates]cand
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
-	estimate(cs, costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()})
+	estimate(cs, p.costInput(k))
 	j, _ := pickCost(k.Chunks, cs, p.selection(), p.ring.Load())
 	a := -1
 	for i, b := range candidates {
