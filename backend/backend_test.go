@@ -307,28 +307,28 @@ func TestFleetPrefill(t *testing.T) {
 	if _, ok := b.Prefill().Rate(); ok {
 		t.Fatal("b learned from a's observations")
 	}
-	var l Lease
-	l.Begin(b, 100_000, 0, true)
-	now := time.Now()
-	b.drain.mu.Lock()
-	b.drain.since = monoNanos(now.Add(-250 * time.Millisecond))
-	b.drain.mu.Unlock()
-	if q := b.QueuedPrefill(now); q < 45_000 || q > 55_000 {
+	if q := queuedInto(b, 100_000, 250*time.Millisecond); q < 45_000 || q > 55_000 {
 		t.Fatalf("b 250 ms into 100k tokens: %d queued, want ≈ 50000 at the fleet's 200k tokens/s (97500 at the default)", q)
 	}
-	l.Release()
 	for range MinPrefillSamples {
 		b.ObservePrefill(100_000, 1020*time.Millisecond) // b itself runs at 100k tokens/s
 	}
-	l.Begin(b, 100_000, 0, true)
-	now = time.Now()
-	b.drain.mu.Lock()
-	b.drain.since = monoNanos(now.Add(-250 * time.Millisecond))
-	b.drain.mu.Unlock()
-	if q := b.QueuedPrefill(now); q < 70_000 || q > 80_000 {
+	if q := queuedInto(b, 100_000, 250*time.Millisecond); q < 70_000 || q > 80_000 {
 		t.Fatalf("b learned: %d queued 250 ms in, want ≈ 75000 at its own 100k tokens/s", q)
 	}
-	l.Release()
+}
+
+// queuedInto begins a request of work tokens on idle b, makes its queue d old and returns
+// what QueuedPrefill says is left then; the request is released.
+func queuedInto(b *Backend, work int64, d time.Duration) int64 {
+	var l Lease
+	l.Begin(b, work, 0, true)
+	defer l.Release()
+	now := time.Now()
+	b.drain.mu.Lock()
+	b.drain.since = monoNanos(now.Add(-d))
+	b.drain.mu.Unlock()
+	return b.QueuedPrefill(now)
 }
 
 // TestPrefillSamplesKept: with sharing on, a streamed request's first byte keeps its

@@ -207,12 +207,7 @@ func TestPickSpreadsConversationsPeered(t *testing.T) {
 // 2 on each, and each conversation's later turns follow its first. Candidates not all alone
 // read no recent share (the ring breaks their ties).
 func TestPickSpreadsConversationsAlone(t *testing.T) {
-	bs := prefixBackends(t, 4)
-	for _, b := range bs {
-		b.SetOtherSenders(backend.SendersAlone)
-	}
-	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
-	p.SetBackends(bs)
+	bs, p := aloneAutoPrefix(t, 4)
 	where := map[int]*backend.Backend{}
 	per := map[string]int{}
 	for turn := range 3 {
@@ -311,12 +306,7 @@ func TestExplainShowsDecodes(t *testing.T) {
 // counts it nowhere: asking again and again moves neither the recent share nor the mean
 // prefill work nor the rotation of short prompts, so the next Pick decides as before.
 func TestPreviewCountsNothing(t *testing.T) {
-	bs := prefixBackends(t, 4)
-	for _, b := range bs {
-		b.SetOtherSenders(backend.SendersAlone)
-	}
-	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
-	p.SetBackends(bs)
+	bs, p := aloneAutoPrefix(t, 4)
 	d := NewDecider(p)
 	long := routedKey(chunkChain(nil).extend("preview", 8))
 	short := &key.Key{Routed: true, OK: true, PromptTokens: 10}
@@ -396,4 +386,16 @@ func TestAloneIgnoresStaleScrape(t *testing.T) {
 	if ex[0].PredictedTTFTMs >= ex[1].PredictedTTFTMs {
 		t.Fatalf("predicted %.2f ms alone against %.2f shared: the stale count still weighs", ex[0].PredictedTTFTMs, ex[1].PredictedTTFTMs)
 	}
+}
+
+// aloneAutoPrefix is n backends, each judged this proxy's alone, behind a prefix policy that
+// breaks near-ties by TieBreakAuto.
+func aloneAutoPrefix(t *testing.T, n int) ([]*backend.Backend, *Prefix) {
+	bs := prefixBackends(t, n)
+	for _, b := range bs {
+		b.SetOtherSenders(backend.SendersAlone)
+	}
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
+	p.SetBackends(bs)
+	return bs, p
 }
