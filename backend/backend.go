@@ -37,6 +37,7 @@ type Backend struct {
 
 	inFlight      atomic.Int64
 	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
+	scrapedExcess atomic.Int64 // of those, beyond the in-flight count when scraped (ScrapedExcess)
 	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
 	drain         drain         // what of prefillTokens the replica has likely done (QueuedPrefill)
@@ -164,8 +165,26 @@ func (b *Backend) Load() int64 {
 }
 
 // SetScrapedLoad stores the running + waiting requests the replica reported; 0 when the
-// scrape failed or is stale, so that Load falls back to the local in-flight count.
-func (b *Backend) SetScrapedLoad(requests int64) { b.scraped.Store(max(requests, 0)) }
+// scrape failed or is stale, so that Load falls back to the local in-flight count. It also
+// keeps how many of them were beyond this proxy's and its peers' in-flight requests at that
+// moment (ScrapedExcess).
+func (b *Backend) SetScrapedLoad(requests int64) {
+	requests = max(requests, 0)
+	b.scraped.Store(requests)
+	b.scrapedExcess.Store(max(requests-b.inFlight.Load()-b.peerInFlight.Load(), 0))
+}
+
+// ScrapedExcess is how many more requests the replica reported running and waiting at its
+// last scrape than this proxy and its peers had in flight there when the scrape was read
+// (0 when not more, or not scraped): other senders' work as of that scrape. Unlike Load less
+// the in-flight count now, it does not count this proxy's own requests that answered since
+// the scrape, which a scrape up to an interval old still lists.
+func (b *Backend) ScrapedExcess() int64 {
+	if b.scraped.Load() == 0 {
+		return 0
+	}
+	return b.scrapedExcess.Load()
+}
 
 // KVCapacity is the replica's KV-cache capacity in tokens: the configured kv_cache_tokens,
 // else what the replica reports (vLLM cache_config_info num_gpu_blocks × block_size, SGLang
@@ -353,9 +372,7 @@ func (l *Lease) firstByte(observe bool) {
 				l.b.decodeSeqs.Add(1)
 				l.b.decodeCtx.Add(l.context)
 			}
-			l.b.drain.left(time.Now(), l.prefill, true, l.b.rate()) // a prefill finished: the queue moved
-			l.b.prefillTokens.Add(-l.prefill)
-			l.b.prefillReqs.Add(-1)
+			l.b.leaveQueue(l.prefill, true) // a prefill finished: the queue moved
 			if decoding {
 				// The sample's work is what the estimate charged: the queue ahead, this
 				// prompt's, and the decodes' (router.estimate), so that the learned rate is
@@ -382,9 +399,7 @@ func (l *Lease) Release() {
 				l.b.decodeCtx.Add(-l.context)
 			}
 			if s&leaseAnswered == 0 {
-				l.b.drain.left(time.Now(), l.prefill, false, l.b.rate()) // it leaves the queue undone
-				l.b.prefillTokens.Add(-l.prefill)
-				l.b.prefillReqs.Add(-1)
+				l.b.leaveQueue(l.prefill, false) // it leaves the queue undone
 			}
 			l.b.inFlight.Add(-1)
 			return

@@ -288,6 +288,23 @@ func TestQueuedPrefillBanksNoIdleTime(t *testing.T) {
 	big.Release()
 }
 
+// TestPeerWorkOnDrainedQueue: a peer's report of new work on a queue the drain has worked
+// through while this proxy's request has not answered counts in full, as a request begun
+// here does (TestQueuedPrefillBanksNoIdleTime).
+func TestPeerWorkOnDrainedQueue(t *testing.T) {
+	b, _ := New("http://q:1", 0, 1)
+	var big Lease
+	big.Begin(b, 100_000, 0, true)
+	defer big.Release()
+	b.drain.mu.Lock()
+	b.drain.since = monoNanos(time.Now().Add(-20 * time.Second)) // 200k worked off at 10k tokens/s
+	b.drain.mu.Unlock()
+	b.SetPeerLoad(1, 20_000)
+	if q := b.QueuedPrefill(time.Now()); q < 19_000 || q > 20_000 {
+		t.Fatalf("a peer's 20000 behind a drained queue: %d queued, want ≈ 20000", q)
+	}
+}
+
 // TestFleetPrefill: a backend's observations teach the fleet's model too, and a backend that
 // has not learned its own rate drains its queue at the fleet's once that has learned, not at
 // DefaultPrefillRate; its own model, once learned, takes over.

@@ -34,15 +34,20 @@ func (d *drain) foldLocked(now time.Time, rate float64) {
 	}
 }
 
-// left folds the time up to now into the credit as a request of work tokens leaves the queue:
-// done (it answered) its work was part of what was done, so it leaves the credit too; not
-// done (it failed or was cancelled first) it takes none of the credit.
-func (d *drain) left(now time.Time, work int64, done bool, rate float64) {
+// leaveQueue takes a request of work tokens off b's queue, folding the time up to now into
+// the drain's credit first: done (it answered) its work was part of what was done, so it
+// leaves the credit too; not done (it failed or was cancelled first) it takes none of the
+// credit. The queue's counters change under the drain's lock, so that a Begin never holds
+// the credit to a queue that still lists a request whose work has left the credit.
+func (b *Backend) leaveQueue(work int64, done bool) {
+	d := &b.drain
 	d.mu.Lock()
-	d.foldLocked(now, rate)
+	d.foldLocked(time.Now(), b.rate())
 	if done {
 		d.credit = max(d.credit-float64(work), 0)
 	}
+	b.prefillTokens.Add(-work)
+	b.prefillReqs.Add(-1)
 	d.mu.Unlock()
 }
 

@@ -71,7 +71,9 @@ func PrefillWork(prompt, held int64) int64 {
 type cand struct {
 	id uint64
 	// inFlight is the backend's Load: its in-flight count, or the running + waiting requests
-	// the replica reported when higher (another prefixlb replica's traffic, other clients).
+	// the replica reported when higher (another prefixlb replica's traffic, other clients);
+	// for a replica judged this proxy's alone, the in-flight count plus what its last scrape
+	// reported beyond the count then (backend.ScrapedExcess).
 	inFlight int64
 	weight   int
 	matched  int // leading chunks of the prompt the backend holds

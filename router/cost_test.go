@@ -361,30 +361,40 @@ func TestFleetModelStandsIn(t *testing.T) {
 	}
 }
 
-// TestAloneIgnoresStaleScrape: a backend judged to have no other senders counts only this
-// proxy's requests; the running + waiting count its last scrape reported (requests since
-// answered) is neither foreign work in the estimate nor load. A shared one's is both.
+// TestAloneIgnoresStaleScrape: a backend judged to have no other senders counts, beyond
+// this proxy's requests, only what its last scrape reported beyond the in-flight count when
+// the scrape was read: this proxy's requests answered since the scrape are neither foreign
+// work in the estimate nor load; a sender the verdict missed still is. A shared backend's
+// whole scraped count above the in-flight count now is both.
 func TestAloneIgnoresStaleScrape(t *testing.T) {
-	bs := prefixBackends(t, 2)
+	bs := prefixBackends(t, 3)
 	p, _ := newTestPrefix(t, bs)
-	for _, b := range bs {
-		b.SetScrapedLoad(3) // three requests running at the last scrape, answered since
+	scraped := []int64{3, 5, 3} // alone; alone with 2 requests of a sender the verdict missed; shared
+	for i, b := range bs {
+		var ls [3]backend.Lease
+		for j := range ls {
+			ls[j].Begin(b, 1000, 0, true)
+		}
+		b.SetScrapedLoad(scraped[i]) // scraped while this proxy's 3 were in flight
+		for j := range ls {
+			ls[j].Release() // answered since
+		}
 	}
 	bs[0].SetOtherSenders(backend.SendersAlone)
-	bs[1].SetOtherSenders(backend.SendersShared)
+	bs[1].SetOtherSenders(backend.SendersAlone)
+	bs[2].SetOtherSenders(backend.SendersShared)
 	for i := range 4 { // a mean prefill work for the foreign requests to be charged at
 		p.Pick(routedKey(chunkChain(nil).extend(fmt.Sprint("earlier ", i), 16)), bs)
 	}
 	k := routedKey(chunkChain(nil).extend("stale", 16))
 	ex := p.Explain(k, bs)
-	if a := ex[0]; a.ForeignRequests != 0 || a.InFlight != 0 {
-		t.Fatalf("alone: %d foreign requests, load %d; want 0 and 0", a.ForeignRequests, a.InFlight)
+	for i, want := range []int64{0, 2, 3} {
+		if e := ex[i]; e.ForeignRequests != want || e.InFlight != want {
+			t.Errorf("%s (scraped %d): %d foreign requests, load %d; want %d and %d", bs[i].Name, scraped[i], e.ForeignRequests, e.InFlight, want, want)
+		}
 	}
-	if s := ex[1]; s.ForeignRequests != 3 || s.InFlight != 3 {
-		t.Fatalf("shared: %d foreign requests, load %d; want 3 and 3", s.ForeignRequests, s.InFlight)
-	}
-	if ex[0].PredictedTTFTMs >= ex[1].PredictedTTFTMs {
-		t.Fatalf("predicted %.2f ms alone against %.2f shared: the stale count still weighs", ex[0].PredictedTTFTMs, ex[1].PredictedTTFTMs)
+	if !(ex[0].PredictedTTFTMs < ex[1].PredictedTTFTMs && ex[1].PredictedTTFTMs < ex[2].PredictedTTFTMs) {
+		t.Errorf("predicted %.2f, %.2f, %.2f ms: want rising with the foreign requests", ex[0].PredictedTTFTMs, ex[1].PredictedTTFTMs, ex[2].PredictedTTFTMs)
 	}
 }
 
@@ -398,4 +408,25 @@ func aloneAutoPrefix(t *testing.T, n int) ([]*backend.Backend, *Prefix) {
 	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
 	p.SetBackends(bs)
 	return bs, p
+}
+
+// TestFleetModelOrder: an unlearned candidate takes the median of the learned candidates'
+// rates before the pooled fleet model's, and the pooled model before the default.
+func TestFleetModelOrder(t *testing.T) {
+	in := costInput{fleetRate: 150_000, fleetBase: 0.005}
+	for _, c := range []struct {
+		name       string
+		cs         []cand
+		rate, base float64
+	}{
+		{"one learned", []cand{{rate: 10_000, base: 0.02}, {}}, 10_000, 0.02},
+		{"none learned", []cand{{}, {}}, 150_000, 0.005},
+	} {
+		if r, b := fleetModel(c.cs, in); r != c.rate || b != c.base {
+			t.Errorf("%s: %v, %v; want %v, %v", c.name, r, b, c.rate, c.base)
+		}
+	}
+	if r, b := fleetModel([]cand{{}}, costInput{}); r != backend.DefaultPrefillRate || b != backend.DefaultPrefillBase.Seconds() {
+		t.Errorf("nothing learned anywhere: %v, %v; want the defaults", r, b)
+	}
 }

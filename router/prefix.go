@@ -127,8 +127,10 @@ type Prefix struct {
 	// noCorrection: Correct does nothing (PrefixOptions.NoIndexCorrection).
 	noCorrection bool
 	meanWork     RunningMean
-	// fleet learns from every backend's prefill observations (backend.SetFleetPrefill): it
-	// stands in for a replica's own model until that has learned (estimate).
+	// fleet learns from every backend's prefill observations (backend.SetFleetPrefill): the
+	// drain of a replica that has not learned its own rate runs at it, and the estimate
+	// takes it where no candidate has learned (fleetModel). It assumes like replicas: one
+	// model for all of the policy's backends, whatever their model pool.
 	fleet backend.PrefillModel
 	clock func() time.Time
 	idx   *index.Index
@@ -328,19 +330,21 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	for j, b := range candidates {
 		// Peers' (peering) in-flight requests are in Load and their queued prefill tokens
 		// are known: they count as queued work, not as foreign requests of unknown size.
-		load, peers := b.Load(), b.PeerInFlight()
+		load, peers, own := b.Load(), b.PeerInFlight(), b.InFlight()
 		alone := b.OtherSenders() == backend.SendersAlone
 		if alone {
-			// Every request there is this proxy's: a reported count above its own is a scrape
-			// older than their answers (up to a scrape interval), not other senders' work.
-			// Counted as foreign requests at the mean work, it sent bursts of the Mooncake
-			// trace away from replicas that had just answered (3 phantom requests, ~200 ms
-			// of estimated queue, on 2 of 4 replicas with nothing in flight).
-			load = b.InFlight() + peers
+			// A replica judged to serve this proxy alone: what its scrape reported beyond
+			// the in-flight count when it was read, not beyond the count now, which would
+			// also take this proxy's requests answered since the scrape (up to an interval
+			// old) for other senders' work. Counted at the mean work, those sent bursts of
+			// the Mooncake trace away from replicas that had just answered (3 phantom
+			// requests, ~200 ms of estimated queue, on 2 of 4 replicas with nothing in
+			// flight); a sender the verdict missed still counts.
+			load = own + peers + b.ScrapedExcess()
 		}
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
-			queued: b.QueuedPrefill(now), own: b.InFlight(), pending: b.PrefillRequests(),
-			foreign: max(load-b.InFlight()-peers, 0), kvUsage: b.KVUsage(), alone: alone}
+			queued: b.QueuedPrefill(now), own: own, pending: b.PrefillRequests(),
+			foreign: max(load-own-peers, 0), kvUsage: b.KVUsage(), alone: alone}
 		c.decodes, c.context = b.Decoding()
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
