@@ -179,12 +179,7 @@ func (b *Backend) SetScrapedLoad(requests int64) {
 // (0 when not more, or not scraped): other senders' work as of that scrape. Unlike Load less
 // the in-flight count now, it does not count this proxy's own requests that answered since
 // the scrape, which a scrape up to an interval old still lists.
-func (b *Backend) ScrapedExcess() int64 {
-	if b.scraped.Load() == 0 {
-		return 0
-	}
-	return b.scrapedExcess.Load()
-}
+func (b *Backend) ScrapedExcess() int64 { return b.scrapedExcess.Load() }
 
 // KVCapacity is the replica's KV-cache capacity in tokens: the configured kv_cache_tokens,
 // else what the replica reports (vLLM cache_config_info num_gpu_blocks × block_size, SGLang
@@ -331,11 +326,7 @@ func (l *Lease) Begin(b *Backend, work, prompt int64, streamed bool) {
 	if b.prefillReqs.Add(1) == 1 && b.peerPrefill.Load() == 0 {
 		b.drain.startLocked(l.began) // the queue was empty: it starts now
 	} else {
-		// What was worked off cannot exceed what was queued: a replica the drain has seen
-		// through its queue while its requests have not answered (slower than the learned
-		// rate) banks no idle time against this request's work, which counts in full.
-		b.drain.foldLocked(l.began, rate)
-		b.drain.credit = min(b.drain.credit, float64(raw))
+		b.drain.holdLocked(l.began, rate, raw) // this request's work counts in full
 	}
 	b.drain.mu.Unlock()
 	b.served.Add(1)

@@ -23,6 +23,14 @@ type drain struct {
 	credit float64 // work done by since and not yet removed from PrefillTokens
 }
 
+// holdLocked folds the time up to now into the credit at rate and holds the credit to q
+// tokens, what was queued before new work arrives: idle time the drain ran past the queue
+// (its requests slower than the rate) is not credited against the new work. d.mu is held.
+func (d *drain) holdLocked(now time.Time, rate float64, q int64) {
+	d.foldLocked(now, rate)
+	d.credit = min(d.credit, float64(q))
+}
+
 // startLocked begins a queue that was empty at now; d.mu is held.
 func (d *drain) startLocked(now time.Time) { d.since, d.credit = monoNanos(now), 0 }
 

@@ -35,11 +35,7 @@ func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 		d.startLocked(now)
 		return
 	}
-	d.foldLocked(now, b.rate())
-	// What was worked off cannot exceed what was queued before this report: idle time the
-	// drain ran past the queue is not credited against the work the report adds (as
-	// Lease.Begin holds it for this proxy's own).
-	d.credit = min(d.credit, float64(b.prefillTokens.Load()+old))
+	d.holdLocked(now, b.rate(), b.prefillTokens.Load()+old) // the report's new work counts in full
 	if p < old {
 		d.credit = max(d.credit-float64(old-p), 0)
 	}

@@ -33,7 +33,6 @@ func (n *Node) flushLoop() {
 		packets      [][]byte
 		samples      []backend.PrefillSample
 		shared       []peerSample // prefill samples not sent yet, the oldest taken at samplesSince
-		sharedBytes  int          // their records' bytes on the wire
 		samplesSince time.Time
 		active       = true
 	)
@@ -85,9 +84,7 @@ func (n *Node) flushLoop() {
 		for _, b := range set.list {
 			samples = b.TakePrefillSamples(samples[:0])
 			for _, x := range samples {
-				ps := peerSample{id: b.ID, work: x.Work, ttft: int64(x.TTFT)}
-				shared = append(shared, ps)
-				sharedBytes += ps.wireBytes()
+				shared = append(shared, peerSample{id: b.ID, work: x.Work, ttft: int64(x.TTFT)})
 			}
 		}
 		if pending == 0 && len(shared) > 0 {
@@ -102,13 +99,13 @@ func (n *Node) flushLoop() {
 			t.Reset(loadKeepalive)
 		}
 		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive
-		sendSamples, wholeOnly := samplesDue(len(shared), sharedBytes, now.Sub(samplesSince))
+		sendSamples, wholeOnly := samplesDue(shared, now.Sub(samplesSince))
 		if learned+forgets == 0 && !sendSamples && !sendLoads {
 			continue
 		}
 		peers := n.livePeers()
 		if len(peers) == 0 {
-			shared, sharedBytes = shared[:0], 0
+			shared = shared[:0]
 			continue // nobody to tell: what was learned stays this replica's own
 		}
 		packets = packets[:0]
@@ -125,10 +122,6 @@ func (n *Node) flushLoop() {
 			// before it was under a message's worth) waits on.
 			packets, sentSamples = encodeSamples(packets, shared, wholeOnly)
 			shared = append(shared[:0], shared[sentSamples:]...)
-			sharedBytes = 0
-			for _, x := range shared {
-				sharedBytes += x.wireBytes()
-			}
 			samplesSince = now
 		}
 		for _, p := range peers {
@@ -167,12 +160,15 @@ const samplesRoom = packetBudget - 2 - binaryMaxVarint
 // Samples held when the node stops are dropped.
 const samplesMaxDelay = loadKeepalive
 
-// samplesDue reports whether the flusher sends the n prefill samples it holds (size bytes of
-// records, the oldest taken age ago), and whether only full messages (due by size alone):
-// see samplesMaxDelay.
-func samplesDue(n, size int, age time.Duration) (send, wholeOnly bool) {
-	if n > 0 && age >= samplesMaxDelay {
+// samplesDue reports whether the flusher sends the prefill samples ss it holds (the oldest
+// taken age ago), and whether only full messages (due by size alone): see samplesMaxDelay.
+func samplesDue(ss []peerSample, age time.Duration) (send, wholeOnly bool) {
+	if len(ss) > 0 && age >= samplesMaxDelay {
 		return true, false
+	}
+	size := 0
+	for _, x := range ss {
+		size += x.wireBytes()
 	}
 	return size >= samplesRoom, true
 }

@@ -81,23 +81,32 @@ func TestPeersSharePrefillSamples(t *testing.T) {
 // TestSamplesDue: prefill samples go out a full message at a time, or all of them once the
 // oldest has waited samplesMaxDelay.
 func TestSamplesDue(t *testing.T) {
+	typical := peerSample{id: 7, work: 5_000, ttft: int64(120 * time.Millisecond)}
+	per := samplesRoom / typical.wireBytes() // a full message of typical records
+	fill := func(n int) []peerSample {
+		ss := make([]peerSample, n)
+		for i := range ss {
+			ss[i] = typical
+		}
+		return ss
+	}
 	for _, c := range []struct {
-		n, size         int
+		n               int
 		age             time.Duration
 		send, wholeOnly bool
 	}{
-		{0, 0, time.Hour, false, true},
-		{1, 14, 0, false, true},
-		{1, 14, samplesMaxDelay - time.Nanosecond, false, true},
-		{1, 14, samplesMaxDelay, true, false},
-		{90, samplesRoom - 1, time.Millisecond, false, true},
-		{95, samplesRoom, 0, true, true},
-		{300, 3 * samplesRoom, 0, true, true},
-		{300, 3 * samplesRoom, samplesMaxDelay, true, false},
+		{0, time.Hour, false, true},
+		{1, 0, false, true},
+		{1, samplesMaxDelay - time.Nanosecond, false, true},
+		{1, samplesMaxDelay, true, false},
+		{per, time.Millisecond, false, true},
+		{per + 1, 0, true, true},
+		{3 * per, 0, true, true},
+		{3 * per, samplesMaxDelay, true, false},
 	} {
-		send, whole := samplesDue(c.n, c.size, c.age)
+		send, whole := samplesDue(fill(c.n), c.age)
 		if send != c.send || (send && whole != c.wholeOnly) {
-			t.Errorf("samplesDue(%d, %d, %v) = %v, %v; want %v, %v", c.n, c.size, c.age, send, whole, c.send, c.wholeOnly)
+			t.Errorf("samplesDue(%d samples, %v) = %v, %v; want %v, %v", c.n, c.age, send, whole, c.send, c.wholeOnly)
 		}
 	}
 }
