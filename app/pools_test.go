@@ -20,6 +20,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/internal/testutil"
@@ -341,6 +342,35 @@ func TestModelPoolsRereadAfterRestart(t *testing.T) {
 	if b2.rep.Seen("/v1/chat/completions") != 1 {
 		t.Errorf("the restarted replica received %d chat requests, want 1", b2.rep.Seen("/v1/chat/completions"))
 	}
+}
+
+// In mode prefix, the pooled prefill model that stands in for a replica that has not learned
+// its own speed is its model pool's: the replicas serving alpha (one with an adapter too)
+// share one, beta's replica has another, and a replica that restarts serving alpha joins
+// alpha's (the health checker's models hook reaches the policy).
+func TestModelPoolsPrefillModels(t *testing.T) {
+	a := startPoolSim(t, "127.0.0.1:0", "alpha")
+	b := startPoolSim(t, "127.0.0.1:0", "beta")
+	c := startPoolSim(t, "127.0.0.1:0", "alpha", "alpha-lora")
+	sv := startPools(t, poolConfig("prefix", a, b, c), nil)
+	byURL := map[string]*backend.Backend{}
+	for _, be := range sv.Backends() {
+		byURL[be.Name] = be
+	}
+	ba, bb, bc := byURL[a.url], byURL[b.url], byURL[c.url]
+	testutil.Eventually(t, testutil.Timeout, "the pooled models split by model", func() bool {
+		return ba.Models() != nil && bb.Models() != nil && bc.Models() != nil &&
+			ba.FleetPrefill() == bc.FleetPrefill() && ba.FleetPrefill() != bb.FleetPrefill()
+	})
+	if ba.FleetPrefill() == nil || bb.FleetPrefill() == nil {
+		t.Fatal("a replica has no pooled prefill model")
+	}
+	b.stop()
+	startPoolSim(t, b.addr, "alpha")
+	waitModels(t, sv.URL(), "alpha", "alpha-lora")
+	testutil.Eventually(t, testutil.Timeout, "the restarted replica in alpha's pooled model", func() bool {
+		return bb.FleetPrefill() == ba.FleetPrefill()
+	})
 }
 
 // multiTurn sends a few conversations of several turns, turn by turn across conversations

@@ -216,10 +216,14 @@ func (b *Backend) Prefill() *PrefillModel { return &b.prefill }
 // SetFleetPrefill makes m the fleet's prefill model for b (nil: none): every observation of
 // b's (ObservePrefill) teaches m too, and until b's own model has learned its rate
 // (MinPrefillSamples), QueuedPrefill drains b's queue at m's rate rather than
-// DefaultPrefillRate. The prefix policy gives all its backends one (router.Prefix.SetBackends),
+// DefaultPrefillRate. The prefix policy gives the backends of each model pool one (router.Prefix.SetBackends),
 // so that a fleet of like replicas is judged at its measured speed after its first 8
-// answers, not each replica's 8.
+// answers, not each replica's 8; one per model pool, so that the replicas of another model
+// (another speed) teach it nothing.
 func (b *Backend) SetFleetPrefill(m *PrefillModel) { b.fleet.Store(m) }
+
+// FleetPrefill is the pooled model SetFleetPrefill gave b (nil: none).
+func (b *Backend) FleetPrefill() *PrefillModel { return b.fleet.Load() }
 
 // ObservePrefill folds one measured time to first token after work tokens of prefill into
 // b's prefill model and the fleet's (SetFleetPrefill).

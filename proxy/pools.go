@@ -150,11 +150,13 @@ func (s *Server) rebuildPoolsLocked() {
 	s.m.setModels(p.served)
 }
 
-// modelsChanged is the health checker's OnModels hook.
-func (s *Server) modelsChanged(*backend.Backend) {
+// modelsChanged is the health checker's OnModels hook: the pools are rebuilt, and the policy
+// moves b to its new pool's state (router.ModelsWatcher).
+func (s *Server) modelsChanged(b *backend.Backend) {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()
 	s.rebuildPoolsLocked()
+	s.decider.ModelsChanged(b)
 }
 
 // pathModels is the model list's path (matched percent-decoded, as the backend matches it).

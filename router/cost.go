@@ -90,6 +90,10 @@ type cand struct {
 	decodes int64   // this proxy's streamed requests decoding there (backend.Decoding)
 	context int64   // and the KV-cache tokens they hold
 
+	// fleetRate (tokens/s) and fleetBase (s): the pooled model of the backend's model pool
+	// (Prefix.fleets), 0 until learned.
+	fleetRate, fleetBase float64
+
 	// Filled by the selection.
 	held   float64 // prompt tokens counted as held, after the cache-pressure discount
 	work   int64   // PrefillWork of the prompt after held
@@ -102,9 +106,6 @@ type costInput struct {
 	promptTokens int64
 	chunkTokens  int
 	meanWork     float64 // mean prefill tokens of the requests this policy routed
-	// fleetRate (tokens/s) and fleetBase (s): the model learned from every candidate's
-	// observations pooled (Prefix.fleet), 0 until learned.
-	fleetRate, fleetBase float64
 }
 
 // estimate fills each candidate's estimated time to first token:
@@ -124,14 +125,14 @@ type costInput struct {
 // learned rate is taught with the same decode work (backend.Lease), so it is the replica's
 // prefill speed without it; other senders' decodes stay in what it measures. rate and base are the
 // replica's learned prefill model (backend.PrefillModel); a replica that has not learned its
-// own takes the median of those that have, else the model learned from all of them pooled
-// (costInput.fleetRate), else the defaults, so an unlearned replica is neither favoured nor
+// own takes the median of those that have, else the model learned from all the replicas of
+// its model pool pooled (cand.fleetRate), else the defaults, so an unlearned replica is neither favoured nor
 // avoided. Pooled, a fleet is judged at its measured speed after its first 8 answers rather
 // than each replica's 8: on the Mooncake trace in front of the bench's sims at 8× (about
 // 150k tokens/s of wall time against the 10k default) the first ~30 requests were placed as
 // if every queue took 15 times as long to drain as it did.
 func estimate(cs []cand, in costInput) {
-	fleetRate, fleetBase := fleetModel(cs, in)
+	medRate, medBase := fleetModel(cs)
 	var own, pending int64
 	for i := range cs {
 		own += cs[i].own
@@ -150,10 +151,10 @@ func estimate(cs []cand, in costInput) {
 		c.held = held
 		rate, base := c.rate, c.base
 		if rate <= 0 {
-			rate = fleetRate
+			rate = fleetOr(medRate, c.fleetRate, backend.DefaultPrefillRate)
 		}
 		if base <= 0 {
-			base = fleetBase
+			base = fleetOr(medBase, c.fleetBase, backend.DefaultPrefillBase.Seconds())
 		}
 		c.work = PrefillWork(in.promptTokens, int64(held))
 		c.decode = backend.DecodeWork(c.decodes, c.context, c.queued, c.work)
@@ -162,9 +163,11 @@ func estimate(cs []cand, in costInput) {
 	}
 }
 
-// fleetModel is the median learned rate and base among the candidates that have one; when
-// none has, the pooled model's (in.fleetRate, in.fleetBase) once learned, else the defaults.
-func fleetModel(cs []cand, in costInput) (rate, base float64) {
+// fleetModel is the median learned rate and base among the candidates that have one (0 when
+// none has): a request's candidates are one model pool's replicas, so an unlearned one is
+// judged like its learned peers, and by its pool's pooled model (fleetOr) only where none has
+// learned.
+func fleetModel(cs []cand) (rate, base float64) {
 	var rbuf, bbuf [maxStackCandidates]float64
 	rs, bs := rbuf[:0], bbuf[:0]
 	for i := range cs {
@@ -175,13 +178,6 @@ func fleetModel(cs []cand, in costInput) (rate, base float64) {
 			bs = append(bs, cs[i].base)
 		}
 	}
-	rate, base = backend.DefaultPrefillRate, backend.DefaultPrefillBase.Seconds()
-	if in.fleetRate > 0 {
-		rate = in.fleetRate
-	}
-	if in.fleetBase > 0 {
-		base = in.fleetBase
-	}
 	if len(rs) > 0 {
 		rate = median(rs)
 	}
@@ -189,6 +185,18 @@ func fleetModel(cs []cand, in costInput) (rate, base float64) {
 		base = median(bs)
 	}
 	return rate, base
+}
+
+// fleetOr is the first of the candidates' median, the pool's pooled model and the default
+// that is known (> 0).
+func fleetOr(median, pooled, def float64) float64 {
+	switch {
+	case median > 0:
+		return median
+	case pooled > 0:
+		return pooled
+	}
+	return def
 }
 
 // median sorts xs in place (insertion sort: at most maxStackCandidates) and returns its median.

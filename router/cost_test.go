@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -413,20 +414,21 @@ func aloneAutoPrefix(t *testing.T, n int) ([]*backend.Backend, *Prefix) {
 // TestFleetModelOrder: an unlearned candidate takes the median of the learned candidates'
 // rates before the pooled fleet model's, and the pooled model before the default.
 func TestFleetModelOrder(t *testing.T) {
-	in := costInput{fleetRate: 150_000, fleetBase: 0.005}
+	pooled := cand{fleetRate: 150_000, fleetBase: 0.005} // its pool's model has learned, it has not
+	prompt := int64(key.PrefixTokens(4, key.DefaultChunkTokens))
 	for _, c := range []struct {
 		name       string
 		cs         []cand
-		rate, base float64
+		rate, base float64 // the last candidate's
 	}{
-		{"one learned", []cand{{rate: 10_000, base: 0.02}, {}}, 10_000, 0.02},
-		{"none learned", []cand{{}, {}}, 150_000, 0.005},
+		{"another candidate learned: the median of the learned", []cand{{rate: 10_000, base: 0.02}, pooled}, 10_000, 0.02},
+		{"none learned: the pool's model", []cand{pooled, pooled}, 150_000, 0.005},
+		{"nothing learned anywhere: the defaults", []cand{{}}, backend.DefaultPrefillRate, backend.DefaultPrefillBase.Seconds()},
 	} {
-		if r, b := fleetModel(c.cs, in); r != c.rate || b != c.base {
-			t.Errorf("%s: %v, %v; want %v, %v", c.name, r, b, c.rate, c.base)
+		estimate(c.cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens})
+		last := c.cs[len(c.cs)-1]
+		if want := c.base + float64(last.work)/c.rate; math.Abs(last.est-want) > 1e-12 {
+			t.Errorf("%s: estimate %.6f s, want %.6f s (rate %v, base %v)", c.name, last.est, want, c.rate, c.base)
 		}
-	}
-	if r, b := fleetModel([]cand{{}}, costInput{}); r != backend.DefaultPrefillRate || b != backend.DefaultPrefillBase.Seconds() {
-		t.Errorf("nothing learned anywhere: %v, %v; want the defaults", r, b)
 	}
 }

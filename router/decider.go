@@ -27,6 +27,7 @@ type Decider struct {
 	repicker  Repicker
 	corrector Corrector
 	previewer Previewer
+	watcher   ModelsWatcher
 }
 
 // NewDecider wraps p.
@@ -39,6 +40,7 @@ func NewDecider(p Policy) *Decider {
 	d.explainer, _ = p.(Explainer)
 	d.corrector, _ = p.(Corrector)
 	d.previewer, _ = p.(Previewer)
+	d.watcher, _ = p.(ModelsWatcher)
 	return d
 }
 
@@ -96,6 +98,13 @@ func (d *Decider) Repick(k *key.Key, failed Decision, candidates []*backend.Back
 func (d *Decider) SetBackends(all []*backend.Backend) {
 	if d.setter != nil {
 		d.setter.SetBackends(all)
+	}
+}
+
+// ModelsChanged tells the policy that b's models changed, if it keeps state per model pool.
+func (d *Decider) ModelsChanged(b *backend.Backend) {
+	if d.watcher != nil {
+		d.watcher.ModelsChanged(b)
 	}
 }
 

@@ -2,6 +2,8 @@ package router
 
 import (
 	"math"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -127,11 +129,16 @@ type Prefix struct {
 	// noCorrection: Correct does nothing (PrefixOptions.NoIndexCorrection).
 	noCorrection bool
 	meanWork     RunningMean
-	// fleet learns from every backend's prefill observations (backend.SetFleetPrefill): the
-	// drain of a replica that has not learned its own rate runs at it, and the estimate
-	// takes it where no candidate has learned (fleetModel). It assumes like replicas: one
-	// model for all of the policy's backends, whatever their model pool.
-	fleet backend.PrefillModel
+	// fleets are the pooled prefill models, one per model pool (poolKey), each learning
+	// from every observation of its pool's backends (backend.SetFleetPrefill): the drain of
+	// a replica that has not learned its own rate runs at its pool's, and the estimate
+	// takes it where no candidate has learned (fleetModel). all is the backends they are
+	// bound to (SetBackends). Guarded by fleetMu; the request path reads only the
+	// backends' own pointers.
+	fleetMu sync.Mutex
+	fleets  map[string]*backend.PrefillModel
+	all     []*backend.Backend
+
 	clock func() time.Time
 	idx   *index.Index
 	ring  atomic.Pointer[placement]
@@ -212,9 +219,7 @@ func (p *Prefix) SetBackends(all []*backend.Backend) {
 	}
 	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
 	p.idx.SetBackends(all)
-	for _, b := range all {
-		b.SetFleetPrefill(&p.fleet)
-	}
+	p.bindFleets(slices.Clone(all))
 }
 
 // Index is the policy's prefix index, for metrics and debugging.
@@ -269,12 +274,7 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 
 // costInput is what estimate needs of k and the policy beyond the candidates.
 func (p *Prefix) costInput(k *key.Key) costInput {
-	in := costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()}
-	in.fleetRate, _ = p.fleet.Rate()
-	if b, ok := p.fleet.Base(); ok {
-		in.fleetBase = b.Seconds()
-	}
-	return in
+	return costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()}
 }
 
 // noteRouted counts a decision for b's recent share, which TieBreakAuto reads while
@@ -349,6 +349,12 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()
+		}
+		if f := b.FleetPrefill(); f != nil {
+			c.fleetRate, _ = f.Rate()
+			if base, ok := f.Base(); ok {
+				c.fleetBase = base.Seconds()
+			}
 		}
 		allAlone = allAlone && c.alone
 		cs = append(cs, c)

@@ -250,8 +250,8 @@ func TestEstimate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := []cand{tc.c}
-			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tc.mean,
-				fleetRate: tc.fleet[0], fleetBase: tc.fleet[1]})
+			cs[0].fleetRate, cs[0].fleetBase = tc.fleet[0], tc.fleet[1]
+			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tc.mean})
 			if d := cs[0].est - tc.want; d > 1e-12 || d < -1e-12 {
 				t.Fatalf("estimate %.6f s, want %.6f s", cs[0].est, tc.want)
 			}

@@ -162,6 +162,15 @@ func (s *Shadow) SetBackends(all []*backend.Backend) {
 	}
 }
 
+// ModelsChanged hands a change of b's models to the shadow's prefix policy (and to Actual, if
+// it keeps state per model pool).
+func (s *Shadow) ModelsChanged(b *backend.Backend) {
+	s.prefix.ModelsChanged(b)
+	if w, ok := s.actual.(ModelsWatcher); ok {
+		w.ModelsChanged(b)
+	}
+}
+
 // Learn records in the shadow's index where the request actually went.
 func (s *Shadow) Learn(k *key.Key, b *backend.Backend, held int) Learned {
 	return s.prefix.Learn(k, b, held)
