@@ -346,8 +346,10 @@ func TestModelPoolsRereadAfterRestart(t *testing.T) {
 
 // In mode prefix, the pooled prefill model that stands in for a replica that has not learned
 // its own speed is its model pool's: the replicas serving alpha (one with an adapter too)
-// share one, beta's replica has another, and a replica that restarts serving alpha joins
-// alpha's (the health checker's models hook reaches the policy).
+// share one and beta's replica has another (at start the policy may also be rebound by the
+// KV-capacity scrape's refresh), and a replica that restarts serving alpha joins alpha's,
+// which only the health checker's models hook reaching the policy does (without it, this
+// part fails).
 func TestModelPoolsPrefillModels(t *testing.T) {
 	a := startPoolSim(t, "127.0.0.1:0", "alpha")
 	b := startPoolSim(t, "127.0.0.1:0", "beta")

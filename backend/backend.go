@@ -216,10 +216,10 @@ func (b *Backend) Prefill() *PrefillModel { return &b.prefill }
 // SetFleetPrefill makes m the fleet's prefill model for b (nil: none): every observation of
 // b's (ObservePrefill) teaches m too, and until b's own model has learned its rate
 // (MinPrefillSamples), QueuedPrefill drains b's queue at m's rate rather than
-// DefaultPrefillRate. The prefix policy gives the backends of each model pool one (router.Prefix.SetBackends),
-// so that a fleet of like replicas is judged at its measured speed after its first 8
-// answers, not each replica's 8; one per model pool, so that the replicas of another model
-// (another speed) teach it nothing.
+// DefaultPrefillRate. The prefix policy gives the backends of each model pool one
+// (router.Prefix.SetBackends, and ModelsChanged when a backend's models change), so that a
+// fleet of like replicas is judged at its measured speed after its first 8 answers, not each
+// replica's 8, and the replicas of another model (another speed) teach it nothing.
 func (b *Backend) SetFleetPrefill(m *PrefillModel) { b.fleet.Store(m) }
 
 // FleetPrefill is the pooled model SetFleetPrefill gave b (nil: none).

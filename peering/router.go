@@ -82,6 +82,13 @@ func (p *Policy) SetBackends(all []*backend.Backend) {
 	p.n.loads.apply(byID, p.n.now())
 }
 
+// The wrapped prefix policy's abilities are the peered policy's too; the proxy finds them by
+// type assertion.
+var (
+	_ router.ModelsWatcher = (*Policy)(nil)
+	_ router.Corrector     = (*Policy)(nil)
+)
+
 // backendSet is an immutable snapshot of the configured backends.
 type backendSet struct {
 	list []*backend.Backend

@@ -90,8 +90,9 @@ type cand struct {
 	decodes int64   // this proxy's streamed requests decoding there (backend.Decoding)
 	context int64   // and the KV-cache tokens they hold
 
-	// fleetRate (tokens/s) and fleetBase (s): the pooled model of the backend's model pool
-	// (Prefix.fleets), 0 until learned.
+	// fleet is the pooled model of the backend's model pool (Prefix.fleets; nil: none), and
+	// fleetRate (tokens/s) and fleetBase (s) what it learned, 0 until learned.
+	fleet                *backend.PrefillModel
 	fleetRate, fleetBase float64
 
 	// Filled by the selection.
@@ -125,14 +126,13 @@ type costInput struct {
 // learned rate is taught with the same decode work (backend.Lease), so it is the replica's
 // prefill speed without it; other senders' decodes stay in what it measures. rate and base are the
 // replica's learned prefill model (backend.PrefillModel); a replica that has not learned its
-// own takes the median of those that have, else the model learned from all the replicas of
-// its model pool pooled (cand.fleetRate), else the defaults, so an unlearned replica is neither favoured nor
-// avoided. Pooled, a fleet is judged at its measured speed after its first 8 answers rather
+// own takes the median of those of its model pool that have, else the model learned from all
+// the replicas of its pool pooled (cand.fleetRate), else the defaults, so an unlearned replica
+// is neither favoured nor avoided. Pooled, a fleet is judged at its measured speed after its first 8 answers rather
 // than each replica's 8: on the Mooncake trace in front of the bench's sims at 8× (about
 // 150k tokens/s of wall time against the 10k default) the first ~30 requests were placed as
 // if every queue took 15 times as long to drain as it did.
 func estimate(cs []cand, in costInput) {
-	medRate, medBase := fleetModel(cs)
 	var own, pending int64
 	for i := range cs {
 		own += cs[i].own
@@ -150,11 +150,14 @@ func estimate(cs []cand, in costInput) {
 		}
 		c.held = held
 		rate, base := c.rate, c.base
-		if rate <= 0 {
-			rate = fleetOr(medRate, c.fleetRate, backend.DefaultPrefillRate)
-		}
-		if base <= 0 {
-			base = fleetOr(medBase, c.fleetBase, backend.DefaultPrefillBase.Seconds())
+		if rate <= 0 || base <= 0 {
+			medRate, medBase := fleetModel(cs, c.fleet)
+			if rate <= 0 {
+				rate = fleetOr(medRate, c.fleetRate, backend.DefaultPrefillRate)
+			}
+			if base <= 0 {
+				base = fleetOr(medBase, c.fleetBase, backend.DefaultPrefillBase.Seconds())
+			}
 		}
 		c.work = PrefillWork(in.promptTokens, int64(held))
 		c.decode = backend.DecodeWork(c.decodes, c.context, c.queued, c.work)
@@ -163,14 +166,18 @@ func estimate(cs []cand, in costInput) {
 	}
 }
 
-// fleetModel is the median learned rate and base among the candidates that have one (0 when
-// none has): a request's candidates are one model pool's replicas, so an unlearned one is
-// judged like its learned peers, and by its pool's pooled model (fleetOr) only where none has
-// learned.
-func fleetModel(cs []cand) (rate, base float64) {
+// fleetModel is the median learned rate and base among the candidates of the pool whose
+// pooled model is fleet that have one (0 when none has): an unlearned replica is judged like
+// the learned replicas of its model pool, by its pool's pooled model (fleetOr) only where none
+// has learned. A request's candidates are mostly one pool's, but not always: a request naming
+// no model, or a replica whose models are unknown, meets several.
+func fleetModel(cs []cand, fleet *backend.PrefillModel) (rate, base float64) {
 	var rbuf, bbuf [maxStackCandidates]float64
 	rs, bs := rbuf[:0], bbuf[:0]
 	for i := range cs {
+		if cs[i].fleet != fleet {
+			continue
+		}
 		if cs[i].rate > 0 && len(rs) < maxStackCandidates {
 			rs = append(rs, cs[i].rate)
 		}

@@ -337,7 +337,8 @@ func TestPreviewCountsNothing(t *testing.T) {
 	}
 }
 
-// TestFleetModelStandsIn: the prefix policy's backends teach one pooled model; with 8
+// TestFleetModelStandsIn: the prefix policy's backends (one pool: their models unknown) teach
+// one pooled model; with 8
 // answers spread over 4 backends (none has learned its own), the estimates use the fleet's
 // measured rate rather than DefaultPrefillRate, 15 times slower than these replicas.
 func TestFleetModelStandsIn(t *testing.T) {
@@ -412,16 +413,19 @@ func aloneAutoPrefix(t *testing.T, n int) ([]*backend.Backend, *Prefix) {
 }
 
 // TestFleetModelOrder: an unlearned candidate takes the median of the learned candidates'
-// rates before the pooled fleet model's, and the pooled model before the default.
+// rates of its model pool before its pool's pooled model, and the pooled model before the
+// default; a learned replica of another pool (another model's speed) does not count.
 func TestFleetModelOrder(t *testing.T) {
-	pooled := cand{fleetRate: 150_000, fleetBase: 0.005} // its pool's model has learned, it has not
+	small, large := new(backend.PrefillModel), new(backend.PrefillModel)
+	pooled := cand{fleet: small, fleetRate: 150_000, fleetBase: 0.005} // its pool's model has learned, it has not
 	prompt := int64(key.PrefixTokens(4, key.DefaultChunkTokens))
 	for _, c := range []struct {
 		name       string
 		cs         []cand
 		rate, base float64 // the last candidate's
 	}{
-		{"another candidate learned: the median of the learned", []cand{{rate: 10_000, base: 0.02}, pooled}, 10_000, 0.02},
+		{"one of its pool learned: the median of the learned", []cand{{fleet: small, rate: 10_000, base: 0.02}, pooled}, 10_000, 0.02},
+		{"only another pool's learned: its pool's model", []cand{{fleet: large, rate: 10_000, base: 0.02}, pooled}, 150_000, 0.005},
 		{"none learned: the pool's model", []cand{pooled, pooled}, 150_000, 0.005},
 		{"nothing learned anywhere: the defaults", []cand{{}}, backend.DefaultPrefillRate, backend.DefaultPrefillBase.Seconds()},
 	} {

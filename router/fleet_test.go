@@ -82,3 +82,23 @@ func TestFleetPerPool(t *testing.T) {
 	}
 }
 
+// TestShadowModelsChanged: in shadow mode the Decider reaches the shadow's prefix policy, whose
+// pooled models split when the backends' models become known.
+func TestShadowModelsChanged(t *testing.T) {
+	s, err := NewShadow(ShadowPrefix, "round-robin", &RoundRobin{}, PolicyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewDecider(s)
+	bs := prefixBackends(t, 2)
+	d.SetBackends(bs)
+	if bs[0].FleetPrefill() == nil || bs[0].FleetPrefill() != bs[1].FleetPrefill() {
+		t.Fatal("before the models are known both backends should share one pooled model")
+	}
+	serving(bs[0], "llama-8b")
+	serving(bs[1], "llama-70b")
+	d.ModelsChanged(bs[1])
+	if bs[0].FleetPrefill() == bs[1].FleetPrefill() {
+		t.Error("the shadow's pooled models did not split by model")
+	}
+}

@@ -132,7 +132,8 @@ type CandidateEstimate struct {
 	DecodeWork       int64   `json:"decode_work_tokens"`
 	KVCacheUsage     float64 `json:"kv_cache_usage"`
 	// PrefillRate (tokens/s) and BaseMs are the replica's learned prefill model (0 and
-	// RateLearned false until learned: the fleet's median or the defaults stand in).
+	// RateLearned false until learned: the median of its model pool's learned replicas, the
+	// pool's pooled model or the defaults stand in).
 	PrefillRate     float64 `json:"prefill_tokens_per_s"`
 	RateLearned     bool    `json:"rate_learned"`
 	BaseMs          float64 `json:"base_ms"`

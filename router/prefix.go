@@ -132,7 +132,7 @@ type Prefix struct {
 	// fleets are the pooled prefill models, one per model pool (poolKey), each learning
 	// from every observation of its pool's backends (backend.SetFleetPrefill): the drain of
 	// a replica that has not learned its own rate runs at its pool's, and the estimate
-	// takes it where no candidate has learned (fleetModel). all is the backends they are
+	// takes it where no candidate of that pool has learned (fleetOr). all is the backends they are
 	// bound to (SetBackends). Guarded by fleetMu; the request path reads only the
 	// backends' own pointers.
 	fleetMu sync.Mutex
@@ -351,6 +351,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 			c.base = base.Seconds()
 		}
 		if f := b.FleetPrefill(); f != nil {
+			c.fleet = f
 			c.fleetRate, _ = f.Rate()
 			if base, ok := f.Base(); ok {
 				c.fleetBase = base.Seconds()
