@@ -19,22 +19,23 @@ func poolKey(b *backend.Backend) string {
 	if s == nil {
 		return ""
 	}
-	var sb strings.Builder
-	for _, m := range s.Models() {
-		if m.Parent == "" {
-			if sb.Len() > 0 {
-				sb.WriteByte('\n')
-			}
-			sb.WriteString(m.ID)
-		}
+	if k := joinIDs(s.Models(), true); k != "" {
+		return k
 	}
-	if sb.Len() == 0 {
-		for i, m := range s.Models() {
-			if i > 0 {
-				sb.WriteByte('\n')
-			}
-			sb.WriteString(m.ID)
+	return joinIDs(s.Models(), false)
+}
+
+// joinIDs is the ids of ms (only the base models' when basesOnly), joined by newlines.
+func joinIDs(ms []backend.Model, basesOnly bool) string {
+	var sb strings.Builder
+	for _, m := range ms {
+		if basesOnly && m.Parent != "" {
+			continue
 		}
+		if sb.Len() > 0 {
+			sb.WriteByte('\n')
+		}
+		sb.WriteString(m.ID)
 	}
 	return sb.String()
 }

@@ -102,3 +102,30 @@ func TestShadowModelsChanged(t *testing.T) {
 		t.Error("the shadow's pooled models did not split by model")
 	}
 }
+
+// TestFleetMedianThroughSnapshot: through the policy's own snapshot, an unlearned replica takes
+// the rate its pool's learned replica measured, not the pooled model (which the unlearned
+// ones' slower answers have pulled down).
+func TestFleetMedianThroughSnapshot(t *testing.T) {
+	bs := prefixBackends(t, 5)
+	p, _ := newTestPrefix(t, bs)
+	for range backend.MinPrefillSamples { // 150k tokens/s after a 20 ms base, both learned
+		bs[0].ObservePrefill(150_000, 1020*time.Millisecond)
+		bs[0].ObservePrefill(100, 20*time.Millisecond)
+	}
+	for _, b := range bs[1:] { // most of the pool's answers are slow
+		for range backend.MinPrefillSamples - 1 { // 15k tokens/s
+			b.ObservePrefill(15_000, 1020*time.Millisecond)
+		}
+		if _, ok := b.Prefill().Rate(); ok {
+			t.Fatalf("%s learned its own rate", b.Name)
+		}
+	}
+	if r, _ := bs[0].FleetPrefill().Rate(); r > 120_000 {
+		t.Fatalf("the pooled model reads %.0f tokens/s; the test needs it pulled down by the slow answers", r)
+	}
+	ex := p.Explain(routedKey(chunkChain(nil).extend("median", 64)), bs)
+	if r := ex[1].PredictedTTFTMs / ex[0].PredictedTTFTMs; r < 0.9 || r > 1.1 {
+		t.Errorf("unlearned replica predicted %.2f ms against its learned peer's %.2f: want the peer's rate", ex[1].PredictedTTFTMs, ex[0].PredictedTTFTMs)
+	}
+}

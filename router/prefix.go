@@ -350,8 +350,9 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()
 		}
-		if f := b.FleetPrefill(); f != nil {
-			c.fleet = f
+		c.fleet = b.FleetPrefill() // its pool (fleetModel), learned or not
+		if f := c.fleet; f != nil && (c.rate <= 0 || c.base <= 0) {
+			// What the pool learned stands in only for a replica that has not (estimate).
 			c.fleetRate, _ = f.Rate()
 			if base, ok := f.Base(); ok {
 				c.fleetBase = base.Seconds()
