@@ -17,12 +17,11 @@ var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "
 // Sizes and load levels per workload. Arms run at bench.DefaultSpeedup (8× model time) unless
 // a workload or level says otherwise (agentic 16×, four cells 2×: SlowSpeedup)
 // on bench's default 4 simulated replicas; rates are in model time, as the workloads take
-// them. The full suite must finish within an hour on 2 shared cores and --quick within 5;
-// the wall times below are one arm's, measured on this machine with `prefixlb bench compare`
-// (round-robin and prefix) at these sizes. With 9 policies the full suite took ≈37 minutes;
-// the 10th, prefix×3+peer, runs the same requests as prefix×3 (an open-loop arm lasts as long
-// as its arrivals, a closed-loop one about as long as prefix's), so ≈37 × 10/9 ≈ 41 minutes,
-// and --quick ≈3.3 (it took ≈3 with 9).
+// them. The wall times below are one arm's, measured on this machine with `prefixlb bench
+// compare` (round-robin and prefix) at these sizes. With 9 policies and every cell at 8× in one
+// round the full suite took ≈37 minutes; the 10th policy, the 2× cells and the 3-round cells
+// (each with its measurement below) brought it to 1h12m (eae6d50, 10 policies, 2 shared
+// cores), and --quick to ≈4 minutes.
 const (
 	// Multi-turn (closed loop, one level): bench compare's defaults, 11 conversations × 30
 	// turns = 330 requests, 4 users; ≈23 s an arm. Quick: 6 × 10 = 60 requests (4.5 s).
