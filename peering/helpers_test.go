@@ -108,7 +108,9 @@ func (r *replica) byName(url string) *backend.Backend {
 // chunks.
 func prompt(t testing.TB, seed int) *key.Key {
 	t.Helper()
-	text := strings.Repeat(fmt.Sprintf("conversation %d says something long enough to fill chunks. ", seed), 160)
+	// The seed opens the text: prompts differ from their first chunk (4 tokens: the role and
+	// the text's first bytes), so that no two share one.
+	text := strings.Repeat(fmt.Sprintf("%d: conversation says something long enough to fill chunks. ", seed), 160)
 	body, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{{"role": "user", "content": text}}})
 	k := &key.Key{}
 	key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)

@@ -330,10 +330,20 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		}
 	}
 	thin := thinMatchShare * float64(loWork)
+	// Where that rule does not apply (under the ring, or with spread off), a match of the
+	// first chunk alone counts as none: it is a sixteenth of a chunk (key.PrefixTokens(1, ·),
+	// 4 tokens at the default size), about a role and a word of framing, which most chats
+	// share ("system", "You are"), and the longest match would pull every one of them onto
+	// whichever replica learned it first (TestPrefixModeRoutesConversationsByPrefix: 12 of
+	// 12 conversations on one replica). The ring then keys on the conversation's own next
+	// chunk, as it keyed on its first before the first chunk was shortened.
 	eff := func(j int) int {
 		if spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin &&
 			loadOf(&cs[j], byRecent)*float64(tieWeight) > thinMatchLoad*tieLoad*float64(cs[j].weight) {
 			return lo
+		}
+		if !spread {
+			return opening(cs[j].matched)
 		}
 		return cs[j].matched
 	}
@@ -396,13 +406,29 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 			return false
 		})
 	}
+	if !spread {
+		// The reason, too, reads a match of the first chunk alone as none.
+		common, most = math.MaxInt, 0
+		for j := range cs {
+			common, most = min(common, opening(cs[j].matched)), max(most, opening(cs[j].matched))
+		}
+	}
 	switch {
 	case most == common:
 		return chosen, ReasonCold
-	case cs[chosen].matched == most:
+	case opening(cs[chosen].matched) == most:
 		return chosen, ReasonMatch
 	}
 	return chosen, ReasonOverload
+}
+
+// opening is a match of n chunks with a match of the first chunk alone read as none (see
+// pickCost).
+func opening(n int) int {
+	if n == 1 {
+		return 0
+	}
+	return n
 }
 
 // loadOf is what lessLoaded ranks first: recent routes under byRecent, else in-flight requests.

@@ -224,10 +224,10 @@ func TestPrefillWork(t *testing.T) {
 // TestEstimate: the estimate is base + work ÷ rate, with the documented defaults and
 // discounts; work is the queued work plus this prompt's (TestPrefillWork's formula).
 func TestEstimate(t *testing.T) {
-	prompt := int64(key.PrefixTokens(10, key.DefaultChunkTokens)) // 592
-	held7 := float64(key.PrefixTokens(7, key.DefaultChunkTokens)) // 400
-	work := func(held float64) float64 {                          // 592 tokens after held
-		n := 592 - held
+	prompt := int64(key.PrefixTokens(10, key.DefaultChunkTokens)) // 580
+	held7 := float64(key.PrefixTokens(7, key.DefaultChunkTokens)) // 388
+	work := func(held float64) float64 {                          // the prompt's tokens after held
+		n := float64(prompt) - held
 		return math.Round(n * (1 + (held+n/2)/32768))
 	}
 	for _, tc := range []struct {

@@ -113,7 +113,7 @@ func TestBuild(t *testing.T) {
 		{name: "chat long", path: pathChat, body: `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, ok: true, model: "m", tokens: (1 + 1 + 4 + 1 + 2 + 1350) / 4, chunks: 6},
 		{name: "chat trailing slash", path: pathChat + "/", body: `{"messages":[{"role":"user","content":"hi"}]}`, ok: true, tokens: -1, chunks: 0},
 		{name: "chat empty messages", path: pathChat, body: `{"model":"m","messages":[]}`, ok: true, model: "m", tokens: 0, chunks: 0},
-		{name: "chat null content", path: pathChat, body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, ok: true, tokens: -1, chunks: 0},
+		{name: "chat null content", path: pathChat, body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, ok: true, tokens: -1, chunks: 1},
 		{name: "chat stream true", path: pathChat, body: `{"stream":true,"messages":[]}`, ok: true, stream: true, tokens: 0, chunks: 0},
 		{name: "chat stream false", path: pathChat, body: `{"stream":false,"messages":[]}`, ok: true, tokens: 0, chunks: 0},
 		{name: "chat stream string is not a flag", path: pathChat, body: `{"stream":"true","messages":[]}`, ok: true, tokens: 0, chunks: 0},
@@ -136,7 +136,7 @@ func TestBuild(t *testing.T) {
 		{name: "invalid utf8", path: pathChat, body: "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", tokens: 0, chunks: 0},
 		{name: "deep nesting", path: pathChat, body: `{"messages":[{"role":"user","content":"x"}],"tools":` + strings.Repeat("[", 1000) + strings.Repeat("]", 1000) + `}`, tokens: 0, chunks: 0},
 		{name: "nesting within limit", path: pathChat, body: `{"messages":[],"tools":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}`, ok: true, tokens: 100, chunks: 2},
-		{name: "unicode", path: pathChat, body: `{"messages":[{"role":"user","content":"日本語のテキスト 😀 ünïcödé"}]}`, ok: true, tokens: -1, chunks: 0},
+		{name: "unicode", path: pathChat, body: `{"messages":[{"role":"user","content":"日本語のテキスト 😀 ünïcödé"}]}`, ok: true, tokens: -1, chunks: 1},
 
 		{name: "completions empty string", path: pathCompl, body: `{"model":"m","prompt":""}`, ok: true, model: "m", tokens: 0, chunks: 0},
 		{name: "completions tiny", path: pathCompl, body: `{"prompt":"hello"}`, ok: true, tokens: 1, chunks: 0},
@@ -158,7 +158,7 @@ func TestBuild(t *testing.T) {
 		{name: "completions prompt number", path: pathCompl, body: `{"prompt":1}`, tokens: 0, chunks: 0},
 
 		{name: "responses string", path: pathResp, body: `{"model":"m","input":"hi","stream":true}`, ok: true, stream: true, model: "m", tokens: (6 + 4) / 4, chunks: 0},
-		{name: "responses instructions only", path: pathResp, body: `{"instructions":"be nice"}`, ok: true, tokens: -1, chunks: 0},
+		{name: "responses instructions only", path: pathResp, body: `{"instructions":"be nice"}`, ok: true, tokens: -1, chunks: 1},
 		{name: "responses items", path: pathResp, body: `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"https://x/y.png"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"},{"type":"reasoning","summary":[]}]}`, ok: true, tokens: -1, chunks: 1},
 		{name: "responses no input", path: pathResp, body: `{"model":"m"}`, model: "m", tokens: 0, chunks: 0},
 		{name: "responses input number", path: pathResp, body: `{"input":3}`, tokens: 0, chunks: 0},
@@ -366,7 +366,7 @@ func TestDifferentKey(t *testing.T) {
 
 // TestChainFormula recomputes the chunk hashes of a text prompt and a token-id prompt from the
 // documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ xxhash64(chunk_i)),
-// Chunks[-1] = 0, the first chunk a quarter of the others.
+// Chunks[-1] = 0, the first chunk a sixteenth of the others.
 func TestChainFormula(t *testing.T) {
 	// Past FineChunks of 64 bytes (8,144 bytes) chunks are 512 bytes: both prompts have some.
 	text := []byte(strings.Repeat("0123456789abcdef", 640)) // 10,240 bytes
@@ -387,12 +387,12 @@ func TestChainFormula(t *testing.T) {
 		stream []byte
 		tokens int
 	}{
-		{"text", `{"model":"m","cache_salt":"s","prompt":"` + string(text) + `"}`, 'p', 0x18678c388a8e7aef, text, 2560},
-		{"ids", `{"model":"m","cache_salt":"s","prompt":[` + strings.Join(idList, ",") + `]}`, 'i', 0x4b59f5c325830015, idStream, 2600},
+		{"text", `{"model":"m","cache_salt":"s","prompt":"` + string(text) + `"}`, 'p', 0xab89bdf7ede7d22d, text, 2560},
+		{"ids", `{"model":"m","cache_salt":"s","prompt":[` + strings.Join(idList, ",") + `]}`, 'i', 0xc4cdae553b31ae3a, idStream, 2600},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := xxhash.Sum64String("prefixlb/key/v4" + string(tt.kind) + "m\x01m" + "s\x01s"); got != tt.seed {
+			if got := xxhash.Sum64String("prefixlb/key/v5" + string(tt.kind) + "m\x01m" + "s\x01s"); got != tt.seed {
 				t.Fatalf("seed formula gives %#x, pinned %#x", got, tt.seed)
 			}
 			b := NewBuilder(16)
@@ -450,8 +450,8 @@ func TestLargeBody(t *testing.T) {
 	b := NewBuilder(64)
 	big := strings.Repeat("a", 3<<20)
 	k := build(b, pathCompl, `{"prompt":"`+big+`"}`)
-	// 16 tokens, 127 of 64, then 512 each: (3 MiB − 32,576 bytes) ÷ 2,048 bytes = 1,520.
-	if want := FineChunks + (len(big)-(64+127*256))/2048; !k.OK || k.PromptTokens != len(big)/4 || len(k.Chunks) != want || want != ChunkCount(len(big), 256) {
+	// 4 tokens, 127 of 64, then 512 each: (3 MiB − 32,528 bytes) ÷ 2,048 bytes = 1,520.
+	if want := FineChunks + (len(big)-(firstChunkBytes(256)+127*256))/2048; !k.OK || k.PromptTokens != len(big)/4 || len(k.Chunks) != want || want != ChunkCount(len(big), 256) {
 		t.Errorf("OK=%v tokens=%d chunks=%d, want true %d %d (ChunkCount %d)", k.OK, k.PromptTokens, len(k.Chunks), len(big)/4, want, ChunkCount(len(big), 256))
 	}
 	small := build(b, pathCompl, `{"prompt":"`+big[:2560]+`"}`)

@@ -29,7 +29,7 @@ func (s stream) media(typ string, h uint64) stream {
 }
 
 // chainOf is the documented chunk chain (chunk.go) of a kindChat stream for model m, no salt,
-// with chunks of chunkTokens×4 bytes, the first a quarter of that.
+// with chunks of chunkTokens×4 bytes, the first a sixteenth of that.
 func chainOf(m string, st []byte, chunkTokens int) []uint64 {
 	seedIn := seedDomain + string(rune(kindChat)) + "m" + string(binary.AppendUvarint(nil, uint64(len(m)))) + m + "s\x00"
 	return refChain(xxhash.Sum64String(seedIn), st, chunkTokens*BytesPerToken)
