@@ -7,8 +7,8 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// TestShortfall: the correction rule. At 64-token chunks the first chunk is 4 tokens and n
-// chunks end at 4 + 64(n−1): 10 chunks are 580 tokens, 4 chunks 196.
+// TestShortfall: the correction rule. At 64-token chunks the head chunks are 4 and 12 tokens
+// and n ≥ 2 chunks end at 16 + 64(n−2): 10 chunks are 528 tokens, 4 chunks 144.
 func TestShortfall(t *testing.T) {
 	tests := []struct {
 		name string
@@ -17,18 +17,18 @@ func TestShortfall(t *testing.T) {
 	}{
 		{"no match", CacheReport{MatchedChunks: 0, PromptTokens: 600, ReportedPrompt: 600}, 0},
 		{"no usage reported", CacheReport{MatchedChunks: 10, PromptTokens: 600}, 0},
-		{"all held", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 580}, 0},
-		{"one block short (vLLM counts whole blocks)", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 564}, 0},
+		{"all held", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 528}, 0},
+		{"one block short (vLLM counts whole blocks)", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 512}, 0},
 		{"within a quarter of the prediction", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 450}, 0},
 		{"lost all", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 0}, 10},
-		{"kept 4 chunks", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 196}, 6},
-		{"kept 4 chunks, a block short of the boundary", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 188}, 6},
-		{"kept 3 chunks, more than a block short of the 4th", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 178}, 7},
-		{"just past the quarter", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 400}, 3},
-		{"the backend's tokens are twice the key's", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 1200, ReportedCached: 1160}, 0},
-		{"twice the tokens, kept 4 chunks", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 1200, ReportedCached: 392}, 6},
+		{"kept 4 chunks", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 144}, 6},
+		{"kept 4 chunks, a block short of the boundary", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 136}, 6},
+		{"kept 3 chunks, more than a block short of the 4th", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 126}, 7},
+		{"just past the quarter", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 390}, 2},
+		{"the backend's tokens are twice the key's", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 1200, ReportedCached: 1056}, 0},
+		{"twice the tokens, kept 4 chunks", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 1200, ReportedCached: 288}, 6},
 		{"less than a chunk predicted", CacheReport{MatchedChunks: 1, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 0}, 0},
-		{"two chunks lost is more than one chunk", CacheReport{MatchedChunks: 2, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 0}, 2},
+		{"three chunks (80 tokens) lost is more than one chunk", CacheReport{MatchedChunks: 3, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 0}, 3},
 		{"prediction capped at the prompt", CacheReport{MatchedChunks: 10, PromptTokens: 400, ReportedPrompt: 400, ReportedCached: 390}, 0},
 		{"cached over the prompt is the prompt", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: 1 << 20}, 0},
 		{"negative cached is none", CacheReport{MatchedChunks: 10, PromptTokens: 600, ReportedPrompt: 600, ReportedCached: -5}, 10},

@@ -256,9 +256,12 @@ func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
 //     (TieBreakLoad, or TieBreakAuto while every candidate is alone) the least loaded of
 //     those go to the ring, the others are out. Without a ring, the least estimate among
 //     them.
+//     Under the ring (or with spread off) a match of the first chunk alone counts as none
+//     (opening, key.HeadChunks).
 //  3. The reason: ReasonMatch when the chosen candidate holds more than every candidate
 //     holds; ReasonOverload when another held more (it was over the cap or would have been
-//     slower); ReasonCold when nobody held more than the common prefix.
+//     slower); ReasonCold when nobody held more than the common prefix; matches counted as
+//     in step 2.
 func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int, Reason) {
 	var total int64
 	wsum, common, most := 0, math.MaxInt, 0
@@ -290,9 +293,11 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	ok := func(j int) bool {
 		return !anyUnder || under[j] || cs[j].est < bestUnder && underHard[j]
 	}
+	// The salt of exact ties: the last head chunk, the first 16 tokens (the first chunk
+	// alone is framing most prompts share).
 	var first uint64
 	if len(chunks) > 0 {
-		first = chunks[0]
+		first = chunks[min(key.HeadChunks, len(chunks))-1]
 	}
 	best := -1
 	for j := range cs {
@@ -335,8 +340,8 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	// 4 tokens at the default size), about a role and a word of framing, which most chats
 	// share ("system", "You are"), and the longest match would pull every one of them onto
 	// whichever replica learned it first (TestPrefixModeRoutesConversationsByPrefix: 12 of
-	// 12 conversations on one replica). The ring then keys on the conversation's own next
-	// chunk, as it keyed on its first before the first chunk was shortened.
+	// 12 conversations on one replica). The ring then keys on the prompt's second chunk,
+	// its first 16 tokens, as it did when that was the first (key.HeadChunks).
 	eff := func(j int) int {
 		if spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin &&
 			loadOf(&cs[j], byRecent)*float64(tieWeight) > thinMatchLoad*tieLoad*float64(cs[j].weight) {
@@ -406,9 +411,10 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 			return false
 		})
 	}
+	held := cs[chosen].matched
 	if !spread {
 		// The reason, too, reads a match of the first chunk alone as none.
-		common, most = math.MaxInt, 0
+		common, most, held = math.MaxInt, 0, opening(held)
 		for j := range cs {
 			common, most = min(common, opening(cs[j].matched)), max(most, opening(cs[j].matched))
 		}
@@ -416,14 +422,14 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	switch {
 	case most == common:
 		return chosen, ReasonCold
-	case opening(cs[chosen].matched) == most:
+	case held == most:
 		return chosen, ReasonMatch
 	}
 	return chosen, ReasonOverload
 }
 
 // opening is a match of n chunks with a match of the first chunk alone read as none (see
-// pickCost).
+// pickCost and key.HeadChunks).
 func opening(n int) int {
 	if n == 1 {
 		return 0

@@ -76,8 +76,9 @@ type PrefixOptions struct {
 	// holder above thinMatchLoad × their mean load, and a prefixlb replica alone
 	// (TieBreakAuto) sends a new prefix to the near-tie it routed the fewest requests to
 	// lately (backend.Routed, RecentHalfLife) before the in-flight count: between turns a
-	// conversation has nothing in flight where it is served. Under the ring a thin match
-	// still counts. Measured (bench suite, 3 rounds, 4 simulated replicas): multi-turn max
+	// conversation has nothing in flight where it is served. Under the ring (and with
+	// spreading off) a thin match still counts, but for a match of the first chunk alone,
+	// which counts as none (key.HeadChunks). Measured (bench suite, 3 rounds, 4 simulated replicas): multi-turn max
 	// share / mean 1.45 without spreading, 1.09 with it; OpenAssistant threads keep their
 	// cached tokens (0.753 against the oracle's 0.776 at 4 conversations/s) only because a
 	// thin match holds on a holder at its share: with every thin match ignored (one full
@@ -247,9 +248,11 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 	switch {
 	case n == 0:
 		return Decision{}
-	case k == nil || len(k.Chunks) == 0:
-		// Shorter than one chunk (or not parsed): nothing to match or place; rotate among
-		// the least loaded so that short prompts do not all land on one backend at low load.
+	case short(k):
+		// Shorter than the head chunks (16 tokens) or not parsed: nothing to match or place
+		// by (the first chunk alone is framing most prompts share; key.HeadChunks); rotate
+		// among the least loaded so that short prompts do not all land on one backend at low
+		// load. What chunk it has is still learned where it goes, for its follow-up.
 		if !commit {
 			return Decision{Backend: LeastLoaded(candidates, p.next.Load()), Reason: ReasonLeastLoad}
 		}
@@ -372,10 +375,14 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	return cs
 }
 
+// short reports whether Pick places k without estimates, by load alone: no key, or fewer
+// chunks than key.HeadChunks (a prompt shorter than 16 tokens at the default chunk size).
+func short(k *key.Key) bool { return k == nil || len(k.Chunks) < key.HeadChunks }
+
 // Explain returns what Pick weighs for k, per candidate, in candidates' order (for
-// /debug/route); nil for a key Pick places without estimates (no chunk).
+// /debug/route); nil for a key Pick places without estimates (short).
 func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateEstimate {
-	if k == nil || len(k.Chunks) == 0 || len(candidates) == 0 {
+	if short(k) || len(candidates) == 0 {
 		return nil
 	}
 	cs := p.snapshot(k, candidates, nil, nil)
@@ -433,8 +440,9 @@ func loadCap(total int64, w, wsum int, loadFactor float64, margin int64) int64 {
 }
 
 // lighter ranks a before b by in-flight requests per weight, then pending prefill tokens
-// per weight, then a hash of (first chunk, backend ID): deterministic, the same in every
-// prefixlb replica, and different per prompt so that ties do not all go one way.
+// per weight, then a hash of (salt, backend ID), salt a chunk of the prompt's (pickCost's:
+// the last of its head chunks): deterministic, the same in every prefixlb replica, and
+// different per prompt so that ties do not all go one way.
 func lighter(a, b *cand, first uint64) bool {
 	if c := lessLoaded(a, b, false); c != 0 {
 		return c < 0

@@ -2,9 +2,11 @@ package router
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,7 +143,7 @@ func TestLoadCap(t *testing.T) {
 	}
 }
 
-// The selection on hand-made snapshots: prompt of 10 chunks (592 tokens), learned prefill
+// The selection on hand-made snapshots: prompt of 10 chunks (528 tokens), learned prefill
 // rate 10k tokens/s and base 20 ms unless a case says otherwise.
 func TestPickCostSnapshots(t *testing.T) {
 	chunks := chunkChain(nil).extend("x", 10)
@@ -170,8 +172,8 @@ func TestPickCostSnapshots(t *testing.T) {
 		{"only holder over the hard cap", []cand{c(1, 30, 8, 0), c(2, 1, 0, 0), c(3, 0, 0, 0)}, 0, 3, ReasonOverload},
 		{"all at the cap: least estimate", []cand{c(1, 9, 8, 0), c(2, 9, 0, 0), c(3, 9, 0, 0)}, 0, 1, ReasonMatch},
 		{"common prefix does not decide: least work", []cand{c(1, 0, 5, 300), c(2, 0, 5, 0), c(3, 0, 5, 100)}, 0, 2, ReasonCold},
-		{"a full KV cache discounts the match", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 150), func(x *cand) { x.kvUsage = 1 }), c(3, 0, 0, 0)}, 0, 1, ReasonOverload},
-		{"the same match on a cache with room", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 150), func(x *cand) { x.kvUsage = 0.5 }), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
+		{"a full KV cache discounts the match", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 200), func(x *cand) { x.kvUsage = 1 }), c(3, 0, 0, 0)}, 0, 1, ReasonOverload},
+		{"the same match on a cache with room", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 200), func(x *cand) { x.kvUsage = 0.5 }), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
 		{"other clients' requests count", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 0), func(x *cand) { x.foreign = 6 }), c(3, 0, 0, 0)}, 300, 1, ReasonOverload},
 		{"a faster replica wins a cold prompt", []cand{c(1, 0, 0, 0), with(c(2, 0, 0, 0), func(x *cand) { x.rate = 40_000 }), c(3, 0, 0, 0)}, 0, 2, ReasonCold},
 		{"an unlearned replica takes the fleet's median", []cand{c(1, 0, 0, 50), with(c(2, 0, 0, 0), func(x *cand) { x.rate, x.base = 0, 0 }), c(3, 0, 0, 50)}, 0, 2, ReasonCold},
@@ -224,8 +226,8 @@ func TestPrefillWork(t *testing.T) {
 // TestEstimate: the estimate is base + work ÷ rate, with the documented defaults and
 // discounts; work is the queued work plus this prompt's (TestPrefillWork's formula).
 func TestEstimate(t *testing.T) {
-	prompt := int64(key.PrefixTokens(10, key.DefaultChunkTokens)) // 580
-	held7 := float64(key.PrefixTokens(7, key.DefaultChunkTokens)) // 388
+	prompt := int64(key.PrefixTokens(10, key.DefaultChunkTokens)) // 528
+	held7 := float64(key.PrefixTokens(7, key.DefaultChunkTokens)) // 336
 	work := func(held float64) float64 {                          // the prompt's tokens after held
 		n := float64(prompt) - held
 		return math.Round(n * (1 + (held+n/2)/32768))
@@ -774,5 +776,70 @@ func TestTieBreakAuto(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestShortFirstTurnFollowUp: a first turn shorter than the head chunks (16 tokens) is placed
+// by load, yet leaves its first chunk where it went, and its follow-up, where near-ties go by
+// load and spread (the default for a replica alone, and for peered ones), finds that replica
+// although it holds only that chunk; under the ring the first chunk alone counts as none
+// (key.HeadChunks), so such follow-ups are placed by their own first 16 tokens, and cold
+// prompts that share only their framing spread.
+func TestShortFirstTurnFollowUp(t *testing.T) {
+	build := func(msgs ...string) *key.Key {
+		var ms []map[string]string
+		for i, m := range msgs {
+			ms = append(ms, map[string]string{"role": [2]string{"user", "assistant"}[i%2], "content": m})
+		}
+		body, err := json.Marshal(map[string]any{"model": "m", "messages": ms})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := &key.Key{}
+		key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)
+		return k
+	}
+	answer := strings.Repeat("The sky scatters blue light more than red light. ", 20)
+	for _, tb := range []TieBreak{TieBreakLoad, TieBreakRing} {
+		bs := prefixBackends(t, 4)
+		p := NewPrefix(PrefixOptions{TieBreak: tb}, nil)
+		p.SetBackends(bs)
+		placed := map[*backend.Backend]int{}
+		followed := 0
+		for i := range 16 {
+			// Questions that differ in their first bytes (8 of the first chunk's 16 are the
+			// role's framing): the first chunk of "Why is the sky blue?" asked 16 times would
+			// soon be held everywhere and decide nothing.
+			q := fmt.Sprintf("%d. Why is the sky blue?", i)
+			first := build(q)
+			if len(first.Chunks) != 1 {
+				t.Fatalf("first turn %q: %d chunks, want 1 (shorter than the head chunks)", q, len(first.Chunks))
+			}
+			d := p.Pick(first, bs)
+			if d.Reason != ReasonLeastLoad {
+				t.Fatalf("%v: first turn %q routed %s, want least-load", tb, q, d.Reason)
+			}
+			placed[d.Backend]++
+			p.Learn(first, d.Backend, 0)
+			next := build(q, fmt.Sprint(i, answer), "And at sunset?")
+			f := p.Pick(next, bs)
+			if f.Backend == d.Backend {
+				followed++
+			}
+			if tb == TieBreakLoad && (f.Backend != d.Backend || f.Reason != ReasonMatch || f.MatchedChunks != 1) {
+				t.Errorf("%v: follow-up of %q went to %s (%s, %d chunks), its first turn to %s", tb, q, f.Backend.Name, f.Reason, f.MatchedChunks, d.Backend.Name)
+			}
+			if tb == TieBreakRing && f.Reason != ReasonCold {
+				t.Errorf("%v: follow-up of %q routed %s, want cold (the first chunk alone counts as none)", tb, q, f.Reason)
+			}
+			p.Learn(next, f.Backend, f.MatchedChunks)
+		}
+		if len(placed) != 4 {
+			t.Errorf("%v: 16 short first turns on %d of 4 replicas, want all four", tb, len(placed))
+		}
+		// Under the ring, follow-ups go by their own 16 tokens: about a quarter by chance.
+		if tb == TieBreakRing && followed > 12 {
+			t.Errorf("%v: %d of 16 follow-ups went where their first turn did: the first chunk alone decided", tb, followed)
+		}
 	}
 }

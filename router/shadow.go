@@ -108,7 +108,7 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	if d.Backend != nil {
 		s.prefix.noteRouted(d.Backend) // where requests go is what the recent share counts
 	}
-	if d.Backend == nil || k == nil || !k.Routed || !k.OK || len(k.Chunks) == 0 || len(candidates) > maxStackCandidates {
+	if d.Backend == nil || short(k) || !k.Routed || !k.OK || len(candidates) > maxStackCandidates {
 		return d
 	}
 	p := s.prefix

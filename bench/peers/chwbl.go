@@ -40,9 +40,9 @@ type CHWBLOptions struct {
 // The key is KubeAI's: the model (KubeAI's adapter) and the first PrefixChars (100)
 // characters of the first user message (chat; for completions, of the prompt), hashed with
 // xxhash, read from the request body (key.Key.Body). A body without a user message of text
-// is keyed on its first chunk instead (Chunks[0]: the first key.DefaultChunkTokens/4
-// approximate tokens of the rendered prompt); a request with neither goes to the least loaded
-// candidate.
+// is keyed on its first key.HeadChunks chunks instead (Chunks[key.HeadChunks-1]: the first
+// key.DefaultChunkTokens/4 approximate tokens of the rendered prompt); a request with neither
+// goes to the least loaded candidate.
 //
 // The ring is prefixlb's hashring (160 points per backend where KubeAI uses 256, xxhash
 // both). Load is this proxy's in-flight count per backend, as KubeAI counts in-flight
@@ -139,10 +139,10 @@ func firstUserHash(k *key.Key, n int) (uint64, bool) {
 		}
 	}
 	if text == "" {
-		if len(k.Chunks) == 0 {
+		if len(k.Chunks) < key.HeadChunks {
 			return 0, false
 		}
-		return k.Chunks[0], true
+		return k.Chunks[key.HeadChunks-1], true
 	}
 	if r := []rune(text); len(r) > n {
 		text = string(r[:n])

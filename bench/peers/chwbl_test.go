@@ -36,7 +36,7 @@ func ringOrder(bs []*backend.Backend, h uint64) []int {
 func TestCHWBLRules(t *testing.T) {
 	k := keyOf(chain("conv", 4))
 	const n = 4
-	order := ringOrder(testBackends(t, n), k.Chunks[0])
+	order := ringOrder(testBackends(t, n), k.Chunks[key.HeadChunks-1])
 	owner, second := order[0], order[1]
 	tests := []struct {
 		name   string
@@ -148,13 +148,17 @@ func TestCHWBLKeyIsTheFirstUserMessage(t *testing.T) {
 			}
 		})
 	}
-	// Completions: the prompt's start; no text: the first chunk; neither: no key.
+	// Completions: the prompt's start; no text: the first 16 tokens, the last head chunk
+	// (the first chunk alone is framing most prompts share); neither: no key.
 	pk := &key.Key{Body: []byte(`{"prompt":"` + long + `"}`)}
 	if h, ok := firstUserHash(pk, DefaultCHWBLPrefixChars); !ok || h == 0 {
 		t.Fatal("completions prompt: no key")
 	}
-	if h, ok := firstUserHash(&key.Key{Chunks: []uint64{42}}, DefaultCHWBLPrefixChars); !ok || h != 42 {
-		t.Fatalf("no body: key %d %v, want the first chunk 42", h, ok)
+	if h, ok := firstUserHash(&key.Key{Chunks: []uint64{41, 42, 43}}, DefaultCHWBLPrefixChars); !ok || h != 42 {
+		t.Fatalf("no body: key %d %v, want the last head chunk 42", h, ok)
+	}
+	if _, ok := firstUserHash(&key.Key{Chunks: []uint64{41}}, DefaultCHWBLPrefixChars); ok {
+		t.Fatal("no body and the first chunk alone: a key")
 	}
 	if _, ok := firstUserHash(&key.Key{}, DefaultCHWBLPrefixChars); ok {
 		t.Fatal("no body and no chunk: a key")

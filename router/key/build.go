@@ -161,7 +161,7 @@ func (k *Key) Recycle() {
 // k.PromptTokens is 0; k.Model and k.Stream are still set when the body parsed.
 //
 // The prompt is rendered canonically (see render.go for the byte format), and the rendered
-// byte stream is cut into chunks of ChunkTokens×4 bytes (the first a sixteenth of that);
+// byte stream is cut into chunks of ChunkTokens×4 bytes (the first two a sixteenth and three sixteenths of that);
 // Chunks[i] = xxhash64(seed ‖ prev ‖ xxhash64(chunk i)) with prev = Chunks[i-1] (0 for i = 0),
 // little-endian uint64s (see chunker in chunk.go). The seed is a hash of
 // the prompt kind (chat-like, text, token ids), "model" and "cache_salt", so requests that

@@ -18,7 +18,8 @@ const (
 // persisted index) never match by accident. v3: chunks are hashed on their own and chained by
 // a hash of (seed, previous, chunk hash), instead of one hash over seed ‖ previous ‖ chunk.
 // v4: chunks past FineChunks are CoarseFactor times larger, and bit 0 of a hash marks them.
-// v5: the first chunk is a sixteenth of the others (4 tokens at the default size), not a quarter.
+// v5: v4's first chunk (a quarter of the others) is cut in two, a sixteenth and the rest
+// (4 + 12 tokens at the default size): HeadChunks.
 const seedDomain = "prefixlb/key/v5"
 
 // Deep chunks are coarse. A coding agent's 1 MB request is ~3,500 chunks at the default
@@ -30,8 +31,8 @@ const seedDomain = "prefixlb/key/v5"
 // the index does an eighth of the work (BenchmarkRoutingDecision at 1 MB: see the README's
 // overhead section).
 const (
-	// FineChunks is how many leading chunks of a key have the configured size (the first a
-	// sixteenth of it).
+	// FineChunks is how many leading chunks of a key are fine: the HeadChunks smaller ones,
+	// then chunks of the configured size.
 	FineChunks = 128
 	// CoarseFactor is how many configured chunk sizes every later chunk spans.
 	CoarseFactor = 8
@@ -47,8 +48,8 @@ const coarseMark = 1
 func IsCoarse(h uint64) bool { return h&coarseMark != 0 }
 
 // ChunkUnits is the size of chunks lo..hi-1 of a key in configured chunk sizes (0 when hi <=
-// lo): 1 each for the first FineChunks (the very first, a sixteenth, counted as one),
-// CoarseFactor each after them.
+// lo): 1 each for the first FineChunks (the HeadChunks smaller ones counted as one each: an
+// index entry costs the same), CoarseFactor each after them.
 func ChunkUnits(lo, hi int) int {
 	lo = max(lo, 0)
 	if hi <= lo {
@@ -76,11 +77,11 @@ const maxPartBytes = 16 << 10
 // (framing bytes, text around a tag) is gathered in part and hashed when complete, or, past
 // maxPartBytes, streamed through an xxhash.Digest; all give the same hash.
 //
-// The first chunk is a sixteenth of the others (4 tokens at the default 64; see
-// firstChunkShare): a conversation whose first turn is a short question (most MT-Bench and
-// chatbot first turns are under 64 tokens) still leaves a chunk in the index, so its second turn finds the replica that holds
-// the first instead of being placed cold elsewhere. Chunks past FineChunks are CoarseFactor
-// times the size, their hashes with coarseMark set; the others' have it clear.
+// The first HeadChunks chunks are smaller (see HeadChunks): a conversation whose first turn
+// is a short question (most MT-Bench and chatbot first turns are under 64 tokens) still
+// leaves a chunk in the index, so its second turn finds the replica that holds the first
+// instead of being placed cold elsewhere. Chunks past FineChunks are CoarseFactor times the
+// size, their hashes with coarseMark set; the others' have it clear.
 type chunker struct {
 	seed    uint64
 	prev    uint64 // the hash of the chunks so far (0 before the first)
@@ -93,50 +94,65 @@ type chunker struct {
 	digest  xxhash.Digest // the current chunk's bytes so far, when curSize > maxPartBytes
 }
 
-// start begins a stream whose chunks are size bytes (the first a sixteenth of that), chained
-// from seed, appended to k.Chunks.
+// start begins a stream whose chunks are size bytes (the HeadChunks first smaller, the
+// coarse ones larger: chunkBytes), chained from seed, appended to k.Chunks.
 func (c *chunker) start(size int, seed uint64, k *Key) {
 	c.size, c.seed, c.prev, c.written, c.out = size, seed, 0, 0, k
 	c.part = c.part[:0]
-	c.curSize = firstChunkBytes(size)
+	c.curSize = chunkBytes(0, size)
 	c.missing = c.curSize
 }
 
-// firstChunkShare is the first chunk's share of a chunk: it is a sixteenth of the others (4
-// tokens at the default 64). A prompt shorter than its first chunk has no chunk, so the index
-// learns nothing from it and its follow-up, which the replica's KV cache holds, is routed as
-// cold. With a quarter (16 tokens), 157 of 300 OpenAssistant threads opened with such a
-// question and their follow-ups were the whole gap between prefix mode's cached tokens and the
-// oracle's; at a sixteenth the suite's oasst cells went from 0.961–0.969 of the oracle's cached
-// tokens to 0.989–0.999 (bench suite --workloads oasst, seeds 1–3) and the other workloads did
-// not move. A match this short spares almost no prefill, so the cost model gives it almost no
-// weight; what it does is keep a short conversation where its cache is.
-const firstChunkShare = 16
+// HeadChunks is how many leading chunks are smaller than the configured size: the first is
+// a sixteenth of it (4 tokens at the default 64), the second the rest of a quarter (12), so
+// that the two end where v4's first chunk did (16 tokens). A prompt shorter than its first
+// chunk has no chunk, so the index learns nothing from it and its follow-up, which the
+// replica's KV cache holds, is placed as if cold: with a 16-token first chunk, 157 of 300
+// OpenAssistant threads opened with such a question and their follow-ups were the whole gap
+// between prefix mode's cached tokens and the oracle's. The first chunk alone is about a role
+// and a word of framing, which most chats share ("system", "You are"): the policy routes a
+// prompt of fewer than HeadChunks chunks as it routes one of none, and counts a match of the
+// first chunk alone as none under the consistent-hash ring (router's pickCost); the second
+// keeps what a 16-token prefix told apart.
+const HeadChunks = 2
 
-// firstChunkBytes is the size of the first chunk for chunks of size bytes: a sixteenth, rounded
-// down to whole tokens (BytesPerToken bytes, the size of one token id too), at least one.
-func firstChunkBytes(size int) int {
-	return max(size/firstChunkShare/BytesPerToken*BytesPerToken, BytesPerToken)
+// chunkBytes is the size in bytes of chunk i of a key with chunks of size bytes: a sixteenth
+// and the rest of a quarter for the HeadChunks first (rounded down to whole tokens,
+// BytesPerToken bytes, the size of one token id too; at least one token each), size up to
+// FineChunks, CoarseFactor × size after.
+func chunkBytes(i, size int) int {
+	switch {
+	case i == 0:
+		return max(size/16/BytesPerToken*BytesPerToken, BytesPerToken)
+	case i == 1:
+		return max(size/4/BytesPerToken*BytesPerToken-chunkBytes(0, size), BytesPerToken)
+	case i < FineChunks:
+		return size
+	}
+	return size * CoarseFactor
 }
 
 // ChunkCount is how many full chunks a rendering of n bytes has with chunks of size bytes
 // (and coarse ones of CoarseFactor × size past FineChunks).
 func ChunkCount(n, size int) int {
-	f := firstChunkBytes(size)
-	if n < f {
-		return 0
+	head := 0 // bytes of the head chunks
+	for i := range HeadChunks {
+		if head += chunkBytes(i, size); n < head {
+			return i
+		}
 	}
-	fine := f + (FineChunks-1)*size // bytes of the fine chunks
+	fine := head + (FineChunks-HeadChunks)*size // bytes of the fine chunks
 	if n < fine {
-		return 1 + (n-f)/size
+		return HeadChunks + (n-head)/size
 	}
 	return FineChunks + (n-fine)/(size*CoarseFactor)
 }
 
 // PrefixTokens is how many approximate tokens (or token ids) the first n chunks of a key hold
 // when it was built with chunks of chunkTokens tokens (chunkTokens as NewBuilder takes it:
-// <= 0 is DefaultChunkTokens): the first chunk is a sixteenth of the others (at least one
-// token), every later one chunkTokens up to FineChunks, then CoarseFactor × chunkTokens.
+// <= 0 is DefaultChunkTokens): the HeadChunks first a sixteenth and the rest of a quarter of
+// chunkTokens (at least one token each), every later one chunkTokens up to FineChunks, then
+// CoarseFactor × chunkTokens.
 // n <= 0 holds none. A key of PromptTokens tokens has
 // ChunkCount(PromptTokens×BytesPerToken, chunkTokens×BytesPerToken) chunks, and its chunk i
 // ends at token PrefixTokens(i+1, chunkTokens).
@@ -145,7 +161,11 @@ func PrefixTokens(n, chunkTokens int) int {
 		return 0
 	}
 	size := normChunkTokens(chunkTokens) * BytesPerToken
-	return (firstChunkBytes(size) + (ChunkUnits(1, n))*size) / BytesPerToken
+	head := 0
+	for i := range min(n, HeadChunks) {
+		head += chunkBytes(i, size)
+	}
+	return (head + ChunkUnits(HeadChunks, n)*size) / BytesPerToken
 }
 
 func (c *chunker) write(p []byte) {
@@ -197,10 +217,7 @@ func (c *chunker) push(h uint64) {
 		c.prev |= coarseMark
 	}
 	c.out.Chunks = append(c.out.Chunks, c.prev)
-	c.curSize = c.size
-	if n+1 >= FineChunks {
-		c.curSize = c.size * CoarseFactor
-	}
+	c.curSize = chunkBytes(n+1, c.size)
 	c.missing = c.curSize
 }
 

@@ -263,7 +263,7 @@ const (
 
 // begin is the head of every key: it seeds the chunker with the key-format version, the prompt
 // kind, the model and the cache salt, points it at k, and points the renderer at it. Chunks
-// are chunkTokens approximate tokens (the first a sixteenth of that; see chunker).
+// are chunkTokens approximate tokens (the first two smaller; see HeadChunks).
 func (s *state) begin(kind byte, model, salt []byte, chunkTokens int, k *Key) {
 	r := &s.renderer
 	r.out = &s.chunker

@@ -22,8 +22,9 @@ type Key struct {
 	// PromptTokens is the approximate prompt length in tokens (rendered bytes / 4, or the
 	// exact count for token-id prompts).
 	PromptTokens int
-	// Chunks holds one chained hash per full chunk: the first chunk is ChunkTokens/4
-	// approximate tokens, every later one ChunkTokens (see ChunkCount). Chunks[i] names the
+	// Chunks holds one chained hash per full chunk: the HeadChunks first are ChunkTokens/16
+	// and 3 × ChunkTokens/16 approximate tokens, every later one ChunkTokens, CoarseFactor ×
+	// that past FineChunks (see ChunkCount). Chunks[i] names the
 	// whole prefix up to and including chunk i, seeded with model and cache_salt. A trailing
 	// partial chunk is not included.
 	Chunks []uint64

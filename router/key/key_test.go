@@ -110,7 +110,7 @@ func TestBuild(t *testing.T) {
 		unrouted bool
 	}{
 		{name: "chat simple", path: pathChat, body: `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, ok: true, model: "m", tokens: 2, chunks: 0},
-		{name: "chat long", path: pathChat, body: `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, ok: true, model: "m", tokens: (1 + 1 + 4 + 1 + 2 + 1350) / 4, chunks: 6},
+		{name: "chat long", path: pathChat, body: `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, ok: true, model: "m", tokens: (1 + 1 + 4 + 1 + 2 + 1350) / 4, chunks: 7},
 		{name: "chat trailing slash", path: pathChat + "/", body: `{"messages":[{"role":"user","content":"hi"}]}`, ok: true, tokens: -1, chunks: 0},
 		{name: "chat empty messages", path: pathChat, body: `{"model":"m","messages":[]}`, ok: true, model: "m", tokens: 0, chunks: 0},
 		{name: "chat null content", path: pathChat, body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`, ok: true, tokens: -1, chunks: 1},
@@ -135,16 +135,16 @@ func TestBuild(t *testing.T) {
 		{name: "trailing garbage", path: pathChat, body: `{"messages":[]} x`, tokens: 0, chunks: 0},
 		{name: "invalid utf8", path: pathChat, body: "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", tokens: 0, chunks: 0},
 		{name: "deep nesting", path: pathChat, body: `{"messages":[{"role":"user","content":"x"}],"tools":` + strings.Repeat("[", 1000) + strings.Repeat("]", 1000) + `}`, tokens: 0, chunks: 0},
-		{name: "nesting within limit", path: pathChat, body: `{"messages":[],"tools":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}`, ok: true, tokens: 100, chunks: 2},
+		{name: "nesting within limit", path: pathChat, body: `{"messages":[],"tools":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}`, ok: true, tokens: 100, chunks: 3},
 		{name: "unicode", path: pathChat, body: `{"messages":[{"role":"user","content":"日本語のテキスト 😀 ünïcödé"}]}`, ok: true, tokens: -1, chunks: 1},
 
 		{name: "completions empty string", path: pathCompl, body: `{"model":"m","prompt":""}`, ok: true, model: "m", tokens: 0, chunks: 0},
 		{name: "completions tiny", path: pathCompl, body: `{"prompt":"hello"}`, ok: true, tokens: 1, chunks: 0},
-		{name: "completions text", path: pathCompl, body: `{"prompt":"` + long + `"}`, ok: true, tokens: 1350 / 4, chunks: 6},
-		{name: "completions list of strings", path: pathCompl, body: `{"prompt":["` + long + `","b"]}`, ok: true, tokens: 1350 / 4, chunks: 6},
-		{name: "completions token ids", path: pathCompl, body: `{"prompt":[` + ids + `]}`, ok: true, tokens: 130, chunks: 2},
-		{name: "completions list of id lists", path: pathCompl, body: `{"prompt":[[` + ids + `],[1,2]]}`, ok: true, tokens: 130, chunks: 2},
-		{name: "completions exactly one chunk of ids", path: pathCompl, body: `{"prompt":[` + strings.Repeat("7,", 63) + `7]}`, ok: true, tokens: 64, chunks: 1},
+		{name: "completions text", path: pathCompl, body: `{"prompt":"` + long + `"}`, ok: true, tokens: 1350 / 4, chunks: 7},
+		{name: "completions list of strings", path: pathCompl, body: `{"prompt":["` + long + `","b"]}`, ok: true, tokens: 1350 / 4, chunks: 7},
+		{name: "completions token ids", path: pathCompl, body: `{"prompt":[` + ids + `]}`, ok: true, tokens: 130, chunks: 3},
+		{name: "completions list of id lists", path: pathCompl, body: `{"prompt":[[` + ids + `],[1,2]]}`, ok: true, tokens: 130, chunks: 3},
+		{name: "completions 64 ids: the head chunks", path: pathCompl, body: `{"prompt":[` + strings.Repeat("7,", 63) + `7]}`, ok: true, tokens: 64, chunks: 2},
 		{name: "completions empty list", path: pathCompl, body: `{"prompt":[]}`, ok: true, tokens: 0, chunks: 0},
 		{name: "completions max uint32 id", path: pathCompl, body: `{"prompt":[4294967295]}`, ok: true, tokens: 1, chunks: 0},
 		{name: "completions id too big", path: pathCompl, body: `{"prompt":[4294967296]}`, tokens: 0, chunks: 0},
@@ -159,7 +159,7 @@ func TestBuild(t *testing.T) {
 
 		{name: "responses string", path: pathResp, body: `{"model":"m","input":"hi","stream":true}`, ok: true, stream: true, model: "m", tokens: (6 + 4) / 4, chunks: 0},
 		{name: "responses instructions only", path: pathResp, body: `{"instructions":"be nice"}`, ok: true, tokens: -1, chunks: 1},
-		{name: "responses items", path: pathResp, body: `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"https://x/y.png"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"},{"type":"reasoning","summary":[]}]}`, ok: true, tokens: -1, chunks: 1},
+		{name: "responses items", path: pathResp, body: `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"https://x/y.png"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"42"},{"type":"reasoning","summary":[]}]}`, ok: true, tokens: -1, chunks: 2},
 		{name: "responses no input", path: pathResp, body: `{"model":"m"}`, model: "m", tokens: 0, chunks: 0},
 		{name: "responses input number", path: pathResp, body: `{"input":3}`, tokens: 0, chunks: 0},
 		{name: "responses item not object", path: pathResp, body: `{"input":["hi"]}`, tokens: 0, chunks: 0},
@@ -366,7 +366,7 @@ func TestDifferentKey(t *testing.T) {
 
 // TestChainFormula recomputes the chunk hashes of a text prompt and a token-id prompt from the
 // documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ xxhash64(chunk_i)),
-// Chunks[-1] = 0, the first chunk a sixteenth of the others.
+// Chunks[-1] = 0, the HeadChunks first a sixteenth and three sixteenths of the others.
 func TestChainFormula(t *testing.T) {
 	// Past FineChunks of 64 bytes (8,144 bytes) chunks are 512 bytes: both prompts have some.
 	text := []byte(strings.Repeat("0123456789abcdef", 640)) // 10,240 bytes
@@ -450,12 +450,12 @@ func TestLargeBody(t *testing.T) {
 	b := NewBuilder(64)
 	big := strings.Repeat("a", 3<<20)
 	k := build(b, pathCompl, `{"prompt":"`+big+`"}`)
-	// 4 tokens, 127 of 64, then 512 each: (3 MiB − 32,528 bytes) ÷ 2,048 bytes = 1,520.
-	if want := FineChunks + (len(big)-(firstChunkBytes(256)+127*256))/2048; !k.OK || k.PromptTokens != len(big)/4 || len(k.Chunks) != want || want != ChunkCount(len(big), 256) {
+	// 4 and 12 tokens, 126 of 64, then 512 each: (3 MiB − 32,320 bytes) ÷ 2,048 bytes = 1,520.
+	if want := FineChunks + (len(big)-(64+126*256))/2048; !k.OK || k.PromptTokens != len(big)/4 || len(k.Chunks) != want || want != ChunkCount(len(big), 256) {
 		t.Errorf("OK=%v tokens=%d chunks=%d, want true %d %d (ChunkCount %d)", k.OK, k.PromptTokens, len(k.Chunks), len(big)/4, want, ChunkCount(len(big), 256))
 	}
 	small := build(b, pathCompl, `{"prompt":"`+big[:2560]+`"}`)
-	if !slices.Equal(small.Chunks, k.Chunks[:10]) {
+	if len(small.Chunks) != 11 || !slices.Equal(small.Chunks, k.Chunks[:11]) {
 		t.Errorf("prefix of big prompt keys differently from the same small prompt")
 	}
 }

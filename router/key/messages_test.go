@@ -29,20 +29,24 @@ func (s stream) media(typ string, h uint64) stream {
 }
 
 // chainOf is the documented chunk chain (chunk.go) of a kindChat stream for model m, no salt,
-// with chunks of chunkTokens×4 bytes, the first a sixteenth of that.
+// with chunks of chunkTokens×4 bytes, the HeadChunks first smaller (chunkBytes).
 func chainOf(m string, st []byte, chunkTokens int) []uint64 {
 	seedIn := seedDomain + string(rune(kindChat)) + "m" + string(binary.AppendUvarint(nil, uint64(len(m)))) + m + "s\x00"
 	return refChain(xxhash.Sum64String(seedIn), st, chunkTokens*BytesPerToken)
 }
 
 // refChain is the chunk hashes of a rendered stream as the key format defines them, written
-// out with no shortcut: chunk i is a quarter of size for i = 0, size up to FineChunks, then
+// out with no shortcut: chunks 0 and 1 a sixteenth of size and the rest of a quarter, then
+// size up to FineChunks, then
 // CoarseFactor × size; h_i = xxhash64(seed ‖ h_{i-1} ‖ xxhash64(chunk_i)) with bit 0
 // (coarseMark) cleared for the fine chunks and set for the coarse ones.
 func refChain(seed uint64, st []byte, size int) []uint64 {
 	var out []uint64
 	var prev uint64
-	n := firstChunkBytes(size)
+	// A sixteenth and the rest of a quarter, in whole 4-byte tokens, at least one each.
+	head := [2]int{max(size/16/4*4, 4)}
+	head[1] = max(size/4/4*4-head[0], 4)
+	n := head[0]
 	for len(st) >= n {
 		buf := binary.LittleEndian.AppendUint64(nil, seed)
 		buf = binary.LittleEndian.AppendUint64(buf, prev)
@@ -53,9 +57,13 @@ func refChain(seed uint64, st []byte, size int) []uint64 {
 		}
 		out = append(out, prev)
 		st = st[n:]
-		n = size
-		if len(out) >= FineChunks {
+		switch {
+		case len(out) < len(head):
+			n = head[len(out)]
+		case len(out) >= FineChunks:
 			n = size * CoarseFactor
+		default:
+			n = size
 		}
 	}
 	return out
