@@ -171,7 +171,7 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 		}
 	}
 	bm.e2e.Update(time.Since(f.start).Seconds())
-	if len(f.k.Chunks) > 0 && f.k.PromptTokens > 0 {
+	if len(f.k.Chunks) >= key.HeadChunks && f.k.PromptTokens > 0 {
 		// In tokens: past key.FineChunks a chunk is key.CoarseFactor times longer.
 		matched := min(key.PrefixTokens(f.dec.MatchedChunks, sm.chunkTokens), f.k.PromptTokens)
 		sm.matchedRatio.Update(float64(matched) / float64(f.k.PromptTokens))

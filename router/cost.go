@@ -369,8 +369,10 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	}
 	// The ring key is the first chunk the near-ties left do not hold: a cold conversation's
 	// first own chunk, which its later turns keep; prompts that share only a prefix some
-	// replica learned first spread by what follows it.
-	keyAt := at
+	// replica learned first spread by what follows it. Never a chunk before the last head
+	// chunk: the first alone is framing most prompts share (key.HeadChunks), and keyed on it
+	// a cold index would send every conversation that opens alike to one replica.
+	keyAt := max(at, key.HeadChunks-1)
 	for j := range cs {
 		if tie(j) && eff(j) == at {
 			keyAt = max(keyAt, cs[j].matched)

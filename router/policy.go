@@ -21,7 +21,8 @@ type Reason uint8
 const (
 	// ReasonRoundRobin: mode round-robin, or the last resort of another mode.
 	ReasonRoundRobin Reason = iota
-	// ReasonLeastLoad: mode least-load, or a prefix-mode request too short to hold one full chunk.
+	// ReasonLeastLoad: mode least-load, or a prefix-mode request too short to hold its head
+	// chunks (key.HeadChunks: 16 tokens at the default chunk size).
 	ReasonLeastLoad
 	// ReasonMatch: the backend holds a useful prefix of the prompt.
 	ReasonMatch

@@ -328,7 +328,7 @@ func TestGroupsStickAndSpread(t *testing.T) {
 			for round := range 10 {
 				for g := range groups {
 					k := routedKey(sys[g].extend(fmt.Sprintf("question %d", round), 4))
-					owner := ringOwner(bs, sys[g][0])
+					owner := ringOwner(bs, sys[g][key.HeadChunks-1])
 					ownerQueued := owner.PrefillTokens()
 					least := ownerQueued
 					for _, b := range bs {
@@ -655,7 +655,7 @@ func TestNearTiesFollowTheRing(t *testing.T) {
 			prompt := chunkChain(nil).extend("a cold conversation", 16) // 1024 tokens
 			owner := 0
 			for i, b := range idleBs {
-				if b == ringOwner(idleBs, prompt[0]) {
+				if b == ringOwner(idleBs, prompt[key.HeadChunks-1]) {
 					owner = i
 				}
 			}
@@ -807,7 +807,7 @@ func TestShortFirstTurnFollowUp(t *testing.T) {
 		placed := map[*backend.Backend]int{}
 		followed := 0
 		for i := range 16 {
-			// Questions that differ in their first bytes (8 of the first chunk's 16 are the
+			// Questions that differ in their first bytes (7 of the first chunk's 16 are the
 			// role's framing): the first chunk of "Why is the sky blue?" asked 16 times would
 			// soon be held everywhere and decide nothing.
 			q := fmt.Sprintf("%d. Why is the sky blue?", i)

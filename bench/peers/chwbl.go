@@ -129,7 +129,7 @@ func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 
 // firstUserHash is KubeAI's key for k's request: xxhash of the model, a zero byte and the
 // first n characters of the first user message's text (chat) or of the prompt (completions);
-// else the first chunk; ok is false with neither.
+// else the last head chunk (key.HeadChunks); ok is false with neither.
 func firstUserHash(k *key.Key, n int) (uint64, bool) {
 	var text string
 	if len(k.Body) > 0 {

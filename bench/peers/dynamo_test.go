@@ -7,7 +7,7 @@ import (
 )
 
 func TestDynamoRules(t *testing.T) {
-	conv := chain("conv", 10) // 592 tokens: 9.25 blocks of 64
+	conv := chain("conv", 10) // 528 tokens: 8.25 blocks of 64
 	tests := []struct {
 		name    string
 		weight  float64
@@ -17,12 +17,12 @@ func TestDynamoRules(t *testing.T) {
 		want    int         // -1: either of the two
 		reason  router.Reason
 	}{
-		// cost = weight × uncached blocks + load × 9.25 (the mean of the one request seen)
+		// cost = weight × uncached blocks + load × 8.25 (the mean of the one request seen)
 		{"nobody holds it: the least loaded", 1, nil, []int{2, 1, 3}, nil, 1, router.ReasonLeastLoad},
 		{"a holder as loaded as the rest: the holder", 1, map[int]int{2: 10}, []int{1, 1, 1}, nil, 2, router.ReasonMatch},
 		{"an idle holder of all of it beats an idle cold one", 1, map[int]int{0: 10}, []int{0, 0}, nil, 0, router.ReasonMatch},
-		{"a holder two requests busier costs 18.5 against 9.25: the cold one", 1, map[int]int{0: 10}, []int{2, 0}, nil, 1, router.ReasonLeastLoad},
-		{"overlap weight 3 makes the cold one's prefill cost 27.75: the holder", 3, map[int]int{0: 10}, []int{2, 0}, nil, 0, router.ReasonMatch},
+		{"a holder two requests busier costs 16.5 against 8.25: the cold one", 1, map[int]int{0: 10}, []int{2, 0}, nil, 1, router.ReasonLeastLoad},
+		{"overlap weight 3 makes the cold one's prefill cost 24.75: the holder", 3, map[int]int{0: 10}, []int{2, 0}, nil, 0, router.ReasonMatch},
 		{"a partial holder: 5 of 10 chunks (5 blocks uncached) at load 0 beats a full one at load 1",
 			1, map[int]int{0: 10, 1: 5}, []int{1, 0}, nil, 1, router.ReasonMatch},
 		{"the scraped load counts when above the proxy's own", 1, map[int]int{0: 10}, []int{0, 0}, []int64{2, 0}, 1, router.ReasonLeastLoad},

@@ -37,7 +37,9 @@ type LLMDOptions struct {
 //
 //   - prefix: matched blocks ÷ the prompt's blocks, from prefixlb's approximate index (the
 //     approximate prefix-cache producer likewise records each request's blocks for the pod
-//     it was sent to, with an LRU per pod); a block is a prefixlb chunk.
+//     it was sent to, with an LRU per pod); a block is a prefixlb chunk, counted by the
+//     tokens it spans (key.PrefixTokens), as llm-d's blocks are all one size and prefixlb's
+//     head chunks are smaller (key.HeadChunks: a 4-token match is not a block's score).
 //   - queue: (max q − q) ÷ (max q − min q) over the candidates, 1 when all are equal. llm-d
 //     scrapes vLLM's waiting-queue length; q here is the candidate's Load (this proxy's
 //     in-flight count, or the replica's scraped running + waiting requests when higher),
@@ -76,9 +78,10 @@ func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 	if n == 0 {
 		return router.Decision{}
 	}
-	prompt, blocks := 0, 0
+	prompt, blocks, chunked := 0, 0, 0
 	if k != nil {
 		prompt, blocks = k.PromptTokens, len(k.Chunks)
+		chunked = key.PrefixTokens(blocks, p.o.Prefix.ChunkTokens)
 	}
 	mean := p.mean.Observe(float64(prompt))
 	matched := p.match(k, cs)
@@ -91,8 +94,8 @@ func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 	defKV := p.defaultKV
 	j := argmin(n, p.rot.start(), func(j int) float64 {
 		var s float64
-		if blocks > 0 {
-			s += p.o.PrefixWeight * float64(matched[j]) / float64(blocks)
+		if chunked > 0 {
+			s += p.o.PrefixWeight * float64(key.PrefixTokens(matched[j], p.o.Prefix.ChunkTokens)) / float64(chunked)
 		}
 		queue := 1.0
 		if hi > lo {

@@ -7,7 +7,7 @@ import (
 )
 
 func TestLLMDRules(t *testing.T) {
-	conv := chain("conv", 10) // 592 tokens
+	conv := chain("conv", 10) // 528 tokens
 	tests := []struct {
 		name   string
 		held   map[int]int // backend → leading chunks of conv it holds
@@ -16,13 +16,13 @@ func TestLLMDRules(t *testing.T) {
 		want   int
 		reason router.Reason
 	}{
-		// score = 3 × matched/10 + 2 × queue + 2 × (1 − Load × 592 / capacity)
+		// score = 3 × matched tokens/528 + 2 × queue + 2 × (1 − Load × 528 / capacity)
 		{"prefix scorer: equal loads, the deeper holder", map[int]int{0: 4, 1: 9}, []int{1, 1, 1}, nil, 1, router.ReasonMatch},
 		{"queue scorer: nobody holds it, the shortest queue", nil, []int{3, 1, 2}, nil, 1, router.ReasonLeastLoad},
 		{"a full match (3) outweighs the longest queue (0 against 2)", map[int]int{0: 10}, []int{4, 0}, nil, 0, router.ReasonMatch},
-		{"half a match (1.5) does not", map[int]int{0: 5}, []int{4, 0}, nil, 1, router.ReasonLeastLoad},
-		{"kv-cache-utilization scorer: a small cache at 59% use loses a 2-chunk match",
-			map[int]int{0: 2}, []int{1, 1}, []int64{1000, 0}, 1, router.ReasonLeastLoad},
+		{"five of ten chunks (208 of 528 tokens: 1.2) do not", map[int]int{0: 5}, []int{4, 0}, nil, 1, router.ReasonLeastLoad},
+		{"kv-cache-utilization scorer: a small cache at 53% use loses a 3-chunk match",
+			map[int]int{0: 3}, []int{1, 1}, []int64{1000, 0}, 1, router.ReasonLeastLoad},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // Record marks b as holding every chunk of chunks (a prompt's chained hashes, in order) as
@@ -25,11 +26,13 @@ const (
 )
 
 // RecordHeld is Record for a prompt whose first held chunks b was found to hold when the
-// request was routed (router.Decision.MatchedChunks). When b still holds chunks 0 and held-1
-// and touched both within the fresh window, the held chunks are not touched again: every
+// request was routed (router.Decision.MatchedChunks). When b still holds chunks h and held-1
+// (h the last head chunk, key.HeadChunks − 1, or held-1 if that is less) and touched both
+// within the fresh window, the held chunks are not touched again: every
 // request that shares a hot system prompt would otherwise move the same chunks to the front
-// of the LRU, a few cache misses each, for a recency that changes by milliseconds. Chunk 0 is
-// touched only by Records that walk their whole prompt, so a prefix is walked in full at
+// of the LRU, a few cache misses each, for a recency that changes by milliseconds. Chunk h is
+// touched only by Records that walk their whole prompt (from chunk 0, or from chunk 1 after a
+// match of the first chunk alone, which unrelated prompts share), so a prefix is walked in full at
 // least once a window and its chunks are at most about two windows staler than a full Record
 // would leave them; chunk held-1 alone would let a conversation whose turns come faster than
 // the window skip its older turns for good (each turn's last chunk fresh from the turn
@@ -63,8 +66,8 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 	lo := 0           // the shallowest chunk to record
 	if held > 0 && held <= len(chunks) {
 		fresh, used := x.heldFresh(s, norm(chunks[held-1]), t)
-		if fresh && held > 1 {
-			fresh, _ = x.heldFresh(s, norm(chunks[0]), t)
+		if h := min(held, key.HeadChunks) - 1; fresh && held-1 > h {
+			fresh, _ = x.heldFresh(s, norm(chunks[h]), t)
 		}
 		switch {
 		case fresh:

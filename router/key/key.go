@@ -23,7 +23,7 @@ type Key struct {
 	// exact count for token-id prompts).
 	PromptTokens int
 	// Chunks holds one chained hash per full chunk: the HeadChunks first are ChunkTokens/16
-	// and 3 × ChunkTokens/16 approximate tokens, every later one ChunkTokens, CoarseFactor ×
+	// and 3 × ChunkTokens/16 approximate tokens (whole tokens, at least one each), every later one ChunkTokens, CoarseFactor ×
 	// that past FineChunks (see ChunkCount). Chunks[i] names the
 	// whole prefix up to and including chunk i, seeded with model and cache_salt. A trailing
 	// partial chunk is not included.

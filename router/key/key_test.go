@@ -368,7 +368,7 @@ func TestDifferentKey(t *testing.T) {
 // documented formula: Chunks[i] = xxhash64(seed ‖ Chunks[i-1] ‖ xxhash64(chunk_i)),
 // Chunks[-1] = 0, the HeadChunks first a sixteenth and three sixteenths of the others.
 func TestChainFormula(t *testing.T) {
-	// Past FineChunks of 64 bytes (8,144 bytes) chunks are 512 bytes: both prompts have some.
+	// Past FineChunks of 64 bytes (8,080 bytes) chunks are 512 bytes: both prompts have some.
 	text := []byte(strings.Repeat("0123456789abcdef", 640)) // 10,240 bytes
 	idList := make([]string, 2600)
 	var idStream []byte
