@@ -264,15 +264,13 @@ func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
 //     in step 2.
 func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int, Reason) {
 	var total int64
-	wsum, common, most := 0, math.MaxInt, 0
+	wsum := 0
 	loadFirst := sel.loadFirst || sel.auto
 	for i := range cs {
 		loadFirst = loadFirst && (!sel.auto || cs[i].alone)
 		cs[i].weight = max(cs[i].weight, 1)
 		total += cs[i].inFlight
 		wsum += cs[i].weight
-		common = min(common, cs[i].matched)
-		most = max(most, cs[i].matched)
 	}
 	// Under the cap, or under the hard cap; the caps depend on the weight only, so each
 	// candidate's are computed once.
@@ -342,15 +340,18 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	// whichever replica learned it first (TestPrefixModeRoutesConversationsByPrefix: 12 of
 	// 12 conversations on one replica). The ring then keys on the prompt's second chunk,
 	// its first 16 tokens, as it did when that was the first (key.HeadChunks).
+	counted := func(n int) int {
+		if !spread {
+			return opening(n)
+		}
+		return n
+	}
 	eff := func(j int) int {
 		if spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin &&
 			loadOf(&cs[j], byRecent)*float64(tieWeight) > thinMatchLoad*tieLoad*float64(cs[j].weight) {
 			return lo
 		}
-		if !spread {
-			return opening(cs[j].matched)
-		}
-		return cs[j].matched
+		return counted(cs[j].matched)
 	}
 	at := -1
 	for j := range cs {
@@ -413,18 +414,15 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 			return false
 		})
 	}
-	held := cs[chosen].matched
-	if !spread {
-		// The reason, too, reads a match of the first chunk alone as none.
-		common, most, held = math.MaxInt, 0, opening(held)
-		for j := range cs {
-			common, most = min(common, opening(cs[j].matched)), max(most, opening(cs[j].matched))
-		}
+	// The reason counts matches as the choice did (counted).
+	common, most := math.MaxInt, 0
+	for j := range cs {
+		common, most = min(common, counted(cs[j].matched)), max(most, counted(cs[j].matched))
 	}
 	switch {
 	case most == common:
 		return chosen, ReasonCold
-	case held == most:
+	case counted(cs[chosen].matched) == most:
 		return chosen, ReasonMatch
 	}
 	return chosen, ReasonOverload

@@ -78,10 +78,10 @@ type PrefixOptions struct {
 	// lately (backend.Routed, RecentHalfLife) before the in-flight count: between turns a
 	// conversation has nothing in flight where it is served. Under the ring (and with
 	// spreading off) a thin match still counts, but for a match of the first chunk alone,
-	// which counts as none (key.HeadChunks). Measured (bench suite, 3 rounds, 4 simulated replicas): multi-turn max
-	// share / mean 1.45 without spreading, 1.09 with it; OpenAssistant threads keep their
-	// cached tokens (0.753 against the oracle's 0.776 at 4 conversations/s) only because a
-	// thin match holds on a holder at its share: with every thin match ignored (one full
+	// which counts as none (key.HeadChunks). Measured (bench suite, 3 rounds, 4 simulated
+	// replicas): multi-turn max share / mean 1.45 without spreading, 1.09 with it;
+	// OpenAssistant threads keep their cached tokens (0.753 against the oracle's 0.776 at 4
+	// conversations/s) only because a thin match holds on a holder at its share: with every thin match ignored (one full
 	// suite on 9a85f59) they read 0.61, as siblings of a thread share a prefix that is thin
 	// against their own turns.
 	NoSpreadNewPrefixes bool

@@ -23,10 +23,10 @@ type Key struct {
 	// exact count for token-id prompts).
 	PromptTokens int
 	// Chunks holds one chained hash per full chunk: the HeadChunks first are ChunkTokens/16
-	// and 3 × ChunkTokens/16 approximate tokens (whole tokens, at least one each), every later one ChunkTokens, CoarseFactor ×
-	// that past FineChunks (see ChunkCount). Chunks[i] names the
-	// whole prefix up to and including chunk i, seeded with model and cache_salt. A trailing
-	// partial chunk is not included.
+	// and 3 × ChunkTokens/16 approximate tokens (whole tokens, at least one each), every
+	// later one ChunkTokens, CoarseFactor × that past FineChunks (see ChunkCount). Chunks[i]
+	// names the whole prefix up to and including chunk i, seeded with model and cache_salt.
+	// A trailing partial chunk is not included.
 	Chunks []uint64
 	// Body is the request body the key was built from, for routed requests (not a copy: valid
 	// while the request is served). prefixlb's policies route on the fields above; only a
