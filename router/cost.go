@@ -232,6 +232,10 @@ type selection struct {
 	// fleetRecent: the recent routed counts are the fleet's (Prefix.CountPeerRoutes), and
 	// TieBreakLoad ranks by them as TieBreakAuto does alone.
 	fleetRecent bool
+	// shortFirstTurn: the prompt's first turn was shorter than the head chunks
+	// (key.Key.ShortFirstTurn), so that a match of the first chunk alone may be its own
+	// history (see pickCost).
+	shortFirstTurn bool
 }
 
 // caps are the bounded-load cap and the hard cap of a backend of weight w among candidates
@@ -256,8 +260,8 @@ func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
 //     (TieBreakLoad, or TieBreakAuto while every candidate is alone) the least loaded of
 //     those go to the ring, the others are out. Without a ring, the least estimate among
 //     them.
-//     Under the ring (or with spread off) a match of the first chunk alone counts as none
-//     (opening, key.HeadChunks).
+//     A match of the first chunk alone counts as none (opening, key.HeadChunks) unless the
+//     prompt's first turn was that short (sel.shortFirstTurn) and near-ties spread by load.
 //  3. The reason: ReasonMatch when the chosen candidate holds more than every candidate
 //     holds; ReasonOverload when another held more (it was over the cap or would have been
 //     slower); ReasonCold when nobody held more than the common prefix; matches counted as
@@ -333,23 +337,28 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		}
 	}
 	thin := thinMatchShare * float64(loWork)
-	// Where that rule does not apply (under the ring, or with spread off), a match of the
-	// first chunk alone counts as none: it is a sixteenth of a chunk (key.PrefixTokens(1, ·),
-	// 4 tokens at the default size), about a role and a word of framing, which most chats
-	// share ("system", "You are"), and the longest match would pull every one of them onto
-	// whichever replica learned it first (TestPrefixModeRoutesConversationsByPrefix: 12 of
-	// 12 conversations on one replica). The ring then keys on the prompt's second chunk,
-	// its first 16 tokens, as it did when that was the first (key.HeadChunks).
+	// A match of the first chunk alone counts as none: it is a sixteenth of a chunk
+	// (key.PrefixTokens(1, ·), 4 tokens at the default size), about a role and a word of
+	// framing, which most chats share ("system", "You are"), and the longest match would pull
+	// every one of them onto whichever replica learned it first (under the ring,
+	// TestPrefixModeRoutesConversationsByPrefix: 12 of 12 conversations on one replica;
+	// spread by load, TestSharedOpeningSpreads: 12 long-system-prompt conversations 6/6/0
+	// over 3 replicas while the thin-match rule let holders reach 1.3× their share). Except
+	// where the prompt's first turn was itself that short (sel.shortFirstTurn) and near-ties
+	// spread by load: its holder served that turn, routed as short, and learned nothing more
+	// of it, but its KV cache holds the reply after it too (OpenAssistant: 157 of 300 threads
+	// open so; TestShortFirstTurnFollowUp). The ring keys on the prompt's second chunk, its
+	// first 16 tokens, as it did when that was the first (key.HeadChunks).
 	counted := func(n int) int {
-		if !spread {
-			return opening(n)
+		if spread && sel.shortFirstTurn {
+			return n
 		}
-		return n
+		return opening(n)
 	}
 	eff := func(j int) int {
 		if spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin &&
 			loadOf(&cs[j], byRecent)*float64(tieWeight) > thinMatchLoad*tieLoad*float64(cs[j].weight) {
-			return lo
+			return counted(lo)
 		}
 		return counted(cs[j].matched)
 	}

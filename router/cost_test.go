@@ -16,26 +16,34 @@ import (
 // counts as none on a holder loaded above thinMatchLoad × the near-ties' mean, so such
 // prompts spread by the ring among the others; on a holder at its share the thin match
 // holds (a thread's history, thin against its next branch), as does a match that spares
-// half or more on any holder. Where near-ties go by the ring alone, the holder keeps every
-// match, thin or not, but a match of the first chunk alone (4 tokens: a role and a word,
-// which most chats share), which counts as none there: the ring spreads those prompts over
-// all four.
+// half or more on any holder. A match of the first chunk alone (4 tokens: a role and a word,
+// which most chats share) counts as none unless the prompt's first turn was that short
+// (selection.shortFirstTurn) and near-ties go by load: the ring, or load, spreads those
+// prompts over all four. Where near-ties go by the ring alone, the holder keeps every
+// match, thin or not, but a match of the first chunk alone.
 func TestThinMatchAmongNearTies(t *testing.T) {
 	const n = 4
 	place, ids, in := tieBreakSetup(n)
 	shared := chunkChain(nil).extend("system prompt", 1)
+	const (
+		held   = iota // the holder gets every prompt
+		others        // none, spread over the others
+		all           // spread over all four
+	)
 	tests := []struct {
 		name    string
 		matched int   // chunks of the 16 the holder (candidate 0) holds
 		load    int64 // the holder's in-flight requests; the others have 1
-		held    bool  // whether the holder gets every prompt (else none, spread over the others)
+		short   bool  // the prompt's first turn was shorter than the head chunks
+		want    int
 	}{
-		{"one chunk of 16, holder above its share: thin, spread", 1, 2, false},
-		{"one chunk of 16, holder at its share: held", 1, 1, true},
-		{"eight of 16, holder above its share: held", 8, 2, true},
-		{"three of 16 (15% of the tokens), holder above its share: thin", 3, 2, false},
-		{"three of 16, holder at its share: held", 3, 1, true},
-		{"six of 16 (34%), holder above its share: held", 6, 2, true},
+		{"first chunk of 16, short first turn, holder above its share: thin, spread", 1, 2, true, others},
+		{"first chunk of 16, short first turn, holder at its share: held", 1, 1, true, held},
+		{"first chunk of 16, long first turn, holder at its share: none, spread", 1, 1, false, all},
+		{"eight of 16, holder above its share: held", 8, 2, false, held},
+		{"three of 16 (15% of the tokens), holder above its share: thin", 3, 2, false, others},
+		{"three of 16, holder at its share: held", 3, 1, false, held},
+		{"six of 16 (34%), holder above its share: held", 6, 2, false, held},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -54,7 +62,7 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 				cs[0].matched, cs[0].inFlight = tt.matched, tt.load
 				estimate(cs, in)
 				spread := testSel(0.5, true)
-				spread.spread = true
+				spread.spread, spread.shortFirstTurn = true, tt.short
 				j, _ := pickCost(chunks, cs, spread, place)
 				hits[j]++
 				ring := testSel(0.5, false)
@@ -81,14 +89,20 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 			if tt.matched == 1 && slices.Min(opening) < 8 {
 				t.Errorf("under the ring, prompts sharing the first chunk alone went %v, want them spread by the ring", opening)
 			}
-			if tt.held {
+			switch tt.want {
+			case held:
 				if hits[0] != 64 {
 					t.Errorf("holder of %d chunks got %d of 64 prompts, want all (%v)", tt.matched, hits[0], hits)
 				}
 				return
-			}
-			if hits[0] != 0 {
-				t.Errorf("holder of %d chunks above its share got %d of 64 prompts, want none (%v)", tt.matched, hits[0], hits)
+			case others:
+				if hits[0] != 0 {
+					t.Errorf("holder of %d chunks above its share got %d of 64 prompts, want none (%v)", tt.matched, hits[0], hits)
+				}
+			case all:
+				if hits[0] < 8 {
+					t.Errorf("holder of %d chunks got %d of 64 prompts, want them spread over all four (%v)", tt.matched, hits[0], hits)
+				}
 			}
 			for j := 1; j < n; j++ {
 				if hits[j] < 8 {

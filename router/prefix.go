@@ -264,7 +264,7 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 	var cbuf [maxStackCandidates]cand
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
 	estimate(cs, p.costInput(k))
-	j, r := pickCost(k.Chunks, cs, p.selection(), p.ring.Load())
+	j, r := pickCost(k.Chunks, cs, p.selection(k), p.ring.Load())
 	prompt, held := int64(k.PromptTokens), int64(cs[j].held)
 	work := PrefillWork(prompt, held)
 	if commit {
@@ -312,10 +312,11 @@ func (p *Prefix) NotePeerRouted(b *backend.Backend) {
 	}
 }
 
-// selection is p.sel with what CountPeerRoutes turned on.
-func (p *Prefix) selection() selection {
+// selection is p.sel with what CountPeerRoutes turned on and what k says of its first turn.
+func (p *Prefix) selection(k *key.Key) selection {
 	sel := p.sel
 	sel.fleetRecent = p.peerRoutes.Load()
+	sel.shortFirstTurn = k.ShortFirstTurn
 	return sel
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -841,5 +842,86 @@ func TestShortFirstTurnFollowUp(t *testing.T) {
 		if tb == TieBreakRing && followed > 12 {
 			t.Errorf("%v: %d of 16 follow-ups went where their first turn did: the first chunk alone decided", tb, followed)
 		}
+	}
+}
+
+// Conversations whose long first turns share only an opening of a few tokens ("You are a
+// helpful assistant", then a system prompt of their own) spread over the replicas: the first
+// chunk alone is framing, not a conversation's history, unless the prompt's own first turn
+// was that short (TestShortFirstTurnFollowUp). A hostile pass saw 12 such conversations go
+// 6/6/0 over 3 replicas (12/12/0 after a burst of short questions), the replicas that had
+// learned the opening taking each until they passed 1.3× their share; each of their
+// follow-ups must still find its own first turn.
+func TestSharedOpeningSpreads(t *testing.T) {
+	build := func(msgs ...map[string]string) *key.Key {
+		body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := &key.Key{}
+		key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)
+		return k
+	}
+	msg := func(role, content string) map[string]string {
+		return map[string]string{"role": role, "content": content}
+	}
+	rnd := rand.New(rand.NewPCG(7, 7))
+	words := strings.Fields("alpha beta gamma delta river stone cloud forest light shadow paper glass iron copper")
+	prose := func(n int) string {
+		w := make([]string, n)
+		for i := range w {
+			w[i] = words[rnd.IntN(len(words))]
+		}
+		return strings.Join(w, " ")
+	}
+	// Alone, replicas rank by their recent share of routes: 4 each but for one either way.
+	// Under TieBreakLoad unpeered, by in-flight requests, all 0 here between requests: the
+	// ring decides among the cold, 2/4/6 for these 12 first turns.
+	for _, tt := range []struct {
+		name   string
+		tie    TieBreak
+		alone  bool
+		lo, hi int
+	}{{"load", TieBreakLoad, false, 2, 6}, {"auto, alone", TieBreakAuto, true, 3, 5}} {
+		t.Run(tt.name, func(t *testing.T) {
+			bs := prefixBackends(t, 3)
+			if tt.alone {
+				for _, b := range bs {
+					b.SetOtherSenders(backend.SendersAlone)
+				}
+			}
+			p := NewPrefix(PrefixOptions{TieBreak: tt.tie}, nil)
+			p.SetBackends(bs)
+			// A burst of short questions first, their follow-ups after (scenario 1 of the pass).
+			for _, topic := range []string{"Rust", "Go", "tides", "bread", "jazz", "chess"} {
+				q := msg("user", "What is "+topic+"?")
+				d := p.Pick(build(q), bs)
+				p.Learn(build(q), d.Backend, 0)
+				next := build(q, msg("assistant", prose(300)), msg("user", "Tell me more."))
+				f := p.Pick(next, bs)
+				p.Learn(next, f.Backend, f.MatchedChunks)
+			}
+			placed := map[*backend.Backend]int{}
+			for i := range 12 {
+				first := []map[string]string{msg("system", "You are a helpful assistant "+prose(500)), msg("user", fmt.Sprintf("Question %d: summarize.", i))}
+				k := build(first...)
+				if k.ShortFirstTurn {
+					t.Fatal("a 500-word system prompt read as a short first turn")
+				}
+				d := p.Pick(k, bs)
+				placed[d.Backend]++
+				p.Learn(k, d.Backend, d.MatchedChunks)
+				next := build(append(first, msg("assistant", prose(100)), msg("user", "Tell me more."))...)
+				if f := p.Pick(next, bs); f.Backend != d.Backend || f.Reason != ReasonMatch {
+					t.Errorf("conversation %d: follow-up went to %s (%s), its first turn to %s", i, f.Backend.Name, f.Reason, d.Backend.Name)
+				}
+				p.Learn(next, d.Backend, 0)
+			}
+			for _, b := range bs {
+				if placed[b] < tt.lo || placed[b] > tt.hi {
+					t.Errorf("12 conversations opening alike placed %d on %s, want %d–%d on each of 3 replicas", placed[b], b.Name, tt.lo, tt.hi)
+				}
+			}
+		})
 	}
 }

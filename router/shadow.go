@@ -116,7 +116,7 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	var cbuf [maxStackCandidates]cand
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
 	estimate(cs, p.costInput(k))
-	j, _ := pickCost(k.Chunks, cs, p.selection(), p.ring.Load())
+	j, _ := pickCost(k.Chunks, cs, p.selection(k), p.ring.Load())
 	a := -1
 	for i, b := range candidates {
 		if b == d.Backend {

@@ -54,3 +54,41 @@ func TestPrefixTokens(t *testing.T) {
 		}
 	}
 }
+
+// ShortFirstTurn is set exactly when an assistant message begins within the head chunks
+// (before 16 tokens of rendering at the default size): the follow-ups of a first turn that
+// was routed as short, whose first chunk alone its replica learned.
+func TestShortFirstTurn(t *testing.T) {
+	long := strings.Repeat("a long system prompt that runs well past the head chunks ", 4)
+	for _, tt := range []struct {
+		name, path, body string
+		want             bool
+	}{
+		{"short question, reply, follow-up", pathChat,
+			`{"model":"m","messages":[{"role":"user","content":"What is Rust?"},{"role":"assistant","content":"A language."},{"role":"user","content":"Tell me more."}]}`, true},
+		{"short question alone", pathChat, `{"model":"m","messages":[{"role":"user","content":"What is Rust?"}]}`, false},
+		{"long first turn, reply, follow-up", pathChat,
+			`{"model":"m","messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello."},{"role":"user","content":"More."}]}`, false},
+		{"long question alone", pathChat, `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, false},
+		{"first turn of 60 bytes of rendering", pathChat,
+			`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 50) + `"},{"role":"assistant","content":"ok"}]}`, true},
+		{"first turn of 70 bytes of rendering", pathChat,
+			`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 60) + `"},{"role":"assistant","content":"ok"}]}`, false},
+		{"Anthropic messages", pathMsgs,
+			`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"What is Go?"},{"role":"assistant","content":"A language."},{"role":"user","content":"More."}]}`, true},
+		{"Responses API input items", pathResp,
+			`{"model":"m","input":[{"role":"user","content":"What is Go?"},{"role":"assistant","content":"A language."},{"role":"user","content":"More."}]}`, true},
+		{"completions prompt", pathCompl, `{"model":"m","prompt":"assistant"}`, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			k := build(NewBuilder(0), tt.path, tt.body)
+			if !k.OK {
+				t.Fatalf("body did not parse")
+			}
+			if k.ShortFirstTurn != tt.want {
+				t.Fatalf("ShortFirstTurn = %v, want %v (%d chunks)", k.ShortFirstTurn, tt.want, len(k.Chunks))
+			}
+			checkFast(t, NewBuilder(0), tt.path, []byte(tt.body))
+		})
+	}
+}

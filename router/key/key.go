@@ -28,6 +28,13 @@ type Key struct {
 	// names the whole prefix up to and including chunk i, seeded with model and cache_salt.
 	// A trailing partial chunk is not included.
 	Chunks []uint64
+	// ShortFirstTurn is true when an assistant message begins within the HeadChunks first
+	// chunks: a later turn of a conversation whose first turn was shorter than
+	// PrefixTokens(HeadChunks) tokens (16 at the default size), so that the replica that
+	// served that turn learned its first chunk alone (it was routed as short) and holds the
+	// reply after it as well. A match of the first chunk alone is then likely this
+	// conversation's own history; otherwise it is framing that unrelated prompts share.
+	ShortFirstTurn bool
 	// Body is the request body the key was built from, for routed requests (not a copy: valid
 	// while the request is served). prefixlb's policies route on the fields above; only a
 	// policy that must read the request as a replica does (the bench's oracle, which tokenizes
@@ -42,6 +49,7 @@ func (k *Key) Reset() {
 	k.Model = k.Model[:0]
 	k.PromptTokens = 0
 	k.Chunks = k.Chunks[:0]
+	k.ShortFirstTurn = false
 	k.Body = nil
 }
 

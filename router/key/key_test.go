@@ -28,9 +28,10 @@ func build(b *Builder, path, body string) Key {
 	b.Build([]byte(path), []byte(body), &k)
 	return Key{
 		API: k.API, Routed: k.Routed, OK: k.OK, Stream: k.Stream,
-		Model:        slices.Clone(k.Model),
-		PromptTokens: k.PromptTokens,
-		Chunks:       slices.Clone(k.Chunks),
+		Model:          slices.Clone(k.Model),
+		PromptTokens:   k.PromptTokens,
+		Chunks:         slices.Clone(k.Chunks),
+		ShortFirstTurn: k.ShortFirstTurn,
 	}
 }
 

@@ -106,6 +106,7 @@ type checkpoint struct {
 	wrote  int
 	part   []byte
 	chunks []uint64
+	short  bool // Key.ShortFirstTurn
 }
 
 type slot struct {
@@ -173,6 +174,7 @@ func (s *state) take(sl *slot, g uint64, j int, body []byte) bool {
 	h.seed, h.prev, h.ckSize, h.cur, h.miss, h.wrote = cp.seed, cp.prev, cp.ckSize, cp.cur, cp.miss, cp.wrote
 	h.part = append(h.part[:0], cp.part...)
 	h.chunks = append(h.chunks[:0], cp.chunks...)
+	h.short = cp.short
 	return true
 }
 
@@ -223,6 +225,7 @@ func (h *checkpoint) restore(s *state, chunkTokens int, k *Key) {
 	c.prev, c.curSize, c.missing, c.written = h.prev, h.cur, h.miss, h.wrote
 	c.part = append(c.part[:0], h.part...)
 	k.Chunks = append(k.Chunks[:0], h.chunks...)
+	k.ShortFirstTurn = h.short
 }
 
 // remember files the state of a body just keyed on the fast path (s.top, s.scanner.messages,
@@ -263,5 +266,6 @@ func (s *state) remember(m *memo, body []byte, k *Key) {
 	cp.seed, cp.prev, cp.ckSize, cp.cur, cp.miss, cp.wrote = c.seed, c.prev, c.size, c.curSize, c.missing, c.written
 	cp.part = append(cp.part[:0], c.part...)
 	cp.chunks = append(cp.chunks[:0], k.Chunks...)
+	cp.short = k.ShortFirstTurn
 	sl.key.Store(g)
 }

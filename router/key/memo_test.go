@@ -60,9 +60,10 @@ const memoTools = `[{"type":"function","function":{"name":"Read","description":"
 func sameMemoKey(t *testing.T, what string, got, want *Key) {
 	t.Helper()
 	if got.Routed != want.Routed || got.OK != want.OK || got.Stream != want.Stream || !bytes.Equal(got.Model, want.Model) ||
-		got.PromptTokens != want.PromptTokens || !slices.Equal(got.Chunks, want.Chunks) {
-		t.Fatalf("%s: memo key {OK %v stream %v model %q tokens %d, %d chunks} != full build's {OK %v stream %v model %q tokens %d, %d chunks}",
-			what, got.OK, got.Stream, got.Model, got.PromptTokens, len(got.Chunks), want.OK, want.Stream, want.Model, want.PromptTokens, len(want.Chunks))
+		got.PromptTokens != want.PromptTokens || !slices.Equal(got.Chunks, want.Chunks) || got.ShortFirstTurn != want.ShortFirstTurn {
+		t.Fatalf("%s: memo key {OK %v stream %v model %q tokens %d, %d chunks, short first turn %v} != full build's {OK %v stream %v model %q tokens %d, %d chunks, short first turn %v}",
+			what, got.OK, got.Stream, got.Model, got.PromptTokens, len(got.Chunks), got.ShortFirstTurn,
+			want.OK, want.Stream, want.Model, want.PromptTokens, len(want.Chunks), want.ShortFirstTurn)
 	}
 }
 
@@ -118,6 +119,11 @@ func TestMemoMatchesFullBuild(t *testing.T) {
 			}
 			return b
 		}, 2}, // steps 2 and 4 resume from the body before the malformed one
+		{"short first turn (no system prompt): the remembered state keeps ShortFirstTurn", func(i int) []byte {
+			m := memoMessages(20+i, 13)
+			m[1] = `{"role":"user","content":"Fix it."}`
+			return memoBody("model", `"m"`, "messages", "["+strings.Join(m[1:], ",")+"]")
+		}, steps - 1},
 		{"stream before, other fields after", func(i int) []byte {
 			return memoBody("stream", "true", "model", `"m"`, "messages", msgsJSON(20+i, 12), "max_tokens", fmt.Sprint(16+i), "response_format", `{"type":"text"}`)
 		}, steps - 1},
@@ -134,6 +140,9 @@ func TestMemoMatchesFullBuild(t *testing.T) {
 				withMemo.Build([]byte(pathChat), b, &got)
 				plain.Build([]byte(pathChat), b, &want)
 				sameMemoKey(t, fmt.Sprintf("step %d", i), &got, &want)
+				if want.ShortFirstTurn != strings.HasPrefix(tt.name, "short first turn") {
+					t.Fatalf("step %d: ShortFirstTurn %v", i, want.ShortFirstTurn)
+				}
 				if i%2 == 0 && !want.OK {
 					t.Fatalf("step %d: the body did not parse", i)
 				}

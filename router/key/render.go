@@ -163,8 +163,14 @@ func (r *renderer) media(typ []byte, h uint64) {
 }
 
 // messageRole begins a message: 'M' str(role); messageName follows when it has a name.
-// (Two productions, not one with a flag, so that each inlines.)
-func (r *renderer) messageRole(role []byte) { r.str(tagMessage, role) }
+// (Two productions, not one with a flag, so that each inlines.) An assistant message that
+// begins within the head chunks sets Key.ShortFirstTurn.
+func (r *renderer) messageRole(role []byte) {
+	if k := r.out.out; len(k.Chunks) < HeadChunks && string(role) == "assistant" {
+		k.ShortFirstTurn = true
+	}
+	r.str(tagMessage, role)
+}
 
 // messageName emits a message's name: 'N' str(name).
 func (r *renderer) messageName(name []byte) { r.str(tagName, name) }

@@ -30,7 +30,7 @@ func bothPaths(b *Builder, path string, body []byte) (fast Key, took bool, ref K
 
 func sameKey(a, b Key) bool {
 	return a.Routed == b.Routed && a.OK == b.OK && a.Stream == b.Stream && string(a.Model) == string(b.Model) &&
-		a.PromptTokens == b.PromptTokens && slices.Equal(a.Chunks, b.Chunks)
+		a.PromptTokens == b.PromptTokens && slices.Equal(a.Chunks, b.Chunks) && a.ShortFirstTurn == b.ShortFirstTurn
 }
 
 // checkFast fails t when the fast path handles body but keys it differently from the fastjson
