@@ -137,15 +137,18 @@ func (s *Server) debugBackends(w http.ResponseWriter, r *http.Request) {
 
 // RouteInfo is the answer of /debug/route.
 type RouteInfo struct {
-	Path          string `json:"path"`
-	Routed        bool   `json:"routed"`
-	Parsed        bool   `json:"parsed"`
-	Model         string `json:"model"`
-	PromptTokens  int    `json:"prompt_tokens"`
-	Chunks        int    `json:"chunks"`
-	Backend       string `json:"backend"`
-	Reason        string `json:"reason"`
-	MatchedChunks int    `json:"matched_chunks"`
+	Path         string `json:"path"`
+	Routed       bool   `json:"routed"`
+	Parsed       bool   `json:"parsed"`
+	Model        string `json:"model"`
+	PromptTokens int    `json:"prompt_tokens"`
+	Chunks       int    `json:"chunks"`
+	// ShortFirstTurn: the prompt's first turn was shorter than the key's head chunks, so that
+	// a match of its first chunk alone counts (key.Key.ShortFirstTurn).
+	ShortFirstTurn bool   `json:"short_first_turn,omitempty"`
+	Backend        string `json:"backend"`
+	Reason         string `json:"reason"`
+	MatchedChunks  int    `json:"matched_chunks"`
 	// PredictedPrefillTokens and PredictedTTFTMs are the policy's estimate for the chosen
 	// backend (0: none); Candidates what it weighed for each (prefix mode).
 	PredictedPrefillTokens int64                      `json:"predicted_prefill_tokens,omitempty"`
@@ -200,7 +203,7 @@ func (s *Server) Explain(path string, body []byte) RouteInfo {
 	cands := s.candidatesFor(nil, &k)
 	d := s.decider.Preview(&k, cands)
 	ri := RouteInfo{Path: path, Routed: k.Routed, Parsed: k.OK, Model: string(k.Model), PromptTokens: k.PromptTokens,
-		Chunks: len(k.Chunks), Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks,
+		Chunks: len(k.Chunks), ShortFirstTurn: k.ShortFirstTurn, Reason: d.Reason.String(), MatchedChunks: d.MatchedChunks,
 		PredictedPrefillTokens: d.PrefillTokens, PredictedTTFTMs: float64(d.PredictedTTFT) / float64(time.Millisecond),
 		Candidates: s.decider.Explain(&k, cands)}
 	if d.Backend != nil {

@@ -234,7 +234,19 @@ func adminMetricsAfterTraffic(t *testing.T, mode string) {
 	var ri RouteInfo
 	_ = json.NewDecoder(rr.Body).Decode(&ri)
 	rr.Body.Close()
-	if ri.Backend != be.URL || !ri.Routed || !ri.Parsed || ri.Model != "m" {
+	if ri.Backend != be.URL || !ri.Routed || !ri.Parsed || ri.Model != "m" || ri.ShortFirstTurn {
 		t.Errorf("/debug/route: %+v", ri)
+	}
+	// The follow-up of a short first turn says so (its first chunk's match counts).
+	rr, err = c.Post(admin.URL+"/debug/route", "application/json", strings.NewReader(
+		`{"model":"m","messages":[{"role":"user","content":"hello there"},{"role":"assistant","content":"Hi! How can I help?"},{"role":"user","content":"Tell me more."}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ri = RouteInfo{}
+	_ = json.NewDecoder(rr.Body).Decode(&ri)
+	rr.Body.Close()
+	if !ri.ShortFirstTurn || !ri.Parsed {
+		t.Errorf("/debug/route of a short first turn's follow-up: %+v", ri)
 	}
 }

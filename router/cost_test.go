@@ -35,15 +35,19 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 		matched int   // chunks of the 16 the holder (candidate 0) holds
 		load    int64 // the holder's in-flight requests; the others have 1
 		short   bool  // the prompt's first turn was shorter than the head chunks
+		base    int   // chunks every other candidate holds (the first, or none)
 		want    int
 	}{
-		{"first chunk of 16, short first turn, holder above its share: thin, spread", 1, 2, true, others},
-		{"first chunk of 16, short first turn, holder at its share: held", 1, 1, true, held},
-		{"first chunk of 16, long first turn, holder at its share: none, spread", 1, 1, false, all},
-		{"eight of 16, holder above its share: held", 8, 2, false, held},
-		{"three of 16 (15% of the tokens), holder above its share: thin", 3, 2, false, others},
-		{"three of 16, holder at its share: held", 3, 1, false, held},
-		{"six of 16 (34%), holder above its share: held", 6, 2, false, held},
+		{"first chunk of 16, short first turn, holder above its share: thin, spread", 1, 2, true, 0, others},
+		{"first chunk of 16, short first turn, holder at its share: held", 1, 1, true, 0, held},
+		{"first chunk of 16, long first turn, holder at its share: none, spread", 1, 1, false, 0, all},
+		{"eight of 16, holder above its share: held", 8, 2, false, 0, held},
+		{"three of 16 (15% of the tokens), holder above its share: thin", 3, 2, false, 0, others},
+		{"three of 16, holder at its share: held", 3, 1, false, 0, held},
+		{"six of 16 (34%), holder above its share: held", 6, 2, false, 0, held},
+		// The thin holder counts as the others' common match, which is the first chunk alone
+		// and so none: it does not outrank them.
+		{"three of 16 where all hold the first, holder above its share: thin", 3, 2, false, 1, others},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,18 +63,24 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 				for j := range cs {
 					cs[j] = cand{id: ids[j], weight: 1, rate: 10_000, base: 0.02, inFlight: 1}
 				}
+				for j := 1; j < n; j++ {
+					cs[j].matched = tt.base
+				}
 				cs[0].matched, cs[0].inFlight = tt.matched, tt.load
 				estimate(cs, in)
 				spread := testSel(0.5, true)
 				spread.spread, spread.shortFirstTurn = true, tt.short
 				j, _ := pickCost(chunks, cs, spread, place)
 				hits[j]++
+				noSpread := testSel(0.5, true)
 				ring := testSel(0.5, false)
 				ring.spread = true
 				// auto with one candidate shared: the ring, so the thin match counts too.
 				auto := testSel(0.5, false)
 				auto.auto, auto.spread = true, true
-				for k, sel := range []selection{testSel(0.5, true), ring, auto} {
+				// shortFirstTurn matters only where near-ties go by load and spread.
+				noSpread.shortFirstTurn, ring.shortFirstTurn, auto.shortFirstTurn = tt.short, tt.short, tt.short
+				for k, sel := range []selection{noSpread, ring, auto} {
 					for j := range cs {
 						cs[j].alone = k == 2 && j != 1
 					}

@@ -77,8 +77,9 @@ type PrefixOptions struct {
 	// (TieBreakAuto) sends a new prefix to the near-tie it routed the fewest requests to
 	// lately (backend.Routed, RecentHalfLife) before the in-flight count: between turns a
 	// conversation has nothing in flight where it is served. Under the ring (and with
-	// spreading off) a thin match still counts, but for a match of the first chunk alone,
-	// which counts as none (key.HeadChunks). Measured (bench suite, 3 rounds, 4 simulated
+	// spreading off) a thin match still counts. Either way a match of the first chunk alone
+	// counts as none (key.HeadChunks), but, with spreading, for a prompt whose own first turn
+	// was that short (key.Key.ShortFirstTurn). Measured (bench suite, 3 rounds, 4 simulated
 	// replicas): multi-turn max share / mean 1.45 without spreading, 1.09 with it;
 	// OpenAssistant threads keep their cached tokens (0.753 against the oracle's 0.776 at 4
 	// conversations/s) only because a thin match holds on a holder at its share: with every thin match ignored (one full

@@ -258,7 +258,9 @@ type BackendStats struct {
 	Evictions uint64
 	// Corrections counts the backend's answers that showed it held far less than the index
 	// listed (Correct); CorrectedEntries the entries those corrections dropped, CorrectedTokens
-	// their approximate tokens (entries × chunk tokens).
+	// their approximate tokens (entries × chunk tokens: an over-count of up to 112 tokens
+	// for each prompt whose head chunks a correction drops, at the default size: the key's two
+	// head chunks span 16 tokens together, key.HeadChunks, and an entry does not keep its size).
 	Corrections      uint64
 	CorrectedEntries uint64
 	CorrectedTokens  uint64

@@ -314,7 +314,7 @@ func (s *state) parseBuild(ep API, chunkTokens int, body []byte, k *Key) {
 		ok = r.completionsPrompt(kind, prompt)
 	}
 	if !ok {
-		k.Chunks = k.Chunks[:0]
+		k.Chunks, k.ShortFirstTurn = k.Chunks[:0], false
 		return
 	}
 	s.finish(kind, k)

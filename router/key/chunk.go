@@ -112,8 +112,8 @@ func (c *chunker) start(size int, seed uint64, k *Key) {
 // between prefix mode's cached tokens and the oracle's. The first chunk alone is about a role
 // and a word of framing, which most chats share ("system", "You are"): the policy routes a
 // prompt of fewer than HeadChunks chunks as it routes one of none, and counts a match of the
-// first chunk alone as none under the consistent-hash ring (router's pickCost); the second
-// keeps what a 16-token prefix told apart.
+// first chunk alone as none but for a prompt whose own first turn was that short
+// (Key.ShortFirstTurn; router's pickCost); the second keeps what a 16-token prefix told apart.
 const HeadChunks = 2
 
 // chunkBytes is the size in bytes of chunk i of a key with chunks of size bytes: a sixteenth

@@ -55,10 +55,13 @@ func TestPrefixTokens(t *testing.T) {
 	}
 }
 
-// ShortFirstTurn is set exactly when an assistant message begins within the head chunks
-// (before 16 tokens of rendering at the default size): the follow-ups of a first turn that
-// was routed as short, whose first chunk alone its replica learned.
+// ShortFirstTurn is set exactly when an assistant message begins within the head chunks,
+// after the first (between 4 and 16 tokens of rendering at the default size): the follow-ups
+// of a first turn that was routed as short, whose first chunk alone its replica learned.
 func TestShortFirstTurn(t *testing.T) {
+	firstTurn := func(n int) string {
+		return `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", n) + `"},{"role":"assistant","content":"ok"},{"role":"user","content":"More, please."}]}`
+	}
 	long := strings.Repeat("a long system prompt that runs well past the head chunks ", 4)
 	for _, tt := range []struct {
 		name, path, body string
@@ -70,10 +73,14 @@ func TestShortFirstTurn(t *testing.T) {
 		{"long first turn, reply, follow-up", pathChat,
 			`{"model":"m","messages":[{"role":"system","content":"` + long + `"},{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello."},{"role":"user","content":"More."}]}`, false},
 		{"long question alone", pathChat, `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`, false},
-		{"first turn of 60 bytes of rendering", pathChat,
-			`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 50) + `"},{"role":"assistant","content":"ok"}]}`, true},
-		{"first turn of 70 bytes of rendering", pathChat,
-			`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 60) + `"},{"role":"assistant","content":"ok"}]}`, false},
+		// A user message renders as 'M' str("user") 'T' text 0x00: 8 bytes and its text. The
+		// head chunks end at 16 and 64 bytes.
+		{"first turn of 63 bytes of rendering", pathChat, firstTurn(55), true},
+		{"first turn of 64 bytes: two chunks, not short", pathChat, firstTurn(56), false},
+		{"first turn of 16 bytes: the first chunk", pathChat, firstTurn(8), true},
+		{"first turn of 15 bytes: no chunk, nothing learned", pathChat, firstTurn(7), false},
+		{"Hi", pathChat, `{"model":"m","messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello! How can I help?"},{"role":"user","content":"Tell me a story."}]}`, false},
+		{"assistant first", pathChat, `{"model":"m","messages":[{"role":"assistant","content":"Hello! How can I help you today?"},{"role":"user","content":"Tell me a story."}]}`, false},
 		{"Anthropic messages", pathMsgs,
 			`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"What is Go?"},{"role":"assistant","content":"A language."},{"role":"user","content":"More."}]}`, true},
 		{"Responses API input items", pathResp,

@@ -45,8 +45,8 @@ func FuzzBuild(f *testing.F) {
 		if !k.Routed && (k.OK || k.Stream || (len(k.Model) > 0 && k.API != APIModelOnly) || len(k.Chunks) > 0 || k.PromptTokens != 0) {
 			t.Fatalf("unrouted path filled the key: %+v", k)
 		}
-		if !k.OK && (len(k.Chunks) != 0 || k.PromptTokens != 0) {
-			t.Fatalf("OK = false with %d chunks, %d tokens; want none", len(k.Chunks), k.PromptTokens)
+		if !k.OK && (len(k.Chunks) != 0 || k.PromptTokens != 0 || k.ShortFirstTurn) {
+			t.Fatalf("OK = false with %d chunks, %d tokens, ShortFirstTurn %v; want none", len(k.Chunks), k.PromptTokens, k.ShortFirstTurn)
 		}
 		if want := ChunkCount(k.PromptTokens*BytesPerToken, b1.ChunkTokens*BytesPerToken); len(k.Chunks) != want {
 			t.Fatalf("len(Chunks) = %d, want ChunkCount = %d", len(k.Chunks), want)

@@ -29,11 +29,14 @@ type Key struct {
 	// A trailing partial chunk is not included.
 	Chunks []uint64
 	// ShortFirstTurn is true when an assistant message begins within the HeadChunks first
-	// chunks: a later turn of a conversation whose first turn was shorter than
-	// PrefixTokens(HeadChunks) tokens (16 at the default size), so that the replica that
-	// served that turn learned its first chunk alone (it was routed as short) and holds the
-	// reply after it as well. A match of the first chunk alone is then likely this
-	// conversation's own history; otherwise it is framing that unrelated prompts share.
+	// chunks, after the first: a later turn of a conversation whose first turn was shorter
+	// than PrefixTokens(HeadChunks) tokens (16 at the default size) but not than the first
+	// chunk, so that the replica that served that turn learned its first chunk alone (it was
+	// routed as short) and holds the reply after it as well. A match of the first chunk alone
+	// is then likely this conversation's own history; otherwise it is framing that unrelated
+	// prompts share. (A first turn shorter than the first chunk, such as "Hi", left nothing
+	// in the index: its follow-up's first chunk ends in the reply's framing, which every
+	// conversation that opens so shares.)
 	ShortFirstTurn bool
 	// Body is the request body the key was built from, for routed requests (not a copy: valid
 	// while the request is served). prefixlb's policies route on the fields above; only a

@@ -121,7 +121,7 @@ func TestMemoMatchesFullBuild(t *testing.T) {
 		}, 2}, // steps 2 and 4 resume from the body before the malformed one
 		{"short first turn (no system prompt): the remembered state keeps ShortFirstTurn", func(i int) []byte {
 			m := memoMessages(20+i, 13)
-			m[1] = `{"role":"user","content":"Fix it."}`
+			m[1] = `{"role":"user","content":"Fix the test."}`
 			return memoBody("model", `"m"`, "messages", "["+strings.Join(m[1:], ",")+"]")
 		}, steps - 1},
 		{"stream before, other fields after", func(i int) []byte {

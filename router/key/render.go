@@ -164,9 +164,9 @@ func (r *renderer) media(typ []byte, h uint64) {
 
 // messageRole begins a message: 'M' str(role); messageName follows when it has a name.
 // (Two productions, not one with a flag, so that each inlines.) An assistant message that
-// begins within the head chunks sets Key.ShortFirstTurn.
+// begins within the head chunks, after the first, sets Key.ShortFirstTurn.
 func (r *renderer) messageRole(role []byte) {
-	if k := r.out.out; len(k.Chunks) < HeadChunks && string(role) == "assistant" {
+	if k := r.out.out; len(k.Chunks) >= 1 && len(k.Chunks) < HeadChunks && string(role) == "assistant" {
 		k.ShortFirstTurn = true
 	}
 	r.str(tagMessage, role)
