@@ -780,6 +780,18 @@ func TestTieBreakAuto(t *testing.T) {
 	}
 }
 
+// chatKey is the key of a chat request of model "m" with msgs ({"role", "content"} each).
+func chatKey(t testing.TB, msgs ...map[string]string) *key.Key {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &key.Key{}
+	key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)
+	return k
+}
+
 // TestShortFirstTurnFollowUp: a first turn shorter than the head chunks (16 tokens) is placed
 // by load, yet leaves its first chunk where it went, and its follow-up, where near-ties go by
 // load and spread (the default for a replica alone, and for peered ones), finds that replica
@@ -792,13 +804,7 @@ func TestShortFirstTurnFollowUp(t *testing.T) {
 		for i, m := range msgs {
 			ms = append(ms, map[string]string{"role": [2]string{"user", "assistant"}[i%2], "content": m})
 		}
-		body, err := json.Marshal(map[string]any{"model": "m", "messages": ms})
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := &key.Key{}
-		key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)
-		return k
+		return chatKey(t, ms...)
 	}
 	answer := strings.Repeat("The sky scatters blue light more than red light. ", 20)
 	for _, tb := range []TieBreak{TieBreakLoad, TieBreakRing} {
@@ -853,15 +859,7 @@ func TestShortFirstTurnFollowUp(t *testing.T) {
 // learned the opening taking each until they passed 1.3× their share; each of their
 // follow-ups must still find its own first turn.
 func TestSharedOpeningSpreads(t *testing.T) {
-	build := func(msgs ...map[string]string) *key.Key {
-		body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := &key.Key{}
-		key.NewBuilder(0).Build([]byte("/v1/chat/completions"), body, k)
-		return k
-	}
+	build := func(msgs ...map[string]string) *key.Key { return chatKey(t, msgs...) }
 	msg := func(role, content string) map[string]string {
 		return map[string]string{"role": role, "content": content}
 	}
