@@ -265,7 +265,8 @@ func (sel selection) caps(total int64, w, wsum int) (soft, hard int64) {
 //  3. The reason: ReasonMatch when the chosen candidate holds more than every candidate
 //     holds; ReasonOverload when another held more (it was over the cap or would have been
 //     slower); ReasonCold when nobody held more than the common prefix; matches counted as
-//     in step 2.
+//     in step 2 (a near-tie's thin match the spread rule set aside as the match it was read
+//     as).
 func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int, Reason) {
 	var total int64
 	wsum := 0
@@ -388,6 +389,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 			keyAt = max(keyAt, cs[j].matched)
 		}
 	}
+	near := tie // before loadFirst narrows it, for the reason
 	if loadFirst {
 		// Among the near-ties that hold the most, only the least loaded stay, and the ring
 		// decides among equals. With sel.spread, a replica alone (TieBreakAuto) ranks by the
@@ -423,15 +425,22 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 			return false
 		})
 	}
-	// The reason counts matches as the choice did (counted).
+	// The reason counts matches as the choice did: counted, and a near-tie's thin match set
+	// aside by the spread rule as the match it was read as (eff), so that a holder passed
+	// over for its share of load reads cold or match, not overload-fallback, which is kept
+	// for a holder over the cap or estimated slower.
 	common, most := math.MaxInt, 0
 	for j := range cs {
-		common, most = min(common, counted(cs[j].matched)), max(most, counted(cs[j].matched))
+		m := counted(cs[j].matched)
+		if near(j) {
+			m = eff(j)
+		}
+		common, most = min(common, m), max(most, m)
 	}
 	switch {
 	case most == common:
 		return chosen, ReasonCold
-	case counted(cs[chosen].matched) == most:
+	case eff(chosen) == most:
 		return chosen, ReasonMatch
 	}
 	return chosen, ReasonOverload

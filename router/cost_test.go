@@ -70,8 +70,12 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 				estimate(cs, in)
 				spread := testSel(0.5, true)
 				spread.spread, spread.shortFirstTurn = true, tt.short
-				j, _ := pickCost(chunks, cs, spread, place)
+				j, r := pickCost(chunks, cs, spread, place)
 				hits[j]++
+				// A thin match set aside reads cold: no candidate is over its cap or slower.
+				if want := map[bool]Reason{true: ReasonMatch, false: ReasonCold}[tt.want == held]; r != want {
+					t.Fatalf("prompt %d: reason %s, want %s", i, r, want)
+				}
 				noSpread := testSel(0.5, true)
 				ring := testSel(0.5, false)
 				ring.spread = true

@@ -26,9 +26,11 @@ const (
 	ReasonLeastLoad
 	// ReasonMatch: the backend holds a useful prefix of the prompt.
 	ReasonMatch
-	// ReasonCold: no useful match; placed by the bounded-load consistent hash of the first chunks.
+	// ReasonCold: no useful match (or only a thin one that spreading set aside on a replica
+	// above its share of load); placed by load and the consistent hash of the first chunks.
 	ReasonCold
-	// ReasonOverload: the best match was over the bounded-load cap; the next best was taken.
+	// ReasonOverload: the best match was over the bounded-load cap, or estimated slower than
+	// another candidate; the next best was taken.
 	ReasonOverload
 	// ReasonParseFallback: a prefix-routed endpoint whose body did not parse.
 	ReasonParseFallback
