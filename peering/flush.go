@@ -332,7 +332,7 @@ func (n *Node) receive(buf []byte) {
 				return
 			}
 			// A peer's clock ahead of this one's must not stamp the future.
-			local := idx.Record(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
+			local := idx.RecordNew(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
 			if n.recent.add(sender, id, stamp, local, now) {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.

@@ -14,7 +14,16 @@ import (
 // recorded up to the capacity (a coarse chunk counting Options.CoarseWeight). Backends not
 // registered with SetBackends are ignored.
 func (x *Index) Record(chunks []uint64, b *backend.Backend, now time.Time) Stamp {
-	return x.RecordHeld(chunks, b, now, 0)
+	return x.record(chunks, b, now, 0, false)
+}
+
+// RecordNew is Record for chunks b is expected not to hold yet: what a peer learned past the
+// prefix it found b holding (peering), which this replica has usually not learned either.
+// Each chunk is claimed at once, one lookup under the shard's write lock, where Record first
+// looks every chunk up under a read lock, expecting it held; the result is Record's
+// (TestRecordNewIsRecord).
+func (x *Index) RecordNew(chunks []uint64, b *backend.Backend, now time.Time) Stamp {
+	return x.record(chunks, b, now, 0, true)
 }
 
 // freshWindow bounds how recently a held prefix must have been touched for RecordHeld to
@@ -43,6 +52,11 @@ const (
 // (slot.evictLog), so that at capacity, where every Record evicts, a prefix whose chunks were
 // not among them is still skipped. held ≤ 0 (or a stale hint) records every chunk.
 func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, held int) Stamp {
+	return x.record(chunks, b, now, held, false)
+}
+
+// record is RecordHeld; allNew (RecordNew, with held 0) expects none of chunks held.
+func (x *Index) record(chunks []uint64, b *backend.Backend, now time.Time, held int, allNew bool) Stamp {
 	if len(chunks) == 0 || b == nil {
 		return 0
 	}
@@ -77,8 +91,11 @@ func (x *Index) RecordHeld(chunks []uint64, b *backend.Backend, now time.Time, h
 		}
 	}
 	hint := -1 // no hint: every chunk is expected held
-	if held > 0 {
+	switch {
+	case held > 0:
 		hint = max(min(held, len(chunks))-lo, 0)
+	case allNew:
+		hint = 0
 	}
 	if lo > 0 {
 		s.startEvictLog()

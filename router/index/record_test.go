@@ -229,3 +229,51 @@ func TestFitKeepsPeersInStep(t *testing.T) {
 		t.Errorf("Fit on an unregistered backend = %d, want 0", got)
 	}
 }
+
+// TestRecordNewIsRecord: RecordNew (chunks expected new, each claimed at once) leaves the
+// index exactly as Record does, whether the chunks are new, partly held or all held, below
+// and at capacity: the same matches, the same last-use times, the same evictions.
+func TestRecordNewIsRecord(t *testing.T) {
+	a1, a2 := newBackend(t, "a", 48*64), newBackend(t, "a", 48*64)
+	x1, x2 := New(Options{ChunkTokens: 64}), New(Options{ChunkTokens: 64})
+	x1.SetBackends([]*backend.Backend{a1})
+	x2.SetBackends([]*backend.Backend{a2})
+	var probes [][]uint64
+	for i := range 400 {
+		// Prompts of 8 conversations growing turn by turn, with some of each resent whole
+		// (all held) and some a suffix past a prefix learned before (a peer's update).
+		conv := chain(uint64(i%8), 4+i/8%24)
+		var p []uint64
+		switch i % 3 {
+		case 0:
+			p = conv
+		case 1:
+			p = conv[len(conv)/2:]
+		default:
+			p = chain(uint64(1000+i), 3)
+		}
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		s1, s2 := x1.Record(p, a1, now), x2.RecordNew(p, a2, now)
+		if s1 != s2 {
+			t.Fatalf("record %d: stamps %d and %d", i, s1, s2)
+		}
+		probes = append(probes, conv)
+		for _, q := range probes[max(len(probes)-16, 0):] {
+			if m1, m2 := match(x1, q, a1)[0], match(x2, q, a2)[0]; m1 != m2 {
+				t.Fatalf("record %d: Record matched %d chunks, RecordNew %d", i, m1, m2)
+			}
+			for _, c := range q {
+				if u1, u2 := usedOf(x1, a1, c), usedOf(x2, a2, c); !u1.Equal(u2) {
+					t.Fatalf("record %d: last use %v after Record, %v after RecordNew", i, u1, u2)
+				}
+			}
+		}
+	}
+	st1, st2 := x1.Stats(nil), x2.Stats(nil)
+	if st1[0].Entries != st2[0].Entries || st1[0].Evictions != st2[0].Evictions || st1[0].Evictions == 0 {
+		t.Fatalf("Record: %d entries, %d evictions; RecordNew: %d, %d (want equal, and some evictions)",
+			st1[0].Entries, st1[0].Evictions, st2[0].Entries, st2[0].Evictions)
+	}
+	check(t, x1)
+	check(t, x2)
+}

@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,16 +80,18 @@ func mix64(x uint64) uint64 {
 
 // BenchmarkRecordSteadyState is Record (and Match, as the proxy's Pick calls it first) on
 // an index at capacity, in the shape of the proxy's 16 KB chat bodies (see steady);
-// RecordHeld is the proxy's Learn, told that the shared prompt was matched.
+// RecordHeld is the proxy's Learn, told that the shared prompt was matched; PeerRecord and
+// PeerRecordNew are a peer's update of the same decision (the chunks past the shared prompt),
+// recorded as peering did before RecordNew and as it does now.
 func BenchmarkRecordSteadyState(b *testing.B) {
-	for _, op := range []string{"Record", "Match", "MatchRecord", "RecordHeld"} {
+	for _, op := range []string{"Record", "Match", "MatchRecord", "RecordHeld", "PeerRecord", "PeerRecordNew"} {
 		b.Run(op, func(b *testing.B) {
 			st := newSteady(b)
 			b.ReportAllocs()
 			now := t0
 			for b.Loop() {
 				be := st.next()
-				if op != "Record" {
+				if op == "Match" || op == "MatchRecord" || op == "RecordHeld" {
 					st.x.Match(st.prompt, st.bs, st.out)
 				}
 				switch now = now.Add(time.Microsecond); op {
@@ -96,9 +99,17 @@ func BenchmarkRecordSteadyState(b *testing.B) {
 					st.x.Record(st.prompt, be, now)
 				case "RecordHeld": // as the proxy learns: the shared prompt matched, and fresh
 					st.x.RecordHeld(st.prompt, be, now, steadyShared)
+				case "PeerRecord":
+					st.x.Record(st.prompt[steadyShared:], be, now)
+				case "PeerRecordNew":
+					st.x.RecordNew(st.prompt[steadyShared:], be, now)
 				}
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*steadyChunks), "ns/chunk")
+			chunks := steadyChunks // the chunks each operation walks
+			if strings.HasPrefix(op, "Peer") {
+				chunks = steadyChunks - steadyShared
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*chunks), "ns/chunk")
 		})
 	}
 }
