@@ -356,24 +356,32 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		}
 		return opening(n)
 	}
-	eff := func(j int) int {
-		if spread && cs[j].matched > lo && float64(loWork-cs[j].work) < thin &&
+	// eff is each candidate's match as the choice and the reason count it: counted, and a
+	// near-tie's thin match set aside by the spread rule as the near-ties' common one.
+	var ebuf [maxStackCandidates]int
+	eff := ebuf[:0]
+	if len(cs) > maxStackCandidates {
+		eff = make([]int, 0, len(cs))
+	}
+	for j := range cs {
+		m := cs[j].matched
+		if spread && tie(j) && m > lo && float64(loWork-cs[j].work) < thin &&
 			loadOf(&cs[j], byRecent)*float64(tieWeight) > thinMatchLoad*tieLoad*float64(cs[j].weight) {
-			return counted(lo)
+			m = lo
 		}
-		return counted(cs[j].matched)
+		eff = append(eff, counted(m))
 	}
 	at := -1
 	for j := range cs {
 		if tie(j) {
-			at = max(at, eff(j))
+			at = max(at, eff[j])
 		}
 	}
 	chosen := best
-	if eff(best) != at {
+	if eff[best] != at {
 		chosen = -1
 		for j := range cs {
-			if tie(j) && eff(j) == at && (chosen < 0 || cs[j].est < cs[chosen].est) {
+			if tie(j) && eff[j] == at && (chosen < 0 || cs[j].est < cs[chosen].est) {
 				chosen = j
 			}
 		}
@@ -385,11 +393,10 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	// a cold index would send every conversation that opens alike to one replica.
 	keyAt := max(at, key.HeadChunks-1)
 	for j := range cs {
-		if tie(j) && eff(j) == at {
+		if tie(j) && eff[j] == at {
 			keyAt = max(keyAt, cs[j].matched)
 		}
 	}
-	near := tie // before loadFirst narrows it, for the reason
 	if loadFirst {
 		// Among the near-ties that hold the most, only the least loaded stay, and the ring
 		// decides among equals. With sel.spread, a replica alone (TieBreakAuto) ranks by the
@@ -402,13 +409,13 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		// within milliseconds); TieBreakLoad without it by in-flight requests alone.
 		light := -1
 		for j := range cs {
-			if tie(j) && eff(j) == at && (light < 0 || lessLoaded(&cs[j], &cs[light], byRecent) < 0) {
+			if tie(j) && eff[j] == at && (light < 0 || lessLoaded(&cs[j], &cs[light], byRecent) < 0) {
 				light = j
 			}
 		}
 		tie0 := tie
 		tie = func(j int) bool {
-			return tie0(j) && eff(j) == at && lessLoaded(&cs[j], &cs[light], byRecent) == 0
+			return tie0(j) && eff[j] == at && lessLoaded(&cs[j], &cs[light], byRecent) == 0
 		}
 		if !tie(chosen) {
 			chosen = light
@@ -417,7 +424,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	if place != nil && len(chunks) > 0 {
 		place.ring.Lookup(chunks[min(keyAt, len(chunks)-1)], func(m int) bool {
 			for j := range cs {
-				if cs[j].id == place.ids[m] && tie(j) && eff(j) == at {
+				if cs[j].id == place.ids[m] && tie(j) && eff[j] == at {
 					chosen = j
 					return true
 				}
@@ -425,22 +432,17 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 			return false
 		})
 	}
-	// The reason counts matches as the choice did: counted, and a near-tie's thin match set
-	// aside by the spread rule as the match it was read as (eff), so that a holder passed
-	// over for its share of load reads cold or match, not overload-fallback, which is kept
-	// for a holder over the cap or estimated slower.
+	// The reason counts matches as the choice did (eff), so that a holder passed over for
+	// its share of load reads cold or match, not overload-fallback, which is kept for a
+	// holder over the cap or estimated slower.
 	common, most := math.MaxInt, 0
-	for j := range cs {
-		m := counted(cs[j].matched)
-		if near(j) {
-			m = eff(j)
-		}
+	for _, m := range eff {
 		common, most = min(common, m), max(most, m)
 	}
 	switch {
 	case most == common:
 		return chosen, ReasonCold
-	case eff(chosen) == most:
+	case eff[chosen] == most:
 		return chosen, ReasonMatch
 	}
 	return chosen, ReasonOverload
