@@ -167,7 +167,7 @@ type Prefix struct {
 	// router.PrefixOptions.NoSpreadNewPrefixes): a thin match counts as none there on a
 	// replica above its share, and a replica alone under tie_break auto, or peered replicas
 	// under load (counting one another's decisions), send a new prefix to the near-tie routed
-	// the fewest requests lately. Left out: true.
+	// the least prefill work lately. Left out: true.
 	SpreadNewPrefixes OptionalBool `yaml:"spread_new_prefixes"`
 	// DefaultKVCacheTokens is a backend's KV capacity in tokens when backends[i].kv_cache_tokens is unset.
 	DefaultKVCacheTokens int64 `yaml:"default_kv_cache_tokens"`

@@ -218,7 +218,7 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 			if packetBudget-len(packets[len(packets)-1]) < groupOverhead {
 				start(nil)
 			}
-			packets[len(packets)-1] = appendGroup(packets[len(packets)-1], it.id, it.stamp, nil)
+			packets[len(packets)-1] = appendGroup(packets[len(packets)-1], it.id, it.stamp, it.work, nil)
 			continue
 		}
 		for len(hs) > 0 {
@@ -232,7 +232,7 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 			if it.forget {
 				packets[len(packets)-1] = appendForget(cur, it.id, it.stamp, part)
 			} else {
-				packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, part)
+				packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, it.work, part)
 			}
 			hs = hs[:len(hs)-len(part)]
 		}
@@ -309,7 +309,7 @@ func (n *Node) receive(buf []byte) {
 				n.loads.report(sender, ls, now, set.byID)
 			}
 		},
-		func(id uint64, stamp int64, forget bool, hs []uint64) {
+		func(id uint64, stamp, work int64, forget bool, hs []uint64) {
 			if forget {
 				n.m.forgetsRecv.Inc()
 			} else {
@@ -328,7 +328,7 @@ func (n *Node) receive(buf []byte) {
 			}
 			if len(hs) == 0 {
 				// A decision on a prompt held whole, or with nothing to learn: never split.
-				n.pol.NotePeerRouted(b)
+				n.pol.NotePeerRouted(b, work)
 				return
 			}
 			// A peer's clock ahead of this one's must not stamp the future.
@@ -336,7 +336,7 @@ func (n *Node) receive(buf []byte) {
 			if n.recent.add(sender, id, stamp, local, now) {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.
-				n.pol.NotePeerRouted(b)
+				n.pol.NotePeerRouted(b, work)
 			}
 		})
 	if err != nil {
@@ -384,7 +384,7 @@ func (n *Node) snapshot(join bool) []byte {
 	}
 	buf := appendHeader(make([]byte, 0, size), kindSnapshot, "")
 	for _, e := range exp {
-		buf = appendGroup(buf, e.ID, -1, e.Hashes)
+		buf = appendGroup(buf, e.ID, -1, 0, e.Hashes)
 	}
 	n.own.add(n, buf, n.now())
 	return buf

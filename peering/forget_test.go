@@ -62,8 +62,8 @@ func TestUnlearnPropagates(t *testing.T) {
 // for it; one not queued (sent already) is not found, and its forget encodes as a forget.
 func TestQueueCancel(t *testing.T) {
 	n := &Node{name: "q", m: newMetrics(func() float64 { return 0 })}
-	n.q.push(7, 1000, []uint64{1, 2, 3}, &n.m)
-	n.q.push(7, 1002, []uint64{4, 5}, &n.m)
+	n.q.push(7, 1000, 300, []uint64{1, 2, 3}, &n.m)
+	n.q.push(7, 1002, 200, []uint64{4, 5}, &n.m)
 	if !n.q.cancel(7, 1000) || n.q.cancel(8, 1002) || n.q.cancel(7, 999) {
 		t.Fatal("cancel found the wrong items")
 	}
@@ -72,6 +72,7 @@ func TestQueueCancel(t *testing.T) {
 	type group struct {
 		id     uint64
 		stamp  int64
+		work   int64
 		forget bool
 		n      int
 	}
@@ -79,15 +80,15 @@ func TestQueueCancel(t *testing.T) {
 	for _, pkt := range n.encode(nil, nil, items, hashes) {
 		var ls []peerLoad
 		var hs []uint64
-		if err := decodeUpdate(pkt, &ls, &hs, func(string, []peerLoad) {}, func(id uint64, stamp int64, forget bool, h []uint64) {
-			got = append(got, group{id, stamp, forget, len(h)})
+		if err := decodeUpdate(pkt, &ls, &hs, func(string, []peerLoad) {}, func(id uint64, stamp, work int64, forget bool, h []uint64) {
+			got = append(got, group{id, stamp, work, forget, len(h)})
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want := []group{{7, 1002, false, 2}, {7, 900, true, 1}}
+	want := []group{{7, 1002, 200, false, 2}, {7, 900, 0, true, 1}}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
-		t.Fatalf("encoded groups %+v, want %+v (the cancelled learn left out)", got, want)
+		t.Fatalf("encoded groups %+v, want %+v (the cancelled learn left out, the learn's work carried)", got, want)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -268,11 +269,12 @@ func TestNewRejectsBadSecret(t *testing.T) {
 	}
 }
 
-// TestPeersCountDecisions: every request a peer routes counts once in this replica's recent
-// share of the backend it went to (router.Prefix.NotePeerRouted), by which peered replicas
-// (TieBreakLoad) rank near-ties: a prompt learned new, one the backend held whole and one
-// under a chunk (empty groups on the wire), and one split across several packets (parts of
-// one group, which memberlist may hand over in any order) are four decisions.
+// TestPeersCountDecisions: every request a peer routes counts once, at the prefill work the
+// peer counted for it (router.Prefix.RoutedWork), in this replica's recent share of the
+// backend it went to (router.Prefix.NotePeerRouted), by which peered replicas (TieBreakLoad)
+// rank near-ties: a prompt learned new, one the backend held whole and one under a chunk
+// (empty groups on the wire), and one split across several packets (parts of one group, which
+// memberlist may hand over in any order) are four decisions.
 func TestPeersCountDecisions(t *testing.T) {
 	a := startReplica(t, "r0", replicaOpts{tieBreak: router.TieBreakLoad})
 	b := startReplica(t, "r1", replicaOpts{tieBreak: router.TieBreakLoad, join: []*replica{a}})
@@ -292,12 +294,19 @@ func TestPeersCountDecisions(t *testing.T) {
 		t.Fatal("nothing learned")
 	}
 	pol.Learn(short, a.byName(url), 0)
-	want := decayedCount(4)
+	works := []int64{pol.RoutedWork(k, 0), pol.RoutedWork(k, len(k.Chunks)), pol.RoutedWork(long, 0), pol.RoutedWork(short, 0)}
+	if works[1] >= works[0] || works[2] <= works[0] {
+		t.Fatalf("routed work %v: want a held prompt lighter than the same one cold, the long one heaviest", works)
+	}
 	got := func() float64 { return b.byName(url).Routed().Value(0, router.RecentHalfLife) }
-	testutil.Eventually(t, wait, "r1 counts r0's four decisions", func() bool { return got() >= want-1e-9 })
+	heavyFirst := slices.Clone(works)
+	slices.Sort(heavyFirst)
+	slices.Reverse(heavyFirst)
+	least := decayedSum(heavyFirst...) // the heaviest counted first decays most: the least any order reads
+	testutil.Eventually(t, wait, "r1 counts r0's four decisions", func() bool { return got() >= least-1e-9 })
 	time.Sleep(50 * time.Millisecond) // time for a part counted twice to arrive
-	if v := got(); math.Abs(v-want) > 1e-9 {
-		t.Fatalf("r1's recent count of %s is %.4f, want %.4f (four decisions)", url, v, want)
+	if v := got(); !inSomeOrder(v, works) {
+		t.Fatalf("r1's recent work on %s is %.4f, want the decayed sum of %v in some order (four decisions, each once)", url, v, works)
 	}
 	for _, other := range backendURLs {
 		if other != url && b.byName(other).Routed().Value(0, router.RecentHalfLife) != 0 {
@@ -309,14 +318,32 @@ func TestPeersCountDecisions(t *testing.T) {
 	}
 }
 
-// decayedCount is a backend.RecentCount's value after n Adds one tick apart, read at the last:
-// each Add decays the count before it by 2^(−1 ÷ half-life).
-func decayedCount(n int) float64 {
+// decayedSum is a backend.RecentCount's value after Adds of ws one tick apart, read at the
+// last: each Add decays the sum before it by 2^(−1 ÷ half-life).
+func decayedSum(ws ...int64) float64 {
 	v := 0.0
-	for range n {
-		v = v*math.Exp2(-1/float64(router.RecentHalfLife)) + 1
+	for _, w := range ws {
+		v = v*math.Exp2(-1/float64(router.RecentHalfLife)) + float64(w)
 	}
 	return v
+}
+
+// inSomeOrder reports whether v is decayedSum of ws in some order (ws is permuted in place).
+func inSomeOrder(v float64, ws []int64) bool {
+	if len(ws) <= 1 {
+		return math.Abs(v-decayedSum(ws...)) <= 1e-9*max(1, v)
+	}
+	for i := range ws {
+		ws[0], ws[i] = ws[i], ws[0]
+		// The first counted decays len−1 ticks: peel it off and check the rest.
+		rest := v - float64(ws[0])*math.Exp2(-float64(len(ws)-1)/float64(router.RecentHalfLife))
+		ok := inSomeOrder(rest, ws[1:])
+		ws[0], ws[i] = ws[i], ws[0]
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 // TestSplitGroupCountedOnceInAnyOrder: the packets of one flush, a prompt split across them
@@ -328,8 +355,9 @@ func TestSplitGroupCountedOnceInAnyOrder(t *testing.T) {
 	id := b.byName(backendURLs[1]).ID
 	var hashes []uint64
 	var items []queued
+	works := []int64{100, 2000, 300}
 	for g, n := range []int{40, 3 * packetBudget / hashBytes, 40} {
-		items = append(items, queued{id: id, stamp: int64(1000 + 2*g), off: len(hashes), n: n})
+		items = append(items, queued{id: id, stamp: int64(1000 + 2*g), work: works[g], off: len(hashes), n: n})
 		for i := range n {
 			hashes = append(hashes, uint64(g*100000+i+1)*0x9e3779b97f4a7c15)
 		}
@@ -341,7 +369,7 @@ func TestSplitGroupCountedOnceInAnyOrder(t *testing.T) {
 	for i := len(packets) - 1; i >= 0; i-- {
 		b.node.receive(packets[i])
 	}
-	if v, want := b.byName(backendURLs[1]).Routed().Value(0, router.RecentHalfLife), decayedCount(3); math.Abs(v-want) > 1e-9 {
-		t.Fatalf("recent count %.4f after %d packets in reverse, want %.4f (three decisions)", v, len(packets), want)
+	if v := b.byName(backendURLs[1]).Routed().Value(0, router.RecentHalfLife); !inSomeOrder(v, works) {
+		t.Fatalf("recent work %.4f after %d packets in reverse, want the decayed sum of %v in some order (three decisions, each once)", v, len(packets), works)
 	}
 }

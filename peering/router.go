@@ -44,7 +44,7 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 			// Routed all the same (a prompt under one chunk, a body that did not parse):
 			// an empty group, so that the peers count the decision. Stamp 0 is no Learn's,
 			// and nothing withdraws it (Unlearn of 0 does nothing).
-			p.n.q.push(b.ID, 0, nil, &p.n.m)
+			p.n.q.push(b.ID, 0, p.Prefix.RoutedWork(k, 0), nil, &p.n.m)
 		}
 		return l
 	}
@@ -55,7 +55,7 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 	}
 	// Pushed even when empty (the backend held the whole prompt): the peers count every
 	// decision (router.Prefix.NotePeerRouted).
-	p.n.q.push(b.ID, int64(l), chunks, &p.n.m)
+	p.n.q.push(b.ID, int64(l), p.Prefix.RoutedWork(k, held), chunks, &p.n.m)
 	return l
 }
 
@@ -97,10 +97,12 @@ type backendSet struct {
 
 // queued is one Learn (or, forget set, one Unlearn of a Learn already sent) waiting for the
 // flusher: hashes[off:off+n] of the queue's arena (n 0: a Learn of a prompt the backend held
-// whole, sent as an empty group so that the peers count the decision, NotePeerRouted).
+// whole, sent as an empty group so that the peers count the decision, NotePeerRouted), and
+// the decision's prefill work (router.Prefix.RoutedWork; 0 for a forget).
 type queued struct {
 	id        uint64
 	stamp     int64
+	work      int64
 	off, n    int
 	forget    bool
 	cancelled bool
@@ -118,8 +120,8 @@ type queue struct {
 	kick chan struct{}
 }
 
-func (q *queue) push(id uint64, stamp int64, chunks []uint64, m *metricSet) {
-	q.add(queued{id: id, stamp: stamp}, chunks, m)
+func (q *queue) push(id uint64, stamp, work int64, chunks []uint64, m *metricSet) {
+	q.add(queued{id: id, stamp: stamp, work: work}, chunks, m)
 }
 
 // pushForget queues the withdrawal of the Learn stamped stamp on backend id, sent already.

@@ -6,10 +6,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
-// wireVersion is the first byte of every message; a receiver drops other versions.
-const wireVersion = 1
+// wireVersion is the first byte of every message; a receiver drops other versions (and
+// counts them in prefixlb_peer_messages_invalid_total). 2: each learned group carries its
+// decision's prefill work, and the chunk hashes are key format v5's
+// (key.Version); during a rolling upgrade from version 1 the two versions ignore each
+// other, each routing on what it learned itself, until the last old replica is gone.
+const wireVersion = 2
 
 // Message kinds (the second byte).
 const (
@@ -17,12 +22,14 @@ const (
 	//
 	//	version kind  uvarint(len(sender)) sender
 	//	uvarint(loads) { id:u64 in_flight:uvarint prefill_tokens:uvarint }…
-	//	{ id:u64 stamp:i64 uvarint(n) hash:u64 × n }…   (to the end: learned prompts)
+	//	{ id:u64 stamp:i64 uvarint(work) uvarint(n) hash:u64 × n }…   (to the end: learned prompts)
 	//
 	// integers little-endian; stamp unix nanoseconds; a learned group is one routed request's
 	// chained chunk hashes (or a part of them, see minGroupHashes) on backend id, with n 0
-	// for a prompt the backend held whole (the receiver counts each group as one decision,
-	// router.Prefix.NotePeerRouted, the parts of a split one once). A group
+	// for a prompt the backend held whole; work is the decision's prefill work in tokens
+	// (router.Prefix.RoutedWork), which the receiver counts once per group in the backend's
+	// recent share (router.Prefix.NotePeerRouted; the parts of a split one repeat it and
+	// count once). A group
 	// whose stamp is negative is a forget: backend id refused the request of the group
 	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
 	kindUpdate = 1
@@ -45,8 +52,8 @@ const (
 const hashBytes = 8
 
 // groupOverhead is the most bytes a learned group takes besides its hashes: the backend id,
-// the stamp and the count.
-const groupOverhead = 8 + 8 + binary.MaxVarintLen64
+// the stamp, the work and the count.
+const groupOverhead = 8 + 8 + 2*binary.MaxVarintLen64
 
 // recordBytes is the most bytes one record of a load section or a samples message takes: a
 // backend id and two counts (appendRecord); recordMinBytes the least.
@@ -88,12 +95,13 @@ func appendRecord(dst []byte, id uint64, a, b int64) []byte {
 	return binary.AppendUvarint(dst, uint64(max(b, 0)))
 }
 
-// appendGroup writes one learned group of an update (stamp ≥ 0) or, with stamp < 0, one
-// backend's part of a snapshot.
-func appendGroup(dst []byte, id uint64, stamp int64, hashes []uint64) []byte {
+// appendGroup writes one learned group of an update (stamp ≥ 0, work its decision's prefill
+// work, negative: 0) or, with stamp < 0, one backend's part of a snapshot (work not written).
+func appendGroup(dst []byte, id uint64, stamp, work int64, hashes []uint64) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, id)
 	if stamp >= 0 {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(stamp))
+		dst = binary.AppendUvarint(dst, uint64(max(work, 0)))
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(hashes)))
 	for _, h := range hashes {
@@ -247,10 +255,11 @@ func (r *reader) header(kind byte) string {
 }
 
 // decodeUpdate calls onLoads with the sender and its loads, then onGroup for each learned
-// group (forget false) or forget of one (forget true, stamp the learned group's); *ls and *hs
+// group (forget false, work its decision's prefill work) or forget of one (forget true, stamp
+// the learned group's, work 0); *ls and *hs
 // are scratch, reused across calls (what the callbacks get is valid only during the call). It
 // returns the first decoding error; what was delivered before it stands.
-func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(id uint64, stamp int64, forget bool, hashes []uint64)) error {
+func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(id uint64, stamp, work int64, forget bool, hashes []uint64)) error {
 	r := reader{buf: buf}
 	sender := r.header(kindUpdate)
 	*ls = (*ls)[:0]
@@ -264,14 +273,18 @@ func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender 
 	onLoads(sender, *ls)
 	for len(r.buf) > 0 {
 		id, stamp := r.u64(), int64(r.u64())
+		var work int64
+		if stamp >= 0 {
+			work = int64(min(r.uvarint(), math.MaxInt64))
+		}
 		*hs = r.hashes(*hs)
 		if r.err != nil {
 			return r.err
 		}
 		if stamp < 0 {
-			onGroup(id, ^stamp, true, *hs)
+			onGroup(id, ^stamp, 0, true, *hs)
 		} else {
-			onGroup(id, stamp, false, *hs)
+			onGroup(id, stamp, work, false, *hs)
 		}
 	}
 	return nil

@@ -84,7 +84,7 @@ type cand struct {
 	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
 	kvUsage float64 // reported KV-cache usage, 0..1 (0: unknown)
 	alone   bool    // every request the replica finished lately came through this proxy
-	recent  float64 // requests this policy routed there lately (backend.Routed, RecentHalfLife)
+	recent  float64 // prefill work (tokens) this policy routed there lately (backend.Routed, RecentHalfLife)
 	rate    float64 // learned prefill tokens/s (0: not yet)
 	base    float64 // learned seconds to first token with no prefill (0: not yet)
 	decodes int64   // this proxy's streamed requests decoding there (backend.Decoding)
@@ -229,7 +229,7 @@ type selection struct {
 	loadFirst  bool    // TieBreakLoad
 	auto       bool    // TieBreakAuto: loadFirst while every candidate is alone
 	spread     bool    // PrefixOptions.NoSpreadNewPrefixes off
-	// fleetRecent: the recent routed counts are the fleet's (Prefix.CountPeerRoutes), and
+	// fleetRecent: the recent routed work is the fleet's (Prefix.CountPeerRoutes), and
 	// TieBreakLoad ranks by them as TieBreakAuto does alone.
 	fleetRecent bool
 	// shortFirstTurn: the prompt's first turn was shorter than the head chunks
@@ -322,7 +322,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	// shared chunk's holder does (4 llm-d-inference-sim replicas, multi-turn, judged unknown
 	// so that auto stayed on the ring: max share 1.50 with the holder, 2.00 by hash).
 	// And only for a holder already above thinMatchLoad × the near-ties' mean load (recent
-	// routes under byRecent, else in-flight requests, per weight): a thread's own history is
+	// routed work under byRecent, else in-flight requests, per weight): a thread's own history is
 	// often thin against its next branch (OpenAssistant siblings), and moving it costs the
 	// whole history's prefill, while a pile-up is a holder taking more than its share.
 	spread := sel.spread && loadFirst
@@ -400,7 +400,8 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	if loadFirst {
 		// Among the near-ties that hold the most, only the least loaded stay, and the ring
 		// decides among equals. With sel.spread, a replica alone (TieBreakAuto) ranks by the
-		// requests it routed to each lately (per weight), then by in-flight requests: it sees all of its
+		// prefill work it routed to each lately (per weight; Prefix.RoutedWork), then by
+		// in-flight requests: it sees all of its
 		// backends' traffic, so that share follows the conversations each serves between
 		// their turns, when their in-flight count is 0 (4 llm-d-inference-sim replicas,
 		// multi-turn: new conversations went to replicas serving 2–3 while two served 1).
@@ -457,7 +458,8 @@ func opening(n int) int {
 	return n
 }
 
-// loadOf is what lessLoaded ranks first: recent routes under byRecent, else in-flight requests.
+// loadOf is what lessLoaded ranks first: recent routed work under byRecent, else in-flight
+// requests.
 func loadOf(c *cand, byRecent bool) float64 {
 	if byRecent {
 		return c.recent
@@ -466,7 +468,7 @@ func loadOf(c *cand, byRecent bool) float64 {
 }
 
 // lessLoaded compares a's load with b's, per weight: −1 lighter, 0 equal, 1 heavier. byRecent
-// ranks by recent routed requests first, then in-flight requests.
+// ranks by recent routed work first, then in-flight requests.
 func lessLoaded(a, b *cand, byRecent bool) int {
 	if byRecent {
 		if l, r := a.recent*float64(b.weight), b.recent*float64(a.weight); l != r {

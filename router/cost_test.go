@@ -204,7 +204,7 @@ func TestPickSpreadsConversationsPeered(t *testing.T) {
 					peer := bss[1-r][slices.IndexFunc(bss[r], func(b *backend.Backend) bool { return b == d.Backend })]
 					ps[1-r].Index().Record(k.Chunks, peer, time.Now())
 					if counted {
-						ps[1-r].NotePeerRouted(peer)
+						ps[1-r].NotePeerRouted(peer, ps[r].RoutedWork(k, d.MatchedChunks))
 					}
 					switch {
 					case turn == 0:
@@ -227,8 +227,8 @@ func TestPickSpreadsConversationsPeered(t *testing.T) {
 			if counted {
 				// /debug/route shows the share that ranked the near-ties.
 				for _, e := range ps[0].Explain(routedKey(chunkChain(nil).extend("new", 4)), bss[0]) {
-					if e.RecentRouted <= 0 {
-						t.Errorf("Explain shows %s with recent_routed %v, want the fleet's share (> 0)", e.Backend, e.RecentRouted)
+					if e.RecentWork <= 0 {
+						t.Errorf("Explain shows %s with recent_work_tokens %v, want the fleet's share (> 0)", e.Backend, e.RecentWork)
 					}
 				}
 			}

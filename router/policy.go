@@ -142,10 +142,11 @@ type CandidateEstimate struct {
 	BaseMs          float64 `json:"base_ms"`
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
 	InFlight        int64   `json:"in_flight"`
-	// RecentRouted is the decaying count of requests routed there lately (backend.Routed,
-	// RecentHalfLife; the peers' too when peered) by which near-ties for a new prefix are
-	// ranked first; 0 where it is not read (near-ties by the ring, or in-flight alone).
-	RecentRouted float64 `json:"recent_routed"`
+	// RecentWork is the decaying sum of the prefill work (tokens, Prefix.RoutedWork) routed
+	// there lately (backend.Routed, RecentHalfLife; the peers' too when peered) by which
+	// near-ties for a new prefix are ranked first; 0 where it is not read (near-ties by the
+	// ring, or in-flight alone).
+	RecentWork float64 `json:"recent_work_tokens"`
 	// UnderCap: under the bounded-load cap; UnderHardCap: under the hard cap, up to which a
 	// candidate over the cap still wins when its estimate beats every one under it.
 	UnderCap     bool `json:"under_load_cap"`

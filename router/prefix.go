@@ -74,9 +74,10 @@ type PrefixOptions struct {
 	// candidate is alone) a thin match (one sparing under thinMatchShare of the prefill work,
 	// such as a system prompt many conversations share) counts as none among them on a
 	// holder above thinMatchLoad × their mean load, and a prefixlb replica alone
-	// (TieBreakAuto) sends a new prefix to the near-tie it routed the fewest requests to
-	// lately (backend.Routed, RecentHalfLife) before the in-flight count: between turns a
-	// conversation has nothing in flight where it is served. Under the ring (and with
+	// (TieBreakAuto) sends a new prefix to the near-tie it routed the least prefill work to
+	// lately (backend.Routed, RoutedWork, RecentHalfLife) before the in-flight count: between
+	// turns a conversation has nothing in flight where it is served, and a 100k-token prompt
+	// costs its replica what thousands of short ones do. Under the ring (and with
 	// spreading off) a thin match still counts. Either way a match of the first chunk alone
 	// counts as none (key.HeadChunks), but, with spreading, for a prompt whose own first turn
 	// was that short (key.Key.ShortFirstTurn). Measured (bench suite, 3 rounds, 4 simulated
@@ -102,7 +103,7 @@ const (
 	// replicas that share their loads (peering) or run alone: cold prompts then spread by
 	// load instead of by hash (on the multi-turn bench, 11 conversations on 4 replicas, the
 	// ring alone put up to 2.1× the mean on one replica). Peered replicas
-	// (Prefix.CountPeerRoutes) rank by the fleet's recent routed share first.
+	// (Prefix.CountPeerRoutes) rank by the fleet's recent share of the prefill work first.
 	TieBreakLoad
 	// TieBreakAuto: TieBreakLoad while every candidate's requests come through this proxy
 	// alone (backend.SendersAlone, judged by the health checker from the replicas' own
@@ -151,9 +152,10 @@ type Prefix struct {
 	peerRoutes atomic.Bool
 }
 
-// RecentHalfLife is the half-life, in routing decisions, of a backend's count of requests
-// routed to it (backend.Routed), by which a prefixlb replica alone, or peered replicas
-// counting one another's decisions (CountPeerRoutes), break near-ties for new prefixes: about
+// RecentHalfLife is the half-life, in routing decisions, of a backend's sum of the prefill
+// work routed to it (backend.Routed, RoutedWork), by which a prefixlb replica alone, or peered
+// replicas counting one another's decisions (CountPeerRoutes), break near-ties for new
+// prefixes: about
 // the last 185 decisions (128 ÷ ln 2) count, more than a few rounds of turns of the
 // conversations in flight, so that a conversation between turns still counts where it is
 // served.
@@ -258,7 +260,7 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 			return Decision{Backend: LeastLoaded(candidates, p.next.Load()), Reason: ReasonLeastLoad}
 		}
 		b := LeastLoaded(candidates, p.next.Add(1)-1)
-		p.noteRouted(b)
+		p.noteRouted(b, p.RoutedWork(k, 0))
 		return Decision{Backend: b, Reason: ReasonLeastLoad}
 	}
 	var mbuf [maxStackCandidates]int
@@ -269,8 +271,8 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 	prompt, held := int64(k.PromptTokens), int64(cs[j].held)
 	work := PrefillWork(prompt, held)
 	if commit {
+		p.noteRouted(candidates[j], p.RoutedWork(k, cs[j].matched))
 		p.meanWork.Observe(float64(work))
-		p.noteRouted(candidates[j])
 	}
 	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: max(prompt-held, 1),
 		PrefillWork: work, PredictedTTFT: estSeconds(cs[j].est)}
@@ -281,13 +283,39 @@ func (p *Prefix) costInput(k *key.Key) costInput {
 	return costInput{promptTokens: int64(k.PromptTokens), chunkTokens: int(p.chunkTokens), meanWork: p.meanWork.Mean()}
 }
 
-// noteRouted counts a decision for b's recent share, which TieBreakAuto reads while
-// spreading new prefixes and every candidate is alone, and TieBreakLoad once the peers'
-// decisions are counted too (CountPeerRoutes).
-func (p *Prefix) noteRouted(b *backend.Backend) {
+// noteRouted counts a decision of prefill work work (RoutedWork) for b's recent share, which
+// TieBreakAuto reads while spreading new prefixes and every candidate is alone, and
+// TieBreakLoad once the peers' decisions are counted too (CountPeerRoutes).
+func (p *Prefix) noteRouted(b *backend.Backend, work int64) {
 	if p.sel.spread && (p.sel.auto || p.peerRoutes.Load()) {
-		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
+		b.Routed().Add(p.seq.Add(1), RecentHalfLife, float64(work))
 	}
+}
+
+// RoutedWork is what a decision sending k to a backend that holds its first matched chunks
+// adds to that backend's recent share (backend.Routed): PrefillWork of the prompt after
+// those chunks, in tokens, at least 1; for a body that did not parse (k nil, not OK, or no
+// prompt tokens) the mean prefill work this policy routes (1 before any). Peered replicas
+// send it with each decision (package peering) so that every replica counts a decision alike.
+//
+// Weighed by work, not counted per request, which took a replica given three long prompts
+// for lighter than one given five short ones: on the Mooncake trace (prompts from a few
+// hundred to 120k tokens, 4 simulated replicas; `prefixlb bench suite --workloads mooncake
+// --levels medium,near-saturation --repeat 5 --policies prefix`) p95 / p99 TTFT read 680 /
+// 1481 ms at medium load and 771 / 1616 ms near saturation, max share / mean 1.18 / 1.30,
+// against 719 / 1794, 772 / 1811 and 1.14 / 1.48 counting requests. Weighing by prompt tokens
+// (the cached ones too) read 702 / 1500 and 893 / 1718, and each request counting at least the
+// mean work 722 / 1597 and 954 / 1764. What it costs: agent sessions near saturation
+// (`--workloads agentic --levels near-saturation --repeat 3 --policies prefix,prefix-x3+peer`),
+// whose steps are light against their sessions' cold first requests, read p95 / p99 172 / 323
+// ms alone and 172 / 366 peered, against 151 / 304 and 171 / 384 counting requests (the full
+// suite's run of the request count read 172 ms alone there).
+func (p *Prefix) RoutedWork(k *key.Key, matched int) int64 {
+	if k == nil || !k.OK || k.PromptTokens <= 0 {
+		return max(int64(math.Round(p.meanWork.Mean())), 1)
+	}
+	prompt := int64(k.PromptTokens)
+	return PrefillWork(prompt, min(int64(key.PrefixTokens(matched, int(p.chunkTokens))), prompt))
 }
 
 // CountPeerRoutes makes the recent share by which near-ties for new prefixes are ranked
@@ -305,11 +333,11 @@ func (p *Prefix) CountPeerRoutes() {
 	}
 }
 
-// NotePeerRouted counts a decision a peer made for b (one routed request; see
-// CountPeerRoutes). It does nothing unless CountPeerRoutes took effect.
-func (p *Prefix) NotePeerRouted(b *backend.Backend) {
+// NotePeerRouted counts a decision a peer made for b, of prefill work work (the peer's
+// RoutedWork; see CountPeerRoutes). It does nothing unless CountPeerRoutes took effect.
+func (p *Prefix) NotePeerRouted(b *backend.Backend, work int64) {
 	if p.peerRoutes.Load() {
-		b.Routed().Add(p.seq.Add(1), RecentHalfLife)
+		b.Routed().Add(p.seq.Add(1), RecentHalfLife, float64(work))
 	}
 }
 
@@ -404,7 +432,7 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 			QueuedTokens: c.queued, ForeignRequests: c.foreign, DecodingRequests: c.decodes, DecodingTokens: c.context,
 			DecodeWork: c.decode, KVCacheUsage: c.kvUsage, PrefillRate: rate,
 			RateLearned: learned, BaseMs: float64(base) / float64(time.Millisecond), PredictedTTFTMs: c.est * 1000,
-			InFlight: c.inFlight, RecentRouted: c.recent, OtherSenders: candidates[j].OtherSenders().String()}
+			InFlight: c.inFlight, RecentWork: c.recent, OtherSenders: candidates[j].OtherSenders().String()}
 		soft, hard := p.sel.caps(total, max(c.weight, 1), wsum)
 		out[j].UnderCap, out[j].UnderHardCap = c.inFlight < soft, c.inFlight < hard
 	}

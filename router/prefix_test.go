@@ -923,3 +923,48 @@ func TestSharedOpeningSpreads(t *testing.T) {
 		})
 	}
 }
+
+// TestRecentShareWeighsWork: a prefixlb replica alone ranks near-ties for a new prefix by the
+// prefill work it routed to each lately (Prefix.RoutedWork), not by its count of requests:
+// after one ~4000-token cold prompt on one of two idle backends, the next eight 128-token cold
+// prompts all go to the other (counting requests, they alternate from the second on). The
+// work a decision counts is the prompt's after what the backend held: a follow-up that
+// finds its history counts only its new chunks.
+func TestRecentShareWeighsWork(t *testing.T) {
+	bs := prefixBackends(t, 2)
+	for _, b := range bs {
+		b.SetOtherSenders(backend.SendersAlone)
+	}
+	p := NewPrefix(PrefixOptions{TieBreak: TieBreakAuto}, nil)
+	p.SetBackends(bs)
+	long := routedKey(chunkChain(nil).extend("long document", 64))
+	long.PromptTokens = key.PrefixTokens(64, key.DefaultChunkTokens) // the head chunks are shorter
+	held := func(n int) int64 { return int64(key.PrefixTokens(n, key.DefaultChunkTokens)) }
+	d := p.Pick(long, bs)
+	p.Learn(long, d.Backend, d.MatchedChunks)
+	for i := range 8 {
+		k := routedKey(chunkChain(nil).extend(fmt.Sprint("question ", i), 2))
+		got := p.Pick(k, bs)
+		if got.Backend == d.Backend {
+			t.Fatalf("short prompt %d went to %s, which took the %d-token prompt; want the other (recent work %v / %v)",
+				i, got.Backend.Name, long.PromptTokens, bs[0].Routed().Value(0, RecentHalfLife), bs[1].Routed().Value(0, RecentHalfLife))
+		}
+		p.Learn(k, got.Backend, got.MatchedChunks)
+	}
+	tests := []struct {
+		name    string
+		k       *key.Key
+		matched int
+		want    int64
+	}{
+		{"cold", long, 0, PrefillWork(held(64), 0)},
+		{"held but the last chunk", long, 63, PrefillWork(held(64), held(63))},
+		{"held whole", long, 64, 1},
+		{"not parsed: the mean routed", &key.Key{}, 0, int64(math.Round(p.meanWork.Mean()))},
+	}
+	for _, tt := range tests {
+		if got := p.RoutedWork(tt.k, tt.matched); got != tt.want {
+			t.Errorf("%s: RoutedWork = %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}

@@ -105,10 +105,12 @@ func (s *Shadow) Actual() Policy { return s.actual }
 // Pick returns Actual's pick and records what the prefix policy would have chosen.
 func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	d := s.actual.Pick(k, candidates)
-	if d.Backend != nil {
-		s.prefix.noteRouted(d.Backend) // where requests go is what the recent share counts
+	if d.Backend == nil {
+		return d
 	}
-	if d.Backend == nil || short(k) || !k.Routed || !k.OK || len(candidates) > maxStackCandidates {
+	if short(k) || !k.Routed || !k.OK || len(candidates) > maxStackCandidates {
+		// Where requests go is what the recent share counts.
+		s.prefix.noteRouted(d.Backend, s.prefix.RoutedWork(k, 0))
 		return d
 	}
 	p := s.prefix
@@ -125,8 +127,10 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 		}
 	}
 	if a < 0 {
+		p.noteRouted(d.Backend, p.RoutedWork(k, 0))
 		return d
 	}
+	p.noteRouted(d.Backend, p.RoutedWork(k, cs[a].matched))
 	if a == j {
 		s.stats.agree.Add(1)
 	} else {
