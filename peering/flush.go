@@ -57,10 +57,9 @@ func (n *Node) flushLoop() {
 		default:
 		}
 		items, hashes = n.q.take(items, hashes)
-		learned, forgets := 0, 0 // items not cancelled
+		learned, forgets := 0, 0
 		for _, it := range items {
 			switch {
-			case it.cancelled:
 			case it.forget:
 				forgets++
 			default:
@@ -210,9 +209,6 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 		loads = loads[k:]
 	}
 	for _, it := range items {
-		if it.cancelled {
-			continue
-		}
 		hs := hashes[it.off : it.off+it.n]
 		if len(hs) == 0 { // a decision on a prompt held whole: the group alone
 			if packetBudget-len(packets[len(packets)-1]) < groupOverhead {

@@ -41,10 +41,12 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 	l := p.Prefix.Learn(k, b, held)
 	if l == 0 {
 		if b != nil {
-			// Routed all the same (a prompt under one chunk, a body that did not parse):
-			// an empty group, so that the peers count the decision. Stamp 0 is no Learn's,
-			// and nothing withdraws it (Unlearn of 0 does nothing).
-			p.n.q.push(b.ID, 0, p.Prefix.RoutedWork(k, 0), nil, &p.n.m)
+			// Routed all the same (a prompt under one chunk; a backend the index does not
+			// list): an empty group, so that the peers count the decision. Stamp 0 is no
+			// Learn's, and nothing withdraws it (Unlearn of 0 does nothing). A body that did
+			// not parse is not learned at all (router.Decider.Learns): this replica counts its
+			// decision, its peers do not.
+			p.n.q.push(b.ID, 0, p.Prefix.RoutedWork(k, held), nil, &p.n.m)
 		}
 		return l
 	}
@@ -100,12 +102,11 @@ type backendSet struct {
 // whole, sent as an empty group so that the peers count the decision, NotePeerRouted), and
 // the decision's prefill work (router.Prefix.RoutedWork; 0 for a forget).
 type queued struct {
-	id        uint64
-	stamp     int64
-	work      int64
-	off, n    int
-	forget    bool
-	cancelled bool
+	id     uint64
+	stamp  int64
+	work   int64
+	off, n int
+	forget bool
 }
 
 // queue holds the Learns since the last flush. push copies the chunks into an arena that
@@ -129,15 +130,17 @@ func (q *queue) pushForget(id uint64, stamp int64, chunks []uint64, m *metricSet
 	q.add(queued{id: id, stamp: stamp, forget: true}, chunks, m)
 }
 
-// cancel drops the queued Learn stamped stamp on backend id, and reports whether it was still
-// queued (then no peer ever hears of it). It scans what was queued since the last flush, a
+// cancel drops the chunks of the queued Learn stamped stamp on backend id, and reports whether
+// it was still queued (then no peer ever hears of them). The decision stays, an empty group
+// with its prefill work, so that the peers count it in the backend's recent share as this
+// replica did when it routed it (router.Prefix.NotePeerRouted). It scans what was queued since the last flush, a
 // few items at a few hundred requests per second.
 func (q *queue) cancel(id uint64, stamp int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for i := len(q.items) - 1; i >= 0; i-- {
 		if it := &q.items[i]; it.id == id && it.stamp == stamp && !it.forget {
-			it.cancelled = true
+			it.n = 0
 			return true
 		}
 	}

@@ -11,8 +11,8 @@ import (
 
 // wireVersion is the first byte of every message; a receiver drops other versions (and
 // counts them in prefixlb_peer_messages_invalid_total). 2: each learned group carries its
-// decision's prefill work, and the chunk hashes are key format v5's
-// (key.Version); during a rolling upgrade from version 1 the two versions ignore each
+// decision's prefill work, and the chunk hashes are key format v5's (router/key's
+// seedDomain); during a rolling upgrade from version 1 the two versions ignore each
 // other, each routing on what it learned itself, until the last old replica is gone.
 const wireVersion = 2
 
@@ -22,7 +22,8 @@ const (
 	//
 	//	version kind  uvarint(len(sender)) sender
 	//	uvarint(loads) { id:u64 in_flight:uvarint prefill_tokens:uvarint }…
-	//	{ id:u64 stamp:i64 uvarint(work) uvarint(n) hash:u64 × n }…   (to the end: learned prompts)
+	//	{ id:u64 stamp:i64 uvarint(work) uvarint(n) hash:u64 × n }…   (to the end: learned prompts;
+	//	  a forget, stamp < 0, has no work: { id:u64 stamp:i64 uvarint(n) hash:u64 × n })
 	//
 	// integers little-endian; stamp unix nanoseconds; a learned group is one routed request's
 	// chained chunk hashes (or a part of them, see minGroupHashes) on backend id, with n 0

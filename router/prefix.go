@@ -296,7 +296,8 @@ func (p *Prefix) noteRouted(b *backend.Backend, work int64) {
 // adds to that backend's recent share (backend.Routed): PrefillWork of the prompt after
 // those chunks, in tokens, at least 1; for a body that did not parse (k nil, not OK, or no
 // prompt tokens) the mean prefill work this policy routes (1 before any). Peered replicas
-// send it with each decision (package peering) so that every replica counts a decision alike.
+// send it with each decision they learn (package peering; a body that did not parse is not
+// learned, and counts on its own replica only) so that every replica counts a decision alike.
 //
 // Weighed by work, not counted per request, which took a replica given three long prompts
 // for lighter than one given five short ones: on the Mooncake trace (prompts from a few
