@@ -128,7 +128,7 @@ func TestThinMatchAmongNearTies(t *testing.T) {
 }
 
 // TestTieBreakAutoByRecentShare: spreading new prefixes (the default), a prefixlb replica alone (TieBreakAuto, every candidate
-// alone) sends a cold prompt's near-ties to the backend it routed the fewest requests to
+// alone) sends a cold prompt's near-ties to the backend it routed the least prefill work to
 // lately, even where that one has a request in flight and another has none (conversations
 // between turns have none); TieBreakLoad ranks by in-flight requests only, unless the recent
 // share is the fleet's (peered replicas, Prefix.CountPeerRoutes), where it ranks as auto
@@ -144,7 +144,7 @@ func TestTieBreakAutoByRecentShare(t *testing.T) {
 	fleet.fleetRecent = true
 	for i := range 32 {
 		chunks := chunkChain(nil).extend(fmt.Sprint("cold", i), 4)
-		quiet := i % n      // fewest requests lately, one in flight now
+		quiet := i % n      // least work routed lately, one in flight now
 		idle := (i + 1) % n // none in flight, many lately
 		cs := make([]cand, n)
 		for j := range cs {
@@ -241,7 +241,7 @@ func TestPickSpreadsConversationsPeered(t *testing.T) {
 
 // TestPickSpreadsConversationsAlone: a prefixlb replica alone (TieBreakAuto, every backend
 // SendersAlone) places cold conversations, between whose turns nothing is in flight, by the
-// requests it routed to each backend lately: 8 conversations' first turns on 4 backends land
+// prefill work it routed to each backend lately: 8 conversations' first turns on 4 backends land
 // 2 on each, and each conversation's later turns follow its first. Candidates not all alone
 // read no recent share (the ring breaks their ties).
 func TestPickSpreadsConversationsAlone(t *testing.T) {

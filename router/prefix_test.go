@@ -872,7 +872,7 @@ func TestSharedOpeningSpreads(t *testing.T) {
 		}
 		return strings.Join(w, " ")
 	}
-	// Alone, replicas rank by their recent share of routes: 4 each but for one either way.
+	// Alone, replicas rank by their recent share of the routed work: 4 each but for one either way.
 	// Under TieBreakLoad unpeered, by in-flight requests, all 0 here between requests: the
 	// ring decides among the cold, 2/4/6 for these 12 first turns.
 	for _, tt := range []struct {
