@@ -951,6 +951,25 @@ func TestRecentShareWeighsWork(t *testing.T) {
 		}
 		p.Learn(k, got.Backend, got.MatchedChunks)
 	}
+	// A follow-up that finds its history on the backend adds the work after that history
+	// (one tick of decay on what the backend had: it took the decision before too).
+	first := chunkChain(nil).extend("conversation", 32)
+	k1 := routedKey(first)
+	d1 := p.Pick(k1, bs)
+	p.Learn(k1, d1.Backend, d1.MatchedChunks)
+	before := d1.Backend.Routed().Value(0, RecentHalfLife)
+	k2 := routedKey(first.extend("follow-up", 8))
+	d2 := p.Pick(k2, bs)
+	if d2.Backend != d1.Backend || d2.MatchedChunks != 32 {
+		t.Fatalf("follow-up went to %s holding %d chunks, want %s holding 32", d2.Backend.Name, d2.MatchedChunks, d1.Backend.Name)
+	}
+	w := p.RoutedWork(k2, 32)
+	if w >= p.RoutedWork(k2, 0) {
+		t.Fatalf("follow-up's work %d not below its cold work %d", w, p.RoutedWork(k2, 0))
+	}
+	if got, want := d1.Backend.Routed().Value(0, RecentHalfLife), before*math.Exp2(-1/float64(RecentHalfLife))+float64(w); math.Abs(got-want) > 1e-6 {
+		t.Fatalf("recent work after the follow-up %.3f, want %.3f (its work after the held history, %d)", got, want, w)
+	}
 	tests := []struct {
 		name    string
 		k       *key.Key
