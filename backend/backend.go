@@ -57,7 +57,7 @@ type Backend struct {
 	decodeSeqs    atomic.Int64             // this proxy's streamed requests answering here (Decoding)
 	decodeCtx     atomic.Int64             // and their prompt tokens
 	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
-	routed        RecentCount              // the prefix policy's recent prefill work here (recent.go)
+	routed        RecentSum                // the prefix policy's recent prefill work here (recent.go)
 	samples       sampleLog                // own prefill observations for peers (samples.go)
 }
 

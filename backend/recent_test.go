@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-func TestRecentCount(t *testing.T) {
+func TestRecentSum(t *testing.T) {
 	type add struct {
 		at uint64
 		w  float64
@@ -28,7 +28,7 @@ func TestRecentCount(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var r RecentCount
+			var r RecentSum
 			for _, a := range tt.adds {
 				r.Add(a.at, 128, a.w)
 			}

@@ -318,7 +318,7 @@ func TestPeersCountDecisions(t *testing.T) {
 	}
 }
 
-// decayedSum is a backend.RecentCount's value after Adds of ws one tick apart, read at the
+// decayedSum is a backend.RecentSum's value after Adds of ws one tick apart, read at the
 // last: each Add decays the sum before it by 2^(−1 ÷ half-life).
 func decayedSum(ws ...int64) float64 {
 	v := 0.0

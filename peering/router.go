@@ -39,6 +39,7 @@ const fullChainEvery = 16
 // backend's capacity.
 func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
 	l := p.Prefix.Learn(k, b, held)
+	work := p.Prefix.RoutedWork(k, held) // what this replica counted for the decision
 	if l == 0 {
 		if b != nil {
 			// Routed all the same (a prompt under one chunk; a backend the index does not
@@ -46,7 +47,7 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 			// Learn's, and nothing withdraws it (Unlearn of 0 does nothing). A body that did
 			// not parse is not learned at all (router.Decider.Learns): this replica counts its
 			// decision, its peers do not.
-			p.n.q.push(b.ID, 0, p.Prefix.RoutedWork(k, held), nil, &p.n.m)
+			p.n.q.push(b.ID, 0, work, nil, &p.n.m)
 		}
 		return l
 	}
@@ -57,7 +58,7 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 	}
 	// Pushed even when empty (the backend held the whole prompt): the peers count every
 	// decision (router.Prefix.NotePeerRouted).
-	p.n.q.push(b.ID, int64(l), p.Prefix.RoutedWork(k, held), chunks, &p.n.m)
+	p.n.q.push(b.ID, int64(l), work, chunks, &p.n.m)
 	return l
 }
 

@@ -268,14 +268,13 @@ func (p *Prefix) pick(k *key.Key, candidates []*backend.Backend, commit bool) De
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
 	estimate(cs, p.costInput(k))
 	j, r := pickCost(k.Chunks, cs, p.selection(k), p.ring.Load())
-	prompt, held := int64(k.PromptTokens), int64(cs[j].held)
-	work := PrefillWork(prompt, held)
+	c := &cs[j]
 	if commit {
-		p.noteRouted(candidates[j], p.RoutedWork(k, cs[j].matched))
-		p.meanWork.Observe(float64(work))
+		p.noteRouted(candidates[j], p.RoutedWork(k, c.matched))
+		p.meanWork.Observe(float64(c.work))
 	}
-	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: cs[j].matched, PrefillTokens: max(prompt-held, 1),
-		PrefillWork: work, PredictedTTFT: estSeconds(cs[j].est)}
+	return Decision{Backend: candidates[j], Reason: r, MatchedChunks: c.matched, PrefillTokens: max(int64(k.PromptTokens)-int64(c.held), 1),
+		PrefillWork: c.work, PredictedTTFT: estSeconds(c.est)}
 }
 
 // costInput is what estimate needs of k and the policy beyond the candidates.

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/prefixlb/prefixlb/backend"
@@ -108,10 +109,20 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	if d.Backend == nil {
 		return d
 	}
+	s.evaluate(k, candidates, &d)
+	// Where requests go is what the recent share counts, at the work they send there (after
+	// the match evaluate found on the actual backend).
+	s.prefix.noteRouted(d.Backend, s.prefix.RoutedWork(k, d.MatchedChunks))
+	return d
+}
+
+// evaluate weighs Actual's decision d as the prefix policy would have: it counts agreement,
+// the cached tokens and estimated TTFT of both choices, and fills d's match and estimates
+// from the prefix policy's view of d.Backend. A prompt it cannot place (short, not parsed,
+// more candidates than the stack holds, a backend not among the candidates) is left as is.
+func (s *Shadow) evaluate(k *key.Key, candidates []*backend.Backend, d *Decision) {
 	if short(k) || !k.Routed || !k.OK || len(candidates) > maxStackCandidates {
-		// Where requests go is what the recent share counts.
-		s.prefix.noteRouted(d.Backend, s.prefix.RoutedWork(k, 0))
-		return d
+		return
 	}
 	p := s.prefix
 	var mbuf [maxStackCandidates]int
@@ -119,18 +130,10 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
 	estimate(cs, p.costInput(k))
 	j, _ := pickCost(k.Chunks, cs, p.selection(k), p.ring.Load())
-	a := -1
-	for i, b := range candidates {
-		if b == d.Backend {
-			a = i
-			break
-		}
-	}
+	a := slices.Index(candidates, d.Backend)
 	if a < 0 {
-		p.noteRouted(d.Backend, p.RoutedWork(k, 0))
-		return d
+		return
 	}
-	p.noteRouted(d.Backend, p.RoutedWork(k, cs[a].matched))
 	if a == j {
 		s.stats.agree.Add(1)
 	} else {
@@ -143,10 +146,8 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	s.stats.shadowTTFTNanos.Add(uint64(estSeconds(cs[j].est)))
 	s.stats.actualTTFTNanos.Add(uint64(estSeconds(cs[a].est)))
 	// The work actually routed is the actual backend's: it feeds the mean the estimates use.
-	work := PrefillWork(prompt, int64(cs[a].held))
-	p.meanWork.Observe(float64(work))
-	d.MatchedChunks, d.PrefillTokens, d.PrefillWork, d.PredictedTTFT = cs[a].matched, max(prompt-int64(cs[a].held), 1), work, estSeconds(cs[a].est)
-	return d
+	p.meanWork.Observe(float64(cs[a].work))
+	d.MatchedChunks, d.PrefillTokens, d.PrefillWork, d.PredictedTTFT = cs[a].matched, max(prompt-int64(cs[a].held), 1), cs[a].work, estSeconds(cs[a].est)
 }
 
 // Repick is Actual's retry (its Repick, or a Pick again); retries are not evaluated.
