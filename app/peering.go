@@ -34,7 +34,7 @@ func newPeering(cfg *configs.Config, o *proxy.Options, log *zap.Logger, r discov
 		return nil, err
 	}
 	n, err := peering.New(peering.Options{Listen: p.Listen, Advertise: p.Advertise, Join: p.Join, DNS: p.DNS,
-		Secret: secret, Resolver: r, Log: log.Named("peering")}, pre)
+		Secret: secret, SettleWait: p.SettleWaitOption(), Resolver: r, Log: log.Named("peering")}, pre)
 	if err != nil {
 		return nil, err
 	}

@@ -116,8 +116,11 @@ func (b *Backend) QueuedPrefill(now time.Time) int64 {
 // queuedRaw is the prefill work queued on b before any drain: this proxy's and its peers'.
 func (b *Backend) queuedRaw() int64 { return b.prefillTokens.Load() + b.peerPrefill.Load() }
 
-// rate is the learned prefill rate, the fleet's until learned (SetFleetPrefill), else
-// DefaultPrefillRate (tokens/s).
+// PrefillRate is the prefill rate the cost model uses for b, in tokens per second: b's
+// learned one, the fleet's until learned (SetFleetPrefill), else DefaultPrefillRate.
+func (b *Backend) PrefillRate() float64 { return b.rate() }
+
+// rate is PrefillRate.
 func (b *Backend) rate() float64 {
 	if r, ok := b.prefill.Rate(); ok {
 		return r

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"time"
 
 	"github.com/prefixlb/prefixlb/peering"
 )
@@ -26,7 +27,27 @@ type Peering struct {
 	// or base64 (peering.ParseSecret).
 	SecretFile string `yaml:"secret_file"`
 	SecretEnv  string `yaml:"secret_env"`
+	// SettleWait is how long a long request waits, its decision sent to the peers, before it
+	// goes to its backend, so that a peer's decision made at the same instant is seen and the
+	// later of the two is made again (nil: peering.DefaultSettleWait, 3 ms; 0: off). Only
+	// requests whose own prefill is predicted at 20× the wait or more are held.
+	SettleWait *Duration `yaml:"settle_wait"`
 }
+
+// SettleWaitOption is SettleWait as peering.Options takes it: 0 for the default, negative
+// for off.
+func (p *Peering) SettleWaitOption() time.Duration {
+	switch {
+	case p.SettleWait == nil:
+		return 0
+	case *p.SettleWait <= 0:
+		return -1
+	}
+	return p.SettleWait.D()
+}
+
+// maxSettleWait bounds peering.settle_wait: every held request waits it, up to twice.
+const maxSettleWait = 100 * time.Millisecond
 
 // DefaultPeeringListen is the peer port on all interfaces: memberlist's default port.
 var DefaultPeeringListen = ":" + strconv.Itoa(peering.DefaultPort)
@@ -51,6 +72,8 @@ func (p *Peering) validate(c *Config) error {
 		return fmt.Errorf("peering.advertise: %w", checkHostPort(p.Advertise))
 	case (p.SecretFile == "") == (p.SecretEnv == ""):
 		return errors.New("peering: exactly one of secret_file and secret_env is required (peer traffic is authenticated)")
+	case p.SettleWait != nil && (*p.SettleWait < 0 || p.SettleWait.D() > maxSettleWait):
+		return fmt.Errorf("peering.settle_wait: %s; want 0 (off) up to %s", p.SettleWait.D(), maxSettleWait)
 	case c.Mode != "prefix":
 		return fmt.Errorf("peering: mode %q keeps no index to share; peering needs mode prefix", c.Mode)
 	}

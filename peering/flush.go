@@ -325,6 +325,7 @@ func (n *Node) receive(buf []byte) {
 			if len(hs) == 0 {
 				// A decision on a prompt held whole, or with nothing to learn: never split.
 				n.pol.NotePeerRouted(b, work)
+				n.arrivals.add(arrival{id: id, stamp: stamp, work: work, arrived: now.UnixNano()})
 				return
 			}
 			// A peer's clock ahead of this one's must not stamp the future.
@@ -333,6 +334,7 @@ func (n *Node) receive(buf []byte) {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.
 				n.pol.NotePeerRouted(b, work)
+				n.arrivals.add(arrival{id: id, stamp: stamp, work: work, arrived: now.UnixNano()})
 			}
 		})
 	if err != nil {

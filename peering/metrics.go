@@ -25,6 +25,10 @@ type metricSet struct {
 	// samplesSent and samplesRecv count prefill observations sent per peer and received.
 	samplesSent *metrics.Counter
 	samplesRecv *metrics.Counter
+	// settles counts requests held for SettleWait before they were sent; resettles those
+	// decided again because a peer's earlier decision on their backend arrived meanwhile.
+	settles   *metrics.Counter
+	resettles *metrics.Counter
 }
 
 func newMetrics(alive func() float64) metricSet {
@@ -46,6 +50,8 @@ func newMetrics(alive func() float64) metricSet {
 		forgetsRecv: s.NewCounter("prefixlb_peer_forgets_received_total"),
 		samplesSent: s.NewCounter("prefixlb_peer_prefill_samples_sent_total"),
 		samplesRecv: s.NewCounter("prefixlb_peer_prefill_samples_received_total"),
+		settles:     s.NewCounter("prefixlb_peer_settles_total"),
+		resettles:   s.NewCounter("prefixlb_peer_resettles_total"),
 	}
 }
 

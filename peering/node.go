@@ -144,6 +144,11 @@ type Options struct {
 	SnapshotTimeout time.Duration
 	FlushInterval   time.Duration
 	RejoinInterval  time.Duration
+	// SettleWait is how long a long request waits, its decision sent to the peers, before
+	// it goes to its backend, so that a peer's decision made at the same instant arrives and
+	// the later of the two is made again with the earlier in view (settle.go): 0 takes
+	// DefaultSettleWait, a negative value turns settling off.
+	SettleWait time.Duration
 
 	// wrapTransport, in tests, wraps the network transport (to drop traffic).
 	wrapTransport func(memberlist.Transport) memberlist.Transport
@@ -171,12 +176,14 @@ type Node struct {
 	members map[string]string   // live peers: name → address
 	lost    map[string]lostPeer // dead or left peers, joined again until lostForget
 	alone   bool                // logged as without live peers
+	live    atomic.Int32        // len(members), for a lock-free glance
 
 	recvMu     sync.Mutex // the receive scratch
 	recvLoads  []peerLoad
 	recvHashes []uint64
 	recvSample []peerSample
 	recent     recentLearns // the peers' recent learned groups, for their forgets
+	arrivals   arrivals     // the peers' recent decisions, for Contended
 
 	snapMu sync.Mutex   // guards own
 	own    ownSnapshots // this replica's recent join snapshots, not to import back
@@ -211,6 +218,9 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 	}
 	if o.RejoinInterval <= 0 {
 		o.RejoinInterval = DefaultRejoinInterval
+	}
+	if o.SettleWait == 0 {
+		o.SettleWait = DefaultSettleWait
 	}
 	lg := o.Log
 	if lg == nil {
@@ -543,6 +553,7 @@ func (n *Node) setMember(name, addr string, alive bool) {
 		n.lost[name] = lostPeer{addr: addr, since: time.Now()}
 	}
 	count := len(n.members)
+	n.live.Store(int32(count))
 	was := n.alone
 	n.alone = count == 0
 	n.mu.Unlock()

@@ -40,17 +40,25 @@ const fullChainEvery = 16
 func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
 	l := p.Prefix.Learn(k, b, held)
 	work := p.Prefix.RoutedWork(k, held) // what this replica counted for the decision
-	if l == 0 {
-		if b != nil {
-			// Routed all the same (a prompt under one chunk; a backend the index does not
-			// list): an empty group, so that the peers count the decision. Stamp 0 is no
-			// Learn's, and nothing withdraws it (Unlearn of 0 does nothing). A body that did
-			// not parse is not learned at all (router.Decider.Learns): this replica counts its
-			// decision, its peers do not.
-			p.n.q.push(b.ID, 0, work, nil, &p.n.m)
-		}
-		return l
+	if l != 0 {
+		p.queueLearned(k, b, held, l, work)
+	} else if b != nil {
+		p.queueUnlearned(b, work)
 	}
+	return l
+}
+
+// queueUnlearned queues a decision that recorded nothing: routed all the same (a prompt under
+// one chunk; a backend the index does not list), an empty group, so that the peers count
+// the decision. Stamp 0 is no Learn's, and nothing withdraws it (Unlearn of 0 does nothing).
+// A body that did not parse is not learned at all (router.Decider.Learns): this replica
+// counts its decision, its peers do not.
+func (p *Policy) queueUnlearned(b *backend.Backend, work int64) {
+	p.n.q.push(b.ID, 0, work, nil, &p.n.m)
+}
+
+// queueLearned queues the Learn l of k on b for the peers, with the decision's work.
+func (p *Policy) queueLearned(k *key.Key, b *backend.Backend, held int, l router.Learned, work int64) {
 	// What this replica recorded: a prompt over b's capacity was cut (index.Index.Fit).
 	chunks := k.Chunks[:p.Prefix.Index().Fit(k.Chunks, b)]
 	if held > 0 && p.learns.Add(1)%fullChainEvery != 0 {
@@ -59,7 +67,6 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 	// Pushed even when empty (the backend held the whole prompt): the peers count every
 	// decision (router.Prefix.NotePeerRouted).
 	p.n.q.push(b.ID, int64(l), work, chunks, &p.n.m)
-	return l
 }
 
 func (p *Policy) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {

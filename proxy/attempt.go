@@ -58,7 +58,11 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	f.lease.Begin(b, work, int64(f.k.PromptTokens), f.k.Stream)
 	ctx.Request.Header.SetHost(b.Addr)
 	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))
-	early, err := s.exchange(ctx, f, b, up, head)
+	var early bool
+	err := s.settle(f, b)
+	if err == nil {
+		early, err = s.exchange(ctx, f, b, up, head)
+	}
 	if err == nil {
 		err = s.judge(f, b, canRetry)
 	}
@@ -69,6 +73,38 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	}
 	s.testPanicAt(stageHead)
 	s.relayResponse(ctx, f, b, early, head)
+	return nil
+}
+
+// settle holds a first attempt that the policy asks to (router.Settler: peered replicas, a
+// request long enough that waiting costs little of its TTFT) for its SettleWait, its
+// decision sent to the peers first (Hold), so that this replica hears of theirs made at the
+// same instant: a burst spread over several replicas would otherwise be placed by each on
+// the backend that looked lightest to all of them. errContended when a peer's decision on b
+// made before it arrived meanwhile (Release withdrew the Hold; forward decides again, and
+// try's exit releases b).
+func (s *Server) settle(f *flow, b *backend.Backend) error {
+	if f.attempts != 1 || f.settles >= maxSettles || f.learned != 0 || f.dec.Backend != b {
+		return nil
+	}
+	wait := s.decider.SettleWait(&f.k, f.dec)
+	if wait <= 0 {
+		return nil
+	}
+	f.settles++
+	decided := time.Now()
+	f.learned = s.decider.Hold(&f.k, b, f.dec.MatchedChunks)
+	if f.learned == 0 {
+		return nil
+	}
+	time.Sleep(wait)
+	if s.decider.Release(&f.k, f.dec, f.learned, decided) {
+		f.learned = 0
+		return errContended
+	}
+	if f.gone.Load() {
+		return f.goneErr()
+	}
 	return nil
 }
 

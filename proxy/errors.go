@@ -35,6 +35,8 @@ var (
 	// errTruncated: the backend's body ended (EOF, reset, bad chunk) before its framing said.
 	errTruncated      = errors.New("upstream response ended early")
 	errBackendRemoved = errors.New("backend removed by a config reload or discovery")
+	// errContended: a request held by settle is decided again (never reaches a client).
+	errContended = errors.New("a peer decided on the backend first")
 	// errUnexpected1xx is the cause of an errInvalidResponse for a 101 (fasthttp consumes the
 	// other 1xx itself).
 	errUnexpected1xx = errors.New("1xx response to a request that asked for no upgrade")

@@ -37,6 +37,7 @@ type flow struct {
 	method   []byte
 	path     []byte
 	attempts int
+	settles  int // times held for the peers' decisions (Server.settle)
 
 	mu     sync.Mutex // guards conn against the watchdog's abort
 	conn   *uconn

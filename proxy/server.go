@@ -209,7 +209,7 @@ func (s *Server) putFlow(f *flow) {
 	f.firstByte, f.firstBody, f.tokenSeen = 0, 0, false
 	f.idleSet = time.Time{}
 	f.bytes = 0
-	f.attempts = 0
+	f.attempts, f.settles = 0, 0
 	f.usagePrompt, f.usageCached, f.usageCacheSeen = 0, 0, false
 	f.readErr = nil
 	f.method = f.method[:0]
@@ -225,6 +225,10 @@ const (
 	// maxRemovedRepicks bounds the picks again of a request whose backend a reload removed
 	// between the snapshot of the candidates and the dial (they do not spend the retry).
 	maxRemovedRepicks = 4
+	// maxSettles bounds the rounds a request is held and decided again because peers
+	// decided on its backend at the same instant (Server.settle): the third decision is sent
+	// at once.
+	maxSettles = 2
 )
 
 // handle is the request path: classify and key, pick, forward (retrying once elsewhere before
@@ -295,6 +299,12 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 			return nil
 		}
 		lastErr = err
+		if errors.Is(err, errContended) {
+			// A peer's decision on the backend, made first, arrived while the request was
+			// held: nothing was sent; decide again with it in view.
+			f.attempts--
+			continue
+		}
 		if errors.Is(err, errBackendRemoved) && removed < maxRemovedRepicks {
 			// A reload removed the picked backend between the snapshot and the dial: nothing
 			// was sent, so pick again from the current backends without spending the retry.

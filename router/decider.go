@@ -1,6 +1,8 @@
 package router
 
 import (
+	"time"
+
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -28,6 +30,7 @@ type Decider struct {
 	corrector Corrector
 	previewer Previewer
 	watcher   ModelsWatcher
+	settler   Settler
 }
 
 // NewDecider wraps p.
@@ -41,6 +44,7 @@ func NewDecider(p Policy) *Decider {
 	d.corrector, _ = p.(Corrector)
 	d.previewer, _ = p.(Previewer)
 	d.watcher, _ = p.(ModelsWatcher)
+	d.settler, _ = p.(Settler)
 	return d
 }
 
@@ -122,6 +126,28 @@ func (d *Decider) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
 	if l != 0 {
 		d.learner.Unlearn(k, b, l)
 	}
+}
+
+// SettleWait is how long the proxy holds a request decided dec, learned by Hold, before
+// sending it (Settler; 0: at once, always for a policy that does not settle or a key not
+// learned).
+func (d *Decider) SettleWait(k *key.Key, dec Decision) time.Duration {
+	if d.settler == nil || !d.Learns(k) {
+		return 0
+	}
+	return d.settler.SettleWait(k, dec)
+}
+
+// Hold learns k's request on b for a hold of SettleWait (Settler; call it only when
+// SettleWait asked to wait).
+func (d *Decider) Hold(k *key.Key, b *backend.Backend, held int) Learned {
+	return d.settler.Hold(k, b, held)
+}
+
+// Release ends the hold of the request decided dec and held as l at decided (Settler): again
+// means that what Hold learned is withdrawn and the request is to be decided again.
+func (d *Decider) Release(k *key.Key, dec Decision, l Learned, decided time.Time) (again bool) {
+	return d.settler.Release(k, dec, l, decided)
 }
 
 // Index returns the policy's prefix index, nil when it has none.

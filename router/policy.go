@@ -96,6 +96,20 @@ type Learner interface {
 // Learned identifies one Learn call for Unlearn; zero means that nothing was learned.
 type Learned int64
 
+// Settler is implemented by Learners whose replicas decide concurrently without seeing each
+// other's latest decisions (peered prefixlb replicas, package peering). A first attempt that
+// SettleWait asks to wait is learned by Hold instead of Learn before anything is sent, held
+// for the wait, and Released: again means that a decision on the same backend made
+// elsewhere before it arrived meanwhile; Release has then withdrawn what Hold learned and
+// the request is decided again, with that decision in view. Otherwise the decision stands
+// as if Learn had made it (Unlearn withdraws it).
+type Settler interface {
+	// SettleWait is how long to hold a request decided d (0: send it at once).
+	SettleWait(k *key.Key, d Decision) time.Duration
+	Hold(k *key.Key, b *backend.Backend, held int) Learned
+	Release(k *key.Key, d Decision, l Learned, decided time.Time) (again bool)
+}
+
 // IndexHolder is implemented by policies that keep a prefix index; the proxy reports its
 // size per backend in /metrics and /debug/backends.
 type IndexHolder interface {

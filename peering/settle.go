@@ -1,0 +1,137 @@
+// Settling: peered replicas that decide at the same instant cannot see each other's
+// decisions, which reach them a flush later. A burst of long cold prompts spread over three
+// replicas (per-request spreading behind a Service) is placed by each on the backend that
+// looks lightest to all of them, where one replica alone would have spread it: on the
+// Mooncake trace, whose arrivals come in bursts of up to 16 at one instant, the work on the
+// most loaded backend of each burst was 1.23× one replica's, and its p95 TTFT 1.35× (session
+// 34's note). A request long enough for it to pay is therefore learned (its decision goes out
+// to the peers), held for SettleWait, and decided again when a peer's decision on the same
+// backend arrived meanwhile that was made before it: the earlier decision keeps the backend
+// and the later sees it, in every replica alike, since the stamps say which came first.
+
+package peering
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+const (
+	// DefaultSettleWait is 3 ms: three flush intervals, the time for a peer's decision made
+	// at the same instant to go out at its next flush (≤ 1 ms), cross the network and be
+	// applied here, with a margin for a busy sender.
+	DefaultSettleWait = 3 * time.Millisecond
+	// settleShare: only a request whose own prefill is predicted to take at least
+	// settleShare × the wait is held (60 ms by default: a wait of at most 5% of its TTFT,
+	// which a collision costs many times over; a short request's collision costs little).
+	settleShare = 20
+	// contendedShare: a peer's decisions unseen at the decision count as contention when
+	// their prefill work is at least 1/contendedShare of this request's (a few short requests
+	// do not make a long one move).
+	contendedShare = 10
+	// maxArrivals bounds the peers' recent decisions kept for Contended: a few seconds of
+	// bursts at hundreds of requests per second; older ones are overwritten (a wait is
+	// milliseconds).
+	maxArrivals = 1024
+)
+
+// arrival is one peer decision as this replica received it.
+type arrival struct {
+	id      uint64 // backend
+	stamp   int64  // the peer's Learn stamp (unix ns, its clock)
+	work    int64  // its prefill work (router.Prefix.RoutedWork)
+	arrived int64  // when it was applied here (unix ns, this replica's clock)
+}
+
+// arrivals is a ring of the peers' recent decisions. It is safe for concurrent use.
+type arrivals struct {
+	mu   sync.Mutex
+	ring [maxArrivals]arrival
+	next int
+}
+
+func (a *arrivals) add(x arrival) {
+	a.mu.Lock()
+	a.ring[a.next] = x
+	a.next = (a.next + 1) % maxArrivals
+	a.mu.Unlock()
+}
+
+// unseenBefore sums the work of the decisions on backend id stamped before stamp that
+// arrived after decided (unix ns): made first, and not seen by a decision made at decided.
+func (a *arrivals) unseenBefore(id uint64, stamp, decided int64) int64 {
+	var sum int64
+	a.mu.Lock()
+	for i := range a.ring {
+		if x := &a.ring[i]; x.id == id && x.stamp != 0 && x.stamp < stamp && x.arrived > decided {
+			sum += x.work
+		}
+	}
+	a.mu.Unlock()
+	return sum
+}
+
+// SettleWait is router.Settler's: how long a request decided d waits, learned, before it is
+// sent. 0 (sent at once) while no peer is alive, with settling off (Options.SettleWait < 0),
+// or when the request's own prefill on d.Backend is predicted under settleShare × the wait
+// (d.PrefillWork at the backend's learned prefill rate).
+func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
+	w := p.n.o.SettleWait
+	if w <= 0 || d.Backend == nil || d.PrefillWork <= 0 || p.n.live.Load() == 0 {
+		return 0
+	}
+	own := time.Duration(float64(d.PrefillWork) / d.Backend.PrefillRate() * float64(time.Second))
+	if own < settleShare*w {
+		return 0
+	}
+	p.n.m.settles.Inc()
+	return w
+}
+
+// Hold is router.Settler's: Learn for a request held by SettleWait, whose decision goes to
+// the peers at once, stamped l and with its prefill work, and its chunks only once Release
+// keeps it: a decision made again sends no chunks to withdraw.
+func (p *Policy) Hold(k *key.Key, b *backend.Backend, held int) router.Learned {
+	l := p.Prefix.Learn(k, b, held)
+	work := p.Prefix.RoutedWork(k, held)
+	switch {
+	case l != 0:
+		p.n.q.push(b.ID, int64(l), work, nil, &p.n.m)
+	case b != nil:
+		p.queueUnlearned(b, work)
+	}
+	return l
+}
+
+// Release is router.Settler's: it ends the hold of d's request, which Hold learned as l at
+// decided. When peers' decisions on d.Backend stamped before l arrived since decided, with
+// prefill work at least 1/contendedShare of d.PrefillWork, what Hold learned is withdrawn
+// here (the peers counted the decision and keep it; they hold no chunk of it) and Release
+// reports true: the request is decided again with them in view, and the peers' later
+// decisions on that backend see it. Otherwise the decision stands and its chunks go to the
+// peers as Learn's would (Unlearn withdraws it as a Learn).
+func (p *Policy) Release(k *key.Key, d router.Decision, l router.Learned, decided time.Time) (again bool) {
+	b := d.Backend
+	if b == nil || l == 0 {
+		return false
+	}
+	if contended(p.n.arrivals.unseenBefore(b.ID, int64(l), decided.UnixNano()), d.PrefillWork) {
+		p.n.m.resettles.Inc()
+		p.Prefix.Unlearn(k, b, l)
+		return true
+	}
+	// Work 0: the peers counted the decision when Hold sent it.
+	p.queueLearned(k, b, d.MatchedChunks, l, 0)
+	return false
+}
+
+// contended reports whether unseen work ahead makes a request of work decide again.
+func contended(unseen, work int64) bool {
+	return unseen > 0 && unseen*contendedShare >= max(work, 1)
+}
+
+var _ router.Settler = (*Policy)(nil)

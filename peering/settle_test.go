@@ -1,0 +1,187 @@
+package peering
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+func TestUnseenBefore(t *testing.T) {
+	var a arrivals
+	for _, x := range []arrival{
+		{id: 1, stamp: 100, work: 10, arrived: 150}, // earlier, arrived after 120: unseen
+		{id: 1, stamp: 110, work: 20, arrived: 115}, // earlier, arrived before 120: seen
+		{id: 1, stamp: 130, work: 40, arrived: 160}, // later than 125: the later one moves
+		{id: 2, stamp: 100, work: 80, arrived: 150}, // another backend
+		{id: 1, stamp: 0, work: 160, arrived: 150},  // no stamp (a prompt under one chunk)
+	} {
+		a.add(x)
+	}
+	for _, tc := range []struct {
+		id             uint64
+		stamp, decided int64
+		want           int64
+	}{
+		{1, 125, 120, 10},
+		{1, 140, 120, 50},
+		{1, 100, 120, 0}, // the earliest decision keeps its backend
+		{1, 125, 160, 0}, // decided after all arrived: seen
+		{2, 125, 120, 80},
+		{3, 125, 120, 0},
+	} {
+		if got := a.unseenBefore(tc.id, tc.stamp, tc.decided); got != tc.want {
+			t.Errorf("unseenBefore(%d, %d, %d) = %d, want %d", tc.id, tc.stamp, tc.decided, got, tc.want)
+		}
+	}
+	// The ring keeps the last maxArrivals: older ones are overwritten.
+	for i := 0; i < maxArrivals; i++ {
+		a.add(arrival{id: 9, stamp: 1, work: 1, arrived: 1})
+	}
+	if got := a.unseenBefore(1, 140, 120); got != 0 {
+		t.Errorf("after %d more arrivals the old ones still count: %d", maxArrivals, got)
+	}
+}
+
+// TestSettleWait: only a request whose own prefill takes settleShare × the wait or more is
+// held, only while a peer is alive, and never with settling off.
+func TestSettleWait(t *testing.T) {
+	rs := cluster(t, 2)
+	alone := startReplica(t, "alone", replicaOpts{})
+	// Unlearned, a backend prefills at backend.DefaultPrefillRate: the threshold is the work
+	// of settleShare × DefaultSettleWait at that rate.
+	edge := int64(settleShare * DefaultSettleWait.Seconds() * backend.DefaultPrefillRate)
+	for _, tc := range []struct {
+		name string
+		r    *replica
+		work int64
+		off  bool
+		want time.Duration
+	}{
+		{"long", rs[0], 4 * edge, false, DefaultSettleWait},
+		{"at the edge", rs[0], edge, false, DefaultSettleWait},
+		{"short", rs[0], edge / 2, false, 0},
+		{"no prediction", rs[0], 0, false, 0},
+		{"no live peer", alone, 4 * edge, false, 0},
+		{"off", rs[0], 4 * edge, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.r.node.o.SettleWait
+			if tc.off {
+				tc.r.node.o.SettleWait = -1
+			}
+			defer func() { tc.r.node.o.SettleWait = o }()
+			d := router.Decision{Backend: tc.r.bs[0], PrefillWork: tc.work}
+			if got := tc.r.node.Policy().SettleWait(nil, d); got != tc.want {
+				t.Errorf("SettleWait = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestContendedShare(t *testing.T) {
+	for _, tc := range []struct {
+		unseen, work int64
+		want         bool
+	}{
+		{0, 1000, false},
+		{99, 1000, false}, // under a tenth of the request's own work
+		{100, 1000, true},
+		{5000, 1000, true},
+		{1, 0, true}, // no prediction of its own: anything ahead counts
+	} {
+		if got := contended(tc.unseen, tc.work); got != tc.want {
+			t.Errorf("contended(%d, %d) = %v, want %v", tc.unseen, tc.work, got, tc.want)
+		}
+	}
+}
+
+// TestSettleBurst: three peered replicas each hold a long prompt on one backend, one after
+// another, before any of them hears of the others (a burst spread over them). Hold sends the
+// decision and no chunks. Once every decision has reached every replica, the first made
+// keeps the backend and the two later ones are decided again, in the replicas that made
+// them: the stamps order them alike everywhere. The kept decision's chunks then reach the
+// peers; the two withdrawn ones never left, so no forget is sent.
+func TestSettleBurst(t *testing.T) {
+	rs := cluster(t, 3)
+	url := backendURLs[1]
+	type held struct {
+		k       *key.Key
+		d       router.Decision
+		l       router.Learned
+		decided time.Time
+	}
+	hs := make([]held, len(rs))
+	for i, r := range rs {
+		h := &hs[i]
+		h.k = prompt(t, 900+i)
+		h.d = router.Decision{Backend: r.byName(url), PrefillWork: r.node.Policy().RoutedWork(h.k, 0)}
+	}
+	// All decided before any Hold is sent: a Hold flushed at once could reach the next
+	// replica before it decides, and then it was seen.
+	for i := range hs {
+		hs[i].decided = time.Now()
+	}
+	for i, r := range rs {
+		if hs[i].l = r.node.Policy().Hold(hs[i].k, hs[i].d.Backend, 0); hs[i].l == 0 {
+			t.Fatalf("r%d held nothing", i)
+		}
+	}
+	for i, r := range rs {
+		testutil.Eventually(t, wait, fmt.Sprintf("r%d has the other two decisions", i), func() bool {
+			n := 0
+			for j := range rs {
+				if j != i && r.node.arrivals.has(r.byName(url).ID, int64(hs[j].l)) {
+					n++
+				}
+			}
+			return n == 2
+		})
+		for j := range rs {
+			if j != i && r.holds(hs[j].k, url) {
+				t.Errorf("r%d holds r%d's held prompt before its Release", i, j)
+			}
+		}
+	}
+	for i, r := range rs {
+		again := r.node.Policy().Release(hs[i].k, hs[i].d, hs[i].l, hs[i].decided)
+		if want := i > 0; again != want {
+			t.Errorf("r%d (decision %d of 3): again %v, want %v", i, i+1, again, want)
+		}
+	}
+	for i, r := range rs {
+		testutil.Eventually(t, wait, fmt.Sprintf("r%d holds r0's kept prompt on %s", i, url),
+			func() bool { return r.holds(hs[0].k, url) })
+		for j := 1; j < len(rs); j++ {
+			if r.holds(hs[j].k, url) {
+				t.Errorf("r%d holds r%d's prompt, which was decided again", i, j)
+			}
+		}
+		if got := r.metric("prefixlb_peer_forgets_sent_total"); got != "0" {
+			t.Errorf("r%d sent %s forgets; a hold decided again sent no chunks to withdraw", i, got)
+		}
+		want := "0"
+		if i > 0 {
+			want = "1"
+		}
+		if got := r.metric("prefixlb_peer_resettles_total"); got != want {
+			t.Errorf("r%d counted %s resettles, want %s", i, got, want)
+		}
+	}
+}
+
+// has reports whether the decision stamped stamp on backend id arrived.
+func (a *arrivals) has(id uint64, stamp int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, x := range a.ring {
+		if x.id == id && x.stamp == stamp {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// settlingPolicy is a router.Settler as a peered prefix policy is one, scripted: its n-th
+// Pick takes picks[n] (a backend name), it asks every first decision to wait, and the n-th
+// Release says again = contended[n] (false past the end). It records the calls, and at each
+// Release how many requests its backend had received.
+type settlingPolicy struct {
+	picks     []string
+	contended []bool
+	wait      time.Duration
+	received  map[string]*atomic.Int64 // backend name → requests its server got
+
+	mu       sync.Mutex
+	nPick    int
+	nCont    int
+	events   []string // "pick B", "learn B", "hold B", "unlearn B", "release B after D, N sent: again V"
+	learnAt  map[router.Learned]time.Time
+	nextStmp router.Learned
+}
+
+func (p *settlingPolicy) Pick(_ *key.Key, cands []*backend.Backend) router.Decision {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	name := p.picks[min(p.nPick, len(p.picks)-1)]
+	p.nPick++
+	p.events = append(p.events, "pick "+name)
+	for _, b := range cands {
+		if b.Name == name {
+			return router.Decision{Backend: b, Reason: router.ReasonCold, PrefillWork: 1000}
+		}
+	}
+	return router.Decision{Backend: cands[0], Reason: router.ReasonCold}
+}
+
+func (p *settlingPolicy) Learn(_ *key.Key, b *backend.Backend, _ int) router.Learned {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.nextStmp++
+	p.learnAt[p.nextStmp] = time.Now()
+	p.events = append(p.events, "learn "+b.Name)
+	return p.nextStmp
+}
+
+func (p *settlingPolicy) Unlearn(_ *key.Key, b *backend.Backend, _ router.Learned) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, "unlearn "+b.Name)
+}
+
+func (p *settlingPolicy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
+	return p.wait
+}
+
+func (p *settlingPolicy) Hold(_ *key.Key, b *backend.Backend, _ int) router.Learned {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.nextStmp++
+	p.learnAt[p.nextStmp] = time.Now()
+	p.events = append(p.events, "hold "+b.Name)
+	return p.nextStmp
+}
+
+func (p *settlingPolicy) Release(_ *key.Key, d router.Decision, l router.Learned, _ time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := d.Backend
+	c := p.nCont < len(p.contended) && p.contended[p.nCont]
+	p.nCont++
+	held := time.Since(p.learnAt[l])
+	if held >= p.wait {
+		held = p.wait // held at least the wait: the event names the wait, not the noise
+	}
+	p.events = append(p.events, fmt.Sprintf("release %s after %s, %d sent: again %v", b.Name, held, p.received[b.Name].Load(), c))
+	return c
+}
+
+func (p *settlingPolicy) log() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.events...)
+}
+
+// TestSettle: a request the policy holds (router.Settler) is held (Hold) before any byte of
+// it reaches a backend, for the wait, and Released; when Release says again it is decided
+// again with nothing sent (no retry spent, and no Unlearn: Release withdrew the Hold); the
+// third decision goes at once, learned once written.
+func TestSettle(t *testing.T) {
+	const wait = 20 * time.Millisecond
+	names := []string{"A", "B", "C"}
+	cases := []struct {
+		name      string
+		contended []bool
+		want      []string
+		servedBy  string
+	}{
+		{"kept", []bool{false}, []string{
+			"pick A", "hold A", "release A after 20ms, 0 sent: again false",
+		}, "A"},
+		{"decided again once", []bool{true, false}, []string{
+			"pick A", "hold A", "release A after 20ms, 0 sent: again true",
+			"pick B", "hold B", "release B after 20ms, 0 sent: again false",
+		}, "B"},
+		{"third decision sent at once", []bool{true, true, true}, []string{
+			"pick A", "hold A", "release A after 20ms, 0 sent: again true",
+			"pick B", "hold B", "release B after 20ms, 0 sent: again true",
+			"pick C", "learn C", // once written, as without settling
+		}, "C"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			received := map[string]*atomic.Int64{}
+			urls := map[string]string{}
+			byURL := map[string]string{}
+			for _, n := range names {
+				c := &atomic.Int64{}
+				received[n] = c
+				ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					c.Add(1)
+					w.Header().Set("Content-Type", "application/json")
+					fmt.Fprint(w, `{"ok":true}`)
+				}))
+				t.Cleanup(ts.Close)
+				urls[n], byURL[ts.URL] = ts.URL, n
+			}
+			o := testOptions(t, "prefix", urls["A"], urls["B"], urls["C"])
+			noHealthChecks(&o)
+			// The policy names backends as the proxy does (their URL); the script says A, B, C.
+			pol := &settlingPolicy{contended: tc.contended, wait: wait, learnAt: map[router.Learned]time.Time{},
+				received: map[string]*atomic.Int64{}}
+			for _, n := range []string{"A", "B", "C"} {
+				pol.picks = append(pol.picks, urls[n])
+				pol.received[urls[n]] = received[n]
+			}
+			o.Policy = pol
+			s, url := serve(t, o, nil)
+			body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a long prompt ", 200) + `"}]}`
+			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if got := byURL[resp.Header.Get(HeaderBackend)]; got != tc.servedBy {
+				t.Errorf("served by %q, want %s", got, tc.servedBy)
+			}
+			waitInFlightZero(t, s)
+			var got []string
+			for _, e := range pol.log() {
+				for n, u := range urls {
+					e = strings.ReplaceAll(e, u, n)
+				}
+				got = append(got, e)
+			}
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+			for _, n := range names {
+				want := int64(0)
+				if n == tc.servedBy {
+					want = 1
+				}
+				if c := received[n].Load(); c != want {
+					t.Errorf("%s received %d requests, want %d: a held request that was decided again is never sent", n, c, want)
+				}
+			}
+			if r := s.m.retries.Get(); r != 0 {
+				t.Errorf("%d retries counted; deciding again is no retry", r)
+			}
+		})
+	}
+}
