@@ -3,11 +3,14 @@
 // replicas (per-request spreading behind a Service) is placed by each on the backend that
 // looks lightest to all of them, where one replica alone would have spread it: on the
 // Mooncake trace, whose arrivals come in bursts of up to 16 at one instant, the work on the
-// most loaded backend of each burst was 1.23× one replica's, and its p95 TTFT 1.35× (session
-// 34's note). A request long enough for it to pay is therefore learned (its decision goes out
-// to the peers), held for SettleWait, and decided again when a peer's decision on the same
-// backend arrived meanwhile that was made before it: the earlier decision keeps the backend
-// and the later sees it, in every replica alike, since the stamps say which came first.
+// most loaded backend of each burst was 1.23× one replica's, and the mean TTFT 1.1–1.3×
+// (three runs of `bench compare --workload mooncake --count 200 --time-scale 3
+// --router-replicas 3 --peering`, against one replica). A request long enough for it to pay
+// is therefore held (Hold: its decision, without its chunks, goes out to the peers) for
+// SettleWait, and decided again (Release) when a peer's decision on the same backend arrived
+// meanwhile that was made before it: the earlier decision keeps the backend and the later
+// sees it, in every replica alike, since the stamps say which came first. Settled, the same
+// runs read a mean TTFT 0.95–0.98× one replica's.
 
 package peering
 
@@ -84,8 +87,9 @@ func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 	if w <= 0 || d.Backend == nil || d.PrefillWork <= 0 || p.n.live.Load() == 0 {
 		return 0
 	}
-	own := time.Duration(float64(d.PrefillWork) / d.Backend.PrefillRate() * float64(time.Second))
-	if own < settleShare*w {
+	rate := d.Backend.PrefillRate()
+	own := time.Duration(float64(d.PrefillWork) / rate * float64(time.Second))
+	if !(rate > 0) || own < settleShare*w {
 		return 0
 	}
 	p.n.m.settles.Inc()

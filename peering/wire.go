@@ -30,8 +30,9 @@ const (
 	// for a prompt the backend held whole; work is the decision's prefill work in tokens
 	// (router.Prefix.RoutedWork), which the receiver counts once per group in the backend's
 	// recent share (router.Prefix.NotePeerRouted; the parts of a split one repeat it and
-	// count once). A group
-	// whose stamp is negative is a forget: backend id refused the request of the group
+	// count once). A request held to settle (settle.go) sends its decision as an empty group
+	// with its stamp and work, and, if it keeps the backend, its hashes later in a group of
+	// the same stamp with work 0. A group whose stamp is negative is a forget: backend id refused the request of the group
 	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
 	kindUpdate = 1
 	// kindSnapshot is a push/pull join state (LocalState):
