@@ -336,6 +336,19 @@ func (l *Lease) Begin(b *Backend, work, prompt int64, streamed bool) {
 	b.served.Add(1)
 }
 
+// Sent marks the request sent, for a lease begun before the request was held (the proxy's
+// settle, a few milliseconds): its prefill sample (FirstByte) times from now, with the work
+// queued ahead of it less what b likely worked off meanwhile at its prefill rate. Call it
+// before FirstByte, from the goroutine that began the lease.
+func (l *Lease) Sent() {
+	if l.b == nil {
+		return
+	}
+	now := time.Now()
+	l.ahead = max(l.ahead-int64(now.Sub(l.began).Seconds()*l.b.rate()), 0)
+	l.began = now
+}
+
 // Backend is the leased backend (nil before Begin).
 func (l *Lease) Backend() *Backend { return l.b }
 

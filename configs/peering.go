@@ -46,8 +46,13 @@ func (p *Peering) SettleWaitOption() time.Duration {
 	return p.SettleWait.D()
 }
 
-// maxSettleWait bounds peering.settle_wait: every held request waits it, up to twice.
-const maxSettleWait = 100 * time.Millisecond
+// minSettleWait and maxSettleWait bound peering.settle_wait: a peer's decision takes a flush
+// (peering.DefaultFlushInterval, 1 ms) to go out, so a shorter wait sees none; every held
+// request waits it, up to twice.
+const (
+	minSettleWait = peering.DefaultFlushInterval
+	maxSettleWait = 100 * time.Millisecond
+)
 
 // DefaultPeeringListen is the peer port on all interfaces: memberlist's default port.
 var DefaultPeeringListen = ":" + strconv.Itoa(peering.DefaultPort)
@@ -72,8 +77,8 @@ func (p *Peering) validate(c *Config) error {
 		return fmt.Errorf("peering.advertise: %w", checkHostPort(p.Advertise))
 	case (p.SecretFile == "") == (p.SecretEnv == ""):
 		return errors.New("peering: exactly one of secret_file and secret_env is required (peer traffic is authenticated)")
-	case p.SettleWait != nil && (*p.SettleWait < 0 || p.SettleWait.D() > maxSettleWait):
-		return fmt.Errorf("peering.settle_wait: %s; want 0 (off) up to %s", p.SettleWait.D(), maxSettleWait)
+	case p.SettleWait != nil && *p.SettleWait != 0 && (p.SettleWait.D() < minSettleWait || p.SettleWait.D() > maxSettleWait):
+		return fmt.Errorf("peering.settle_wait: %s; want 0 (off) or %s to %s", p.SettleWait.D(), minSettleWait, maxSettleWait)
 	case c.Mode != "prefix":
 		return fmt.Errorf("peering: mode %q keeps no index to share; peering needs mode prefix", c.Mode)
 	}

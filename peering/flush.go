@@ -322,15 +322,22 @@ func (n *Node) receive(buf []byte) {
 				}
 				return
 			}
+			// Work 0 is a decision counted already (router.Prefix.RoutedWork is ≥ 1): the
+			// chunks of a request held to settle, whose decision came first (settle.go), or
+			// such a group cancelled before its flush.
+			counted := work == 0
 			if len(hs) == 0 {
-				// A decision on a prompt held whole, or with nothing to learn: never split.
-				n.pol.NotePeerRouted(b, work)
-				n.arrivals.add(arrival{id: id, stamp: stamp, work: work, arrived: now.UnixNano()})
+				// A decision on a prompt held whole, with nothing to learn, or held to settle:
+				// never split.
+				if !counted {
+					n.pol.NotePeerRouted(b, work)
+					n.arrivals.add(arrival{id: id, stamp: stamp, work: work, arrived: now.UnixNano()})
+				}
 				return
 			}
 			// A peer's clock ahead of this one's must not stamp the future.
 			local := idx.RecordNew(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
-			if n.recent.add(sender, id, stamp, local, now) {
+			if n.recent.add(sender, id, stamp, local, now) && !counted {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.
 				n.pol.NotePeerRouted(b, work)

@@ -9,7 +9,7 @@ import (
 )
 
 // Why forgets are propagated: the proxy Learns a prompt as soon as the request is on its way
-// to the backend and Unlearns it when the backend refuses it (a 400 for a prompt over the
+// to the backend (a request held to settle, before it is held) and Unlearns it when the backend refuses it (a 400 for a prompt over the
 // context, a 429 or 503 retried elsewhere) or never answers. Without a forget the peers would
 // keep the entry, route the conversation's next turn to a backend that does not hold it (a
 // cold prefill) until usage reports correct it or it ages out, and count the backend as

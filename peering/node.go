@@ -183,7 +183,7 @@ type Node struct {
 	recvHashes []uint64
 	recvSample []peerSample
 	recent     recentLearns // the peers' recent learned groups, for their forgets
-	arrivals   arrivals     // the peers' recent decisions, for Contended
+	arrivals   arrivals     // the peers' recent decisions, for Release
 
 	snapMu sync.Mutex   // guards own
 	own    ownSnapshots // this replica's recent join snapshots, not to import back

@@ -19,7 +19,8 @@ const maxQueuedHashes = 1 << 20
 
 // Policy is the prefix policy of a peered replica: it routes exactly as the wrapped
 // *router.Prefix (it is one, embedded) and, whenever the proxy Learns that a backend took a
-// request, queues the request's chunk hashes for the peers. It is safe for concurrent use.
+// request, queues the request's chunk hashes for the peers; a request held to settle sends
+// its decision at Hold and its hashes at Release (settle.go). It is safe for concurrent use.
 type Policy struct {
 	*router.Prefix
 	n      *Node
@@ -107,8 +108,9 @@ type backendSet struct {
 
 // queued is one Learn (or, forget set, one Unlearn of a Learn already sent) waiting for the
 // flusher: hashes[off:off+n] of the queue's arena (n 0: a Learn of a prompt the backend held
-// whole, sent as an empty group so that the peers count the decision, NotePeerRouted), and
-// the decision's prefill work (router.Prefix.RoutedWork; 0 for a forget).
+// whole, or a Hold, sent as an empty group so that the peers count the decision,
+// NotePeerRouted), and the decision's prefill work (router.Prefix.RoutedWork; 0 for a forget,
+// and for the hashes of a Hold that Release kept, whose decision the Hold counted).
 type queued struct {
 	id     uint64
 	stamp  int64
@@ -140,7 +142,8 @@ func (q *queue) pushForget(id uint64, stamp int64, chunks []uint64, m *metricSet
 
 // cancel drops the chunks of the queued Learn stamped stamp on backend id, and reports whether
 // it was still queued (then no peer ever hears of them). The decision stays, an empty group
-// with its prefill work, so that the peers count it in the backend's recent share as this
+// with its prefill work (0 for a Release's hashes: the Hold sent the decision), so that the
+// peers count it in the backend's recent share as this
 // replica did when it routed it (router.Prefix.NotePeerRouted). It scans what was queued since the last flush, a
 // few items at a few hundred requests per second.
 func (q *queue) cancel(id uint64, stamp int64) bool {

@@ -36,7 +36,7 @@ const (
 	// their prefill work is at least 1/contendedShare of this request's (a few short requests
 	// do not make a long one move).
 	contendedShare = 10
-	// maxArrivals bounds the peers' recent decisions kept for Contended: a few seconds of
+	// maxArrivals bounds the peers' recent decisions kept for Release: a few seconds of
 	// bursts at hundreds of requests per second; older ones are overwritten (a wait is
 	// milliseconds).
 	maxArrivals = 1024
@@ -92,21 +92,20 @@ func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 	if !(rate > 0) || own < settleShare*w {
 		return 0
 	}
-	p.n.m.settles.Inc()
 	return w
 }
 
 // Hold is router.Settler's: Learn for a request held by SettleWait, whose decision goes to
 // the peers at once, stamped l and with its prefill work, and its chunks only once Release
 // keeps it: a decision made again sends no chunks to withdraw.
+//
+// When nothing was learned (0: a backend the index does not list) nothing is sent: the
+// request is then sent at once, and its Learn sends the decision.
 func (p *Policy) Hold(k *key.Key, b *backend.Backend, held int) router.Learned {
 	l := p.Prefix.Learn(k, b, held)
-	work := p.Prefix.RoutedWork(k, held)
-	switch {
-	case l != 0:
-		p.n.q.push(b.ID, int64(l), work, nil, &p.n.m)
-	case b != nil:
-		p.queueUnlearned(b, work)
+	if l != 0 {
+		p.n.q.push(b.ID, int64(l), p.Prefix.RoutedWork(k, held), nil, &p.n.m)
+		p.n.m.settles.Inc()
 	}
 	return l
 }
@@ -114,10 +113,13 @@ func (p *Policy) Hold(k *key.Key, b *backend.Backend, held int) router.Learned {
 // Release is router.Settler's: it ends the hold of d's request, which Hold learned as l at
 // decided. When peers' decisions on d.Backend stamped before l arrived since decided, with
 // prefill work at least 1/contendedShare of d.PrefillWork, what Hold learned is withdrawn
-// here (the peers counted the decision and keep it; they hold no chunk of it) and Release
-// reports true: the request is decided again with them in view, and the peers' later
-// decisions on that backend see it. Otherwise the decision stands and its chunks go to the
-// peers as Learn's would (Unlearn withdraws it as a Learn).
+// here and Release reports true: the request is decided again with them in view, and the
+// peers' later decisions on that backend see it. The withdrawn decision still counts where it
+// was counted: in this replica's recent share (Pick noted it) and the peers' (they hold no
+// chunk of it), decaying as any decision (router.RecentHalfLife), and in the peers' arrivals
+// for a few seconds; a withdrawal on the wire would cost more than the share it corrects.
+// Otherwise the decision stands and its chunks go to the peers as Learn's would, with work 0
+// (counted once, at Hold); Unlearn withdraws it as a Learn.
 func (p *Policy) Release(k *key.Key, d router.Decision, l router.Learned, decided time.Time) (again bool) {
 	b := d.Backend
 	if b == nil || l == 0 {

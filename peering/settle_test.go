@@ -2,6 +2,7 @@ package peering
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -184,4 +185,37 @@ func (a *arrivals) has(id uint64, stamp int64) bool {
 		}
 	}
 	return false
+}
+
+// TestHeldDecisionCountedOnce: a held request that keeps its backend reaches a peer as two
+// groups, the decision (Hold) and its hashes (Release, work 0); the peer counts one decision
+// of the Hold's work (a second count, even of work 0, would tick the recent share's decay
+// clock) and records the hashes.
+func TestHeldDecisionCountedOnce(t *testing.T) {
+	// Peers count each other's decisions where near-ties go by load.
+	a := startReplica(t, "r0", replicaOpts{tieBreak: router.TieBreakLoad})
+	b := startReplica(t, "r1", replicaOpts{tieBreak: router.TieBreakLoad, join: []*replica{a}})
+	for _, r := range []*replica{a, b} {
+		testutil.Eventually(t, wait, "peers see each other", func() bool { return r.node.Alive() == 1 })
+	}
+	url := backendURLs[3]
+	k := prompt(t, 950)
+	d := router.Decision{Backend: a.byName(url), PrefillWork: a.node.Policy().RoutedWork(k, 0)}
+	decided := time.Now()
+	l := a.node.Policy().Hold(k, d.Backend, 0)
+	if l == 0 {
+		t.Fatal("nothing held")
+	}
+	if a.node.Policy().Release(k, d, l, decided) {
+		t.Fatal("decided again with no peer decision ahead")
+	}
+	testutil.Eventually(t, wait, "b records the kept hashes", func() bool { return b.node.Policy().Index().Entries() > 0 })
+	time.Sleep(50 * time.Millisecond) // time for a group counted twice to arrive
+	got := b.byName(url).Routed().Value(0, router.RecentHalfLife)
+	if want := float64(d.PrefillWork); math.Abs(got-want) > 1e-9*want {
+		t.Errorf("b's recent work on %s is %.6f, want %.0f: the held decision counted once", url, got, want)
+	}
+	if !b.node.arrivals.has(d.Backend.ID, int64(l)) {
+		t.Error("b did not record the held decision's arrival")
+	}
 }

@@ -32,7 +32,8 @@ const (
 	// recent share (router.Prefix.NotePeerRouted; the parts of a split one repeat it and
 	// count once). A request held to settle (settle.go) sends its decision as an empty group
 	// with its stamp and work, and, if it keeps the backend, its hashes later in a group of
-	// the same stamp with work 0. A group whose stamp is negative is a forget: backend id refused the request of the group
+	// the same stamp with work 0, which counts as no decision (work is otherwise ≥ 1). A
+	// group whose stamp is negative is a forget: backend id refused the request of the group
 	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
 	kindUpdate = 1
 	// kindSnapshot is a push/pull join state (LocalState):

@@ -83,28 +83,34 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 // the backend that looked lightest to all of them. errContended when a peer's decision on b
 // made before it arrived meanwhile (Release withdrew the Hold; forward decides again, and
 // try's exit releases b).
+//
+// A client that leaves during the hold is not decided again: its request is withdrawn as a
+// refused one (try's exit Unlearns the Hold). The lease began before the hold, so that this
+// replica's and its peers' next decisions count it; its prefill sample times from the send
+// (backend.Lease.Sent).
 func (s *Server) settle(f *flow, b *backend.Backend) error {
-	if f.attempts != 1 || f.settles >= maxSettles || f.learned != 0 || f.dec.Backend != b {
+	if f.attempts != 1 || f.settles >= maxSettles || f.learned != 0 || f.dec.Backend != b || f.gone.Load() {
 		return nil
 	}
 	wait := s.decider.SettleWait(&f.k, f.dec)
 	if wait <= 0 {
 		return nil
 	}
-	f.settles++
 	decided := time.Now()
 	f.learned = s.decider.Hold(&f.k, b, f.dec.MatchedChunks)
 	if f.learned == 0 {
-		return nil
+		return nil // nothing held: sent at once, and learned once written
 	}
+	f.settles++
 	time.Sleep(wait)
+	if f.gone.Load() {
+		return f.goneErr()
+	}
 	if s.decider.Release(&f.k, f.dec, f.learned, decided) {
 		f.learned = 0
 		return errContended
 	}
-	if f.gone.Load() {
-		return f.goneErr()
-	}
+	f.lease.Sent()
 	return nil
 }
 
@@ -163,8 +169,9 @@ func (s *Server) exchangeOn(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backen
 
 // sendAndReadHead writes the request on conn and reads the response head, within the
 // response-header timeout from now. The prefix index learns as soon as the request is on its
-// way, so that updating it overlaps the backend's work instead of delaying the response; a
-// backend that then refuses the request (status ≥ 400) or never answers is unlearned again.
+// way (a request held by settle learned before), so that updating it overlaps the backend's
+// work instead of delaying the response; a backend that then refuses the request (status ≥
+// 400) or never answers is unlearned again.
 func (s *Server) sendAndReadHead(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, conn *uconn, now time.Time, head bool) (early bool, err error) {
 	deadline := now.Add(s.headerTimeout)
 	_ = conn.SetDeadline(deadline)

@@ -299,7 +299,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 			return nil
 		}
 		lastErr = err
-		if errors.Is(err, errContended) {
+		if errors.Is(err, errContended) && !f.gone.Load() {
 			// A peer's decision on the backend, made first, arrived while the request was
 			// held: nothing was sent; decide again with it in view.
 			f.attempts--

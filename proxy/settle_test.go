@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -106,17 +107,22 @@ func TestSettle(t *testing.T) {
 	cases := []struct {
 		name      string
 		contended []bool
+		refuse    string // a backend that answers 503
 		want      []string
 		servedBy  string
 	}{
-		{"kept", []bool{false}, []string{
+		{"kept", []bool{false}, "", []string{
 			"pick A", "hold A", "release A after 20ms, 0 sent: again false",
 		}, "A"},
-		{"decided again once", []bool{true, false}, []string{
+		{"kept, refused, retried unheld", []bool{false}, "A", []string{
+			"pick A", "hold A", "release A after 20ms, 0 sent: again false", "unlearn A",
+			"pick B", "learn B", // a retry is not held
+		}, "B"},
+		{"decided again once", []bool{true, false}, "", []string{
 			"pick A", "hold A", "release A after 20ms, 0 sent: again true",
 			"pick B", "hold B", "release B after 20ms, 0 sent: again false",
 		}, "B"},
-		{"third decision sent at once", []bool{true, true, true}, []string{
+		{"third decision sent at once", []bool{true, true, true}, "", []string{
 			"pick A", "hold A", "release A after 20ms, 0 sent: again true",
 			"pick B", "hold B", "release B after 20ms, 0 sent: again true",
 			"pick C", "learn C", // once written, as without settling
@@ -130,9 +136,14 @@ func TestSettle(t *testing.T) {
 			for _, n := range names {
 				c := &atomic.Int64{}
 				received[n] = c
+				refuse := n == tc.refuse
 				ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					_, _ = io.Copy(io.Discard, r.Body)
 					c.Add(1)
+					if refuse {
+						w.WriteHeader(http.StatusServiceUnavailable)
+						return
+					}
 					w.Header().Set("Content-Type", "application/json")
 					fmt.Fprint(w, `{"ok":true}`)
 				}))
@@ -176,16 +187,58 @@ func TestSettle(t *testing.T) {
 			}
 			for _, n := range names {
 				want := int64(0)
-				if n == tc.servedBy {
+				if n == tc.servedBy || n == tc.refuse {
 					want = 1
 				}
 				if c := received[n].Load(); c != want {
 					t.Errorf("%s received %d requests, want %d: a held request that was decided again is never sent", n, c, want)
 				}
 			}
-			if r := s.m.retries.Get(); r != 0 {
-				t.Errorf("%d retries counted; deciding again is no retry", r)
+			wantRetries := uint64(0)
+			if tc.refuse != "" {
+				wantRetries = 1
+			}
+			if r := s.m.retries.Get(); r != wantRetries {
+				t.Errorf("%d retries counted, want %d; deciding again is no retry", r, wantRetries)
 			}
 		})
+	}
+}
+
+// TestSettleClientLeaves: a client that leaves while its request is held is not decided
+// again nor sent: the Hold is withdrawn (Unlearn) without a Release, and nothing reaches a
+// backend.
+func TestSettleClientLeaves(t *testing.T) {
+	var got atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer ts.Close()
+	o := testOptions(t, "prefix", ts.URL)
+	noHealthChecks(&o)
+	// A hold long enough for the watchdog (watchInterval) to see the client leave.
+	pol := &settlingPolicy{picks: []string{ts.URL}, contended: []bool{true}, wait: 5 * watchInterval,
+		learnAt: map[router.Learned]time.Time{}, received: map[string]*atomic.Int64{ts.URL: &got}}
+	o.Policy = pol
+	s, url := serve(t, o, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), watchInterval/2)
+	defer cancel()
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a long prompt ", 200) + `"}]}`
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(body))
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the client was answered %d while its request was held", resp.StatusCode)
+	}
+	waitInFlightZero(t, s)
+	var events []string
+	for _, e := range pol.log() {
+		events = append(events, strings.ReplaceAll(e, ts.URL, "A"))
+	}
+	if want := "pick A\nhold A\nunlearn A"; strings.Join(events, "\n") != want {
+		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(events, "\n"), want)
+	}
+	if n := got.Load(); n != 0 {
+		t.Errorf("the backend received %d requests of a client that left during the hold", n)
 	}
 }

@@ -430,7 +430,8 @@ func (x *Index) claimIn(s *slot, sh *shard, h uint64, t, limit int64, victim int
 // created that no Record has touched since. Entries b held before that Record, and entries
 // another Record has touched or re-added since (another request that b accepted), stay.
 //
-// The proxy records a prompt as soon as the request is on its way to the backend, so that
+// The proxy records a prompt as soon as the request is on its way to the backend (a request
+// held for its peered replicas' decisions, just before it is held), so that
 // the index update overlaps the backend's work, and forgets it when the backend then refuses
 // the request (a 400 for a too-long prompt, a 429/503 retried elsewhere) or never answers:
 // a refused prompt left nothing in the engine's KV cache. Entries evicted by that Record
