@@ -276,11 +276,7 @@ func TestNewRejectsBadSecret(t *testing.T) {
 // (empty groups on the wire), and one split across several packets (parts of one group, which
 // memberlist may hand over in any order) are four decisions.
 func TestPeersCountDecisions(t *testing.T) {
-	a := startReplica(t, "r0", replicaOpts{tieBreak: router.TieBreakLoad})
-	b := startReplica(t, "r1", replicaOpts{tieBreak: router.TieBreakLoad, join: []*replica{a}})
-	for _, r := range []*replica{a, b} {
-		testutil.Eventually(t, wait, "peers see each other", func() bool { return r.node.Alive() == 1 })
-	}
+	a, b := loadPair(t)
 	url := backendURLs[2]
 	k := prompt(t, 7)
 	long := &key.Key{OK: true, Routed: true}
@@ -316,6 +312,19 @@ func TestPeersCountDecisions(t *testing.T) {
 	if !a.holds(long, url) || !b.holds(long, url) {
 		t.Fatal("the split prompt is not held whole on both replicas")
 	}
+}
+
+// loadPair starts two peered replicas that break near-ties by load, where each counts the
+// other's decisions in its recent share (router.Prefix.NotePeerRouted), and waits until they
+// see each other.
+func loadPair(t *testing.T) (a, b *replica) {
+	t.Helper()
+	a = startReplica(t, "r0", replicaOpts{tieBreak: router.TieBreakLoad})
+	b = startReplica(t, "r1", replicaOpts{tieBreak: router.TieBreakLoad, join: []*replica{a}})
+	for _, r := range []*replica{a, b} {
+		testutil.Eventually(t, wait, "peers see each other", func() bool { return r.node.Alive() == 1 })
+	}
+	return a, b
 }
 
 // decayedSum is a backend.RecentSum's value after Adds of ws one tick apart, read at the

@@ -192,12 +192,7 @@ func (a *arrivals) has(id uint64, stamp int64) bool {
 // of the Hold's work (a second count, even of work 0, would tick the recent share's decay
 // clock) and records the hashes.
 func TestHeldDecisionCountedOnce(t *testing.T) {
-	// Peers count each other's decisions where near-ties go by load.
-	a := startReplica(t, "r0", replicaOpts{tieBreak: router.TieBreakLoad})
-	b := startReplica(t, "r1", replicaOpts{tieBreak: router.TieBreakLoad, join: []*replica{a}})
-	for _, r := range []*replica{a, b} {
-		testutil.Eventually(t, wait, "peers see each other", func() bool { return r.node.Alive() == 1 })
-	}
+	a, b := loadPair(t)
 	url := backendURLs[3]
 	k := prompt(t, 950)
 	d := router.Decision{Backend: a.byName(url), PrefillWork: a.node.Policy().RoutedWork(k, 0)}
