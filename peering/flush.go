@@ -317,7 +317,7 @@ func (n *Node) receive(buf []byte) {
 				return
 			}
 			if forget {
-				for _, local := range n.recent.take(sender, id, stamp) {
+				for _, local := range n.recent.forget(sender, id, stamp, now) {
 					idx.Forget(hs, b, local)
 				}
 				return
@@ -334,6 +334,9 @@ func (n *Node) receive(buf []byte) {
 					n.arrivals.add(arrival{id: id, stamp: stamp, work: work, arrived: now.UnixNano()})
 				}
 				return
+			}
+			if n.recent.forgotten(sender, id, stamp) {
+				return // a part that arrived after the group's forget
 			}
 			// A peer's clock ahead of this one's must not stamp the future.
 			local := idx.RecordNew(hs, b, time.Unix(0, min(stamp, now.UnixNano())))

@@ -20,9 +20,11 @@ import (
 // A peer's index records a learned group under its own stamp (index.Record's, not the
 // sender's), which index.Forget needs: so each replica remembers, per peer, backend and
 // sender stamp, the local stamps of the groups received within the last forgetWindow, at most
-// maxRecentLearns of them. A forget of an older group, or one whose packet arrives before the
-// group's own (UDP does not order them), is ignored: the entry then stays until usage reports
-// correct it or it ages out, as without forgets.
+// maxRecentLearns of them. A forget of an older group is ignored: the entry then stays until
+// usage reports correct it or it ages out, as without forgets. A forget repeats the group's
+// hashes and may be split across packets as the group was, and UDP orders neither: every part
+// of a forget withdraws its hashes under all the stamps the group's parts got, and a part of
+// the group that arrives after its forget is not recorded.
 
 const (
 	// forgetWindow is how long a peer's learned group can still be withdrawn: 10 s. Unlearn
@@ -46,8 +48,9 @@ type learnKey struct {
 // localStamps are the stamps the groups of one learned prompt got in this replica's index:
 // one, or several when the sender split the prompt across packets.
 type localStamps struct {
-	first index.Stamp
-	more  []index.Stamp
+	first     index.Stamp
+	more      []index.Stamp
+	forgotten bool // a forget of the group arrived: its later parts are not recorded
 }
 
 // recentLearns remembers the peers' learned groups of the last forgetWindow in two
@@ -79,9 +82,11 @@ func (r *recentLearns) add(sender string, id uint64, stamp int64, local index.St
 	return !ok && !old
 }
 
-// take returns (and forgets) the local stamps of sender's group stamped stamp on backend id;
-// nil when it is unknown or older than the window.
-func (r *recentLearns) take(sender string, id uint64, stamp int64) []index.Stamp {
+// forget returns the local stamps of sender's group stamped stamp on backend id (nil when it
+// is unknown or older than the window), and marks the group forgotten, so that its parts
+// still to come are not recorded (forgotten) and every part of a split forget finds the same
+// stamps.
+func (r *recentLearns) forget(sender string, id uint64, stamp int64, now time.Time) []index.Stamp {
 	k := learnKey{sender, id, stamp}
 	var out []index.Stamp
 	for _, m := range []map[learnKey]localStamps{r.prev, r.cur} {
@@ -90,8 +95,23 @@ func (r *recentLearns) take(sender string, id uint64, stamp int64) []index.Stamp
 				out = append(out, v.first)
 			}
 			out = append(out, v.more...)
-			delete(m, k)
 		}
 	}
+	if r.cur == nil || now.Sub(r.started) >= forgetWindow/2 || len(r.cur) >= maxRecentLearns/2 {
+		r.prev, r.cur, r.started = r.cur, make(map[learnKey]localStamps, len(r.cur)), now
+	}
+	delete(r.prev, k)
+	v := localStamps{forgotten: true}
+	if len(out) > 0 {
+		v.first, v.more = out[0], out[1:]
+	}
+	r.cur[k] = v
 	return out
+}
+
+// forgotten reports whether a forget of sender's group stamped stamp on backend id arrived
+// within the window: a part of it that arrives now is not recorded.
+func (r *recentLearns) forgotten(sender string, id uint64, stamp int64) bool {
+	k := learnKey{sender, id, stamp}
+	return r.cur[k].forgotten || r.prev[k].forgotten
 }

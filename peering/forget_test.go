@@ -103,24 +103,56 @@ func TestRecentLearnsWindow(t *testing.T) {
 	r.add("p", 1, 10, 100, t0)
 	r.add("p", 1, 10, 102, t0) // a second part of the same prompt
 	r.add("p", 1, 11, 104, t0)
-	if got := r.take("p", 1, 10); len(got) != 2 || got[0] != 100 || got[1] != 102 {
-		t.Fatalf("take %v, want both parts", got)
+	if got := r.forget("p", 1, 10, t0); len(got) != 2 || got[0] != 100 || got[1] != 102 {
+		t.Fatalf("forget %v, want both parts", got)
 	}
-	if got := r.take("p", 1, 10); got != nil {
-		t.Fatalf("taken twice: %v", got)
+	// A forget split across packets: its second part withdraws its hashes under the same
+	// stamps, and a part of the group still to come is not recorded.
+	if got := r.forget("p", 1, 10, t0); len(got) != 2 {
+		t.Fatalf("the forget's second part got %v, want both stamps again", got)
+	}
+	if !r.forgotten("p", 1, 10) || r.forgotten("p", 1, 11) {
+		t.Fatal("forgotten marks the wrong group")
+	}
+	// A forget that arrives before its group: nothing to withdraw, and the group is not
+	// recorded when it comes.
+	if got := r.forget("p", 2, 30, t0); got != nil || !r.forgotten("p", 2, 30) {
+		t.Fatalf("forget before the group: %v, forgotten %v", got, r.forgotten("p", 2, 30))
 	}
 	r.add("q", 1, 12, 106, t0.Add(forgetWindow/2)) // rotates: stamp 11 is now the older generation
-	if got := r.take("p", 1, 11); len(got) != 1 {
+	if got := r.forget("p", 1, 11, t0.Add(forgetWindow/2)); len(got) != 1 {
 		t.Fatalf("within the window: %v", got)
 	}
 	r.add("q", 1, 13, 108, t0.Add(forgetWindow)) // rotates again: stamp 12's generation is the older
 	r.add("q", 1, 14, 110, t0.Add(3*forgetWindow/2))
-	if got := r.take("q", 1, 12); got != nil {
+	if got := r.forget("q", 1, 12, t0.Add(3*forgetWindow/2)); got != nil {
 		t.Fatalf("past the window: %v", got)
 	}
-	if got := r.take("q", 1, 14); len(got) != 1 {
+	if got := r.forget("q", 1, 14, t0.Add(3*forgetWindow/2)); len(got) != 1 {
 		t.Fatalf("the newest: %v", got)
 	}
+}
+
+// TestSplitForgetWithdrawsAll: a prompt learned in several packets and then withdrawn (a
+// backend refused it after its chunks went out) leaves none of its chunks at the peer: every
+// part of the forget withdraws its own hashes.
+func TestSplitForgetWithdrawsAll(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	url := backendURLs[2]
+	long := &key.Key{OK: true, Routed: true}
+	for i := range 3 * packetBudget / hashBytes { // three packets' worth
+		long.Chunks = append(long.Chunks, uint64(i+7)*0x9e3779b97f4a7c15)
+	}
+	long.PromptTokens = len(long.Chunks) * key.DefaultChunkTokens
+	l := a.node.Policy().Learn(long, a.byName(url), 0)
+	if l == 0 {
+		t.Fatal("nothing learned")
+	}
+	n := int64(len(long.Chunks))
+	testutil.Eventually(t, wait, "b records the whole prompt", func() bool { return b.node.Policy().Index().Entries() >= n })
+	a.node.Policy().Unlearn(long, a.byName(url), l)
+	testutil.Eventually(t, wait, "b withdraws every chunk of it", func() bool { return b.node.Policy().Index().Entries() == 0 })
 }
 
 // learnQueue returns a peering Policy over b alone, with no transport, and a function that
