@@ -322,7 +322,7 @@ func (l *Lease) Begin(b *Backend, work, prompt int64, streamed bool) {
 	b.inFlight.Add(1)
 	// Under the drain's lock, as SetPeerLoad decides, so that one of the two starts the drain.
 	b.drain.mu.Lock()
-	rate, raw := b.rate(), b.queuedRaw()
+	rate, raw := b.PrefillRate(), b.queuedRaw()
 	l.ahead = b.drain.queuedLocked(l.began, raw, rate) // QueuedPrefill
 	seqs, ctx := b.Decoding()
 	l.decode = DecodeWork(seqs, ctx, l.ahead, work)
@@ -345,7 +345,7 @@ func (l *Lease) Sent() {
 		return
 	}
 	now := time.Now()
-	l.ahead = max(l.ahead-int64(now.Sub(l.began).Seconds()*l.b.rate()), 0)
+	l.ahead = max(l.ahead-int64(now.Sub(l.began).Seconds()*l.b.PrefillRate()), 0)
 	l.began = now
 }
 

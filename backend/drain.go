@@ -50,7 +50,7 @@ func (d *drain) foldLocked(now time.Time, rate float64) {
 func (b *Backend) leaveQueue(work int64, done bool) {
 	d := &b.drain
 	d.mu.Lock()
-	d.foldLocked(time.Now(), b.rate())
+	d.foldLocked(time.Now(), b.PrefillRate())
 	if done {
 		d.credit = max(d.credit-float64(work), 0)
 	}
@@ -110,7 +110,7 @@ func remaining(q int64, done float64) int64 {
 // both: peered replicas drained their shares apart, each at the full rate (twice the
 // replica's speed with both queued) and the peers' anew from each changed report.
 func (b *Backend) QueuedPrefill(now time.Time) int64 {
-	return b.drain.queued(now, b.queuedRaw(), b.rate())
+	return b.drain.queued(now, b.queuedRaw(), b.PrefillRate())
 }
 
 // queuedRaw is the prefill work queued on b before any drain: this proxy's and its peers'.
@@ -118,10 +118,7 @@ func (b *Backend) queuedRaw() int64 { return b.prefillTokens.Load() + b.peerPref
 
 // PrefillRate is the prefill rate the cost model uses for b, in tokens per second: b's
 // learned one, the fleet's until learned (SetFleetPrefill), else DefaultPrefillRate.
-func (b *Backend) PrefillRate() float64 { return b.rate() }
-
-// rate is PrefillRate.
-func (b *Backend) rate() float64 {
+func (b *Backend) PrefillRate() float64 {
 	if r, ok := b.prefill.Rate(); ok {
 		return r
 	}

@@ -35,7 +35,7 @@ func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 		d.startLocked(now)
 		return
 	}
-	d.holdLocked(now, b.rate(), b.prefillTokens.Load()+old) // the report's new work counts in full
+	d.holdLocked(now, b.PrefillRate(), b.prefillTokens.Load()+old) // the report's new work counts in full
 	if p < old {
 		d.credit = max(d.credit-float64(old-p), 0)
 	}

@@ -330,8 +330,7 @@ func (n *Node) receive(buf []byte) {
 				// A decision on a prompt held whole, with nothing to learn, or held to settle:
 				// never split.
 				if !counted {
-					n.pol.NotePeerRouted(b, work)
-					n.arrivals.add(arrival{id: id, stamp: stamp, work: work, arrived: now.UnixNano()})
+					n.countDecision(b, stamp, work, now)
 				}
 				return
 			}
@@ -343,14 +342,21 @@ func (n *Node) receive(buf []byte) {
 			if n.recent.add(sender, id, stamp, local, now) && !counted {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.
-				n.pol.NotePeerRouted(b, work)
-				n.arrivals.add(arrival{id: id, stamp: stamp, work: work, arrived: now.UnixNano()})
+				n.countDecision(b, stamp, work, now)
 			}
 		})
 	if err != nil {
 		n.m.bad.Inc()
 		n.log.Debug("peering: invalid update", zap.Error(err))
 	}
+}
+
+// countDecision counts a peer's decision of prefill work work on b, stamped stamp by the
+// peer: in b's recent share (router.Prefix.NotePeerRouted) and in the arrivals that settling
+// reads (settle.go).
+func (n *Node) countDecision(b *backend.Backend, stamp, work int64, now time.Time) {
+	n.pol.NotePeerRouted(b, work)
+	n.arrivals.add(arrival{id: b.ID, stamp: stamp, work: work, arrived: now.UnixNano()})
 }
 
 // receiveSamples folds a peer's prefill observations into the models of the backends they

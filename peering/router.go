@@ -41,21 +41,18 @@ const fullChainEvery = 16
 func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
 	l := p.Prefix.Learn(k, b, held)
 	work := p.Prefix.RoutedWork(k, held) // what this replica counted for the decision
-	if l != 0 {
+	switch {
+	case l != 0:
 		p.queueLearned(k, b, held, l, work)
-	} else if b != nil {
-		p.queueUnlearned(b, work)
+	case b != nil:
+		// Recorded nothing, routed all the same (a prompt under one chunk; a backend the
+		// index does not list): an empty group, so that the peers count the decision. Stamp 0
+		// is no Learn's, and nothing withdraws it (Unlearn of 0 does nothing). A body that did
+		// not parse is not learned at all (router.Decider.Learns): this replica counts its
+		// decision, its peers do not.
+		p.n.q.push(b.ID, 0, work, nil, &p.n.m)
 	}
 	return l
-}
-
-// queueUnlearned queues a decision that recorded nothing: routed all the same (a prompt under
-// one chunk; a backend the index does not list), an empty group, so that the peers count
-// the decision. Stamp 0 is no Learn's, and nothing withdraws it (Unlearn of 0 does nothing).
-// A body that did not parse is not learned at all (router.Decider.Learns): this replica
-// counts its decision, its peers do not.
-func (p *Policy) queueUnlearned(b *backend.Backend, work int64) {
-	p.n.q.push(b.ID, 0, work, nil, &p.n.m)
 }
 
 // queueLearned queues the Learn l of k on b for the peers, with the decision's work.
@@ -143,9 +140,9 @@ func (q *queue) pushForget(id uint64, stamp int64, chunks []uint64, m *metricSet
 // cancel drops the chunks of the queued Learn stamped stamp on backend id, and reports whether
 // it was still queued (then no peer ever hears of them). The decision stays, an empty group
 // with its prefill work (0 for a Release's hashes: the Hold sent the decision), so that the
-// peers count it in the backend's recent share as this
-// replica did when it routed it (router.Prefix.NotePeerRouted). It scans what was queued since the last flush, a
-// few items at a few hundred requests per second.
+// peers count it in the backend's recent share as this replica did when it routed it
+// (router.Prefix.NotePeerRouted). It scans what was queued since the last flush, a few items
+// at a few hundred requests per second.
 func (q *queue) cancel(id uint64, stamp int64) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()

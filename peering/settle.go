@@ -88,8 +88,7 @@ func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 		return 0
 	}
 	rate := d.Backend.PrefillRate()
-	own := time.Duration(float64(d.PrefillWork) / rate * float64(time.Second))
-	if !(rate > 0) || own < settleShare*w {
+	if !(rate > 0) || time.Duration(float64(d.PrefillWork)/rate*float64(time.Second)) < settleShare*w {
 		return 0
 	}
 	return w

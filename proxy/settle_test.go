@@ -50,11 +50,20 @@ func (p *settlingPolicy) Pick(_ *key.Key, cands []*backend.Backend) router.Decis
 }
 
 func (p *settlingPolicy) Learn(_ *key.Key, b *backend.Backend, _ int) router.Learned {
+	return p.stamp("learn " + b.Name)
+}
+
+func (p *settlingPolicy) Hold(_ *key.Key, b *backend.Backend, _ int) router.Learned {
+	return p.stamp("hold " + b.Name)
+}
+
+// stamp records event and returns a new Learned, remembering when it was made.
+func (p *settlingPolicy) stamp(event string) router.Learned {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.nextStmp++
 	p.learnAt[p.nextStmp] = time.Now()
-	p.events = append(p.events, "learn "+b.Name)
+	p.events = append(p.events, event)
 	return p.nextStmp
 }
 
@@ -66,15 +75,6 @@ func (p *settlingPolicy) Unlearn(_ *key.Key, b *backend.Backend, _ router.Learne
 
 func (p *settlingPolicy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 	return p.wait
-}
-
-func (p *settlingPolicy) Hold(_ *key.Key, b *backend.Backend, _ int) router.Learned {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.nextStmp++
-	p.learnAt[p.nextStmp] = time.Now()
-	p.events = append(p.events, "hold "+b.Name)
-	return p.nextStmp
 }
 
 func (p *settlingPolicy) Release(_ *key.Key, d router.Decision, l router.Learned, _ time.Time) bool {
