@@ -118,7 +118,13 @@ const (
 //     200-request p95 is the 10th-worst request) and OASST light (9 s arms: in one full suite
 //     least-load, prefix and prefix×3 read p50 3.4–4.0 ms where the other arms read 2.1–2.5;
 //     a rerun of the same binary minutes later read 2.1–2.4, prefix p95 10.4 against 4.3).
-//     These add ≈9 minutes.
+//     These add ≈9 minutes. And multi-turn and shared-prefix light, whose p95 sits
+//     at 4 and 9 ms wall where one round's verdict against a peer was noise: on 3c507cd's
+//     single rounds sglang read 3.2 against prefix's 4.2 ms on multi-turn and 7.6 against 9.0
+//     on shared-prefix light; 3 rounds of the same code (2026-12-05) read prefix 4.6 (4.3–4.7),
+//     sglang 4.4 (4.0–5.5), llm-d 4.3 (4.1–4.7), with all three placing the 11 conversations
+//     3/3/3/2 and never moving one, and on shared-prefix light prefix 8.4 (8.0–9.5) against
+//     sglang 9.0 (7.5–9.3). These add ≈12 minutes.
 //
 // OASST's short prompts hardly load 4 sims at any of its rates: at 1× its p95 was 37 ms at 64,
 // 128 and 256 conversations/s (the threads' think times, not the arrival rate, set the request
@@ -157,7 +163,7 @@ func perSecond(unit string) func(level) string {
 }
 
 var plans = []plan{
-	{name: "multi-turn", full: []level{{name: "closed"}}, quick: &level{name: "closed"},
+	{name: "multi-turn", full: []level{{name: "closed", rounds: ShortArmRounds}}, quick: &level{name: "closed"},
 		flags: func(q bool, _ level) bench.WorkloadFlags {
 			if q {
 				return bench.WorkloadFlags{Conversations: QuickMultiTurnConversations, Turns: QuickMultiTurnTurns}
@@ -166,7 +172,7 @@ var plans = []plan{
 		},
 		unit: func(level) string { return fmt.Sprintf("%d users", bench.DefaultUsers) }},
 	{name: "shared-prefix",
-		full:  []level{{name: "light", load: SharedPrefixLight}, {"medium", SharedPrefixMedium, ShortArmRounds, SlowSpeedup}, {"near-saturation", SharedPrefixNearSat, 1, SlowSpeedup}},
+		full:  []level{{name: "light", load: SharedPrefixLight, rounds: ShortArmRounds}, {"medium", SharedPrefixMedium, ShortArmRounds, SlowSpeedup}, {"near-saturation", SharedPrefixNearSat, 1, SlowSpeedup}},
 		quick: &level{name: "medium", load: SharedPrefixMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			if q {

@@ -111,8 +111,8 @@ func TestPlanRounds(t *testing.T) {
 		speedup float64
 	}
 	d, a := float64(bench.DefaultSpeedup), float64(AgenticSpeedup)
-	want := map[string]rs{"multi-turn closed": {1, d},
-		"shared-prefix light": {1, d}, "shared-prefix medium": {ShortArmRounds, SlowSpeedup}, "shared-prefix near-saturation": {1, SlowSpeedup},
+	want := map[string]rs{"multi-turn closed": {ShortArmRounds, d},
+		"shared-prefix light": {ShortArmRounds, d}, "shared-prefix medium": {ShortArmRounds, SlowSpeedup}, "shared-prefix near-saturation": {1, SlowSpeedup},
 		"agentic light": {1, a}, "agentic medium": {1, a}, "agentic near-saturation": {1, a},
 		"mooncake light": {1, d}, "mooncake medium": {ShortArmRounds, d}, "mooncake near-saturation": {ShortArmRounds, d},
 		"oasst light": {ShortArmRounds, d}, "oasst medium": {ShortArmRounds, SlowSpeedup}, "oasst near-saturation": {ShortArmRounds, SlowSpeedup}}
