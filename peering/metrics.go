@@ -25,8 +25,9 @@ type metricSet struct {
 	// samplesSent and samplesRecv count prefill observations sent per peer and received.
 	samplesSent *metrics.Counter
 	samplesRecv *metrics.Counter
-	// settles counts requests held for SettleWait before they were sent; resettles those
-	// decided again because a peer's earlier decision on their backend arrived meanwhile.
+	// settles counts holds for SettleWait (up to two per request: a request decided again
+	// may be held again); resettles the holds decided again because a peer's earlier
+	// decision on their backend arrived meanwhile.
 	settles   *metrics.Counter
 	resettles *metrics.Counter
 }
@@ -70,7 +71,8 @@ func newMetrics(alive func() float64) metricSet {
 // request; counted once per peer sent to), prefixlb_peer_prefill_samples_sent_total /
 // _received_total (prefill observations, time to first token against the work, that each
 // replica shares so that all learn a backend's prefill rate from every request; sent counted
-// once per peer).
+// once per peer), and prefixlb_peer_settles_total / _resettles_total (holds for
+// Options.SettleWait, up to two per request; those decided again, settle.go).
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
 
 // Stats are the node's counters (those of WriteMetrics).

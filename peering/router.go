@@ -12,10 +12,14 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// maxQueuedHashes bounds the chunk hashes waiting for the next flush (8 MiB): a flusher that
-// cannot keep up (peers unreachable) drops updates rather than grow without bound; the drops
-// are counted (prefixlb_peer_updates_dropped_total).
-const maxQueuedHashes = 1 << 20
+// maxQueuedHashes bounds the chunk hashes waiting for the next flush (8 MiB), and
+// maxQueuedItems the Learns (3 MiB; decisions without hashes, a Hold's or a prompt held
+// whole, add none): a flusher that cannot keep up (starved of CPU) drops updates rather than
+// grow without bound; the drops are counted (prefixlb_peer_updates_dropped_total).
+const (
+	maxQueuedHashes = 1 << 20
+	maxQueuedItems  = 1 << 16
+)
 
 // Policy is the prefix policy of a peered replica: it routes exactly as the wrapped
 // *router.Prefix (it is one, embedded) and, whenever the proxy Learns that a backend took a
@@ -160,7 +164,7 @@ func (q *queue) add(it queued, chunks []uint64, m *metricSet) {
 		return
 	}
 	q.mu.Lock()
-	if len(q.hashes)+len(chunks) > maxQueuedHashes {
+	if len(q.hashes)+len(chunks) > maxQueuedHashes || len(q.items) >= maxQueuedItems {
 		q.mu.Unlock()
 		m.dropped.Inc()
 		return

@@ -134,6 +134,17 @@ func (p *Policy) Release(k *key.Key, d router.Decision, l router.Learned, decide
 	return false
 }
 
+// Abandon is router.Settler's: it withdraws the hold l of k's request on b, whose client left
+// during the hold, from this replica's index. Its chunks never went to the peers (Release
+// sends them), so nothing is sent: an Unlearn would send a forget of the whole prompt, which
+// the peers hold none of. The decision stays counted, as a decision made again does (Release).
+func (p *Policy) Abandon(k *key.Key, b *backend.Backend, l router.Learned) {
+	if k == nil || b == nil || l == 0 {
+		return
+	}
+	p.Prefix.Unlearn(k, b, l)
+}
+
 // contended reports whether unseen work ahead makes a request of work decide again.
 func contended(unseen, work int64) bool {
 	return unseen > 0 && unseen*contendedShare >= max(work, 1)

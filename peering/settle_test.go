@@ -214,3 +214,51 @@ func TestHeldDecisionCountedOnce(t *testing.T) {
 		t.Error("b did not record the held decision's arrival")
 	}
 }
+
+// TestAbandonSendsNoForget: a held request whose client left is withdrawn from the holding
+// replica's index, and nothing goes to the peers, whose only news of it was the Hold's
+// decision (no chunks): an Unlearn there would send a forget of the whole prompt.
+func TestAbandonSendsNoForget(t *testing.T) {
+	a, b := loadPair(t)
+	url := backendURLs[3]
+	k := prompt(t, 950)
+	bk := a.byName(url)
+	l := a.node.Policy().Hold(k, bk, 0)
+	if l == 0 {
+		t.Fatal("nothing held")
+	}
+	testutil.Eventually(t, wait, "b hears of the held decision", func() bool { return b.node.arrivals.has(bk.ID, int64(l)) })
+	if a.node.Policy().Index().Entries() == 0 {
+		t.Fatal("the hold learned nothing locally")
+	}
+	a.node.Policy().Abandon(k, bk, l)
+	if n := a.node.Policy().Index().Entries(); n != 0 {
+		t.Errorf("a still lists %d entries of the abandoned request", n)
+	}
+	time.Sleep(50 * time.Millisecond) // time for a forget to go out and arrive
+	if n := a.node.m.forgetsSent.Get(); n != 0 {
+		t.Errorf("a sent %d forgets for a request whose chunks never went out", n)
+	}
+	if n := b.node.m.forgetsRecv.Get(); n != 0 {
+		t.Errorf("b received %d forgets", n)
+	}
+	if n := b.node.Policy().Index().Entries(); n != 0 {
+		t.Errorf("b lists %d entries of a request it never got chunks of", n)
+	}
+}
+
+// TestQueueBoundsDecisions: decisions without hashes (a Hold's, a prompt held whole) are
+// bounded too: past maxQueuedItems waiting for a flush, they are dropped and counted.
+func TestQueueBoundsDecisions(t *testing.T) {
+	m := newMetrics(func() float64 { return 0 })
+	var q queue
+	for i := range maxQueuedItems + 10 {
+		q.push(1, int64(i+1), 100, nil, &m)
+	}
+	if n := len(q.items); n != maxQueuedItems {
+		t.Errorf("%d decisions queued, want the bound %d", n, maxQueuedItems)
+	}
+	if n := m.dropped.Get(); n != 10 {
+		t.Errorf("%d drops counted, want 10", n)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 )
 
 // wireVersion is the first byte of every message; a receiver drops other versions (and
@@ -212,10 +211,22 @@ func (r *reader) records() uint64 {
 	return n
 }
 
+// maxCount bounds a count read off the wire (in-flight requests, queued prefill tokens, a
+// decision's prefill work): 2^40, past any real one (a 10M-token prompt's work is ~1.5e9),
+// so that sums over peers and over the arrivals ring (settle.go: 1024 × 10 × 2^40 < 2^54)
+// cannot wrap, and a value over 2^63 does not turn negative. Peers are authenticated; this
+// guards against a buggy one.
+const maxCount = 1 << 40
+
+// count reads a uvarint count, at most maxCount.
+func (r *reader) count() int64 {
+	return int64(min(r.uvarint(), maxCount))
+}
+
 // record reads one record (appendRecord).
 func (r *reader) record() (id uint64, a, b int64) {
 	id = r.u64()
-	return id, int64(r.uvarint()), int64(r.uvarint())
+	return id, r.count(), r.count()
 }
 
 // hashes decodes n hashes into dst (reused) and returns it.
@@ -278,7 +289,7 @@ func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender 
 		id, stamp := r.u64(), int64(r.u64())
 		var work int64
 		if stamp >= 0 {
-			work = int64(min(r.uvarint(), math.MaxInt64))
+			work = r.count()
 		}
 		*hs = r.hashes(*hs)
 		if r.err != nil {

@@ -1,6 +1,7 @@
 package peering
 
 import (
+	"encoding/binary"
 	"slices"
 	"testing"
 )
@@ -53,5 +54,34 @@ func TestUpdateWire(t *testing.T) {
 		if _, _, _, err := decode(buf[:n]); err == nil {
 			t.Errorf("an update cut to %d of %d bytes decoded without error", n, len(buf))
 		}
+	}
+}
+
+// TestUpdateWireClampsCounts: counts past maxCount off the wire (a buggy peer's; our own
+// writer cannot produce them) read as maxCount, never negative, so that the sums over peers
+// and over the arrivals ring cannot wrap.
+func TestUpdateWireClampsCounts(t *testing.T) {
+	buf := appendHeader(nil, kindUpdate, "r0")
+	buf = binary.AppendUvarint(buf, 1) // one load record
+	buf = binary.LittleEndian.AppendUint64(buf, 3)
+	buf = binary.AppendUvarint(buf, 1<<63+5)    // in flight
+	buf = binary.AppendUvarint(buf, ^uint64(0)) // queued prefill
+	buf = binary.LittleEndian.AppendUint64(buf, 3)
+	buf = binary.LittleEndian.AppendUint64(buf, 1000) // stamp
+	buf = binary.AppendUvarint(buf, ^uint64(0))       // work
+	buf = binary.AppendUvarint(buf, 0)                // no hashes
+	var ls, got []peerLoad
+	var hs []uint64
+	var work int64 = -1
+	err := decodeUpdate(buf, &ls, &hs, func(_ string, l []peerLoad) { got = slices.Clone(l) },
+		func(_ uint64, _, w int64, _ bool, _ []uint64) { work = w })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].inFlight != maxCount || got[0].prefill != maxCount {
+		t.Errorf("loads %+v, want in flight and prefill %d", got, int64(maxCount))
+	}
+	if work != maxCount {
+		t.Errorf("work %d, want %d", work, int64(maxCount))
 	}
 }

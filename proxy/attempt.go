@@ -84,8 +84,8 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 // made before it arrived meanwhile (Release withdrew the Hold; forward decides again, and
 // try's exit releases b).
 //
-// A client that leaves during the hold is not decided again: its request is withdrawn as a
-// refused one (try's exit Unlearns the Hold). The lease began before the hold, so that this
+// A client that leaves during the hold is not decided again: its request is withdrawn
+// (Abandon: where the Hold learned it; its chunks never went to the peers). The lease began before the hold, so that this
 // replica's and its peers' next decisions count it; its prefill sample times from the send
 // (backend.Lease.Sent).
 func (s *Server) settle(f *flow, b *backend.Backend) error {
@@ -104,6 +104,10 @@ func (s *Server) settle(f *flow, b *backend.Backend) error {
 	f.settles++
 	time.Sleep(wait)
 	if f.gone.Load() {
+		// Never sent: withdrawn where Hold learned it, not as a Learn that went out
+		// (Unlearn would send the peers a forget of chunks they never got).
+		s.decider.Abandon(&f.k, b, f.learned)
+		f.learned = 0
 		return f.goneErr()
 	}
 	if s.decider.Release(&f.k, f.dec, f.learned, decided) {

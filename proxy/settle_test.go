@@ -30,7 +30,7 @@ type settlingPolicy struct {
 	mu       sync.Mutex
 	nPick    int
 	nCont    int
-	events   []string // "pick B", "learn B", "hold B", "unlearn B", "release B after D, N sent: again V"
+	events   []string // "pick B", "learn B", "hold B", "unlearn B", "abandon B", "release B after D, N sent: again V"
 	learnAt  map[router.Learned]time.Time
 	nextStmp router.Learned
 }
@@ -71,6 +71,12 @@ func (p *settlingPolicy) Unlearn(_ *key.Key, b *backend.Backend, _ router.Learne
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.events = append(p.events, "unlearn "+b.Name)
+}
+
+func (p *settlingPolicy) Abandon(_ *key.Key, b *backend.Backend, _ router.Learned) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, "abandon "+b.Name)
 }
 
 func (p *settlingPolicy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
@@ -206,8 +212,8 @@ func TestSettle(t *testing.T) {
 }
 
 // TestSettleClientLeaves: a client that leaves while its request is held is not decided
-// again nor sent: the Hold is withdrawn (Unlearn) without a Release, and nothing reaches a
-// backend.
+// again nor sent: the Hold is withdrawn (Abandon, not Unlearn, which would tell peers to
+// forget chunks never sent) without a Release, and nothing reaches a backend.
 func TestSettleClientLeaves(t *testing.T) {
 	var got atomic.Int64
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -235,7 +241,7 @@ func TestSettleClientLeaves(t *testing.T) {
 	for _, e := range pol.log() {
 		events = append(events, strings.ReplaceAll(e, ts.URL, "A"))
 	}
-	if want := "pick A\nhold A\nunlearn A"; strings.Join(events, "\n") != want {
+	if want := "pick A\nhold A\nabandon A"; strings.Join(events, "\n") != want {
 		t.Errorf("events:\n%s\nwant:\n%s", strings.Join(events, "\n"), want)
 	}
 	if n := got.Load(); n != 0 {

@@ -150,6 +150,12 @@ func (d *Decider) Release(k *key.Key, dec Decision, l Learned, decided time.Time
 	return d.settler.Release(k, dec, l, decided)
 }
 
+// Abandon withdraws the hold l of k's request on b, which will not be sent (Settler): its
+// client left during the hold.
+func (d *Decider) Abandon(k *key.Key, b *backend.Backend, l Learned) {
+	d.settler.Abandon(k, b, l)
+}
+
 // Index returns the policy's prefix index, nil when it has none.
 func (d *Decider) Index() *index.Index {
 	if d.indexed == nil {

@@ -103,12 +103,14 @@ type Learned int64
 // for the wait, and Released: again means that a decision on the same backend made
 // elsewhere before it arrived meanwhile; Release has then withdrawn what Hold learned and
 // the request is decided again, with that decision in view. Otherwise the decision stands
-// as if Learn had made it (Unlearn withdraws it).
+// as if Learn had made it (Unlearn withdraws it). A request whose client leaves during the
+// hold is Abandoned instead of Released: never sent, it is withdrawn where Hold learned it.
 type Settler interface {
 	// SettleWait is how long to hold a request decided d (0: send it at once).
 	SettleWait(k *key.Key, d Decision) time.Duration
 	Hold(k *key.Key, b *backend.Backend, held int) Learned
 	Release(k *key.Key, d Decision, l Learned, decided time.Time) (again bool)
+	Abandon(k *key.Key, b *backend.Backend, l Learned)
 }
 
 // IndexHolder is implemented by policies that keep a prefix index; the proxy reports its
