@@ -244,7 +244,7 @@ func (s *Server) relayResponse(ctx *fasthttp.RequestCtx, f *flow, b *backend.Bac
 		ctx.Response.Header.Del(HeaderBackend) // a backend's own (a prefixlb in front of others)
 	}
 	var route [routeHeaderCap]byte
-	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(route[:0], f.dec, f.k.PromptTokens))
+	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(route[:0], f.dec, f.k.PromptTokens, f.settles))
 	f.body = f.resp.BodyStream()
 	if f.body == nil { // HEAD, 204, 304
 		f.eof = true
@@ -301,18 +301,16 @@ func outcomeOf(status int) health.Outcome {
 }
 
 // routeHeaderCap holds the longest x-prefixlb-route value ("overload-fallback;chunks=",
-// ";cached=", ";predicted_ttft_us=" and 19 digits each) without allocating.
-const routeHeaderCap = 128
-
-func routeHeader(d router.Decision, promptTokens int) string {
-	return string(appendRouteHeader(nil, d, promptTokens))
-}
+// ";cached=", ";predicted_ttft_us=" and 19 digits each, ";settled=2") without allocating.
+const routeHeaderCap = 144
 
 // appendRouteHeader appends the x-prefixlb-route value "REASON;chunks=N", with
 // ";cached=T" (the prompt tokens the policy predicts the backend holds) when the policy
-// predicted its prefill and ";predicted_ttft_us=U" (the time to first token it estimated
-// there, microseconds) when it estimated one (no fmt: this runs on every request).
-func appendRouteHeader(dst []byte, d router.Decision, promptTokens int) []byte {
+// predicted its prefill, ";predicted_ttft_us=U" (the time to first token it estimated
+// there, microseconds) when it estimated one, and ";settled=H" when the request was held H
+// times (1 or 2) to settle with peered replicas (Server.settle), the decision shown being the
+// last (no fmt: this runs on every request).
+func appendRouteHeader(dst []byte, d router.Decision, promptTokens, settles int) []byte {
 	dst = append(dst, d.Reason.String()...)
 	dst = append(dst, ";chunks="...)
 	dst = strconv.AppendInt(dst, int64(d.MatchedChunks), 10)
@@ -323,6 +321,10 @@ func appendRouteHeader(dst []byte, d router.Decision, promptTokens int) []byte {
 	if d.PredictedTTFT > 0 {
 		dst = append(dst, ";predicted_ttft_us="...)
 		dst = strconv.AppendInt(dst, d.PredictedTTFT.Microseconds(), 10)
+	}
+	if settles > 0 {
+		dst = append(dst, ";settled="...)
+		dst = strconv.AppendInt(dst, int64(settles), 10)
 	}
 	return dst
 }

@@ -116,23 +116,24 @@ func TestSettle(t *testing.T) {
 		refuse    string // a backend that answers 503
 		want      []string
 		servedBy  string
+		route     string // the x-prefixlb-route the client gets
 	}{
 		{"kept", []bool{false}, "", []string{
 			"pick A", "hold A", "release A after 20ms, 0 sent: again false",
-		}, "A"},
+		}, "A", "cold;chunks=0;settled=1"},
 		{"kept, refused, retried unheld", []bool{false}, "A", []string{
 			"pick A", "hold A", "release A after 20ms, 0 sent: again false", "unlearn A",
 			"pick B", "learn B", // a retry is not held
-		}, "B"},
+		}, "B", "cold;chunks=0;settled=1"},
 		{"decided again once", []bool{true, false}, "", []string{
 			"pick A", "hold A", "release A after 20ms, 0 sent: again true",
 			"pick B", "hold B", "release B after 20ms, 0 sent: again false",
-		}, "B"},
+		}, "B", "cold;chunks=0;settled=2"},
 		{"third decision sent at once", []bool{true, true, true}, "", []string{
 			"pick A", "hold A", "release A after 20ms, 0 sent: again true",
 			"pick B", "hold B", "release B after 20ms, 0 sent: again true",
 			"pick C", "learn C", // once written, as without settling
-		}, "C"},
+		}, "C", "cold;chunks=0;settled=2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,6 +180,9 @@ func TestSettle(t *testing.T) {
 			}
 			if got := byURL[resp.Header.Get(HeaderBackend)]; got != tc.servedBy {
 				t.Errorf("served by %q, want %s", got, tc.servedBy)
+			}
+			if got := resp.Header.Get(HeaderRoute); got != tc.route {
+				t.Errorf("%s %q, want %q", HeaderRoute, got, tc.route)
 			}
 			waitInFlightZero(t, s)
 			var got []string
