@@ -85,9 +85,9 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 // try's exit releases b).
 //
 // A client that leaves during the hold is not decided again: its request is withdrawn
-// (Abandon: where the Hold learned it; its chunks never went to the peers). The lease began before the hold, so that this
-// replica's and its peers' next decisions count it; its prefill sample times from the send
-// (backend.Lease.Sent).
+// (Abandon: where the Hold learned it; its chunks never went to the peers). The lease began
+// before the hold, so that this replica's and its peers' next decisions count it; its
+// prefill sample times from the send (backend.Lease.Sent).
 func (s *Server) settle(f *flow, b *backend.Backend) error {
 	if f.attempts != 1 || f.settles >= maxSettles || f.learned != 0 || f.dec.Backend != b || f.gone.Load() {
 		return nil
