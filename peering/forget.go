@@ -9,11 +9,12 @@ import (
 )
 
 // Why forgets are propagated: the proxy Learns a prompt as soon as the request is on its way
-// to the backend (a request held to settle, before it is held) and Unlearns it when the backend refuses it (a 400 for a prompt over the
-// context, a 429 or 503 retried elsewhere) or never answers. Without a forget the peers would
-// keep the entry, route the conversation's next turn to a backend that does not hold it (a
-// cold prefill) until usage reports correct it or it ages out, and count the backend as
-// holding the prompt as well as the one that took the retry. A forget costs nothing on the
+// to the backend (a request held to settle, before it is held) and Unlearns it when the
+// backend refuses it (a 400 for a prompt over the context, a 429 or 503 retried elsewhere)
+// or never answers. Without a forget the peers would keep the entry, route the
+// conversation's next turn to a backend that does not hold it (a cold prefill) until usage
+// reports correct it or it ages out, and count the backend as holding the prompt as well as
+// the one that took the retry. A forget costs nothing on the
 // common path: a Learn withdrawn before the next flush (within FlushInterval) is just dropped
 // from the queue; one already sent is followed by a forget group repeating its hashes.
 //
@@ -54,21 +55,26 @@ type localStamps struct {
 }
 
 // recentLearns remembers the peers' learned groups of the last forgetWindow in two
-// generations: add writes the current one, started anew (the older dropped) every half
-// window or half maxRecentLearns; take reads both. Not safe for concurrent use (receive
-// holds recvMu).
+// generations: add and forget write the current one, started anew (the older dropped) every
+// half window or half maxRecentLearns (rotate); forget and forgotten read both. Not safe for
+// concurrent use (receive holds recvMu).
 type recentLearns struct {
 	cur, prev map[learnKey]localStamps
 	started   time.Time
+}
+
+// rotate starts a new generation when the current one is half a window old or half full.
+func (r *recentLearns) rotate(now time.Time) {
+	if r.cur == nil || now.Sub(r.started) >= forgetWindow/2 || len(r.cur) >= maxRecentLearns/2 {
+		r.prev, r.cur, r.started = r.cur, make(map[learnKey]localStamps, len(r.cur)), now
+	}
 }
 
 // add records that sender's group stamped stamp on backend id got local in this index (0:
 // not recorded, the backend gone or of no capacity), and reports whether it is the first part
 // of that group seen within the window (a prompt split across packets comes in several).
 func (r *recentLearns) add(sender string, id uint64, stamp int64, local index.Stamp, now time.Time) (first bool) {
-	if r.cur == nil || now.Sub(r.started) >= forgetWindow/2 || len(r.cur) >= maxRecentLearns/2 {
-		r.prev, r.cur, r.started = r.cur, make(map[learnKey]localStamps, len(r.cur)), now
-	}
+	r.rotate(now)
 	k := learnKey{sender, id, stamp}
 	v, ok := r.cur[k]
 	_, old := r.prev[k]
@@ -97,9 +103,7 @@ func (r *recentLearns) forget(sender string, id uint64, stamp int64, now time.Ti
 			out = append(out, v.more...)
 		}
 	}
-	if r.cur == nil || now.Sub(r.started) >= forgetWindow/2 || len(r.cur) >= maxRecentLearns/2 {
-		r.prev, r.cur, r.started = r.cur, make(map[learnKey]localStamps, len(r.cur)), now
-	}
+	r.rotate(now)
 	delete(r.prev, k)
 	v := localStamps{forgotten: true}
 	if len(out) > 0 {

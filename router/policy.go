@@ -85,10 +85,9 @@ type BackendSetter interface {
 // Learner is implemented by policies that learn from where a request was actually sent
 // (after retries). The proxy calls Learn once the request is written to backend b, while b
 // works on it (a Settler's Hold before it is held and sent instead), with held the Decision's
-// MatchedChunks for b, and Unlearn with what Learn
-// returned if b then refuses it (status ≥ 400) or never answers: Unlearn withdraws what that
-// Learn added and nobody has learned again since. Only requests whose key parsed are learned
-// (Decider.Learns).
+// MatchedChunks for b, and Unlearn with what Learn returned if b then refuses it (status ≥
+// 400) or never answers: Unlearn withdraws what that Learn added and nobody has learned again
+// since. Only requests whose key parsed are learned (Decider.Learns).
 type Learner interface {
 	Learn(k *key.Key, b *backend.Backend, held int) Learned
 	Unlearn(k *key.Key, b *backend.Backend, l Learned)
