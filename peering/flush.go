@@ -214,7 +214,7 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 			if packetBudget-len(packets[len(packets)-1]) < groupOverhead {
 				start(nil)
 			}
-			packets[len(packets)-1] = appendGroup(packets[len(packets)-1], it.id, it.stamp, it.work, nil)
+			packets[len(packets)-1] = appendGroup(packets[len(packets)-1], it.id, it.stamp, it.work, it.flexible, nil)
 			continue
 		}
 		for len(hs) > 0 {
@@ -228,7 +228,7 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 			if it.forget {
 				packets[len(packets)-1] = appendForget(cur, it.id, it.stamp, part)
 			} else {
-				packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, it.work, part)
+				packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, it.work, it.flexible, part)
 			}
 			hs = hs[:len(hs)-len(part)]
 		}
@@ -305,19 +305,19 @@ func (n *Node) receive(buf []byte) {
 				n.loads.report(sender, ls, now, set.byID)
 			}
 		},
-		func(id uint64, stamp, work int64, forget bool, hs []uint64) {
-			if forget {
+		func(g group, hs []uint64) {
+			if g.forget {
 				n.m.forgetsRecv.Inc()
 			} else {
 				n.m.received.Inc()
 			}
-			b := set.byID[id]
+			b := set.byID[g.id]
 			if b == nil {
 				n.m.unknown.Inc()
 				return
 			}
-			if forget {
-				for _, local := range n.recent.forget(sender, id, stamp, now) {
+			if g.forget {
+				for _, local := range n.recent.forget(sender, g.id, g.stamp, now) {
 					idx.Forget(hs, b, local)
 				}
 				return
@@ -325,24 +325,24 @@ func (n *Node) receive(buf []byte) {
 			// Work 0 is a decision counted already (router.Prefix.RoutedWork is ≥ 1): the
 			// chunks of a request held to settle, whose decision came first (settle.go), or
 			// such a group cancelled before its flush.
-			counted := work == 0
+			counted := g.work == 0
 			if len(hs) == 0 {
 				// A decision on a prompt held whole, with nothing to learn, or held to settle:
 				// never split.
 				if !counted {
-					n.countDecision(b, stamp, work, now)
+					n.countDecision(b, g, now)
 				}
 				return
 			}
-			if n.recent.forgotten(sender, id, stamp) {
+			if n.recent.forgotten(sender, g.id, g.stamp) {
 				return // a part that arrived after the group's forget
 			}
 			// A peer's clock ahead of this one's must not stamp the future.
-			local := idx.RecordNew(hs, b, time.Unix(0, min(stamp, now.UnixNano())))
-			if n.recent.add(sender, id, stamp, local, now) && !counted {
+			local := idx.RecordNew(hs, b, time.Unix(0, min(g.stamp, now.UnixNano())))
+			if n.recent.add(sender, g.id, g.stamp, local, now) && !counted {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.
-				n.countDecision(b, stamp, work, now)
+				n.countDecision(b, g, now)
 			}
 		})
 	if err != nil {
@@ -351,12 +351,11 @@ func (n *Node) receive(buf []byte) {
 	}
 }
 
-// countDecision counts a peer's decision of prefill work work on b, stamped stamp by the
-// peer: in b's recent share (router.Prefix.NotePeerRouted) and in the arrivals that settling
-// reads (settle.go).
-func (n *Node) countDecision(b *backend.Backend, stamp, work int64, now time.Time) {
-	n.pol.NotePeerRouted(b, work)
-	n.arrivals.add(arrival{id: b.ID, stamp: stamp, work: work, arrived: now.UnixNano()})
+// countDecision counts a peer's decision g on b: in b's recent share
+// (router.Prefix.NotePeerRouted) and in the arrivals that settling reads (settle.go).
+func (n *Node) countDecision(b *backend.Backend, g group, now time.Time) {
+	n.pol.NotePeerRouted(b, g.work)
+	n.arrivals.add(arrival{id: b.ID, stamp: g.stamp, work: g.work, flexible: g.flexible, arrived: now.UnixNano()})
 }
 
 // receiveSamples folds a peer's prefill observations into the models of the backends they
@@ -398,7 +397,7 @@ func (n *Node) snapshot(join bool) []byte {
 	}
 	buf := appendHeader(make([]byte, 0, size), kindSnapshot, "")
 	for _, e := range exp {
-		buf = appendGroup(buf, e.ID, -1, 0, e.Hashes)
+		buf = appendGroup(buf, e.ID, -1, 0, false, e.Hashes)
 	}
 	n.own.add(n, buf, n.now())
 	return buf

@@ -72,24 +72,21 @@ func TestQueueCancel(t *testing.T) {
 	}
 	n.q.pushForget(7, 900, []uint64{9}, &n.m)
 	items, hashes := n.q.take(nil, nil)
-	type group struct {
-		id     uint64
-		stamp  int64
-		work   int64
-		forget bool
-		n      int
+	type sent struct {
+		group
+		n int
 	}
-	var got []group
+	var got []sent
 	for _, pkt := range n.encode(nil, nil, items, hashes) {
 		var ls []peerLoad
 		var hs []uint64
-		if err := decodeUpdate(pkt, &ls, &hs, func(string, []peerLoad) {}, func(id uint64, stamp, work int64, forget bool, h []uint64) {
-			got = append(got, group{id, stamp, work, forget, len(h)})
+		if err := decodeUpdate(pkt, &ls, &hs, func(string, []peerLoad) {}, func(g group, h []uint64) {
+			got = append(got, sent{g, len(h)})
 		}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	want := []group{{7, 1000, 300, false, 0}, {7, 1002, 200, false, 2}, {7, 900, 0, true, 1}}
+	want := []sent{{group{id: 7, stamp: 1000, work: 300}, 0}, {group{id: 7, stamp: 1002, work: 200}, 2}, {group{id: 7, stamp: 900, forget: true}, 1}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("encoded groups %+v, want %+v (the cancelled learn's chunks left out, its decision and work kept)", got, want)
 	}

@@ -11,6 +11,16 @@
 // meanwhile that was made before it: the earlier decision keeps the backend and the later
 // sees it, in every replica alike, since the stamps say which came first. Settled, the same
 // runs read a mean TTFT 0.95–0.98× one replica's.
+//
+// Which decision yields is not by stamp alone: a held decision placed by load (flexible: its
+// reason is not a match, so it holds no more of its prompt there than anywhere) yields to a
+// peer's match whatever their stamps, and a match never yields to a flexible one. A stamp
+// order alone moved long matches off their cache: on the Mooncake trace a held request
+// matching 9k–14k tokens found a peer's cold long prompt stamped a moment earlier on its
+// backend, was decided again and fell back to an uncached one (`x-prefixlb-route`
+// overload-fallback, settled=2), where the cold prompt could have gone anywhere. The order
+// (match before flexible, then stamp) is the same in every replica, so that of two contending
+// decisions exactly one moves.
 
 package peering
 
@@ -44,10 +54,11 @@ const (
 
 // arrival is one peer decision as this replica received it.
 type arrival struct {
-	id      uint64 // backend
-	stamp   int64  // the peer's Learn stamp (unix ns, its clock)
-	work    int64  // its prefill work (router.Prefix.RoutedWork)
-	arrived int64  // when it was applied here (unix ns, this replica's clock)
+	id       uint64 // backend
+	stamp    int64  // the peer's Learn stamp (unix ns, its clock)
+	work     int64  // its prefill work (router.Prefix.RoutedWork)
+	flexible bool   // held and placed by load: it yields to a match (see the file comment)
+	arrived  int64  // when it was applied here (unix ns, this replica's clock)
 }
 
 // arrivals is a ring of the peers' recent decisions. It is safe for concurrent use.
@@ -64,13 +75,14 @@ func (a *arrivals) add(x arrival) {
 	a.mu.Unlock()
 }
 
-// unseenBefore sums the work of the decisions on backend id stamped before stamp that
-// arrived after decided (unix ns): made first, and not seen by a decision made at decided.
-func (a *arrivals) unseenBefore(id uint64, stamp, decided int64) int64 {
+// unseenAhead sums the work of the decisions on backend id that rank ahead of one stamped
+// stamp (flexible or not, see ahead) and arrived after decided (unix ns): not seen by a
+// decision made at decided.
+func (a *arrivals) unseenAhead(id uint64, stamp int64, flexible bool, decided int64) int64 {
 	var sum int64
 	a.mu.Lock()
 	for i := range a.ring {
-		if x := &a.ring[i]; x.id == id && x.stamp != 0 && x.stamp < stamp && x.arrived > decided {
+		if x := &a.ring[i]; x.id == id && x.stamp != 0 && x.arrived > decided && ahead(x.flexible, x.stamp, flexible, stamp) {
 			sum += x.work
 		}
 	}
@@ -95,25 +107,37 @@ func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 }
 
 // Hold is router.Settler's: Learn for a request held by SettleWait, whose decision goes to
-// the peers at once, stamped l and with its prefill work, and its chunks only once Release
-// keeps it: a decision made again sends no chunks to withdraw.
+// the peers at once, stamped l, with its prefill work and whether it is flexible, and its
+// chunks only once Release keeps it: a decision made again sends no chunks to withdraw.
 //
 // When nothing was learned (0: a backend the index does not list) nothing is sent: the
 // request is then sent at once, and its Learn sends the decision.
-func (p *Policy) Hold(k *key.Key, b *backend.Backend, held int) router.Learned {
-	l := p.Prefix.Learn(k, b, held)
+func (p *Policy) Hold(k *key.Key, d router.Decision) router.Learned {
+	b := d.Backend
+	if b == nil {
+		return 0
+	}
+	l := p.Prefix.Learn(k, b, d.MatchedChunks)
 	if l != 0 {
-		p.n.q.push(b.ID, int64(l), p.Prefix.RoutedWork(k, held), nil, &p.n.m)
+		work := p.Prefix.RoutedWork(k, d.MatchedChunks)
+		p.n.q.add(queued{id: b.ID, stamp: int64(l), work: work, flexible: flexible(d)}, nil, &p.n.m)
 		p.n.m.settles.Inc()
 	}
 	return l
 }
 
+// flexible reports whether a held decision may move at no cache cost: its backend was not
+// chosen for a match (router.ReasonMatch), so it holds no more of the prompt than the others.
+func flexible(d router.Decision) bool {
+	return d.Reason != router.ReasonMatch
+}
+
 // Release is router.Settler's: it ends the hold of d's request, which Hold learned as l at
-// decided. When peers' decisions on d.Backend stamped before l arrived since decided, with
-// prefill work at least 1/contendedShare of d.PrefillWork, what Hold learned is withdrawn
-// here and Release reports true: the request is decided again with them in view, and the
-// peers' later decisions on that backend see it. The withdrawn decision still counts where it
+// decided. When peers' decisions on d.Backend that rank ahead of it (ahead: a match before a
+// flexible one, then the earlier stamp) arrived since decided, with prefill work at least
+// 1/contendedShare of d.PrefillWork, what Hold learned is withdrawn here and Release reports
+// true: the request is decided again with them in view, and the peers' later decisions on
+// that backend see it. The withdrawn decision still counts where it
 // was counted: in this replica's recent share (Pick noted it) and the peers' (they hold no
 // chunk of it), decaying as any decision (router.RecentHalfLife), and in the peers' arrivals
 // for a few seconds; a withdrawal on the wire would cost more than the share it corrects.
@@ -124,7 +148,7 @@ func (p *Policy) Release(k *key.Key, d router.Decision, l router.Learned, decide
 	if b == nil || l == 0 {
 		return false
 	}
-	if contended(p.n.arrivals.unseenBefore(b.ID, int64(l), decided.UnixNano()), d.PrefillWork) {
+	if contended(p.n.arrivals.unseenAhead(b.ID, int64(l), flexible(d), decided.UnixNano()), d.PrefillWork) {
 		p.n.m.resettles.Inc()
 		p.Prefix.Unlearn(k, b, l)
 		return true
@@ -143,6 +167,18 @@ func (p *Policy) Abandon(k *key.Key, b *backend.Backend, l router.Learned) {
 		return
 	}
 	p.Prefix.Unlearn(k, b, l)
+}
+
+// ahead reports whether a decision (flexible xf, stamped xs) keeps its backend against one
+// (flexible f, stamped s) it contends with: a decision that is not flexible ranks ahead of a
+// flexible one, and of two alike the earlier stamp. Any two distinct decisions are ordered,
+// the same way in every replica (the stamps are distinct per sender; of two alike with equal
+// stamps from two senders neither yields).
+func ahead(xf bool, xs int64, f bool, s int64) bool {
+	if xf != f {
+		return f
+	}
+	return xs < s
 }
 
 // contended reports whether unseen work ahead makes a request of work decide again.

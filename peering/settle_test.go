@@ -12,38 +12,50 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-func TestUnseenBefore(t *testing.T) {
+func TestUnseenAhead(t *testing.T) {
 	var a arrivals
 	for _, x := range []arrival{
-		{id: 1, stamp: 100, work: 10, arrived: 150}, // earlier, arrived after 120: unseen
-		{id: 1, stamp: 110, work: 20, arrived: 115}, // earlier, arrived before 120: seen
-		{id: 1, stamp: 130, work: 40, arrived: 160}, // later than 125: the later one moves
-		{id: 2, stamp: 100, work: 80, arrived: 150}, // another backend
-		{id: 1, stamp: 0, work: 160, arrived: 150},  // no stamp (a prompt under one chunk)
+		{id: 1, stamp: 100, work: 10, arrived: 150},                  // earlier, arrived after 120: unseen
+		{id: 1, stamp: 110, work: 20, arrived: 115},                  // earlier, arrived before 120: seen
+		{id: 1, stamp: 130, work: 40, arrived: 160},                  // later than 125: the later one moves
+		{id: 2, stamp: 100, work: 80, arrived: 150},                  // another backend
+		{id: 1, stamp: 0, work: 160, arrived: 150},                   // no stamp (a prompt under one chunk)
+		{id: 1, stamp: 90, work: 320, flexible: true, arrived: 150},  // flexible, earliest
+		{id: 1, stamp: 135, work: 640, flexible: true, arrived: 150}, // flexible, later
 	} {
 		a.add(x)
 	}
 	for _, tc := range []struct {
-		id             uint64
-		stamp, decided int64
-		want           int64
+		id       uint64
+		stamp    int64
+		flexible bool
+		decided  int64
+		want     int64
 	}{
-		{1, 125, 120, 10},
-		{1, 140, 120, 50},
-		{1, 100, 120, 0}, // the earliest decision keeps its backend
-		{1, 125, 160, 0}, // decided after all arrived: seen
-		{2, 125, 120, 80},
-		{3, 125, 120, 0},
+		// A match: the matches stamped before it are ahead, no flexible one is.
+		{1, 125, false, 120, 10},
+		{1, 140, false, 120, 50},
+		{1, 100, false, 120, 0}, // the earliest decision keeps its backend
+		{1, 125, false, 160, 0}, // decided after all arrived: seen
+		{2, 125, false, 120, 80},
+		{3, 125, false, 120, 0},
+		// A flexible one: every match is ahead, whatever its stamp, and the flexible ones
+		// stamped before it.
+		{1, 80, true, 120, 50},        // 10 + 40
+		{1, 125, true, 120, 50 + 320}, // and the flexible stamped 90
+		{1, 140, true, 120, 50 + 960}, // and both flexible ones
+		{1, 140, true, 165, 0},        // decided after all arrived: seen
+		{2, 80, true, 120, 80},
 	} {
-		if got := a.unseenBefore(tc.id, tc.stamp, tc.decided); got != tc.want {
-			t.Errorf("unseenBefore(%d, %d, %d) = %d, want %d", tc.id, tc.stamp, tc.decided, got, tc.want)
+		if got := a.unseenAhead(tc.id, tc.stamp, tc.flexible, tc.decided); got != tc.want {
+			t.Errorf("unseenAhead(%d, %d, flexible %v, %d) = %d, want %d", tc.id, tc.stamp, tc.flexible, tc.decided, got, tc.want)
 		}
 	}
 	// The ring keeps the last maxArrivals: older ones are overwritten.
 	for i := 0; i < maxArrivals; i++ {
 		a.add(arrival{id: 9, stamp: 1, work: 1, arrived: 1})
 	}
-	if got := a.unseenBefore(1, 140, 120); got != 0 {
+	if got := a.unseenAhead(1, 140, true, 120); got != 0 {
 		t.Errorf("after %d more arrivals the old ones still count: %d", maxArrivals, got)
 	}
 }
@@ -120,7 +132,7 @@ func TestSettleBurst(t *testing.T) {
 	for i, r := range rs {
 		h := &hs[i]
 		h.k = prompt(t, 900+i)
-		h.d = router.Decision{Backend: r.byName(url), PrefillWork: r.node.Policy().RoutedWork(h.k, 0)}
+		h.d = router.Decision{Backend: r.byName(url), Reason: router.ReasonCold, PrefillWork: r.node.Policy().RoutedWork(h.k, 0)}
 	}
 	// All decided before any Hold is sent: a Hold flushed at once could reach the next
 	// replica before it decides, and then it was seen.
@@ -128,7 +140,7 @@ func TestSettleBurst(t *testing.T) {
 		hs[i].decided = time.Now()
 	}
 	for i, r := range rs {
-		if hs[i].l = r.node.Policy().Hold(hs[i].k, hs[i].d.Backend, 0); hs[i].l == 0 {
+		if hs[i].l = r.node.Policy().Hold(hs[i].k, hs[i].d); hs[i].l == 0 {
 			t.Fatalf("r%d held nothing", i)
 		}
 	}
@@ -175,6 +187,68 @@ func TestSettleBurst(t *testing.T) {
 	}
 }
 
+// TestSettleMatchKeepsItsBackend: of two held decisions on one backend, made by two peered
+// replicas before either heard of the other, the match keeps the backend and the one placed
+// by load (ReasonCold) is decided again, whichever was stamped first; both replicas agree.
+func TestSettleMatchKeepsItsBackend(t *testing.T) {
+	for _, matchFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("match stamped first %v", matchFirst), func(t *testing.T) {
+			rs := cluster(t, 2)
+			url := backendURLs[2]
+			reasons := []router.Reason{router.ReasonCold, router.ReasonMatch}
+			if matchFirst {
+				reasons[0], reasons[1] = reasons[1], reasons[0]
+			}
+			ks := make([]*key.Key, 2)
+			ds := make([]router.Decision, 2)
+			ls := make([]router.Learned, 2)
+			for i, r := range rs {
+				ks[i] = prompt(t, 970+i)
+				ds[i] = router.Decision{Backend: r.byName(url), Reason: reasons[i], PrefillWork: r.node.Policy().RoutedWork(ks[i], 0)}
+			}
+			decided := time.Now() // both decided before either Hold is sent
+			for i, r := range rs {
+				if ls[i] = r.node.Policy().Hold(ks[i], ds[i]); ls[i] == 0 {
+					t.Fatalf("r%d held nothing", i)
+				}
+			}
+			for i, r := range rs {
+				other := ls[1-i]
+				testutil.Eventually(t, wait, fmt.Sprintf("r%d has r%d's decision", i, 1-i),
+					func() bool { return r.node.arrivals.has(r.byName(url).ID, int64(other)) })
+			}
+			for i, r := range rs {
+				again := r.node.Policy().Release(ks[i], ds[i], ls[i], decided)
+				if want := ds[i].Reason != router.ReasonMatch; again != want {
+					t.Errorf("r%d (%v, stamped %s): again %v, want %v", i, ds[i].Reason, map[bool]string{true: "first", false: "second"}[i == 0], again, want)
+				}
+			}
+		})
+	}
+}
+
+func TestAhead(t *testing.T) {
+	for _, tc := range []struct {
+		xf   bool
+		xs   int64
+		f    bool
+		s    int64
+		want bool
+	}{
+		{false, 1, false, 2, true}, // two matches: the earlier stamp
+		{false, 2, false, 1, false},
+		{true, 1, true, 2, true}, // two flexible: the earlier stamp
+		{true, 2, true, 1, false},
+		{false, 2, true, 1, true}, // a match before a flexible one, whatever the stamps
+		{true, 1, false, 2, false},
+		{false, 1, false, 1, false}, // equal: neither ahead of the other
+	} {
+		if got := ahead(tc.xf, tc.xs, tc.f, tc.s); got != tc.want {
+			t.Errorf("ahead(flexible %v stamp %d, flexible %v stamp %d) = %v, want %v", tc.xf, tc.xs, tc.f, tc.s, got, tc.want)
+		}
+	}
+}
+
 // has reports whether the decision stamped stamp on backend id arrived.
 func (a *arrivals) has(id uint64, stamp int64) bool {
 	a.mu.Lock()
@@ -197,7 +271,7 @@ func TestHeldDecisionCountedOnce(t *testing.T) {
 	k := prompt(t, 950)
 	d := router.Decision{Backend: a.byName(url), PrefillWork: a.node.Policy().RoutedWork(k, 0)}
 	decided := time.Now()
-	l := a.node.Policy().Hold(k, d.Backend, 0)
+	l := a.node.Policy().Hold(k, d)
 	if l == 0 {
 		t.Fatal("nothing held")
 	}
@@ -223,7 +297,7 @@ func TestAbandonSendsNoForget(t *testing.T) {
 	url := backendURLs[3]
 	k := prompt(t, 950)
 	bk := a.byName(url)
-	l := a.node.Policy().Hold(k, bk, 0)
+	l := a.node.Policy().Hold(k, router.Decision{Backend: bk, Reason: router.ReasonCold})
 	if l == 0 {
 		t.Fatal("nothing held")
 	}

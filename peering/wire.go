@@ -11,9 +11,11 @@ import (
 // wireVersion is the first byte of every message; a receiver drops other versions (and
 // counts them in prefixlb_peer_messages_invalid_total). 2: each learned group carries its
 // decision's prefill work, and the chunk hashes are key format v5's (router/key's
-// seedDomain); during a rolling upgrade from version 1 the two versions ignore each
-// other, each routing on what it learned itself, until the last old replica is gone.
-const wireVersion = 2
+// seedDomain). 3: a learned group's work carries a flag, whether the decision was held to
+// settle and placed by load (settle.go's flexible). During a rolling upgrade from an older
+// version the versions ignore each other, each routing on what it learned itself, until the
+// last old replica is gone.
+const wireVersion = 3
 
 // Message kinds (the second byte).
 const (
@@ -21,7 +23,7 @@ const (
 	//
 	//	version kind  uvarint(len(sender)) sender
 	//	uvarint(loads) { id:u64 in_flight:uvarint prefill_tokens:uvarint }…
-	//	{ id:u64 stamp:i64 uvarint(work) uvarint(n) hash:u64 × n }…   (to the end: learned prompts;
+	//	{ id:u64 stamp:i64 uvarint(2×work+flexible) uvarint(n) hash:u64 × n }…   (to the end: learned prompts;
 	//	  a forget, stamp < 0, has no work: { id:u64 stamp:i64 uvarint(n) hash:u64 × n })
 	//
 	// integers little-endian; stamp unix nanoseconds; a learned group is one routed request's
@@ -30,8 +32,9 @@ const (
 	// (router.Prefix.RoutedWork), which the receiver counts once per group in the backend's
 	// recent share (router.Prefix.NotePeerRouted; the parts of a split one repeat it and
 	// count once). A request held to settle (settle.go) sends its decision as an empty group
-	// with its stamp and work, and, if it keeps the backend, its hashes later in a group of
-	// the same stamp with work 0, which counts as no decision (work is otherwise ≥ 1). A
+	// with its stamp and work, flexible 1 when the decision was not a match (it may move at
+	// no cache cost), and, if it keeps the backend, its hashes later in a group of the same
+	// stamp with work 0, which counts as no decision (work is otherwise ≥ 1). A
 	// group whose stamp is negative is a forget: backend id refused the request of the group
 	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
 	kindUpdate = 1
@@ -98,12 +101,17 @@ func appendRecord(dst []byte, id uint64, a, b int64) []byte {
 }
 
 // appendGroup writes one learned group of an update (stamp ≥ 0, work its decision's prefill
-// work, negative: 0) or, with stamp < 0, one backend's part of a snapshot (work not written).
-func appendGroup(dst []byte, id uint64, stamp, work int64, hashes []uint64) []byte {
+// work, negative: 0, at most maxCount; flexible see kindUpdate) or, with stamp < 0, one
+// backend's part of a snapshot (work and flexible not written).
+func appendGroup(dst []byte, id uint64, stamp, work int64, flexible bool, hashes []uint64) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, id)
 	if stamp >= 0 {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(stamp))
-		dst = binary.AppendUvarint(dst, uint64(max(work, 0)))
+		v := uint64(min(max(work, 0), maxCount)) << 1
+		if flexible {
+			v |= 1
+		}
+		dst = binary.AppendUvarint(dst, v)
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(hashes)))
 	for _, h := range hashes {
@@ -268,12 +276,22 @@ func (r *reader) header(kind byte) string {
 	return s
 }
 
+// group is one learned group of an update as decoded (kindUpdate): on backend id, stamped
+// stamp, with its decision's prefill work and whether that decision was flexible; or, forget
+// set, the withdrawal of the learned group stamped stamp (work 0, not flexible).
+type group struct {
+	id       uint64
+	stamp    int64
+	work     int64
+	flexible bool
+	forget   bool
+}
+
 // decodeUpdate calls onLoads with the sender and its loads, then onGroup for each learned
-// group (forget false, work its decision's prefill work) or forget of one (forget true, stamp
-// the learned group's, work 0); *ls and *hs
-// are scratch, reused across calls (what the callbacks get is valid only during the call). It
-// returns the first decoding error; what was delivered before it stands.
-func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(id uint64, stamp, work int64, forget bool, hashes []uint64)) error {
+// group or forget of one; *ls and *hs are scratch, reused across calls (what the callbacks
+// get is valid only during the call). It returns the first decoding error; what was
+// delivered before it stands.
+func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender string, ls []peerLoad), onGroup func(g group, hashes []uint64)) error {
 	r := reader{buf: buf}
 	sender := r.header(kindUpdate)
 	*ls = (*ls)[:0]
@@ -286,20 +304,18 @@ func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender 
 	}
 	onLoads(sender, *ls)
 	for len(r.buf) > 0 {
-		id, stamp := r.u64(), int64(r.u64())
-		var work int64
-		if stamp >= 0 {
-			work = r.count()
+		g := group{id: r.u64(), stamp: int64(r.u64())}
+		if g.stamp >= 0 {
+			v := r.uvarint()
+			g.work, g.flexible = int64(min(v>>1, maxCount)), v&1 == 1
+		} else {
+			g.stamp, g.forget = ^g.stamp, true
 		}
 		*hs = r.hashes(*hs)
 		if r.err != nil {
 			return r.err
 		}
-		if stamp < 0 {
-			onGroup(id, ^stamp, 0, true, *hs)
-		} else {
-			onGroup(id, stamp, work, false, *hs)
-		}
+		onGroup(g, *hs)
 	}
 	return nil
 }

@@ -10,45 +10,49 @@ import (
 // with its prefill work, a forget (which carries none), an empty group; a message of another
 // wire version, or cut short, is an error and delivers no group.
 func TestUpdateWire(t *testing.T) {
-	type group struct {
-		id, stamp, work int64
-		forget          bool
-		hashes          []uint64
+	type got struct {
+		group
+		hashes []uint64
 	}
 	buf := appendHeader(nil, kindUpdate, "r0")
 	buf = appendLoads(buf, []peerLoad{{id: 3, inFlight: 2, prefill: 4096}})
-	buf = appendGroup(buf, 3, 1000, 4200, []uint64{1, 2, 3})
+	buf = appendGroup(buf, 3, 1000, 4200, false, []uint64{1, 2, 3})
 	buf = appendForget(buf, 3, 900, []uint64{9})
-	buf = appendGroup(buf, 4, 1001, 1, nil)
-	buf = appendGroup(buf, 4, 1002, -5, []uint64{7}) // a negative work is written as 0
-	decode := func(b []byte) (string, []peerLoad, []group, error) {
+	buf = appendGroup(buf, 4, 1001, 1, true, nil)
+	buf = appendGroup(buf, 4, 1002, -5, false, []uint64{7}) // a negative work is written as 0
+	buf = appendGroup(buf, 5, 1003, maxCount+9, true, nil)  // past maxCount: maxCount
+	decode := func(b []byte) (string, []peerLoad, []got, error) {
 		var ls, gotLoads []peerLoad
 		var hs []uint64
 		var from string
-		var gs []group
+		var gs []got
 		err := decodeUpdate(b, &ls, &hs, func(s string, l []peerLoad) { from, gotLoads = s, slices.Clone(l) },
-			func(id uint64, stamp, work int64, forget bool, h []uint64) {
-				gs = append(gs, group{int64(id), stamp, work, forget, slices.Clone(h)})
-			})
+			func(g group, h []uint64) { gs = append(gs, got{g, slices.Clone(h)}) })
 		return from, gotLoads, gs, err
 	}
 	from, ls, gs, err := decode(buf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []group{{3, 1000, 4200, false, []uint64{1, 2, 3}}, {3, 900, 0, true, []uint64{9}}, {4, 1001, 1, false, []uint64{}}, {4, 1002, 0, false, []uint64{7}}}
+	want := []got{
+		{group{id: 3, stamp: 1000, work: 4200}, []uint64{1, 2, 3}},
+		{group{id: 3, stamp: 900, forget: true}, []uint64{9}},
+		{group{id: 4, stamp: 1001, work: 1, flexible: true}, []uint64{}},
+		{group{id: 4, stamp: 1002}, []uint64{7}},
+		{group{id: 5, stamp: 1003, work: maxCount, flexible: true}, []uint64{}},
+	}
 	if from != "r0" || len(ls) != 1 || ls[0] != (peerLoad{id: 3, inFlight: 2, prefill: 4096}) {
 		t.Fatalf("sender %q loads %+v, want r0 and backend 3's", from, ls)
 	}
-	if !slices.EqualFunc(gs, want, func(a, b group) bool {
-		return a.id == b.id && a.stamp == b.stamp && a.work == b.work && a.forget == b.forget && slices.Equal(a.hashes, b.hashes)
-	}) {
+	if !slices.EqualFunc(gs, want, func(a, b got) bool { return a.group == b.group && slices.Equal(a.hashes, b.hashes) }) {
 		t.Fatalf("groups %+v, want %+v", gs, want)
 	}
-	old := slices.Clone(buf)
-	old[0] = 1 // version 1: groups without their work
-	if _, _, gs, err := decode(old); err == nil || len(gs) > 0 {
-		t.Fatalf("a version-1 update decoded (%d groups, error %v), want it refused", len(gs), err)
+	for _, v := range []byte{1, 2} {
+		old := slices.Clone(buf)
+		old[0] = v // version 1: groups without their work; 2: without the flexible flag
+		if _, _, gs, err := decode(old); err == nil || len(gs) > 0 {
+			t.Fatalf("a version-%d update decoded (%d groups, error %v), want it refused", v, len(gs), err)
+		}
 	}
 	for _, n := range []int{1, 5, len(buf) - 1} {
 		if _, _, _, err := decode(buf[:n]); err == nil {
@@ -68,13 +72,13 @@ func TestUpdateWireClampsCounts(t *testing.T) {
 	buf = binary.AppendUvarint(buf, ^uint64(0)) // queued prefill
 	buf = binary.LittleEndian.AppendUint64(buf, 3)
 	buf = binary.LittleEndian.AppendUint64(buf, 1000) // stamp
-	buf = binary.AppendUvarint(buf, ^uint64(0))       // work
+	buf = binary.AppendUvarint(buf, ^uint64(0))       // work (2×work+flexible)
 	buf = binary.AppendUvarint(buf, 0)                // no hashes
 	var ls, got []peerLoad
 	var hs []uint64
 	var work int64 = -1
 	err := decodeUpdate(buf, &ls, &hs, func(_ string, l []peerLoad) { got = slices.Clone(l) },
-		func(_ uint64, _, w int64, _ bool, _ []uint64) { work = w })
+		func(g group, _ []uint64) { work = g.work })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -97,7 +97,7 @@ func (s *Server) settle(f *flow, b *backend.Backend) error {
 		return nil
 	}
 	decided := time.Now()
-	f.learned = s.decider.Hold(&f.k, b, f.dec.MatchedChunks)
+	f.learned = s.decider.Hold(&f.k, f.dec)
 	if f.learned == 0 {
 		return nil // nothing held: sent at once, and learned once written
 	}

@@ -53,8 +53,8 @@ func (p *settlingPolicy) Learn(_ *key.Key, b *backend.Backend, _ int) router.Lea
 	return p.stamp("learn " + b.Name)
 }
 
-func (p *settlingPolicy) Hold(_ *key.Key, b *backend.Backend, _ int) router.Learned {
-	return p.stamp("hold " + b.Name)
+func (p *settlingPolicy) Hold(_ *key.Key, d router.Decision) router.Learned {
+	return p.stamp("hold " + d.Backend.Name)
 }
 
 // stamp records event and returns a new Learned, remembering when it was made.

@@ -138,10 +138,10 @@ func (d *Decider) SettleWait(k *key.Key, dec Decision) time.Duration {
 	return d.settler.SettleWait(k, dec)
 }
 
-// Hold learns k's request on b for a hold of SettleWait (Settler; call it only when
+// Hold learns k's request, decided dec, for a hold of SettleWait (Settler; call it only when
 // SettleWait asked to wait).
-func (d *Decider) Hold(k *key.Key, b *backend.Backend, held int) Learned {
-	return d.settler.Hold(k, b, held)
+func (d *Decider) Hold(k *key.Key, dec Decision) Learned {
+	return d.settler.Hold(k, dec)
 }
 
 // Release ends the hold of the request decided dec and held as l at decided (Settler): again

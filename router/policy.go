@@ -107,7 +107,9 @@ type Learned int64
 type Settler interface {
 	// SettleWait is how long to hold a request decided d (0: send it at once).
 	SettleWait(k *key.Key, d Decision) time.Duration
-	Hold(k *key.Key, b *backend.Backend, held int) Learned
+	// Hold learns k's request as decided d (d.Backend, d.MatchedChunks held there; d.Reason
+	// says whether it could go elsewhere at no cache cost).
+	Hold(k *key.Key, d Decision) Learned
 	Release(k *key.Key, d Decision, l Learned, decided time.Time) (again bool)
 	Abandon(k *key.Key, b *backend.Backend, l Learned)
 }
