@@ -214,7 +214,7 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 			if packetBudget-len(packets[len(packets)-1]) < groupOverhead {
 				start(nil)
 			}
-			packets[len(packets)-1] = appendGroup(packets[len(packets)-1], it.id, it.stamp, it.work, it.flexible, nil)
+			packets[len(packets)-1] = appendGroup(packets[len(packets)-1], it.id, it.stamp, it.work, it.class, nil)
 			continue
 		}
 		for len(hs) > 0 {
@@ -228,7 +228,7 @@ func (n *Node) encode(packets [][]byte, loads []peerLoad, items []queued, hashes
 			if it.forget {
 				packets[len(packets)-1] = appendForget(cur, it.id, it.stamp, part)
 			} else {
-				packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, it.work, it.flexible, part)
+				packets[len(packets)-1] = appendGroup(cur, it.id, it.stamp, it.work, it.class, part)
 			}
 			hs = hs[:len(hs)-len(part)]
 		}
@@ -355,7 +355,7 @@ func (n *Node) receive(buf []byte) {
 // (router.Prefix.NotePeerRouted) and in the arrivals that settling reads (settle.go).
 func (n *Node) countDecision(b *backend.Backend, g group, now time.Time) {
 	n.pol.NotePeerRouted(b, g.work)
-	n.arrivals.add(arrival{id: b.ID, stamp: g.stamp, work: g.work, flexible: g.flexible, arrived: now.UnixNano()})
+	n.arrivals.add(arrival{id: b.ID, stamp: g.stamp, work: g.work, class: g.class, arrived: now.UnixNano()})
 }
 
 // receiveSamples folds a peer's prefill observations into the models of the backends they
@@ -397,7 +397,7 @@ func (n *Node) snapshot(join bool) []byte {
 	}
 	buf := appendHeader(make([]byte, 0, size), kindSnapshot, "")
 	for _, e := range exp {
-		buf = appendGroup(buf, e.ID, -1, 0, false, e.Hashes)
+		buf = appendGroup(buf, e.ID, -1, 0, classSent, e.Hashes)
 	}
 	n.own.add(n, buf, n.now())
 	return buf

@@ -113,12 +113,12 @@ type backendSet struct {
 // NotePeerRouted), and the decision's prefill work (router.Prefix.RoutedWork; 0 for a forget,
 // and for the hashes of a Hold that Release kept, whose decision the Hold counted).
 type queued struct {
-	id       uint64
-	stamp    int64
-	work     int64
-	off, n   int
-	flexible bool // a Hold's decision that may move (settle.go)
-	forget   bool
+	id     uint64
+	stamp  int64
+	work   int64
+	off, n int
+	class  class // how the decision goes out (settle.go)
+	forget bool
 }
 
 // queue holds the Learns since the last flush. push copies the chunks into an arena that

@@ -8,19 +8,20 @@
 // --router-replicas 3 --peering`, against one replica). A request long enough for it to pay
 // is therefore held (Hold: its decision, without its chunks, goes out to the peers) for
 // SettleWait, and decided again (Release) when a peer's decision on the same backend arrived
-// meanwhile that was made before it: the earlier decision keeps the backend and the later
+// meanwhile that ranks ahead of it: of two alike, the earlier keeps the backend and the later
 // sees it, in every replica alike, since the stamps say which came first. Settled, the same
 // runs read a mean TTFT 0.95–0.98× one replica's.
 //
-// Which decision yields is not by stamp alone: a held decision placed by load (flexible: its
-// reason is not a match, so it holds no more of its prompt there than anywhere) yields to a
-// peer's match whatever their stamps, and a match never yields to a flexible one. A stamp
-// order alone moved long matches off their cache: on the Mooncake trace a held request
-// matching 9k–14k tokens found a peer's cold long prompt stamped a moment earlier on its
-// backend, was decided again and fell back to an uncached one (`x-prefixlb-route`
-// overload-fallback, settled=2), where the cold prompt could have gone anywhere. The order
-// (match before flexible, then stamp) is the same in every replica, so that of two contending
-// decisions exactly one moves.
+// Which decision yields is not by stamp alone when both were held: a held decision placed by
+// load (classFlexible: its reason is not a match, so its cache there is no reason to keep
+// it) yields to a peer's held match whatever their stamps and sizes, and a held match never
+// yields to a flexible one. A stamp order alone moved long matches off their cache: on the
+// Mooncake trace a held request matching 9k–14k tokens found a peer's cold long prompt stamped
+// a moment earlier on its backend, was decided again and fell back to an uncached one
+// (`x-prefixlb-route` overload-fallback, settled=2), where the cold prompt could have gone
+// anywhere. A decision sent at once (classSent: too short to hold) cannot move, and ranks by
+// its stamp against any. The order (rank) is the same in every replica: of a held match and a
+// held flexible decision that contend, the flexible one moves.
 
 package peering
 
@@ -52,13 +53,31 @@ const (
 	maxArrivals = 1024
 )
 
+// class is how a decision went out, for settling's order (rank).
+type class uint8
+
+const (
+	classSent     class = iota // not held (Learn): on its way already, it cannot move
+	classMatch                 // held (Hold) for a match (router.ReasonMatch)
+	classFlexible              // held, placed by load: cold, overload-fallback, ...
+	numClasses
+)
+
+// classOf is the class of a held decision d.
+func classOf(d router.Decision) class {
+	if d.Reason == router.ReasonMatch {
+		return classMatch
+	}
+	return classFlexible // a Decision without a Reason is round-robin's: placed by load
+}
+
 // arrival is one peer decision as this replica received it.
 type arrival struct {
-	id       uint64 // backend
-	stamp    int64  // the peer's Learn stamp (unix ns, its clock)
-	work     int64  // its prefill work (router.Prefix.RoutedWork)
-	flexible bool   // held and placed by load: it yields to a match (see the file comment)
-	arrived  int64  // when it was applied here (unix ns, this replica's clock)
+	id      uint64 // backend
+	stamp   int64  // the peer's Learn stamp (unix ns, its clock)
+	work    int64  // its prefill work (router.Prefix.RoutedWork)
+	class   class  // how it went out (rank)
+	arrived int64  // when it was applied here (unix ns, this replica's clock)
 }
 
 // arrivals is a ring of the peers' recent decisions. It is safe for concurrent use.
@@ -75,19 +94,53 @@ func (a *arrivals) add(x arrival) {
 	a.mu.Unlock()
 }
 
-// unseenAhead sums the work of the decisions on backend id that rank ahead of one stamped
-// stamp (flexible or not, see ahead) and arrived after decided (unix ns): not seen by a
-// decision made at decided.
-func (a *arrivals) unseenAhead(id uint64, stamp int64, flexible bool, decided int64) int64 {
-	var sum int64
+// unseenAhead looks at the decisions on backend id that arrived after decided (unix ns), not
+// seen by a held decision of class c stamped stamp made then: work sums those that weigh on it
+// (rank), and yield reports one it yields to whatever the work.
+func (a *arrivals) unseenAhead(id uint64, c class, stamp, decided int64) (work int64, yield bool) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	for i := range a.ring {
-		if x := &a.ring[i]; x.id == id && x.stamp != 0 && x.arrived > decided && ahead(x.flexible, x.stamp, flexible, stamp) {
-			sum += x.work
+		x := &a.ring[i]
+		if x.id != id || x.stamp == 0 || x.arrived <= decided {
+			continue
+		}
+		switch rank(c, stamp, x.class, x.stamp) {
+		case weighs:
+			work += x.work
+		case yields:
+			yield = true
 		}
 	}
-	a.mu.Unlock()
-	return sum
+	return work, yield
+}
+
+// verdict is what a peer's decision means to a held one it contends with (rank).
+type verdict uint8
+
+const (
+	unaffected verdict = iota // it ranks behind: the held decision keeps the backend
+	weighs                    // it ranks ahead: its work counts (contended)
+	yields                    // the held decision moves, whatever the work
+)
+
+// rank is what a peer's decision (class xc, stamped xs) means to a held decision (class c,
+// stamped s) on the same backend: a held flexible decision yields to a held match, a held
+// match is unaffected by a held flexible one, and otherwise (two alike, or a decision sent at
+// once, which cannot move) the earlier stamp ranks ahead and weighs. For any two held
+// decisions the verdicts agree in every replica: of a match and a flexible one, the flexible
+// one moves; of two alike, the later may (contended), the earlier does not. Equal stamps of
+// two senders weigh on neither.
+func rank(c class, s int64, xc class, xs int64) verdict {
+	switch {
+	case c == classFlexible && xc == classMatch:
+		return yields
+	case c == classMatch && xc == classFlexible:
+		return unaffected
+	case xs < s:
+		return weighs
+	}
+	return unaffected
 }
 
 // SettleWait is router.Settler's: how long a request decided d waits, learned, before it is
@@ -107,8 +160,8 @@ func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 }
 
 // Hold is router.Settler's: Learn for a request held by SettleWait, whose decision goes to
-// the peers at once, stamped l, with its prefill work and whether it is flexible, and its
-// chunks only once Release keeps it: a decision made again sends no chunks to withdraw.
+// the peers at once, stamped l, with its prefill work and class (classOf), and its chunks
+// only once Release keeps it: a decision made again sends no chunks to withdraw.
 //
 // When nothing was learned (0: a backend the index does not list) nothing is sent: the
 // request is then sent at once, and its Learn sends the decision.
@@ -120,22 +173,17 @@ func (p *Policy) Hold(k *key.Key, d router.Decision) router.Learned {
 	l := p.Prefix.Learn(k, b, d.MatchedChunks)
 	if l != 0 {
 		work := p.Prefix.RoutedWork(k, d.MatchedChunks)
-		p.n.q.add(queued{id: b.ID, stamp: int64(l), work: work, flexible: flexible(d)}, nil, &p.n.m)
+		p.n.q.add(queued{id: b.ID, stamp: int64(l), work: work, class: classOf(d)}, nil, &p.n.m)
 		p.n.m.settles.Inc()
 	}
 	return l
 }
 
-// flexible reports whether a held decision may move at no cache cost: its backend was not
-// chosen for a match (router.ReasonMatch), so it holds no more of the prompt than the others.
-func flexible(d router.Decision) bool {
-	return d.Reason != router.ReasonMatch
-}
-
 // Release is router.Settler's: it ends the hold of d's request, which Hold learned as l at
-// decided. When peers' decisions on d.Backend that rank ahead of it (ahead: a match before a
-// flexible one, then the earlier stamp) arrived since decided, with prefill work at least
-// 1/contendedShare of d.PrefillWork, what Hold learned is withdrawn here and Release reports
+// decided. When peers' decisions on d.Backend that it yields to (rank: a held match, for a
+// decision placed by load) or that rank ahead of it with prefill work at least
+// 1/contendedShare of d.PrefillWork between them arrived since decided, what Hold learned is
+// withdrawn here and Release reports
 // true: the request is decided again with them in view, and the peers' later decisions on
 // that backend see it. The withdrawn decision still counts where it
 // was counted: in this replica's recent share (Pick noted it) and the peers' (they hold no
@@ -148,7 +196,8 @@ func (p *Policy) Release(k *key.Key, d router.Decision, l router.Learned, decide
 	if b == nil || l == 0 {
 		return false
 	}
-	if contended(p.n.arrivals.unseenAhead(b.ID, int64(l), flexible(d), decided.UnixNano()), d.PrefillWork) {
+	work, yield := p.n.arrivals.unseenAhead(b.ID, classOf(d), int64(l), decided.UnixNano())
+	if yield || contended(work, d.PrefillWork) {
 		p.n.m.resettles.Inc()
 		p.Prefix.Unlearn(k, b, l)
 		return true
@@ -167,18 +216,6 @@ func (p *Policy) Abandon(k *key.Key, b *backend.Backend, l router.Learned) {
 		return
 	}
 	p.Prefix.Unlearn(k, b, l)
-}
-
-// ahead reports whether a decision (flexible xf, stamped xs) keeps its backend against one
-// (flexible f, stamped s) it contends with: a decision that is not flexible ranks ahead of a
-// flexible one, and of two alike the earlier stamp. Any two distinct decisions are ordered,
-// the same way in every replica (the stamps are distinct per sender; of two alike with equal
-// stamps from two senders neither yields).
-func ahead(xf bool, xs int64, f bool, s int64) bool {
-	if xf != f {
-		return f
-	}
-	return xs < s
 }
 
 // contended reports whether unseen work ahead makes a request of work decide again.

@@ -15,48 +15,82 @@ import (
 func TestUnseenAhead(t *testing.T) {
 	var a arrivals
 	for _, x := range []arrival{
-		{id: 1, stamp: 100, work: 10, arrived: 150},                  // earlier, arrived after 120: unseen
-		{id: 1, stamp: 110, work: 20, arrived: 115},                  // earlier, arrived before 120: seen
-		{id: 1, stamp: 130, work: 40, arrived: 160},                  // later than 125: the later one moves
-		{id: 2, stamp: 100, work: 80, arrived: 150},                  // another backend
-		{id: 1, stamp: 0, work: 160, arrived: 150},                   // no stamp (a prompt under one chunk)
-		{id: 1, stamp: 90, work: 320, flexible: true, arrived: 150},  // flexible, earliest
-		{id: 1, stamp: 135, work: 640, flexible: true, arrived: 150}, // flexible, later
+		{id: 1, stamp: 100, work: 10, arrived: 150},                       // sent at once, earlier, arrived after 120: unseen
+		{id: 1, stamp: 110, work: 20, arrived: 115},                       // earlier, arrived before 120: seen
+		{id: 1, stamp: 130, work: 40, arrived: 160},                       // sent at once, later than 125
+		{id: 2, stamp: 100, work: 80, arrived: 150},                       // another backend
+		{id: 1, stamp: 0, work: 160, arrived: 150},                        // no stamp (a prompt under one chunk)
+		{id: 1, stamp: 90, work: 320, class: classFlexible, arrived: 150}, // held flexible, earliest
+		{id: 1, stamp: 135, work: 640, class: classMatch, arrived: 150},   // held match, latest
 	} {
 		a.add(x)
 	}
 	for _, tc := range []struct {
-		id       uint64
-		stamp    int64
-		flexible bool
-		decided  int64
-		want     int64
+		id      uint64
+		c       class
+		stamp   int64
+		decided int64
+		work    int64
+		yield   bool
 	}{
-		// A match: the matches stamped before it are ahead, no flexible one is.
-		{1, 125, false, 120, 10},
-		{1, 140, false, 120, 50},
-		{1, 100, false, 120, 0}, // the earliest decision keeps its backend
-		{1, 125, false, 160, 0}, // decided after all arrived: seen
-		{2, 125, false, 120, 80},
-		{3, 125, false, 120, 0},
-		// A flexible one: every match is ahead, whatever its stamp, and the flexible ones
-		// stamped before it.
-		{1, 80, true, 120, 50},        // 10 + 40
-		{1, 125, true, 120, 50 + 320}, // and the flexible stamped 90
-		{1, 140, true, 120, 50 + 960}, // and both flexible ones
-		{1, 140, true, 165, 0},        // decided after all arrived: seen
-		{2, 80, true, 120, 80},
+		// A held match: what was sent at once and the matches stamped before it weigh; no
+		// flexible one does.
+		{1, classMatch, 125, 120, 10, false},
+		{1, classMatch, 140, 120, 50 + 640, false},
+		{1, classMatch, 100, 120, 0, false}, // the earliest keeps its backend
+		{1, classMatch, 125, 160, 0, false}, // decided after all arrived: seen
+		{2, classMatch, 125, 120, 80, false},
+		{3, classMatch, 125, 120, 0, false},
+		// A held flexible one: the held match makes it yield whatever its stamp; what was sent
+		// at once and the flexible ones stamped before it weigh.
+		{1, classFlexible, 80, 120, 0, true},
+		{1, classFlexible, 125, 120, 10 + 320, true},
+		{1, classFlexible, 140, 120, 50 + 320, true},
+		{1, classFlexible, 140, 155, 40, false}, // only the one that arrived at 160 unseen
+		{2, classFlexible, 80, 120, 0, false},   // sent at once, stamped after it
 	} {
-		if got := a.unseenAhead(tc.id, tc.stamp, tc.flexible, tc.decided); got != tc.want {
-			t.Errorf("unseenAhead(%d, %d, flexible %v, %d) = %d, want %d", tc.id, tc.stamp, tc.flexible, tc.decided, got, tc.want)
+		work, yield := a.unseenAhead(tc.id, tc.c, tc.stamp, tc.decided)
+		if work != tc.work || yield != tc.yield {
+			t.Errorf("unseenAhead(%d, class %d, %d, %d) = %d, %v; want %d, %v", tc.id, tc.c, tc.stamp, tc.decided, work, yield, tc.work, tc.yield)
 		}
 	}
 	// The ring keeps the last maxArrivals: older ones are overwritten.
 	for i := 0; i < maxArrivals; i++ {
 		a.add(arrival{id: 9, stamp: 1, work: 1, arrived: 1})
 	}
-	if got := a.unseenAhead(1, 140, true, 120); got != 0 {
-		t.Errorf("after %d more arrivals the old ones still count: %d", maxArrivals, got)
+	if work, yield := a.unseenAhead(1, classFlexible, 140, 120); work != 0 || yield {
+		t.Errorf("after %d more arrivals the old ones still count: %d, %v", maxArrivals, work, yield)
+	}
+}
+
+func TestRank(t *testing.T) {
+	for _, tc := range []struct {
+		c    class
+		s    int64
+		xc   class
+		xs   int64
+		want verdict
+	}{
+		{classMatch, 2, classMatch, 1, weighs}, // two alike: the earlier stamp
+		{classMatch, 1, classMatch, 2, unaffected},
+		{classFlexible, 2, classFlexible, 1, weighs},
+		{classFlexible, 1, classFlexible, 2, unaffected},
+		{classFlexible, 1, classMatch, 2, yields}, // a held match before a flexible one, whatever the stamps
+		{classFlexible, 2, classMatch, 1, yields},
+		{classMatch, 2, classFlexible, 1, unaffected},
+		{classMatch, 1, classFlexible, 2, unaffected},
+		{classMatch, 2, classSent, 1, weighs}, // sent at once: by stamp against any
+		{classMatch, 1, classSent, 2, unaffected},
+		{classFlexible, 2, classSent, 1, weighs},
+		{classFlexible, 1, classSent, 2, unaffected},
+		{classMatch, 1, classMatch, 1, unaffected}, // equal stamps: neither weighs
+		{classFlexible, 1, classFlexible, 1, unaffected},
+		{classFlexible, 1, classSent, 1, unaffected},
+		{classFlexible, 1, classMatch, 1, yields},
+	} {
+		if got := rank(tc.c, tc.s, tc.xc, tc.xs); got != tc.want {
+			t.Errorf("rank(class %d stamp %d, against class %d stamp %d) = %d, want %d", tc.c, tc.s, tc.xc, tc.xs, got, tc.want)
+		}
 	}
 }
 
@@ -227,25 +261,41 @@ func TestSettleMatchKeepsItsBackend(t *testing.T) {
 	}
 }
 
-func TestAhead(t *testing.T) {
-	for _, tc := range []struct {
-		xf   bool
-		xs   int64
-		f    bool
-		s    int64
-		want bool
-	}{
-		{false, 1, false, 2, true}, // two matches: the earlier stamp
-		{false, 2, false, 1, false},
-		{true, 1, true, 2, true}, // two flexible: the earlier stamp
-		{true, 2, true, 1, false},
-		{false, 2, true, 1, true}, // a match before a flexible one, whatever the stamps
-		{true, 1, false, 2, false},
-		{false, 1, false, 1, false}, // equal: neither ahead of the other
-	} {
-		if got := ahead(tc.xf, tc.xs, tc.f, tc.s); got != tc.want {
-			t.Errorf("ahead(flexible %v stamp %d, flexible %v stamp %d) = %v, want %v", tc.xf, tc.xs, tc.f, tc.s, got, tc.want)
-		}
+// TestSettleAgainstSentAtOnce: a decision sent at once (Learn: too short to hold) cannot move
+// and ranks by its stamp: a held decision, a flexible one included, is decided again for one
+// stamped before it and keeps its backend against one stamped after it.
+func TestSettleAgainstSentAtOnce(t *testing.T) {
+	for _, sentFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("sent at once first %v", sentFirst), func(t *testing.T) {
+			rs := cluster(t, 2)
+			url := backendURLs[2]
+			held, sent := prompt(t, 980), prompt(t, 981)
+			d := router.Decision{Backend: rs[0].byName(url), Reason: router.ReasonCold, PrefillWork: rs[0].node.Policy().RoutedWork(held, 0)}
+			decided := time.Now() // before either goes out
+			learn := func() router.Learned {
+				l := rs[1].node.Policy().Learn(sent, rs[1].byName(url), 0)
+				if l == 0 {
+					t.Fatal("r1 learned nothing")
+				}
+				return l
+			}
+			var ls router.Learned
+			if sentFirst {
+				ls = learn()
+			}
+			l := rs[0].node.Policy().Hold(held, d)
+			if l == 0 {
+				t.Fatal("r0 held nothing")
+			}
+			if !sentFirst {
+				ls = learn()
+			}
+			testutil.Eventually(t, wait, "r0 has r1's decision",
+				func() bool { return rs[0].node.arrivals.has(d.Backend.ID, int64(ls)) })
+			if again := rs[0].node.Policy().Release(held, d, l, decided); again != sentFirst {
+				t.Errorf("held cold decision: again %v, want %v (the decision sent at once stamped %s)", again, sentFirst, map[bool]string{true: "before it", false: "after it"}[sentFirst])
+			}
+		})
 	}
 }
 

@@ -11,8 +11,8 @@ import (
 // wireVersion is the first byte of every message; a receiver drops other versions (and
 // counts them in prefixlb_peer_messages_invalid_total). 2: each learned group carries its
 // decision's prefill work, and the chunk hashes are key format v5's (router/key's
-// seedDomain). 3: a learned group's work carries a flag, whether the decision was held to
-// settle and placed by load (settle.go's flexible). During a rolling upgrade from an older
+// seedDomain). 3: a learned group's work carries its decision's class (held to settle, and
+// for a match or not: settle.go's rank). During a rolling upgrade from an older
 // version the versions ignore each other, each routing on what it learned itself, until the
 // last old replica is gone.
 const wireVersion = 3
@@ -23,7 +23,7 @@ const (
 	//
 	//	version kind  uvarint(len(sender)) sender
 	//	uvarint(loads) { id:u64 in_flight:uvarint prefill_tokens:uvarint }…
-	//	{ id:u64 stamp:i64 uvarint(2×work+flexible) uvarint(n) hash:u64 × n }…   (to the end: learned prompts;
+	//	{ id:u64 stamp:i64 uvarint(4×work+class) uvarint(n) hash:u64 × n }…   (to the end: learned prompts;
 	//	  a forget, stamp < 0, has no work: { id:u64 stamp:i64 uvarint(n) hash:u64 × n })
 	//
 	// integers little-endian; stamp unix nanoseconds; a learned group is one routed request's
@@ -32,9 +32,10 @@ const (
 	// (router.Prefix.RoutedWork), which the receiver counts once per group in the backend's
 	// recent share (router.Prefix.NotePeerRouted; the parts of a split one repeat it and
 	// count once). A request held to settle (settle.go) sends its decision as an empty group
-	// with its stamp and work, flexible 1 when the decision was not a match (it may move at
-	// no cache cost), and, if it keeps the backend, its hashes later in a group of the same
-	// stamp with work 0, which counts as no decision (work is otherwise ≥ 1). A
+	// with its stamp, work and class (1: held for a match, 2: held and placed by load; 0 for
+	// a decision sent at once), and, if it keeps the backend, its hashes later in a group of
+	// the same stamp with work 0, which counts as no decision (work is otherwise ≥ 1). A
+	// class past 2 reads as 0. A
 	// group whose stamp is negative is a forget: backend id refused the request of the group
 	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
 	kindUpdate = 1
@@ -101,17 +102,13 @@ func appendRecord(dst []byte, id uint64, a, b int64) []byte {
 }
 
 // appendGroup writes one learned group of an update (stamp ≥ 0, work its decision's prefill
-// work, negative: 0, at most maxCount; flexible see kindUpdate) or, with stamp < 0, one
-// backend's part of a snapshot (work and flexible not written).
-func appendGroup(dst []byte, id uint64, stamp, work int64, flexible bool, hashes []uint64) []byte {
+// work, negative: 0, at most maxCount; c its class, see kindUpdate) or, with stamp < 0, one
+// backend's part of a snapshot (work and class not written).
+func appendGroup(dst []byte, id uint64, stamp, work int64, c class, hashes []uint64) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, id)
 	if stamp >= 0 {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(stamp))
-		v := uint64(min(max(work, 0), maxCount)) << 1
-		if flexible {
-			v |= 1
-		}
-		dst = binary.AppendUvarint(dst, v)
+		dst = binary.AppendUvarint(dst, uint64(min(max(work, 0), maxCount))<<classBits|uint64(c&classMask))
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(hashes)))
 	for _, h := range hashes {
@@ -277,15 +274,21 @@ func (r *reader) header(kind byte) string {
 }
 
 // group is one learned group of an update as decoded (kindUpdate): on backend id, stamped
-// stamp, with its decision's prefill work and whether that decision was flexible; or, forget
-// set, the withdrawal of the learned group stamped stamp (work 0, not flexible).
+// stamp, with its decision's prefill work and class; or, forget set, the withdrawal of the
+// learned group stamped stamp (work 0, classSent).
 type group struct {
-	id       uint64
-	stamp    int64
-	work     int64
-	flexible bool
-	forget   bool
+	id     uint64
+	stamp  int64
+	work   int64
+	class  class
+	forget bool
 }
+
+// classBits are the low bits of a learned group's work field that carry its class.
+const (
+	classBits = 2
+	classMask = 1<<classBits - 1
+)
 
 // decodeUpdate calls onLoads with the sender and its loads, then onGroup for each learned
 // group or forget of one; *ls and *hs are scratch, reused across calls (what the callbacks
@@ -307,7 +310,10 @@ func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender 
 		g := group{id: r.u64(), stamp: int64(r.u64())}
 		if g.stamp >= 0 {
 			v := r.uvarint()
-			g.work, g.flexible = int64(min(v>>1, maxCount)), v&1 == 1
+			g.work, g.class = int64(min(v>>classBits, maxCount)), class(v&classMask)
+			if g.class >= numClasses {
+				g.class = classSent
+			}
 		} else {
 			g.stamp, g.forget = ^g.stamp, true
 		}

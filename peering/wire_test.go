@@ -16,11 +16,16 @@ func TestUpdateWire(t *testing.T) {
 	}
 	buf := appendHeader(nil, kindUpdate, "r0")
 	buf = appendLoads(buf, []peerLoad{{id: 3, inFlight: 2, prefill: 4096}})
-	buf = appendGroup(buf, 3, 1000, 4200, false, []uint64{1, 2, 3})
+	buf = appendGroup(buf, 3, 1000, 4200, classSent, []uint64{1, 2, 3})
 	buf = appendForget(buf, 3, 900, []uint64{9})
-	buf = appendGroup(buf, 4, 1001, 1, true, nil)
-	buf = appendGroup(buf, 4, 1002, -5, false, []uint64{7}) // a negative work is written as 0
-	buf = appendGroup(buf, 5, 1003, maxCount+9, true, nil)  // past maxCount: maxCount
+	buf = appendGroup(buf, 4, 1001, 1, classFlexible, nil)
+	buf = appendGroup(buf, 4, 1002, -5, classSent, []uint64{7})  // a negative work is written as 0
+	buf = appendGroup(buf, 5, 1003, maxCount+9, classMatch, nil) // past maxCount: maxCount
+	// A class past the known ones (a newer or buggy peer's) reads as classSent.
+	buf = binary.LittleEndian.AppendUint64(buf, 6)
+	buf = binary.LittleEndian.AppendUint64(buf, 1004)
+	buf = binary.AppendUvarint(buf, 7<<classBits|3)
+	buf = binary.AppendUvarint(buf, 0)
 	decode := func(b []byte) (string, []peerLoad, []got, error) {
 		var ls, gotLoads []peerLoad
 		var hs []uint64
@@ -37,9 +42,10 @@ func TestUpdateWire(t *testing.T) {
 	want := []got{
 		{group{id: 3, stamp: 1000, work: 4200}, []uint64{1, 2, 3}},
 		{group{id: 3, stamp: 900, forget: true}, []uint64{9}},
-		{group{id: 4, stamp: 1001, work: 1, flexible: true}, []uint64{}},
+		{group{id: 4, stamp: 1001, work: 1, class: classFlexible}, []uint64{}},
 		{group{id: 4, stamp: 1002}, []uint64{7}},
-		{group{id: 5, stamp: 1003, work: maxCount, flexible: true}, []uint64{}},
+		{group{id: 5, stamp: 1003, work: maxCount, class: classMatch}, []uint64{}},
+		{group{id: 6, stamp: 1004, work: 7}, []uint64{}},
 	}
 	if from != "r0" || len(ls) != 1 || ls[0] != (peerLoad{id: 3, inFlight: 2, prefill: 4096}) {
 		t.Fatalf("sender %q loads %+v, want r0 and backend 3's", from, ls)
@@ -49,7 +55,7 @@ func TestUpdateWire(t *testing.T) {
 	}
 	for _, v := range []byte{1, 2} {
 		old := slices.Clone(buf)
-		old[0] = v // version 1: groups without their work; 2: without the flexible flag
+		old[0] = v // version 1: groups without their work; 2: without their class
 		if _, _, gs, err := decode(old); err == nil || len(gs) > 0 {
 			t.Fatalf("a version-%d update decoded (%d groups, error %v), want it refused", v, len(gs), err)
 		}
@@ -72,7 +78,7 @@ func TestUpdateWireClampsCounts(t *testing.T) {
 	buf = binary.AppendUvarint(buf, ^uint64(0)) // queued prefill
 	buf = binary.LittleEndian.AppendUint64(buf, 3)
 	buf = binary.LittleEndian.AppendUint64(buf, 1000) // stamp
-	buf = binary.AppendUvarint(buf, ^uint64(0))       // work (2×work+flexible)
+	buf = binary.AppendUvarint(buf, ^uint64(0))       // work (4×work+class)
 	buf = binary.AppendUvarint(buf, 0)                // no hashes
 	var ls, got []peerLoad
 	var hs []uint64

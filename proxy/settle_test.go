@@ -53,7 +53,12 @@ func (p *settlingPolicy) Learn(_ *key.Key, b *backend.Backend, _ int) router.Lea
 	return p.stamp("learn " + b.Name)
 }
 
+// Hold records "hold B" for the decision Pick made on B, and "hold B, not the decision
+// picked" for any other (the settler ranks a decision by its reason, peering.classOf).
 func (p *settlingPolicy) Hold(_ *key.Key, d router.Decision) router.Learned {
+	if d.Reason != router.ReasonCold || d.PrefillWork != 1000 {
+		return p.stamp("hold " + d.Backend.Name + ", not the decision picked")
+	}
 	return p.stamp("hold " + d.Backend.Name)
 }
 
