@@ -26,8 +26,8 @@ type metricSet struct {
 	samplesSent *metrics.Counter
 	samplesRecv *metrics.Counter
 	// settles counts holds for SettleWait (up to two per request: a request decided again
-	// may be held again); resettles the holds decided again because a peer's earlier
-	// decision on their backend arrived meanwhile.
+	// may be held again); resettles the holds decided again because a peer's decision on
+	// their backend that ranks ahead of them (settle.go's rank) arrived meanwhile.
 	settles   *metrics.Counter
 	resettles *metrics.Counter
 }

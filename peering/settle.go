@@ -166,14 +166,10 @@ func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 // When nothing was learned (0: a backend the index does not list) nothing is sent: the
 // request is then sent at once, and its Learn sends the decision.
 func (p *Policy) Hold(k *key.Key, d router.Decision) router.Learned {
-	b := d.Backend
-	if b == nil {
-		return 0
-	}
-	l := p.Prefix.Learn(k, b, d.MatchedChunks)
+	l := p.Prefix.Learn(k, d.Backend, d.MatchedChunks) // 0 for a nil backend
 	if l != 0 {
 		work := p.Prefix.RoutedWork(k, d.MatchedChunks)
-		p.n.q.add(queued{id: b.ID, stamp: int64(l), work: work, class: classOf(d)}, nil, &p.n.m)
+		p.n.q.add(queued{id: d.Backend.ID, stamp: int64(l), work: work, class: classOf(d)}, nil, &p.n.m)
 		p.n.m.settles.Inc()
 	}
 	return l
@@ -183,12 +179,12 @@ func (p *Policy) Hold(k *key.Key, d router.Decision) router.Learned {
 // decided. When peers' decisions on d.Backend that it yields to (rank: a held match, for a
 // decision placed by load) or that rank ahead of it with prefill work at least
 // 1/contendedShare of d.PrefillWork between them arrived since decided, what Hold learned is
-// withdrawn here and Release reports
-// true: the request is decided again with them in view, and the peers' later decisions on
-// that backend see it. The withdrawn decision still counts where it
-// was counted: in this replica's recent share (Pick noted it) and the peers' (they hold no
-// chunk of it), decaying as any decision (router.RecentHalfLife), and in the peers' arrivals
-// for a few seconds; a withdrawal on the wire would cost more than the share it corrects.
+// withdrawn here and Release reports true: the request is decided again with them in view,
+// and the peers' later decisions on that backend see it. The withdrawn decision still counts
+// where it was counted: in this replica's recent share (Pick noted it) and the peers' (they
+// hold no chunk of it), decaying as any decision (router.RecentHalfLife), and in the peers'
+// arrivals for a few seconds; a withdrawal on the wire would cost more than the share it
+// corrects.
 // Otherwise the decision stands and its chunks go to the peers as Learn's would, with work 0
 // (counted once, at Hold); Unlearn withdraws it as a Learn.
 func (p *Policy) Release(k *key.Key, d router.Decision, l router.Learned, decided time.Time) (again bool) {

@@ -34,10 +34,10 @@ const (
 	// count once). A request held to settle (settle.go) sends its decision as an empty group
 	// with its stamp, work and class (1: held for a match, 2: held and placed by load; 0 for
 	// a decision sent at once), and, if it keeps the backend, its hashes later in a group of
-	// the same stamp with work 0, which counts as no decision (work is otherwise ≥ 1). A
-	// class past 2 reads as 0. A
-	// group whose stamp is negative is a forget: backend id refused the request of the group
-	// stamped ^stamp that this sender sent before, whose hashes it repeats (forget.go).
+	// the same stamp with work 0, which counts as no decision (work is otherwise ≥ 1); a
+	// class past 2 reads as 0. A group whose stamp is negative is a forget: backend id
+	// refused the request of the group stamped ^stamp that this sender sent before, whose
+	// hashes it repeats (forget.go).
 	kindUpdate = 1
 	// kindSnapshot is a push/pull join state (LocalState):
 	//
