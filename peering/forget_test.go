@@ -117,6 +117,9 @@ func TestRecentLearnsWindow(t *testing.T) {
 		t.Fatalf("forget before the group: %v, forgotten %v", got, r.forgotten("p", 2, 30))
 	}
 	r.add("q", 1, 12, 106, t0.Add(forgetWindow/2)) // rotates: stamp 11 is now the older generation
+	if !r.forgotten("p", 1, 10) || !r.forgotten("p", 2, 30) {
+		t.Fatal("a forget of the older generation no longer marks its group")
+	}
 	if got := r.forget("p", 1, 11, t0.Add(forgetWindow/2)); len(got) != 1 {
 		t.Fatalf("within the window: %v", got)
 	}

@@ -70,10 +70,9 @@ func PrefillWork(prompt, held int64) int64 {
 // consistent view of the loads.
 type cand struct {
 	id uint64
-	// inFlight is the backend's Load: its in-flight count, or the running + waiting requests
-	// the replica reported when higher (another prefixlb replica's traffic, other clients);
-	// for a replica judged this proxy's alone, the in-flight count plus what its last scrape
-	// reported beyond the count then (backend.ScrapedExcess).
+	// inFlight is this proxy's and its peers' in-flight requests there plus what the
+	// replica's last scrape reported beyond theirs when it was read (backend.ScrapedExcess:
+	// an unpeered prefixlb replica's traffic, other clients).
 	inFlight int64
 	weight   int
 	matched  int // leading chunks of the prompt the backend holds
@@ -81,7 +80,7 @@ type cand struct {
 	queued  int64   // this proxy's and its peers' prefill work queued there, drained (backend.QueuedPrefill; tokens)
 	own     int64   // this proxy's in-flight requests there
 	pending int64   // of those, requests not yet answering (prefilling or queued)
-	foreign int64   // requests the replica reported beyond this proxy's in-flight ones
+	foreign int64   // requests the replica reported beyond this proxy's and its peers' (ScrapedExcess)
 	kvUsage float64 // reported KV-cache usage, 0..1 (0: unknown)
 	alone   bool    // every request the replica finished lately came through this proxy
 	recent  float64 // prefill work (tokens) this policy routed there lately (backend.Routed, RecentHalfLife)
@@ -116,7 +115,8 @@ type costInput struct {
 // queued is this proxy's (and its peers', see peering) prefill work not yet started
 // answering there, less what the replica has likely worked off since (backend.QueuedPrefill,
 // one queue for both), foreign the requests
-// the replica reports beyond this proxy's (other prefixlb replicas, other clients), of which
+// the replica's last scrape reported beyond this proxy's and its peers' when it was read
+// (unpeered prefixlb replicas, other clients), of which
 // the share still waiting for their first token is taken to be that of this proxy's own
 // in-flight requests (defaultWaitingShare with none), each at the mean work this policy
 // routes; held the prompt tokens its index says the replica

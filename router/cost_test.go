@@ -400,40 +400,48 @@ func TestFleetModelStandsIn(t *testing.T) {
 	}
 }
 
-// TestAloneIgnoresStaleScrape: a backend judged to have no other senders counts, beyond
-// this proxy's requests, only what its last scrape reported beyond the in-flight count when
-// the scrape was read: this proxy's requests answered since the scrape are neither foreign
-// work in the estimate nor load; a sender the verdict missed still is. A shared backend's
-// whole scraped count above the in-flight count now is both.
-func TestAloneIgnoresStaleScrape(t *testing.T) {
-	bs := prefixBackends(t, 3)
+// TestStaleScrapeIsNotForeign: beyond this proxy's and its peers' requests a backend counts
+// only what its last scrape reported beyond their in-flight count when the scrape was read,
+// alone or shared: their requests answered since the scrape are neither foreign work in the
+// estimate nor load (peered replicas, judged shared because their peers' requests finish
+// there too, counted them as foreign work); other senders' requests in the scrape still are,
+// the verdict notwithstanding.
+func TestStaleScrapeIsNotForeign(t *testing.T) {
+	bs := prefixBackends(t, 4)
 	p, _ := newTestPrefix(t, bs)
-	scraped := []int64{3, 5, 3} // alone; alone with 2 requests of a sender the verdict missed; shared
+	// Scraped while this proxy's 3 requests and 2 of a peer's were in flight: alone; alone
+	// with 2 requests of a sender the verdict missed; shared (the peer's); shared with 2 of
+	// another sender.
+	scraped := []int64{3, 5, 5, 7}
+	peers := []int64{0, 0, 2, 2}
 	for i, b := range bs {
 		var ls [3]backend.Lease
 		for j := range ls {
 			ls[j].Begin(b, 1000, 0, true)
 		}
-		b.SetScrapedLoad(scraped[i]) // scraped while this proxy's 3 were in flight
+		b.SetPeerLoad(peers[i], 0)
+		b.SetScrapedLoad(scraped[i])
 		for j := range ls {
 			ls[j].Release() // answered since
 		}
+		b.SetPeerLoad(0, 0) // and the peer's
 	}
 	bs[0].SetOtherSenders(backend.SendersAlone)
 	bs[1].SetOtherSenders(backend.SendersAlone)
 	bs[2].SetOtherSenders(backend.SendersShared)
+	bs[3].SetOtherSenders(backend.SendersShared)
 	for i := range 4 { // a mean prefill work for the foreign requests to be charged at
 		p.Pick(routedKey(chunkChain(nil).extend(fmt.Sprint("earlier ", i), 16)), bs)
 	}
 	k := routedKey(chunkChain(nil).extend("stale", 16))
 	ex := p.Explain(k, bs)
-	for i, want := range []int64{0, 2, 3} {
+	for i, want := range []int64{0, 2, 0, 2} {
 		if e := ex[i]; e.ForeignRequests != want || e.InFlight != want {
 			t.Errorf("%s (scraped %d): %d foreign requests, load %d; want %d and %d", bs[i].Name, scraped[i], e.ForeignRequests, e.InFlight, want, want)
 		}
 	}
-	if !(ex[0].PredictedTTFTMs < ex[1].PredictedTTFTMs && ex[1].PredictedTTFTMs < ex[2].PredictedTTFTMs) {
-		t.Errorf("predicted %.2f, %.2f, %.2f ms: want rising with the foreign requests", ex[0].PredictedTTFTMs, ex[1].PredictedTTFTMs, ex[2].PredictedTTFTMs)
+	if !(ex[0].PredictedTTFTMs < ex[1].PredictedTTFTMs && ex[2].PredictedTTFTMs < ex[3].PredictedTTFTMs) {
+		t.Errorf("predicted %.2f, %.2f, %.2f, %.2f ms: want rising with the foreign requests", ex[0].PredictedTTFTMs, ex[1].PredictedTTFTMs, ex[2].PredictedTTFTMs, ex[3].PredictedTTFTMs)
 	}
 }
 

@@ -142,7 +142,8 @@ type CandidateEstimate struct {
 	HeldTokens int64 `json:"held_tokens"`
 	// QueuedTokens is this proxy's prefill work queued there, less what the replica has
 	// likely worked off since its queue last moved (backend.QueuedPrefill), plus its peers';
-	// ForeignRequests the requests the replica reports beyond this proxy's.
+	// ForeignRequests the requests the replica's last scrape reported beyond this proxy's and
+	// its peers' in flight when it was read (backend.ScrapedExcess).
 	QueuedTokens    int64 `json:"queued_prefill_tokens"`
 	ForeignRequests int64 `json:"foreign_requests"`
 	// DecodingRequests and DecodingTokens are this proxy's streamed requests decoding there

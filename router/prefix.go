@@ -361,20 +361,17 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	matched = matched[:n]
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
-		// Peers' (peering) in-flight requests are in Load and their queued prefill tokens
-		// are known: they count as queued work, not as foreign requests of unknown size.
-		load, peers, own := b.Load(), b.PeerInFlight(), b.InFlight()
+		// Peers' (peering) in-flight requests are known, and their queued prefill tokens:
+		// they count as queued work, not as foreign requests of unknown size. Beyond them
+		// and this proxy's own, what the replica's last scrape reported when it was read
+		// (backend.ScrapedExcess), not beyond the in-flight count now, which would also take
+		// this proxy's and its peers' requests answered since the scrape (up to an interval
+		// old) for other senders' work. Counted at the mean work, those sent bursts of the
+		// Mooncake trace away from replicas that had just answered (3 phantom requests, ~200
+		// ms of estimated queue, on 2 of 4 replicas with nothing in flight).
+		peers, own := b.PeerInFlight(), b.InFlight()
+		load := own + peers + b.ScrapedExcess()
 		alone := b.OtherSenders() == backend.SendersAlone
-		if alone {
-			// A replica judged to serve this proxy alone: what its scrape reported beyond
-			// the in-flight count when it was read, not beyond the count now, which would
-			// also take this proxy's requests answered since the scrape (up to an interval
-			// old) for other senders' work. Counted at the mean work, those sent bursts of
-			// the Mooncake trace away from replicas that had just answered (3 phantom
-			// requests, ~200 ms of estimated queue, on 2 of 4 replicas with nothing in
-			// flight); a sender the verdict missed still counts.
-			load = own + peers + b.ScrapedExcess()
-		}
 		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
 			queued: b.QueuedPrefill(now), own: own, pending: b.PrefillRequests(),
 			foreign: max(load-own-peers, 0), kvUsage: b.KVUsage(), alone: alone}

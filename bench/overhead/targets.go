@@ -50,16 +50,29 @@ type target struct {
 	name  string
 	addrs []string // what the load generator dials
 	pid   int      // the proxy's own process, measured for CPU and RSS (0: none)
-	note  string   // how it runs, for the report
-	cli   *client
-	stop  func() error
+	// peerPid is a process whose CPU counts with pid's (0: none): the idle peer of
+	// TargetPrefixlbPeer, whose receiving is the other half of what peering costs.
+	peerPid int
+	note    string // how it runs, for the report
+	cli     *client
+	stop    func() error
 }
 
 func (t *target) cpu() cpuMeter {
 	if t.pid == 0 {
 		return nil
 	}
-	return func() (time.Duration, error) { return procCPU(t.pid) }
+	if t.peerPid == 0 {
+		return func() (time.Duration, error) { return procCPU(t.pid) }
+	}
+	return func() (time.Duration, error) {
+		own, err := procCPU(t.pid)
+		if err != nil {
+			return 0, err
+		}
+		peer, err := procCPU(t.peerPid)
+		return own + peer, err
+	}
 }
 
 func (t *target) close() error {
@@ -338,8 +351,10 @@ func prefixlbConfig(listen, mode, logLevel string, backends []string, peering st
 }
 
 // peeredPrefixlbTargets starts TargetPrefixlbPeer: an idle prefixlb peer and the measured
-// one joining it, both child processes in mode prefix, with a fresh random secret. Only the
-// measured one's CPU and RSS are reported; the peer's stop is folded into the target's. With
+// one joining it, both child processes in mode prefix, with a fresh random secret. Its CPU is
+// both processes' (the measured one's routing and sending, the peer's receiving: per request,
+// what each of two replicas that route as much pays), its peak RSS the measured one's; the
+// peer's stop is folded into the target's. With
 // a profile directory the idle peer writes one too (prefixlb-idle-peer.prof): what receiving
 // the measured one's updates costs.
 func peeredPrefixlbTargets(argv []string, dir, logLevel string, backends []string, profDir string, extraEnv []string) (*target, error) {
@@ -372,8 +387,9 @@ func peeredPrefixlbTargets(argv []string, dir, logLevel string, backends []strin
 		return nil, err
 	}
 	stopOwn := t.stop
+	t.peerPid = peer.pid
 	t.stop = func() error { return errors.Join(stopOwn(), peer.stop()) }
-	t.note += "; peered with an idle prefixlb (peering.join)"
+	t.note += "; peered with an idle prefixlb (peering.join); CPU: both processes'"
 	return t, nil
 }
 
