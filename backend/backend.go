@@ -150,12 +150,14 @@ func redactURL(raw string) string {
 // finished, failed or been cancelled.
 func (b *Backend) InFlight() int64 { return b.inFlight.Load() }
 
-// Load is the number of requests the replica is working on or queueing, as the policies see
-// it: the larger of this prefixlb's own in-flight count and the running + waiting requests the
+// Load is the number of requests the replica is working on or queueing, as least-load mode
+// (router.LeastLoaded) sees it: the larger of this prefixlb's own in-flight count and the running + waiting requests the
 // replica last reported in its metrics (vLLM num_requests_running + num_requests_waiting). The
 // local count reacts at once to this proxy's own dispatches; the scraped one (up to a scrape
 // interval old) also sees requests from other prefixlb replicas and other clients. With
-// peering, the local count includes the peers' in-flight requests (PeerInFlight).
+// peering, the local count includes the peers' in-flight requests (PeerInFlight). The prefix
+// policy's estimates count InFlight + PeerInFlight + ScrapedExcess instead (requests answered
+// since the scrape are not load).
 func (b *Backend) Load() int64 {
 	l := b.inFlight.Load() + b.peerInFlight.Load()
 	if s := b.scraped.Load(); s > l {

@@ -160,7 +160,9 @@ type CandidateEstimate struct {
 	RateLearned     bool    `json:"rate_learned"`
 	BaseMs          float64 `json:"base_ms"`
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms"`
-	InFlight        int64   `json:"in_flight"`
+	// InFlight is the load the caps count: this proxy's and its peers' in-flight requests
+	// there plus ForeignRequests.
+	InFlight int64 `json:"in_flight"`
 	// RecentWork is the decaying sum of the prefill work (tokens, Prefix.RoutedWork) routed
 	// there lately (backend.Routed, RecentHalfLife; the peers' too when peered) by which
 	// near-ties for a new prefix are ranked first; 0 where it is not read (near-ties by the

@@ -35,7 +35,8 @@ const (
 	TargetPrefixlbPfx = "prefixlb-prefix"
 	// TargetPrefixlbPeer is mode prefix with peering on (package peering): the measured
 	// replica is peered with a second prefixlb that takes no traffic, so every request it
-	// routes is also sent to a peer. Not in AllTargets: ask for it with --targets.
+	// routes is also sent to a peer; its CPU is both processes'. Not in AllTargets: ask for
+	// it with --targets.
 	TargetPrefixlbPeer = "prefixlb-prefix-peer"
 )
 
