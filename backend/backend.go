@@ -151,8 +151,9 @@ func redactURL(raw string) string {
 func (b *Backend) InFlight() int64 { return b.inFlight.Load() }
 
 // Load is the number of requests the replica is working on or queueing, as least-load mode
-// (router.LeastLoaded) sees it: the larger of this prefixlb's own in-flight count and the running + waiting requests the
-// replica last reported in its metrics (vLLM num_requests_running + num_requests_waiting). The
+// (router.LeastLoaded) sees it: the larger of this prefixlb's own in-flight count and the
+// running + waiting requests the replica last reported in its metrics (vLLM
+// num_requests_running + num_requests_waiting). The
 // local count reacts at once to this proxy's own dispatches; the scraped one (up to a scrape
 // interval old) also sees requests from other prefixlb replicas and other clients. With
 // peering, the local count includes the peers' in-flight requests (PeerInFlight). The prefix

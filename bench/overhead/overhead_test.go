@@ -188,6 +188,22 @@ func TestProcParsing(t *testing.T) {
 	if after <= before {
 		t.Errorf("procCPU stayed at %v over %d busy loops", before, spins)
 	}
+	// A target with a peer process counts both: here this process twice, each reading at
+	// least the one before and at most the one after.
+	both, err := (&target{pid: os.Getpid(), peerPid: os.Getpid()}).cpu()()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if both < 2*after || both > 2*last {
+		t.Errorf("a target and its peer read %v of CPU; want both processes' (2 × %v to 2 × %v)", both, after, last)
+	}
+	if _, err := (&target{pid: os.Getpid(), peerPid: -1}).cpu()(); err == nil {
+		t.Error("a peer that cannot be read: no error")
+	}
 	if n, err := peakRSS(os.Getpid()); err != nil || n <= 0 {
 		t.Errorf("peakRSS = %d, %v", n, err)
 	}
