@@ -369,12 +369,11 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// old) for other senders' work. Counted at the mean work, those sent bursts of the
 		// Mooncake trace away from replicas that had just answered (3 phantom requests, ~200
 		// ms of estimated queue, on 2 of 4 replicas with nothing in flight).
-		peers, own := b.PeerInFlight(), b.InFlight()
-		load := own + peers + b.ScrapedExcess()
+		own, foreign := b.InFlight(), b.ScrapedExcess()
 		alone := b.OtherSenders() == backend.SendersAlone
-		c := cand{id: b.ID, inFlight: load, weight: b.Weight, matched: matched[j],
+		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight, matched: matched[j],
 			queued: b.QueuedPrefill(now), own: own, pending: b.PrefillRequests(),
-			foreign: max(load-own-peers, 0), kvUsage: b.KVUsage(), alone: alone}
+			foreign: foreign, kvUsage: b.KVUsage(), alone: alone}
 		c.decodes, c.context = b.Decoding()
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {

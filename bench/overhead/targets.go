@@ -63,13 +63,10 @@ func (t *target) cpu() cpuMeter {
 	if t.pid == 0 {
 		return nil
 	}
-	if t.peerPid == 0 {
-		return func() (time.Duration, error) { return procCPU(t.pid) }
-	}
 	return func() (time.Duration, error) {
 		own, err := procCPU(t.pid)
-		if err != nil {
-			return 0, err
+		if err != nil || t.peerPid == 0 {
+			return own, err
 		}
 		peer, err := procCPU(t.peerPid)
 		return own + peer, err
