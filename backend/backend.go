@@ -150,38 +150,55 @@ func redactURL(raw string) string {
 // finished, failed or been cancelled.
 func (b *Backend) InFlight() int64 { return b.inFlight.Load() }
 
-// Load is the number of requests the replica is working on or queueing, as least-load mode
-// (router.LeastLoaded) sees it: the larger of this prefixlb's own in-flight count and the
-// running + waiting requests the replica last reported in its metrics (vLLM
-// num_requests_running + num_requests_waiting). The
-// local count reacts at once to this proxy's own dispatches; the scraped one (up to a scrape
-// interval old) also sees requests from other prefixlb replicas and other clients. With
-// peering, the local count includes the peers' in-flight requests (PeerInFlight). The prefix
-// policy's estimates count InFlight + PeerInFlight + ScrapedExcess instead (requests answered
-// since the scrape are not load).
+// Load is the number of requests the replica is working on or queueing as a router that
+// reads the replica's metrics and its own count sees it: the larger of this prefixlb's own
+// in-flight count (with peering, plus its peers', PeerInFlight) and the running + waiting
+// requests the replica last reported (vLLM num_requests_running + num_requests_waiting). The
+// scraped count is up to a scrape interval old, so it still lists requests answered since.
+// bench's peer policies that read a replica's queue (llm-d, dynamo) see this; prefixlb's own
+// policies rank by Busy.
 func (b *Backend) Load() int64 {
-	l := b.inFlight.Load() + b.peerInFlight.Load()
+	l := b.Counted()
 	if s := b.scraped.Load(); s > l {
 		return s
 	}
 	return l
 }
 
-// SetScrapedLoad stores the running + waiting requests the replica reported; 0 when the
-// scrape failed or is stale, so that Load falls back to the local in-flight count. It also
-// keeps how many of them were beyond this proxy's and its peers' in-flight requests at that
-// moment (ScrapedExcess).
-func (b *Backend) SetScrapedLoad(requests int64) {
+// Busy is the number of requests the replica is working on or queueing as prefixlb counts
+// them: this proxy's in-flight requests and its peers' (Counted), which react at once to a
+// dispatch or an answer, plus the other senders' as of the last scrape (ScrapedExcess).
+// Unlike Load, requests this proxy or its peers sent that were answered since the scrape
+// are not counted. Least-load mode ranks by it, and prefix mode's cost model sums the same
+// three terms.
+func (b *Backend) Busy() int64 { return b.Counted() + b.scrapedExcess.Load() }
+
+// Counted is the requests this proxy and its peers (PeerInFlight) have in flight on the
+// backend.
+func (b *Backend) Counted() int64 { return b.inFlight.Load() + b.peerInFlight.Load() }
+
+// SetScrapedLoad is SetScrapedLoadSince with the in-flight count now as the only count.
+func (b *Backend) SetScrapedLoad(requests int64) { b.SetScrapedLoadSince(requests, 0) }
+
+// SetScrapedLoadSince stores the running + waiting requests the replica reported (0 when the
+// scrape failed or is stale, so that Load falls back to the local in-flight count), in a
+// scrape that started when this proxy and its peers had before requests in flight there
+// (Counted, read before the fetch). It keeps how many of the reported requests were beyond
+// the larger of before and the count now (ScrapedExcess): requests of this proxy's that were
+// answered during the fetch, which the replica may still have listed, are not taken for
+// other senders' work, nor requests sent during it.
+func (b *Backend) SetScrapedLoadSince(requests, before int64) {
 	requests = max(requests, 0)
 	b.scraped.Store(requests)
-	b.scrapedExcess.Store(max(requests-b.inFlight.Load()-b.peerInFlight.Load(), 0))
+	b.scrapedExcess.Store(max(requests-max(before, b.Counted()), 0))
 }
 
 // ScrapedExcess is how many more requests the replica reported running and waiting at its
-// last scrape than this proxy and its peers had in flight there when the scrape was read
-// (0 when not more, or not scraped): other senders' work as of that scrape. Unlike Load less
-// the in-flight count now, it does not count this proxy's own requests that answered since
-// the scrape, which a scrape up to an interval old still lists.
+// last scrape than this proxy and its peers had in flight there around the scrape (the
+// larger count of before and after the fetch; 0 when not more, or not scraped): other
+// senders' work as of that scrape. Unlike Load less the in-flight count now, it does not
+// count this proxy's own requests that answered since the scrape, which a scrape up to an
+// interval old still lists.
 func (b *Backend) ScrapedExcess() int64 { return b.scrapedExcess.Load() }
 
 // KVCapacity is the replica's KV-cache capacity in tokens: the configured kv_cache_tokens,

@@ -106,6 +106,55 @@ func TestLoadTakesTheLargerSignal(t *testing.T) {
 	}
 }
 
+// Busy counts this proxy's and its peers' in-flight requests and what the scrape reported
+// beyond them around the fetch: requests answered since the scrape, or during its fetch, are
+// not another sender's.
+func TestBusyCountsOnlyOtherSendersFromTheScrape(t *testing.T) {
+	for _, c := range []struct {
+		name                       string
+		before, during, after      int   // own in flight before the fetch, added during it, answered after the store
+		peers, scraped, wantExcess int64 // peers' in flight; the replica's report; ScrapedExcess
+		wantBusy, wantLoad         int64 // after the answers
+	}{
+		{"alone, answered since", 3, 0, 3, 0, 3, 0, 0, 3},
+		{"another sender's 2", 3, 0, 3, 0, 5, 2, 2, 5},
+		{"a peer's 2, answered since", 3, 0, 0, 2, 5, 0, 3, 5},
+		{"3 answered during the fetch, still listed", 3, -3, 0, 0, 3, 0, 0, 3},
+		{"2 sent during the fetch, not yet listed", 1, 2, 0, 0, 1, 0, 3, 3},
+		{"failed scrape", 2, 0, 0, 0, -1, 0, 2, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, _ := New("http://x:1", 0, 1)
+			ls := make([]Lease, c.before+max(c.during, 0))
+			for i := range c.before {
+				ls[i].Begin(b, 0, 0, false)
+			}
+			b.SetPeerLoad(c.peers, 0)
+			before := b.Counted()
+			for i := c.before; i < len(ls); i++ {
+				ls[i].Begin(b, 0, 0, false)
+			}
+			for i := range -c.during {
+				ls[i].Release()
+			}
+			b.SetScrapedLoadSince(c.scraped, before)
+			if got := b.ScrapedExcess(); got != c.wantExcess {
+				t.Errorf("excess %d, want %d", got, c.wantExcess)
+			}
+			for i := max(-c.during, 0); i < max(-c.during, 0)+c.after; i++ {
+				ls[i].Release()
+			}
+			b.SetPeerLoad(0, 0)
+			if b.Busy() != c.wantBusy || b.Load() != c.wantLoad {
+				t.Errorf("Busy %d, Load %d; want %d and %d", b.Busy(), b.Load(), c.wantBusy, c.wantLoad)
+			}
+			for i := range ls {
+				ls[i].Release()
+			}
+		})
+	}
+}
+
 func TestHealthyPanicMode(t *testing.T) {
 	mk := func(n int) []*Backend {
 		bs := make([]*Backend, n)

@@ -49,6 +49,7 @@ type fakeServer struct {
 	metrics       atomic.Pointer[string]
 	checks        atomic.Int64
 	scrapes       atomic.Int64
+	onMetrics     atomic.Pointer[func()] // run while a /metrics request is served, before its body
 }
 
 func newFakeServer(t testing.TB) *fakeServer {
@@ -65,6 +66,9 @@ func newFakeServer(t testing.TB) *fakeServer {
 			w.WriteHeader(int(f.healthStatus.Load()))
 		case "/metrics":
 			f.scrapes.Add(1)
+			if fn := f.onMetrics.Load(); fn != nil {
+				(*fn)()
+			}
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 			w.WriteHeader(int(f.metricsStatus.Load()))
 			_, _ = w.Write([]byte(*f.metrics.Load()))

@@ -87,6 +87,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	st.scrapeMu.Lock()
 	defer st.scrapeMu.Unlock()
 	var m metrics
+	before := st.b.Counted() // this proxy's and its peers' in flight as the fetch starts (SetScrapedLoadSince)
 	err := c.fetchMetrics(ctx, st.metricsURL, &m)
 	if ctx.Err() != nil {
 		return
@@ -135,7 +136,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 		restarted = "prompt_tokens_total went backwards"
 	}
 	res.load, res.good, res.ok = load, true, true
-	st.b.SetScrapedLoad(int64(load.Running + load.Waiting + 0.5))
+	st.b.SetScrapedLoadSince(int64(load.Running+load.Waiting+0.5), before)
 	st.b.SetScrapedKVUsage(load.KVCacheUsage)
 	if load.NumGPUBlocks > 0 && load.BlockSize > 0 && st.b.SetScrapedKVCacheTokens(load.NumGPUBlocks*load.BlockSize) {
 		if h := c.kvHook.Load(); h != nil {

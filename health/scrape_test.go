@@ -175,6 +175,34 @@ func TestScrapeStaleAndFailed(t *testing.T) {
 	}
 }
 
+// This proxy's requests answered while the scrape was being fetched, which the replica
+// still listed, are not another sender's work (backend.SetScrapedLoadSince): the excess is
+// taken beyond the in-flight count before the fetch, not only after.
+func TestScrapeAnsweredDuringFetchNotForeign(t *testing.T) {
+	srv := newFakeServer(t)
+	b := srv.backend(t)
+	c, _, _ := newTestChecker(t, Options{})
+	c.SetBackends([]*backend.Backend{b})
+	var ls [3]backend.Lease
+	for i := range ls {
+		ls[i].Begin(b, 0, 0, false)
+	}
+	answered := func() {
+		for i := range ls {
+			ls[i].Release()
+		}
+	}
+	srv.onMetrics.Store(&answered)
+	srv.setMetrics("vllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 1\n")
+	c.scrapeAll(bg)
+	if l, fresh := c.Load(b); !fresh || l.Running != 3 {
+		t.Fatalf("scrape: fresh=%v running=%v, want true 3", fresh, l.Running)
+	}
+	if e, busy := b.ScrapedExcess(), b.Busy(); e != 1 || busy != 1 {
+		t.Errorf("3 of this proxy's answered during the fetch, 4 reported: excess %d, busy %d; want 1 and 1 (the other sender's)", e, busy)
+	}
+}
+
 func TestRestartDetection(t *testing.T) {
 	vllm, err := os.ReadFile("testdata/vllm_metrics.txt")
 	if err != nil {

@@ -216,9 +216,10 @@ func (p *RoundRobin) Repick(_ *key.Key, failed Decision, cs []*backend.Backend, 
 	return failed
 }
 
-// LeastLoad picks the candidate with the lowest Load (in-flight, or the replica's own running +
-// waiting count when that is higher). Among equals it takes the
-// first found from a rotating start position, so ties do not favour the first backend.
+// LeastLoad picks the candidate with the lowest backend.Busy (this proxy's and its peers'
+// in-flight requests, plus the other senders' the replica's last scrape reported). Among
+// equals it takes the first found from a rotating start position, so ties do not favour the
+// first backend.
 type LeastLoad struct{ next atomic.Uint64 }
 
 // Pick returns a least-loaded candidate.
@@ -227,7 +228,7 @@ func (p *LeastLoad) Pick(_ *key.Key, cs []*backend.Backend) Decision {
 	return Decision{Backend: b, Reason: ReasonLeastLoad}
 }
 
-// LeastLoaded returns the candidate with the lowest Load; the scan starts at
+// LeastLoaded returns the candidate with the lowest backend.Busy; the scan starts at
 // start mod len(cs), so ties resolve to the first minimum after that position. Nil if empty.
 func LeastLoaded(cs []*backend.Backend, start uint64) *backend.Backend {
 	n := len(cs)
@@ -236,10 +237,10 @@ func LeastLoaded(cs []*backend.Backend, start uint64) *backend.Backend {
 	}
 	s := int(start % uint64(n))
 	best := cs[s]
-	bl := best.Load()
+	bl := best.Busy()
 	for j := 1; j < n; j++ {
 		c := cs[(s+j)%n]
-		if l := c.Load(); l < bl {
+		if l := c.Busy(); l < bl {
 			best, bl = c, l
 		}
 	}

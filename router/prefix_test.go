@@ -308,6 +308,38 @@ func TestPickFallbacks(t *testing.T) {
 	}
 }
 
+// Least-load (the mode, and prefix mode's short prompts) ranks by backend.Busy: a replica
+// whose last scrape still lists this proxy's requests answered since is idle, and one whose
+// scrape listed another sender's requests is not.
+func TestLeastLoadedCountsOnlyOtherSendersFromTheScrape(t *testing.T) {
+	bs := prefixBackends(t, 3)
+	var rs inflight
+	defer rs.releaseAll()
+	// bs[0]: 4 of this proxy's, scraped with them, answered since (stale, not load); bs[1]:
+	// scraped with 2 of another sender's; bs[2]: 1 of this proxy's in flight now.
+	var ls [4]backend.Lease
+	for i := range ls {
+		ls[i].Begin(bs[0], 0, 0, false)
+	}
+	bs[0].SetScrapedLoad(4)
+	for i := range ls {
+		ls[i].Release()
+	}
+	bs[1].SetScrapedLoad(2)
+	rs.begin(bs[2], 10)
+	for start := range uint64(3) {
+		if got := LeastLoaded(bs, start); got != bs[0] {
+			t.Errorf("start %d: %s (busy %d %d %d), want %s, whose scraped requests were all answered", start, got.Name, bs[0].Busy(), bs[1].Busy(), bs[2].Busy(), bs[0].Name)
+		}
+	}
+	short := &key.Key{Routed: true, OK: true, PromptTokens: 20}
+	for _, pol := range []Policy{&LeastLoad{}, func() Policy { p, _ := newTestPrefix(t, bs); return p }()} {
+		if d := pol.Pick(short, bs); d.Backend != bs[0] || d.Reason != ReasonLeastLoad {
+			t.Errorf("%T: %s on %s, want least-load on %s", pol, d.Reason, d.Backend.Name, bs[0].Name)
+		}
+	}
+}
+
 // (a) Groups of requests sharing long system prompts: each group sticks to one backend while
 // a round's requests overlap (the work its prefix saves outweighs the others' queues), its
 // home is where the ring puts the group's first chunk when all backends are idle (a ring

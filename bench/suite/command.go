@@ -27,7 +27,7 @@ near saturation for open-loop workloads; one level for closed-loop ones) × poli
 each arm on fresh simulated replicas with the same seed. It prints one scoreboard (TTFT
 p50/p95/p99, E2E p95, cached-token ratio, max share / mean, TTFT p95 ÷ the oracle's), a validity
 summary and the cells where prefix's p95 is more than 10% above the oracle's or a peer's, and
-writes DIR/suite.json and DIR/suite.png. The full suite takes about 85 minutes on 2 cores;
+writes DIR/suite.json and DIR/suite.png. The full suite takes about 95 minutes on 2 cores;
 --quick (one level per workload, smaller sizes) about 5.`,
 		Args:         cobra.NoArgs,
 		SilenceUsage: true,

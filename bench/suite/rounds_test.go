@@ -114,7 +114,7 @@ func TestPlanRounds(t *testing.T) {
 	want := map[string]rs{"multi-turn closed": {ShortArmRounds, d},
 		"shared-prefix light": {ShortArmRounds, d}, "shared-prefix medium": {ShortArmRounds, SlowSpeedup}, "shared-prefix near-saturation": {1, SlowSpeedup},
 		"agentic light": {1, a}, "agentic medium": {1, a}, "agentic near-saturation": {1, a},
-		"mooncake light": {1, d}, "mooncake medium": {ShortArmRounds, d}, "mooncake near-saturation": {ShortArmRounds, d},
+		"mooncake light": {ShortArmRounds, d}, "mooncake medium": {ShortArmRounds, d}, "mooncake near-saturation": {ShortArmRounds, d},
 		"oasst light": {ShortArmRounds, d}, "oasst medium": {ShortArmRounds, SlowSpeedup}, "oasst near-saturation": {ShortArmRounds, SlowSpeedup}}
 	if len(cells) != len(want) {
 		t.Errorf("%d cells, want %d", len(cells), len(want))
