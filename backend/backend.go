@@ -37,7 +37,7 @@ type Backend struct {
 
 	inFlight      atomic.Int64
 	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
-	scrapedExcess atomic.Int64 // of those, beyond the in-flight count when scraped (ScrapedExcess)
+	scrapedExcess atomic.Int64 // of those, beyond Counted around the fetch (ScrapedExcess)
 	kvScraped     atomic.Int64 // KV capacity in tokens the replica reported (0: unknown)
 	prefillTokens atomic.Int64
 	drain         drain         // what of prefillTokens the replica has likely done (QueuedPrefill)
@@ -177,7 +177,7 @@ func (b *Backend) Busy() int64 { return b.Counted() + b.scrapedExcess.Load() }
 // backend.
 func (b *Backend) Counted() int64 { return b.inFlight.Load() + b.peerInFlight.Load() }
 
-// SetScrapedLoad is SetScrapedLoadSince with the in-flight count now as the only count.
+// SetScrapedLoad is SetScrapedLoadSince with Counted now as the only count.
 func (b *Backend) SetScrapedLoad(requests int64) { b.SetScrapedLoadSince(requests, 0) }
 
 // SetScrapedLoadSince stores the running + waiting requests the replica reported (0 when the
@@ -186,7 +186,9 @@ func (b *Backend) SetScrapedLoad(requests int64) { b.SetScrapedLoadSince(request
 // (Counted, read before the fetch). It keeps how many of the reported requests were beyond
 // the larger of before and the count now (ScrapedExcess): requests of this proxy's that were
 // answered during the fetch, which the replica may still have listed, are not taken for
-// other senders' work, nor requests sent during it.
+// other senders' work, nor requests sent during it. The larger count gives the smallest
+// excess: another sender's requests that arrived while as many of this proxy's were answered
+// within one fetch (a few milliseconds) wait for the next scrape.
 func (b *Backend) SetScrapedLoadSince(requests, before int64) {
 	requests = max(requests, 0)
 	b.scraped.Store(requests)

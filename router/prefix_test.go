@@ -332,7 +332,7 @@ func TestLeastLoadedCountsOnlyOtherSendersFromTheScrape(t *testing.T) {
 			t.Errorf("start %d: %s (busy %d %d %d), want %s, whose scraped requests were all answered", start, got.Name, bs[0].Busy(), bs[1].Busy(), bs[2].Busy(), bs[0].Name)
 		}
 	}
-	short := &key.Key{Routed: true, OK: true, PromptTokens: 20}
+	short := &key.Key{Routed: true, OK: true, PromptTokens: 20} // no full chunk: short
 	for _, pol := range []Policy{&LeastLoad{}, func() Policy { p, _ := newTestPrefix(t, bs); return p }()} {
 		if d := pol.Pick(short, bs); d.Backend != bs[0] || d.Reason != ReasonLeastLoad {
 			t.Errorf("%T: %s on %s, want least-load on %s", pol, d.Reason, d.Backend.Name, bs[0].Name)

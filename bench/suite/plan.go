@@ -117,11 +117,10 @@ const (
 //     p95 read 646, 682 and 1455 ms in three single rounds of one routing code; its
 //     200-request p95 is the 10th-worst request), Mooncake light (the same 10th-worst request:
 //     prefix ÷ oracle read 1.15, 0.95, 1.00, 1.02 and 1.13 in the single rounds of five full
-//     suites, routing changes between them below that spread; 3 rounds add ≈10 minutes) and
-//     OASST light (9 s arms: in one full suite
-//     least-load, prefix and prefix×3 read p50 3.4–4.0 ms where the other arms read 2.1–2.5;
-//     a rerun of the same binary minutes later read 2.1–2.4, prefix p95 10.4 against 4.3).
-//     These add ≈9 minutes. And multi-turn and shared-prefix light, whose p95 sits
+//     suites, routing changes between them below that spread) and OASST light (9 s arms: in
+//     one full suite least-load, prefix and prefix×3 read p50 3.4–4.0 ms where the other arms
+//     read 2.1–2.5; a rerun of the same binary minutes later read 2.1–2.4, prefix p95 10.4
+//     against 4.3). These add ≈19 minutes (Mooncake light ≈10 of them). And multi-turn and shared-prefix light, whose p95 sits
 //     at 4 and 9 ms wall where one round's verdict against a peer was noise: on 3c507cd's
 //     single rounds sglang read 3.2 against prefix's 4.2 ms on multi-turn and 7.6 against 9.0
 //     on shared-prefix light; 3 rounds of the same code (2026-12-05) read prefix 4.6 (4.3–4.7),
