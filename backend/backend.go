@@ -177,19 +177,16 @@ func (b *Backend) Busy() int64 { return b.Counted() + b.scrapedExcess.Load() }
 // backend.
 func (b *Backend) Counted() int64 { return b.inFlight.Load() + b.peerInFlight.Load() }
 
-// SetScrapedLoad is SetScrapedLoadSince with Counted now as the only count.
-func (b *Backend) SetScrapedLoad(requests int64) { b.SetScrapedLoadSince(requests, 0) }
-
-// SetScrapedLoadSince stores the running + waiting requests the replica reported (0 when the
+// SetScrapedLoad stores the running + waiting requests the replica reported (0 when the
 // scrape failed or is stale, so that Load falls back to the local in-flight count), in a
 // scrape that started when this proxy and its peers had before requests in flight there
-// (Counted, read before the fetch). It keeps how many of the reported requests were beyond
-// the larger of before and the count now (ScrapedExcess): requests of this proxy's that were
-// answered during the fetch, which the replica may still have listed, are not taken for
-// other senders' work, nor requests sent during it. The larger count gives the smallest
+// (Counted, read before the fetch; 0 for none known). It keeps how many of the reported
+// requests were beyond the larger of before and the count now (ScrapedExcess): requests of
+// this proxy's that were answered during the fetch, which the replica may still have listed,
+// are not taken for other senders' work, nor requests sent during it. The larger count gives the smallest
 // excess: another sender's requests that arrived while as many of this proxy's were answered
 // within one fetch (a few milliseconds) wait for the next scrape.
-func (b *Backend) SetScrapedLoadSince(requests, before int64) {
+func (b *Backend) SetScrapedLoad(requests, before int64) {
 	requests = max(requests, 0)
 	b.scraped.Store(requests)
 	b.scrapedExcess.Store(max(requests-max(before, b.Counted()), 0))

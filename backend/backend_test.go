@@ -96,11 +96,11 @@ func TestLoadTakesTheLargerSignal(t *testing.T) {
 	if b.Load() != 1 {
 		t.Errorf("Load %d, want the in-flight count 1", b.Load())
 	}
-	b.SetScrapedLoad(9)
+	b.SetScrapedLoad(9, 0)
 	if b.Load() != 9 {
 		t.Errorf("Load %d, want the scraped 9", b.Load())
 	}
-	b.SetScrapedLoad(-3)
+	b.SetScrapedLoad(-3, 0)
 	if b.Load() != 1 {
 		t.Errorf("Load %d after a failed scrape, want 1", b.Load())
 	}
@@ -137,7 +137,7 @@ func TestBusyCountsOnlyOtherSendersFromTheScrape(t *testing.T) {
 			for i := range -c.during {
 				ls[i].Release()
 			}
-			b.SetScrapedLoadSince(c.scraped, before)
+			b.SetScrapedLoad(c.scraped, before)
 			if got := b.ScrapedExcess(); got != c.wantExcess {
 				t.Errorf("excess %d, want %d", got, c.wantExcess)
 			}

@@ -87,7 +87,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	st.scrapeMu.Lock()
 	defer st.scrapeMu.Unlock()
 	var m metrics
-	before := st.b.Counted() // this proxy's and its peers' in flight as the fetch starts (SetScrapedLoadSince)
+	before := st.b.Counted() // this proxy's and its peers' in flight as the fetch starts (SetScrapedLoad)
 	err := c.fetchMetrics(ctx, st.metricsURL, &m)
 	if ctx.Err() != nil {
 		return
@@ -104,7 +104,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	if err != nil {
 		res.err = err.Error()
 		st.scrape.Store(res)
-		st.b.SetScrapedLoad(0) // fall back to the proxy's own in-flight count
+		st.b.SetScrapedLoad(0, 0) // fall back to the proxy's own in-flight count
 		st.b.SetScrapedKVUsage(0)
 		if prev == nil || !prev.good || now.Sub(prev.load.At) > c.o.ScrapeStaleAfter {
 			// A failure or two keep the verdict (and the tie-break) as it was; a stale one
@@ -136,7 +136,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 		restarted = "prompt_tokens_total went backwards"
 	}
 	res.load, res.good, res.ok = load, true, true
-	st.b.SetScrapedLoadSince(int64(load.Running+load.Waiting+0.5), before)
+	st.b.SetScrapedLoad(int64(load.Running+load.Waiting+0.5), before)
 	st.b.SetScrapedKVUsage(load.KVCacheUsage)
 	if load.NumGPUBlocks > 0 && load.BlockSize > 0 && st.b.SetScrapedKVCacheTokens(load.NumGPUBlocks*load.BlockSize) {
 		if h := c.kvHook.Load(); h != nil {

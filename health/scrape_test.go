@@ -176,7 +176,7 @@ func TestScrapeStaleAndFailed(t *testing.T) {
 }
 
 // This proxy's requests answered while the scrape was being fetched, which the replica
-// still listed, are not another sender's work (backend.SetScrapedLoadSince): the excess is
+// still listed, are not another sender's work (backend.SetScrapedLoad): the excess is
 // taken beyond the in-flight count before the fetch, not only after.
 func TestScrapeAnsweredDuringFetchNotForeign(t *testing.T) {
 	srv := newFakeServer(t)

@@ -420,7 +420,7 @@ func TestStaleScrapeIsNotForeign(t *testing.T) {
 			ls[j].Begin(b, 1000, 0, true)
 		}
 		b.SetPeerLoad(peers[i], 0)
-		b.SetScrapedLoad(scraped[i])
+		b.SetScrapedLoad(scraped[i], 0)
 		for j := range ls {
 			ls[j].Release() // answered since
 		}

@@ -368,7 +368,8 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// this proxy's and its peers' requests answered since the scrape (up to an interval
 		// old) for other senders' work. Counted at the mean work, those sent bursts of the
 		// Mooncake trace away from replicas that had just answered (3 phantom requests, ~200
-		// ms of estimated queue, on 2 of 4 replicas with nothing in flight). inFlight below is backend.Busy.
+		// ms of estimated queue, on 2 of 4 replicas with nothing in flight). inFlight below is
+		// backend.Busy, read once with its parts.
 		own, foreign := b.InFlight(), b.ScrapedExcess()
 		alone := b.OtherSenders() == backend.SendersAlone
 		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight, matched: matched[j],

@@ -321,11 +321,11 @@ func TestLeastLoadedCountsOnlyOtherSendersFromTheScrape(t *testing.T) {
 	for i := range ls {
 		ls[i].Begin(bs[0], 0, 0, false)
 	}
-	bs[0].SetScrapedLoad(4)
+	bs[0].SetScrapedLoad(4, 0)
 	for i := range ls {
 		ls[i].Release()
 	}
-	bs[1].SetScrapedLoad(2)
+	bs[1].SetScrapedLoad(2, 0)
 	rs.begin(bs[2], 10)
 	for start := range uint64(3) {
 		if got := LeastLoaded(bs, start); got != bs[0] {

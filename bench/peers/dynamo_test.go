@@ -37,7 +37,7 @@ func TestDynamoRules(t *testing.T) {
 			}
 			loads(t, bs, tc.loads...)
 			for i, s := range tc.scraped {
-				bs[i].SetScrapedLoad(s)
+				bs[i].SetScrapedLoad(s, 0)
 			}
 			d := p.Pick(keyOf(conv), bs)
 			if d.Backend != bs[tc.want] || d.Reason != tc.reason {

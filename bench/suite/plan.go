@@ -120,8 +120,8 @@ const (
 //     suites, routing changes between them below that spread) and OASST light (9 s arms: in
 //     one full suite least-load, prefix and prefix×3 read p50 3.4–4.0 ms where the other arms
 //     read 2.1–2.5; a rerun of the same binary minutes later read 2.1–2.4, prefix p95 10.4
-//     against 4.3). These add ≈19 minutes (Mooncake light ≈10 of them). And multi-turn and shared-prefix light, whose p95 sits
-//     at 4 and 9 ms wall where one round's verdict against a peer was noise: on 3c507cd's
+//     against 4.3). These add ≈19 minutes (Mooncake light ≈10 of them). And multi-turn and
+//     shared-prefix light, whose p95 sits at 4 and 9 ms wall where one round's verdict against a peer was noise: on 3c507cd's
 //     single rounds sglang read 3.2 against prefix's 4.2 ms on multi-turn and 7.6 against 9.0
 //     on shared-prefix light; 3 rounds of the same code (2026-12-05) read prefix 4.6 (4.3–4.7),
 //     sglang 4.4 (4.0–5.5), llm-d 4.3 (4.1–4.7), with all three placing the 11 conversations
