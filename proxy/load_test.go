@@ -13,12 +13,12 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// A replica whose /metrics reports a long waiting queue gets fewer new requests: the scraped
-// running + waiting count is the policies' load when it exceeds the proxy's own in-flight.
+// A replica whose /metrics reports a long waiting queue gets fewer new requests: what the
+// scrape reports beyond the proxy's own in-flight requests is load (backend.Busy).
 func TestScrapedQueueSteersTraffic(t *testing.T) {
 	for _, mode := range []string{"least-load", "prefix"} {
 		t.Run(mode, func(t *testing.T) {
-			var hits [3]atomic.Int32
+			var hits, running [3]atomic.Int32
 			var urls []string
 			for i := 0; i < 3; i++ {
 				i := i
@@ -29,10 +29,14 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 				ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					switch r.URL.Path {
 					case "/metrics":
-						fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 1\n"+
-							"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} %d\n", waiting)
+						// Its real running count (the proxy's requests it is answering), so that
+						// nothing but replica 1's queue is another sender's work.
+						fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} %d\n"+
+							"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} %d\n", running[i].Load(), waiting)
 					case "/health":
 					default:
+						running[i].Add(1)
+						defer running[i].Add(-1)
 						_, _ = io.Copy(io.Discard, r.Body)
 						hits[i].Add(1)
 						_, _ = io.WriteString(w, `{"choices":[]}`)
@@ -47,7 +51,7 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 			fastChecks(&o, 5*time.Second)
 			s, base := serve(t, o, nil)
 			eventually(t, 5*time.Second, "the scrape feeds replica 1's queue into its load, the others healthy", func() bool {
-				return s.Backends()[1].Load() >= 51 && s.Backends()[0].Healthy() && s.Backends()[2].Healthy()
+				return s.Backends()[1].Load() >= 50 && s.Backends()[0].Healthy() && s.Backends()[2].Healthy()
 			})
 			c := testClient()
 			for i := 0; i < 30; i++ {
@@ -62,8 +66,8 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 				resp.Body.Close()
 			}
 			t.Logf("requests per replica with replica 1 reporting 50 waiting: %d %d %d", hits[0].Load(), hits[1].Load(), hits[2].Load())
-			// Least-load never picks a load of 51 over loads of 1. In prefix mode, 51 is over
-			// the cap (ceil(1.25 × 54 / 3) + 2 = 25) for every request, so the ring walks past it.
+			// Least-load never picks a load of 50 over loads of 0 or 1. In prefix mode, 50 is
+			// over the cap (ceil(1.25 × 51 / 3) + 2 = 24) for every request, so it is passed over.
 			if hits[1].Load() != 0 || hits[0].Load() == 0 || hits[2].Load() == 0 {
 				t.Errorf("the replica with a long queue got %d requests, others %d and %d: want 0 and both others used", hits[1].Load(), hits[0].Load(), hits[2].Load())
 			}
