@@ -31,6 +31,7 @@ func (n *Node) flushLoop() {
 		lastSent     time.Time
 		lastApply    time.Time
 		packets      [][]byte
+		sealed       []byte // the direct packet being sent
 		samples      []backend.PrefillSample
 		shared       []peerSample // prefill samples not sent yet, the oldest taken at samplesSince
 		samplesSince time.Time
@@ -125,7 +126,8 @@ func (n *Node) flushLoop() {
 		}
 		for _, p := range peers {
 			for _, pkt := range packets {
-				if err := n.ml.SendBestEffort(p, pkt); err != nil {
+				var err error
+				if sealed, err = n.sendUpdate(sealed, p, pkt); err != nil {
 					n.log.Debug("peering: send", zap.String("peer", p.Name), zap.Error(err))
 					continue
 				}
@@ -137,6 +139,18 @@ func (n *Node) flushLoop() {
 			n.samplesMsgs.Add(uint64(len(packets) - updates))
 		}
 	}
+}
+
+// sendUpdate sends the update msg to peer p as a direct packet (direct.go), sealed in buf's
+// storage, and returns that storage; through memberlist when the transport has no direct
+// path.
+func (n *Node) sendUpdate(buf []byte, p *memberlist.Node, msg []byte) ([]byte, error) {
+	if !n.direct {
+		return buf, n.ml.SendBestEffort(p, msg)
+	}
+	buf = n.codec.seal(buf, msg)
+	_, err := n.tr.WriteTo(buf, p.Address())
+	return buf, err
 }
 
 // samplesRoom is the bytes of sample records one samples message holds: packetBudget less

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -222,6 +223,15 @@ func (d *dropTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 }
 
 func (d *dropTransport) PacketCh() <-chan *memberlist.Packet { return d.packets }
+
+// SetDirect passes h on, losing the direct packets too while drop is set.
+func (d *dropTransport) SetDirect(h directHandler) {
+	d.inner.(directPath).SetDirect(func(p []byte, from netip.AddrPort) {
+		if !d.drop.Load() {
+			h(p, from)
+		}
+	})
+}
 
 func (d *dropTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	if d.drop.Load() {

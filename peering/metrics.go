@@ -60,12 +60,13 @@ func newMetrics(alive func() float64) metricSet {
 // prefixlb_peers_alive (gauge: live peers, this replica not counted),
 // prefixlb_peer_updates_sent_total / _received_total (learned requests' chunk lists, counted
 // once per peer sent to), prefixlb_peer_bytes_sent_total / _received_total (update payload
-// bytes, before memberlist's framing and encryption, about 50 bytes a packet),
+// bytes, before framing and encryption: 41 bytes a direct packet, direct.go),
 // prefixlb_peer_updates_dropped_total (queue full), _unknown_backend_total (for a backend not
 // configured here), prefixlb_peer_messages_invalid_total (decrypted updates that did not
 // decode), prefixlb_peer_packets_rejected_total (packets and streams memberlist refused before
 // they reached this package: not decryptable with the secret, mislabelled, truncated,
-// oversized; each also a memberlist log line, at most one a second per kind),
+// oversized; each also a memberlist log line, at most one a second per kind; and direct
+// update packets that did not open, logged as memberlist's undecryptable ones are),
 // prefixlb_peer_snapshot_entries_imported_total, and prefixlb_peer_forgets_sent_total /
 // _received_total (Learns withdrawn after the update went out: the backend refused the
 // request; counted once per peer sent to), prefixlb_peer_prefill_samples_sent_total /

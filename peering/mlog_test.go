@@ -107,13 +107,17 @@ func TestForgedPacketsCountedNotFlooded(t *testing.T) {
 	label := append([]byte{244, 200}, []byte(strings.Repeat("A", 200))...)
 	for i := 0; i < sent; i++ {
 		var pkt []byte
-		switch i % 3 {
+		switch i % 4 {
 		case 0:
 			pkt = make([]byte, 1+12+16+20)
 			pkt[0] = 1
 			_, _ = rand.Read(pkt[1:])
 		case 1:
 			pkt = label
+		case 2: // a direct update packet (direct.go) not sealed with the secret
+			pkt = make([]byte, directOverhead+20)
+			pkt[0] = directMagic
+			_, _ = rand.Read(pkt[1:])
 		default:
 			pkt = []byte{0}
 		}

@@ -62,9 +62,17 @@ type netTransport struct {
 	once    sync.Once
 	wg      sync.WaitGroup
 	froms   map[netip.AddrPort]*net.UDPAddr // the UDP loop's own
+	direct  atomic.Pointer[directHandler]   // direct packets' handler (direct.go); nil: dropped
 }
 
-var _ memberlist.Transport = (*netTransport)(nil)
+var (
+	_ memberlist.Transport = (*netTransport)(nil)
+	_ directPath           = (*netTransport)(nil)
+)
+
+// SetDirect makes h the handler of the direct packets (first byte directMagic), which the
+// read loop hands to it itself, not to memberlist.
+func (t *netTransport) SetDirect(h directHandler) { t.direct.Store(&h) }
 
 // listenNet binds TCP and UDP on host:port (host an IP address, "0.0.0.0" or "::" for all
 // interfaces, or a name resolved to its first address; port 0: one the kernel picks for
@@ -241,7 +249,8 @@ func (t *netTransport) acceptLoop() {
 }
 
 // readLoop reads UDP packets into one scratch buffer and hands a copy of each to PacketCh
-// until Shutdown; an empty packet or one over maxPacket is dropped with a log line.
+// until Shutdown; an empty packet or one over maxPacket is dropped with a log line. A direct
+// packet (direct.go) is handed, not copied, to the direct handler, in this loop.
 func (t *netTransport) readLoop() {
 	defer t.wg.Done()
 	// One byte more than the largest packet taken: a read that fills it was longer (the
@@ -270,6 +279,12 @@ func (t *netTransport) readLoop() {
 			continue
 		case n > t.maxPacket:
 			t.log.Printf("[ERR] memberlist: UDP packet too large (over %d bytes) from=%s", t.maxPacket, from)
+			continue
+		}
+		if scratch[0] == directMagic {
+			if h := t.direct.Load(); h != nil {
+				(*h)(scratch[:n], from)
+			}
 			continue
 		}
 		buf := make([]byte, n)

@@ -14,7 +14,9 @@
 // sender can make a replica hold to a few hundred MiB; a NetworkPolicy that admits only the
 // other replicas to the peer port is still the defence. The updates themselves
 // are not gossiped: a flusher every FlushInterval (1 ms) sends one compact batch (wire.go)
-// by UDP to every live peer, which records the hashes in its own index for its own backend
+// by UDP to every live peer, on a path of its own beside memberlist's (direct.go: sealed
+// with XChaCha20-Poly1305 under a key derived from the secret, opened and applied by the
+// receiving transport's read loop, not handed through memberlist's goroutines), which records the hashes in its own index for its own backend
 // of the same ID and never forwards them, so nothing loops. Batches larger than a packet
 // are split (packetBudget). The loads each peer reports are summed into the backends'
 // PeerInFlight and PeerPrefillTokens, which the prefix policy's cost model and bounded-load
@@ -92,7 +94,8 @@ const (
 	// 1500-byte Ethernet MTU with room for IP, UDP and a tunnel's headers).
 	udpBufferSize = 1400
 	// packetReserve is what memberlist adds to a user message: its type byte, a 5-byte CRC
-	// and the AES-GCM framing (1 version byte, 12 nonce, 16 tag), rounded up.
+	// and the AES-GCM framing (1 version byte, 12 nonce, 16 tag), rounded up; a direct
+	// packet's framing (directOverhead, 41 bytes) fits in it too.
 	packetReserve = 64
 	// packetBudget is the most bytes of one update: about 160 chunk hashes.
 	packetBudget = udpBufferSize - packetReserve
@@ -178,6 +181,15 @@ type Node struct {
 	alone   bool                // logged as without live peers
 	live    atomic.Int32        // len(members), for a lock-free glance
 
+	// codec seals and opens the direct update packets (direct.go); tr is the transport
+	// they are written to (memberlist's, with any wrappers); direct is whether tr hands
+	// them to receiveDirect (a directPath), else updates go through memberlist.
+	codec     *directCodec
+	tr        memberlist.Transport
+	direct    bool
+	directBuf []byte       // receiveDirect's scratch (the transport's read loop's)
+	mlog      *levelWriter // memberlist's log lines, and rejected direct packets'
+
 	recvMu     sync.Mutex // the receive scratch
 	recvLoads  []peerLoad
 	recvHashes []uint64
@@ -244,6 +256,10 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 	p.CountPeerRoutes()
 	n.backends.Store(&backendSet{byID: nil})
 	n.m = newMetrics(func() float64 { return float64(n.Alive()) })
+	var err error
+	if n.codec, err = newDirectCodec(o.Secret); err != nil {
+		return nil, err
+	}
 
 	conf, err := n.config()
 	if err != nil {
@@ -282,7 +298,8 @@ func (n *Node) config() (*memberlist.Config, error) {
 	conf.TCPTimeout = tcpTimeout
 	conf.Delegate = delegate{n}
 	conf.Events = events{n}
-	conf.Logger = log.New(newLevelWriter(n.log, n.m.rejected), "", 0)
+	n.mlog = newLevelWriter(n.log, n.m.rejected)
+	conf.Logger = log.New(n.mlog, "", 0)
 	nt, err := newNetTransport(host, port, maxPacketBytes, conf.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("peering: listen %s: %w", n.o.Listen, err)
@@ -296,6 +313,11 @@ func (n *Node) config() (*memberlist.Config, error) {
 	conf.Transport = newLimitTransport(nt, n.m.rejected)
 	if n.o.wrapTransport != nil {
 		conf.Transport = n.o.wrapTransport(conf.Transport)
+	}
+	n.tr = conf.Transport
+	if d, ok := n.tr.(directPath); ok {
+		d.SetDirect(n.receiveDirect)
+		n.direct = true
 	}
 	return conf, nil
 }

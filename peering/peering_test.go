@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -111,7 +113,8 @@ func TestBadSecret(t *testing.T) {
 	url := a.notRing(k)
 	bad.node.Policy().Learn(k, bad.byName(url), 0)
 	it, hs := bad.node.q.take(nil, nil)
-	for _, pkt := range bad.node.encode(nil, nil, it, hs) {
+	pkts := bad.node.encode(nil, nil, it, hs)
+	for _, pkt := range pkts {
 		if err := bad.node.ml.SendToAddress(memberlist.Address{Addr: a.node.Addr(), Name: a.node.Name()}, pkt); err != nil {
 			t.Fatal(err)
 		}
@@ -123,6 +126,24 @@ func TestBadSecret(t *testing.T) {
 	testutil.Eventually(t, wait, "a gets b's update", func() bool { return a.holds(k2, url2) })
 	if a.holds(k, url) || a.pick(k).MatchedChunks != 0 {
 		t.Fatal("a recorded the update of a replica with another secret")
+	}
+	// The same update as a direct packet (direct.go), sealed under the other secret's key.
+	rejected := func() int { v, _ := strconv.Atoi(a.metric("prefixlb_peer_packets_rejected_total")); return v }
+	before := rejected()
+	host, port, err := net.SplitHostPort(a.node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn, _ := strconv.Atoi(port)
+	to := &memberlist.Node{Name: a.node.Name(), Addr: net.ParseIP(host), Port: uint16(pn)}
+	for _, pkt := range pkts {
+		if _, err := bad.node.sendUpdate(nil, to, pkt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, wait, "a rejects the direct packet", func() bool { return rejected() > before })
+	if a.holds(k, url) || a.pick(k).MatchedChunks != 0 {
+		t.Fatal("a recorded the direct update of a replica with another secret")
 	}
 	if a.node.Alive() != 1 || bad.node.Alive() != 0 || a.node.ml.NumMembers() != 2 {
 		t.Fatalf("members: a sees %d peers (%d members), bad sees %d", a.node.Alive(), a.node.ml.NumMembers(), bad.node.Alive())

@@ -103,6 +103,13 @@ func (t *limitTransport) admit(c net.Conn) {
 
 func (t *limitTransport) StreamCh() <-chan net.Conn { return t.streams }
 
+// SetDirect passes h on to the inner transport, when it has a direct path.
+func (t *limitTransport) SetDirect(h directHandler) {
+	if d, ok := t.Transport.(directPath); ok {
+		d.SetDirect(h)
+	}
+}
+
 func (t *limitTransport) Shutdown() error {
 	t.stopOnce.Do(func() { close(t.done) })
 	return t.Transport.Shutdown()

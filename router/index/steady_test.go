@@ -178,3 +178,38 @@ func BenchmarkRecordAtCapacity(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRecordNewAtCapacity is RecordNew as a peered replica's receiver calls it for a
+// peer's 16 KB requests (bench overhead): groups of 16 new chunks on one of 2 backends at
+// capacity (8 Mi tokens each, BenchKVCacheTokens: 131,072 chunks, so that the index is far
+// larger than the CPU's caches), every chunk evicting one.
+func BenchmarkRecordNewAtCapacity(b *testing.B) {
+	const capacity = 8 << 20 / 64
+	for _, group := range []int{16, 64} {
+		b.Run(fmt.Sprintf("group%d", group), func(b *testing.B) {
+			bs := []*backend.Backend{newBackend(b, "b0", capacity*64), newBackend(b, "b1", capacity*64)}
+			x := New(Options{ChunkTokens: 64})
+			x.SetBackends(bs)
+			hs := make([]uint64, group)
+			seq := uint64(0)
+			now := t0
+			next := func() *backend.Backend {
+				seq++
+				for i := range hs {
+					hs[i] = mix64(seq<<20 | uint64(i))
+				}
+				now = now.Add(time.Microsecond)
+				return bs[seq%2]
+			}
+			for x.Entries() < 2*capacity {
+				x.RecordNew(hs, next(), now)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				x.RecordNew(hs, next(), now)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*group), "ns/chunk")
+		})
+	}
+}
