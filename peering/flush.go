@@ -125,13 +125,19 @@ func (n *Node) flushLoop() {
 			samplesSince = now
 		}
 		for _, p := range peers {
+			failed := false
 			for _, pkt := range packets {
 				var err error
 				if sealed, err = n.sendUpdate(sealed, p, pkt); err != nil {
+					n.m.sendErrors.Inc()
 					n.log.Debug("peering: send", zap.String("peer", p.Name), zap.Error(err))
+					failed = true
 					continue
 				}
 				n.m.bytesSent.Add(len(pkt))
+			}
+			if failed {
+				continue // what the packets held is counted only where all of them went out
 			}
 			n.m.sent.Add(learned)
 			n.m.forgetsSent.Add(forgets)

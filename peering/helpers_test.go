@@ -160,11 +160,14 @@ func (r *replica) kill() { r.node.Crash() }
 // dropTransport is a network transport that, while drop is set, loses every packet and
 // refuses every stream both ways: a peer cut off by a partition.
 type dropTransport struct {
-	inner   memberlist.Transport
-	drop    atomic.Bool
-	packets chan *memberlist.Packet
-	streams chan net.Conn
-	done    chan struct{}
+	inner memberlist.Transport
+	drop  atomic.Bool
+	// failDirect makes every write of a direct update packet fail (memberlist's own
+	// packets still go out, so the peers stay members).
+	failDirect atomic.Bool
+	packets    chan *memberlist.Packet
+	streams    chan net.Conn
+	done       chan struct{}
 }
 
 func newDropTransport(inner memberlist.Transport) *dropTransport {
@@ -216,6 +219,9 @@ func (d *dropTransport) FinalAdvertiseAddr(ip string, port int) (net.IP, int, er
 }
 
 func (d *dropTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+	if d.failDirect.Load() && len(b) > 0 && b[0] == directMagic {
+		return time.Time{}, fmt.Errorf("write to %s: refused", addr)
+	}
 	if d.drop.Load() {
 		return time.Now(), nil
 	}

@@ -14,10 +14,13 @@ type metricSet struct {
 	bytesSent *metrics.Counter // update payload bytes sent, per peer
 	bytesRecv *metrics.Counter // update payload bytes received
 	dropped   *metrics.Counter // learned groups not queued (queue full)
-	unknown   *metrics.Counter // learned groups received for a backend not configured here
-	bad       *metrics.Counter // messages that did not decode
-	rejected  *metrics.Counter // packets and streams memberlist refused (see levelWriter)
-	snapshots *metrics.Counter // snapshot entries imported
+	// sendErrors counts update packets whose send failed (the kernel refused the write,
+	// an unresolvable peer address).
+	sendErrors *metrics.Counter
+	unknown    *metrics.Counter // learned groups received for a backend not configured here
+	bad        *metrics.Counter // messages that did not decode
+	rejected   *metrics.Counter // packets and streams memberlist refused (see levelWriter)
+	snapshots  *metrics.Counter // snapshot entries imported
 	// forgetsSent and forgetsRecv count withdrawn Learns (a backend refused the request),
 	// sent per peer and received.
 	forgetsSent *metrics.Counter
@@ -36,16 +39,17 @@ func newMetrics(alive func() float64) metricSet {
 	s := metrics.NewSet()
 	s.NewGauge("prefixlb_peers_alive", alive)
 	return metricSet{
-		set:       s,
-		sent:      s.NewCounter("prefixlb_peer_updates_sent_total"),
-		received:  s.NewCounter("prefixlb_peer_updates_received_total"),
-		bytesSent: s.NewCounter("prefixlb_peer_bytes_sent_total"),
-		bytesRecv: s.NewCounter("prefixlb_peer_bytes_received_total"),
-		dropped:   s.NewCounter("prefixlb_peer_updates_dropped_total"),
-		unknown:   s.NewCounter("prefixlb_peer_updates_unknown_backend_total"),
-		bad:       s.NewCounter("prefixlb_peer_messages_invalid_total"),
-		rejected:  s.NewCounter("prefixlb_peer_packets_rejected_total"),
-		snapshots: s.NewCounter("prefixlb_peer_snapshot_entries_imported_total"),
+		set:        s,
+		sent:       s.NewCounter("prefixlb_peer_updates_sent_total"),
+		received:   s.NewCounter("prefixlb_peer_updates_received_total"),
+		bytesSent:  s.NewCounter("prefixlb_peer_bytes_sent_total"),
+		bytesRecv:  s.NewCounter("prefixlb_peer_bytes_received_total"),
+		dropped:    s.NewCounter("prefixlb_peer_updates_dropped_total"),
+		sendErrors: s.NewCounter("prefixlb_peer_send_errors_total"),
+		unknown:    s.NewCounter("prefixlb_peer_updates_unknown_backend_total"),
+		bad:        s.NewCounter("prefixlb_peer_messages_invalid_total"),
+		rejected:   s.NewCounter("prefixlb_peer_packets_rejected_total"),
+		snapshots:  s.NewCounter("prefixlb_peer_snapshot_entries_imported_total"),
 
 		forgetsSent: s.NewCounter("prefixlb_peer_forgets_sent_total"),
 		forgetsRecv: s.NewCounter("prefixlb_peer_forgets_received_total"),
@@ -61,7 +65,9 @@ func newMetrics(alive func() float64) metricSet {
 // prefixlb_peer_updates_sent_total / _received_total (learned requests' chunk lists, counted
 // once per peer sent to), prefixlb_peer_bytes_sent_total / _received_total (update payload
 // bytes, before framing and encryption: 41 bytes a direct packet, direct.go),
-// prefixlb_peer_updates_dropped_total (queue full), _unknown_backend_total (for a backend not
+// prefixlb_peer_updates_dropped_total (queue full), prefixlb_peer_send_errors_total (update
+// packets whose send failed; the updates, forgets and samples they held are then not counted
+// as sent to that peer), prefixlb_peer_updates_unknown_backend_total (for a backend not
 // configured here), prefixlb_peer_messages_invalid_total (decrypted updates that did not
 // decode), prefixlb_peer_packets_rejected_total (packets and streams memberlist refused before
 // they reached this package: not decryptable with the secret, mislabelled, truncated,

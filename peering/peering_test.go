@@ -153,6 +153,35 @@ func TestBadSecret(t *testing.T) {
 	}
 }
 
+// TestSendErrorsNotCountedAsSent: an update packet whose send fails counts in
+// prefixlb_peer_send_errors_total, and the update it held is not counted as sent.
+func TestSendErrorsNotCountedAsSent(t *testing.T) {
+	a := startReplica(t, "a", replicaOpts{dropping: true})
+	b := startReplica(t, "b", replicaOpts{join: []*replica{a}})
+	testutil.Eventually(t, wait, "a and b see each other", func() bool { return a.node.Alive() == 1 && b.node.Alive() == 1 })
+	a.drop.failDirect.Store(true)
+	k := prompt(t, 1)
+	url := a.notRing(k)
+	a.node.Policy().Learn(k, a.byName(url), 0)
+	testutil.Eventually(t, wait, "the failed send counted", func() bool {
+		return a.metric("prefixlb_peer_send_errors_total") != "0"
+	})
+	if got := a.metric("prefixlb_peer_updates_sent_total"); got != "0" {
+		t.Fatalf("updates sent %s after a failed send, want 0", got)
+	}
+	a.drop.failDirect.Store(false)
+	k2 := prompt(t, 2)
+	url2 := a.notRing(k2)
+	a.node.Policy().Learn(k2, a.byName(url2), 0)
+	testutil.Eventually(t, wait, "b gets the next update", func() bool { return b.holds(k2, url2) })
+	if got := a.metric("prefixlb_peer_updates_sent_total"); got != "1" {
+		t.Fatalf("updates sent %s, want 1 (the one that went out)", got)
+	}
+	if b.holds(k, url) {
+		t.Fatal("b holds the prompt whose update was never sent")
+	}
+}
+
 // TestPeerKilled: a replica that dies without a word is declared dead by the others, its
 // in-flight requests stop counting, the metric and one log line say so, and the survivors
 // keep sharing what they learn.
