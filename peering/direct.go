@@ -1,12 +1,22 @@
 // Update packets on a path of their own beside memberlist's. memberlist keeps membership,
 // failure detection and the join snapshots; the flusher's update packets, a few hundred to a
 // thousand a second to each peer from a busy replica, no longer go through its
-// SendBestEffort, which builds a new AES-GCM for every packet, nor through its receive path,
+// SendBestEffort, which sets AES-GCM up anew for every packet, nor through its receive path,
 // which hands every packet from the transport's read loop to its packet listener and from
-// there to its handler goroutine: two goroutine wake-ups a packet on the receiving replica,
-// on top of the read. A direct packet is sealed here with a cipher made once, written to the
-// peer's UDP port through the same transport, and opened and applied by the receiving
-// transport's read loop itself (netTransport.readLoop, directPath).
+// there to its handler goroutine. A direct packet is sealed here, written to the peer's UDP
+// port through the same transport, and opened and applied by the receiving transport's read
+// loop itself (netTransport.readLoop, directPath): no goroutine hand-off at all. A queue to
+// an applier goroutine, so that memberlist's own packets never wait behind index inserts,
+// cost the idle peer of bench overhead at 16 KB about 8% more CPU per routed request (two
+// interleaved pairs of runs, 1.39–1.49× against 1.21–1.37× the unpeered replica's, the wake-up
+// per packet); inline, a packet costs about 40 µs to apply (160 chunk hashes at ~300 ns),
+// so that even a full 2 MiB socket buffer (about 1,500 packets) drains in about 60 ms, within
+// memberlist's 100 ms probe timeout. A fleet whose updates outran one core's applying (tens
+// of busy replicas) would lose memberlist's packets with the updates the kernel drops; a
+// shard lock held by a join snapshot's export (milliseconds) delays them by as much. Peers
+// learn who takes direct packets from the member metadata (NodeMeta,
+// metaDirect): an older replica, during a rolling update, is sent its updates through
+// memberlist as before, and its own, sent that way, are received here (delegate.NotifyMsg).
 //
 // Format: directMagic, a 24-byte random nonce, then the update (wire.go) sealed with
 // XChaCha20-Poly1305 (16-byte tag) under a key derived from the shared secret (HKDF-SHA256,
@@ -14,14 +24,12 @@
 // packetReserve. XChaCha20's 192-bit random nonces need no per-sender state and no bound on
 // the packets one key seals (AES-GCM's 96-bit random nonces are good for 2^32 packets under
 // one key, which a fleet of busy replicas sharing one secret sends in days). memberlist never
-// starts a packet with directMagic (its first byte is an encryption version, 0 or 1, or its
-// label marker, 244), so a replica that does not know this path (an older version during a
-// rolling update) rejects these packets as undecryptable, and its own updates, sent through
-// memberlist, are still received here (delegate.NotifyMsg). Like memberlist's packets, a
-// direct packet has no sequence number: one captured on the network and sent again is
-// applied again (an old Learn recorded as recent, an old load report until the sender's
-// next, within a flush); the NetworkPolicy that admits only the replicas to the peer port is
-// the defence, as it is for memberlist's.
+// starts a packet with directMagic (its first byte is an encryption version, 0 or 1, its
+// label marker, 244, or a message type under 20). Like memberlist's packets, a direct packet
+// has no sequence number: one captured on the network and sent again is applied again (an
+// old Learn recorded as recent, an old load report until the sender's next, within a flush);
+// the NetworkPolicy that admits only the replicas to the peer port is the defence, as it is
+// for memberlist's.
 
 package peering
 
@@ -45,13 +53,20 @@ const (
 	directKeyInfo = "prefixlb peering direct updates v1"
 	// directOverhead is what sealing adds to an update: the magic byte, nonce and tag.
 	directOverhead = 1 + chacha20poly1305.NonceSizeX + chacha20poly1305.Overhead
+	// maxDirectPacket is the longest direct packet taken: udpBufferSize, which the flusher's
+	// (packetBudget + directOverhead) is within. Longer ones are refused before opening.
+	maxDirectPacket = udpBufferSize
+	// metaDirect is the bit of a member's metadata (its first byte) that says it takes
+	// direct packets.
+	metaDirect byte = 1
 )
 
 // A direct packet's framing fits in what the packet budget leaves for memberlist's.
 var _ [packetReserve - directOverhead]struct{}
 
-// errDirectShort is what opening a packet too short to hold a nonce and tag returns.
-var errDirectShort = errors.New("peering: direct packet too short")
+// errDirectFraming is what opening a packet that is not a direct packet's length and first
+// byte returns.
+var errDirectFraming = errors.New("peering: not a direct packet (length or first byte)")
 
 // directCodec seals and opens direct update packets. It is safe for concurrent use.
 type directCodec struct{ aead cipher.AEAD }
@@ -77,11 +92,13 @@ func (c *directCodec) seal(dst, msg []byte) []byte {
 	return c.aead.Seal(dst, dst[1:], msg, dst[:1])
 }
 
-// open returns the update sealed in packet p, built in dst's storage. Errors: p too short,
-// or not sealed under this codec's key (another secret, forged or corrupted).
+// open returns the update sealed in packet p, built in dst's storage. Errors: p shorter
+// than the framing, longer than maxDirectPacket or not starting with directMagic
+// (errDirectFraming), or not sealed under this codec's key (another secret, forged or
+// corrupted).
 func (c *directCodec) open(dst, p []byte) ([]byte, error) {
-	if len(p) < directOverhead || p[0] != directMagic {
-		return nil, errDirectShort
+	if len(p) < directOverhead || len(p) > maxDirectPacket || p[0] != directMagic {
+		return nil, errDirectFraming
 	}
 	nonce := p[1 : 1+chacha20poly1305.NonceSizeX]
 	return c.aead.Open(dst[:0], nonce, p[1+chacha20poly1305.NonceSizeX:], p[:1])
@@ -93,19 +110,24 @@ type directHandler func(p []byte, from netip.AddrPort)
 
 // directPath is a transport that hands direct packets to a handler rather than to
 // memberlist (PacketCh): netTransport, and the transports wrapped around it, which pass the
-// handler on. Until a handler is set, direct packets are dropped.
+// handler on. SetDirect reports whether the packets will reach h (false: a wrapper around a
+// transport without the path). Until a handler is set, direct packets are refused.
 type directPath interface {
-	SetDirect(h directHandler)
+	SetDirect(h directHandler) bool
 }
 
-// receiveDirect opens and applies a direct packet. It runs on the transport's read loop, one
-// packet at a time, so that directBuf is its own.
+// takesDirect reports whether a member's metadata (memberlist.Node.Meta) says it takes
+// direct packets.
+func takesDirect(meta []byte) bool { return len(meta) > 0 && meta[0]&metaDirect != 0 }
+
+// receiveDirect opens a direct packet and applies its update. It runs on the transport's
+// read loop, one packet at a time, so that directBuf is its own.
 func (n *Node) receiveDirect(p []byte, from netip.AddrPort) {
 	msg, err := n.codec.open(n.directBuf, p)
 	if err != nil {
-		// Counted in prefixlb_peer_packets_rejected_total and logged at most once a second,
-		// as memberlist's own undecryptable packets are (levelWriter).
-		fmt.Fprintf(n.mlog, "[ERR] memberlist: Decrypt packet failed: peering update: %v from=%s", err, from)
+		// Counted in prefixlb_peer_packets_rejected_total and logged at most once a second.
+		n.mlog.emit("peering: rejected update packet",
+			fmt.Sprintf("Update packet not authentic (%v) from=%s", err, from), true, true)
 		return
 	}
 	n.directBuf = msg[:0]

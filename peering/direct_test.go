@@ -52,6 +52,24 @@ func TestDirectCodec(t *testing.T) {
 			t.Errorf("%s: opened to %q", bad.name, got)
 		}
 	}
+	// The magic byte is bound to the seal (additional data), not only checked.
+	if _, err := c.aead.Open(nil, p[1:1+24], p[1+24:], []byte{directMagic ^ 1}); err == nil {
+		t.Error("opened with other additional data")
+	}
+	if _, err := c.open(nil, make([]byte, maxDirectPacket+1)); err == nil {
+		t.Error("opened a packet longer than maxDirectPacket")
+	}
+	// Buffers reused as the flusher and the read loop reuse them: each round trip is exact.
+	var sealed, opened []byte
+	for i := range 50 {
+		m := bytes.Repeat([]byte{byte(i)}, i*27)
+		sealed = c.seal(sealed, m)
+		got, err := c.open(opened, sealed)
+		if err != nil || !bytes.Equal(got, m) {
+			t.Fatalf("round %d: open = %d bytes, %v; want the %d sealed", i, len(got), err, len(m))
+		}
+		opened = got[:0]
+	}
 	// 16- and 24-byte secrets derive keys too, each its own.
 	for _, n := range []int{16, 24} {
 		k, err := newDirectCodec(bytes.Repeat([]byte{7}, n))

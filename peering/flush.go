@@ -148,10 +148,12 @@ func (n *Node) flushLoop() {
 }
 
 // sendUpdate sends the update msg to peer p as a direct packet (direct.go), sealed in buf's
-// storage, and returns that storage; through memberlist when the transport has no direct
-// path.
+// storage, and returns that storage (the transport's WriteTo must not keep it: netTransport
+// writes it to the socket before it returns); through memberlist when this transport has no
+// direct path or p does not take direct packets (its metadata: a replica of an older
+// version).
 func (n *Node) sendUpdate(buf []byte, p *memberlist.Node, msg []byte) ([]byte, error) {
-	if !n.direct {
+	if !n.direct || !takesDirect(p.Meta) {
 		return buf, n.ml.SendBestEffort(p, msg)
 	}
 	buf = n.codec.seal(buf, msg)
@@ -297,7 +299,14 @@ const binaryMaxVarint = 10
 // delegate is memberlist's Delegate: the receiver and the join snapshot.
 type delegate struct{ n *Node }
 
-func (d delegate) NodeMeta(int) []byte                 { return nil }
+// NodeMeta says whether this replica takes direct packets (metaDirect).
+func (d delegate) NodeMeta(int) []byte {
+	if d.n.direct {
+		return []byte{metaDirect}
+	}
+	return nil
+}
+
 func (d delegate) GetBroadcasts(_, _ int) [][]byte     { return nil }
 func (d delegate) NotifyMsg(buf []byte)                { d.n.receive(buf) }
 func (d delegate) LocalState(join bool) []byte         { return d.n.snapshot(join) }

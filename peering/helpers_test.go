@@ -45,6 +45,7 @@ type replicaOpts struct {
 	secret   []byte
 	join     []*replica
 	dropping bool
+	plain    bool     // a transport without the direct path (an older version's)
 	listen   string   // "": 127.0.0.1:0
 	joinAddr []string // join targets besides join's
 	tieBreak router.TieBreak
@@ -79,6 +80,9 @@ func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 			r.drop = newDropTransport(inner)
 			return r.drop
 		}
+	}
+	if ro.plain {
+		o.wrapTransport = func(inner memberlist.Transport) memberlist.Transport { return plainTransport{inner} }
 	}
 	n, err := New(o, router.NewPrefix(router.PrefixOptions{TieBreak: ro.tieBreak}, nil))
 	if err != nil {
@@ -157,6 +161,9 @@ func (r *replica) metric(name string) string {
 // kill stops r as a crash would: no leave message, the port closed.
 func (r *replica) kill() { r.node.Crash() }
 
+// plainTransport is a network transport with memberlist's methods only: no direct path.
+type plainTransport struct{ memberlist.Transport }
+
 // dropTransport is a network transport that, while drop is set, loses every packet and
 // refuses every stream both ways: a peer cut off by a partition.
 type dropTransport struct {
@@ -231,8 +238,8 @@ func (d *dropTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 func (d *dropTransport) PacketCh() <-chan *memberlist.Packet { return d.packets }
 
 // SetDirect passes h on, losing the direct packets too while drop is set.
-func (d *dropTransport) SetDirect(h directHandler) {
-	d.inner.(directPath).SetDirect(func(p []byte, from netip.AddrPort) {
+func (d *dropTransport) SetDirect(h directHandler) bool {
+	return d.inner.(directPath).SetDirect(func(p []byte, from netip.AddrPort) {
 		if !d.drop.Load() {
 			h(p, from)
 		}

@@ -66,8 +66,8 @@ func newMetrics(alive func() float64) metricSet {
 // once per peer sent to), prefixlb_peer_bytes_sent_total / _received_total (update payload
 // bytes, before framing and encryption: 41 bytes a direct packet, direct.go),
 // prefixlb_peer_updates_dropped_total (queue full), prefixlb_peer_send_errors_total (update
-// packets whose send failed; the updates, forgets and samples they held are then not counted
-// as sent to that peer), prefixlb_peer_updates_unknown_backend_total (for a backend not
+// packets whose send failed; none of that flush's updates, forgets and samples then count as
+// sent to that peer), prefixlb_peer_updates_unknown_backend_total (for a backend not
 // configured here), prefixlb_peer_messages_invalid_total (decrypted updates that did not
 // decode), prefixlb_peer_packets_rejected_total (packets and streams memberlist refused before
 // they reached this package: not decryptable with the secret, mislabelled, truncated,

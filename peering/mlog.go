@@ -42,9 +42,9 @@ var rejectedMarks = []string{
 	"packet too large",
 }
 
-// levelWriter is memberlist's log output ("[LEVEL] memberlist: …" lines). Each line
-// reporting a rejected packet or stream counts in rejected; lines are logged at most one
-// per kind per mlogInterval (warnings and errors at warn, the rest at debug), cut to
+// levelWriter is memberlist's log output ("[LEVEL] memberlist: …" lines), and this
+// package's own about the direct packets it refuses (emit). Each line reporting a rejected
+// packet or stream counts in rejected; lines are logged at most one per kind per mlogInterval (warnings and errors at warn, the rest at debug), cut to
 // mlogExcerpt printable ASCII bytes. It is safe for concurrent use.
 type levelWriter struct {
 	log      *zap.Logger
@@ -72,12 +72,24 @@ func (w *levelWriter) Write(p []byte) (int, error) {
 		msg = msg[i+2:]
 	}
 	msg = strings.TrimPrefix(msg, "memberlist: ")
+	rejected := false
 	for _, m := range rejectedMarks {
 		if strings.Contains(msg, m) {
-			w.rejected.Inc()
+			rejected = true
 			msg = redact(msg) // the sender chose what memberlist quotes (a label, a name)
 			break
 		}
+	}
+	w.emit("peering: memberlist", msg, warn, rejected)
+	return len(p), nil
+}
+
+// emit logs msg (a line of memberlist's, or this package's own about a packet it refused)
+// under message, at warn or debug, at most once per kind per mlogInterval, and counts it in
+// rejected when it reports a refused packet or stream.
+func (w *levelWriter) emit(message, msg string, warn, rejected bool) {
+	if rejected {
+		w.rejected.Inc()
 	}
 	kind := mlogKindOf(msg)
 	w.mu.Lock()
@@ -95,7 +107,7 @@ func (w *levelWriter) Write(p []byte) (int, error) {
 	if !k.last.IsZero() && now.Sub(k.last) < mlogInterval {
 		k.suppressed++
 		w.mu.Unlock()
-		return len(p), nil
+		return
 	}
 	k.last = now
 	suppressed := k.suppressed
@@ -110,11 +122,10 @@ func (w *levelWriter) Write(p []byte) (int, error) {
 		fields = append(fields, zap.Int("suppressed", suppressed))
 	}
 	if warn {
-		w.log.Warn("peering: memberlist", fields...)
+		w.log.Warn(message, fields...)
 	} else {
-		w.log.Debug("peering: memberlist", fields...)
+		w.log.Debug(message, fields...)
 	}
-	return len(p), nil
 }
 
 // mlogFromMax bounds the logged sender address ("from=" of memberlist's lines): an IPv6

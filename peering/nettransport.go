@@ -1,11 +1,13 @@
 // The peer port's packets and streams: memberlist's Transport, our own. Memberlist's
-// NetTransport reads every UDP packet into a fresh 64 KiB buffer; at the few thousand update
-// packets a second a routing replica sends each peer, that is hundreds of MB/s of garbage
-// (and its clearing and GC marking) on every receiving replica, while an update is at most
-// udpBufferSize (1400) bytes. netTransport reads every packet into one scratch buffer and
-// hands memberlist a copy of exactly the packet's length: memberlist may keep Packet.Buf
-// after the hand-off (its user, alive and suspect messages wait in a queue for its packet
-// handler), so the scratch itself is never handed on.
+// NetTransport reads every UDP packet into a fresh 64 KiB buffer, while a packet here is at
+// most udpBufferSize (1400) bytes; at the few thousand packets a second a routing replica
+// sent each peer through memberlist, that was hundreds of MB/s of garbage (and its clearing
+// and GC marking) on every receiving replica. netTransport reads every packet into one
+// scratch buffer and hands memberlist a copy of exactly the packet's length: memberlist may
+// keep Packet.Buf after the hand-off (its user, alive and suspect messages wait in a queue
+// for its packet handler), so the scratch itself is never handed to it. The updates go on
+// the direct path (direct.go): the read loop hands a direct packet's scratch to the direct
+// handler, which opens it into a buffer of its own before it returns.
 
 package peering
 
@@ -72,7 +74,10 @@ var (
 
 // SetDirect makes h the handler of the direct packets (first byte directMagic), which the
 // read loop hands to it itself, not to memberlist.
-func (t *netTransport) SetDirect(h directHandler) { t.direct.Store(&h) }
+func (t *netTransport) SetDirect(h directHandler) bool {
+	t.direct.Store(&h)
+	return true
+}
 
 // listenNet binds TCP and UDP on host:port (host an IP address, "0.0.0.0" or "::" for all
 // interfaces, or a name resolved to its first address; port 0: one the kernel picks for
@@ -284,6 +289,8 @@ func (t *netTransport) readLoop() {
 		if scratch[0] == directMagic {
 			if h := t.direct.Load(); h != nil {
 				(*h)(scratch[:n], from)
+			} else {
+				t.log.Printf("[ERR] memberlist: direct update packet not supported yet from=%s", from)
 			}
 			continue
 		}

@@ -260,6 +260,7 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 	if n.codec, err = newDirectCodec(o.Secret); err != nil {
 		return nil, err
 	}
+	n.directBuf = make([]byte, 0, maxDirectPacket)
 
 	conf, err := n.config()
 	if err != nil {
@@ -316,8 +317,7 @@ func (n *Node) config() (*memberlist.Config, error) {
 	}
 	n.tr = conf.Transport
 	if d, ok := n.tr.(directPath); ok {
-		d.SetDirect(n.receiveDirect)
-		n.direct = true
+		n.direct = d.SetDirect(n.receiveDirect)
 	}
 	return conf, nil
 }

@@ -135,13 +135,22 @@ func TestBadSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	pn, _ := strconv.Atoi(port)
-	to := &memberlist.Node{Name: a.node.Name(), Addr: net.ParseIP(host), Port: uint16(pn)}
+	to := &memberlist.Node{Name: a.node.Name(), Addr: net.ParseIP(host), Port: uint16(pn), Meta: []byte{metaDirect}}
 	for _, pkt := range pkts {
 		if _, err := bad.node.sendUpdate(nil, to, pkt); err != nil {
 			t.Fatal(err)
 		}
 	}
 	testutil.Eventually(t, wait, "a rejects the direct packet", func() bool { return rejected() > before })
+	// Its own line (rejoins of bad, which a cannot decrypt either, count as rejected too).
+	testutil.Eventually(t, wait, "a logs the direct packet refused", func() bool {
+		for _, e := range a.logs.WithMessage("peering: rejected update packet") {
+			if e.Fields["from"] == bad.node.Addr() {
+				return true
+			}
+		}
+		return false
+	})
 	if a.holds(k, url) || a.pick(k).MatchedChunks != 0 {
 		t.Fatal("a recorded the direct update of a replica with another secret")
 	}
@@ -174,11 +183,41 @@ func TestSendErrorsNotCountedAsSent(t *testing.T) {
 	url2 := a.notRing(k2)
 	a.node.Policy().Learn(k2, a.byName(url2), 0)
 	testutil.Eventually(t, wait, "b gets the next update", func() bool { return b.holds(k2, url2) })
-	if got := a.metric("prefixlb_peer_updates_sent_total"); got != "1" {
-		t.Fatalf("updates sent %s, want 1 (the one that went out)", got)
-	}
+	// Counted once the flush's sends have returned, which may be after b applied it.
+	testutil.Eventually(t, wait, "the update that went out counted", func() bool {
+		return a.metric("prefixlb_peer_updates_sent_total") == "1"
+	})
 	if b.holds(k, url) {
 		t.Fatal("b holds the prompt whose update was never sent")
+	}
+}
+
+// TestOlderPeerThroughMemberlist: a replica without the direct path (an older version,
+// during a rolling update) says so in its metadata, and updates go both ways through
+// memberlist between it and a replica that has the path.
+func TestOlderPeerThroughMemberlist(t *testing.T) {
+	old := startReplica(t, "old", replicaOpts{plain: true})
+	b := startReplica(t, "b", replicaOpts{join: []*replica{old}})
+	testutil.Eventually(t, wait, "old and b see each other", func() bool { return old.node.Alive() == 1 && b.node.Alive() == 1 })
+	if old.node.direct || !b.node.direct {
+		t.Fatalf("direct path: old %v, b %v; want false, true", old.node.direct, b.node.direct)
+	}
+	for _, m := range b.node.livePeers() {
+		if takesDirect(m.Meta) {
+			t.Fatalf("b reads %s as taking direct packets (meta %v)", m.Name, m.Meta)
+		}
+	}
+	for i, c := range []struct{ from, to *replica }{{b, old}, {old, b}} {
+		k := prompt(t, i+1)
+		url := c.to.notRing(k)
+		c.from.node.Policy().Learn(k, c.from.byName(url), 0)
+		testutil.Eventually(t, wait, "the update arrives", func() bool { return c.to.holds(k, url) })
+	}
+	if got := b.metric("prefixlb_peer_packets_rejected_total"); got != "0" {
+		t.Fatalf("b rejected %s packets", got)
+	}
+	if got := old.metric("prefixlb_peer_packets_rejected_total"); got != "0" {
+		t.Fatalf("old rejected %s packets: sent direct packets it cannot take", got)
 	}
 }
 

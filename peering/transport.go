@@ -103,11 +103,10 @@ func (t *limitTransport) admit(c net.Conn) {
 
 func (t *limitTransport) StreamCh() <-chan net.Conn { return t.streams }
 
-// SetDirect passes h on to the inner transport, when it has a direct path.
-func (t *limitTransport) SetDirect(h directHandler) {
-	if d, ok := t.Transport.(directPath); ok {
-		d.SetDirect(h)
-	}
+// SetDirect passes h on to the inner transport; false when it has no direct path.
+func (t *limitTransport) SetDirect(h directHandler) bool {
+	d, ok := t.Transport.(directPath)
+	return ok && d.SetDirect(h)
 }
 
 func (t *limitTransport) Shutdown() error {
