@@ -125,9 +125,13 @@ func takesDirect(meta []byte) bool { return len(meta) > 0 && meta[0]&metaDirect 
 func (n *Node) receiveDirect(p []byte, from netip.AddrPort) {
 	msg, err := n.codec.open(n.directBuf, p)
 	if err != nil {
-		// Counted in prefixlb_peer_packets_rejected_total and logged at most once a second.
-		n.mlog.emit("peering: rejected update packet",
-			fmt.Sprintf("Update packet not authentic (%v) from=%s", err, from), true, true)
+		// Counted in prefixlb_peer_packets_rejected_total and logged at most once a second
+		// per kind: malformed (framing) apart from not authentic (the seal).
+		what := "Update packet not authentic (another secret, forged or corrupted)"
+		if errors.Is(err, errDirectFraming) {
+			what = "Update packet malformed (length or first byte)"
+		}
+		n.mlog.emit("peering: rejected update packet", what+" from="+from.String(), true, true)
 		return
 	}
 	n.directBuf = msg[:0]

@@ -558,6 +558,7 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	}
 	n.mu.Lock()
 	_, back := n.lost[name]
+	_, wasMember := n.members[name]
 	if alive {
 		n.members[name] = addr
 		delete(n.lost, name)
@@ -579,6 +580,14 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	was := n.alone
 	n.alone = count == 0
 	n.mu.Unlock()
+	// One line per peer lost and per peer back; a further one when the last is lost and when
+	// the first is back.
+	switch {
+	case !alive && wasMember:
+		n.log.Warn("peering: peer lost", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
+	case alive && back:
+		n.log.Info("peering: peer back", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
+	}
 	switch {
 	case count == 0 && !was:
 		n.log.Warn("peering: no live peers; routing on this replica's own state", zap.String("last", name))

@@ -172,9 +172,13 @@ func TestSendErrorsNotCountedAsSent(t *testing.T) {
 	k := prompt(t, 1)
 	url := a.notRing(k)
 	a.node.Policy().Learn(k, a.byName(url), 0)
-	testutil.Eventually(t, wait, "the failed send counted", func() bool {
-		return a.metric("prefixlb_peer_send_errors_total") != "0"
-	})
+	// The flush that took it has ended once a later one has begun (one flusher goroutine).
+	testutil.Eventually(t, wait, "the flusher takes the update", func() bool { return a.node.q.size.Load() == 0 })
+	f0 := a.node.flushes.Load()
+	testutil.Eventually(t, wait, "that flush ends", func() bool { return a.node.flushes.Load() >= f0+2 })
+	if a.metric("prefixlb_peer_send_errors_total") == "0" {
+		t.Fatal("the failed send not counted")
+	}
 	if got := a.metric("prefixlb_peer_updates_sent_total"); got != "0" {
 		t.Fatalf("updates sent %s after a failed send, want 0", got)
 	}
@@ -247,6 +251,9 @@ func TestPeerKilled(t *testing.T) {
 	if n := len(a.logs.WithMessage("peering: no live peers; routing on this replica's own state")); n != 0 {
 		t.Fatalf("a logged %d losses of all peers with b alive", n)
 	}
+	if lost := a.logs.WithMessage("peering: peer lost"); len(lost) != 1 || lost[0].Fields["peer"] != c.node.Name() {
+		t.Fatalf("a logged %v for c's death; want one line naming it", lost)
+	}
 	l.Release()
 }
 
@@ -301,6 +308,9 @@ func TestPartitionHeal(t *testing.T) {
 	testutil.Eventually(t, wait, "c knows a's prefix, a and b know c's", func() bool {
 		return c.holds(kA, urlA) && a.holds(kC, urlC) && b.holds(kC, urlC)
 	})
+	if back := c.logs.WithMessage("peering: peer back"); len(back) != 2 {
+		t.Fatalf("c logged %d peers back; want one line for each of a and b", len(back))
+	}
 	if n := len(c.logs.WithMessage("peering: peers regained")); n != 1 {
 		t.Fatalf("c logged %d recoveries", n)
 	}
