@@ -182,7 +182,8 @@ type Health struct {
 	Disabled bool `yaml:"disabled"`
 	// Path is the active-check path.
 	Path string `yaml:"path"`
-	// Interval between checks of one backend; Timeout bounds one check.
+	// Interval between checks of one backend; Timeout bounds one check (unset: the default,
+	// or the interval when that is shorter).
 	Interval Duration `yaml:"interval"`
 	Timeout  Duration `yaml:"timeout"`
 	// HealthyThreshold consecutive passes mark a backend healthy; UnhealthyThreshold failures unhealthy.
@@ -442,7 +443,9 @@ func (c *Config) ApplyDefaults() {
 	setS(&h.ModelsPath, d.ModelsPath)
 	setD(&h.ModelsInterval, d.ModelsInterval)
 	setD(&h.Interval, d.Interval)
-	setD(&h.Timeout, d.Timeout)
+	// An unset timeout follows a shorter interval (a check must end before the next), so
+	// that setting health.interval alone below the default timeout is not an error.
+	setD(&h.Timeout, min(d.Timeout, max(h.Interval.D(), minInterval)))
 	setD(&h.BaseEjection, d.BaseEjection)
 	setD(&h.MaxEjection, d.MaxEjection)
 	setD(&h.ScrapeInterval, d.ScrapeInterval)

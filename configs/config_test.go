@@ -256,6 +256,25 @@ func TestDefaults(t *testing.T) {
 	if d := c.Discovery.DNS; d == nil || *d != (DNSDiscovery{Name: "vllm.default.svc", Port: 8000, Scheme: "http", Interval: Duration(10 * time.Second)}) {
 		t.Errorf("discovery.dns defaults: %+v", d)
 	}
+
+	// An unset health.timeout follows an interval shorter than its default; a set one, or
+	// a longer interval, leaves it as it is.
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+	}{
+		{"health:\n  interval: 1s\n", time.Second},
+		{"health:\n  interval: 10s\n", health.DefaultOptions().Timeout},
+		{"health:\n  interval: 1s\n  timeout: 500ms\n", 500 * time.Millisecond},
+	} {
+		c, err := Parse([]byte(tc.yaml + "backends:\n  - url: http://a:8000\n"))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if got := c.Health.Timeout.D(); got != tc.want {
+			t.Errorf("%q: health.timeout %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
 }
 
 // diffFields reports every leaf where got and want differ, named by its YAML path.
