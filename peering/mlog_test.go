@@ -96,13 +96,7 @@ func TestRedact(t *testing.T) {
 // TestForgedPacketsCountedNotFlooded: forged UDP packets at the peer port count in
 // prefixlb_peer_packets_rejected_total and log a handful of short lines, not one each.
 func TestForgedPacketsCountedNotFlooded(t *testing.T) {
-	r := startReplica(t, "target", replicaOpts{})
-	c, err := net.Dial("udp", r.node.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r.logs.Take()
+	r, c := forgeryTarget(t)
 	const sent = 3000
 	label := append([]byte{244, 200}, []byte(strings.Repeat("A", 200))...)
 	for i := 0; i < sent; i++ {
@@ -144,13 +138,7 @@ func TestForgedPacketsCountedNotFlooded(t *testing.T) {
 // prefixlb_peer_packets_rejected_total, each of them, and log a handful of lines of their
 // own kind, none of them applied.
 func TestForgedDirectPacketsCountedNotFlooded(t *testing.T) {
-	r := startReplica(t, "target", replicaOpts{})
-	c, err := net.Dial("udp", r.node.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r.logs.Take()
+	r, c := forgeryTarget(t)
 	const sent = 1000
 	for i := 0; i < sent; i++ {
 		pkt := make([]byte, directOverhead+20)
@@ -174,4 +162,17 @@ func TestForgedDirectPacketsCountedNotFlooded(t *testing.T) {
 	if got := r.metric("prefixlb_peer_updates_received_total"); got != "0" {
 		t.Fatalf("%s updates received from forged packets", got)
 	}
+}
+
+// forgeryTarget starts a replica and dials its peer port over UDP, its logs so far taken.
+func forgeryTarget(t *testing.T) (*replica, net.Conn) {
+	t.Helper()
+	r := startReplica(t, "target", replicaOpts{})
+	c, err := net.Dial("udp", r.node.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	r.logs.Take()
+	return r, c
 }
