@@ -16,8 +16,9 @@
 // are not gossiped: a flusher every FlushInterval (1 ms) sends one compact batch (wire.go)
 // by UDP to every live peer, on a path of its own beside memberlist's (direct.go: sealed
 // with XChaCha20-Poly1305 under a key derived from the secret, opened and applied by the
-// receiving transport's read loop, not handed through memberlist's goroutines), which records the hashes in its own index for its own backend
-// of the same ID and never forwards them, so nothing loops. Batches larger than a packet
+// receiving transport's read loop, not handed through memberlist's goroutines). The peer
+// records the hashes in its own index for its own backend of the same ID and never forwards
+// them, so nothing loops. Batches larger than a packet
 // are split (packetBudget). The loads each peer reports are summed into the backends'
 // PeerInFlight and PeerPrefillTokens, which the prefix policy's cost model and bounded-load
 // cap add to the local counts; a report older than loadTTL, or of a peer that died or
