@@ -183,9 +183,9 @@ func (b *Backend) Counted() int64 { return b.inFlight.Load() + b.peerInFlight.Lo
 // (Counted, read before the fetch; 0 for none known). It keeps how many of the reported
 // requests were beyond the larger of before and the count now (ScrapedExcess): requests of
 // this proxy's that were answered during the fetch, which the replica may still have listed,
-// are not taken for other senders' work, nor requests sent during it. The larger count gives the smallest
-// excess: another sender's requests that arrived while as many of this proxy's were answered
-// within one fetch (a few milliseconds) wait for the next scrape.
+// are not taken for other senders' work, nor requests sent during it. The larger count gives
+// the smallest excess: another sender's requests that arrived while as many of this proxy's
+// were answered within one fetch (a few milliseconds) wait for the next scrape.
 func (b *Backend) SetScrapedLoad(requests, before int64) {
 	requests = max(requests, 0)
 	b.scraped.Store(requests)

@@ -445,7 +445,7 @@ func (c *Config) ApplyDefaults() {
 	setD(&h.Interval, d.Interval)
 	// An unset timeout follows a shorter interval (a check must end before the next), so
 	// that setting health.interval alone below the default timeout is not an error.
-	setD(&h.Timeout, min(d.Timeout, max(h.Interval.D(), minInterval)))
+	setD(&h.Timeout, min(d.Timeout, h.Interval.D()))
 	setD(&h.BaseEjection, d.BaseEjection)
 	setD(&h.MaxEjection, d.MaxEjection)
 	setD(&h.ScrapeInterval, d.ScrapeInterval)

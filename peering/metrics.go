@@ -72,7 +72,8 @@ func newMetrics(alive func() float64) metricSet {
 // decode), prefixlb_peer_packets_rejected_total (packets and streams memberlist refused before
 // they reached this package: not decryptable with the secret, mislabelled, truncated,
 // oversized; each also a memberlist log line, at most one a second per kind; and direct
-// update packets that did not open, logged as memberlist's undecryptable ones are),
+// update packets that did not open, each kind of those a "peering: rejected update packet"
+// line at most once a second),
 // prefixlb_peer_snapshot_entries_imported_total, and prefixlb_peer_forgets_sent_total /
 // _received_total (Learns withdrawn after the update went out: the backend refused the
 // request; counted once per peer sent to), prefixlb_peer_prefill_samples_sent_total /

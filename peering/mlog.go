@@ -44,8 +44,9 @@ var rejectedMarks = []string{
 
 // levelWriter is memberlist's log output ("[LEVEL] memberlist: …" lines), and this
 // package's own about the direct packets it refuses (emit). Each line reporting a rejected
-// packet or stream counts in rejected; lines are logged at most one per kind per mlogInterval (warnings and errors at warn, the rest at debug), cut to
-// mlogExcerpt printable ASCII bytes. It is safe for concurrent use.
+// packet or stream counts in rejected; lines are logged at most one per kind per
+// mlogInterval (warnings and errors at warn, the rest at debug), cut to mlogExcerpt printable
+// ASCII bytes. It is safe for concurrent use.
 type levelWriter struct {
 	log      *zap.Logger
 	rejected *metrics.Counter

@@ -130,12 +130,11 @@ func TestBadSecret(t *testing.T) {
 	// The same update as a direct packet (direct.go), sealed under the other secret's key.
 	rejected := func() int { v, _ := strconv.Atoi(a.metric("prefixlb_peer_packets_rejected_total")); return v }
 	before := rejected()
-	host, port, err := net.SplitHostPort(a.node.Addr())
+	host, port, err := splitHostPort(a.node.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pn, _ := strconv.Atoi(port)
-	to := &memberlist.Node{Name: a.node.Name(), Addr: net.ParseIP(host), Port: uint16(pn), Meta: []byte{metaDirect}}
+	to := &memberlist.Node{Name: a.node.Name(), Addr: net.ParseIP(host), Port: uint16(port), Meta: []byte{metaDirect}}
 	for _, pkt := range pkts {
 		if _, err := bad.node.sendUpdate(nil, to, pkt); err != nil {
 			t.Fatal(err)

@@ -121,11 +121,11 @@ const (
 //     one full suite least-load, prefix and prefix×3 read p50 3.4–4.0 ms where the other arms
 //     read 2.1–2.5; a rerun of the same binary minutes later read 2.1–2.4, prefix p95 10.4
 //     against 4.3). These add ≈19 minutes (Mooncake light ≈10 of them). And multi-turn and
-//     shared-prefix light, whose p95 sits at 4 and 9 ms wall where one round's verdict against a peer was noise: on 3c507cd's
-//     single rounds sglang read 3.2 against prefix's 4.2 ms on multi-turn and 7.6 against 9.0
-//     on shared-prefix light; 3 rounds of the same code (2026-12-05) read prefix 4.6 (4.3–4.7),
-//     sglang 4.4 (4.0–5.5), llm-d 4.3 (4.1–4.7), with all three placing the 11 conversations
-//     3/3/3/2 and never moving one, and on shared-prefix light prefix 8.4 (8.0–9.5) against
+//     shared-prefix light, whose p95 sits at 4 and 9 ms wall where one round's verdict
+//     against a peer was noise: on 3c507cd's single rounds sglang read 3.2 against prefix's
+//     4.2 ms on multi-turn and 7.6 against 9.0 on shared-prefix light; 3 rounds of the same
+//     code (2026-12-05) read prefix 4.6 (4.3–4.7), sglang 4.4 (4.0–5.5), llm-d 4.3
+//     (4.1–4.7), with all three placing the 11 conversations 3/3/3/2 and never moving one, and on shared-prefix light prefix 8.4 (8.0–9.5) against
 //     sglang 9.0 (7.5–9.3). These add ≈12 minutes.
 //
 // OASST's short prompts hardly load 4 sims at any of its rates: at 1× its p95 was 37 ms at 64,
