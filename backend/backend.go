@@ -50,15 +50,16 @@ type Backend struct {
 	reportsCached atomic.Bool // a response's usage carried a cached-token count
 	epoch         atomic.Uint64
 	served        atomic.Uint64
-	completed     atomic.Uint64            // requests answered in full with a success status (Lease.Complete)
-	senders       atomic.Int32             // Senders: the health checker's verdict
-	peerInFlight  atomic.Int64             // other prefixlb replicas' in-flight requests here (peer.go)
-	peerPrefill   atomic.Int64             // and their queued prefill tokens (in QueuedPrefill's queue)
-	decodeSeqs    atomic.Int64             // this proxy's streamed requests answering here (Decoding)
-	decodeCtx     atomic.Int64             // and their prompt tokens
-	models        atomic.Pointer[ModelSet] // nil: unknown (serves any model); see models.go
-	routed        RecentSum                // the prefix policy's recent prefill work here (recent.go)
-	samples       sampleLog                // own prefill observations for peers (samples.go)
+	completed     atomic.Uint64                   // requests answered in full with a success status (Lease.Complete)
+	senders       atomic.Int32                    // Senders: the health checker's verdict
+	peerInFlight  atomic.Int64                    // other prefixlb replicas' in-flight requests here (peer.go)
+	peerPrefill   atomic.Int64                    // and their queued prefill tokens (in QueuedPrefill's queue)
+	decodeSeqs    atomic.Int64                    // this proxy's streamed requests answering here (Decoding)
+	decodeCtx     atomic.Int64                    // and their prompt tokens
+	models        atomic.Pointer[ModelSet]        // nil: unknown (serves any model); see models.go
+	routed        RecentSum                       // the prefix policy's recent prefill work here (recent.go)
+	samples       sampleLog                       // own prefill observations for peers (samples.go)
+	loadNotify    atomic.Pointer[chan<- struct{}] // signalled on a change of the own load (NotifyLoad)
 }
 
 // DefaultWeight is the weight of a backend configured without one: 1, an equal share of the
@@ -353,6 +354,7 @@ func (l *Lease) Begin(b *Backend, work, prompt int64, streamed bool) {
 	}
 	b.drain.mu.Unlock()
 	b.served.Add(1)
+	b.loadChanged()
 }
 
 // Sent marks the request sent, for a lease begun before the request was held (the proxy's
@@ -429,6 +431,7 @@ func (l *Lease) Release() {
 				l.b.leaveQueue(l.prefill, false) // it leaves the queue undone
 			}
 			l.b.inFlight.Add(-1)
+			l.b.loadChanged()
 			return
 		}
 	}

@@ -57,6 +57,7 @@ func (b *Backend) leaveQueue(work int64, done bool) {
 	b.prefillTokens.Add(-work)
 	b.prefillReqs.Add(-1)
 	d.mu.Unlock()
+	b.loadChanged()
 }
 
 // queued is q tokens of queued work less the credit and what the time since the last event

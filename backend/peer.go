@@ -43,3 +43,25 @@ func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 	// off cannot exceed what is queued, so the credit is held to it.
 	d.credit = min(d.credit, float64(b.queuedRaw()))
 }
+
+// NotifyLoad makes every change of this proxy's own load on b (InFlight and PrefillTokens:
+// a Lease's Begin, its first byte, its Release) signal c without blocking (a send on a
+// full channel is dropped), so that peering's flusher sends a load change when it happens
+// instead of polling for it; nil stops it. One channel a backend: the last call wins.
+func (b *Backend) NotifyLoad(c chan<- struct{}) {
+	if c == nil {
+		b.loadNotify.Store(nil)
+		return
+	}
+	b.loadNotify.Store(&c)
+}
+
+// loadChanged signals NotifyLoad's channel, if any.
+func (b *Backend) loadChanged() {
+	if c := b.loadNotify.Load(); c != nil {
+		select {
+		case *c <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -13,8 +13,8 @@
 // (transport.go: 8 handled at once, 17 MiB each), which bounds what an unauthenticated
 // sender can make a replica hold to a few hundred MiB; a NetworkPolicy that admits only the
 // other replicas to the peer port is still the defence. The updates themselves
-// are not gossiped: a flusher every FlushInterval (1 ms) sends one compact batch (wire.go)
-// by UDP to every live peer, on a path of its own beside memberlist's (direct.go: sealed
+// are not gossiped: a flusher sends what changed in one compact batch (wire.go), at most
+// every FlushInterval (1 ms), by UDP to every live peer, on a path of its own beside memberlist's (direct.go: sealed
 // with XChaCha20-Poly1305 under a key derived from the secret, opened and applied by the
 // receiving transport's read loop, not handed through memberlist's goroutines). The peer
 // records the hashes in its own index for its own backend of the same ID and never forwards
@@ -64,14 +64,15 @@ import (
 
 // Defaults of Options left at zero, and memberlist's tuning.
 const (
-	// DefaultFlushInterval is 1 ms between two batches of updates: a learned prefix and a
-	// load change reach the peers within about 1 ms plus a loopback or LAN hop (≈ 0.1 ms),
-	// while a batch carries every request routed meanwhile, so that at 10,000 requests/s a
-	// peer gets at most 1000 packets/s (a tick with nothing new sends nothing; an idle
-	// replica, nothing queued and nothing in flight, ticks every loadKeepalive). 5 ms was
-	// measured first: on the shared-prefix bench at 40 requests/s (320/s wall at --speedup 8,
-	// 1.6 requests per 5 ms), 3 peered replicas had p95 TTFT 41.6 / 25.2 ms at 5 ms against
-	// 23.6 / 21.9 ms at 1 ms (two runs each), cached tokens alike.
+	// DefaultFlushInterval is 1 ms, the shortest time between two batches of updates: a
+	// learned prefix and a load change reach the peers within about 1 ms plus a loopback or
+	// LAN hop (≈ 0.1 ms), while a batch carries every request routed meanwhile, so that at
+	// 10,000 requests/s a peer gets at most 1000 packets/s. The flusher sleeps between
+	// changes (flushLoop): a replica with requests streaming and nothing new to tell sends a
+	// keepalive every loadKeepalive. 5 ms was measured first: on the shared-prefix bench at
+	// 40 requests/s (320/s wall at --speedup 8, 1.6 requests per 5 ms), 3 peered replicas
+	// had p95 TTFT 41.6 / 25.2 ms at 5 ms against 23.6 / 21.9 ms at 1 ms (two runs each),
+	// cached tokens alike.
 	DefaultFlushInterval = 1 * time.Millisecond
 	// DefaultSnapshotTimeout bounds how long a starting replica waits for a peer's index
 	// snapshot before it reports ready anyway: 5 s, ample for 16 MiB on a LAN.

@@ -82,13 +82,15 @@ func (p *Policy) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {
 }
 
 // SetBackends is router.Prefix.SetBackends, and makes bs the backends peers' updates name;
-// their prefill observations are kept for the peers (backend.SharePrefillSamples).
+// their prefill observations are kept for the peers (backend.SharePrefillSamples), and a
+// change of their load wakes the flusher (backend.NotifyLoad).
 func (p *Policy) SetBackends(all []*backend.Backend) {
 	p.Prefix.SetBackends(all)
 	byID := make(map[uint64]*backend.Backend, len(all))
 	for _, b := range all {
 		byID[b.ID] = b
 		b.SharePrefillSamples(true)
+		b.NotifyLoad(p.n.q.kick)
 	}
 	p.n.backends.Store(&backendSet{list: append([]*backend.Backend(nil), all...), byID: byID})
 	p.n.loads.apply(byID, p.n.now())
@@ -128,8 +130,8 @@ type queue struct {
 	items  []queued
 	hashes []uint64
 	size   atomic.Int64 // len(hashes), for a lock-free glance
-	// kick (capacity 1; nil: none) is signalled when something is queued, to wake an idle
-	// flusher.
+	// kick (capacity 1; nil: none) is signalled when something is queued, and by the
+	// backends when their load changes (backend.NotifyLoad), to wake the flusher.
 	kick chan struct{}
 }
 

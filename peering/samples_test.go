@@ -143,21 +143,14 @@ func TestSamplesPacking(t *testing.T) {
 	}
 }
 
-// TestSamplesBatched: prefill samples observed a few milliseconds apart, while a request in
-// flight keeps the flusher ticking every FlushInterval, reach the peer in one or two samples
-// messages (a message per flush that took one would be about one per sample), and all of
-// them arrive.
+// TestSamplesBatched: prefill samples observed a few milliseconds apart, each request's
+// begin, first byte and end waking the flusher (a flush or two per sample), reach the peer
+// in one or two samples messages (a message per flush that took one would be about one per
+// sample), and all of them arrive.
 func TestSamplesBatched(t *testing.T) {
 	rs := cluster(t, 2)
 	a, b := rs[0], rs[1]
 	url := backendURLs[0]
-	var busy backend.Lease
-	busy.Begin(a.byName(url), 100, 0, true)
-	defer busy.Release()
-	// Begin does not wake an idle flusher: wait until it ticks every FlushInterval, so that a
-	// message per flush would be one per sample below.
-	f := a.node.flushes.Load()
-	testutil.Eventually(t, wait, "the flusher ticks", func() bool { return a.node.flushes.Load() >= f+3 })
 	const n = 12
 	before, flushes := a.node.samplesMsgs.Load(), a.node.flushes.Load()
 	for range n {
