@@ -12,7 +12,7 @@ import (
 )
 
 // flushLoop sends what was learned since the last flush and the local loads (when they
-// changed, or every loadKeepalive) to every live peer. It sleeps until something changes: a
+// changed, or every loadKeepalive while any is not zero) to every live peer. It sleeps until something changes: a
 // Learn or Unlearn queues something, or a request here begins, gets its first byte or ends
 // (backend.NotifyLoad; both signal the queue's kick), or loadKeepalive passes. A change
 // within FlushInterval of the last flush waits for the rest of that interval, so that what
@@ -90,7 +90,7 @@ func (n *Node) flushLoop() {
 		if pending == 0 && len(shared) > 0 {
 			samplesSince = now
 		}
-		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive
+		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive && busy(last)
 		sendSamples, wholeOnly := samplesDue(shared, now.Sub(samplesSince))
 		if learned+forgets == 0 && !sendSamples && !sendLoads {
 			continue
@@ -184,6 +184,17 @@ func samplesDue(ss []peerSample, age time.Duration) (send, wholeOnly bool) {
 		size += x.wireBytes()
 	}
 	return size >= samplesRoom, true
+}
+
+// busy reports whether loads hold a request in flight or prefill work: a report of none
+// needs no keepalive, since a peer counts an expired report as none too (loadTTL).
+func busy(loads []peerLoad) bool {
+	for _, l := range loads {
+		if l.inFlight != 0 || l.prefill != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // livePeers are the alive members but this replica.
