@@ -71,9 +71,10 @@ func TestPeeringConfigErrors(t *testing.T) {
 		{"data port", func(c *configs.Config) { c.Listen, c.Peering.Listen = "127.0.0.1:8080", ":8080" }, "peers need a port of their own"},
 		{"mode", func(c *configs.Config) { c.Mode = "round-robin" }, "needs mode prefix"},
 		{"join", func(c *configs.Config) { c.Peering.Join = []string{"nohostport"} }, "peering.join[0]"},
-		{"negative settle wait", func(c *configs.Config) { d := configs.Duration(-time.Millisecond); c.Peering.SettleWait = &d }, "peering.settle_wait: -1ms; want 0 (off) or 1ms to 100ms"},
+		{"negative settle wait", func(c *configs.Config) { d := configs.Duration(-time.Millisecond); c.Peering.SettleWait = &d }, "peering.settle_wait: -1ms; want 0 (off) or 2ms to 100ms"},
 		{"short settle wait", func(c *configs.Config) { d := configs.Duration(time.Microsecond); c.Peering.SettleWait = &d }, "peering.settle_wait: 1µs"},
-		{"long settle wait", func(c *configs.Config) { d := configs.Duration(time.Second); c.Peering.SettleWait = &d }, "peering.settle_wait: 1s; want 0 (off) or 1ms to 100ms"},
+		{"settle wait of one flush", func(c *configs.Config) { d := configs.Duration(time.Millisecond); c.Peering.SettleWait = &d }, "peering.settle_wait: 1ms; want 0 (off) or 2ms to 100ms"},
+		{"long settle wait", func(c *configs.Config) { d := configs.Duration(time.Second); c.Peering.SettleWait = &d }, "peering.settle_wait: 1s; want 0 (off) or 2ms to 100ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := peeredConfig(t, "http://127.0.0.1:1")

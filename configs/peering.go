@@ -46,11 +46,12 @@ func (p *Peering) SettleWaitOption() time.Duration {
 	return p.SettleWait.D()
 }
 
-// minSettleWait and maxSettleWait bound peering.settle_wait: a peer's decision takes a flush
-// (peering.DefaultFlushInterval, 1 ms) to go out, so a shorter wait sees none; every held
-// request waits it, up to twice.
+// minSettleWait and maxSettleWait bound peering.settle_wait: a peer's decision goes out a
+// flush interval after it was made (peering.DefaultFlushInterval, 1 ms, plus the timer's
+// lateness, about 0.1 ms here) and crosses the network, so a wait under two intervals sees
+// none; every held request waits it, up to twice.
 const (
-	minSettleWait = peering.DefaultFlushInterval
+	minSettleWait = 2 * peering.DefaultFlushInterval
 	maxSettleWait = 100 * time.Millisecond
 )
 

@@ -59,6 +59,9 @@ const (
 	// metaDirect is the bit of a member's metadata (its first byte) that says it takes
 	// direct packets.
 	metaDirect byte = 1
+	// metaLeaving is the bit a closing replica sets before it leaves, so that its peers log
+	// its departure as one (Node.setMember).
+	metaLeaving byte = 2
 )
 
 // A direct packet's framing fits in what the packet budget leaves for memberlist's.
@@ -119,6 +122,9 @@ type directPath interface {
 // takesDirect reports whether a member's metadata (memberlist.Node.Meta) says it takes
 // direct packets.
 func takesDirect(meta []byte) bool { return len(meta) > 0 && meta[0]&metaDirect != 0 }
+
+// leavingMeta reports whether a member's metadata says it is leaving.
+func leavingMeta(meta []byte) bool { return len(meta) > 0 && meta[0]&metaLeaving != 0 }
 
 // receiveDirect opens a direct packet and applies its update. It runs on the transport's
 // read loop, one packet at a time, so that directBuf is its own.

@@ -12,12 +12,13 @@ import (
 )
 
 // flushLoop sends what was learned since the last flush and the local loads (when they
-// changed, or every loadKeepalive while any is not zero) to every live peer. It sleeps until
-// something changes (a Learn or Unlearn queues something, or a request here begins, gets its
-// first byte or ends: backend.NotifyLoad; both signal the queue's kick) or loadKeepalive
-// passes, and flushes a FlushInterval after the change, with whatever else changed
-// meanwhile: at most one flush per FlushInterval under load, none between changes. Prefill
-// samples wait for a packet's worth or samplesMaxDelay (samplesDue).
+// changed, and every loadKeepalive while any is not zero, idleRepeats times more once none
+// is) to every live peer. It sleeps until something changes (a Learn or Unlearn queues
+// something, or a request here begins, gets its first byte or ends: backend.NotifyLoad; both
+// signal the queue's kick) or something falls due (flusher.flush), and flushes a
+// FlushInterval after a change, with whatever else changed meanwhile: at most one flush per
+// FlushInterval under load, and between changes only the keepalives. Prefill samples wait
+// for a packet's worth or samplesMaxDelay (samplesDue).
 //
 // Polling every FlushInterval while a request was in flight, as it did before, woke each
 // replica 1000 times a second for the seconds an LLM request streams (a 1 kHz Go timer alone
@@ -29,21 +30,9 @@ import (
 // against 2.83 polling; flushed a FlushInterval later, 2.78 against 2.80 polling and 2.85 for
 // one replica, the bench process using 0.31 cores against 0.36 polling and 0.32 for one.
 func (n *Node) flushLoop() {
+	f := flusher{n: n}
 	t := time.NewTimer(loadKeepalive)
 	defer t.Stop()
-	var (
-		items        []queued
-		hashes       []uint64
-		loads        []peerLoad
-		last         []peerLoad // as last sent
-		lastSent     time.Time
-		lastApply    time.Time
-		packets      [][]byte
-		sealed       []byte // the direct packet being sent
-		samples      []backend.PrefillSample
-		shared       []peerSample // prefill samples not sent yet, the oldest taken at samplesSince
-		samplesSince time.Time
-	)
 	for {
 		select {
 		case <-n.stop:
@@ -57,88 +46,144 @@ func (n *Node) flushLoop() {
 			case <-t.C:
 			}
 		}
-		t.Reset(loadKeepalive)
 		n.flushes.Add(1)
 		select {
 		case <-n.q.kick: // what it signalled is taken now
 		default:
 		}
-		items, hashes = n.q.take(items, hashes)
-		learned, forgets := 0, 0
-		for _, it := range items {
-			switch {
-			case it.forget:
-				forgets++
-			default:
-				learned++
-			}
-		}
 		now := n.now()
-		set := n.backends.Load()
-		if now.Sub(lastApply) >= loadKeepalive {
-			n.loads.apply(set.byID, now) // expire stale peers' reports
-			lastApply = now
+		t.Reset(f.flush(now))
+	}
+}
+
+// idleRepeats is how many times a replica whose loads fell to none repeats that report, a
+// loadKeepalive apart, before it stops: a lost report of none would otherwise leave its peers
+// counting requests that ended until the last busy report expires (loadTTL).
+const idleRepeats = 2
+
+// flusher is flushLoop's state between flushes, with the buffers it reuses.
+type flusher struct {
+	n            *Node
+	items        []queued
+	hashes       []uint64
+	loads        []peerLoad
+	last         []peerLoad // as last sent
+	lastSent     time.Time
+	lastApply    time.Time
+	quiet        int // reports of no load sent in a row (idleRepeats)
+	packets      [][]byte
+	sealed       []byte // the direct packet being sent
+	samples      []backend.PrefillSample
+	shared       []peerSample // prefill samples not sent yet, the oldest taken at samplesSince
+	samplesSince time.Time
+}
+
+// flush sends what is due at now and returns how long the flusher may sleep, short of a
+// change, before something else falls due: the next keepalive, the held samples'
+// samplesMaxDelay, or loadKeepalive (the peers' reports expire on that beat, loads.apply).
+func (f *flusher) flush(now time.Time) time.Duration {
+	n := f.n
+	f.items, f.hashes = n.q.take(f.items, f.hashes)
+	learned, forgets := 0, 0
+	for _, it := range f.items {
+		if it.forget {
+			forgets++
+		} else {
+			learned++
 		}
-		loads = loads[:0]
-		for _, b := range set.list {
-			loads = append(loads, peerLoad{id: b.ID, inFlight: b.InFlight(), prefill: b.PrefillTokens()})
+	}
+	set := n.backends.Load()
+	if now.Sub(f.lastApply) >= loadKeepalive {
+		n.loads.apply(set.byID, now) // expire stale peers' reports
+		f.lastApply = now
+	}
+	f.loads = f.loads[:0]
+	for _, b := range set.list {
+		f.loads = append(f.loads, peerLoad{id: b.ID, inFlight: b.InFlight(), prefill: b.PrefillTokens()})
+	}
+	// A backend no longer configured whose last report was busy is reported idle once: the
+	// peers merge reports by backend and would count it until this replica's reports stop.
+	for _, l := range f.last {
+		if (l.inFlight != 0 || l.prefill != 0) && set.byID[l.id] == nil {
+			f.loads = append(f.loads, peerLoad{id: l.id})
 		}
-		pending := len(shared)
-		for _, b := range set.list {
-			samples = b.TakePrefillSamples(samples[:0])
-			for _, x := range samples {
-				shared = append(shared, peerSample{id: b.ID, work: x.Work, ttft: int64(x.TTFT)})
+	}
+	pending := len(f.shared)
+	for _, b := range set.list {
+		f.samples = b.TakePrefillSamples(f.samples[:0])
+		for _, x := range f.samples {
+			f.shared = append(f.shared, peerSample{id: b.ID, work: x.Work, ttft: int64(x.TTFT)})
+		}
+	}
+	if pending == 0 && len(f.shared) > 0 {
+		f.samplesSince = now
+	}
+	keepalive := busy(f.last) || f.quiet <= idleRepeats
+	sendLoads := !slices.Equal(f.loads, f.last) || keepalive && now.Sub(f.lastSent) >= loadKeepalive
+	sendSamples, wholeOnly := samplesDue(f.shared, now.Sub(f.samplesSince))
+	if learned+forgets > 0 || sendSamples || sendLoads {
+		f.send(now, learned, forgets, sendLoads, sendSamples, wholeOnly)
+	}
+	// Deadlines passed unmet (no live peer took the keepalive) wait for loadKeepalive.
+	next := loadKeepalive
+	if d := f.lastSent.Add(loadKeepalive).Sub(now); (busy(f.last) || f.quiet <= idleRepeats) && !f.lastSent.IsZero() && d > 0 {
+		next = min(next, d)
+	}
+	if d := f.samplesSince.Add(samplesMaxDelay).Sub(now); len(f.shared) > 0 && d > 0 {
+		next = min(next, d)
+	}
+	return max(next, n.o.FlushInterval)
+}
+
+// send sends this flush's learned prompts and forgets, with the loads and due prefill
+// samples, to every live peer; with none, what was learned stays this replica's own.
+func (f *flusher) send(now time.Time, learned, forgets int, sendLoads, sendSamples, wholeOnly bool) {
+	n := f.n
+	peers := n.livePeers()
+	if len(peers) == 0 {
+		f.shared = f.shared[:0]
+		return
+	}
+	f.packets = f.packets[:0]
+	if sendLoads {
+		f.packets = n.encode(f.packets, f.loads, f.items, f.hashes)
+		f.last = append(f.last[:0], f.loads...)
+		f.lastSent = now
+		if busy(f.loads) {
+			f.quiet = 0
+		} else {
+			f.quiet++
+		}
+	} else if learned+forgets > 0 {
+		f.packets = n.encode(f.packets, nil, f.items, f.hashes)
+	}
+	sentSamples, updates := 0, len(f.packets)
+	if sendSamples {
+		// Due by size only: whole messages, the rest (this flush's take: what waited
+		// before it was under a message's worth) waits on.
+		f.packets, sentSamples = encodeSamples(f.packets, f.shared, wholeOnly)
+		f.shared = append(f.shared[:0], f.shared[sentSamples:]...)
+		f.samplesSince = now
+	}
+	for _, p := range peers {
+		failed := false
+		for _, pkt := range f.packets {
+			var err error
+			if f.sealed, err = n.sendUpdate(f.sealed, p, pkt); err != nil {
+				n.m.sendErrors.Inc()
+				n.log.Debug("peering: send", zap.String("peer", p.Name), zap.Error(err))
+				failed = true
+				continue
 			}
+			n.m.bytesSent.Add(len(pkt))
 		}
-		if pending == 0 && len(shared) > 0 {
-			samplesSince = now
+		if failed {
+			continue // what the packets held is counted only where all of them went out
 		}
-		sendLoads := !slices.Equal(loads, last) || now.Sub(lastSent) >= loadKeepalive && busy(last)
-		sendSamples, wholeOnly := samplesDue(shared, now.Sub(samplesSince))
-		if learned+forgets == 0 && !sendSamples && !sendLoads {
-			continue
-		}
-		peers := n.livePeers()
-		if len(peers) == 0 {
-			shared = shared[:0]
-			continue // nobody to tell: what was learned stays this replica's own
-		}
-		packets = packets[:0]
-		if sendLoads {
-			packets = n.encode(packets, loads, items, hashes)
-			last = append(last[:0], loads...)
-			lastSent = now
-		} else if learned+forgets > 0 {
-			packets = n.encode(packets, nil, items, hashes)
-		}
-		sentSamples, updates := 0, len(packets)
-		if sendSamples {
-			// Due by size only: whole messages, the rest (this flush's take: what waited
-			// before it was under a message's worth) waits on.
-			packets, sentSamples = encodeSamples(packets, shared, wholeOnly)
-			shared = append(shared[:0], shared[sentSamples:]...)
-			samplesSince = now
-		}
-		for _, p := range peers {
-			failed := false
-			for _, pkt := range packets {
-				var err error
-				if sealed, err = n.sendUpdate(sealed, p, pkt); err != nil {
-					n.m.sendErrors.Inc()
-					n.log.Debug("peering: send", zap.String("peer", p.Name), zap.Error(err))
-					failed = true
-					continue
-				}
-				n.m.bytesSent.Add(len(pkt))
-			}
-			if failed {
-				continue // what the packets held is counted only where all of them went out
-			}
-			n.m.sent.Add(learned)
-			n.m.forgetsSent.Add(forgets)
-			n.m.samplesSent.Add(sentSamples)
-			n.samplesMsgs.Add(uint64(len(packets) - updates))
-		}
+		n.m.sent.Add(learned)
+		n.m.forgetsSent.Add(forgets)
+		n.m.samplesSent.Add(sentSamples)
+		n.samplesMsgs.Add(uint64(len(f.packets) - updates))
 	}
 }
 
@@ -190,7 +235,8 @@ func samplesDue(ss []peerSample, age time.Duration) (send, wholeOnly bool) {
 }
 
 // busy reports whether loads hold a request in flight or prefill work: a report of none
-// needs no keepalive, since a peer counts an expired report as none too (loadTTL).
+// needs no keepalive once repeated (idleRepeats), since a peer counts an expired report as
+// none too (loadTTL).
 func busy(loads []peerLoad) bool {
 	for _, l := range loads {
 		if l.inFlight != 0 || l.prefill != 0 {
@@ -300,10 +346,17 @@ type delegate struct{ n *Node }
 
 // NodeMeta says whether this replica takes direct packets (metaDirect).
 func (d delegate) NodeMeta(int) []byte {
+	var meta byte
 	if d.n.direct {
-		return []byte{metaDirect}
+		meta |= metaDirect
 	}
-	return nil
+	if d.n.closing.Load() {
+		meta |= metaLeaving
+	}
+	if meta == 0 {
+		return nil
+	}
+	return []byte{meta}
 }
 
 func (d delegate) GetBroadcasts(_, _ int) [][]byte     { return nil }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/internal/testutil"
+	"github.com/prefixlb/prefixlb/router"
 )
 
 // idleWatch is how long TestIdleFlusherSleeps counts wake-ups: 500 FlushIntervals.
@@ -18,8 +19,10 @@ const idleWatch = 500 * time.Millisecond
 func TestIdleFlusherSleeps(t *testing.T) {
 	rs := cluster(t, 2)
 	a, b := rs[0], rs[1]
-	// The first report (nothing in flight) goes out once b is a live peer.
+	// The first report (nothing in flight) goes out once b is a live peer, and is repeated
+	// idleRepeats times a keepalive apart.
 	testutil.Eventually(t, wait, "a's first load report", func() bool { return a.node.m.bytesSent.Get() > 0 })
+	time.Sleep((idleRepeats+1)*loadKeepalive + 50*time.Millisecond)
 	before, sent := a.node.flushes.Load(), a.node.m.bytesSent.Get()
 	time.Sleep(idleWatch)
 	woke := a.node.flushes.Load() - before
@@ -48,9 +51,95 @@ func TestIdleFlusherSleeps(t *testing.T) {
 	if limit := uint64(idleWatch/loadKeepalive) * 3; woke > limit {
 		t.Fatalf("flusher woke %d times in %v with a request streaming; want at most %d (one per %v)", woke, idleWatch, limit, loadKeepalive)
 	}
-	if a.node.m.bytesSent.Get() == sent {
-		t.Fatalf("no keepalive in %v with a request in flight (its report would expire after %v)", idleWatch, loadTTL)
+	// The keepalives keep a's report from expiring while the request streams.
+	time.Sleep(loadTTL + 2*loadKeepalive - idleWatch)
+	if got := b.byName(url).PeerInFlight(); got != 1 {
+		t.Fatalf("b counts %d of a's requests after %v of streaming, want 1 (a's report expired: no keepalive)", got, loadTTL+2*loadKeepalive)
 	}
 	l.Release()
 	testutil.Eventually(t, wait, "b sees a's request end", func() bool { return b.byName(url).PeerInFlight() == 0 })
+}
+
+// TestFlusherWiring: a Learn and a lease's begin, first byte and end on a backend of the
+// peered policy signal the flusher's kick; a backend the policy no longer holds (a reload
+// replaced it) does not. The node is not started, so nothing takes the kick but the test.
+func TestFlusherWiring(t *testing.T) {
+	log, _ := testutil.RecordingLogger()
+	n, err := New(Options{Listen: "127.0.0.1:0", Secret: secret, Name: "w", Log: log}, router.NewPrefix(router.PrefixOptions{}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	mk := func() *backend.Backend {
+		b, err := backend.New(backendURLs[0], 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	old := mk()
+	n.Policy().SetBackends([]*backend.Backend{old})
+	kicked := func() bool {
+		select {
+		case <-n.q.kick:
+			return true
+		default:
+			return false
+		}
+	}
+	var l backend.Lease
+	for _, step := range []struct {
+		name string
+		do   func()
+		want bool
+	}{
+		{"begin", func() { l.Begin(old, 100, 100, true) }, true},
+		{"first byte", l.FirstByte, true},
+		{"release", l.Release, true},
+		{"learn", func() { n.Policy().Learn(prompt(t, 1), old, 0) }, true},
+		{"begin before the reload", func() { l.Begin(old, 100, 100, true) }, true},
+		{"reload with a new backend of the same URL", func() { n.Policy().SetBackends([]*backend.Backend{mk()}) }, false},
+		{"the replaced backend's release", l.Release, false},
+	} {
+		step.do()
+		if got := kicked(); got != step.want {
+			t.Errorf("%s: flusher kicked %v, want %v", step.name, got, step.want)
+		}
+	}
+	set := n.backends.Load()
+	l.Begin(set.list[0], 100, 100, true)
+	if !kicked() {
+		t.Error("the new backend's begin: not kicked")
+	}
+	l.Release()
+}
+
+// TestRemovedBackendReportedIdle: a backend a replica no longer holds, whose last report was
+// busy, is reported idle once, while the replica's keepalives go on for another backend
+// (the peers merge reports by backend, so without it they would count its requests for as
+// long as the replica stays busy).
+func TestRemovedBackendReportedIdle(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	x, y := backendURLs[0], backendURLs[1]
+	var lx, ly backend.Lease
+	lx.Begin(a.byName(x), 100, 0, true)
+	ly.Begin(a.byName(y), 100, 0, true)
+	defer lx.Release()
+	defer ly.Release()
+	testutil.Eventually(t, wait, "b sees a's requests", func() bool {
+		return b.byName(x).PeerInFlight() == 1 && b.byName(y).PeerInFlight() == 1
+	})
+	var keep []*backend.Backend
+	for _, be := range a.bs {
+		if be.Name != x {
+			keep = append(keep, be)
+		}
+	}
+	a.node.Policy().SetBackends(keep)
+	testutil.Eventually(t, wait, "b stops counting a's request on the backend a dropped", func() bool { return b.byName(x).PeerInFlight() == 0 })
+	time.Sleep(loadTTL + 2*loadKeepalive)
+	if got := b.byName(y).PeerInFlight(); got != 1 {
+		t.Fatalf("b counts %d of a's requests on the backend a kept, want 1", got)
+	}
 }

@@ -12,14 +12,14 @@
 // (up to 20 MiB) before it can authenticate it: inbound streams are therefore capped
 // (transport.go: 8 handled at once, 17 MiB each), which bounds what an unauthenticated
 // sender can make a replica hold to a few hundred MiB; a NetworkPolicy that admits only the
-// other replicas to the peer port is still the defence. The updates themselves
-// are not gossiped: a flusher sends what changed in one compact batch (wire.go), at most
-// every FlushInterval (1 ms), by UDP to every live peer, on a path of its own beside memberlist's (direct.go: sealed
-// with XChaCha20-Poly1305 under a key derived from the secret, opened and applied by the
-// receiving transport's read loop, not handed through memberlist's goroutines). The peer
-// records the hashes in its own index for its own backend of the same ID and never forwards
-// them, so nothing loops. Batches larger than a packet
-// are split (packetBudget). The loads each peer reports are summed into the backends'
+// other replicas to the peer port is still the defence. The updates themselves are not
+// gossiped: a flusher sends what changed in one compact batch (wire.go), at most every
+// FlushInterval (1 ms), by UDP to every live peer, on a path of its own beside memberlist's
+// (direct.go: sealed with XChaCha20-Poly1305 under a key derived from the secret, opened and
+// applied by the receiving transport's read loop, not handed through memberlist's
+// goroutines). The peer records the hashes in its own index for its own backend of the same
+// ID and never forwards them, so nothing loops. Batches larger than a packet are split
+// (packetBudget). The loads each peer reports are summed into the backends'
 // PeerInFlight and PeerPrefillTokens, which the prefix policy's cost model and bounded-load
 // cap add to the local counts; a report older than loadTTL, or of a peer that died or
 // left, no longer counts. Each replica also sends the prefill observations it made itself
@@ -86,9 +86,10 @@ const (
 
 	// loadKeepalive is the longest gap between two load reports to a peer when nothing
 	// changed and something is in flight, and the idle flusher's period (flushLoop); loads
-	// that change are sent with the next flush. A replica with nothing in flight sends no
-	// keepalive: its last report, none in flight, means what its expiry means (busy). Three
-	// idle replicas sending them woke one another 60 times a second.
+	// that change are sent with the next flush. A replica with nothing in flight repeats
+	// that report idleRepeats times and then sends no keepalive: its last report, none in
+	// flight, means what its expiry means (busy). Three idle replicas sending keepalives
+	// woke one another 60 times a second.
 	loadKeepalive = 100 * time.Millisecond
 	// loadTTL is how long a peer's load report counts: five keepalives, so that a lost
 	// packet or two does not drop it, and a dead peer's in-flight requests stop counting
@@ -184,8 +185,10 @@ type Node struct {
 	mu      sync.Mutex
 	members map[string]string   // live peers: name → address
 	lost    map[string]lostPeer // dead or left peers, joined again until lostForget
+	leaving map[string]bool     // live peers that said they are leaving (metaLeaving)
 	alone   bool                // logged as without live peers
 	live    atomic.Int32        // len(members), for a lock-free glance
+	closing atomic.Bool         // Close has begun: the metadata says so (metaLeaving)
 
 	// codec seals and opens the direct update packets (direct.go); tr is the transport
 	// they are written to (memberlist's, with any wrappers); direct is whether tr hands
@@ -255,7 +258,7 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 		return nil, fmt.Errorf("peering: the member name is %d bytes, over %d", len(name), maxNameBytes)
 	}
 	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]string{},
-		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{}),
+		lost: map[string]lostPeer{}, leaving: map[string]bool{}, ready: make(chan struct{}), stop: make(chan struct{}),
 		own: ownSnapshots{seed: maphash.MakeSeed()}}
 	n.q.kick = make(chan struct{}, 1)
 	n.pol = &Policy{Prefix: p, n: n}
@@ -546,6 +549,10 @@ func (n *Node) Close() error {
 	n.stopOnce.Do(func() {
 		close(n.stop)
 		n.markReady()
+		// The peers hear first that this replica is leaving (its metadata), so that they
+		// log its departure as one, not as a loss (setMember).
+		n.closing.Store(true)
+		_ = n.ml.UpdateNode(leaveTimeout / 2)
 		_ = n.ml.Leave(leaveTimeout)
 		err = n.ml.Shutdown()
 	})
@@ -565,6 +572,8 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	n.mu.Lock()
 	_, back := n.lost[name]
 	_, wasMember := n.members[name]
+	left := n.leaving[name]
+	delete(n.leaving, name)
 	if alive {
 		n.members[name] = addr
 		delete(n.lost, name)
@@ -577,8 +586,10 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	} else {
 		delete(n.members, name)
 		// Memberlist does not say here whether the peer died or left (Node.State is not
-		// updated for the event): either is joined again until lostForget, which costs a
-		// refused connection every RejoinInterval for a peer that is gone for good.
+		// updated for the event; a peer closing says so in its metadata first, left): either
+		// is joined again until lostForget, which costs a refused connection every
+		// RejoinInterval for a peer that is gone for good, and finds one restarted at its
+		// address whose own join list lacks this replica.
 		n.lost[name] = lostPeer{addr: addr, since: time.Now()}
 	}
 	count := len(n.members)
@@ -586,9 +597,15 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	was := n.alone
 	n.alone = count == 0
 	n.mu.Unlock()
-	// One line per peer lost and per peer back; a further one when the last is lost and when
-	// the first is back.
+	// One line per peer lost (or left: a warning only for a loss) and per peer back; a
+	// further one when the last is gone and when the first is back.
+	level := zap.WarnLevel
+	if left {
+		level = zap.InfoLevel
+	}
 	switch {
+	case !alive && wasMember && left:
+		n.log.Info("peering: peer left", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
 	case !alive && wasMember:
 		n.log.Warn("peering: peer lost", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
 	case alive && back:
@@ -596,7 +613,7 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	}
 	switch {
 	case count == 0 && !was:
-		n.log.Warn("peering: no live peers; routing on this replica's own state", zap.String("last", name))
+		n.log.Log(level, "peering: no live peers; routing on this replica's own state", zap.String("last", name))
 	case count > 0 && was:
 		n.log.Info("peering: peers regained", zap.Int("peers", count), zap.String("first", name))
 	}
@@ -610,6 +627,17 @@ func (n *Node) setMember(name, addr string, alive bool) {
 		// before the rejoin loop joins it) exchanges snapshots once, so that what each side
 		// learned meanwhile converges. Not from here: memberlist's state is locked.
 		go n.exchange(addr)
+	}
+}
+
+// setLeaving records whether the live peer name said it is leaving (its metadata).
+func (n *Node) setLeaving(name string, leaving bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.members[name]; ok && leaving {
+		n.leaving[name] = true
+	} else {
+		delete(n.leaving, name)
 	}
 }
 
@@ -629,8 +657,8 @@ func (n *Node) exchange(addr string) {
 // not call back into memberlist.
 type events struct{ n *Node }
 
-func (e events) NotifyJoin(m *memberlist.Node)  { e.n.setMember(m.Name, m.Address(), true) }
-func (e events) NotifyLeave(m *memberlist.Node) { e.n.setMember(m.Name, m.Address(), false) }
-func (e events) NotifyUpdate(*memberlist.Node)  {}
+func (e events) NotifyJoin(m *memberlist.Node)   { e.n.setMember(m.Name, m.Address(), true) }
+func (e events) NotifyLeave(m *memberlist.Node)  { e.n.setMember(m.Name, m.Address(), false) }
+func (e events) NotifyUpdate(m *memberlist.Node) { e.n.setLeaving(m.Name, leavingMeta(m.Meta)) }
 
 var _ io.Writer = (*levelWriter)(nil)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/internal/testutil"
@@ -254,6 +255,37 @@ func TestPeerKilled(t *testing.T) {
 		t.Fatalf("a logged %v for c's death; want one line naming it", lost)
 	}
 	l.Release()
+}
+
+// TestPeerLeaves: a replica that closes says so first; its peers log its departure at info
+// as "peer left" (and the loss of the last peer at info too), never as a loss, which a crash
+// still is (TestPeerKilled); its in-flight requests stop counting.
+func TestPeerLeaves(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	url := backendURLs[1]
+	var l backend.Lease
+	l.Begin(b.byName(url), 1000, 0, true)
+	defer l.Release()
+	testutil.Eventually(t, wait, "a sees b's request", func() bool { return a.byName(url).PeerInFlight() == 1 })
+	if err := b.node.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, wait, "a sees b gone", func() bool { return a.node.Alive() == 0 })
+	if a.byName(url).PeerInFlight() != 0 {
+		t.Fatal("a departed peer's in-flight requests still count")
+	}
+	left := a.logs.WithMessage("peering: peer left")
+	if len(left) != 1 || left[0].Fields["peer"] != b.node.Name() || left[0].Level != zapcore.InfoLevel {
+		t.Fatalf("a logged %v for b's departure; want one info line naming it", left)
+	}
+	if lost := a.logs.WithMessage("peering: peer lost"); len(lost) != 0 {
+		t.Fatalf("a logged %v: a departure taken for a loss", lost)
+	}
+	alone := a.logs.WithMessage("peering: no live peers; routing on this replica's own state")
+	if len(alone) != 1 || alone[0].Level != zapcore.InfoLevel {
+		t.Fatalf("a logged %v on its last peer's departure; want one info line", alone)
+	}
 }
 
 // TestPartitionHeal: a replica whose traffic is dropped both ways is declared dead; it keeps

@@ -83,7 +83,8 @@ func (p *Policy) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {
 
 // SetBackends is router.Prefix.SetBackends, and makes bs the backends peers' updates name;
 // their prefill observations are kept for the peers (backend.SharePrefillSamples), and a
-// change of their load wakes the flusher (backend.NotifyLoad).
+// change of their load wakes the flusher (backend.NotifyLoad); the backends of the previous
+// set that bs does not hold stop both (their leases may still end).
 func (p *Policy) SetBackends(all []*backend.Backend) {
 	p.Prefix.SetBackends(all)
 	byID := make(map[uint64]*backend.Backend, len(all))
@@ -91,6 +92,14 @@ func (p *Policy) SetBackends(all []*backend.Backend) {
 		byID[b.ID] = b
 		b.SharePrefillSamples(true)
 		b.NotifyLoad(p.n.q.kick)
+	}
+	if old := p.n.backends.Load(); old != nil {
+		for _, b := range old.list {
+			if byID[b.ID] != b { // removed, or replaced by a new one (a reload)
+				b.SharePrefillSamples(false)
+				b.NotifyLoad(nil)
+			}
+		}
 	}
 	p.n.backends.Store(&backendSet{list: append([]*backend.Backend(nil), all...), byID: byID})
 	p.n.loads.apply(byID, p.n.now())

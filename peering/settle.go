@@ -36,8 +36,8 @@ import (
 
 const (
 	// DefaultSettleWait is 3 ms: three flush intervals, the time for a peer's decision made
-	// at the same instant to go out at its next flush (≤ 1 ms), cross the network and be
-	// applied here, with a margin for a busy sender.
+	// at the same instant to go out (a flush interval after it, plus the timer's lateness),
+	// cross the network and be applied here, with a margin for a busy sender.
 	DefaultSettleWait = 3 * time.Millisecond
 	// settleShare: only a request whose own prefill is predicted to take at least
 	// settleShare × the wait is held (60 ms by default: a wait of at most 5% of its TTFT,
