@@ -13,46 +13,65 @@ import (
 
 // flushLoop sends what was learned since the last flush and the local loads (when they
 // changed, and every loadKeepalive while any is not zero, idleRepeats times more once none
-// is) to every live peer. It sleeps until something changes (a Learn or Unlearn queues
-// something, or a request here begins, gets its first byte or ends: backend.NotifyLoad; both
-// signal the queue's kick) or something falls due (flusher.flush), and flushes a
-// FlushInterval after a change, with whatever else changed meanwhile: at most one flush per
-// FlushInterval under load, and between changes only the keepalives. Prefill samples wait
-// for a packet's worth or samplesMaxDelay (samplesDue).
+// is) to every live peer. It sleeps until something changes or falls due (flusher.flush).
+// A decision (a Learn or Unlearn queued: the queue's kick) that finds it idle goes out at
+// once, and the flusher then ticks every FlushInterval while decisions keep coming, each
+// tick sending what came since the last; a change of the local load alone (a request here
+// begins, gets its first byte or ends: backend.NotifyLoad, loadKick) goes a FlushInterval
+// after it, with whatever else changed meanwhile. So at most one flush per FlushInterval
+// under load, and between changes only the keepalives. Prefill samples wait for a packet's
+// worth or samplesMaxDelay (samplesDue).
 //
 // Polling every FlushInterval while a request was in flight, as it did before, woke each
 // replica 1000 times a second for the seconds an LLM request streams (a 1 kHz Go timer alone
-// is about 4% of a core here). The wait after a change is not only batching: flushed at once,
-// the woken flusher ran right after the Learn of a request being forwarded and right after a
-// first byte being relayed (it runs next on that processor). On the multi-turn bench (3
-// peered replicas in one process on 2 cores, `bench compare --modes prefix --router-replicas
-// 3 --peering`, 4 interleaved rounds each) follow-ups read p50 TTFT 2.97 ms flushed at once
-// against 2.83 polling; flushed a FlushInterval later, 2.78 against 2.80 polling and 2.85 for
-// one replica, the bench process using 0.31 cores against 0.36 polling and 0.32 for one.
+// is about 4% of a core here). Load changes wait because a flush at once ran at the worst
+// moment, right after a first byte being relayed (the woken flusher runs next on that
+// processor). Decisions tick rather than wait out a FlushInterval each: a Go timer here
+// fires no sooner than ~1.1 ms however short (the netpoller waits whole milliseconds), so a
+// decision made between two flushes reached the peers about 1.1 ms later instead of half a
+// tick on average, and the suite's Mooncake light cell cached 0.96 of one replica's tokens
+// (two runs) against 1.01 polling.
 func (n *Node) flushLoop() {
 	f := flusher{n: n}
 	t := time.NewTimer(loadKeepalive)
 	defer t.Stop()
+	ticking := false // the last flush carried decisions: the next goes a FlushInterval later
 	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		case <-n.q.kick:
-			t.Reset(n.o.FlushInterval)
+		switch {
+		case ticking:
 			select {
 			case <-n.stop:
 				return
 			case <-t.C:
 			}
+		default:
+			select {
+			case <-n.stop:
+				return
+			case <-t.C:
+			case <-n.q.kick:
+			case <-n.loadKick:
+				t.Reset(n.o.FlushInterval)
+				select {
+				case <-n.stop:
+					return
+				case <-t.C:
+				case <-n.q.kick: // a decision meanwhile goes at once
+				}
+			}
 		}
 		n.flushes.Add(1)
-		select {
-		case <-n.q.kick: // what it signalled is taken now
-		default:
+		for _, c := range []chan struct{}{n.q.kick, n.loadKick} {
+			select {
+			case <-c: // what it signalled is taken now
+			default:
+			}
 		}
-		now := n.now()
-		t.Reset(f.flush(now))
+		next, decided := f.flush(n.now())
+		if ticking = decided; ticking {
+			next = n.o.FlushInterval
+		}
+		t.Reset(next)
 	}
 }
 
@@ -79,9 +98,10 @@ type flusher struct {
 }
 
 // flush sends what is due at now and returns how long the flusher may sleep, short of a
-// change, before something else falls due: the next keepalive, the held samples'
-// samplesMaxDelay, or loadKeepalive (the peers' reports expire on that beat, loads.apply).
-func (f *flusher) flush(now time.Time) time.Duration {
+// change, before something else falls due (the next keepalive, the held samples'
+// samplesMaxDelay, or loadKeepalive: the peers' reports expire on that beat, loads.apply),
+// and whether it took decisions to send.
+func (f *flusher) flush(now time.Time) (time.Duration, bool) {
 	n := f.n
 	f.items, f.hashes = n.q.take(f.items, f.hashes)
 	learned, forgets := 0, 0
@@ -132,7 +152,7 @@ func (f *flusher) flush(now time.Time) time.Duration {
 	if d := f.samplesSince.Add(samplesMaxDelay).Sub(now); len(f.shared) > 0 && d > 0 {
 		next = min(next, d)
 	}
-	return max(next, n.o.FlushInterval)
+	return max(next, n.o.FlushInterval), learned+forgets > 0
 }
 
 // send sends this flush's learned prompts and forgets, with the loads and due prefill

@@ -60,9 +60,9 @@ func TestIdleFlusherSleeps(t *testing.T) {
 	testutil.Eventually(t, wait, "b sees a's request end", func() bool { return b.byName(url).PeerInFlight() == 0 })
 }
 
-// TestFlusherWiring: a Learn and a lease's begin, first byte and end on a backend of the
-// peered policy signal the flusher's kick; a backend the policy no longer holds (a reload
-// replaced it) does not. The node is not started, so nothing takes the kick but the test.
+// TestFlusherWiring: a Learn signals the flusher's decision kick, a lease's begin, first
+// byte and end on a backend of the peered policy its load kick; a backend the policy no
+// longer holds (a reload replaced it) neither. The node is not started, so nothing takes the kick but the test.
 func TestFlusherWiring(t *testing.T) {
 	log, _ := testutil.RecordingLogger()
 	n, err := New(Options{Listen: "127.0.0.1:0", Secret: secret, Name: "w", Log: log}, router.NewPrefix(router.PrefixOptions{}, nil))
@@ -79,9 +79,9 @@ func TestFlusherWiring(t *testing.T) {
 	}
 	old := mk()
 	n.Policy().SetBackends([]*backend.Backend{old})
-	kicked := func() bool {
+	kicked := func(c chan struct{}) bool {
 		select {
-		case <-n.q.kick:
+		case <-c:
 			return true
 		default:
 			return false
@@ -89,26 +89,26 @@ func TestFlusherWiring(t *testing.T) {
 	}
 	var l backend.Lease
 	for _, step := range []struct {
-		name string
-		do   func()
-		want bool
+		name       string
+		do         func()
+		load, told bool // loadKick, the queue's kick
 	}{
-		{"begin", func() { l.Begin(old, 100, 100, true) }, true},
-		{"first byte", l.FirstByte, true},
-		{"release", l.Release, true},
-		{"learn", func() { n.Policy().Learn(prompt(t, 1), old, 0) }, true},
-		{"begin before the reload", func() { l.Begin(old, 100, 100, true) }, true},
-		{"reload with a new backend of the same URL", func() { n.Policy().SetBackends([]*backend.Backend{mk()}) }, false},
-		{"the replaced backend's release", l.Release, false},
+		{"begin", func() { l.Begin(old, 100, 100, true) }, true, false},
+		{"first byte", l.FirstByte, true, false},
+		{"release", l.Release, true, false},
+		{"learn", func() { n.Policy().Learn(prompt(t, 1), old, 0) }, false, true},
+		{"begin before the reload", func() { l.Begin(old, 100, 100, true) }, true, false},
+		{"reload with a new backend of the same URL", func() { n.Policy().SetBackends([]*backend.Backend{mk()}) }, false, false},
+		{"the replaced backend's release", l.Release, false, false},
 	} {
 		step.do()
-		if got := kicked(); got != step.want {
-			t.Errorf("%s: flusher kicked %v, want %v", step.name, got, step.want)
+		if load, told := kicked(n.loadKick), kicked(n.q.kick); load != step.load || told != step.told {
+			t.Errorf("%s: load kick %v, decision kick %v; want %v, %v", step.name, load, told, step.load, step.told)
 		}
 	}
 	set := n.backends.Load()
 	l.Begin(set.list[0], 100, 100, true)
-	if !kicked() {
+	if !kicked(n.loadKick) {
 		t.Error("the new backend's begin: not kicked")
 	}
 	l.Release()

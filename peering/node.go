@@ -190,6 +190,10 @@ type Node struct {
 	live    atomic.Int32        // len(members), for a lock-free glance
 	closing atomic.Bool         // Close has begun: the metadata says so (metaLeaving)
 
+	// loadKick (capacity 1) is signalled by the backends when their load here changes
+	// (backend.NotifyLoad), to wake the flusher; the queue's kick, when a decision is queued.
+	loadKick chan struct{}
+
 	// codec seals and opens the direct update packets (direct.go); tr is the transport
 	// they are written to (memberlist's, with any wrappers); direct is whether tr hands
 	// them to receiveDirect (a directPath), else updates go through memberlist.
@@ -261,6 +265,7 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 		lost: map[string]lostPeer{}, leaving: map[string]bool{}, ready: make(chan struct{}), stop: make(chan struct{}),
 		own: ownSnapshots{seed: maphash.MakeSeed()}}
 	n.q.kick = make(chan struct{}, 1)
+	n.loadKick = make(chan struct{}, 1)
 	n.pol = &Policy{Prefix: p, n: n}
 	p.CountPeerRoutes()
 	n.backends.Store(&backendSet{byID: nil})

@@ -91,7 +91,7 @@ func (p *Policy) SetBackends(all []*backend.Backend) {
 	for _, b := range all {
 		byID[b.ID] = b
 		b.SharePrefillSamples(true)
-		b.NotifyLoad(p.n.q.kick)
+		b.NotifyLoad(p.n.loadKick)
 	}
 	if old := p.n.backends.Load(); old != nil {
 		for _, b := range old.list {
@@ -139,8 +139,8 @@ type queue struct {
 	items  []queued
 	hashes []uint64
 	size   atomic.Int64 // len(hashes), for a lock-free glance
-	// kick (capacity 1; nil: none) is signalled when something is queued, and by the
-	// backends when their load changes (backend.NotifyLoad), to wake the flusher.
+	// kick (capacity 1; nil: none) is signalled when something is queued, to wake the
+	// flusher (a load change signals the node's loadKick).
 	kick chan struct{}
 }
 
