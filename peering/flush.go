@@ -29,8 +29,9 @@ import (
 // processor). Decisions tick rather than wait out a FlushInterval each: a Go timer here
 // fires no sooner than ~1.1 ms however short (the netpoller waits whole milliseconds), so a
 // decision made between two flushes reached the peers about 1.1 ms later instead of half a
-// tick on average, and the suite's Mooncake light cell cached 0.96 of one replica's tokens
-// (two runs) against 1.01 polling.
+// tick on average; the suite's Mooncake light cell, whose cached ratio turns on a few long
+// prompts, read 0.96 of one replica's tokens in two runs that way against 1.01 polling (two
+// runs), and 1.00 and 0.97 ticking.
 func (n *Node) flushLoop() {
 	f := flusher{n: n}
 	t := time.NewTimer(loadKeepalive)
