@@ -96,16 +96,20 @@ func (s *Server) adminServer(t adminTimeouts) *http.Server {
 
 // BackendInfo is one entry of /debug/backends.
 type BackendInfo struct {
-	Name           string `json:"name"`
-	Healthy        bool   `json:"healthy"`
-	InFlight       int64  `json:"inflight"`
-	PrefillTokens  int64  `json:"prefill_tokens"`
-	Served         uint64 `json:"served"`
-	CacheEpoch     uint64 `json:"cache_epoch"`
-	KVCacheTokens  int64  `json:"kv_cache_tokens"`
-	IndexEntries   int64  `json:"index_entries"`
-	IndexCapacity  int64  `json:"index_capacity"`
-	IndexEvictions uint64 `json:"index_evictions"`
+	Name          string `json:"name"`
+	Healthy       bool   `json:"healthy"`
+	InFlight      int64  `json:"inflight"`
+	PrefillTokens int64  `json:"prefill_tokens"`
+	// PeerInFlight and PeerPrefillTokens are what the peered prefixlb replicas last reported
+	// in flight and queued here, summed (0 without peering; package peering).
+	PeerInFlight      int64  `json:"peer_inflight"`
+	PeerPrefillTokens int64  `json:"peer_prefill_tokens"`
+	Served            uint64 `json:"served"`
+	CacheEpoch        uint64 `json:"cache_epoch"`
+	KVCacheTokens     int64  `json:"kv_cache_tokens"`
+	IndexEntries      int64  `json:"index_entries"`
+	IndexCapacity     int64  `json:"index_capacity"`
+	IndexEvictions    uint64 `json:"index_evictions"`
 	// Health is the checker's view: active checks, ejections, last check and scrape, scraped load.
 	Health health.State `json:"health"`
 }
@@ -118,7 +122,8 @@ func (s *Server) BackendInfos() []BackendInfo {
 	for i, b := range bs {
 		idx[b.Name] = i
 		out = append(out, BackendInfo{Name: b.Name, Healthy: b.Healthy(), InFlight: b.InFlight(),
-			PrefillTokens: b.PrefillTokens(), Served: b.Served(), CacheEpoch: b.Epoch(),
+			PrefillTokens: b.PrefillTokens(), PeerInFlight: b.PeerInFlight(), PeerPrefillTokens: b.PeerPrefillTokens(),
+			Served: b.Served(), CacheEpoch: b.Epoch(),
 			KVCacheTokens: b.KVCapacity(s.defaultKV), Health: s.hc.State(b)})
 	}
 	if ix := s.decider.Index(); ix != nil {

@@ -102,3 +102,25 @@ func fastChecks(o *Options, staleAfter time.Duration) {
 	h.Interval, h.Timeout = 100*time.Millisecond, 80*time.Millisecond
 	h.ScrapeInterval, h.ScrapeStaleAfter = 100*time.Millisecond, staleAfter
 }
+
+// TestPeerLoadShown: what the peered replicas reported on a backend (package peering sets it)
+// is in /debug/backends and in the per-backend gauges, so that an operator can see the fleet's
+// load view agree.
+func TestPeerLoadShown(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer ts.Close()
+	s, _ := serve(t, testOptions(t, "prefix", ts.URL), nil)
+	b := s.pool.Snapshot()[0]
+	b.SetPeerLoad(2, 300)
+	if in := s.BackendInfos()[0]; in.PeerInFlight != 2 || in.PeerPrefillTokens != 300 {
+		t.Fatalf("BackendInfos peer load %d, %d; want 2, 300", in.PeerInFlight, in.PeerPrefillTokens)
+	}
+	var m strings.Builder
+	s.writeGauges(&m)
+	lbl := `{backend=` + labelValue(b.Name) + `}`
+	for _, want := range []string{"prefixlb_backend_peer_inflight" + lbl + " 2", "prefixlb_backend_peer_prefill_tokens" + lbl + " 300"} {
+		if !strings.Contains(m.String(), want+"\n") {
+			t.Errorf("gauges lack %q:\n%s", want, m.String())
+		}
+	}
+}

@@ -194,6 +194,8 @@ func (s *Server) writeGauges(w io.Writer) {
 		l := `{backend=` + labelValue(b.Name) + `}`
 		metrics.WriteGaugeUint64(w, `prefixlb_backend_inflight`+l, uint64(max(b.InFlight(), 0)))
 		metrics.WriteGaugeUint64(w, `prefixlb_backend_prefill_tokens`+l, uint64(max(b.PrefillTokens(), 0)))
+		metrics.WriteGaugeUint64(w, `prefixlb_backend_peer_inflight`+l, uint64(max(b.PeerInFlight(), 0)))
+		metrics.WriteGaugeUint64(w, `prefixlb_backend_peer_prefill_tokens`+l, uint64(max(b.PeerPrefillTokens(), 0)))
 		h := uint64(0)
 		if b.Healthy() {
 			h = 1
