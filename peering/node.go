@@ -615,6 +615,8 @@ func (n *Node) setMember(name, addr string, alive bool) {
 		n.log.Warn("peering: peer lost", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
 	case alive && back:
 		n.log.Info("peering: peer back", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
+	case alive && !wasMember:
+		n.log.Info("peering: peer joined", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
 	}
 	switch {
 	case count == 0 && !was:

@@ -257,12 +257,16 @@ func TestPeerKilled(t *testing.T) {
 	l.Release()
 }
 
-// TestPeerLeaves: a replica that closes says so first; its peers log its departure at info
-// as "peer left" (and the loss of the last peer at info too), never as a loss, which a crash
-// still is (TestPeerKilled); its in-flight requests stop counting.
+// TestPeerLeaves: a replica's arrival is a line on its peers ("peer joined"); one that closes
+// says so first, and its peers log its departure at info as "peer left" (and the loss of the
+// last peer at info too), never as a loss, which a crash still is (TestPeerKilled); its
+// in-flight requests stop counting.
 func TestPeerLeaves(t *testing.T) {
 	rs := cluster(t, 2)
 	a, b := rs[0], rs[1]
+	if joined := a.logs.WithMessage("peering: peer joined"); len(joined) != 1 || joined[0].Fields["peer"] != b.node.Name() {
+		t.Fatalf("a logged %v for b's arrival; want one line naming it", joined)
+	}
 	url := backendURLs[1]
 	var l backend.Lease
 	l.Begin(b.byName(url), 1000, 0, true)
