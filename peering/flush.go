@@ -38,14 +38,13 @@ func (n *Node) flushLoop() {
 	defer t.Stop()
 	ticking := false // the last flush carried decisions: the next goes a FlushInterval later
 	for {
-		switch {
-		case ticking:
+		if ticking {
 			select {
 			case <-n.stop:
 				return
 			case <-t.C:
 			}
-		default:
+		} else {
 			select {
 			case <-n.stop:
 				return
@@ -125,7 +124,7 @@ func (f *flusher) flush(now time.Time) (time.Duration, bool) {
 	// A backend no longer configured whose last report was busy is reported idle once: the
 	// peers merge reports by backend and would count it until this replica's reports stop.
 	for _, l := range f.last {
-		if (l.inFlight != 0 || l.prefill != 0) && set.byID[l.id] == nil {
+		if l.busy() && set.byID[l.id] == nil {
 			f.loads = append(f.loads, peerLoad{id: l.id})
 		}
 	}
@@ -139,15 +138,14 @@ func (f *flusher) flush(now time.Time) (time.Duration, bool) {
 	if pending == 0 && len(f.shared) > 0 {
 		f.samplesSince = now
 	}
-	keepalive := busy(f.last) || f.quiet <= idleRepeats
-	sendLoads := !slices.Equal(f.loads, f.last) || keepalive && now.Sub(f.lastSent) >= loadKeepalive
+	sendLoads := !slices.Equal(f.loads, f.last) || f.keepalive() && now.Sub(f.lastSent) >= loadKeepalive
 	sendSamples, wholeOnly := samplesDue(f.shared, now.Sub(f.samplesSince))
 	if learned+forgets > 0 || sendSamples || sendLoads {
 		f.send(now, learned, forgets, sendLoads, sendSamples, wholeOnly)
 	}
 	// Deadlines passed unmet (no live peer took the keepalive) wait for loadKeepalive.
 	next := loadKeepalive
-	if d := f.lastSent.Add(loadKeepalive).Sub(now); (busy(f.last) || f.quiet <= idleRepeats) && !f.lastSent.IsZero() && d > 0 {
+	if d := f.lastSent.Add(loadKeepalive).Sub(now); f.keepalive() && !f.lastSent.IsZero() && d > 0 {
 		next = min(next, d)
 	}
 	if d := f.samplesSince.Add(samplesMaxDelay).Sub(now); len(f.shared) > 0 && d > 0 {
@@ -155,6 +153,10 @@ func (f *flusher) flush(now time.Time) (time.Duration, bool) {
 	}
 	return max(next, n.o.FlushInterval), learned+forgets > 0
 }
+
+// keepalive reports whether the loads last sent are repeated every loadKeepalive: while busy,
+// and idleRepeats times once none.
+func (f *flusher) keepalive() bool { return busy(f.last) || f.quiet <= idleRepeats }
 
 // send sends this flush's learned prompts and forgets, with the loads and due prefill
 // samples, to every live peer; with none, what was learned stays this replica's own.
@@ -258,14 +260,10 @@ func samplesDue(ss []peerSample, age time.Duration) (send, wholeOnly bool) {
 // busy reports whether loads hold a request in flight or prefill work: a report of none
 // needs no keepalive once repeated (idleRepeats), since a peer counts an expired report as
 // none too (loadTTL).
-func busy(loads []peerLoad) bool {
-	for _, l := range loads {
-		if l.inFlight != 0 || l.prefill != 0 {
-			return true
-		}
-	}
-	return false
-}
+func busy(loads []peerLoad) bool { return slices.ContainsFunc(loads, peerLoad.busy) }
+
+// busy reports whether l holds a request in flight or prefill work.
+func (l peerLoad) busy() bool { return l.inFlight != 0 || l.prefill != 0 }
 
 // livePeers are the alive members but this replica.
 func (n *Node) livePeers() []*memberlist.Node {
@@ -365,7 +363,8 @@ const binaryMaxVarint = 10
 // delegate is memberlist's Delegate: the receiver and the join snapshot.
 type delegate struct{ n *Node }
 
-// NodeMeta says whether this replica takes direct packets (metaDirect).
+// NodeMeta says whether this replica takes direct packets (metaDirect) and whether it is
+// closing (metaLeaving).
 func (d delegate) NodeMeta(int) []byte {
 	var meta byte
 	if d.n.direct {

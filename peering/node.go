@@ -185,7 +185,6 @@ type Node struct {
 	mu      sync.Mutex
 	members map[string]string   // live peers: name → address
 	lost    map[string]lostPeer // dead or left peers, joined again until lostForget
-	leaving map[string]bool     // live peers that said they are leaving (metaLeaving)
 	alone   bool                // logged as without live peers
 	live    atomic.Int32        // len(members), for a lock-free glance
 	closing atomic.Bool         // Close has begun: the metadata says so (metaLeaving)
@@ -262,7 +261,7 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 		return nil, fmt.Errorf("peering: the member name is %d bytes, over %d", len(name), maxNameBytes)
 	}
 	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]string{},
-		lost: map[string]lostPeer{}, leaving: map[string]bool{}, ready: make(chan struct{}), stop: make(chan struct{}),
+		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{}),
 		own: ownSnapshots{seed: maphash.MakeSeed()}}
 	n.q.kick = make(chan struct{}, 1)
 	n.loadKick = make(chan struct{}, 1)
@@ -568,17 +567,15 @@ func (n *Node) Close() error {
 // now is the node's clock.
 func (n *Node) now() time.Time { return time.Now() }
 
-// setMember records a live or gone peer and logs the loss of the last one and the return of
-// the first.
-func (n *Node) setMember(name, addr string, alive bool) {
+// setMember records a live or gone peer (left: it said it was leaving) and logs the loss of
+// the last one and the return of the first.
+func (n *Node) setMember(name, addr string, alive, left bool) {
 	if name == n.name {
 		return
 	}
 	n.mu.Lock()
 	_, back := n.lost[name]
 	_, wasMember := n.members[name]
-	left := n.leaving[name]
-	delete(n.leaving, name)
 	if alive {
 		n.members[name] = addr
 		delete(n.lost, name)
@@ -637,17 +634,6 @@ func (n *Node) setMember(name, addr string, alive bool) {
 	}
 }
 
-// setLeaving records whether the live peer name said it is leaving (its metadata).
-func (n *Node) setLeaving(name string, leaving bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if _, ok := n.members[name]; ok && leaving {
-		n.leaving[name] = true
-	} else {
-		delete(n.leaving, name)
-	}
-}
-
 // exchange runs one push/pull (both indexes' snapshots) with the peer at addr.
 func (n *Node) exchange(addr string) {
 	select {
@@ -664,8 +650,12 @@ func (n *Node) exchange(addr string) {
 // not call back into memberlist.
 type events struct{ n *Node }
 
-func (e events) NotifyJoin(m *memberlist.Node)   { e.n.setMember(m.Name, m.Address(), true) }
-func (e events) NotifyLeave(m *memberlist.Node)  { e.n.setMember(m.Name, m.Address(), false) }
-func (e events) NotifyUpdate(m *memberlist.Node) { e.n.setLeaving(m.Name, leavingMeta(m.Meta)) }
+// NotifyLeave's node carries the last metadata the peer announced: a closing one's says it
+// is leaving (metaLeaving).
+func (e events) NotifyJoin(m *memberlist.Node) { e.n.setMember(m.Name, m.Address(), true, false) }
+func (e events) NotifyLeave(m *memberlist.Node) {
+	e.n.setMember(m.Name, m.Address(), false, leavingMeta(m.Meta))
+}
+func (e events) NotifyUpdate(*memberlist.Node) {}
 
 var _ io.Writer = (*levelWriter)(nil)
