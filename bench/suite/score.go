@@ -110,7 +110,7 @@ func Analyze(r *Result) *Board {
 		b.Rows = append(b.Rows, rows)
 		losses, judged := prefixLosses(c.Name(), rows)
 		b.Losses = append(b.Losses, losses...)
-		b.Routers = append(b.Routers, routerChecks(c.Name(), rows)...)
+		b.Routers = append(b.Routers, routerChecks(c.Name(), rows, c.Arms)...)
 		if t, ok := targetChecks(c.Name(), rows); ok {
 			b.Targets = append(b.Targets, t)
 		} else if slices.ContainsFunc(rows, func(r Row) bool { return r.Policy == PrefixPolicy && r.Mode != nil }) {

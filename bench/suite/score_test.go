@@ -240,8 +240,8 @@ func TestRoutersBlock(t *testing.T) {
 		Arm{Policy: "prefix×3+peer", Mode: mode(11.6)}, Arm{Policy: "oracle", Mode: mode(10)})
 	res.Cells = append(res.Cells, second.Cells...)
 	b := Analyze(res)
-	want := []RouterCheck{{"multi-turn medium", "prefix×3", 0.98, 3.9}, {"multi-turn medium", "prefix×3+peer", 0.995, 1.1},
-		{"agentic medium", "prefix×3+peer", 1, 1.16}}
+	want := []RouterCheck{{"multi-turn medium", "prefix×3", 0.98, 3.9, nil}, {"multi-turn medium", "prefix×3+peer", 0.995, 1.1, nil},
+		{"agentic medium", "prefix×3+peer", 1, 1.16, nil}}
 	if len(b.Routers) != len(want) {
 		t.Fatalf("checks %+v, want %+v", b.Routers, want)
 	}
@@ -265,5 +265,60 @@ func TestRoutersBlock(t *testing.T) {
 		if !strings.Contains(out, w) {
 			t.Errorf("scoreboard lacks %q:\n%s", w, out)
 		}
+	}
+}
+
+// TestPairedRounds: with several rounds, a multi-router arm's p95 is compared with the prefix
+// arm's round by round (the median of the per-round ratios, not the ratio of the medians: a
+// slow round slows both arms of it), cached tokens pooled over the rounds; one round or
+// unequal rounds fall back to the combined rows.
+func TestPairedRounds(t *testing.T) {
+	rounds := func(policy string, p95s []float64, cached []int64) []Arm {
+		out := make([]Arm, len(p95s))
+		for i, p := range p95s {
+			m := mode(p)
+			m.CachedTokens = cached[i]
+			m.CachedTokenRatio = float64(cached[i]) / float64(m.PromptTokens)
+			out[i] = Arm{Policy: policy, Mode: m}
+		}
+		return out
+	}
+	cases := []struct {
+		name       string
+		one, x     []Arm
+		cached     float64
+		p95        float64
+		byRound    []float64
+		paired     bool
+		renderLine string
+	}{
+		{name: "drift: paired median, not the ratio of medians",
+			one: rounds("prefix", []float64{10, 20, 10}, []int64{500, 500, 500}), x: rounds("prefix×3+peer", []float64{11, 22, 30}, []int64{500, 400, 600}),
+			cached: 1, p95: 1.1, byRound: []float64{1.1, 1.1, 3}, paired: true,
+			renderLine: "prefix×3+peer cached 1.000×, p95 1.10× (meets), p95 ÷ by round 1.10 / 1.10 / 3.00"},
+		{name: "cached pooled over the rounds",
+			one: rounds("prefix", []float64{10, 10}, []int64{500, 500}), x: rounds("prefix×3+peer", []float64{10, 10}, []int64{490, 470}),
+			cached: 0.96, p95: 1, byRound: []float64{1, 1}, paired: true,
+			renderLine: "prefix×3+peer cached 0.960×, p95 1.00× (misses), p95 ÷ by round 1.00 / 1.00"},
+		{name: "one round: the rows", one: rounds("prefix", []float64{10}, []int64{500}), x: rounds("prefix×3+peer", []float64{12}, []int64{500}), cached: 1, p95: 1.2,
+			renderLine: "prefix×3+peer cached 1.000×, p95 1.20× (misses)\n"},
+		{name: "unequal rounds: the rows", one: rounds("prefix", []float64{10, 20}, []int64{500, 500}), x: rounds("prefix×3+peer", []float64{11, 22, 30}, []int64{500, 500, 500}),
+			cached: 1, p95: 22.0 / 15},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			res := cell("oasst", Combine("prefix", tc.one), Combine("prefix×3+peer", tc.x))
+			b := Analyze(res)
+			if len(b.Routers) != 1 {
+				t.Fatalf("checks %+v, want one", b.Routers)
+			}
+			g := b.Routers[0]
+			if math.Abs(g.Cached-tc.cached) > 1e-9 || math.Abs(g.P95-tc.p95) > 1e-9 || !slices.Equal(g.Rounds, tc.byRound) {
+				t.Errorf("check %+v, want cached %g p95 %g by round %v", g, tc.cached, tc.p95, tc.byRound)
+			}
+			if out := Render(b); tc.renderLine != "" && !strings.Contains(out, tc.renderLine) {
+				t.Errorf("scoreboard lacks %q:\n%s", tc.renderLine, out)
+			}
+		})
 	}
 }
