@@ -265,18 +265,6 @@ func busy(loads []peerLoad) bool { return slices.ContainsFunc(loads, peerLoad.bu
 // busy reports whether l holds a request in flight or prefill work.
 func (l peerLoad) busy() bool { return l.inFlight != 0 || l.prefill != 0 }
 
-// livePeers are the alive members but this replica.
-func (n *Node) livePeers() []*memberlist.Node {
-	ms := n.ml.Members()
-	out := ms[:0]
-	for _, m := range ms {
-		if m.Name != n.name && m.State == memberlist.StateAlive {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // encode packs loads (nil: none) and items into packets of at most packetBudget bytes,
 // reusing the packets' buffers. A prompt that does not fit the room left is split, its
 // deepest part first, so that the receiver records its shallower chunks last (most recent),
@@ -394,6 +382,10 @@ func (n *Node) receive(buf []byte) {
 	set := n.backends.Load()
 	if len(buf) >= 2 && buf[0] == wireVersion && buf[1] == kindSamples {
 		n.receiveSamples(buf, set)
+		return
+	}
+	if len(buf) >= 2 && buf[0] == wireVersion && buf[1] == kindLeaving {
+		n.receiveLeaving(buf)
 		return
 	}
 	now := n.now()

@@ -48,6 +48,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,11 +184,13 @@ type Node struct {
 	m           metricSet
 
 	mu      sync.Mutex
-	members map[string]string   // live peers: name → address
-	lost    map[string]lostPeer // dead or left peers, joined again until lostForget
-	alone   bool                // logged as without live peers
-	live    atomic.Int32        // len(members), for a lock-free glance
-	closing atomic.Bool         // Close has begun: the metadata says so (metaLeaving)
+	members map[string]*memberlist.Node        // live peers by name: copies (copyNode)
+	peers   atomic.Pointer[[]*memberlist.Node] // the same, for the flusher (livePeers)
+	lost    map[string]lostPeer                // dead or left peers, joined again until lostForget
+	leaving map[string]time.Time               // peers whose leaving notice came, when (kindLeaving)
+	alone   bool                               // logged as without live peers
+	live    atomic.Int32                       // len(members), for a lock-free glance
+	closing atomic.Bool                        // Close has begun: the metadata says so (metaLeaving)
 
 	// loadKick (capacity 1) is signalled by the backends when their load here changes
 	// (backend.NotifyLoad), to wake the flusher; the queue's kick, when a decision is queued.
@@ -260,8 +263,8 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 	if len(name) > maxNameBytes {
 		return nil, fmt.Errorf("peering: the member name is %d bytes, over %d", len(name), maxNameBytes)
 	}
-	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]string{},
-		lost: map[string]lostPeer{}, ready: make(chan struct{}), stop: make(chan struct{}),
+	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]*memberlist.Node{},
+		lost: map[string]lostPeer{}, leaving: map[string]time.Time{}, ready: make(chan struct{}), stop: make(chan struct{}),
 		own: ownSnapshots{seed: maphash.MakeSeed()}}
 	n.q.kick = make(chan struct{}, 1)
 	n.loadKick = make(chan struct{}, 1)
@@ -523,8 +526,8 @@ func (n *Node) rejoinLoop(ctx context.Context) {
 		var targets []string
 		n.mu.Lock()
 		live := make(map[string]bool, len(n.members))
-		for _, a := range n.members {
-			live[a] = true
+		for _, m := range n.members {
+			live[m.Address()] = true
 		}
 		for name, l := range n.lost {
 			if now.Sub(l.since) > lostForget || live[l.addr] {
@@ -553,9 +556,13 @@ func (n *Node) Close() error {
 	n.stopOnce.Do(func() {
 		close(n.stop)
 		n.markReady()
-		// The peers hear first that this replica is leaving (its metadata), so that they
-		// log its departure as one, not as a loss (setMember).
+		// The peers hear first that this replica is leaving, so that they log its
+		// departure as one, not as a loss (setMember): a notice to each, and its metadata.
+		// Not the metadata alone: gossiped, it reaches a peer a gossip round or more later,
+		// and memberlist drops it unsent when the leave's own message about this replica
+		// is queued (the bench's shutdowns still logged a loss in 3 of ~30).
 		n.closing.Store(true)
+		n.sendLeaving()
 		_ = n.ml.UpdateNode(leaveTimeout / 2)
 		_ = n.ml.Leave(leaveTimeout)
 		err = n.ml.Shutdown()
@@ -564,12 +571,49 @@ func (n *Node) Close() error {
 	return err
 }
 
+// sendLeaving sends this replica's leaving notice (kindLeaving) to each live peer, once, by
+// UDP: a lost one leaves the metadata to say it.
+func (n *Node) sendLeaving() {
+	msg := appendHeader(nil, kindLeaving, n.name)
+	for _, m := range n.livePeers() {
+		_ = n.ml.SendBestEffort(m, msg)
+	}
+}
+
+// leavingNoticeTTL is how long a peer's leaving notice says that its departure is one: a
+// leave takes at most leaveTimeout; a peer that sent one and never left is lost after this.
+const leavingNoticeTTL = 10 * leaveTimeout
+
+// receiveLeaving notes a peer's leaving notice for setMember.
+func (n *Node) receiveLeaving(buf []byte) {
+	name, err := decodeLeaving(buf)
+	if err != nil {
+		n.m.bad.Inc()
+		n.log.Debug("peering: invalid leaving notice", zap.Error(err))
+		return
+	}
+	if name == n.name {
+		return
+	}
+	now := n.now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for p, at := range n.leaving { // notices of peers that never left
+		if now.Sub(at) > leavingNoticeTTL {
+			delete(n.leaving, p)
+		}
+	}
+	n.leaving[name] = now
+}
+
 // now is the node's clock.
 func (n *Node) now() time.Time { return time.Now() }
 
-// setMember records a live or gone peer (left: it said it was leaving) and logs the loss of
-// the last one and the return of the first.
-func (n *Node) setMember(name, addr string, alive, left bool) {
+// setMember records a live or gone peer m (a copy: copyNode; left: its metadata said it was
+// leaving; so does a recent leaving notice) and logs the loss of the last one and the
+// return of the first.
+func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
+	name, addr := m.Name, m.Address()
 	if name == n.name {
 		return
 	}
@@ -577,7 +621,7 @@ func (n *Node) setMember(name, addr string, alive, left bool) {
 	_, back := n.lost[name]
 	_, wasMember := n.members[name]
 	if alive {
-		n.members[name] = addr
+		n.members[name] = m
 		delete(n.lost, name)
 		// A replica restarted at a dead one's address under a new name replaces it.
 		for lname, l := range n.lost {
@@ -586,6 +630,10 @@ func (n *Node) setMember(name, addr string, alive, left bool) {
 			}
 		}
 	} else {
+		if at, ok := n.leaving[name]; ok {
+			left = left || n.now().Sub(at) <= leavingNoticeTTL
+			delete(n.leaving, name)
+		}
 		delete(n.members, name)
 		// Memberlist does not say here whether the peer died or left (Node.State is not
 		// updated for the event; a peer closing says so in its metadata first, left): either
@@ -594,6 +642,7 @@ func (n *Node) setMember(name, addr string, alive, left bool) {
 		// address whose own join list lacks this replica.
 		n.lost[name] = lostPeer{addr: addr, since: time.Now()}
 	}
+	n.publishPeers()
 	count := len(n.members)
 	n.live.Store(int32(count))
 	was := n.alone
@@ -652,10 +701,50 @@ type events struct{ n *Node }
 
 // NotifyLeave's node carries the last metadata the peer announced: a closing one's says it
 // is leaving (metaLeaving).
-func (e events) NotifyJoin(m *memberlist.Node) { e.n.setMember(m.Name, m.Address(), true, false) }
+func (e events) NotifyJoin(m *memberlist.Node) { e.n.setMember(copyNode(m), true, false) }
 func (e events) NotifyLeave(m *memberlist.Node) {
-	e.n.setMember(m.Name, m.Address(), false, leavingMeta(m.Meta))
+	e.n.setMember(copyNode(m), false, leavingMeta(m.Meta))
 }
-func (e events) NotifyUpdate(*memberlist.Node) {}
+func (e events) NotifyUpdate(m *memberlist.Node) { e.n.updateMember(copyNode(m)) }
+
+// copyNode copies a member as memberlist hands it to the event delegate, under its lock:
+// the nodes that Memberlist.Members returns are memberlist's own, which it updates (address,
+// metadata) under that lock, so that reading them outside it races.
+func copyNode(m *memberlist.Node) *memberlist.Node {
+	c := *m
+	c.Addr = slices.Clone(m.Addr)
+	c.Meta = slices.Clone(m.Meta)
+	return &c
+}
+
+// updateMember replaces a live peer's copy after memberlist updated it (its metadata: a
+// replica closing, or one that took direct packets and no longer does after a restart).
+func (n *Node) updateMember(m *memberlist.Node) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.members[m.Name]; ok {
+		n.members[m.Name] = m
+		n.publishPeers()
+	}
+}
+
+// publishPeers makes the flusher's list of live peers (livePeers) from members. Called with
+// n.mu held.
+func (n *Node) publishPeers() {
+	ps := make([]*memberlist.Node, 0, len(n.members))
+	for _, m := range n.members {
+		ps = append(ps, m)
+	}
+	n.peers.Store(&ps)
+}
+
+// livePeers are the live peers, as memberlist last told of them (copies, not to be
+// modified): what the flusher sends to.
+func (n *Node) livePeers() []*memberlist.Node {
+	if ps := n.peers.Load(); ps != nil {
+		return *ps
+	}
+	return nil
+}
 
 var _ io.Writer = (*levelWriter)(nil)

@@ -516,3 +516,74 @@ func TestSplitGroupCountedOnceInAnyOrder(t *testing.T) {
 		t.Fatalf("recent work %.4f after %d packets in reverse, want the decayed sum of %v in some order (three decisions, each once)", v, len(packets), works)
 	}
 }
+
+// TestLeavingNotice: a peer's leaving notice (sent by Close before memberlist's leave, whose
+// gossip may not carry the leaving metadata to every peer in time) makes its departure a
+// "peer left" even when it is noticed as a failure; a notice older than leavingNoticeTTL
+// does not hide a loss.
+func TestLeavingNotice(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		age   time.Duration // how old the notice is made before b goes silent
+		msg   string
+		level zapcore.Level
+	}{
+		{name: "fresh notice", msg: "peering: peer left", level: zapcore.InfoLevel},
+		{name: "stale notice", age: 2 * leavingNoticeTTL, msg: "peering: peer lost", level: zapcore.WarnLevel},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := startReplica(t, "a", replicaOpts{})
+			b := startReplica(t, "b", replicaOpts{join: []*replica{a}, dropping: true})
+			testutil.Eventually(t, wait, "joined", func() bool { return a.node.Alive() == 1 && b.node.Alive() == 1 })
+			b.node.sendLeaving()
+			noticed := func() (time.Time, bool) {
+				a.node.mu.Lock()
+				defer a.node.mu.Unlock()
+				at, ok := a.node.leaving[b.node.Name()]
+				return at, ok
+			}
+			testutil.Eventually(t, wait, "a has b's notice", func() bool { _, ok := noticed(); return ok })
+			if tc.age > 0 {
+				a.node.mu.Lock()
+				a.node.leaving[b.node.Name()] = time.Now().Add(-tc.age)
+				a.node.mu.Unlock()
+			}
+			// b goes silent without leaving: a finds it dead by its probes, as when the
+			// leave's gossip did not reach it.
+			b.drop.drop.Store(true)
+			testutil.Eventually(t, wait, "a sees b gone", func() bool { return a.node.Alive() == 0 })
+			lines := a.logs.WithMessage(tc.msg)
+			if len(lines) != 1 || lines[0].Fields["peer"] != b.node.Name() || lines[0].Level != tc.level {
+				t.Fatalf("a logged %v for b's departure; want one %s line %q naming it", lines, tc.level, tc.msg)
+			}
+			if _, ok := noticed(); ok {
+				t.Fatal("the notice is kept after the departure it explained")
+			}
+		})
+	}
+}
+
+// TestDecodeLeaving: a leaving notice round-trips; another kind, a cut sender or trailing
+// bytes are errors.
+func TestDecodeLeaving(t *testing.T) {
+	good := appendHeader(nil, kindLeaving, "replica-1")
+	for _, tc := range []struct {
+		name string
+		buf  []byte
+		want string
+		err  bool
+	}{
+		{name: "round trip", buf: good, want: "replica-1"},
+		{name: "an update", buf: appendHeader(nil, kindUpdate, "replica-1"), err: true},
+		{name: "cut sender", buf: good[:len(good)-1], err: true},
+		{name: "trailing bytes", buf: append(slices.Clone(good), 0), err: true},
+		{name: "empty", buf: nil, err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := decodeLeaving(tc.buf)
+			if (err != nil) != tc.err || (!tc.err && got != tc.want) {
+				t.Fatalf("decodeLeaving = %q, %v; want %q, error %v", got, err, tc.want, tc.err)
+			}
+		})
+	}
+}

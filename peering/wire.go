@@ -51,6 +51,13 @@ const (
 	//
 	// A replica of an older version counts it as an invalid message and drops it.
 	kindSamples = 3
+	// kindLeaving is a closing replica's notice to each live peer, sent before it leaves
+	// memberlist, so that the peers log its departure as one, not as a loss (Node.Close):
+	//
+	//	version kind uvarint(len(sender)) sender
+	//
+	// A replica of an older version counts it as an invalid message and drops it.
+	kindLeaving = 4
 )
 
 // hashBytes is the size of one chunk hash on the wire (fixed: the hashes are uniformly
@@ -78,7 +85,7 @@ type peerLoad struct {
 // appendHeader starts a message of kind from sender.
 func appendHeader(dst []byte, kind byte, sender string) []byte {
 	dst = append(dst, wireVersion, kind)
-	if kind == kindUpdate {
+	if kind == kindUpdate || kind == kindLeaving {
 		dst = binary.AppendUvarint(dst, uint64(len(sender)))
 		dst = append(dst, sender...)
 	}
@@ -249,7 +256,7 @@ func (r *reader) hashes(dst []uint64) []uint64 {
 	return dst
 }
 
-// header checks the version and kind and returns the sender (updates only).
+// header checks the version and kind and returns the sender (updates and leaving notices).
 func (r *reader) header(kind byte) string {
 	if len(r.buf) < 2 {
 		r.err = errShort
@@ -260,7 +267,7 @@ func (r *reader) header(kind byte) string {
 		return ""
 	}
 	r.buf = r.buf[2:]
-	if kind != kindUpdate {
+	if kind != kindUpdate && kind != kindLeaving {
 		return ""
 	}
 	n := r.uvarint()
@@ -339,4 +346,15 @@ func decodeSnapshot(buf []byte, onGroup func(id uint64, hashes []uint64)) error 
 		}
 	}
 	return r.err
+}
+
+// decodeLeaving returns the sender of a leaving notice (kindLeaving). Errors: another version
+// or kind, a short sender, or bytes after it.
+func decodeLeaving(buf []byte) (string, error) {
+	r := reader{buf: buf}
+	sender := r.header(kindLeaving)
+	if r.err == nil && len(r.buf) > 0 {
+		r.err = fmt.Errorf("%d bytes after a leaving notice", len(r.buf))
+	}
+	return sender, r.err
 }
