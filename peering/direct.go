@@ -62,6 +62,9 @@ const (
 	// metaLeaving is the bit a closing replica sets before it leaves, so that its peers log
 	// its departure as one (Node.setMember).
 	metaLeaving byte = 2
+	// metaNotices is the bit that says a member takes leaving notices (kindLeaving); a
+	// replica of an older version, without it, is not sent one.
+	metaNotices byte = 4
 )
 
 // A direct packet's framing fits in what the packet budget leaves for memberlist's.
@@ -122,6 +125,9 @@ type directPath interface {
 // takesDirect reports whether a member's metadata (memberlist.Node.Meta) says it takes
 // direct packets.
 func takesDirect(meta []byte) bool { return len(meta) > 0 && meta[0]&metaDirect != 0 }
+
+// takesNotices reports whether a member's metadata says it takes leaving notices.
+func takesNotices(meta []byte) bool { return len(meta) > 0 && meta[0]&metaNotices != 0 }
 
 // leavingMeta reports whether a member's metadata says it is leaving.
 func leavingMeta(meta []byte) bool { return len(meta) > 0 && meta[0]&metaLeaving != 0 }

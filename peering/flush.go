@@ -352,17 +352,14 @@ const binaryMaxVarint = 10
 type delegate struct{ n *Node }
 
 // NodeMeta says whether this replica takes direct packets (metaDirect) and whether it is
-// closing (metaLeaving).
+// closing (metaLeaving); it takes leaving notices (metaNotices).
 func (d delegate) NodeMeta(int) []byte {
-	var meta byte
+	meta := metaNotices
 	if d.n.direct {
 		meta |= metaDirect
 	}
 	if d.n.closing.Load() {
 		meta |= metaLeaving
-	}
-	if meta == 0 {
-		return nil
 	}
 	return []byte{meta}
 }

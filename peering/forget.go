@@ -68,10 +68,19 @@ type recentLearns struct {
 	forgets, prevForgets int
 }
 
-// rotate starts a new generation when the current one is half a window old or half full.
+// rotate starts a new generation when the current one is half a window old or half full,
+// in the dropped generation's map, cleared: a map made anew each time grew again entry by
+// entry and was garbage (a busy replica rotates every few seconds, tens of thousands of
+// entries each).
 func (r *recentLearns) rotate(now time.Time) {
 	if r.cur == nil || now.Sub(r.started) >= forgetWindow/2 || len(r.cur) >= maxRecentLearns/2 {
-		r.prev, r.cur, r.started = r.cur, make(map[learnKey]localStamps, len(r.cur)), now
+		next := r.prev
+		if next == nil {
+			next = make(map[learnKey]localStamps, len(r.cur))
+		} else {
+			clear(next)
+		}
+		r.prev, r.cur, r.started = r.cur, next, now
 		r.prevForgets, r.forgets = r.forgets, 0
 	}
 }

@@ -7,6 +7,7 @@ package peering
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -45,8 +46,8 @@ var rejectedMarks = []string{
 // levelWriter is memberlist's log output ("[LEVEL] memberlist: …" lines), and this
 // package's own about the direct packets it refuses (emit). Each line reporting a rejected
 // packet or stream counts in rejected; lines are logged at most one per kind per
-// mlogInterval (warnings and errors at warn, the rest at debug), cut to mlogExcerpt printable
-// ASCII bytes. It is safe for concurrent use.
+// mlogInterval (warnings and errors at warn, the rest and every line once closing at debug),
+// cut to mlogExcerpt printable ASCII bytes. It is safe for concurrent use.
 type levelWriter struct {
 	log      *zap.Logger
 	rejected *metrics.Counter
@@ -54,6 +55,11 @@ type levelWriter struct {
 
 	mu    sync.Mutex
 	kinds map[string]*mlogKind
+
+	// closing: the node is closing; memberlist's warnings are then logged at debug (its
+	// probes fail on its own closed sockets: "use of closed network connection", "UDP
+	// probes failed").
+	closing atomic.Bool
 }
 
 type mlogKind struct {
@@ -67,7 +73,7 @@ func newLevelWriter(lg *zap.Logger, rejected *metrics.Counter) *levelWriter {
 
 func (w *levelWriter) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
-	warn := strings.HasPrefix(line, "[WARN]") || strings.HasPrefix(line, "[ERR]")
+	warn := (strings.HasPrefix(line, "[WARN]") || strings.HasPrefix(line, "[ERR]")) && !w.closing.Load()
 	msg := line
 	if i := strings.Index(msg, "] "); strings.HasPrefix(msg, "[") && i > 0 {
 		msg = msg[i+2:]

@@ -562,6 +562,7 @@ func (n *Node) Close() error {
 		// and memberlist drops it unsent when the leave's own message about this replica
 		// is queued (the bench's shutdowns still logged a loss in 3 of ~30).
 		n.closing.Store(true)
+		n.mlog.closing.Store(true)
 		n.sendLeaving()
 		_ = n.ml.UpdateNode(leaveTimeout / 2)
 		_ = n.ml.Leave(leaveTimeout)
@@ -571,12 +572,15 @@ func (n *Node) Close() error {
 	return err
 }
 
-// sendLeaving sends this replica's leaving notice (kindLeaving) to each live peer, once, by
-// UDP: a lost one leaves the metadata to say it.
+// sendLeaving sends this replica's leaving notice (kindLeaving) to each live peer that takes
+// one (metaNotices: not a replica of an older version, which would count it invalid), once,
+// by UDP: a lost one leaves the metadata to say it.
 func (n *Node) sendLeaving() {
 	msg := appendHeader(nil, kindLeaving, n.name)
 	for _, m := range n.livePeers() {
-		_ = n.ml.SendBestEffort(m, msg)
+		if takesNotices(m.Meta) {
+			_ = n.ml.SendBestEffort(m, msg)
+		}
 	}
 }
 
@@ -611,10 +615,16 @@ func (n *Node) now() time.Time { return time.Now() }
 
 // setMember records a live or gone peer m (a copy: copyNode; left: its metadata said it was
 // leaving; so does a recent leaving notice) and logs the loss of the last one and the
-// return of the first.
+// return of the first. A departure's line says how it was known to be one (by: notice or
+// metadata).
 func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
+	by := "metadata"
 	name, addr := m.Name, m.Address()
-	if name == n.name {
+	if name == n.name || n.closing.Load() {
+		// A closing replica's view of its peers no longer matters, and is wrong: its own
+		// probes fail once its sockets are closed, and memberlist's suspicion timers still
+		// fire after its Shutdown, declaring live peers dead (the bench's shutdowns logged
+		// "peer lost" for the survivors).
 		return
 	}
 	n.mu.Lock()
@@ -623,6 +633,7 @@ func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
 	if alive {
 		n.members[name] = m
 		delete(n.lost, name)
+		delete(n.leaving, name) // a notice from before this join is not about it
 		// A replica restarted at a dead one's address under a new name replaces it.
 		for lname, l := range n.lost {
 			if l.addr == addr {
@@ -631,7 +642,9 @@ func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
 		}
 	} else {
 		if at, ok := n.leaving[name]; ok {
-			left = left || n.now().Sub(at) <= leavingNoticeTTL
+			if n.now().Sub(at) <= leavingNoticeTTL {
+				left, by = true, "notice"
+			}
 			delete(n.leaving, name)
 		}
 		delete(n.members, name)
@@ -656,7 +669,7 @@ func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
 	}
 	switch {
 	case !alive && wasMember && left:
-		n.log.Info("peering: peer left", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
+		n.log.Info("peering: peer left", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count), zap.String("by", by))
 	case !alive && wasMember:
 		n.log.Warn("peering: peer lost", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
 	case alive && back:
@@ -739,7 +752,8 @@ func (n *Node) publishPeers() {
 }
 
 // livePeers are the live peers, as memberlist last told of them (copies, not to be
-// modified): what the flusher sends to.
+// modified): what the flusher sends to. A suspect peer is one until memberlist declares it
+// dead (NotifyLeave): it may be slow, not gone, and its updates keep it converged.
 func (n *Node) livePeers() []*memberlist.Node {
 	if ps := n.peers.Load(); ps != nil {
 		return *ps

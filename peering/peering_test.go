@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/hashicorp/memberlist"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/prefixlb/prefixlb/backend"
@@ -283,6 +285,9 @@ func TestPeerLeaves(t *testing.T) {
 	if len(left) != 1 || left[0].Fields["peer"] != b.node.Name() || left[0].Level != zapcore.InfoLevel {
 		t.Fatalf("a logged %v for b's departure; want one info line naming it", left)
 	}
+	if left[0].Fields["by"] != "notice" { // Close sends it before memberlist's leave
+		t.Fatalf("a knew of b's departure by %v; want its leaving notice", left[0].Fields["by"])
+	}
 	if lost := a.logs.WithMessage("peering: peer lost"); len(lost) != 0 {
 		t.Fatalf("a logged %v: a departure taken for a loss", lost)
 	}
@@ -528,7 +533,7 @@ func TestLeavingNotice(t *testing.T) {
 		msg   string
 		level zapcore.Level
 	}{
-		{name: "fresh notice", msg: "peering: peer left", level: zapcore.InfoLevel},
+		{name: "fresh notice", msg: "peering: peer left", level: zapcore.InfoLevel}, // by notice: b's metadata never said it
 		{name: "stale notice", age: 2 * leavingNoticeTTL, msg: "peering: peer lost", level: zapcore.WarnLevel},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -585,5 +590,60 @@ func TestDecodeLeaving(t *testing.T) {
 				t.Fatalf("decodeLeaving = %q, %v; want %q, error %v", got, err, tc.want, tc.err)
 			}
 		})
+	}
+}
+
+// TestUpdateMember: the flusher's copy of a peer follows memberlist's updates of it (its
+// metadata), and an update of a node that is no member adds none.
+func TestUpdateMember(t *testing.T) {
+	n := &Node{name: "self", members: map[string]*memberlist.Node{}, lost: map[string]lostPeer{}, leaving: map[string]time.Time{},
+		log: zap.NewNop()}
+	peer := &memberlist.Node{Name: "p", Addr: net.IPv4(127, 0, 0, 2), Port: 7946, Meta: []byte{metaDirect | metaNotices}}
+	n.setMember(copyNode(peer), true, false)
+	peer.Meta[0] = metaNotices // memberlist's own node, changed in place: the copy must not see it
+	if ps := n.livePeers(); len(ps) != 1 || !takesDirect(ps[0].Meta) {
+		t.Fatalf("live peers %v; want p, taking direct packets", ps)
+	}
+	n.updateMember(copyNode(&memberlist.Node{Name: "p", Addr: peer.Addr, Port: peer.Port, Meta: []byte{metaNotices | metaLeaving}}))
+	n.updateMember(copyNode(&memberlist.Node{Name: "stranger", Addr: peer.Addr, Port: 7947}))
+	ps := n.livePeers()
+	if len(ps) != 1 || takesDirect(ps[0].Meta) || !leavingMeta(ps[0].Meta) {
+		t.Fatalf("live peers %v; want p alone, leaving, without the direct path", ps)
+	}
+}
+
+// TestClosingNodeQuiet: once a node is closing, memberlist's warnings (its probes failing on
+// its own closed sockets) are logged at debug, and a peer's departure is not recorded or
+// logged (memberlist's suspicion timers still fire after its Shutdown, declaring live peers
+// dead: the bench's shutdowns logged "peer lost" for the survivors).
+func TestClosingNodeQuiet(t *testing.T) {
+	lg, rec := testutil.RecordingLogger()
+	w := newLevelWriter(lg, metrics.NewSet().NewCounter("rejected"))
+	now := time.Unix(1000, 0)
+	w.now = func() time.Time { return now }
+	n := &Node{name: "self", members: map[string]*memberlist.Node{}, lost: map[string]lostPeer{}, leaving: map[string]time.Time{},
+		log: lg, mlog: w}
+	peer := &memberlist.Node{Name: "p", Addr: net.IPv4(127, 0, 0, 2), Port: 7946, Meta: []byte{metaNotices}}
+	n.setMember(copyNode(peer), true, false)
+	ping := "[WARN] memberlist: Failed to send UDP ping: write udp 127.0.0.1:1->127.0.0.1:2: use of closed network connection\n"
+	for i, closing := range []bool{false, true} {
+		n.closing.Store(closing)
+		w.closing.Store(closing)
+		now = now.Add(mlogInterval)
+		rec.Take()
+		if _, err := w.Write([]byte(ping)); err != nil {
+			t.Fatal(err)
+		}
+		want := zapcore.WarnLevel
+		if closing {
+			want = zapcore.DebugLevel
+		}
+		if got := rec.Take(); len(got) != 1 || got[0].Level != want {
+			t.Fatalf("step %d: memberlist's warning logged as %v; want one line at %v", i, got, want)
+		}
+	}
+	n.setMember(copyNode(peer), false, false)
+	if got := rec.Take(); len(got) != 0 || n.Alive() != 1 {
+		t.Fatalf("a closing node logged %v and sees %d peers; want nothing and its peer as it was", got, n.Alive())
 	}
 }

@@ -110,8 +110,12 @@ func routersBlock(b *Board) string {
 		return ""
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "- several prefixlb replicas against one (issue 16's target: cached-token ratio ≥ %.0f%% of prefix's, TTFT p95 ≤ %.2f× prefix's):\n",
+	fmt.Fprintf(&sb, "- several prefixlb replicas against one (issue 16's target: cached-token ratio ≥ %.0f%% of prefix's, TTFT p95 ≤ %.2f× prefix's",
 		RoutersCachedTarget*100, RoutersP95Target)
+	if slices.ContainsFunc(b.Routers, func(c RouterCheck) bool { return len(c.Rounds) > 0 }) {
+		sb.WriteString("; over several rounds the p95 ratio is the median of the per-round ratios and the cached ratio that of the tokens summed over the rounds, not the tables' medians")
+	}
+	sb.WriteString("):\n")
 	met, judged := map[string]int{}, map[string]int{}
 	var order []string
 	byCell := map[string][]string{}
@@ -131,7 +135,7 @@ func routersBlock(b *Board) string {
 			for i, r := range c.Rounds {
 				rs[i] = fmt.Sprintf("%.2f", r)
 			}
-			line += fmt.Sprintf(", p95 ÷ by round %s", strings.Join(rs, " / "))
+			line += fmt.Sprintf(", per-round p95 ratios %s", strings.Join(rs, " / "))
 		}
 		byCell[c.Cell] = append(byCell[c.Cell], line)
 	}

@@ -295,11 +295,11 @@ func TestPairedRounds(t *testing.T) {
 		{name: "drift: paired median, not the ratio of medians",
 			one: rounds("prefix", []float64{10, 20, 10}, []int64{500, 500, 500}), x: rounds("prefix×3+peer", []float64{11, 22, 30}, []int64{500, 400, 600}),
 			cached: 1, p95: 1.1, byRound: []float64{1.1, 1.1, 3}, paired: true,
-			renderLine: "prefix×3+peer cached 1.000×, p95 1.10× (meets), p95 ÷ by round 1.10 / 1.10 / 3.00"},
-		{name: "cached pooled over the rounds",
-			one: rounds("prefix", []float64{10, 10}, []int64{500, 500}), x: rounds("prefix×3+peer", []float64{10, 10}, []int64{490, 470}),
-			cached: 0.96, p95: 1, byRound: []float64{1, 1}, paired: true,
-			renderLine: "prefix×3+peer cached 0.960×, p95 1.00× (misses), p95 ÷ by round 1.00 / 1.00"},
+			renderLine: "prefix×3+peer cached 1.000×, p95 1.10× (meets), per-round p95 ratios 1.10 / 1.10 / 3.00"},
+		{name: "cached pooled over the rounds, not their median",
+			one: rounds("prefix", []float64{10, 10, 10}, []int64{500, 500, 500}), x: rounds("prefix×3+peer", []float64{10, 10, 10}, []int64{500, 500, 350}),
+			cached: 0.9, p95: 1, byRound: []float64{1, 1, 1}, paired: true,
+			renderLine: "prefix×3+peer cached 0.900×, p95 1.00× (misses), per-round p95 ratios 1.00 / 1.00 / 1.00"},
 		{name: "one round: the rows", one: rounds("prefix", []float64{10}, []int64{500}), x: rounds("prefix×3+peer", []float64{12}, []int64{500}), cached: 1, p95: 1.2,
 			renderLine: "prefix×3+peer cached 1.000×, p95 1.20× (misses)\n"},
 		{name: "unequal rounds: the rows", one: rounds("prefix", []float64{10, 20}, []int64{500, 500}), x: rounds("prefix×3+peer", []float64{11, 22, 30}, []int64{500, 500, 500}),
@@ -316,8 +316,12 @@ func TestPairedRounds(t *testing.T) {
 			if math.Abs(g.Cached-tc.cached) > 1e-9 || math.Abs(g.P95-tc.p95) > 1e-9 || !slices.Equal(g.Rounds, tc.byRound) {
 				t.Errorf("check %+v, want cached %g p95 %g by round %v", g, tc.cached, tc.p95, tc.byRound)
 			}
-			if out := Render(b); tc.renderLine != "" && !strings.Contains(out, tc.renderLine) {
+			out := Render(b)
+			if tc.renderLine != "" && !strings.Contains(out, tc.renderLine) {
 				t.Errorf("scoreboard lacks %q:\n%s", tc.renderLine, out)
+			}
+			if says := strings.Contains(out, "the median of the per-round ratios"); says != tc.paired {
+				t.Errorf("the block says it compares round by round: %v, want %v:\n%s", says, tc.paired, out)
 			}
 		})
 	}
