@@ -119,11 +119,22 @@ func peerTraffic(nodes []*peering.Node) (bytes, updates uint64) {
 	return bytes, updates
 }
 
-// reportPeerTraffic writes one line of the arm's peer traffic per routed request.
+// reportPeerTraffic writes one line of the arm's peer traffic per routed request, and how
+// long the peers' decisions took to count at the others (one process, one clock: exact).
 func reportPeerTraffic(w io.Writer, label string, nodes []*peering.Node, requests int) {
 	bytes, updates := peerTraffic(nodes)
-	fmt.Fprintf(w, "%s: peer traffic %d update bytes for %d requests (%.0f bytes per request over all peers; %d updates sent)\n",
-		label, bytes, requests, float64(bytes)/float64(max(requests, 1)), updates)
+	var delays [][]peering.DelayBucket
+	for _, n := range nodes {
+		delays = append(delays, n.Stats().DecisionDelay)
+	}
+	d := peering.MergeDelays(delays...)
+	var decisions uint64
+	for _, b := range d {
+		decisions += b.Count
+	}
+	fmt.Fprintf(w, "%s: peer traffic %d update bytes for %d requests (%.0f bytes per request over all peers; %d updates sent); a decision counted at a peer after p50 %.2f / p90 %.2f / p99 %.2f ms (%d decisions received)\n",
+		label, bytes, requests, float64(bytes)/float64(max(requests, 1)), updates,
+		1000*peering.DelayQuantile(d, 0.5), 1000*peering.DelayQuantile(d, 0.9), 1000*peering.DelayQuantile(d, 0.99), decisions)
 }
 
 // routerReplicasNote is the report's note on the arms' n prefixlb replicas: independent, or

@@ -421,6 +421,7 @@ func (n *Node) receive(buf []byte) {
 				// never split.
 				if !counted {
 					n.countDecision(b, g, now)
+					n.m.noteDelay(g.stamp, time.Now())
 				}
 				return
 			}
@@ -433,6 +434,7 @@ func (n *Node) receive(buf []byte) {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.
 				n.countDecision(b, g, now)
+				n.m.noteDelay(g.stamp, time.Now())
 			}
 		})
 	if err != nil {

@@ -1,7 +1,13 @@
 package peering
 
 import (
+	"cmp"
 	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -33,6 +39,9 @@ type metricSet struct {
 	// their backend that ranks ahead of them (settle.go's rank) arrived meanwhile.
 	settles   *metrics.Counter
 	resettles *metrics.Counter
+	// delay is how long a peer's decision took to count here: from its stamp (the sender's
+	// clock when it decided) to when this replica had recorded it, seconds.
+	delay *metrics.Histogram
 }
 
 func newMetrics(alive func() float64) metricSet {
@@ -57,6 +66,7 @@ func newMetrics(alive func() float64) metricSet {
 		samplesRecv: s.NewCounter("prefixlb_peer_prefill_samples_received_total"),
 		settles:     s.NewCounter("prefixlb_peer_settles_total"),
 		resettles:   s.NewCounter("prefixlb_peer_resettles_total"),
+		delay:       s.NewHistogram("prefixlb_peer_decision_delay_seconds"),
 	}
 }
 
@@ -80,7 +90,10 @@ func newMetrics(alive func() float64) metricSet {
 // _received_total (prefill observations, time to first token against the work, that each
 // replica shares so that all learn a backend's prefill rate from every request; sent counted
 // once per peer), and prefixlb_peer_settles_total / _resettles_total (holds for
-// Options.SettleWait, up to two per request; those decided again, settle.go).
+// Options.SettleWait, up to two per request; those decided again, settle.go), and
+// prefixlb_peer_decision_delay_seconds (histogram: from a peer's decision, by its clock, to
+// this replica having recorded it; between machines it includes their clocks' offset, and
+// a decision stamped ahead of this clock counts 0).
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
 
 // Stats are the node's counters (those of WriteMetrics).
@@ -91,10 +104,76 @@ type Stats struct {
 	BytesSent       uint64
 	BytesReceived   uint64
 	SnapshotEntries uint64
+	// DecisionDelay are the buckets of prefixlb_peer_decision_delay_seconds with counts, in
+	// increasing order.
+	DecisionDelay []DelayBucket
+}
+
+// DelayBucket is one bucket of a delay histogram: Count observations above the previous
+// bucket's Upper and at most this Upper (seconds).
+type DelayBucket struct {
+	Upper float64
+	Count uint64
 }
 
 // Stats returns the node's counters now.
 func (n *Node) Stats() Stats {
 	return Stats{PeersAlive: n.Alive(), UpdatesSent: n.m.sent.Get(), UpdatesReceived: n.m.received.Get(),
-		BytesSent: n.m.bytesSent.Get(), BytesReceived: n.m.bytesRecv.Get(), SnapshotEntries: n.m.snapshots.Get()}
+		BytesSent: n.m.bytesSent.Get(), BytesReceived: n.m.bytesRecv.Get(), SnapshotEntries: n.m.snapshots.Get(),
+		DecisionDelay: buckets(n.m.delay)}
+}
+
+// noteDelay observes the delay of a peer's decision stamped stamp (unix ns), recorded now.
+func (m *metricSet) noteDelay(stamp int64, now time.Time) {
+	m.delay.Update(max(now.Sub(time.Unix(0, stamp)), 0).Seconds())
+}
+
+// buckets are h's non-empty buckets in increasing order (VictoriaMetrics' vmrange buckets,
+// 18 a decade).
+func buckets(h *metrics.Histogram) []DelayBucket {
+	var out []DelayBucket
+	h.VisitNonZeroBuckets(func(vmrange string, count uint64) {
+		_, hi, ok := strings.Cut(vmrange, "...")
+		if up, err := strconv.ParseFloat(hi, 64); ok && err == nil {
+			out = append(out, DelayBucket{Upper: up, Count: count})
+		}
+	})
+	slices.SortFunc(out, func(a, b DelayBucket) int { return cmp.Compare(a.Upper, b.Upper) })
+	return out
+}
+
+// DelayQuantile is the upper bound of the bucket holding quantile q (0..1) of bs (sorted by
+// Upper, as Stats gives them; several nodes' merged with MergeDelays); 0 for none.
+func DelayQuantile(bs []DelayBucket, q float64) float64 {
+	var total uint64
+	for _, b := range bs {
+		total += b.Count
+	}
+	if total == 0 {
+		return 0
+	}
+	rank := uint64(math.Ceil(q * float64(total)))
+	var seen uint64
+	for _, b := range bs {
+		if seen += b.Count; seen >= max(rank, 1) {
+			return b.Upper
+		}
+	}
+	return bs[len(bs)-1].Upper
+}
+
+// MergeDelays sums several nodes' delay buckets (alike bounds: the same histogram kind).
+func MergeDelays(all ...[]DelayBucket) []DelayBucket {
+	sum := map[float64]uint64{}
+	for _, bs := range all {
+		for _, b := range bs {
+			sum[b.Upper] += b.Count
+		}
+	}
+	out := make([]DelayBucket, 0, len(sum))
+	for up, c := range sum {
+		out = append(out, DelayBucket{Upper: up, Count: c})
+	}
+	slices.SortFunc(out, func(a, b DelayBucket) int { return cmp.Compare(a.Upper, b.Upper) })
+	return out
 }

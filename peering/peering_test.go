@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -645,5 +646,52 @@ func TestClosingNodeQuiet(t *testing.T) {
 	n.setMember(copyNode(peer), false, false)
 	if got := rec.Take(); len(got) != 0 || n.Alive() != 1 {
 		t.Fatalf("a closing node logged %v and sees %d peers; want nothing and its peer as it was", got, n.Alive())
+	}
+}
+
+// TestDecisionDelay: a peer's decision is measured once where it is counted, from its
+// stamp; the histogram is exported, and the bench's quantiles come from its buckets.
+func TestDecisionDelay(t *testing.T) {
+	rs := cluster(t, 2)
+	a, b := rs[0], rs[1]
+	k := prompt(t, 7)
+	url := b.notRing(k)
+	a.node.Policy().Learn(k, a.byName(url), 0)
+	testutil.Eventually(t, wait, "b gets a's decision", func() bool { return b.holds(k, url) })
+	d := b.node.Stats().DecisionDelay
+	var n uint64
+	for _, x := range d {
+		n += x.Count
+	}
+	if n != 1 || DelayQuantile(d, 0.5) <= 0 || DelayQuantile(d, 0.5) > wait.Seconds() {
+		t.Fatalf("b's delay buckets %v: want one decision, measured within the wait", d)
+	}
+	var sb strings.Builder
+	b.node.WriteMetrics(&sb)
+	if !strings.Contains(sb.String(), "prefixlb_peer_decision_delay_seconds_count 1") {
+		t.Fatalf("metrics lack the delay histogram:\n%s", sb.String())
+	}
+}
+
+// TestDelayQuantile: quantiles are the upper bound of the bucket that holds them, merged
+// across nodes by bound; nothing observed reads 0.
+func TestDelayQuantile(t *testing.T) {
+	a := []DelayBucket{{0.001, 5}, {0.002, 4}}
+	b := []DelayBucket{{0.002, 1}, {0.01, 10}}
+	m := MergeDelays(a, b, nil)
+	if want := []DelayBucket{{0.001, 5}, {0.002, 5}, {0.01, 10}}; !slices.Equal(m, want) {
+		t.Fatalf("merged %v, want %v", m, want)
+	}
+	for _, tc := range []struct {
+		bs   []DelayBucket
+		q    float64
+		want float64
+	}{
+		{m, 0, 0.001}, {m, 0.25, 0.001}, {m, 0.26, 0.002}, {m, 0.5, 0.002}, {m, 0.51, 0.01}, {m, 1, 0.01},
+		{nil, 0.5, 0},
+	} {
+		if got := DelayQuantile(tc.bs, tc.q); got != tc.want {
+			t.Errorf("DelayQuantile(%v, %g) = %g, want %g", tc.bs, tc.q, got, tc.want)
+		}
 	}
 }
