@@ -559,8 +559,8 @@ func (n *Node) Close() error {
 		// The peers hear first that this replica is leaving, so that they log its
 		// departure as one, not as a loss (setMember): a notice to each, and its metadata.
 		// Not the metadata alone: gossiped, it reaches a peer a gossip round or more later,
-		// and memberlist drops it unsent when the leave's own message about this replica
-		// is queued (the bench's shutdowns still logged a loss in 3 of ~30).
+		// and what of it is still queued when the leave's own message about this replica
+		// is queued is dropped unsent (memberlist keeps one broadcast per node name).
 		n.closing.Store(true)
 		n.mlog.closing.Store(true)
 		n.sendLeaving()
