@@ -109,26 +109,19 @@ func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bo
 	return sv.URL(), node, stop, nil
 }
 
-// peerTraffic sums the nodes' counters: the update bytes sent over all peers.
-func peerTraffic(nodes []*peering.Node) (bytes, updates uint64) {
+// reportPeerTraffic writes one line of the arm's peer traffic per routed request (the update
+// bytes sent over all peers), and how long the peers' decisions took to count at the others
+// (one process, one clock: exact).
+func reportPeerTraffic(w io.Writer, label string, nodes []*peering.Node, requests int) {
+	var bytes, updates, decisions uint64
+	var delays [][]peering.DelayBucket
 	for _, n := range nodes {
 		s := n.Stats()
 		bytes += s.BytesSent
 		updates += s.UpdatesSent
-	}
-	return bytes, updates
-}
-
-// reportPeerTraffic writes one line of the arm's peer traffic per routed request, and how
-// long the peers' decisions took to count at the others (one process, one clock: exact).
-func reportPeerTraffic(w io.Writer, label string, nodes []*peering.Node, requests int) {
-	bytes, updates := peerTraffic(nodes)
-	var delays [][]peering.DelayBucket
-	for _, n := range nodes {
-		delays = append(delays, n.Stats().DecisionDelay)
+		delays = append(delays, s.DecisionDelay)
 	}
 	d := peering.MergeDelays(delays...)
-	var decisions uint64
 	for _, b := range d {
 		decisions += b.Count
 	}

@@ -377,13 +377,15 @@ func (n *Node) receive(buf []byte) {
 	defer n.recvMu.Unlock()
 	n.m.bytesRecv.Add(len(buf))
 	set := n.backends.Load()
-	if len(buf) >= 2 && buf[0] == wireVersion && buf[1] == kindSamples {
-		n.receiveSamples(buf, set)
-		return
-	}
-	if len(buf) >= 2 && buf[0] == wireVersion && buf[1] == kindLeaving {
-		n.receiveLeaving(buf)
-		return
+	if len(buf) >= 2 && buf[0] == wireVersion {
+		switch buf[1] {
+		case kindSamples:
+			n.receiveSamples(buf, set)
+			return
+		case kindLeaving:
+			n.receiveLeaving(buf)
+			return
+		}
 	}
 	now := n.now()
 	idx := n.pol.Index()
@@ -421,7 +423,6 @@ func (n *Node) receive(buf []byte) {
 				// never split.
 				if !counted {
 					n.countDecision(b, g, now)
-					n.m.noteDelay(g.stamp, time.Now())
 				}
 				return
 			}
@@ -434,7 +435,6 @@ func (n *Node) receive(buf []byte) {
 				// One decision per group, not per part of a prompt split across packets,
 				// which memberlist may hand over in any order.
 				n.countDecision(b, g, now)
-				n.m.noteDelay(g.stamp, time.Now())
 			}
 		})
 	if err != nil {
@@ -444,10 +444,12 @@ func (n *Node) receive(buf []byte) {
 }
 
 // countDecision counts a peer's decision g on b: in b's recent share
-// (router.Prefix.NotePeerRouted) and in the arrivals that settling reads (settle.go).
+// (router.Prefix.NotePeerRouted), in the arrivals that settling reads (settle.go), and in
+// the decision delay (measured now that it counts).
 func (n *Node) countDecision(b *backend.Backend, g group, now time.Time) {
 	n.pol.NotePeerRouted(b, g.work)
 	n.arrivals.add(arrival{id: b.ID, stamp: g.stamp, work: g.work, class: g.class, arrived: now.UnixNano()})
+	n.m.noteDelay(g.stamp, time.Now())
 }
 
 // receiveSamples folds a peer's prefill observations into the models of the backends they

@@ -138,8 +138,7 @@ func buckets(h *metrics.Histogram) []DelayBucket {
 			out = append(out, DelayBucket{Upper: up, Count: count})
 		}
 	})
-	slices.SortFunc(out, func(a, b DelayBucket) int { return cmp.Compare(a.Upper, b.Upper) })
-	return out
+	return MergeDelays(out) // sorted
 }
 
 // DelayQuantile is the upper bound of the bucket holding quantile q (0..1) of bs (sorted by

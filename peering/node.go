@@ -189,7 +189,6 @@ type Node struct {
 	lost    map[string]lostPeer                // dead or left peers, joined again until lostForget
 	leaving map[string]time.Time               // peers whose leaving notice came, when (kindLeaving)
 	alone   bool                               // logged as without live peers
-	live    atomic.Int32                       // len(members), for a lock-free glance
 	closing atomic.Bool                        // Close has begun: the metadata says so (metaLeaving)
 
 	// loadKick (capacity 1) is signalled by the backends when their load here changes
@@ -396,11 +395,7 @@ func (n *Node) Name() string { return n.name }
 func (n *Node) Addr() string { return n.addr }
 
 // Alive is the number of live peers (this replica not counted).
-func (n *Node) Alive() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.members)
-}
+func (n *Node) Alive() int { return len(n.livePeers()) }
 
 // Start joins the peers (taking a snapshot of one's index; Ready then says so) and starts the
 // flusher and the rejoin loop, until Close or ctx is done.
@@ -657,7 +652,6 @@ func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
 	}
 	n.publishPeers()
 	count := len(n.members)
-	n.live.Store(int32(count))
 	was := n.alone
 	n.alone = count == 0
 	n.mu.Unlock()
