@@ -208,6 +208,14 @@ func (f *flusher) send(now time.Time, learned, forgets int, sendLoads, sendSampl
 		n.m.samplesSent.Add(sentSamples)
 		n.samplesMsgs.Add(uint64(len(f.packets) - updates))
 	}
+	if learned > 0 {
+		done := time.Now()
+		for _, it := range f.items {
+			if !it.forget && it.stamp != 0 {
+				observeSince(n.m.sendDelay, it.stamp, done)
+			}
+		}
+	}
 }
 
 // sendUpdate sends the update msg to peer p as a direct packet (direct.go), sealed in buf's

@@ -42,6 +42,11 @@ type metricSet struct {
 	// delay is how long a peer's decision took to count here: from its stamp (the sender's
 	// clock when it decided) to when this replica had recorded it, seconds.
 	delay *metrics.Histogram
+	// sendDelay is how long this replica's own decisions took to go out: from the stamp to
+	// the update holding it written to every live peer, seconds. Against delay at the
+	// peers, it tells a slow sender (its flusher waiting for a core) from a slow path or
+	// receiver.
+	sendDelay *metrics.Histogram
 }
 
 func newMetrics(alive func() float64) metricSet {
@@ -67,6 +72,7 @@ func newMetrics(alive func() float64) metricSet {
 		settles:     s.NewCounter("prefixlb_peer_settles_total"),
 		resettles:   s.NewCounter("prefixlb_peer_resettles_total"),
 		delay:       s.NewHistogram("prefixlb_peer_decision_delay_seconds"),
+		sendDelay:   s.NewHistogram("prefixlb_peer_send_delay_seconds"),
 	}
 }
 
@@ -93,7 +99,9 @@ func newMetrics(alive func() float64) metricSet {
 // Options.SettleWait, up to two per request; those decided again, settle.go), and
 // prefixlb_peer_decision_delay_seconds (histogram: from a peer's decision, by its clock, to
 // this replica having recorded it; between machines it includes their clocks' offset, and
-// a decision stamped ahead of this clock counts 0).
+// a decision stamped ahead of this clock counts 0), and prefixlb_peer_send_delay_seconds
+// (histogram: from this replica's decision to the update holding it written to every live
+// peer; one clock).
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
 
 // Stats are the node's counters (those of WriteMetrics).
@@ -107,6 +115,8 @@ type Stats struct {
 	// DecisionDelay are the buckets of prefixlb_peer_decision_delay_seconds with counts, in
 	// increasing order.
 	DecisionDelay []DelayBucket
+	// SendDelay are those of prefixlb_peer_send_delay_seconds.
+	SendDelay []DelayBucket
 }
 
 // DelayBucket is one bucket of a delay histogram: Count observations above the previous
@@ -120,12 +130,15 @@ type DelayBucket struct {
 func (n *Node) Stats() Stats {
 	return Stats{PeersAlive: n.Alive(), UpdatesSent: n.m.sent.Get(), UpdatesReceived: n.m.received.Get(),
 		BytesSent: n.m.bytesSent.Get(), BytesReceived: n.m.bytesRecv.Get(), SnapshotEntries: n.m.snapshots.Get(),
-		DecisionDelay: buckets(n.m.delay)}
+		DecisionDelay: buckets(n.m.delay), SendDelay: buckets(n.m.sendDelay)}
 }
 
 // noteDelay observes the delay of a peer's decision stamped stamp (unix ns), recorded now.
-func (m *metricSet) noteDelay(stamp int64, now time.Time) {
-	m.delay.Update(max(now.Sub(time.Unix(0, stamp)), 0).Seconds())
+func (m *metricSet) noteDelay(stamp int64, now time.Time) { observeSince(m.delay, stamp, now) }
+
+// observeSince observes in h the seconds from stamp (unix ns) to now, 0 for a stamp ahead.
+func observeSince(h *metrics.Histogram, stamp int64, now time.Time) {
+	h.Update(max(now.Sub(time.Unix(0, stamp)), 0).Seconds())
 }
 
 // buckets are h's non-empty buckets in increasing order (VictoriaMetrics' vmrange buckets,

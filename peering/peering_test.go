@@ -650,7 +650,8 @@ func TestClosingNodeQuiet(t *testing.T) {
 }
 
 // TestDecisionDelay: a peer's decision is measured once where it is counted, from its
-// stamp; the histogram is exported, and the bench's quantiles come from its buckets.
+// stamp, and once where it was sent; the histograms are exported, and the bench's quantiles
+// come from their buckets.
 func TestDecisionDelay(t *testing.T) {
 	rs := cluster(t, 2)
 	a, b := rs[0], rs[1]
@@ -670,6 +671,23 @@ func TestDecisionDelay(t *testing.T) {
 	b.node.WriteMetrics(&sb)
 	if !strings.Contains(sb.String(), "prefixlb_peer_decision_delay_seconds_count 1") {
 		t.Fatalf("metrics lack the delay histogram:\n%s", sb.String())
+	}
+	// Sent once, by a alone; b decided nothing.
+	sd := a.node.Stats().SendDelay
+	n = 0
+	for _, x := range sd {
+		n += x.Count
+	}
+	if n != 1 || DelayQuantile(sd, 0.5) <= 0 || DelayQuantile(sd, 0.5) > wait.Seconds() {
+		t.Fatalf("a's send delay buckets %v: want one decision, sent within the wait", sd)
+	}
+	if got := b.node.Stats().SendDelay; len(got) != 0 {
+		t.Fatalf("b's send delay buckets %v; b decided nothing", got)
+	}
+	sb.Reset()
+	a.node.WriteMetrics(&sb)
+	if !strings.Contains(sb.String(), "prefixlb_peer_send_delay_seconds_count 1") {
+		t.Fatalf("metrics lack the send delay histogram:\n%s", sb.String())
 	}
 }
 
