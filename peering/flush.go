@@ -188,6 +188,7 @@ func (f *flusher) send(now time.Time, learned, forgets int, sendLoads, sendSampl
 		f.shared = append(f.shared[:0], f.shared[sentSamples:]...)
 		f.samplesSince = now
 	}
+	everyPeer := true // every packet went to every live peer
 	for _, p := range peers {
 		failed := false
 		for _, pkt := range f.packets {
@@ -201,6 +202,7 @@ func (f *flusher) send(now time.Time, learned, forgets int, sendLoads, sendSampl
 			n.m.bytesSent.Add(len(pkt))
 		}
 		if failed {
+			everyPeer = false
 			continue // what the packets held is counted only where all of them went out
 		}
 		n.m.sent.Add(learned)
@@ -208,10 +210,13 @@ func (f *flusher) send(now time.Time, learned, forgets int, sendLoads, sendSampl
 		n.m.samplesSent.Add(sentSamples)
 		n.samplesMsgs.Add(uint64(len(f.packets) - updates))
 	}
-	if learned > 0 {
+	if learned > 0 && everyPeer {
+		// Once per decision: its first item (the Learn's, or a Hold's), with its work; the
+		// chunks of a held request after its Release carry work 0 (counted at Hold, and
+		// stamped then) and a Learn that recorded nothing stamp 0.
 		done := time.Now()
 		for _, it := range f.items {
-			if !it.forget && it.stamp != 0 {
+			if !it.forget && it.stamp != 0 && it.work > 0 {
 				observeSince(n.m.sendDelay, it.stamp, done)
 			}
 		}
@@ -457,7 +462,9 @@ func (n *Node) receive(buf []byte) {
 func (n *Node) countDecision(b *backend.Backend, g group, now time.Time) {
 	n.pol.NotePeerRouted(b, g.work)
 	n.arrivals.add(arrival{id: b.ID, stamp: g.stamp, work: g.work, class: g.class, arrived: now.UnixNano()})
-	n.m.noteDelay(g.stamp, time.Now())
+	if g.stamp != 0 { // stamp 0: a Learn that recorded nothing, so no time either
+		n.m.noteDelay(g.stamp, time.Now())
+	}
 }
 
 // receiveSamples folds a peer's prefill observations into the models of the backends they

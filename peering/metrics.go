@@ -42,10 +42,11 @@ type metricSet struct {
 	// delay is how long a peer's decision took to count here: from its stamp (the sender's
 	// clock when it decided) to when this replica had recorded it, seconds.
 	delay *metrics.Histogram
-	// sendDelay is how long this replica's own decisions took to go out: from the stamp to
-	// the update holding it written to every live peer, seconds. Against delay at the
-	// peers, it tells a slow sender (its flusher waiting for a core) from a slow path or
-	// receiver.
+	// sendDelay is how long this replica's own decisions took to go out: from the stamp
+	// (its Learn, or a held request's Hold) to the flush that held it written to every live
+	// peer, seconds; a flush whose send to a peer failed, or with no live peer, is not
+	// observed. Against delay at the peers, it tells a slow sender (its flusher waiting for
+	// a core) from a slow path or receiver.
 	sendDelay *metrics.Histogram
 }
 
@@ -99,9 +100,10 @@ func newMetrics(alive func() float64) metricSet {
 // Options.SettleWait, up to two per request; those decided again, settle.go), and
 // prefixlb_peer_decision_delay_seconds (histogram: from a peer's decision, by its clock, to
 // this replica having recorded it; between machines it includes their clocks' offset, and
-// a decision stamped ahead of this clock counts 0), and prefixlb_peer_send_delay_seconds
-// (histogram: from this replica's decision to the update holding it written to every live
-// peer; one clock).
+// a decision stamped ahead of this clock counts 0; decisions that recorded nothing carry no
+// stamp and are not observed), and prefixlb_peer_send_delay_seconds (histogram: from this
+// replica's decision, its Learn or a held request's Hold, to the flush holding it written to
+// every live peer; one clock; flushes a peer missed are not observed).
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
 
 // Stats are the node's counters (those of WriteMetrics).

@@ -672,8 +672,13 @@ func TestDecisionDelay(t *testing.T) {
 	if !strings.Contains(sb.String(), "prefixlb_peer_decision_delay_seconds_count 1") {
 		t.Fatalf("metrics lack the delay histogram:\n%s", sb.String())
 	}
-	// Sent once, by a alone; b decided nothing.
-	sd := a.node.Stats().SendDelay
+	// Sent once, by a alone (observed once its write returned, which may be after b counted
+	// it); b decided nothing.
+	var sd []DelayBucket
+	testutil.Eventually(t, wait, "a observes its send", func() bool {
+		sd = a.node.Stats().SendDelay
+		return len(sd) > 0
+	})
 	n = 0
 	for _, x := range sd {
 		n += x.Count

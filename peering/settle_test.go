@@ -337,6 +337,33 @@ func TestHeldDecisionCountedOnce(t *testing.T) {
 	if !b.node.arrivals.has(d.Backend.ID, int64(l)) {
 		t.Error("b did not record the held decision's arrival")
 	}
+	var sent uint64
+	for _, x := range a.node.Stats().SendDelay {
+		sent += x.Count
+	}
+	if sent != 1 {
+		t.Errorf("a observed the held decision's send %d times, want once (its Hold's)", sent)
+	}
+}
+
+// TestUnstampedDecisionNoDelay: a decision that recorded nothing (a prompt under one chunk)
+// has no stamp: the peer counts it in the backend's recent share, and neither the sender's
+// send delay nor the peer's decision delay observes it (a stamp of 0 would read as 56 years).
+func TestUnstampedDecisionNoDelay(t *testing.T) {
+	a, b := loadPair(t)
+	url := backendURLs[1]
+	a.node.q.push(a.byName(url).ID, 0, 1000, nil, &a.node.m)
+	testutil.Eventually(t, wait, "b counts the unstamped decision", func() bool {
+		return b.byName(url).Routed().Value(0, router.RecentHalfLife) > 0
+	})
+	for _, c := range []struct {
+		who string
+		bs  []DelayBucket
+	}{{"b's decision delay", b.node.Stats().DecisionDelay}, {"a's send delay", a.node.Stats().SendDelay}} {
+		if len(c.bs) != 0 {
+			t.Errorf("%s observed %v for an unstamped decision, want nothing", c.who, c.bs)
+		}
+	}
 }
 
 // TestAbandonSendsNoForget: a held request whose client left is withdrawn from the holding
