@@ -211,9 +211,9 @@ func (f *flusher) send(now time.Time, learned, forgets int, sendLoads, sendSampl
 		n.samplesMsgs.Add(uint64(len(f.packets) - updates))
 	}
 	if learned > 0 && everyPeer {
-		// Once per decision: its first item (the Learn's, or a Hold's), with its work; the
-		// chunks of a held request after its Release carry work 0 (counted at Hold, and
-		// stamped then) and a Learn that recorded nothing stamp 0.
+		// Once per decision: its first item (the Learn's, or a Hold's), which carries its
+		// work; the chunks of a held request after its Release carry work 0 (counted and
+		// stamped at its Hold), and a Learn that recorded nothing has stamp 0.
 		done := time.Now()
 		for _, it := range f.items {
 			if !it.forget && it.stamp != 0 && it.work > 0 {
