@@ -213,10 +213,10 @@ func (f *flusher) send(now time.Time, learned, forgets int, sendLoads, sendSampl
 	if learned > 0 && everyPeer {
 		// Once per decision: its first item (the Learn's, or a Hold's), which carries its
 		// work; the chunks of a held request after its Release carry work 0 (counted and
-		// stamped at its Hold), and a Learn that recorded nothing has stamp 0.
+		// stamped at its Hold).
 		done := time.Now()
 		for _, it := range f.items {
-			if !it.forget && it.stamp != 0 && it.work > 0 {
+			if !it.forget && it.work > 0 {
 				observeSince(n.m.sendDelay, it.stamp, done)
 			}
 		}
@@ -462,9 +462,7 @@ func (n *Node) receive(buf []byte) {
 func (n *Node) countDecision(b *backend.Backend, g group, now time.Time) {
 	n.pol.NotePeerRouted(b, g.work)
 	n.arrivals.add(arrival{id: b.ID, stamp: g.stamp, work: g.work, class: g.class, arrived: now.UnixNano()})
-	if g.stamp != 0 { // stamp 0: a Learn that recorded nothing, so no time either
-		n.m.noteDelay(g.stamp, time.Now())
-	}
+	observeSince(n.m.delay, g.stamp, time.Now())
 }
 
 // receiveSamples folds a peer's prefill observations into the models of the backends they

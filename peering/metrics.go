@@ -135,12 +135,12 @@ func (n *Node) Stats() Stats {
 		DecisionDelay: buckets(n.m.delay), SendDelay: buckets(n.m.sendDelay)}
 }
 
-// noteDelay observes the delay of a peer's decision stamped stamp (unix ns), recorded now.
-func (m *metricSet) noteDelay(stamp int64, now time.Time) { observeSince(m.delay, stamp, now) }
-
-// observeSince observes in h the seconds from stamp (unix ns) to now, 0 for a stamp ahead.
+// observeSince observes in h the seconds from a decision's stamp (unix ns) to now, 0 for a
+// stamp ahead; a decision without a stamp (0: a Learn that recorded nothing) is not observed.
 func observeSince(h *metrics.Histogram, stamp int64, now time.Time) {
-	h.Update(max(now.Sub(time.Unix(0, stamp)), 0).Seconds())
+	if stamp != 0 {
+		h.Update(max(now.Sub(time.Unix(0, stamp)), 0).Seconds())
+	}
 }
 
 // buckets are h's non-empty buckets in increasing order (VictoriaMetrics' vmrange buckets,

@@ -660,11 +660,7 @@ func TestDecisionDelay(t *testing.T) {
 	a.node.Policy().Learn(k, a.byName(url), 0)
 	testutil.Eventually(t, wait, "b gets a's decision", func() bool { return b.holds(k, url) })
 	d := b.node.Stats().DecisionDelay
-	var n uint64
-	for _, x := range d {
-		n += x.Count
-	}
-	if n != 1 || DelayQuantile(d, 0.5) <= 0 || DelayQuantile(d, 0.5) > wait.Seconds() {
+	if n := delayCount(d); n != 1 || DelayQuantile(d, 0.5) <= 0 || DelayQuantile(d, 0.5) > wait.Seconds() {
 		t.Fatalf("b's delay buckets %v: want one decision, measured within the wait", d)
 	}
 	var sb strings.Builder
@@ -679,11 +675,7 @@ func TestDecisionDelay(t *testing.T) {
 		sd = a.node.Stats().SendDelay
 		return len(sd) > 0
 	})
-	n = 0
-	for _, x := range sd {
-		n += x.Count
-	}
-	if n != 1 || DelayQuantile(sd, 0.5) <= 0 || DelayQuantile(sd, 0.5) > wait.Seconds() {
+	if n := delayCount(sd); n != 1 || DelayQuantile(sd, 0.5) <= 0 || DelayQuantile(sd, 0.5) > wait.Seconds() {
 		t.Fatalf("a's send delay buckets %v: want one decision, sent within the wait", sd)
 	}
 	if got := b.node.Stats().SendDelay; len(got) != 0 {
@@ -694,6 +686,14 @@ func TestDecisionDelay(t *testing.T) {
 	if !strings.Contains(sb.String(), "prefixlb_peer_send_delay_seconds_count 1") {
 		t.Fatalf("metrics lack the send delay histogram:\n%s", sb.String())
 	}
+}
+
+// delayCount is how many observations bs holds.
+func delayCount(bs []DelayBucket) (n uint64) {
+	for _, b := range bs {
+		n += b.Count
+	}
+	return n
 }
 
 // TestDelayQuantile: quantiles are the upper bound of the bucket that holds them, merged

@@ -149,7 +149,7 @@ func rank(c class, s int64, xc class, xs int64) verdict {
 // (d.PrefillWork at the backend's learned prefill rate).
 func (p *Policy) SettleWait(_ *key.Key, d router.Decision) time.Duration {
 	w := p.n.o.SettleWait
-	if w <= 0 || d.Backend == nil || d.PrefillWork <= 0 || len(p.n.livePeers()) == 0 {
+	if w <= 0 || d.Backend == nil || d.PrefillWork <= 0 || p.n.Alive() == 0 {
 		return 0
 	}
 	rate := d.Backend.PrefillRate()

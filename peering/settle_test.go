@@ -337,11 +337,7 @@ func TestHeldDecisionCountedOnce(t *testing.T) {
 	if !b.node.arrivals.has(d.Backend.ID, int64(l)) {
 		t.Error("b did not record the held decision's arrival")
 	}
-	var sent uint64
-	for _, x := range a.node.Stats().SendDelay {
-		sent += x.Count
-	}
-	if sent != 1 {
+	if sent := delayCount(a.node.Stats().SendDelay); sent != 1 {
 		t.Errorf("a observed the held decision's send %d times, want once (its Hold's)", sent)
 	}
 }
