@@ -58,15 +58,39 @@ func (x *Index) Export(bs []*backend.Backend, maxPerBackend int) []BackendEntrie
 	return out
 }
 
-// importBatch is how many entries Import records under one hold of the backend's lock, so
-// that local Records on that backend wait at most one batch (a few ms).
+// importBatch is how many entries Import and Merge record under one hold of the backend's
+// lock, so that local Records on that backend wait at most one batch (a few ms).
 const importBatch = 4096
 
 // Import records that b holds hashes (most recently used first, as Export gives them) as of
-// now, keeping their order: hashes[0] ends up b's most recently used entry, and what does not
-// fit b's capacity is the oldest. Entries b holds already are touched. An unregistered b is
-// ignored. It returns how many entries it recorded (within the capacity).
+// now: Merge with every entry last used now. hashes[0] ends up b's most recently used entry
+// (but for entries a local Record used later, or added and not yet confirmed), and what does
+// not fit b's capacity is the oldest. An unregistered b is ignored. It returns how many
+// entries b holds of hashes afterwards (within the capacity).
 func (x *Index) Import(b *backend.Backend, hashes []uint64, now time.Time) int {
+	return x.merge(b, hashes, nil, now.UnixNano(), importBatch, nil)
+}
+
+// Merge records that b holds hashes, hashes[i] last used at used[i] (unix nanoseconds;
+// most recently used first, as Export gives them, used non-increasing, len(used) ==
+// len(hashes)), among b's own entries by age: each goes in b's LRU list where its time puts
+// it, an entry b holds already moves to the later of its two times, and when b is at
+// capacity the oldest of the union go, so that two replicas that learned apart (a partition,
+// a replica's restart) and exchange exports each end up with the newest entries of both
+// rather than with the other's (an import at now would put the other's whole list ahead of
+// what this replica learned meanwhile). Entries added by a Record that Forget may yet
+// withdraw are left as they are. An unregistered b is ignored. It returns how many entries
+// of hashes b holds afterwards. Local Records between batches (importBatch) are kept.
+func (x *Index) Merge(b *backend.Backend, hashes []uint64, used []int64) int {
+	if len(used) != len(hashes) {
+		return 0
+	}
+	return x.merge(b, hashes, used, 0, importBatch, nil)
+}
+
+// merge is Merge (used nil: every entry at at) in batches of batch entries, with between
+// called between two batches, the backend's lock released (tests).
+func (x *Index) merge(b *backend.Backend, hashes []uint64, used []int64, at int64, batch int, between func()) int {
 	if b == nil || len(hashes) == 0 {
 		return 0
 	}
@@ -74,13 +98,120 @@ func (x *Index) Import(b *backend.Backend, hashes []uint64, now time.Time) int {
 	if s == nil {
 		return 0
 	}
-	hashes = hashes[:s.fit(hashes, max(s.capacity.Load(), 0))] // by weight, as Record cuts
-	// Oldest batch first: each Record makes its batch the most recently used, and within a
-	// batch Record leaves the first hash at the front.
-	for end := len(hashes); end > 0; end -= importBatch {
-		if x.Record(hashes[max(end-importBatch, 0):end], b, now) == 0 {
-			return 0
+	// Cut as Record cuts, by weight: past the capacity an import's own newer entries would
+	// evict its older ones (and a chunk weighing more than the capacity, its own node).
+	hashes = hashes[:s.fit(hashes, max(s.limit(), 0))]
+	m := merger{x: x, s: s, cur: nilIdx}
+	for lo := 0; lo < len(hashes); lo += batch {
+		if lo > 0 && between != nil {
+			between()
+		}
+		var more bool
+		s.locked(func() { more = m.batch(b, hashes, used, at, lo, min(lo+batch, len(hashes))) })
+		if !more {
+			break
 		}
 	}
-	return len(hashes)
+	return m.kept
+}
+
+// merger is one Merge's walk down a slot's LRU list: the entries go, newest first, each before
+// cur, the first node used no later than it (nilIdx: at the back), which it keeps between
+// batches as its node, hash and stamp, so that a batch can tell whether the list changed
+// there meanwhile.
+type merger struct {
+	x       *Index
+	s       *slot
+	epoch   uint64
+	started bool
+	limit   int64
+	cur     int32
+	curHash uint64
+	curUsed int64
+	kept    int
+}
+
+// batch merges hashes[lo:hi] and reports whether the merge goes on. Called with s.mu held.
+func (m *merger) batch(b *backend.Backend, hashes []uint64, used []int64, at int64, lo, hi int) bool {
+	s := m.s
+	if s.removed.Load() {
+		return false
+	}
+	if !m.started {
+		m.x.catchUp(s, b.Epoch())
+		m.epoch, m.started = s.epoch.Load(), true
+		m.cur = s.head
+	} else if s.epoch.Load() != m.epoch || b.Epoch() != m.epoch {
+		return false // the backend restarted meanwhile: what it held is gone
+	} else if c := m.cur; c != nilIdx && (int(c) >= len(s.nodes) || s.nodes[c].hash != m.curHash || s.nodes[c].used != m.curUsed) {
+		m.cur = s.head // the list changed there: found again from the front
+	}
+	if m.limit = s.limit(); m.limit <= 0 {
+		return false
+	}
+	var evicted uint64
+	defer func() {
+		if evicted > 0 {
+			s.evictions.Add(evicted)
+			s.regrowBy(int64(evicted))
+		}
+	}()
+	for i := lo; i < hi; i++ {
+		h, u := norm(hashes[i]), at
+		if used != nil {
+			u = used[i] &^ added
+		}
+		for m.cur != nilIdx && s.nodes[m.cur].used&^added > u {
+			m.cur = s.nodes[m.cur].next
+		}
+		ni := s.recalled(h)
+		if ni == nilIdx {
+			ni = m.x.shard(h).lookup(h, s.num)
+		}
+		if ni == nilIdx {
+			if s.full(h, m.limit) && (s.tail == nilIdx || s.nodes[s.tail].used&^added >= u) {
+				break // older than every entry kept, as is every entry after it
+			}
+			var ev uint64
+			if ni, ev = m.claim(h, u); ni == nilIdx {
+				break
+			}
+			evicted += ev
+		} else if n := &s.nodes[ni]; n.used&added == 0 && n.used < u {
+			if ni == m.cur {
+				m.cur = n.next
+			}
+			s.unlink(ni)
+			n.used = u
+			s.insertBefore(ni, m.cur)
+		}
+		m.kept++
+	}
+	if c := m.cur; c != nilIdx {
+		m.curHash, m.curUsed = s.nodes[c].hash, s.nodes[c].used
+	}
+	return true
+}
+
+// claim adds h, which s does not hold, last used at u, before m.cur, evicting the least
+// recently used entries as claim does; an eviction that took m.cur (at the back: everything
+// from it on went) leaves the new entry at the back. It returns h's node (nilIdx: not added)
+// and the entries evicted.
+func (m *merger) claim(h uint64, u int64) (int32, uint64) {
+	s := m.s
+	var curHash uint64
+	if m.cur != nilIdx {
+		curHash = s.nodes[m.cur].hash
+	}
+	ni, held, evicted := m.x.claim(s, m.x.shard(h), h, u, m.limit)
+	if held { // not reached: only this slot adds its own holders, under s.mu
+		return ni, evicted
+	}
+	if m.cur != nilIdx && (m.cur == ni || s.nodes[m.cur].hash != curHash) {
+		m.cur = nilIdx
+	}
+	s.unlink(ni)
+	s.nodes[ni].used = u
+	s.insertBefore(ni, m.cur)
+	return ni, evicted
 }

@@ -1,6 +1,8 @@
 package index
 
 import (
+	"cmp"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -134,4 +136,254 @@ func TestImportCoarseCountsWhatItKept(t *testing.T) {
 		t.Errorf("with room, the order was lost")
 	}
 	check(t, whole)
+}
+
+// mergeCase is two indexes' worth of entries on one backend: a local one (each prompt
+// recorded twice, so that no entry is left marked added) and an export to merge into it.
+type mergeCase struct {
+	x      *Index
+	b      *backend.Backend
+	times  map[uint64]int64 // every entry of either side, at the later of its times
+	export BackendEntries
+}
+
+// newMergeCase records local prompts on x's backend b (capacity chunks) and exports remote
+// ones of another index, their times interleaved with the local ones'.
+func newMergeCase(t *testing.T, capacity int64, local, remote int, seed uint64) *mergeCase {
+	t.Helper()
+	b := newBackend(t, "a", capacity*64)
+	mc := &mergeCase{x: New(Options{ChunkTokens: 64, MaxEntries: -1}), b: b, times: map[uint64]int64{}}
+	mc.x.SetBackends([]*backend.Backend{b})
+	src := New(Options{ChunkTokens: 64, MaxEntries: -1})
+	src.SetBackends([]*backend.Backend{b})
+	note := func(hs []uint64, at time.Time) {
+		for _, h := range hs {
+			mc.times[norm(h)] = max(mc.times[norm(h)], at.UnixNano())
+		}
+	}
+	rng := seed
+	for i := range max(local, remote) {
+		rng = rng*6364136223846793005 + 1442695040888963407
+		at := t0.Add(time.Duration(i) * time.Second)
+		if i < local {
+			// A third of the local prompts share their first chunks with a remote one.
+			hs := chain(seed<<20|uint64(i), 3+int(rng>>60))
+			if i%3 == 0 {
+				hs = append(chain(seed<<20|1<<19|uint64(i/3), 2), chain(seed<<20|uint64(i), 2)...)
+			}
+			mc.x.Record(hs, b, at)
+			mc.x.Record(hs, b, at.Add(time.Millisecond))
+			note(hs, at.Add(time.Millisecond))
+		}
+		if i < remote {
+			hs := chain(seed<<20|1<<18|uint64(i), 2+int(rng>>61))
+			if i%3 == 0 {
+				hs = chain(seed<<20|1<<19|uint64(i), 2)
+			}
+			at := at.Add(500 * time.Millisecond)
+			src.Record(hs, b, at)
+			note(hs, at)
+		}
+	}
+	mc.export = src.Export([]*backend.Backend{b}, 0)[0]
+	return mc
+}
+
+// verify checks that x's entries on b are the newest of both sides by the later of each
+// entry's times, in that order, as many as the capacity takes.
+func (mc *mergeCase) verify(t *testing.T) {
+	t.Helper()
+	check(t, mc.x)
+	got := mc.x.Export([]*backend.Backend{mc.b}, 0)[0]
+	if !slices.IsSortedFunc(got.Used, func(p, q int64) int { return cmp.Compare(q, p) }) {
+		t.Fatal("the merged list is not newest first")
+	}
+	kept := map[uint64]bool{}
+	oldestKept := int64(math.MaxInt64)
+	for i, h := range got.Hashes {
+		kept[h] = true
+		if want := mc.times[h]; got.Used[i] != want {
+			t.Fatalf("entry %d: used %d, want the later of its times %d", i, got.Used[i], want)
+		}
+		oldestKept = min(oldestKept, got.Used[i])
+	}
+	capacity := int(stat(mc.x, mc.b).Capacity)
+	if want := min(capacity, len(mc.times)); len(got.Hashes) != want {
+		t.Fatalf("%d entries after the merge, want %d (capacity %d, %d distinct)", len(got.Hashes), want, capacity, len(mc.times))
+	}
+	for h, at := range mc.times {
+		if !kept[h] && at > oldestKept {
+			t.Fatalf("entry used at %d dropped while one used at %d was kept", at, oldestKept)
+		}
+	}
+}
+
+// TestMergeByAge: Merge leaves a backend with the newest entries of the union of its own and
+// an export, by the later of each entry's two times, newest first, within the capacity;
+// Import of the same export (everything at now) would have evicted the newer local ones.
+func TestMergeByAge(t *testing.T) {
+	for _, c := range []struct {
+		name                 string
+		capacity             int64
+		local, remote, batch int
+	}{
+		{"room for both", 1000, 40, 40, importBatch},
+		{"at capacity", 120, 60, 60, importBatch},
+		{"at capacity, small batches", 120, 60, 60, 7},
+		{"empty local", 100, 0, 80, 5},
+		{"nothing newer remote", 50, 60, 0, 5},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mc := newMergeCase(t, c.capacity, c.local, c.remote, 1)
+			n := mc.x.merge(mc.b, mc.export.Hashes, mc.export.Used, 0, c.batch, nil)
+			mc.verify(t)
+			got := mc.x.Export([]*backend.Backend{mc.b}, 0)[0]
+			in := 0
+			for _, h := range got.Hashes {
+				if slices.Contains(mc.export.Hashes, h) {
+					in++
+				}
+			}
+			if n != in {
+				t.Fatalf("Merge returned %d; %d of the export are held", n, in)
+			}
+		})
+	}
+}
+
+// TestMergeBetweenBatches: local Records between two batches of a Merge (new entries at the
+// front, evictions at the back, the merge's own position touched) are kept, and the result
+// is still the newest of everything.
+func TestMergeBetweenBatches(t *testing.T) {
+	for _, capacity := range []int64{80, 1000} {
+		mc := newMergeCase(t, capacity, 50, 50, 2)
+		step := 0
+		between := func() {
+			step++
+			at := t0.Add(time.Hour + time.Duration(step)*time.Second)
+			// A new prompt (evicting at capacity), then an old local one touched again.
+			hs := chain(1<<40|uint64(step), 3)
+			mc.x.Record(hs, mc.b, at)
+			mc.x.Record(hs, mc.b, at.Add(time.Millisecond))
+			for _, h := range hs {
+				mc.times[norm(h)] = at.Add(time.Millisecond).UnixNano()
+			}
+			all := mc.x.Export([]*backend.Backend{mc.b}, 0)[0]
+			mid := all.Hashes[len(all.Hashes)/2:][:1]
+			mc.x.Record(mid, mc.b, at.Add(2*time.Millisecond))
+			mc.times[norm(mid[0])] = at.Add(2 * time.Millisecond).UnixNano()
+			if step == 5 && capacity > 100 { // the capacity cut: the oldest entries freed, the merge's position among them
+				smaller, err := backend.New(mc.b.Name, 16*64, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				mc.x.SetBackends([]*backend.Backend{smaller})
+			}
+			if step == 3 { // every entry touched: the merge's position moved to the front
+				mc.x.Record(all.Hashes, mc.b, at.Add(3*time.Millisecond))
+				mc.x.Record(all.Hashes, mc.b, at.Add(4*time.Millisecond))
+				for _, h := range all.Hashes {
+					mc.times[norm(h)] = at.Add(4 * time.Millisecond).UnixNano()
+				}
+			}
+		}
+		mc.x.merge(mc.b, mc.export.Hashes, mc.export.Used, 0, 4, between)
+		if step == 0 {
+			t.Fatal("one batch only")
+		}
+		// Entries the merge placed before the local Records between batches stay where
+		// their own time puts them; the check is the same.
+		mc.verify(t)
+	}
+}
+
+// TestMergeLeavesAddedEntries: an entry added by a Record that may yet be withdrawn stays
+// marked, whatever the merge says of it, and Forget still withdraws it.
+func TestMergeLeavesAddedEntries(t *testing.T) {
+	b := newBackend(t, "a", 1<<20)
+	x := New(Options{})
+	x.SetBackends([]*backend.Backend{b})
+	hs := chain(7, 4)
+	st := x.Record(hs, b, t0)
+	used := []int64{t0.Add(time.Hour).UnixNano(), t0.Add(time.Hour).UnixNano(), t0.Add(time.Hour).UnixNano(), t0.Add(time.Hour).UnixNano()}
+	if n := x.Merge(b, hs, used); n != 4 {
+		t.Fatalf("Merge returned %d", n)
+	}
+	x.Forget(hs, b, st)
+	if x.Entries() != 0 {
+		t.Fatalf("%d entries left: the merge confirmed entries a refused request added", x.Entries())
+	}
+	check(t, x)
+}
+
+// TestMergeAfterPartition: two replicas' indexes at capacity learn apart, then each merges
+// the other's export: both hold what either learned apart, where importing at now swapped
+// them (each the other's list, its own new entries evicted).
+func TestMergeAfterPartition(t *testing.T) {
+	const capacity = 100
+	b := newBackend(t, "a", capacity*64)
+	a, c := New(Options{ChunkTokens: 64, MaxEntries: -1}), New(Options{ChunkTokens: 64, MaxEntries: -1})
+	a.SetBackends([]*backend.Backend{b})
+	c.SetBackends([]*backend.Backend{b})
+	for i := range 50 { // both learn the same before the partition
+		at := t0.Add(time.Duration(i) * time.Second)
+		a.Record(chain(uint64(i), 4), b, at)
+		c.Record(chain(uint64(i), 4), b, at)
+	}
+	late := t0.Add(time.Hour)
+	a.Record(chain(1000, 4), b, late)
+	c.Record(chain(2000, 4), b, late.Add(time.Second))
+	ea, ec := a.Export([]*backend.Backend{b}, 0)[0], c.Export([]*backend.Backend{b}, 0)[0]
+	// held reports whether x, holding own's export, holds each side's partition learn after
+	// taking the other's export with take.
+	held := func(own, other BackendEntries, take func(x *Index, e BackendEntries)) [2]bool {
+		x := New(Options{ChunkTokens: 64, MaxEntries: -1})
+		x.SetBackends([]*backend.Backend{b})
+		x.Merge(b, own.Hashes, own.Used)
+		take(x, other)
+		check(t, x)
+		return [2]bool{match(x, chain(1000, 4), b)[0] == 4, match(x, chain(2000, 4), b)[0] == 4}
+	}
+	merge := func(x *Index, e BackendEntries) { x.Merge(b, e.Hashes, e.Used) }
+	importNow := func(x *Index, e BackendEntries) { x.Import(b, e.Hashes, late.Add(time.Minute)) }
+	if got := held(ea, ec, merge); got != [2]bool{true, true} {
+		t.Errorf("a after merging c's export holds a's and c's partition learns: %v", got)
+	}
+	if got := held(ec, ea, merge); got != [2]bool{true, true} {
+		t.Errorf("c after merging a's export holds a's and c's partition learns: %v", got)
+	}
+	// The case is one where importing at now loses the replica's own learn.
+	if got := held(ea, ec, importNow); got != [2]bool{false, true} {
+		t.Errorf("a after importing c's export at now: %v; the case should show the swap", got)
+	}
+}
+
+// TestMergeCursorFreed: an entry freed between two batches of a Merge (a refused request's
+// Forget) where the merge was to go on is not linked to: the merge finds its place again.
+func TestMergeCursorFreed(t *testing.T) {
+	b := newBackend(t, "a", 100*64)
+	x := New(Options{ChunkTokens: 64, MaxEntries: -1})
+	x.SetBackends([]*backend.Backend{b})
+	sec := func(tenths int) time.Time { return t0.Add(time.Duration(tenths) * 100 * time.Millisecond) }
+	stamps := map[int]Stamp{}
+	for i := 1; i <= 10; i++ { // local entries at 1..10 s, each added by one Record
+		stamps[i] = x.Record(chain(uint64(i), 1), b, sec(10*i))
+	}
+	var hs []uint64
+	var used []int64
+	for i := 9; i >= 0; i-- { // remote entries at 9.5, 8.5, …, 0.5 s
+		hs = append(hs, chain(100+uint64(i), 1)...)
+		used = append(used, sec(10*i+5).UnixNano())
+	}
+	step := 0
+	x.merge(b, hs, used, 0, 1, func() {
+		if step++; step == 5 { // the merge's next place is before the entry at 5 s
+			x.Forget(chain(5, 1), b, stamps[5])
+		}
+	})
+	check(t, x)
+	got := x.Export([]*backend.Backend{b}, 0)[0]
+	if len(got.Hashes) != 19 || !slices.IsSortedFunc(got.Used, func(p, q int64) int { return cmp.Compare(q, p) }) {
+		t.Fatalf("%d entries, used %v: want 19, newest first", len(got.Hashes), got.Used)
+	}
 }

@@ -304,6 +304,29 @@ func (s *slot) unlink(ni int32) {
 	n.prev, n.next = nilIdx, nilIdx
 }
 
+// insertBefore links ni, unlinked, before at (nilIdx: at the back).
+func (s *slot) insertBefore(ni, at int32) {
+	n := &s.nodes[ni]
+	if at == nilIdx {
+		n.prev, n.next = s.tail, nilIdx
+		if s.tail != nilIdx {
+			s.nodes[s.tail].next = ni
+		} else {
+			s.head = ni
+		}
+		s.tail = ni
+		return
+	}
+	p := s.nodes[at].prev
+	n.prev, n.next = p, at
+	s.nodes[at].prev = ni
+	if p != nilIdx {
+		s.nodes[p].next = ni
+	} else {
+		s.head = ni
+	}
+}
+
 func (s *slot) pushFront(ni int32) {
 	n := &s.nodes[ni]
 	n.prev, n.next = nilIdx, s.head
