@@ -74,8 +74,10 @@ func (p *Peering) validate(c *Config) error {
 		return fmt.Errorf("peering.listen: %w", checkHostPort(p.Listen))
 	case samePort(p.Listen, c.Listen) || samePort(p.Listen, c.AdminListen):
 		return fmt.Errorf("peering.listen: %q is the data or admin listener; peers need a port of their own", p.Listen)
-	case p.Advertise != "" && checkHostPort(p.Advertise) != nil:
-		return fmt.Errorf("peering.advertise: %w", checkHostPort(p.Advertise))
+	case checkPeerPort(p.Listen, true) != nil:
+		return fmt.Errorf("peering.listen: %w", checkPeerPort(p.Listen, true))
+	case p.Advertise != "" && checkPeerPort(p.Advertise, false) != nil:
+		return fmt.Errorf("peering.advertise: %w", checkPeerPort(p.Advertise, false))
 	case (p.SecretFile == "") == (p.SecretEnv == ""):
 		return errors.New("peering: exactly one of secret_file and secret_env is required (peer traffic is authenticated)")
 	case p.SettleWait != nil && *p.SettleWait != 0 && (p.SettleWait.D() < minSettleWait || p.SettleWait.D() > maxSettleWait):
@@ -84,9 +86,27 @@ func (p *Peering) validate(c *Config) error {
 		return fmt.Errorf("peering: mode %q keeps no index to share; peering needs mode prefix", c.Mode)
 	}
 	for i, j := range p.Join {
-		if err := checkHostPort(j); err != nil {
+		if err := checkPeerPort(j, false); err != nil {
 			return fmt.Errorf("peering.join[%d]: %w", i, err)
 		}
+	}
+	return nil
+}
+
+// checkPeerPort checks that s is host:port with a numeric port in 1..65535 (0 too when
+// zeroOK: a listener on an ephemeral port), as memberlist reads one: a service name or a
+// port of 0 that peers are told to dial would pass memberlist's start and fail every join.
+func checkPeerPort(s string, zeroOK bool) error {
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %v", s, err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%q: the port %q is not a number in 1..%d", s, port, maxPort)
+	case n == 0 && !zeroOK:
+		return fmt.Errorf("%q: port 0 cannot be dialled; give the port peers reach", s)
 	}
 	return nil
 }

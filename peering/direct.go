@@ -26,10 +26,11 @@
 // one key, which a fleet of busy replicas sharing one secret sends in days). memberlist never
 // starts a packet with directMagic (its first byte is an encryption version, 0 or 1, its
 // label marker, 244, or a message type under 20). Like memberlist's packets, a direct packet
-// has no sequence number: one captured on the network and sent again is applied again (an
-// old Learn recorded as recent, an old load report until the sender's next, within a flush);
-// the NetworkPolicy that admits only the replicas to the peer port is the defence, as it is
-// for memberlist's.
+// has no sequence number: one captured on the network and sent again is applied again, as
+// often as it is sent: its Learns recorded as recent (after the forget window, counted again
+// as decisions in the backends' recent share and the arrivals settling reads), its load
+// report counted for loadTTL (also one of a replica that has left since). The NetworkPolicy
+// that admits only the replicas to the peer port is the defence, as it is for memberlist's.
 
 package peering
 

@@ -3,6 +3,7 @@
 package peering
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -419,6 +420,9 @@ func (n *Node) receive(buf []byte) {
 			b := set.byID[g.id]
 			if b == nil {
 				n.m.unknown.Inc()
+				// At most one line a second (the kind: the first words).
+				n.mlog.emit("peering: a peer's update names a backend this replica does not have; give every replica the same backend URLs",
+					fmt.Sprintf("unknown backend from %s id %016x", sender, g.id), true, false)
 				return
 			}
 			if g.forget {
@@ -484,9 +488,9 @@ func (n *Node) receiveSamples(buf []byte, set *backendSet) {
 	}
 }
 
-// snapshot is the join push/pull's state: the index's most recent entries per backend, in
-// all at most maxSnapshotBytes. Periodic push/pulls carry nothing (the updates keep the
-// peers current; a rejoin after a partition is a join).
+// snapshot is the join push/pull's state (kindAgedSnapshot): the index's most recent entries
+// per backend with their ages, in all at most maxSnapshotBytes. Periodic push/pulls carry
+// nothing (the updates keep the peers current; a rejoin after a partition is a join).
 func (n *Node) snapshot(join bool) []byte {
 	if !join {
 		return nil
@@ -496,43 +500,74 @@ func (n *Node) snapshot(join bool) []byte {
 	if len(set.list) == 0 {
 		return nil
 	}
-	per := (maxSnapshotBytes/len(set.list) - groupOverhead) / hashBytes
-	exp := n.pol.Index().Export(set.list, per)
-	size := 2
-	for _, e := range exp {
-		size += groupOverhead + hashBytes*len(e.Hashes)
+	// An entry takes its hash and an age of nominalAgeBytes (ages most often differ by less
+	// than 2 s, 3 bytes); a snapshot whose ages took more is taken again with fewer entries.
+	const nominalAgeBytes = 3
+	per := (maxSnapshotBytes/len(set.list) - groupOverhead) / (hashBytes + nominalAgeBytes)
+	for {
+		exp := n.pol.Index().Export(set.list, per)
+		taken := n.now().UnixNano()
+		size := 2
+		for _, e := range exp {
+			size += groupOverhead + (hashBytes+nominalAgeBytes)*len(e.Hashes)
+		}
+		buf := appendHeader(make([]byte, 0, size+len(n.name)), kindAgedSnapshot, n.name)
+		for _, e := range exp {
+			buf = appendAgedGroup(buf, e.ID, e.Hashes, e.Used, taken)
+		}
+		if len(buf) > maxSnapshotBytes && per > 1 {
+			per = int(float64(per) * float64(maxSnapshotBytes) / float64(len(buf)) * 0.95)
+			continue
+		}
+		return buf
 	}
-	buf := appendHeader(make([]byte, 0, size), kindSnapshot, "")
-	for _, e := range exp {
-		buf = appendGroup(buf, e.ID, -1, 0, classSent, e.Hashes)
-	}
-	n.own.add(n, buf, n.now())
-	return buf
 }
 
-// merge imports a peer's join snapshot; this replica's own, come back over a join to itself
-// (a join target naming it in a spelling isSelf missed), is not imported.
+// merge takes a peer's join snapshot into the index, each entry placed by its age among this
+// replica's own (index.Merge; an older replica's snapshot, without ages, as of now:
+// index.Import), and marks the replica ready: a peer answered. This replica's own snapshot,
+// come back over a join to itself (a join target naming it in a spelling isSelf missed), is
+// not taken.
 func (n *Node) merge(buf []byte, join bool) {
 	if !join || len(buf) == 0 {
-		return
-	}
-	if n.own.mine(n, buf, n.now()) {
-		n.log.Debug("peering: own index snapshot not imported (a join target is this replica)", zap.Int("bytes", len(buf)))
 		return
 	}
 	set := n.backends.Load()
 	now := n.now()
 	idx := n.pol.Index()
 	var entries int
-	err := decodeSnapshot(buf, func(id uint64, hs []uint64) {
-		if b := set.byID[id]; b != nil {
+	var used []int64
+	own := false
+	err := decodeSnapshot(buf, func(sender string) bool {
+		own = sender == n.name
+		return !own
+	}, func(id uint64, hs []uint64, ages []time.Duration) {
+		b := set.byID[id]
+		switch {
+		case b == nil:
+		case ages == nil: // an older replica's: every entry as of now
 			entries += idx.Import(b, hs, now)
+		default:
+			used = used[:0]
+			for _, a := range ages {
+				used = append(used, now.Add(-a).UnixNano())
+			}
+			entries += idx.Merge(b, hs, used)
 		}
 	})
+	if own {
+		n.log.Debug("peering: own index snapshot not imported (a join target is this replica)", zap.Int("bytes", len(buf)))
+		return
+	}
 	n.m.snapshots.Add(entries)
 	if err != nil {
 		n.m.bad.Inc()
 		n.log.Warn("peering: invalid index snapshot", zap.Error(err))
+		if entries == 0 {
+			return
+		}
 	}
 	n.log.Info("peering: index snapshot imported", zap.Int("entries", entries), zap.Int("bytes", len(buf)))
+	n.merged.Store(true)
+	n.markReady()
 }

@@ -143,3 +143,29 @@ func TestRemovedBackendReportedIdle(t *testing.T) {
 		t.Fatalf("b counts %d of a's requests on the backend a kept, want 1", got)
 	}
 }
+
+// TestLoadOfUnreportedBackendExpires: a backend a peer stops reporting (removed there, its
+// idle record lost) stops counting a load TTL after its last report, though the peer goes on
+// reporting the others.
+func TestLoadOfUnreportedBackendExpires(t *testing.T) {
+	x, err := backend.New(backendURLs[0], 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := backend.New(backendURLs[1], 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[uint64]*backend.Backend{x.ID: x, y.ID: y}
+	tab := newLoadTable(loadTTL)
+	t0 := time.Unix(1_800_000_000, 0)
+	tab.report("a", []peerLoad{{id: x.ID, inFlight: 3}, {id: y.ID, inFlight: 2}}, t0, byID)
+	var now time.Time
+	for now = t0; now.Sub(t0) <= loadTTL+loadKeepalive; now = now.Add(loadKeepalive) {
+		tab.report("a", []peerLoad{{id: y.ID, inFlight: 2}}, now, byID)
+		tab.apply(byID, now)
+	}
+	if x.PeerInFlight() != 0 || y.PeerInFlight() != 2 {
+		t.Fatalf("after %s: x counts %d of a's requests (want 0), y %d (want 2)", now.Sub(t0), x.PeerInFlight(), y.PeerInFlight())
+	}
+}

@@ -49,13 +49,22 @@ type replicaOpts struct {
 	listen   string   // "": 127.0.0.1:0
 	joinAddr []string // join targets besides join's
 	tieBreak router.TieBreak
+	kvTokens int64    // each backend's KV cache, tokens (0: the default)
+	urls     []string // the backends (nil: backendURLs)
+	// tcpTimeout bounds a push/pull (0: peering's), snapshotTimeout the start's wait for
+	// one (0: 5 s).
+	tcpTimeout, snapshotTimeout time.Duration
 }
 
 func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 	t.Helper()
 	r := &replica{}
-	for _, u := range backendURLs {
-		b, err := backend.New(u, 0, 1)
+	urls := ro.urls
+	if urls == nil {
+		urls = backendURLs
+	}
+	for _, u := range urls {
+		b, err := backend.New(u, ro.kvTokens, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -64,7 +73,10 @@ func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 	log, rec := testutil.RecordingLogger()
 	r.logs = rec
 	o := Options{Listen: "127.0.0.1:0", Secret: ro.secret, Name: name, Log: log,
-		RejoinInterval: 200 * time.Millisecond, SnapshotTimeout: 5 * time.Second}
+		RejoinInterval: 200 * time.Millisecond, SnapshotTimeout: 5 * time.Second, tcpTimeout: ro.tcpTimeout}
+	if ro.snapshotTimeout > 0 {
+		o.SnapshotTimeout = ro.snapshotTimeout
+	}
 	if o.Secret == nil {
 		o.Secret = secret
 	}

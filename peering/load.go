@@ -17,10 +17,19 @@ type loadTable struct {
 	peers map[string]*peerReport
 }
 
-// peerReport is one peer's last load report.
+// peerReport is one peer's last load report, each backend's with its own time: a report
+// may take several packets, so each is merged by backend, and a backend the peer no longer
+// reports (removed there, its one idle record lost) expires by itself rather than count as
+// long as the peer reports the others.
 type peerReport struct {
 	at    time.Time
-	loads map[uint64]peerLoad
+	loads map[uint64]timedLoad
+}
+
+// timedLoad is one backend's load in a peer's report, and when it came.
+type timedLoad struct {
+	peerLoad
+	at time.Time
 }
 
 func newLoadTable(ttl time.Duration) *loadTable {
@@ -33,12 +42,12 @@ func (t *loadTable) report(sender string, ls []peerLoad, now time.Time, byID map
 	defer t.mu.Unlock()
 	r := t.peers[sender]
 	if r == nil {
-		r = &peerReport{loads: map[uint64]peerLoad{}}
+		r = &peerReport{loads: map[uint64]timedLoad{}}
 		t.peers[sender] = r
 	}
 	r.at = now
 	for _, l := range ls {
-		r.loads[l.id] = l
+		r.loads[l.id] = timedLoad{l, now}
 	}
 	for _, l := range ls {
 		if b := byID[l.id]; b != nil {
@@ -70,6 +79,12 @@ func (t *loadTable) applyLocked(byID map[uint64]*backend.Backend, now time.Time)
 	for name, r := range t.peers {
 		if now.Sub(r.at) > t.ttl {
 			delete(t.peers, name)
+			continue
+		}
+		for id, l := range r.loads {
+			if now.Sub(l.at) > t.ttl {
+				delete(r.loads, id)
+			}
 		}
 	}
 	for _, b := range byID {
@@ -84,7 +99,7 @@ func (t *loadTable) sumLocked(b *backend.Backend, now time.Time) {
 		if now.Sub(r.at) > t.ttl {
 			continue
 		}
-		if l, ok := r.loads[b.ID]; ok {
+		if l, ok := r.loads[b.ID]; ok && now.Sub(l.at) <= t.ttl {
 			inFlight += l.inFlight
 			prefill += l.prefill
 		}

@@ -79,13 +79,16 @@ func newMetrics(alive func() float64) metricSet {
 
 // WriteMetrics writes the node's metrics in Prometheus text format:
 // prefixlb_peers_alive (gauge: live peers, this replica not counted),
-// prefixlb_peer_updates_sent_total / _received_total (learned requests' chunk lists, counted
-// once per peer sent to), prefixlb_peer_bytes_sent_total / _received_total (update payload
+// prefixlb_peer_updates_sent_total / _received_total (learned requests' chunk lists: sent
+// counted once per request and peer sent to; received once per group taken from a packet,
+// so a long prompt split across packets counts once a part, and a held request's decision
+// and its chunks sent later count twice: the two are not a loss rate), prefixlb_peer_bytes_sent_total / _received_total (update payload
 // bytes, before framing and encryption: 41 bytes a direct packet, direct.go),
 // prefixlb_peer_updates_dropped_total (queue full), prefixlb_peer_send_errors_total (update
 // packets whose send failed; none of that flush's updates, forgets and samples then count as
-// sent to that peer), prefixlb_peer_updates_unknown_backend_total (for a backend not
-// configured here), prefixlb_peer_messages_invalid_total (decrypted updates that did not
+// sent to that peer), prefixlb_peer_updates_unknown_backend_total (groups for a backend not
+// configured here, counted as received too; logged at most once a second: the replicas'
+// backend URLs differ), prefixlb_peer_messages_invalid_total (decrypted updates that did not
 // decode), prefixlb_peer_packets_rejected_total (packets and streams memberlist refused before
 // they reached this package: not decryptable with the secret, mislabelled, truncated,
 // oversized; each also a memberlist log line, at most one a second per kind; and direct

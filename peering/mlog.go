@@ -128,6 +128,9 @@ func (w *levelWriter) emit(message, msg string, warn, rejected bool) {
 	if suppressed > 0 {
 		fields = append(fields, zap.Int("suppressed", suppressed))
 	}
+	if strings.Contains(msg, "no installed keys could decrypt") || strings.HasPrefix(msg, "Decrypt packet failed") {
+		fields = append(fields, zap.String("hint", secretHint))
+	}
 	if warn {
 		w.log.Warn(message, fields...)
 	} else {

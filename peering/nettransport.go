@@ -12,6 +12,7 @@
 package peering
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -205,10 +206,47 @@ func (t *netTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 func (t *netTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
 
 // DialTimeout opens a TCP stream to addr, giving up after timeout.
+// DialTimeout connects to a peer for a stream (a join push/pull, a fallback ping), giving up
+// at Shutdown as well as after timeout; the connection comes with a deadline of
+// streamDeadline(timeout), which memberlist's own later deadline replaces: it writes this
+// replica's state before it sets one, so that a peer that accepts and never reads (frozen,
+// or not a replica) would otherwise hold the write, and Close behind it, for good.
 func (t *netTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
-	d := net.Dialer{Timeout: timeout}
-	return d.Dial("tcp", addr)
+	if t.closing.Load() {
+		return nil, errTransportClosed
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-t.done:
+			cancel()
+		case <-stop:
+		}
+	}()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.SetDeadline(time.Now().Add(streamDeadline(timeout))); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
 }
+
+// streamDeadline is how long a dialled stream may take before memberlist sets its own
+// deadline: long enough to write a whole snapshot (maxSnapshotBytes) at 20 MB/s, and at
+// least the dial's timeout.
+func streamDeadline(timeout time.Duration) time.Duration {
+	return max(timeout, time.Duration(maxStreamBytes/(20<<20)+1)*time.Second)
+}
+
+// errTransportClosed is DialTimeout's error after Shutdown.
+var errTransportClosed = errors.New("peering: transport closed")
 
 // StreamCh delivers the accepted TCP streams; the reader closes them.
 func (t *netTransport) StreamCh() <-chan net.Conn { return t.streams }

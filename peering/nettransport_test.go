@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -394,5 +395,37 @@ func BenchmarkPacketReceive(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestDialedStreamDeadline: a stream dialled to a peer that accepts and never reads (a
+// frozen process) cannot hold a writer past streamDeadline, which memberlist's join writes
+// its whole state under before it sets a deadline of its own; after Shutdown a dial fails
+// at once.
+func TestDialedStreamDeadline(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	nt := onLoopback(t, 0, quietLog)
+	c, err := nt.DialTimeout(silent.Addr().String(), 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 256<<20)) // far more than the socket buffers take
+		done <- err
+	}()
+	if err := testutil.RecvWithin(t, done, wait, "the write ended"); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write to a peer that never reads: %v, want the deadline", err)
+	}
+	if err := nt.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nt.DialTimeout(silent.Addr().String(), wait); !errors.Is(err, errTransportClosed) {
+		t.Fatalf("dial after Shutdown: %v", err)
 	}
 }

@@ -29,12 +29,15 @@
 //
 // A replica that starts joins the configured peers (a static list, or the A records of a
 // headless Service) before it reports ready: memberlist's join push/pull carries a snapshot
-// of the peer's index (the most recent entries, up to maxSnapshotBytes), imported before
-// Ready. With no peer to ask, or none answering within SnapshotTimeout, it is ready anyway
-// with what it has, and says so in a log line. A replica whose peers are all gone routes on
-// its own state, as without peering; it logs the loss and the recovery once each, and
-// prefixlb_peers_alive shows it. Dead peers are joined again every RejoinInterval, which
-// exchanges snapshots, so that after a partition heals the indexes converge.
+// of the peer's index (the most recent entries, up to maxSnapshotBytes, with their ages),
+// merged before Ready; a snapshot that comes first from a peer joining this replica (its
+// rejoin loop) makes it ready too. With no peer to ask, or none answering within
+// SnapshotTimeout, it is ready anyway with what it has, and says so in a log line. A replica
+// whose peers are all gone routes on its own state, as without peering; it logs the loss and
+// the recovery once each, and prefixlb_peers_alive shows it. Dead peers are joined again
+// every RejoinInterval, which exchanges snapshots, so that after a partition heals the
+// indexes converge: each side merges the other's entries among its own by age
+// (index.Merge), and keeps the newest of both within the capacity.
 package peering
 
 import (
@@ -43,7 +46,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"io"
 	"log"
 	"net"
@@ -163,6 +165,8 @@ type Options struct {
 
 	// wrapTransport, in tests, wraps the network transport (to drop traffic).
 	wrapTransport func(memberlist.Transport) memberlist.Transport
+	// tcpTimeout, in tests, replaces tcpTimeout (0: it).
+	tcpTimeout time.Duration
 }
 
 // Node is one replica's membership in the peer group. Create it with New, Start it, and
@@ -211,11 +215,9 @@ type Node struct {
 	recent     recentLearns // the peers' recent learned groups, for their forgets
 	arrivals   arrivals     // the peers' recent decisions, for Release
 
-	snapMu sync.Mutex   // guards own
-	own    ownSnapshots // this replica's recent join snapshots, not to import back
-
 	ready     chan struct{}
 	readyOnce sync.Once
+	merged    atomic.Bool // a peer's snapshot was taken (merge)
 	stop      chan struct{}
 	stopOnce  sync.Once
 	wg        sync.WaitGroup
@@ -263,8 +265,7 @@ func New(o Options, p *router.Prefix) (*Node, error) {
 		return nil, fmt.Errorf("peering: the member name is %d bytes, over %d", len(name), maxNameBytes)
 	}
 	n := &Node{o: o, log: lg, name: name, loads: newLoadTable(loadTTL), members: map[string]*memberlist.Node{},
-		lost: map[string]lostPeer{}, leaving: map[string]time.Time{}, ready: make(chan struct{}), stop: make(chan struct{}),
-		own: ownSnapshots{seed: maphash.MakeSeed()}}
+		lost: map[string]lostPeer{}, leaving: map[string]time.Time{}, ready: make(chan struct{}), stop: make(chan struct{})}
 	n.q.kick = make(chan struct{}, 1)
 	n.loadKick = make(chan struct{}, 1)
 	n.pol = &Policy{Prefix: p, n: n}
@@ -312,6 +313,9 @@ func (n *Node) config() (*memberlist.Config, error) {
 	conf.ProbeInterval, conf.ProbeTimeout = probeInterval, probeTimeout
 	conf.GossipInterval, conf.SuspicionMult = gossipInterval, suspicionMult
 	conf.TCPTimeout = tcpTimeout
+	if n.o.tcpTimeout > 0 {
+		conf.TCPTimeout = n.o.tcpTimeout
+	}
 	conf.Delegate = delegate{n}
 	conf.Events = events{n}
 	n.mlog = newLevelWriter(n.log, n.m.rejected)
@@ -456,10 +460,18 @@ func (n *Node) initialJoin(ctx context.Context) {
 	defer t.Stop()
 	select {
 	case err := <-done:
-		if err != nil {
-			n.log.Warn("peering: no peer answered; ready with an empty index", zap.Strings("peers", targets), zap.Error(err))
+		if err != nil && !n.merged.Load() {
+			fields := []zap.Field{zap.Strings("peers", targets), zap.Error(err)}
+			if secretMismatch(err) {
+				fields = append(fields, zap.String("hint", secretHint))
+			}
+			n.log.Warn("peering: no peer answered; ready with an empty index", fields...)
 			return
 		}
+		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
+	case <-n.ready:
+		// A peer's snapshot came first (a peer joining this replica; a join target slow to
+		// answer goes on in the background).
 		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
 	case <-t.C:
 		n.log.Warn("peering: no index snapshot within the timeout; ready with what this replica has",

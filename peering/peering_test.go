@@ -357,6 +357,99 @@ func TestPartitionHeal(t *testing.T) {
 	}
 }
 
+// TestPartitionHealAtCapacity: two replicas whose backend is at capacity learn apart during a
+// partition; after the heal each holds both learns. The join snapshot's entries go among the
+// receiver's own by age: taken as of their arrival, each side's would have evicted what the
+// other learned meanwhile (their indexes swapped, each side's own learn gone).
+func TestPartitionHealAtCapacity(t *testing.T) {
+	ro := replicaOpts{kvTokens: 64 * 200} // 200 chunks a backend: 5 prompts
+	a := startReplica(t, "a", ro)
+	ro.join, ro.dropping = []*replica{a}, true
+	c := startReplica(t, "c", ro)
+	for _, r := range []*replica{a, c} {
+		testutil.Eventually(t, wait, "joined", func() bool { return r.node.Alive() == 1 })
+	}
+	url := backendURLs[0]
+	for i := range 8 { // both at capacity on url, learned by a
+		k := prompt(t, 3000+i)
+		a.node.Policy().Learn(k, a.byName(url), 0)
+		testutil.Eventually(t, wait, "c gets a's learn", func() bool { return c.holds(k, url) })
+	}
+	c.drop.drop.Store(true)
+	testutil.Eventually(t, wait, "c cut off", func() bool { return a.node.Alive() == 0 && c.node.Alive() == 0 })
+	kA, kC := prompt(t, 3100), prompt(t, 3101)
+	a.node.Policy().Learn(kA, a.byName(url), 0)
+	time.Sleep(10 * time.Millisecond) // c's learn the later
+	c.node.Policy().Learn(kC, c.byName(url), 0)
+	if c.pick(kA).MatchedChunks != 0 || a.pick(kC).MatchedChunks != 0 {
+		t.Fatal("a learn crossed the partition")
+	}
+	c.drop.drop.Store(false)
+	for _, r := range []*replica{a, c} {
+		testutil.Eventually(t, wait, "rejoined after the heal", func() bool { return r.node.Alive() == 1 })
+	}
+	testutil.Eventually(t, wait, "a and c hold both partition learns", func() bool {
+		return a.holds(kA, url) && a.holds(kC, url) && c.holds(kA, url) && c.holds(kC, url)
+	})
+	// And stay so: the later exchanges (each side's rejoin, memberlist's own) change nothing.
+	time.Sleep(500 * time.Millisecond)
+	for _, r := range []*replica{a, c} {
+		if !r.holds(kA, url) || !r.holds(kC, url) {
+			t.Fatalf("%s lost a partition learn after the heal", r.node.Name())
+		}
+	}
+}
+
+// TestReadyOnPeersSnapshot: a replica whose join target does not answer (a listener that
+// never reads) is ready as soon as another peer's join brings it a snapshot, and says it
+// joined, not that no peer answered.
+func TestReadyOnPeersSnapshot(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	// The join to the silent listener waits out a push/pull's timeout (here 2×wait), and
+	// the start's wait for a snapshot is longer still.
+	late := startReplica(t, "late", replicaOpts{joinAddr: []string{silent.Addr().String()}, tcpTimeout: 2 * wait, snapshotTimeout: 3 * wait})
+	a := startReplica(t, "a", replicaOpts{join: []*replica{late}})
+	k := prompt(t, 4000)
+	url := a.notRing(k)
+	a.node.Policy().Learn(k, a.byName(url), 0)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := late.node.WaitReady(ctx); err != nil {
+		t.Fatalf("not ready on a's snapshot: %v", err)
+	}
+	testutil.Eventually(t, wait, "late holds a's prefix", func() bool { return late.holds(k, url) })
+	testutil.Eventually(t, wait, "late logs that it joined", func() bool {
+		return len(late.logs.WithMessage("peering: joined")) == 1
+	})
+	if n := len(late.logs.WithMessage("peering: no peer answered; ready with an empty index")); n != 0 {
+		t.Fatal("late logged that no peer answered")
+	}
+}
+
+// TestUnknownBackendLogged: updates for a backend a replica does not have (the replicas'
+// backend URLs differ) are counted and said in a warning, at most one a second; the rest of
+// the update is taken.
+func TestUnknownBackendLogged(t *testing.T) {
+	a := startReplica(t, "a", replicaOpts{})
+	b := startReplica(t, "b", replicaOpts{join: []*replica{a}, urls: []string{"http://localhost:18001", backendURLs[1]}})
+	testutil.Eventually(t, wait, "joined", func() bool { return a.node.Alive() == 1 && b.node.Alive() == 1 })
+	for i := range 5 {
+		a.node.Policy().Learn(prompt(t, 5000+i), a.byName(backendURLs[0]), 0) // b's spelling differs
+	}
+	k := prompt(t, 5100)
+	a.node.Policy().Learn(k, a.byName(backendURLs[1]), 0)
+	testutil.Eventually(t, wait, "b takes the learn on the backend it has", func() bool { return b.holds(k, backendURLs[1]) })
+	testutil.Eventually(t, wait, "b counts the others", func() bool { return b.metric("prefixlb_peer_updates_unknown_backend_total") == "5" })
+	msg := "peering: a peer's update names a backend this replica does not have; give every replica the same backend URLs"
+	if n := len(b.logs.WithMessage(msg)); n != 1 {
+		t.Fatalf("%d warnings for 5 updates within a second, want 1", n)
+	}
+}
+
 // TestLateJoinerSnapshot: a replica that starts after the others learned is ready only once
 // it holds their index: every prefix routes by match the moment Ready says so.
 func TestLateJoinerSnapshot(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"fmt"
+	"strings"
 )
 
 // ParseSecret returns the AES key in data, the content of a secret file or variable, tried
@@ -37,3 +38,12 @@ func ParseSecret(data []byte) ([]byte, error) {
 }
 
 func validKeyLen(n int) bool { return n == 16 || n == 24 || n == 32 }
+
+// secretHint is logged with a failed join or a refused packet that memberlist could not
+// decrypt: most often a peer configured with another secret.
+const secretHint = "a peer with another secret (or forged traffic): peering.secret_file or secret_env must hold the same key on every replica"
+
+// secretMismatch reports whether err is memberlist's failure to decrypt what a peer sent.
+func secretMismatch(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "no installed keys could decrypt")
+}

@@ -100,7 +100,8 @@ func TestSelfJoinOtherSpelling(t *testing.T) {
 }
 
 // TestOwnSnapshotNotMerged: a snapshot this replica made, merged back (a join to itself that
-// isSelf did not recognise), is not imported; a peer's is.
+// isSelf did not recognise), is not imported; a peer's is, even with the same entries (two
+// empty indexes).
 func TestOwnSnapshotNotMerged(t *testing.T) {
 	a := startReplica(t, "a", replicaOpts{})
 	b := startReplica(t, "b", replicaOpts{})
@@ -114,6 +115,12 @@ func TestOwnSnapshotNotMerged(t *testing.T) {
 	a.node.merge(b.node.snapshot(true), true)
 	if n := imports(a); n != 1 {
 		t.Fatalf("a imported %d snapshots of b's, want 1", n)
+	}
+	c := startReplica(t, "c", replicaOpts{})
+	c.node.snapshot(true)
+	c.node.merge(b.node.snapshot(true), true)
+	if n := imports(c); n != 1 {
+		t.Fatalf("c took %d snapshots of b's as empty as its own, want 1", n)
 	}
 }
 

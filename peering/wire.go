@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // wireVersion is the first byte of every message; a receiver drops other versions (and
@@ -39,9 +40,11 @@ const (
 	// refused the request of the group stamped ^stamp that this sender sent before, whose
 	// hashes it repeats (forget.go).
 	kindUpdate = 1
-	// kindSnapshot is a push/pull join state (LocalState):
+	// kindSnapshot is a push/pull join state (LocalState) of a replica before kindAgedSnapshot:
 	//
 	//	version kind { id:u64 uvarint(n) hash:u64 × n }…   (hashes most recently used first)
+	//
+	// It is still taken (index.Import: every entry as of its arrival) but no longer sent.
 	kindSnapshot = 2
 	// kindSamples carries prefill observations the sender made itself (backend.PrefillSample,
 	// Lease.FirstByte), sent to every live peer by UDP, so that each replica learns a
@@ -58,7 +61,26 @@ const (
 	//
 	// A replica of an older version counts it as an invalid message and drops it.
 	kindLeaving = 4
+	// kindAgedSnapshot is a push/pull join state (LocalState) with each entry's age, so that
+	// the receiver places the entries among its own by age (index.Merge) rather than ahead
+	// of them all (a healed partition's exchange would otherwise swap two replicas' indexes):
+	//
+	//	version kind uvarint(len(sender)) sender { id:u64 uvarint(n) hash:u64 × n uvarint(Δage) × n }…
+	//
+	// The sender's name tells a replica its own snapshot, come back over a join to itself
+	// (a join target naming it in a spelling isSelf missed), from a peer's, however alike
+	// their indexes (two empty ones are byte for byte the same otherwise). Hashes most
+	// recently used first; an entry's age is the sum of the Δages up to it, in
+	// microseconds before the snapshot was taken (non-decreasing, so each Δ is ≥ 0, mostly a
+	// byte or two), read against the receiver's own clock: the two clocks need not agree. A
+	// replica of an older version refuses it (an invalid snapshot, logged), as a replica of
+	// this one takes an older one's kindSnapshot.
+	kindAgedSnapshot = 5
 )
+
+// maxAgeMicros caps an entry's age in a snapshot (about 12.7 days): an older one reads as
+// that old.
+const maxAgeMicros = 1 << 40
 
 // hashBytes is the size of one chunk hash on the wire (fixed: the hashes are uniformly
 // random, a varint would take 9–10 bytes).
@@ -85,7 +107,7 @@ type peerLoad struct {
 // appendHeader starts a message of kind from sender.
 func appendHeader(dst []byte, kind byte, sender string) []byte {
 	dst = append(dst, wireVersion, kind)
-	if kind == kindUpdate || kind == kindLeaving {
+	if kind == kindUpdate || kind == kindLeaving || kind == kindAgedSnapshot {
 		dst = binary.AppendUvarint(dst, uint64(len(sender)))
 		dst = append(dst, sender...)
 	}
@@ -256,7 +278,8 @@ func (r *reader) hashes(dst []uint64) []uint64 {
 	return dst
 }
 
-// header checks the version and kind and returns the sender (updates and leaving notices).
+// header checks the version and kind and returns the sender (updates, leaving notices and
+// aged snapshots).
 func (r *reader) header(kind byte) string {
 	if len(r.buf) < 2 {
 		r.err = errShort
@@ -267,10 +290,16 @@ func (r *reader) header(kind byte) string {
 		return ""
 	}
 	r.buf = r.buf[2:]
-	if kind != kindUpdate && kind != kindLeaving {
+	if kind != kindUpdate && kind != kindLeaving && kind != kindAgedSnapshot {
 		return ""
 	}
 	n := r.uvarint()
+	if r.err == nil && n > maxNameBytes {
+		// No replica sends a longer one (New refuses it); every update's sender is kept, as
+		// the key of its recent learns and loads, so a longer one is not taken.
+		r.err = fmt.Errorf("a sender name of %d bytes, over %d", n, maxNameBytes)
+		return ""
+	}
 	if r.err != nil || uint64(len(r.buf)) < n {
 		r.err = errShort
 		return ""
@@ -333,16 +362,56 @@ func decodeUpdate(buf []byte, ls *[]peerLoad, hs *[]uint64, onLoads func(sender 
 	return nil
 }
 
-// decodeSnapshot calls onGroup for each backend's part of a snapshot (hashes reused).
-func decodeSnapshot(buf []byte, onGroup func(id uint64, hashes []uint64)) error {
+// appendAgedGroup writes one backend's part of a kindAgedSnapshot: hashes, most recently used
+// first, and used[i], when hashes[i] was last used (unix nanoseconds), as ages before taken.
+func appendAgedGroup(dst []byte, id uint64, hashes []uint64, used []int64, taken int64) []byte {
+	dst = appendGroup(dst, id, -1, 0, classSent, hashes)
+	var last int64
+	for _, u := range used {
+		age := min(max((taken-u)/int64(time.Microsecond), last), maxAgeMicros)
+		dst = binary.AppendUvarint(dst, uint64(age-last))
+		last = age
+	}
+	return dst
+}
+
+// decodeSnapshot calls onGroup for each backend's part of a snapshot, kindAgedSnapshot or
+// an older replica's kindSnapshot (ages nil), once take said yes to its sender ("" for an
+// older replica's): hashes most recently used first, ages[i] how long before the snapshot
+// was taken hashes[i] was last used. Both slices are reused.
+func decodeSnapshot(buf []byte, take func(sender string) bool, onGroup func(id uint64, hashes []uint64, ages []time.Duration)) error {
+	kind := byte(kindAgedSnapshot)
+	if len(buf) >= 2 && buf[1] == kindSnapshot {
+		kind = kindSnapshot
+	}
 	r := reader{buf: buf}
-	r.header(kindSnapshot)
+	if sender := r.header(kind); r.err != nil || !take(sender) {
+		return r.err
+	}
 	var hs []uint64
+	var ages []time.Duration
 	for r.err == nil && len(r.buf) > 0 {
 		id := r.u64()
 		hs = r.hashes(hs)
+		if r.err != nil {
+			break
+		}
+		if kind == kindSnapshot {
+			onGroup(id, hs, nil)
+			continue
+		}
+		if len(r.buf) < len(hs) { // a Δage is at least a byte
+			r.err = errShort
+			break
+		}
+		ages = ages[:0]
+		var age uint64
+		for range hs {
+			age = min(age+min(r.uvarint(), maxAgeMicros), maxAgeMicros)
+			ages = append(ages, time.Duration(age)*time.Microsecond)
+		}
 		if r.err == nil {
-			onGroup(id, hs)
+			onGroup(id, hs, ages)
 		}
 	}
 	return r.err

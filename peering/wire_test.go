@@ -2,8 +2,11 @@ package peering
 
 import (
 	"encoding/binary"
+	"math"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestUpdateWire: an update's loads and groups decode as they were written: a learned group
@@ -93,5 +96,97 @@ func TestUpdateWireClampsCounts(t *testing.T) {
 	}
 	if work != maxCount {
 		t.Errorf("work %d, want %d", work, int64(maxCount))
+	}
+}
+
+// TestSnapshotWire: an aged snapshot carries each entry's age to the microsecond (a use
+// after the snapshot was taken, or out of order, reads as the age before it; past
+// maxAgeMicros as that); an older replica's snapshot decodes without ages; a cut or
+// malformed one is an error, and the groups before the cut stand.
+func TestSnapshotWire(t *testing.T) {
+	taken := time.Unix(1_800_000_000, 0).UnixNano()
+	hs := []uint64{1, 2, 3, 4, 5}
+	used := []int64{taken + int64(time.Second), taken - 1500, taken - int64(time.Millisecond), taken - int64(2*time.Millisecond), taken - int64(100*24*time.Hour)}
+	buf := appendHeader(nil, kindAgedSnapshot, "r0")
+	buf = appendAgedGroup(buf, 7, hs, used, taken)
+	buf = appendAgedGroup(buf, 8, nil, nil, taken)
+	type got struct {
+		id   uint64
+		hs   []uint64
+		ages []time.Duration
+	}
+	var sender string
+	decode := func(buf []byte) ([]got, error) {
+		var out []got
+		err := decodeSnapshot(buf, func(s string) bool { sender = s; return s != "me" }, func(id uint64, hs []uint64, ages []time.Duration) {
+			out = append(out, got{id, slices.Clone(hs), slices.Clone(ages)})
+		})
+		return out, err
+	}
+	out, err := decode(buf)
+	if err != nil || len(out) != 2 || out[0].id != 7 || !slices.Equal(out[0].hs, hs) || out[1].id != 8 || len(out[1].hs) != 0 {
+		t.Fatalf("decoded %+v, %v", out, err)
+	}
+	want := []time.Duration{0, time.Microsecond, time.Millisecond, 2 * time.Millisecond, maxAgeMicros * time.Microsecond}
+	if !slices.Equal(out[0].ages, want) {
+		t.Fatalf("ages %v, want %v", out[0].ages, want)
+	}
+	if out[1].ages == nil {
+		t.Fatal("an aged snapshot's empty group read as an older replica's")
+	}
+	if sender != "r0" {
+		t.Fatalf("sender %q", sender)
+	}
+	mine := appendAgedGroup(appendHeader(nil, kindAgedSnapshot, "me"), 7, hs, used, taken)
+	if out, err := decode(mine); err != nil || len(out) != 0 {
+		t.Fatalf("a snapshot whose sender was refused: %+v, %v", out, err)
+	}
+	old := appendGroup(appendHeader(nil, kindSnapshot, ""), 7, -1, 0, classSent, hs)
+	if out, err := decode(old); err != nil || len(out) != 1 || !slices.Equal(out[0].hs, hs) || out[0].ages != nil {
+		t.Fatalf("an older replica's snapshot: %+v, %v", out, err)
+	}
+	for cut := 6; cut < len(buf); cut++ { // 5: the header alone (with the sender), an empty snapshot
+		out, err := decode(buf[:cut])
+		if cut < len(buf)-9 && err == nil { // the last 9 bytes are group 8 (an id and n = 0)
+			t.Fatalf("cut at %d of %d: no error", cut, len(buf))
+		}
+		if len(out) > 0 && !slices.Equal(out[0].ages, want) {
+			t.Fatalf("cut at %d: a group delivered with ages %v", cut, out[0].ages)
+		}
+	}
+	// Ages of 2^64−1 µs each: capped, not wrapped.
+	huge := appendGroup(appendHeader(nil, kindAgedSnapshot, "r0"), 7, -1, 0, classSent, hs[:2])
+	huge = binary.AppendUvarint(binary.AppendUvarint(huge, math.MaxUint64), math.MaxUint64)
+	if out, err := decode(huge); err != nil || out[0].ages[1] != maxAgeMicros*time.Microsecond {
+		t.Fatalf("huge ages: %+v, %v", out, err)
+	}
+	if _, err := decode([]byte{wireVersion, kindUpdate}); err == nil {
+		t.Fatal("an update decoded as a snapshot")
+	}
+}
+
+// TestSenderNameBounded: an update or leaving notice whose sender name is longer than any
+// replica's (maxNameBytes) is refused before the name is taken.
+func TestSenderNameBounded(t *testing.T) {
+	long := string(make([]byte, maxNameBytes+1))
+	for _, kind := range []byte{kindUpdate, kindLeaving} {
+		buf := appendHeader(nil, kind, long)
+		if kind == kindUpdate {
+			buf = appendLoads(buf, nil)
+		}
+		var err error
+		if kind == kindUpdate {
+			var ls []peerLoad
+			var hs []uint64
+			err = decodeUpdate(buf, &ls, &hs, func(string, []peerLoad) { t.Fatal("loads delivered") }, func(group, []uint64) {})
+		} else {
+			_, err = decodeLeaving(buf)
+		}
+		if err == nil || !strings.Contains(err.Error(), "over 128") {
+			t.Fatalf("kind %d: %v", kind, err)
+		}
+		if _, err := decodeLeaving(appendHeader(nil, kindLeaving, long[:maxNameBytes])); kind == kindLeaving && err != nil {
+			t.Fatalf("a name of maxNameBytes refused: %v", err)
+		}
 	}
 }
