@@ -516,7 +516,7 @@ func (n *Node) snapshot(join bool) []byte {
 			buf = appendAgedGroup(buf, e.ID, e.Hashes, e.Used, taken)
 		}
 		if len(buf) > maxSnapshotBytes && per > 1 {
-			per = int(float64(per) * float64(maxSnapshotBytes) / float64(len(buf)) * 0.95)
+			per = max(int(float64(per)*float64(maxSnapshotBytes)/float64(len(buf))*0.95), 1) // ≤ 0 would export all
 			continue
 		}
 		return buf

@@ -471,8 +471,10 @@ func (n *Node) initialJoin(ctx context.Context) {
 		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
 	case <-n.ready:
 		// A peer's snapshot came first (a peer joining this replica; a join target slow to
-		// answer goes on in the background).
-		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
+		// answer goes on in the background), or Close.
+		if n.merged.Load() {
+			n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
+		}
 	case <-t.C:
 		n.log.Warn("peering: no index snapshot within the timeout; ready with what this replica has",
 			zap.Duration("timeout", n.o.SnapshotTimeout), zap.Strings("peers", targets))
