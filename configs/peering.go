@@ -78,6 +78,8 @@ func (p *Peering) validate(c *Config) error {
 		return fmt.Errorf("peering.listen: %w", checkPeerPort(p.Listen, true))
 	case p.Advertise != "" && checkPeerPort(p.Advertise, false) != nil:
 		return fmt.Errorf("peering.advertise: %w", checkPeerPort(p.Advertise, false))
+	case p.Advertise != "" && unspecifiedHost(p.Advertise):
+		return fmt.Errorf("peering.advertise: %q names no host peers can reach; give this replica's address (or leave advertise out)", p.Advertise)
 	case (p.SecretFile == "") == (p.SecretEnv == ""):
 		return errors.New("peering: exactly one of secret_file and secret_env is required (peer traffic is authenticated)")
 	case p.SettleWait != nil && *p.SettleWait != 0 && (p.SettleWait.D() < minSettleWait || p.SettleWait.D() > maxSettleWait):
@@ -117,4 +119,15 @@ func samePort(a, b string) bool {
 	_, pa, errA := net.SplitHostPort(a)
 	_, pb, errB := net.SplitHostPort(b)
 	return errA == nil && errB == nil && pa == pb && pa != "0"
+}
+
+// unspecifiedHost reports whether host:port s has no host or an unspecified address
+// (0.0.0.0, ::), which a listener may bind but no peer can dial.
+func unspecifiedHost(s string) bool {
+	host, _, err := net.SplitHostPort(s)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }

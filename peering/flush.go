@@ -420,9 +420,7 @@ func (n *Node) receive(buf []byte) {
 			b := set.byID[g.id]
 			if b == nil {
 				n.m.unknown.Inc()
-				// At most one line a second (the kind: the first words).
-				n.mlog.emit("peering: a peer's update names a backend this replica does not have; give every replica the same backend URLs",
-					fmt.Sprintf("unknown backend from %s id %016x", sender, g.id), true, false)
+				n.warnUnknown("update", sender, g.id, set)
 				return
 			}
 			if g.forget {
@@ -459,6 +457,29 @@ func (n *Node) receive(buf []byte) {
 		n.log.Debug("peering: invalid update", zap.Error(err))
 	}
 }
+
+// warnUnknown logs that a peer's update or snapshot (what) named a backend ID this replica
+// does not have, with this replica's backends to compare with the peer's configuration: at
+// most once a second for each of what.
+func (n *Node) warnUnknown(what, sender string, id uint64, set *backendSet) {
+	ok, suppressed := n.mlog.allow("unknown backend " + what)
+	if !ok {
+		return
+	}
+	names := make([]string, 0, min(len(set.list), maxNamesLogged))
+	for _, b := range set.list[:min(len(set.list), maxNamesLogged)] {
+		names = append(names, b.Name)
+	}
+	fields := []zap.Field{zap.String("peer", sanitize(sender, maxNameBytes)), zap.String("backend_id", fmt.Sprintf("%016x", id)),
+		zap.Strings("backends_here", names)}
+	if suppressed > 0 {
+		fields = append(fields, zap.Int("suppressed", suppressed))
+	}
+	n.log.Warn("peering: a peer's "+what+" names a backend this replica does not have (an ID from its URL); give every replica the same backend URLs", fields...)
+}
+
+// maxNamesLogged bounds the backend names a warning lists.
+const maxNamesLogged = 16
 
 // countDecision counts a peer's decision g on b: in b's recent share
 // (router.Prefix.NotePeerRouted), in the arrivals that settling reads (settle.go), and in
@@ -537,14 +558,17 @@ func (n *Node) merge(buf []byte, join bool) {
 	idx := n.pol.Index()
 	var entries int
 	var used []int64
-	own := false
+	own, from := false, ""
 	err := decodeSnapshot(buf, func(sender string) bool {
-		own = sender == n.name
+		own, from = sender == n.name, sender
 		return !own
 	}, func(id uint64, hs []uint64, ages []time.Duration) {
 		b := set.byID[id]
 		switch {
 		case b == nil:
+			if len(hs) > 0 {
+				n.warnUnknown("snapshot", from, id, set)
+			}
 		case ages == nil: // an older replica's: every entry as of now
 			entries += idx.Import(b, hs, now)
 		default:

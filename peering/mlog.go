@@ -98,28 +98,10 @@ func (w *levelWriter) emit(message, msg string, warn, rejected bool) {
 	if rejected {
 		w.rejected.Inc()
 	}
-	kind := mlogKindOf(msg)
-	w.mu.Lock()
-	k := w.kinds[kind]
-	if k == nil {
-		if len(w.kinds) >= mlogMaxKinds {
-			kind = mlogOtherKind
-		}
-		if k = w.kinds[kind]; k == nil {
-			k = &mlogKind{}
-			w.kinds[kind] = k
-		}
-	}
-	now := w.now()
-	if !k.last.IsZero() && now.Sub(k.last) < mlogInterval {
-		k.suppressed++
-		w.mu.Unlock()
+	ok, suppressed := w.allow(mlogKindOf(msg))
+	if !ok {
 		return
 	}
-	k.last = now
-	suppressed := k.suppressed
-	k.suppressed = 0
-	w.mu.Unlock()
 	fields := []zap.Field{zap.String("line", sanitize(msg, mlogExcerpt))}
 	if from := fromOf(msg); from != "" {
 		// Logged on its own, so that a long line cut at mlogExcerpt still names the sender.
@@ -136,6 +118,32 @@ func (w *levelWriter) emit(message, msg string, warn, rejected bool) {
 	} else {
 		w.log.Debug(message, fields...)
 	}
+}
+
+// allow reports whether a line of kind may be logged now (at most one per kind per
+// mlogInterval), and how many were suppressed since the last one logged.
+func (w *levelWriter) allow(kind string) (bool, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := w.kinds[kind]
+	if k == nil {
+		if len(w.kinds) >= mlogMaxKinds {
+			kind = mlogOtherKind
+		}
+		if k = w.kinds[kind]; k == nil {
+			k = &mlogKind{}
+			w.kinds[kind] = k
+		}
+	}
+	now := w.now()
+	if !k.last.IsZero() && now.Sub(k.last) < mlogInterval {
+		k.suppressed++
+		return false, 0
+	}
+	k.last = now
+	suppressed := k.suppressed
+	k.suppressed = 0
+	return true, suppressed
 }
 
 // mlogFromMax bounds the logged sender address ("from=" of memberlist's lines): an IPv6

@@ -440,7 +440,9 @@ func (n *Node) WaitReady(ctx context.Context) error {
 
 func (n *Node) markReady() { n.readyOnce.Do(func() { close(n.ready) }) }
 
-// initialJoin joins the configured peers, bounded by SnapshotTimeout, then marks ready.
+// initialJoin joins the configured peers, then marks ready: once a peer's snapshot is
+// taken (from a join target, or from a peer that joins this replica), else after
+// SnapshotTimeout.
 func (n *Node) initialJoin(ctx context.Context) {
 	defer n.markReady()
 	targets := n.targets(ctx)
@@ -458,28 +460,44 @@ func (n *Node) initialJoin(ctx context.Context) {
 	}()
 	t := time.NewTimer(n.o.SnapshotTimeout)
 	defer t.Stop()
-	select {
-	case err := <-done:
-		if err != nil && !n.merged.Load() {
-			fields := []zap.Field{zap.Strings("peers", targets), zap.Error(err)}
-			if secretMismatch(err) {
-				fields = append(fields, zap.String("hint", secretHint))
+	joined := func() {
+		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
+	}
+	var joinErr error
+	for {
+		select {
+		case err := <-done:
+			if err == nil || n.merged.Load() {
+				joined()
+				return
 			}
-			n.log.Warn("peering: no peer answered; ready with an empty index", fields...)
+			// No target answered; a peer that joins this replica meanwhile (its rejoin loop)
+			// still brings a snapshot within the timeout.
+			joinErr, done = err, nil
+		case <-n.ready:
+			// A peer's snapshot came first (a peer joining this replica; a join target slow
+			// to answer goes on in the background), or Close.
+			if n.merged.Load() {
+				joined()
+			}
+			return
+		case <-t.C:
+			if joinErr != nil {
+				fields := []zap.Field{zap.Strings("peers", targets), zap.Duration("waited", n.o.SnapshotTimeout), zap.Error(joinErr)}
+				if secretMismatch(joinErr) {
+					fields = append(fields, zap.String("hint", secretHint))
+				}
+				n.log.Warn("peering: no peer answered; ready with an empty index", fields...)
+				return
+			}
+			n.log.Warn("peering: no index snapshot within the timeout; ready with what this replica has",
+				zap.Duration("timeout", n.o.SnapshotTimeout), zap.Strings("peers", targets))
+			return
+		case <-n.stop:
+			return
+		case <-ctx.Done():
 			return
 		}
-		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
-	case <-n.ready:
-		// A peer's snapshot came first (a peer joining this replica; a join target slow to
-		// answer goes on in the background), or Close.
-		if n.merged.Load() {
-			n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
-		}
-	case <-t.C:
-		n.log.Warn("peering: no index snapshot within the timeout; ready with what this replica has",
-			zap.Duration("timeout", n.o.SnapshotTimeout), zap.Strings("peers", targets))
-	case <-n.stop:
-	case <-ctx.Done():
 	}
 }
 

@@ -401,32 +401,44 @@ func TestPartitionHealAtCapacity(t *testing.T) {
 }
 
 // TestReadyOnPeersSnapshot: a replica whose join target does not answer (a listener that
-// never reads) is ready as soon as another peer's join brings it a snapshot, and says it
-// joined, not that no peer answered.
+// never reads) or refuses (nothing listening) is ready as soon as another peer's join brings
+// it a snapshot within the snapshot timeout, and says it joined, not that no peer answered.
 func TestReadyOnPeersSnapshot(t *testing.T) {
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	// The join to the silent listener waits out a push/pull's timeout (here 2×wait), and
-	// the start's wait for a snapshot is longer still.
-	late := startReplica(t, "late", replicaOpts{joinAddr: []string{silent.Addr().String()}, tcpTimeout: 2 * wait, snapshotTimeout: 3 * wait})
-	a := startReplica(t, "a", replicaOpts{join: []*replica{late}})
-	k := prompt(t, 4000)
-	url := a.notRing(k)
-	a.node.Policy().Learn(k, a.byName(url), 0)
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	if err := late.node.WaitReady(ctx); err != nil {
-		t.Fatalf("not ready on a's snapshot: %v", err)
-	}
-	testutil.Eventually(t, wait, "late holds a's prefix", func() bool { return late.holds(k, url) })
-	testutil.Eventually(t, wait, "late logs that it joined", func() bool {
-		return len(late.logs.WithMessage("peering: joined")) == 1
-	})
-	if n := len(late.logs.WithMessage("peering: no peer answered; ready with an empty index")); n != 0 {
-		t.Fatal("late logged that no peer answered")
+	for _, refused := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refused=%v", refused), func(t *testing.T) {
+			silent, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			target := silent.Addr().String()
+			if refused {
+				_ = silent.Close() // the port refuses at once
+			} else {
+				defer silent.Close()
+			}
+			// The join to the silent listener waits out a push/pull's timeout (here 2×wait),
+			// and the start's wait for a snapshot is longer still.
+			late := startReplica(t, "late", replicaOpts{joinAddr: []string{target}, tcpTimeout: 2 * wait, snapshotTimeout: 3 * wait})
+			if refused {
+				time.Sleep(300 * time.Millisecond) // the join fails first
+			}
+			a := startReplica(t, "a", replicaOpts{join: []*replica{late}})
+			k := prompt(t, 4000)
+			url := a.notRing(k)
+			a.node.Policy().Learn(k, a.byName(url), 0)
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			if err := late.node.WaitReady(ctx); err != nil {
+				t.Fatalf("not ready on a's snapshot: %v", err)
+			}
+			testutil.Eventually(t, wait, "late holds a's prefix", func() bool { return late.holds(k, url) })
+			testutil.Eventually(t, wait, "late logs that it joined", func() bool {
+				return len(late.logs.WithMessage("peering: joined")) == 1
+			})
+			if n := len(late.logs.WithMessage("peering: no peer answered; ready with an empty index")); n != 0 {
+				t.Fatal("late logged that no peer answered")
+			}
+		})
 	}
 }
 
@@ -444,10 +456,18 @@ func TestUnknownBackendLogged(t *testing.T) {
 	a.node.Policy().Learn(k, a.byName(backendURLs[1]), 0)
 	testutil.Eventually(t, wait, "b takes the learn on the backend it has", func() bool { return b.holds(k, backendURLs[1]) })
 	testutil.Eventually(t, wait, "b counts the others", func() bool { return b.metric("prefixlb_peer_updates_unknown_backend_total") == "5" })
-	msg := "peering: a peer's update names a backend this replica does not have; give every replica the same backend URLs"
+	msg := "peering: a peer's update names a backend this replica does not have (an ID from its URL); give every replica the same backend URLs"
 	if n := len(b.logs.WithMessage(msg)); n != 1 {
 		t.Fatalf("%d warnings for 5 updates within a second, want 1", n)
 	}
+	if e := b.logs.WithMessage(msg)[0]; !strings.Contains(e.Text(), "http://localhost:18001") || !strings.Contains(e.Text(), "peer=a") {
+		t.Fatalf("the warning names neither the peer nor this replica's backends: %s", e.Text())
+	}
+	// A replica that joins later, with the other spelling, is told of the snapshot's too.
+	c := startReplica(t, "c", replicaOpts{join: []*replica{a}, urls: []string{"http://localhost:18001"}})
+	testutil.Eventually(t, wait, "c warns of a's snapshot", func() bool {
+		return len(c.logs.WithMessage("peering: a peer's snapshot names a backend this replica does not have (an ID from its URL); give every replica the same backend URLs")) >= 1
+	})
 }
 
 // TestLateJoinerSnapshot: a replica that starts after the others learned is ready only once
