@@ -205,7 +205,6 @@ func (t *netTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 // PacketCh delivers the packets received, each Buf its own (memberlist may keep it).
 func (t *netTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
 
-// DialTimeout opens a TCP stream to addr, giving up after timeout.
 // DialTimeout connects to a peer for a stream (a join push/pull, a fallback ping), giving up
 // at Shutdown as well as after timeout; the connection comes with a deadline of
 // streamDeadline(timeout), which memberlist's own later deadline replaces: it writes this

@@ -65,8 +65,8 @@ const importBatch = 4096
 // Import records that b holds hashes (most recently used first, as Export gives them) as of
 // now: Merge with every entry last used now. hashes[0] ends up b's most recently used entry
 // (but for entries a local Record used later, or added and not yet confirmed), and what does
-// not fit b's capacity is the oldest. An unregistered b is ignored. It returns how many
-// entries b holds of hashes afterwards (within the capacity).
+// not fit b's capacity is the oldest. An unregistered b is ignored. It returns what Merge
+// returns.
 func (x *Index) Import(b *backend.Backend, hashes []uint64, now time.Time) int {
 	return x.merge(b, hashes, nil, now.UnixNano(), importBatch, nil)
 }
@@ -80,7 +80,10 @@ func (x *Index) Import(b *backend.Backend, hashes []uint64, now time.Time) int {
 // rather than with the other's (an import at now would put the other's whole list ahead of
 // what this replica learned meanwhile). Entries added by a Record that Forget may yet
 // withdraw are left as they are. An unregistered b is ignored. It returns how many entries
-// of hashes b holds afterwards. Local Records between batches (importBatch) are kept.
+// of hashes it placed or found held (a hash listed twice counts twice; one evicted again, by
+// a coarse claim of the same Merge or a change between batches, still counts). Local Records
+// between batches (importBatch) are kept; two Merges of one backend at once keep the list
+// whole, each's entries at most slightly out of order against the other's.
 func (x *Index) Merge(b *backend.Backend, hashes []uint64, used []int64) int {
 	if len(used) != len(hashes) {
 		return 0
@@ -157,9 +160,12 @@ func (m *merger) batch(b *backend.Backend, hashes []uint64, used []int64, at int
 		}
 	}()
 	for i := lo; i < hi; i++ {
-		h, u := norm(hashes[i]), at
+		h, u := norm(hashes[i]), at&^added
 		if used != nil {
 			u = used[i] &^ added
+		}
+		if s.weight(h) > m.limit {
+			break // the capacity fell below a coarse chunk's weight between batches (fit cut the rest)
 		}
 		for m.cur != nilIdx && s.nodes[m.cur].used&^added > u {
 			m.cur = s.nodes[m.cur].next
@@ -169,8 +175,11 @@ func (m *merger) batch(b *backend.Backend, hashes []uint64, used []int64, at int
 			ni = m.x.shard(h).lookup(h, s.num)
 		}
 		if ni == nilIdx {
-			if s.full(h, m.limit) && (s.tail == nilIdx || s.nodes[s.tail].used&^added >= u) {
-				break // older than every entry kept, as is every entry after it
+			if s.full(h, m.limit) && !m.evictable(s.count.Load()+s.weight(h)-m.limit, u) {
+				if s.weight(h) == 1 {
+					break // older than the least recently used entry, as is every entry after it
+				}
+				continue // a coarse chunk that would evict newer entries; a fine one may still fit
 			}
 			var ev uint64
 			if ni, ev = m.claim(h, u); ni == nilIdx {
@@ -193,6 +202,19 @@ func (m *merger) batch(b *backend.Backend, hashes []uint64, used []int64, at int
 	return true
 }
 
+// evictable reports whether the least recently used entries that weigh need (those a claim
+// evicts) are all older than u. Called with s.mu held.
+func (m *merger) evictable(need, u int64) bool {
+	s := m.s
+	for ni := s.tail; need > 0; ni = s.nodes[ni].prev {
+		if ni == nilIdx || s.nodes[ni].used&^added >= u {
+			return false
+		}
+		need -= s.weight(s.nodes[ni].hash)
+	}
+	return true
+}
+
 // claim adds h, which s does not hold, last used at u, before m.cur, evicting the least
 // recently used entries as claim does; an eviction that took m.cur (at the back: everything
 // from it on went) leaves the new entry at the back. It returns h's node (nilIdx: not added)
@@ -206,6 +228,9 @@ func (m *merger) claim(h uint64, u int64) (int32, uint64) {
 	ni, held, evicted := m.x.claim(s, m.x.shard(h), h, u, m.limit)
 	if held { // not reached: only this slot adds its own holders, under s.mu
 		return ni, evicted
+	}
+	if s.nodes[ni].hash != h { // not reached: batch checks h's weight against the capacity
+		return nilIdx, evicted // its own node evicted (and freed) for it
 	}
 	if m.cur != nilIdx && (m.cur == ni || s.nodes[m.cur].hash != curHash) {
 		m.cur = nilIdx

@@ -150,6 +150,12 @@ type mergeCase struct {
 // newMergeCase records local prompts on x's backend b (capacity chunks) and exports remote
 // ones of another index, their times interleaved with the local ones'.
 func newMergeCase(t *testing.T, capacity int64, local, remote int, seed uint64) *mergeCase {
+	return newMergeCaseAt(t, capacity, local, remote, seed, 500*time.Millisecond)
+}
+
+// newMergeCaseAt is newMergeCase with the remote prompt i recorded at shift past the local
+// prompt i (a negative shift of more than the local span: every remote entry older).
+func newMergeCaseAt(t *testing.T, capacity int64, local, remote int, seed uint64, shift time.Duration) *mergeCase {
 	t.Helper()
 	b := newBackend(t, "a", capacity*64)
 	mc := &mergeCase{x: New(Options{ChunkTokens: 64, MaxEntries: -1}), b: b, times: map[uint64]int64{}}
@@ -180,7 +186,7 @@ func newMergeCase(t *testing.T, capacity int64, local, remote int, seed uint64) 
 			if i%3 == 0 {
 				hs = chain(seed<<20|1<<19|uint64(i), 2)
 			}
-			at := at.Add(500 * time.Millisecond)
+			at := at.Add(shift)
 			src.Record(hs, b, at)
 			note(hs, at)
 		}
@@ -226,15 +232,17 @@ func TestMergeByAge(t *testing.T) {
 		name                 string
 		capacity             int64
 		local, remote, batch int
+		shift                time.Duration
 	}{
-		{"room for both", 1000, 40, 40, importBatch},
-		{"at capacity", 120, 60, 60, importBatch},
-		{"at capacity, small batches", 120, 60, 60, 7},
-		{"empty local", 100, 0, 80, 5},
-		{"nothing newer remote", 50, 60, 0, 5},
+		{"room for both", 1000, 40, 40, importBatch, 500 * time.Millisecond},
+		{"at capacity", 120, 60, 60, importBatch, 500 * time.Millisecond},
+		{"at capacity, small batches", 120, 60, 60, 7, 500 * time.Millisecond},
+		{"empty local", 100, 0, 80, 5, 500 * time.Millisecond},
+		{"every remote entry older, at capacity", 50, 60, 40, 5, -time.Hour},
+		{"every remote entry older, room", 1000, 30, 40, 5, -time.Hour},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			mc := newMergeCase(t, c.capacity, c.local, c.remote, 1)
+			mc := newMergeCaseAt(t, c.capacity, c.local, c.remote, 1, c.shift)
 			n := mc.x.merge(mc.b, mc.export.Hashes, mc.export.Used, 0, c.batch, nil)
 			mc.verify(t)
 			got := mc.x.Export([]*backend.Backend{mc.b}, 0)[0]
@@ -385,5 +393,98 @@ func TestMergeCursorFreed(t *testing.T) {
 	got := x.Export([]*backend.Backend{b}, 0)[0]
 	if len(got.Hashes) != 19 || !slices.IsSortedFunc(got.Used, func(p, q int64) int { return cmp.Compare(q, p) }) {
 		t.Fatalf("%d entries, used %v: want 19, newest first", len(got.Hashes), got.Used)
+	}
+}
+
+// TestMergeCoarse: a coarse entry (weighing CoarseWeight chunks) is merged only where its
+// claim evicts nothing newer than itself; one that does not fit leaves room for the fine
+// entries after it; a capacity cut below its weight between two batches leaves the list
+// whole.
+func TestMergeCoarse(t *testing.T) {
+	const w = 4
+	sec := func(s float64) int64 { return t0.Add(time.Duration(s * float64(time.Second))).UnixNano() }
+	// local records fine single-chunk prompts at the given seconds, each confirmed.
+	local := func(t *testing.T, capacity int64, secs ...float64) (*Index, *backend.Backend) {
+		b := newBackend(t, "a", capacity*64)
+		x := New(Options{ChunkTokens: 64, MaxEntries: -1, CoarseWeight: w})
+		x.SetBackends([]*backend.Backend{b})
+		for i, at := range secs {
+			h := fine(uint64(1000 + i))
+			x.Record([]uint64{h}, b, time.Unix(0, sec(at)))
+			x.Record([]uint64{h}, b, time.Unix(0, sec(at)).Add(time.Millisecond))
+		}
+		return x, b
+	}
+	t.Run("evicts nothing newer", func(t *testing.T) {
+		x, b := local(t, 10, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+		if n := x.Merge(b, []uint64{coarse(1)}, []int64{sec(0.5)}); n != 0 {
+			t.Fatalf("a coarse entry at 0.5 s merged (%d) over entries at 1–3 s", n)
+		}
+		check(t, x)
+		if e := stat(x, b).Entries; e != 10 {
+			t.Fatalf("%d entries, want the 10 local ones", e)
+		}
+		if n := x.Merge(b, []uint64{coarse(2)}, []int64{sec(3.5)}); n != 1 {
+			t.Fatal("a coarse entry newer than the 4 oldest not merged")
+		}
+		check(t, x)
+		if m := match(x, []uint64{fine(1000 + 4)}, b)[0]; m != 1 {
+			t.Fatal("the entry at 4 s was evicted for the one at 3.5 s")
+		}
+	})
+	t.Run("fine after a coarse that does not fit", func(t *testing.T) {
+		x, b := local(t, 10, 10, 11, 12, 13, 14, 15, 16, 17)
+		n := x.Merge(b, []uint64{coarse(3), fine(4), fine(6)}, []int64{sec(3), sec(2), sec(1)})
+		check(t, x)
+		if n != 2 || stat(x, b).Entries != 10 {
+			t.Fatalf("merged %d, %d entries: want the 2 fine ones in the 2 free places", n, stat(x, b).Entries)
+		}
+	})
+	t.Run("capacity under its weight between batches", func(t *testing.T) {
+		x, b := local(t, 100, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
+		x.merge(b, []uint64{fine(2), coarse(3)}, []int64{sec(3600), sec(3599)}, 0, 1, func() {
+			s := x.tab.Load().byID[b.ID]
+			s.locked(func() {
+				s.learned.Store(2) // what Correct sets for a backend that kept 2 chunks
+				x.trim(s)
+			})
+		})
+		check(t, x)
+		if m := match(x, []uint64{coarse(3)}, b)[0]; m != 0 {
+			t.Fatal("a chunk heavier than the capacity merged")
+		}
+	})
+}
+
+// TestImportAtOddNow: Import at an odd nanosecond does not leave its entries marked added
+// (the mark is a stamp's low bit): a later Merge still moves them to a later time.
+func TestImportAtOddNow(t *testing.T) {
+	b := newBackend(t, "a", 100*64)
+	x := New(Options{ChunkTokens: 64, MaxEntries: -1})
+	x.SetBackends([]*backend.Backend{b})
+	now := t0.Add(1)
+	x.Import(b, []uint64{10, 12}, now)
+	later := now.Add(time.Hour).UnixNano() &^ added
+	x.Merge(b, []uint64{12}, []int64{later})
+	e := x.Export([]*backend.Backend{b}, 0)[0]
+	if e.Hashes[0] != 12 || e.Used[0] != later {
+		t.Fatalf("after the merge: %v used %v; want 12 first, used %d", e.Hashes, e.Used, later)
+	}
+}
+
+// fine and coarse are single-chunk hashes of either weight (key.IsCoarse).
+func fine(i uint64) uint64 {
+	for h := mix64(i); ; h++ {
+		if !key.IsCoarse(h) && h > 1 {
+			return h
+		}
+	}
+}
+
+func coarse(i uint64) uint64 {
+	for h := mix64(i | 1<<62); ; h++ {
+		if key.IsCoarse(h) {
+			return h
+		}
 	}
 }
