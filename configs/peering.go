@@ -70,12 +70,10 @@ func (p *Peering) validate(c *Config) error {
 		return nil
 	}
 	switch {
-	case checkHostPort(p.Listen) != nil:
-		return fmt.Errorf("peering.listen: %w", checkHostPort(p.Listen))
-	case samePort(p.Listen, c.Listen) || samePort(p.Listen, c.AdminListen):
-		return fmt.Errorf("peering.listen: %q is the data or admin listener; peers need a port of their own", p.Listen)
 	case checkPeerPort(p.Listen, true) != nil:
 		return fmt.Errorf("peering.listen: %w", checkPeerPort(p.Listen, true))
+	case samePort(p.Listen, c.Listen) || samePort(p.Listen, c.AdminListen):
+		return fmt.Errorf("peering.listen: %q is the data or admin listener; peers need a port of their own", p.Listen)
 	case p.Advertise != "" && checkPeerPort(p.Advertise, false) != nil:
 		return fmt.Errorf("peering.advertise: %w", checkPeerPort(p.Advertise, false))
 	case p.Advertise != "" && unspecifiedHost(p.Advertise):
@@ -99,10 +97,10 @@ func (p *Peering) validate(c *Config) error {
 // zeroOK: a listener on an ephemeral port), as memberlist reads one: a service name or a
 // port of 0 that peers are told to dial would pass memberlist's start and fail every join.
 func checkPeerPort(s string, zeroOK bool) error {
-	_, port, err := net.SplitHostPort(s)
-	if err != nil {
-		return fmt.Errorf("%q is not host:port: %v", s, err)
+	if err := checkHostPort(s); err != nil {
+		return err
 	}
+	_, port, _ := net.SplitHostPort(s)
 	n, err := strconv.ParseUint(port, 10, 16)
 	switch {
 	case err != nil:

@@ -20,9 +20,8 @@ type loadTable struct {
 // peerReport is one peer's last load report, each backend's with its own time: a report
 // may take several packets, so each is merged by backend, and a backend the peer no longer
 // reports (removed there, its one idle record lost) expires by itself rather than count as
-// long as the peer reports the others.
+// long as the peer reports the others. A peer none of whose backends is fresh is dropped.
 type peerReport struct {
-	at    time.Time
 	loads map[uint64]timedLoad
 }
 
@@ -45,7 +44,6 @@ func (t *loadTable) report(sender string, ls []peerLoad, now time.Time, byID map
 		r = &peerReport{loads: map[uint64]timedLoad{}}
 		t.peers[sender] = r
 	}
-	r.at = now
 	for _, l := range ls {
 		r.loads[l.id] = timedLoad{l, now}
 	}
@@ -77,14 +75,13 @@ func (t *loadTable) apply(byID map[uint64]*backend.Backend, now time.Time) {
 
 func (t *loadTable) applyLocked(byID map[uint64]*backend.Backend, now time.Time) {
 	for name, r := range t.peers {
-		if now.Sub(r.at) > t.ttl {
-			delete(t.peers, name)
-			continue
-		}
 		for id, l := range r.loads {
 			if now.Sub(l.at) > t.ttl {
 				delete(r.loads, id)
 			}
+		}
+		if len(r.loads) == 0 {
+			delete(t.peers, name)
 		}
 	}
 	for _, b := range byID {
@@ -96,9 +93,6 @@ func (t *loadTable) applyLocked(byID map[uint64]*backend.Backend, now time.Time)
 func (t *loadTable) sumLocked(b *backend.Backend, now time.Time) {
 	var inFlight, prefill int64
 	for _, r := range t.peers {
-		if now.Sub(r.at) > t.ttl {
-			continue
-		}
 		if l, ok := r.loads[b.ID]; ok && now.Sub(l.at) <= t.ttl {
 			inFlight += l.inFlight
 			prefill += l.prefill

@@ -110,7 +110,7 @@ func (w *levelWriter) emit(message, msg string, warn, rejected bool) {
 	if suppressed > 0 {
 		fields = append(fields, zap.Int("suppressed", suppressed))
 	}
-	if strings.Contains(msg, "no installed keys could decrypt") || strings.HasPrefix(msg, "Decrypt packet failed") {
+	if undecryptable(msg) {
 		fields = append(fields, zap.String("hint", secretHint))
 	}
 	if warn {

@@ -62,10 +62,13 @@ type netTransport struct {
 	streams chan net.Conn
 	done    chan struct{}
 	closing atomic.Bool
-	once    sync.Once
-	wg      sync.WaitGroup
-	froms   map[netip.AddrPort]*net.UDPAddr // the UDP loop's own
-	direct  atomic.Pointer[directHandler]   // direct packets' handler (direct.go); nil: dropped
+	// dialCtx is cancelled at Shutdown, ending the dials in progress.
+	dialCtx    context.Context
+	cancelDial context.CancelFunc
+	once       sync.Once
+	wg         sync.WaitGroup
+	froms      map[netip.AddrPort]*net.UDPAddr // the UDP loop's own
+	direct     atomic.Pointer[directHandler]   // direct packets' handler (direct.go); nil: dropped
 }
 
 var (
@@ -116,6 +119,7 @@ func listenNet(host string, port, maxPacket int, lg *log.Logger) (*netTransport,
 	t := &netTransport{tcp: tcp, udp: udp, ip: ip, port: port, maxPacket: maxPacket, log: lg,
 		packets: make(chan *memberlist.Packet), streams: make(chan net.Conn), done: make(chan struct{}),
 		froms: map[netip.AddrPort]*net.UDPAddr{}}
+	t.dialCtx, t.cancelDial = context.WithCancel(context.Background())
 	t.wg.Add(2)
 	go t.acceptLoop()
 	go t.readLoop()
@@ -214,17 +218,8 @@ func (t *netTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn
 	if t.closing.Load() {
 		return nil, errTransportClosed
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(t.dialCtx, timeout)
 	defer cancel()
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		select {
-		case <-t.done:
-			cancel()
-		case <-stop:
-		}
-	}()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -257,6 +252,7 @@ func (t *netTransport) Shutdown() error {
 	t.once.Do(func() {
 		t.closing.Store(true)
 		close(t.done)
+		t.cancelDial()
 		err = errors.Join(t.tcp.Close(), t.udp.Close())
 		t.wg.Wait()
 	})

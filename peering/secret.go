@@ -44,6 +44,10 @@ func validKeyLen(n int) bool { return n == 16 || n == 24 || n == 32 }
 const secretHint = "a peer with another secret (or forged traffic): peering.secret_file or secret_env must hold the same key on every replica"
 
 // secretMismatch reports whether err is memberlist's failure to decrypt what a peer sent.
-func secretMismatch(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "no installed keys could decrypt")
+func secretMismatch(err error) bool { return err != nil && undecryptable(err.Error()) }
+
+// undecryptable reports whether memberlist's message says it could not decrypt a packet or
+// stream (memberlist v0.7.0's words).
+func undecryptable(msg string) bool {
+	return strings.Contains(msg, "no installed keys could decrypt") || strings.HasPrefix(msg, "Decrypt packet failed")
 }

@@ -104,10 +104,15 @@ type peerLoad struct {
 	prefill  int64
 }
 
+// hasSender reports whether a message of kind names its sender after the kind.
+func hasSender(kind byte) bool {
+	return kind == kindUpdate || kind == kindLeaving || kind == kindAgedSnapshot
+}
+
 // appendHeader starts a message of kind from sender.
 func appendHeader(dst []byte, kind byte, sender string) []byte {
 	dst = append(dst, wireVersion, kind)
-	if kind == kindUpdate || kind == kindLeaving || kind == kindAgedSnapshot {
+	if hasSender(kind) {
 		dst = binary.AppendUvarint(dst, uint64(len(sender)))
 		dst = append(dst, sender...)
 	}
@@ -290,7 +295,7 @@ func (r *reader) header(kind byte) string {
 		return ""
 	}
 	r.buf = r.buf[2:]
-	if kind != kindUpdate && kind != kindLeaving && kind != kindAgedSnapshot {
+	if !hasSender(kind) {
 		return ""
 	}
 	n := r.uvarint()
