@@ -13,9 +13,11 @@
 // shard of a batch locked once (batch.go), so that the probes overlap. A table slot (16 bytes) carries a bitmask of the backend
 // slots below 32 that hold the chunk, so Match reads one table slot per chunk and no list.
 // Lists link int32 indexes into slabs (slab.go), not pointers: a (chunk, backend) entry
-// costs a 12-byte holder, a 24-byte LRU node and its share of a 16-byte table slot (tables
-// run 3/8 to 3/4 full as they double): at capacity 57–79 bytes of heap when each chunk is on
-// one backend, 47–58 when on two (TestMemoryPerEntryAtScale), steady under eviction churn. A
+// costs a 24-byte LRU node, its share of a 16-byte table slot (tables run 3/8 to 3/4 full as
+// they double) and, for a chunk on two backends or more, a 12-byte holder (a chunk's only
+// holder is kept in its table slot: shard.go): at capacity 45–67 bytes of heap when each
+// chunk is on one backend, 47–58 when on two (TestMemoryPerEntryAtScale), steady under
+// eviction churn. A
 // backend still filling up has a node slab of up to twice its entries, never more than its
 // capacity. Each backend also keeps a small cache (8 KiB) of the LRU nodes of chunks Record
 // (record.go) found it holding, so that Record touches a held system prompt without locking
@@ -65,8 +67,8 @@ const (
 	// activations: ≈ 430k tokens, rounded down to 400k.
 	DefaultKVCacheTokens = 400_000
 	// DefaultMaxEntries bounds the index to 4M (chunk, backend) entries, ≈ 256M tokens of
-	// prefixes at 64-token chunks; at 57–79 bytes an entry (see the package comment) that
-	// is at most ≈ 330 MB of heap.
+	// prefixes at 64-token chunks; at 45–67 bytes an entry (see the package comment) that
+	// is at most ≈ 280 MB of heap.
 	DefaultMaxEntries = 4 << 20
 )
 

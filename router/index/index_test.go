@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -115,11 +116,15 @@ func check(t *testing.T, x *Index) {
 				continue
 			}
 			var mask uint32
-			for hi := c.head; hi != nilIdx; hi = sh.hs.at(hi).next {
-				if s := sh.hs.at(hi).num; s < maskSlots {
-					mask |= 1 << s
+			sh.each(&c, func(num uint16, _ int32) bool {
+				if num < maskSlots {
+					mask |= 1 << num
 				}
 				holders++
+				return true
+			})
+			if _, _, ok := c.inline(); ok && bits.OnesCount32(c.mask) != 1 {
+				t.Fatalf("chunk %d: inline holder, mask %b", c.key, c.mask)
 			}
 			if mask != c.mask || c.head == nilIdx {
 				t.Fatalf("chunk %d: mask %b, holders say %b, head %d", c.key, c.mask, mask, c.head)

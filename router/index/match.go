@@ -130,17 +130,14 @@ func (sh *shard) advance(h uint64, i int, pos []uint16, out []int) bool {
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
 	advanced := false
-	hi := int32(nilIdx)
 	if ch := sh.chunks.get(h); ch != nil {
-		hi = ch.head
-	}
-	for hi != nilIdx {
-		hold := sh.hs.at(hi)
-		if p := int(pos[hold.num]); p > 0 && out[p-1] == i {
-			out[p-1] = i + 1
-			advanced = true
-		}
-		hi = hold.next
+		sh.each(ch, func(num uint16, _ int32) bool {
+			if p := int(pos[num]); p > 0 && out[p-1] == i {
+				out[p-1] = i + 1
+				advanced = true
+			}
+			return true
+		})
 	}
 	return advanced
 }

@@ -117,7 +117,8 @@ func measureMemory(tb testing.TB, sc memScenario) memResult {
 // slab): to its 8 KiB pages.
 const largeAllocRounding = 8 << 10
 
-// perEntryBound is the most heap an entry may take: its holder; its LRU node, in a slab that
+// perEntryBound is the most heap an entry may take: its holder (none for a chunk's only
+// holder, which its table slot keeps); its LRU node, in a slab that
 // is at most twice the entries while a backend fills and exactly the capacity once full; its
 // share of a table slot at the lowest load a table has (3/8, just after it doubled) split
 // over the holders of the chunk; and slack of one holder page per shard and an allocation's
@@ -126,14 +127,19 @@ func perEntryBound(sc memScenario, shards int) float64 {
 	nodes := float64(nodeBytes) * min(2, 1/sc.fill)
 	share := float64(tableSlotBytes) / (3.0 / 8) / float64(sc.holders)
 	slack := float64(int64(shards)*pageSize*holderBytes+int64(sc.backends)*largeAllocRounding) / float64(sc.entries)
-	return float64(holderBytes) + nodes + share + slack
+	holder := 0.0
+	if sc.holders > 1 {
+		holder = float64(holderBytes)
+	}
+	return holder + nodes + share + slack
 }
 
 // TestMemoryPerEntryAtScale measures the heap the index takes per (chunk, backend) entry at
 // 1M and 3M entries, full and partly filled, chunks on one or two backends, and checks it
-// against what the structures account for: 12 B holder + 24 B LRU node + 16 B table slot ÷
-// (table load × holders per chunk), the load between 3/8 and 3/4 as the tables double: at
-// capacity 57–79 B an entry when each chunk is on one backend, 47–58 when on two. While a
+// against what the structures account for: 24 B LRU node + 16 B table slot ÷ (table load ×
+// holders per chunk) + a 12 B holder when a chunk has more than one, the load between 3/8
+// and 3/4 as the tables double: at capacity 45–67 B an entry when each chunk is on one
+// backend, 47–58 when on two. While a
 // backend fills, its node slab (doubling) holds up to twice its entries, never more than its
 // capacity. Run without -race (which it only slows down):
 //

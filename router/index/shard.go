@@ -6,7 +6,11 @@
 
 package index
 
-import "sync"
+import (
+	"math"
+	"math/bits"
+	"sync"
+)
 
 // cacheLine is the size of a CPU cache line in bytes (x86-64 and most arm64 cores).
 const cacheLine = 64
@@ -19,6 +23,12 @@ type shard struct {
 }
 
 // holder says that slot number num holds the chunk; node is the slot's LRU node for it.
+//
+// A chunk held by one slot below maskSlots, as most are (a prompt's unshared suffix), keeps
+// that holder in itself instead (inline: chunk.head is inlineHead(node), the slot the one bit
+// of chunk.mask), so that evicting it reads only its table slot: a holder in the slab was one
+// more cache miss per eviction, after the table slot's (BenchmarkRecordNewAtCapacity), and
+// 12 bytes per entry. A second holder moves it to the slab's list.
 type holder struct {
 	next int32 // next holder of the same chunk, nilIdx at the end
 	node int32
@@ -54,9 +64,43 @@ func (sh *shard) maskOf(h uint64) uint32 {
 	return 0
 }
 
+// inlineHead is chunk.head for a chunk whose one holder, node's, is kept inline: below
+// nilIdx, so that no holder index is one.
+func inlineHead(node int32) int32 { return nilIdx - 1 - node }
+
+// inline reports whether c keeps its one holder inline, and that holder's slot and node.
+func (c *chunk) inline() (num uint16, node int32, ok bool) {
+	if c.head >= nilIdx {
+		return 0, nilIdx, false
+	}
+	return uint16(bits.TrailingZeros32(c.mask)), nilIdx - 1 - c.head, true
+}
+
+// each calls fn with the slot and node of every holder of ch until fn returns false. Called
+// with sh.mu held.
+func (sh *shard) each(ch *chunk, fn func(num uint16, node int32) bool) {
+	if num, node, ok := ch.inline(); ok {
+		fn(num, node)
+		return
+	}
+	for hi := ch.head; hi != nilIdx; {
+		hold := sh.hs.at(hi)
+		if !fn(hold.num, hold.node) {
+			return
+		}
+		hi = hold.next
+	}
+}
+
 // holderOf returns the LRU node of slot num's holder of ch, or nilIdx. Called with sh.mu held.
 func (sh *shard) holderOf(ch *chunk, num uint16) int32 {
 	if num < maskSlots && ch.mask&(1<<num) == 0 {
+		return nilIdx
+	}
+	if n, node, ok := ch.inline(); ok {
+		if n == num {
+			return node
+		}
 		return nilIdx
 	}
 	for hi := ch.head; hi != nilIdx; {
@@ -74,7 +118,17 @@ func (sh *shard) add(h uint64, num uint16, node int32) { sh.link(sh.chunks.put(h
 
 // link adds a holder to ch, which put returned. Called with sh.mu held.
 func (sh *shard) link(ch *chunk, num uint16, node int32) {
-	hi := sh.hs.alloc() // does not move ch
+	if ch.head == nilIdx && num < maskSlots && node < math.MaxInt32 { // inlineHead(MaxInt32) overflows
+		ch.head = inlineHead(node)
+		ch.mask |= 1 << num
+		return
+	}
+	if n, inNode, ok := ch.inline(); ok { // a second holder: the first goes to the slab too
+		hi := sh.hs.alloc() // does not move ch
+		*sh.hs.at(hi) = holder{next: nilIdx, node: inNode, num: n}
+		ch.head = hi
+	}
+	hi := sh.hs.alloc()
 	*sh.hs.at(hi) = holder{next: ch.head, node: node, num: num}
 	ch.head = hi
 	if num < maskSlots {
@@ -86,6 +140,12 @@ func (sh *shard) link(ch *chunk, num uint16, node int32) {
 func (sh *shard) remove(h uint64, num uint16) {
 	ch := sh.chunks.get(h)
 	if ch == nil {
+		return
+	}
+	if n, _, ok := ch.inline(); ok {
+		if n == num {
+			sh.chunks.del(h)
+		}
 		return
 	}
 	prev := int32(nilIdx)

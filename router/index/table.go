@@ -1,6 +1,12 @@
 package index
 
-import "math/bits"
+import (
+	"math/bits"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/prefixlb/prefixlb/internal/prefetch"
+)
 
 // chunkTable is an open-addressing hash table from chunk hash to chunk, with linear probing
 // and backward-shift deletion. The home slot is the top bits of the key times a Fibonacci
@@ -11,6 +17,16 @@ type chunkTable struct {
 	slots []chunk // length a power of two, or nil
 	n     int
 	shift uint // 64 − log2(len(slots))
+	// view is slots' address and shift as of the last resize, read without the shard's lock
+	// by prefetchHome alone: a view that a resize has since replaced yields an address that
+	// is only a wasted hint.
+	view atomic.Pointer[tableView]
+}
+
+// tableView is where a chunkTable's slots were and how they were indexed.
+type tableView struct {
+	base  uintptr
+	shift uint
 }
 
 // chunk is what the index knows of one chained hash.
@@ -32,6 +48,16 @@ const (
 )
 
 func (t *chunkTable) home(key uint64) int { return int((key * fibonacci) >> t.shift) }
+
+// prefetchHome starts loading key's home slot into the cache, without the shard's lock: a
+// walk that is about to claim or evict several chunks hints them all first, so that their
+// misses (each a random slot of a table far larger than the caches) overlap instead of each
+// waiting for the one before. It reads the table only through view.
+func (t *chunkTable) prefetchHome(key uint64) {
+	if v := t.view.Load(); v != nil {
+		prefetch.Line(v.base + uintptr((key*fibonacci)>>v.shift)*unsafe.Sizeof(chunk{}))
+	}
+}
 
 // get returns the chunk of key, or nil. The pointer is valid until the next put or del.
 func (t *chunkTable) get(key uint64) *chunk {
@@ -113,6 +139,7 @@ func (t *chunkTable) resize(size int) {
 	old := t.slots
 	t.slots = make([]chunk, size)
 	t.shift = uint(64 - bits.Len(uint(size-1)))
+	t.view.Store(&tableView{base: uintptr(unsafe.Pointer(unsafe.SliceData(t.slots))), shift: t.shift})
 	m := size - 1
 	for _, c := range old {
 		if c.key == 0 {
