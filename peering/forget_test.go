@@ -2,6 +2,7 @@ package peering
 
 import (
 	"encoding/json"
+	"github.com/prefixlb/prefixlb/router/index"
 	"slices"
 	"strings"
 	"testing"
@@ -231,5 +232,26 @@ func TestLearnSendsOnlyWhatFits(t *testing.T) {
 		if got := queued(); got != fit-held && got != fit {
 			t.Fatalf("learn %d queued %d hashes, want %d (new) or %d (whole)", i, got, fit-held, fit)
 		}
+	}
+}
+
+// BenchmarkRecentLearnsAdd is add as the receiver calls it for every group a busy peer sends
+// (bench overhead at 16 KB: about 11,000 a second on 2 backends), at the steady state, where
+// the generations rotate on maxRecentLearns/2 entries.
+func BenchmarkRecentLearnsAdd(b *testing.B) {
+	var r recentLearns
+	now := time.Unix(1000, 0)
+	stamp := int64(1_000_000)
+	add := func() {
+		stamp += 2
+		now = now.Add(90 * time.Microsecond)
+		r.add("prefixlb-7f9c2d1e-a", uint64(stamp>>1&1), stamp, index.Stamp(stamp), now)
+	}
+	for range maxRecentLearns {
+		add()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		add()
 	}
 }

@@ -444,7 +444,8 @@ func TestReadyOnPeersSnapshot(t *testing.T) {
 
 // TestUnknownBackendLogged: updates for a backend a replica does not have (the replicas'
 // backend URLs differ) are counted and said in a warning, at most one a second; the rest of
-// the update is taken.
+// the update is taken. (It asked for exactly 5 counted, and failed whenever the machine was
+// busy enough that the flusher batched the five 40-chunk groups and split one.)
 func TestUnknownBackendLogged(t *testing.T) {
 	a := startReplica(t, "a", replicaOpts{})
 	b := startReplica(t, "b", replicaOpts{join: []*replica{a}, urls: []string{"http://localhost:18001", backendURLs[1]}})
@@ -455,7 +456,12 @@ func TestUnknownBackendLogged(t *testing.T) {
 	k := prompt(t, 5100)
 	a.node.Policy().Learn(k, a.byName(backendURLs[1]), 0)
 	testutil.Eventually(t, wait, "b takes the learn on the backend it has", func() bool { return b.holds(k, backendURLs[1]) })
-	testutil.Eventually(t, wait, "b counts the others", func() bool { return b.metric("prefixlb_peer_updates_unknown_backend_total") == "5" })
+	// Five groups, or more parts: a flush that batches them splits one across packets, and
+	// each part counts (metrics.go).
+	testutil.Eventually(t, wait, "b counts the others", func() bool {
+		n, _ := strconv.Atoi(b.metric("prefixlb_peer_updates_unknown_backend_total"))
+		return n >= 5
+	})
 	msg := "peering: a peer's update names a backend this replica does not have (an ID from its URL); give every replica the same backend URLs"
 	if n := len(b.logs.WithMessage(msg)); n != 1 {
 		t.Fatalf("%d warnings for 5 updates within a second, want 1", n)
