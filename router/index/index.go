@@ -15,9 +15,9 @@
 // Lists link int32 indexes into slabs (slab.go), not pointers: a (chunk, backend) entry
 // costs a 24-byte LRU node, its share of a 16-byte table slot (tables run 3/8 to 3/4 full as
 // they double) and, for a chunk on two backends or more, a 12-byte holder (a chunk's only
-// holder is kept in its table slot: shard.go): at capacity 45–67 bytes of heap when each
-// chunk is on one backend, 47–58 when on two (TestMemoryPerEntryAtScale), steady under
-// eviction churn. A
+// holder is kept in its table slot when its backend is one of the first 32: shard.go): at
+// capacity 45–67 bytes of heap when each chunk is on one backend (57–79 past the 32nd),
+// 47–58 when on two (TestMemoryPerEntryAtScale), steady under eviction churn. A
 // backend still filling up has a node slab of up to twice its entries, never more than its
 // capacity. Each backend also keeps a small cache (8 KiB) of the LRU nodes of chunks Record
 // (record.go) found it holding, so that Record touches a held system prompt without locking
@@ -68,7 +68,7 @@ const (
 	DefaultKVCacheTokens = 400_000
 	// DefaultMaxEntries bounds the index to 4M (chunk, backend) entries, ≈ 256M tokens of
 	// prefixes at 64-token chunks; at 45–67 bytes an entry (see the package comment) that
-	// is at most ≈ 280 MB of heap.
+	// is at most ≈ 280 MB of heap (≈ 330 MB with more than 32 backends, 57–79 bytes).
 	DefaultMaxEntries = 4 << 20
 )
 

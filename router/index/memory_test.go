@@ -118,7 +118,8 @@ func measureMemory(tb testing.TB, sc memScenario) memResult {
 const largeAllocRounding = 8 << 10
 
 // perEntryBound is the most heap an entry may take: its holder (none for a chunk's only
-// holder, which its table slot keeps); its LRU node, in a slab that
+// holder, which its table slot keeps when the backend is one of the first maskSlots); its
+// LRU node, in a slab that
 // is at most twice the entries while a backend fills and exactly the capacity once full; its
 // share of a table slot at the lowest load a table has (3/8, just after it doubled) split
 // over the holders of the chunk; and slack of one holder page per shard and an allocation's
@@ -128,7 +129,7 @@ func perEntryBound(sc memScenario, shards int) float64 {
 	share := float64(tableSlotBytes) / (3.0 / 8) / float64(sc.holders)
 	slack := float64(int64(shards)*pageSize*holderBytes+int64(sc.backends)*largeAllocRounding) / float64(sc.entries)
 	holder := 0.0
-	if sc.holders > 1 {
+	if sc.holders > 1 || sc.backends > maskSlots {
 		holder = float64(holderBytes)
 	}
 	return holder + nodes + share + slack
@@ -139,7 +140,7 @@ func perEntryBound(sc memScenario, shards int) float64 {
 // against what the structures account for: 24 B LRU node + 16 B table slot ÷ (table load ×
 // holders per chunk) + a 12 B holder when a chunk has more than one, the load between 3/8
 // and 3/4 as the tables double: at capacity 45–67 B an entry when each chunk is on one
-// backend, 47–58 when on two. While a
+// backend (of the first 32), 47–58 when on two. While a
 // backend fills, its node slab (doubling) holds up to twice its entries, never more than its
 // capacity. Run without -race (which it only slows down):
 //

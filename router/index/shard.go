@@ -28,7 +28,8 @@ type shard struct {
 // that holder in itself instead (inline: chunk.head is inlineHead(node), the slot the one bit
 // of chunk.mask), so that evicting it reads only its table slot: a holder in the slab was one
 // more cache miss per eviction, after the table slot's (BenchmarkRecordNewAtCapacity), and
-// 12 bytes per entry. A second holder moves it to the slab's list.
+// 12 bytes per entry. A second holder moves both to the slab's list, and the last one left
+// there goes back inline.
 type holder struct {
 	next int32 // next holder of the same chunk, nilIdx at the end
 	node int32
@@ -164,8 +165,13 @@ func (sh *shard) remove(h uint64, num uint16) {
 			ch.mask &^= 1 << num
 		}
 		sh.hs.release(hi)
-		if ch.head == nilIdx {
+		switch last := ch.head; {
+		case last == nilIdx:
 			sh.chunks.del(h)
+		case sh.hs.at(last).next == nilIdx && sh.hs.at(last).num < maskSlots && sh.hs.at(last).node < math.MaxInt32:
+			// One holder left: back inline, as if it had been the only one all along.
+			ch.head = inlineHead(sh.hs.at(last).node)
+			sh.hs.release(last)
 		}
 		return
 	}

@@ -32,7 +32,7 @@ type tableView struct {
 // chunk is what the index knows of one chained hash.
 type chunk struct {
 	key  uint64 // the chunk hash; 0 marks an empty slot (hash 0 is stored as 1)
-	head int32  // first holder
+	head int32  // first holder in the shard's slab, nilIdx for none, or below it the only one (inlineHead)
 	// mask has bit s set when slot s < maskSlots holds the chunk, so that Match, the hot
 	// path, reads one table slot per chunk and no list.
 	mask uint32
