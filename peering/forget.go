@@ -41,8 +41,10 @@ const (
 )
 
 // groupKey names one learned group of one peer: a 64-bit digest of the sender's name, the
-// backend ID and the sender's stamp (two groups of a replica share a key with odds of about
-// 2^-64, as two prompts share a chunk hash). A Go map keyed by it is a sixth the size of one
+// backend ID and the sender's stamp. Two groups of one sender and backend never share a
+// key (the finalizer is a bijection); others do with odds of about 2^-64 a pair on average,
+// as two prompts share a chunk hash, and a collision costs little (a part not recorded, a
+// decision not counted, or a Forget under another group's local stamps). A Go map keyed by it is a sixth the size of one
 // keyed by the three (16 bytes a slot against 72 with the stamps), so that a busy replica's
 // tens of thousands of recent groups mostly stay in the core's cache: add, on every group
 // received, was a third of the receiver's recording cost in cache misses at 16 KB bodies

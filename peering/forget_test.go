@@ -2,7 +2,6 @@ package peering
 
 import (
 	"encoding/json"
-	"github.com/prefixlb/prefixlb/router/index"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
