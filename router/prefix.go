@@ -9,6 +9,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/hashring"
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -477,16 +478,7 @@ func lighter(a, b *cand, first uint64) bool {
 	if l, r := a.queued*int64(b.weight), b.queued*int64(a.weight); l != r {
 		return l < r
 	}
-	return mix(first^a.id) < mix(first^b.id)
-}
-
-// mix is the splitmix64 finaliser: a cheap bijection that spreads nearby inputs.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
+	return splitmix.Mix(first^a.id) < splitmix.Mix(first^b.id)
 }
 
 var (

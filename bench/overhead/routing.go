@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -189,7 +190,7 @@ func measureIndex(n int) (IndexMemory, error) {
 	now := time.Now()
 	for p := 0; x.Entries() < per*nb; p++ { // every backend full (n rounded down to a multiple of 8)
 		for i := range chunks {
-			chunks[i] = mix64(uint64(p)<<8 | uint64(i))
+			chunks[i] = splitmix.Next(uint64(p)<<8 | uint64(i))
 		}
 		x.Record(chunks, bs[p%nb], now)
 		x.Record(chunks, bs[(p+1)%nb], now)

@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 )
 
 // Workload makes chat-completion bodies of one target size with realistic prefix sharing:
@@ -112,7 +113,7 @@ func (w *Workload) Body(dst []byte, i uint64) ([]byte, bool) {
 	if w.agent != nil {
 		return w.agent.Body(dst, i)
 	}
-	h := mix64(i)
+	h := splitmix.Next(i)
 	sys := w.system[h%uint64(len(w.system))]
 	off := int((h >> 20) % uint64(len(w.corpus)-w.user))
 	stream := float64(h>>11)/(1<<53) < w.stream
@@ -128,14 +129,4 @@ func (w *Workload) Body(dst []byte, i uint64) ([]byte, bool) {
 	dst = strconv.AppendBool(dst, stream)
 	dst = append(dst, '}')
 	return dst, stream
-}
-
-// mix64 is the splitmix64 finaliser.
-func mix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
 }

@@ -1,5 +1,7 @@
 package sim
 
+import "github.com/prefixlb/prefixlb/internal/splitmix"
+
 // The generated text: deterministic filler words, each exactly one sim token with or without
 // its leading space (at most maxWordPiece-1 letters), chosen by a hash of the request and the
 // token position.
@@ -26,9 +28,6 @@ func init() {
 
 // outputWordIndex mixes (seed, i) with splitmix64's finaliser.
 func outputWordIndex(seed uint64, i int) int {
-	z := seed + uint64(i+1)*0x9E3779B97F4A7C15
-	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-	z ^= z >> 31
+	z := splitmix.Next(seed + uint64(i)*0x9E3779B97F4A7C15) // the generator's (i+1)th output from seed
 	return int(z % uint64(len(outputWordList)))
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 )
 
 // TestBatchGroup checks that group lists every position of a batch exactly once, under its
@@ -16,7 +18,7 @@ func TestBatchGroup(t *testing.T) {
 			t.Run(fmt.Sprintf("shards=%d/n=%d", shards, n), func(t *testing.T) {
 				hs := make([]uint64, n)
 				for i := range hs {
-					hs[i] = mix64(uint64(i) * 7919)
+					hs[i] = splitmix.Mix(uint64(i) * 7919)
 				}
 				hs[n/2] = 0
 				var b batch

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -474,7 +475,7 @@ func TestImportAtOddNow(t *testing.T) {
 
 // fine and coarse are single-chunk hashes of either weight (key.IsCoarse).
 func fine(i uint64) uint64 {
-	for h := mix64(i); ; h++ {
+	for h := splitmix.Mix(i); ; h++ {
 		if !key.IsCoarse(h) && h > 1 {
 			return h
 		}
@@ -482,7 +483,7 @@ func fine(i uint64) uint64 {
 }
 
 func coarse(i uint64) uint64 {
-	for h := mix64(i | 1<<62); ; h++ {
+	for h := splitmix.Mix(i | 1<<62); ; h++ {
 		if key.IsCoarse(h) {
 			return h
 		}

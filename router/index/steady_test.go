@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 )
 
 // steady is the shape of a proxy relaying 16 KB chat bodies: prompts of 64 chunks, 48 of
@@ -40,7 +41,7 @@ func newSteady(tb testing.TB) *steady {
 	for p := range st.shared {
 		st.shared[p] = make([]uint64, steadyShared)
 		for i := range st.shared[p] {
-			st.shared[p][i] = mix64(uint64(p)<<32 | uint64(i) | 1<<63)
+			st.shared[p][i] = splitmix.Mix(uint64(p)<<32 | uint64(i) | 1<<63)
 		}
 	}
 	// Fill every backend past its capacity, then churn a while more.
@@ -61,22 +62,13 @@ func (st *steady) next() *backend.Backend {
 	st.seq++
 	copy(st.prompt, st.shared[st.seq%4])
 	for i := steadyShared; i < steadyChunks; i++ {
-		st.prompt[i] = mix64(st.seq<<8 | uint64(i))
+		st.prompt[i] = splitmix.Mix(st.seq<<8 | uint64(i))
 	}
 	// The backend moves independently of the shared prompt, so every backend holds all 4.
-	return st.bs[mix64(st.seq)%uint64(len(st.bs))]
+	return st.bs[splitmix.Mix(st.seq)%uint64(len(st.bs))]
 }
 
 func (st *steady) record() { st.x.Record(st.prompt, st.next(), t0) }
-
-// mix64 is the splitmix64 finaliser.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
-}
 
 // BenchmarkRecordSteadyState is Record (and Match, as the proxy's Pick calls it first) on
 // an index at capacity, in the shape of the proxy's 16 KB chat bodies (see steady);
@@ -157,7 +149,7 @@ func BenchmarkRecordAtCapacity(b *testing.B) {
 				seq++
 				for i := range prompt {
 					if i >= promptChunks-c.new || seq == 1 {
-						prompt[i] = mix64(seq<<20 | uint64(i))
+						prompt[i] = splitmix.Mix(seq<<20 | uint64(i))
 					}
 				}
 			}
@@ -196,7 +188,7 @@ func BenchmarkRecordNewAtCapacity(b *testing.B) {
 			next := func() *backend.Backend {
 				seq++
 				for i := range hs {
-					hs[i] = mix64(seq<<20 | uint64(i))
+					hs[i] = splitmix.Mix(seq<<20 | uint64(i))
 				}
 				now = now.Add(time.Microsecond)
 				return bs[seq%2]

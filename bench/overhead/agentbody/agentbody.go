@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 )
 
 // Defaults of Options left at zero.
@@ -196,11 +198,11 @@ func (w *Workload) Request(i uint64) (session uint64, step int) {
 // step, request i − Sessions, with one more step before its closing "]}".
 func (w *Workload) Body(dst []byte, i uint64) ([]byte, bool) {
 	session, step := w.Request(i)
-	h := mix64(session ^ 0x5e55)
+	h := splitmix.Next(session ^ 0x5e55)
 	variant := int(h % uint64(len(w.mid)))
 	first := int(h>>16) % (len(w.off) - 1)
 	n := w.lastSteps(first) - (w.steps - 1 - step)
-	stream := float64(mix64(session^0x57ea)>>11)/(1<<53) < w.stream // per session, as an agent streams all or none
+	stream := float64(splitmix.Next(session^0x57ea)>>11)/(1<<53) < w.stream // per session, as an agent streams all or none
 
 	dst = append(dst[:0], w.head...)
 	dst = strconv.AppendBool(dst, stream)
@@ -242,14 +244,4 @@ func (w *Workload) lastSteps(first int) int {
 		}
 	}
 	return lo
-}
-
-// mix64 is the splitmix64 finaliser.
-func mix64(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
 }

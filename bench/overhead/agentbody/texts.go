@@ -3,6 +3,8 @@ package agentbody
 import (
 	"math/rand/v2"
 	"strconv"
+
+	"github.com/prefixlb/prefixlb/internal/splitmix"
 )
 
 // The texts of agent bodies: pseudo-prose (system prompt, task, assistant turns, tool
@@ -157,7 +159,7 @@ func pickCall(rng *rand.Rand) int {
 func appendStep(dst []byte, rng *rand.Rand, k, n int) []byte {
 	start := len(dst)
 	call := pickCall(rng)
-	id := "call_" + strconv.FormatUint(mix64(uint64(k)^0xca11)&(1<<60-1), 36)
+	id := "call_" + strconv.FormatUint(splitmix.Next(uint64(k)^0xca11)&(1<<60-1), 36)
 
 	// The arguments, as the model wrote them (JSON), then escaped into the body.
 	var args, raw []byte
