@@ -69,13 +69,17 @@ func (p *Peering) validate(c *Config) error {
 	if p == nil {
 		return nil
 	}
+	listenErr, advertiseErr := checkPeerPort(p.Listen, true), error(nil)
+	if p.Advertise != "" {
+		advertiseErr = checkPeerPort(p.Advertise, false)
+	}
 	switch {
-	case checkPeerPort(p.Listen, true) != nil:
-		return fmt.Errorf("peering.listen: %w", checkPeerPort(p.Listen, true))
+	case listenErr != nil:
+		return fmt.Errorf("peering.listen: %w", listenErr)
 	case samePort(p.Listen, c.Listen) || samePort(p.Listen, c.AdminListen):
 		return fmt.Errorf("peering.listen: %q is the data or admin listener; peers need a port of their own", p.Listen)
-	case p.Advertise != "" && checkPeerPort(p.Advertise, false) != nil:
-		return fmt.Errorf("peering.advertise: %w", checkPeerPort(p.Advertise, false))
+	case advertiseErr != nil:
+		return fmt.Errorf("peering.advertise: %w", advertiseErr)
 	case p.Advertise != "" && unspecifiedHost(p.Advertise):
 		return fmt.Errorf("peering.advertise: %q names no host peers can reach; give this replica's address (or leave advertise out)", p.Advertise)
 	case (p.SecretFile == "") == (p.SecretEnv == ""):

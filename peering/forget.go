@@ -42,14 +42,14 @@ const (
 )
 
 // groupKey names one learned group of one peer: a 64-bit digest of the sender's name, the
-// backend ID and the sender's stamp. Two groups of one sender and backend never share a
-// key (the finalizer is a bijection); others do with odds of about 2^-64 a pair on average,
-// as two prompts share a chunk hash, and a collision costs little (a part not recorded, a
-// decision not counted, or a Forget under another group's local stamps). A Go map keyed by it is a sixth the size of one
-// keyed by the three (16 bytes a slot against 72 with the stamps), so that a busy replica's
-// tens of thousands of recent groups mostly stay in the core's cache: add, on every group
-// received, was a third of the receiver's recording cost in cache misses at 16 KB bodies
-// (bench overhead, pprof).
+// backend ID and the sender's stamp. Two groups of one sender and backend never share a key
+// (the finaliser is a bijection); others do with odds of about 2^-64 a pair on average, as
+// two prompts share a chunk hash, and a collision costs little (a part not recorded, a
+// decision not counted, or a Forget under another group's local stamps). A Go map keyed by
+// it is a sixth the size of one keyed by the three (16 bytes a slot against 72 with the
+// stamps), so that a busy replica's tens of thousands of recent groups mostly stay in the
+// core's cache: add, on every group received, was a third of the receiver's recording cost
+// in cache misses at 16 KB bodies (bench overhead, pprof).
 func groupKey(sender string, id uint64, stamp int64) uint64 {
 	return splitmix.Mix(splitmix.Mix(xxhash.Sum64String(sender)^id) ^ uint64(stamp))
 }

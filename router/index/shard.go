@@ -69,6 +69,10 @@ func (sh *shard) maskOf(h uint64) uint32 {
 // nilIdx, so that no holder index is one.
 func inlineHead(node int32) int32 { return nilIdx - 1 - node }
 
+// inlinable reports whether slot num's holder with node can be kept inline: the slot is one
+// of the mask's (which names it) and inlineHead(node) does not overflow.
+func inlinable(num uint16, node int32) bool { return num < maskSlots && node < math.MaxInt32 }
+
 // inline reports whether c keeps its one holder inline, and that holder's slot and node.
 func (c *chunk) inline() (num uint16, node int32, ok bool) {
 	if c.head >= nilIdx {
@@ -119,7 +123,7 @@ func (sh *shard) add(h uint64, num uint16, node int32) { sh.link(sh.chunks.put(h
 
 // link adds a holder to ch, which put returned. Called with sh.mu held.
 func (sh *shard) link(ch *chunk, num uint16, node int32) {
-	if ch.head == nilIdx && num < maskSlots && node < math.MaxInt32 { // inlineHead(MaxInt32) overflows
+	if ch.head == nilIdx && inlinable(num, node) {
 		ch.head = inlineHead(node)
 		ch.mask |= 1 << num
 		return
@@ -165,13 +169,12 @@ func (sh *shard) remove(h uint64, num uint16) {
 			ch.mask &^= 1 << num
 		}
 		sh.hs.release(hi)
-		switch last := ch.head; {
-		case last == nilIdx:
+		if ch.head == nilIdx {
 			sh.chunks.del(h)
-		case sh.hs.at(last).next == nilIdx && sh.hs.at(last).num < maskSlots && sh.hs.at(last).node < math.MaxInt32:
+		} else if last := *sh.hs.at(ch.head); last.next == nilIdx && inlinable(last.num, last.node) {
 			// One holder left: back inline, as if it had been the only one all along.
-			ch.head = inlineHead(sh.hs.at(last).node)
-			sh.hs.release(last)
+			sh.hs.release(ch.head)
+			ch.head = inlineHead(last.node)
 		}
 		return
 	}
