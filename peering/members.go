@@ -131,18 +131,6 @@ func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
 	}
 }
 
-// exchange runs one push/pull (both indexes' snapshots) with the peer at addr.
-func (n *Node) exchange(addr string) {
-	select {
-	case <-n.stop:
-		return
-	default:
-	}
-	if _, err := n.ml.Join([]string{addr}); err != nil {
-		n.log.Debug("peering: snapshot exchange after a peer's return failed", zap.String("peer", addr), zap.Error(err))
-	}
-}
-
 // events is memberlist's EventDelegate. It is called with memberlist's state locked: it must
 // not call back into memberlist.
 type events struct{ n *Node }

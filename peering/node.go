@@ -10,9 +10,13 @@
 // go through this package's transport (nettransport.go: one receive buffer, not 64 KiB
 // allocated per packet as memberlist's own does). Memberlist reads a TCP push/pull whole
 // (up to 20 MiB) before it can authenticate it: inbound streams are therefore capped
-// (transport.go: 8 handled at once, 17 MiB each), which bounds what an unauthenticated
-// sender can make a replica hold to a few hundred MiB; a NetworkPolicy that admits only the
-// other replicas to the peer port is still the defence. The updates themselves are not
+// (transport.go: 17 MiB each, 8 at once above 64 KiB), which bounds what an unauthenticated
+// sender can make a replica hold to a few hundred MiB; and a connection must send its frame
+// header within a second and the rest at a minimum rate, with at most 8 unauthenticated
+// streams per source address (guard.go), so that idle connections cannot hold the port
+// from the peers; a NetworkPolicy that admits only the other replicas to the peer port is
+// still the defence. A join tries its targets one after another, the next as soon as one
+// fails or after a second without an answer (join.go). The updates themselves are not
 // gossiped: a flusher sends what changed in one compact batch (wire.go), at most every
 // FlushInterval (1 ms), by UDP to every live peer, on a path of its own beside memberlist's
 // (direct.go: sealed with XChaCha20-Poly1305 under a key derived from the secret, opened and
@@ -156,6 +160,10 @@ type Options struct {
 	SnapshotTimeout time.Duration
 	FlushInterval   time.Duration
 	RejoinInterval  time.Duration
+	// HandshakeTimeout is how long an inbound stream at the peer port may take to send its
+	// frame header, and the grace its first frame gets (guard.go): 0 takes
+	// DefaultHandshakeTimeout (1 s). Connections that send nothing are closed after it.
+	HandshakeTimeout time.Duration
 	// SettleWait is how long a long request waits, its decision sent to the peers, before
 	// it goes to its backend, so that a peer's decision made at the same instant arrives and
 	// the later of the two is made again with the earlier in view (settle.go): 0 takes
@@ -329,7 +337,7 @@ func (n *Node) config() (*memberlist.Config, error) {
 			conf.AdvertisePort = conf.BindPort
 		}
 	}
-	conf.Transport = newLimitTransport(nt, n.m.rejected)
+	conf.Transport = newLimitTransport(nt, n.o.HandshakeTimeout, n.dropStream)
 	if n.o.wrapTransport != nil {
 		conf.Transport = n.o.wrapTransport(conf.Transport)
 	}
@@ -438,142 +446,6 @@ func (n *Node) WaitReady(ctx context.Context) error {
 }
 
 func (n *Node) markReady() { n.readyOnce.Do(func() { close(n.ready) }) }
-
-// initialJoin joins the configured peers, then marks ready: once a peer's snapshot is
-// taken (from a join target, or from a peer that joins this replica), else after
-// SnapshotTimeout.
-func (n *Node) initialJoin(ctx context.Context) {
-	defer n.markReady()
-	targets := n.targets(ctx)
-	if len(targets) == 0 {
-		n.log.Info("peering: no peer to take an index snapshot from; ready with an empty index", zap.String("addr", n.addr))
-		return
-	}
-	done := make(chan error, 1)
-	go func() {
-		k, err := n.ml.Join(targets)
-		if k > 0 {
-			err = nil
-		}
-		done <- err
-	}()
-	t := time.NewTimer(n.o.SnapshotTimeout)
-	defer t.Stop()
-	joined := func() {
-		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
-	}
-	var joinErr error
-	for {
-		select {
-		case err := <-done:
-			if err == nil || n.merged.Load() {
-				joined()
-				return
-			}
-			// No target answered; a peer that joins this replica meanwhile (its rejoin loop)
-			// still brings a snapshot within the timeout.
-			joinErr, done = err, nil
-		case <-n.ready:
-			// A peer's snapshot came first (a peer joining this replica; a join target slow
-			// to answer goes on in the background), or Close.
-			if n.merged.Load() {
-				joined()
-			}
-			return
-		case <-t.C:
-			if joinErr != nil {
-				fields := []zap.Field{zap.Strings("peers", targets), zap.Duration("waited", n.o.SnapshotTimeout), zap.Error(joinErr)}
-				if secretMismatch(joinErr) {
-					fields = append(fields, zap.String("hint", secretHint))
-				}
-				n.log.Warn("peering: no peer answered; ready with an empty index", fields...)
-				return
-			}
-			n.log.Warn("peering: no index snapshot within the timeout; ready with what this replica has",
-				zap.Duration("timeout", n.o.SnapshotTimeout), zap.Strings("peers", targets))
-			return
-		case <-n.stop:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// targets returns the configured peers' addresses (the static list and the DNS name's
-// records), this replica's own left out in any spelling (isSelf).
-func (n *Node) targets(ctx context.Context) []string {
-	var out []string
-	for _, a := range n.o.Join {
-		if !n.isSelf(ctx, a) {
-			out = append(out, a)
-		}
-	}
-	if n.o.DNS != "" {
-		_, port, _ := splitHostPort(n.o.Listen)
-		if _, ap, err := net.SplitHostPort(n.addr); err == nil {
-			port, _ = strconv.Atoi(ap)
-		}
-		d := &discovery.DNS{Name: n.o.DNS, Port: port, Resolver: n.o.Resolver, Timeout: n.o.SnapshotTimeout}
-		urls, err := d.Resolve(ctx)
-		if err != nil {
-			n.log.Debug("peering: DNS", zap.Error(err))
-		}
-		for _, u := range urls {
-			a := strings.TrimPrefix(u, discovery.DefaultScheme+"://")
-			if !n.isSelf(ctx, a) {
-				out = append(out, a)
-			}
-		}
-	}
-	return out
-}
-
-// rejoinLoop joins dead peers again, and the configured ones while no peer is alive; never
-// an address a live peer has (a dead peer's replacement there already holds the index, and
-// every join is a full snapshot exchange).
-func (n *Node) rejoinLoop(ctx context.Context) {
-	t := time.NewTicker(n.o.RejoinInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		select {
-		case <-n.ready:
-		default:
-			continue // the initial join is still on
-		}
-		now := time.Now()
-		var targets []string
-		n.mu.Lock()
-		live := make(map[string]bool, len(n.members))
-		for _, m := range n.members {
-			live[m.Address()] = true
-		}
-		for name, l := range n.lost {
-			if now.Sub(l.since) > lostForget || live[l.addr] {
-				delete(n.lost, name)
-				continue
-			}
-			targets = append(targets, l.addr)
-		}
-		none := len(n.members) == 0
-		n.mu.Unlock()
-		if none {
-			targets = append(targets, n.targets(ctx)...)
-		}
-		if len(targets) > 0 {
-			if k, err := n.ml.Join(targets); err != nil && k == 0 {
-				n.log.Debug("peering: rejoin failed", zap.Strings("peers", targets), zap.Error(err))
-			}
-		}
-	}
-}
 
 // Close leaves the group (peers forget this replica at once rather than after a failed
 // probe) and frees the peer port. Safe to call more than once.
