@@ -27,6 +27,9 @@ type metricSet struct {
 	bad        *metrics.Counter // messages that did not decode
 	rejected   *metrics.Counter // packets and streams memberlist refused (see levelWriter)
 	snapshots  *metrics.Counter // snapshot entries imported
+	// streamsDropped counts inbound streams the peer port's guard dropped, by reason
+	// (guard.go); each counts in rejected too.
+	streamsDropped map[dropReason]*metrics.Counter
 	// forgetsSent and forgetsRecv count withdrawn Learns (a backend refused the request),
 	// sent per peer and received.
 	forgetsSent *metrics.Counter
@@ -53,18 +56,23 @@ type metricSet struct {
 func newMetrics(alive func() float64) metricSet {
 	s := metrics.NewSet()
 	s.NewGauge("prefixlb_peers_alive", alive)
+	dropped := make(map[dropReason]*metrics.Counter, len(dropReasons))
+	for _, r := range dropReasons {
+		dropped[r] = s.NewCounter(`prefixlb_peer_streams_dropped_total{reason="` + string(r) + `"}`)
+	}
 	return metricSet{
-		set:        s,
-		sent:       s.NewCounter("prefixlb_peer_updates_sent_total"),
-		received:   s.NewCounter("prefixlb_peer_updates_received_total"),
-		bytesSent:  s.NewCounter("prefixlb_peer_bytes_sent_total"),
-		bytesRecv:  s.NewCounter("prefixlb_peer_bytes_received_total"),
-		dropped:    s.NewCounter("prefixlb_peer_updates_dropped_total"),
-		sendErrors: s.NewCounter("prefixlb_peer_send_errors_total"),
-		unknown:    s.NewCounter("prefixlb_peer_updates_unknown_backend_total"),
-		bad:        s.NewCounter("prefixlb_peer_messages_invalid_total"),
-		rejected:   s.NewCounter("prefixlb_peer_packets_rejected_total"),
-		snapshots:  s.NewCounter("prefixlb_peer_snapshot_entries_imported_total"),
+		streamsDropped: dropped,
+		set:            s,
+		sent:           s.NewCounter("prefixlb_peer_updates_sent_total"),
+		received:       s.NewCounter("prefixlb_peer_updates_received_total"),
+		bytesSent:      s.NewCounter("prefixlb_peer_bytes_sent_total"),
+		bytesRecv:      s.NewCounter("prefixlb_peer_bytes_received_total"),
+		dropped:        s.NewCounter("prefixlb_peer_updates_dropped_total"),
+		sendErrors:     s.NewCounter("prefixlb_peer_send_errors_total"),
+		unknown:        s.NewCounter("prefixlb_peer_updates_unknown_backend_total"),
+		bad:            s.NewCounter("prefixlb_peer_messages_invalid_total"),
+		rejected:       s.NewCounter("prefixlb_peer_packets_rejected_total"),
+		snapshots:      s.NewCounter("prefixlb_peer_snapshot_entries_imported_total"),
 
 		forgetsSent: s.NewCounter("prefixlb_peer_forgets_sent_total"),
 		forgetsRecv: s.NewCounter("prefixlb_peer_forgets_received_total"),
@@ -93,7 +101,13 @@ func newMetrics(alive func() float64) metricSet {
 // they reached this package: not decryptable with the secret, mislabelled, truncated,
 // oversized; each also a memberlist log line, at most one a second per kind; and direct
 // update packets that did not open, each kind of those a "peering: rejected update packet"
-// line at most once a second),
+// line at most once a second; and the inbound streams the peer port's guard dropped),
+// prefixlb_peer_streams_dropped_total{reason} (those streams by reason, guard.go: idle, no
+// frame header within Options.HandshakeTimeout; slow, the first frame under 2 MiB/s past
+// it; invalid, not an encrypted memberlist frame or one over 17 MiB; per_source, over 8
+// unauthenticated streams from one address; busy, over 256 in all, or a large frame without
+// a stream slot within 3 s; too_long, a stream past 17 MiB; each reason a "peering: inbound
+// stream dropped" warning at most once a second),
 // prefixlb_peer_snapshot_entries_imported_total, and prefixlb_peer_forgets_sent_total /
 // _received_total (Learns withdrawn after the update went out: the backend refused the
 // request; counted once per peer sent to), prefixlb_peer_prefill_samples_sent_total /

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"strconv"
@@ -187,18 +188,28 @@ func TestNetTransportStreams(t *testing.T) {
 // frees the port for both protocols, and may be called again.
 func TestNetTransportShutdown(t *testing.T) {
 	nt := onLoopback(t, 0, quietLog)
-	lt := newLimitTransport(nt, metrics.NewSet().NewCounter("rejected"))
+	lt := newLimitTransport(nt, wait, (&drops{}).drop)
 	c, err := net.DialTimeout("tcp", nt.addr(), wait)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if _, err := c.Write(frameHeader(smallFrameBytes + 1)); err != nil {
+		t.Fatal(err)
+	}
+	idle, err := net.DialTimeout("tcp", nt.addr(), wait) // waits for its frame header
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
 	if _, err := udpSender(t).WriteToUDP([]byte("unread"), &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: nt.port}); err != nil {
 		t.Fatal(err)
 	}
-	// The stream reaches limitTransport's admit, which waits for memberlist to take it; the
-	// packet waits in the read loop's hand-off.
+	// The stream reaches limitTransport's admit, which waits for memberlist to take it (with
+	// a slot: its frame is large); the idle one waits in the room; the packet waits in the
+	// read loop's hand-off.
 	testutil.Eventually(t, wait, "the stream waiting for memberlist", func() bool { return len(lt.slots) == 1 })
+	testutil.Eventually(t, wait, "the idle stream in the room", func() bool { n, _ := lt.room.size(netip.AddrFrom4([4]byte{127, 0, 0, 1})); return n == 2 })
 	testutil.Eventually(t, wait, "the packet waiting for memberlist", func() bool {
 		return strings.HasPrefix(goroutineOf("peering.(*netTransport).readLoop"), "[select")
 	})
@@ -210,9 +221,10 @@ func TestNetTransportShutdown(t *testing.T) {
 	testutil.Eventually(t, wait, "no transport goroutine left", func() bool {
 		return !strings.Contains(goroutines(), "peering.(*netTransport)") && !strings.Contains(goroutines(), "peering.(*limitTransport)")
 	})
-	_ = c.SetReadDeadline(time.Now().Add(wait))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("the waiting stream was not closed")
+	for _, c := range []net.Conn{c, idle} {
+		if !closedWithin(c, wait) {
+			t.Fatal("a waiting stream was not closed")
+		}
 	}
 	again, err := listenNet("127.0.0.1", nt.port, 0, quietLog)
 	if err != nil {

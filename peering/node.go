@@ -10,9 +10,13 @@
 // go through this package's transport (nettransport.go: one receive buffer, not 64 KiB
 // allocated per packet as memberlist's own does). Memberlist reads a TCP push/pull whole
 // (up to 20 MiB) before it can authenticate it: inbound streams are therefore capped
-// (transport.go: 8 handled at once, 17 MiB each), which bounds what an unauthenticated
-// sender can make a replica hold to a few hundred MiB; a NetworkPolicy that admits only the
-// other replicas to the peer port is still the defence. The updates themselves are not
+// (transport.go: 17 MiB each, 8 at once above 64 KiB), which bounds what an unauthenticated
+// sender can make a replica hold to a few hundred MiB; and a connection must send its frame
+// header within a second and the rest at a minimum rate, with at most 8 unauthenticated
+// streams per source address (guard.go), so that idle connections cannot hold the port
+// from the peers; a NetworkPolicy that admits only the other replicas to the peer port is
+// still the defence. A join tries its targets one after another, the next as soon as one
+// fails or after a second without an answer (join.go). The updates themselves are not
 // gossiped: a flusher sends what changed in one compact batch (wire.go), at most every
 // FlushInterval (1 ms), by UDP to every live peer, on a path of its own beside memberlist's
 // (direct.go: sealed with XChaCha20-Poly1305 under a key derived from the secret, opened and
@@ -50,7 +54,6 @@ import (
 	"log"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,6 +160,10 @@ type Options struct {
 	SnapshotTimeout time.Duration
 	FlushInterval   time.Duration
 	RejoinInterval  time.Duration
+	// HandshakeTimeout is how long an inbound stream at the peer port may take to send its
+	// frame header, and the grace its first frame gets (guard.go): 0 takes
+	// DefaultHandshakeTimeout (1 s). Connections that send nothing are closed after it.
+	HandshakeTimeout time.Duration
 	// SettleWait is how long a long request waits, its decision sent to the peers, before
 	// it goes to its backend, so that a peer's decision made at the same instant arrives and
 	// the later of the two is made again with the earlier in view (settle.go): 0 takes
@@ -330,7 +337,7 @@ func (n *Node) config() (*memberlist.Config, error) {
 			conf.AdvertisePort = conf.BindPort
 		}
 	}
-	conf.Transport = newLimitTransport(nt, n.m.rejected)
+	conf.Transport = newLimitTransport(nt, n.o.HandshakeTimeout, n.dropStream)
 	if n.o.wrapTransport != nil {
 		conf.Transport = n.o.wrapTransport(conf.Transport)
 	}
@@ -440,142 +447,6 @@ func (n *Node) WaitReady(ctx context.Context) error {
 
 func (n *Node) markReady() { n.readyOnce.Do(func() { close(n.ready) }) }
 
-// initialJoin joins the configured peers, then marks ready: once a peer's snapshot is
-// taken (from a join target, or from a peer that joins this replica), else after
-// SnapshotTimeout.
-func (n *Node) initialJoin(ctx context.Context) {
-	defer n.markReady()
-	targets := n.targets(ctx)
-	if len(targets) == 0 {
-		n.log.Info("peering: no peer to take an index snapshot from; ready with an empty index", zap.String("addr", n.addr))
-		return
-	}
-	done := make(chan error, 1)
-	go func() {
-		k, err := n.ml.Join(targets)
-		if k > 0 {
-			err = nil
-		}
-		done <- err
-	}()
-	t := time.NewTimer(n.o.SnapshotTimeout)
-	defer t.Stop()
-	joined := func() {
-		n.log.Info("peering: joined", zap.Int("peers", n.Alive()), zap.Int64("snapshot_entries", int64(n.m.snapshots.Get())))
-	}
-	var joinErr error
-	for {
-		select {
-		case err := <-done:
-			if err == nil || n.merged.Load() {
-				joined()
-				return
-			}
-			// No target answered; a peer that joins this replica meanwhile (its rejoin loop)
-			// still brings a snapshot within the timeout.
-			joinErr, done = err, nil
-		case <-n.ready:
-			// A peer's snapshot came first (a peer joining this replica; a join target slow
-			// to answer goes on in the background), or Close.
-			if n.merged.Load() {
-				joined()
-			}
-			return
-		case <-t.C:
-			if joinErr != nil {
-				fields := []zap.Field{zap.Strings("peers", targets), zap.Duration("waited", n.o.SnapshotTimeout), zap.Error(joinErr)}
-				if secretMismatch(joinErr) {
-					fields = append(fields, zap.String("hint", secretHint))
-				}
-				n.log.Warn("peering: no peer answered; ready with an empty index", fields...)
-				return
-			}
-			n.log.Warn("peering: no index snapshot within the timeout; ready with what this replica has",
-				zap.Duration("timeout", n.o.SnapshotTimeout), zap.Strings("peers", targets))
-			return
-		case <-n.stop:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// targets returns the configured peers' addresses (the static list and the DNS name's
-// records), this replica's own left out in any spelling (isSelf).
-func (n *Node) targets(ctx context.Context) []string {
-	var out []string
-	for _, a := range n.o.Join {
-		if !n.isSelf(ctx, a) {
-			out = append(out, a)
-		}
-	}
-	if n.o.DNS != "" {
-		_, port, _ := splitHostPort(n.o.Listen)
-		if _, ap, err := net.SplitHostPort(n.addr); err == nil {
-			port, _ = strconv.Atoi(ap)
-		}
-		d := &discovery.DNS{Name: n.o.DNS, Port: port, Resolver: n.o.Resolver, Timeout: n.o.SnapshotTimeout}
-		urls, err := d.Resolve(ctx)
-		if err != nil {
-			n.log.Debug("peering: DNS", zap.Error(err))
-		}
-		for _, u := range urls {
-			a := strings.TrimPrefix(u, discovery.DefaultScheme+"://")
-			if !n.isSelf(ctx, a) {
-				out = append(out, a)
-			}
-		}
-	}
-	return out
-}
-
-// rejoinLoop joins dead peers again, and the configured ones while no peer is alive; never
-// an address a live peer has (a dead peer's replacement there already holds the index, and
-// every join is a full snapshot exchange).
-func (n *Node) rejoinLoop(ctx context.Context) {
-	t := time.NewTicker(n.o.RejoinInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		select {
-		case <-n.ready:
-		default:
-			continue // the initial join is still on
-		}
-		now := time.Now()
-		var targets []string
-		n.mu.Lock()
-		live := make(map[string]bool, len(n.members))
-		for _, m := range n.members {
-			live[m.Address()] = true
-		}
-		for name, l := range n.lost {
-			if now.Sub(l.since) > lostForget || live[l.addr] {
-				delete(n.lost, name)
-				continue
-			}
-			targets = append(targets, l.addr)
-		}
-		none := len(n.members) == 0
-		n.mu.Unlock()
-		if none {
-			targets = append(targets, n.targets(ctx)...)
-		}
-		if len(targets) > 0 {
-			if k, err := n.ml.Join(targets); err != nil && k == 0 {
-				n.log.Debug("peering: rejoin failed", zap.Strings("peers", targets), zap.Error(err))
-			}
-		}
-	}
-}
-
 // Close leaves the group (peers forget this replica at once rather than after a failed
 // probe) and frees the peer port. Safe to call more than once.
 func (n *Node) Close() error {
@@ -599,192 +470,7 @@ func (n *Node) Close() error {
 	return err
 }
 
-// sendLeaving sends this replica's leaving notice (kindLeaving) to each live peer that takes
-// one (metaNotices: not a replica of an older version, which would count it invalid), once,
-// by UDP: a lost one leaves the metadata to say it.
-func (n *Node) sendLeaving() {
-	msg := appendHeader(nil, kindLeaving, n.name)
-	for _, m := range n.livePeers() {
-		if takesNotices(m.Meta) {
-			_ = n.ml.SendBestEffort(m, msg)
-		}
-	}
-}
-
-// leavingNoticeTTL is how long a peer's leaving notice says that its departure is one: a
-// leave takes at most leaveTimeout; a peer that sent one and never left is lost after this.
-const leavingNoticeTTL = 10 * leaveTimeout
-
-// receiveLeaving notes a peer's leaving notice for setMember.
-func (n *Node) receiveLeaving(buf []byte) {
-	name, err := decodeLeaving(buf)
-	if err != nil {
-		n.m.bad.Inc()
-		n.log.Debug("peering: invalid leaving notice", zap.Error(err))
-		return
-	}
-	if name == n.name {
-		return
-	}
-	now := n.now()
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for p, at := range n.leaving { // notices of peers that never left
-		if now.Sub(at) > leavingNoticeTTL {
-			delete(n.leaving, p)
-		}
-	}
-	n.leaving[name] = now
-}
-
 // now is the node's clock.
 func (n *Node) now() time.Time { return time.Now() }
-
-// setMember records a live or gone peer m (a copy: copyNode; left: its metadata said it was
-// leaving; so does a recent leaving notice) and logs the loss of the last one and the
-// return of the first. A departure's line says how it was known to be one (by: notice or
-// metadata).
-func (n *Node) setMember(m *memberlist.Node, alive, left bool) {
-	by := "metadata"
-	name, addr := m.Name, m.Address()
-	if name == n.name || n.closing.Load() {
-		// A closing replica's view of its peers no longer matters, and is wrong: its own
-		// probes fail once its sockets are closed, and memberlist's suspicion timers still
-		// fire after its Shutdown, declaring live peers dead (the bench's shutdowns logged
-		// "peer lost" for the survivors).
-		return
-	}
-	n.mu.Lock()
-	_, back := n.lost[name]
-	_, wasMember := n.members[name]
-	if alive {
-		n.members[name] = m
-		delete(n.lost, name)
-		delete(n.leaving, name) // a notice from before this join is not about it
-		// A replica restarted at a dead one's address under a new name replaces it.
-		for lname, l := range n.lost {
-			if l.addr == addr {
-				delete(n.lost, lname)
-			}
-		}
-	} else {
-		if at, ok := n.leaving[name]; ok {
-			if n.now().Sub(at) <= leavingNoticeTTL {
-				left, by = true, "notice"
-			}
-			delete(n.leaving, name)
-		}
-		delete(n.members, name)
-		// Memberlist does not say here whether the peer died or left (Node.State is not
-		// updated for the event; a peer closing says so in its metadata first, left): either
-		// is joined again until lostForget, which costs a refused connection every
-		// RejoinInterval for a peer that is gone for good, and finds one restarted at its
-		// address whose own join list lacks this replica.
-		n.lost[name] = lostPeer{addr: addr, since: time.Now()}
-	}
-	n.publishPeers()
-	count := len(n.members)
-	was := n.alone
-	n.alone = count == 0
-	n.mu.Unlock()
-	// One line per peer lost (or left: a warning only for a loss) and per peer back; a
-	// further one when the last is gone and when the first is back.
-	level := zap.WarnLevel
-	if left {
-		level = zap.InfoLevel
-	}
-	switch {
-	case !alive && wasMember && left:
-		n.log.Info("peering: peer left", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count), zap.String("by", by))
-	case !alive && wasMember:
-		n.log.Warn("peering: peer lost", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
-	case alive && back:
-		n.log.Info("peering: peer back", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
-	case alive && !wasMember:
-		n.log.Info("peering: peer joined", zap.String("peer", name), zap.String("addr", addr), zap.Int("peers", count))
-	}
-	switch {
-	case count == 0 && !was:
-		n.log.Log(level, "peering: no live peers; routing on this replica's own state", zap.String("last", name))
-	case count > 0 && was:
-		n.log.Info("peering: peers regained", zap.Int("peers", count), zap.String("first", name))
-	}
-	if !alive {
-		if set := n.backends.Load(); set != nil {
-			n.loads.forget(name, n.now(), set.byID)
-		}
-	}
-	if alive && back {
-		// A peer lost and back (a healed partition, which memberlist may notice by itself
-		// before the rejoin loop joins it) exchanges snapshots once, so that what each side
-		// learned meanwhile converges. Not from here: memberlist's state is locked.
-		go n.exchange(addr)
-	}
-}
-
-// exchange runs one push/pull (both indexes' snapshots) with the peer at addr.
-func (n *Node) exchange(addr string) {
-	select {
-	case <-n.stop:
-		return
-	default:
-	}
-	if _, err := n.ml.Join([]string{addr}); err != nil {
-		n.log.Debug("peering: snapshot exchange after a peer's return failed", zap.String("peer", addr), zap.Error(err))
-	}
-}
-
-// events is memberlist's EventDelegate. It is called with memberlist's state locked: it must
-// not call back into memberlist.
-type events struct{ n *Node }
-
-// NotifyLeave's node carries the last metadata the peer announced: a closing one's says it
-// is leaving (metaLeaving).
-func (e events) NotifyJoin(m *memberlist.Node) { e.n.setMember(copyNode(m), true, false) }
-func (e events) NotifyLeave(m *memberlist.Node) {
-	e.n.setMember(copyNode(m), false, leavingMeta(m.Meta))
-}
-func (e events) NotifyUpdate(m *memberlist.Node) { e.n.updateMember(copyNode(m)) }
-
-// copyNode copies a member as memberlist hands it to the event delegate, under its lock:
-// the nodes that Memberlist.Members returns are memberlist's own, which it updates (address,
-// metadata) under that lock, so that reading them outside it races.
-func copyNode(m *memberlist.Node) *memberlist.Node {
-	c := *m
-	c.Addr = slices.Clone(m.Addr)
-	c.Meta = slices.Clone(m.Meta)
-	return &c
-}
-
-// updateMember replaces a live peer's copy after memberlist updated it (its metadata: a
-// replica closing, or one that took direct packets and no longer does after a restart).
-func (n *Node) updateMember(m *memberlist.Node) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if _, ok := n.members[m.Name]; ok {
-		n.members[m.Name] = m
-		n.publishPeers()
-	}
-}
-
-// publishPeers makes the flusher's list of live peers (livePeers) from members. Called with
-// n.mu held.
-func (n *Node) publishPeers() {
-	ps := make([]*memberlist.Node, 0, len(n.members))
-	for _, m := range n.members {
-		ps = append(ps, m)
-	}
-	n.peers.Store(&ps)
-}
-
-// livePeers are the live peers, as memberlist last told of them (copies, not to be
-// modified): what the flusher sends to. A suspect peer is one until memberlist declares it
-// dead (NotifyLeave): it may be slow, not gone, and its updates keep it converged.
-func (n *Node) livePeers() []*memberlist.Node {
-	if ps := n.peers.Load(); ps != nil {
-		return *ps
-	}
-	return nil
-}
 
 var _ io.Writer = (*levelWriter)(nil)
