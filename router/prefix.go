@@ -219,7 +219,7 @@ func (p *Prefix) SetBackends(all []*backend.Backend) {
 	ms := make([]hashring.Member, len(all))
 	ids := make([]uint64, len(all))
 	for i, b := range all {
-		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
+		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight()}
 		ids[i] = b.ID
 	}
 	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
@@ -373,7 +373,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// backend.Busy, read once with its parts.
 		own, foreign := b.InFlight(), b.ScrapedExcess()
 		alone := b.OtherSenders() == backend.SendersAlone
-		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight, matched: matched[j],
+		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight(), matched: matched[j],
 			queued: b.QueuedPrefill(now), own: own, pending: b.PrefillRequests(),
 			foreign: foreign, kvUsage: b.KVUsage(), alone: alone}
 		c.decodes, c.context = b.Decoding()
