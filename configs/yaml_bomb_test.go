@@ -90,7 +90,7 @@ func TestWalkBounded(t *testing.T) {
 		t.Fatalf("500 values within a bound of 1000: %v", err)
 	}
 	err = walkErrorWithin([]byte(doc), 100, maxWalkDepth)
-	if err == nil || !strings.Contains(err.Error(), "expands to over 100 values") {
+	if err == nil || !strings.Contains(err.Error(), "has over 100 values to check") {
 		t.Errorf("500 values over a bound of 100: error %v, want one saying so", err)
 	}
 }

@@ -133,7 +133,7 @@ func (w *errWalk) enter(n *yaml.Node, path string) bool {
 	w.depth++
 	switch {
 	case w.nodes > w.maxNodes:
-		w.stop(n, path, fmt.Sprintf("the document expands to over %d values through aliases and merge keys (<<)", w.maxNodes))
+		w.stop(n, path, fmt.Sprintf("the document has over %d values to check (aliases and merge keys included)", w.maxNodes))
 		return false
 	case w.depth > w.maxDepth:
 		w.stop(n, path, fmt.Sprintf("nested deeper than %d levels (aliases and merge keys included)", w.maxDepth))
