@@ -57,10 +57,10 @@ backends:
 	if len(o.Backends) != 2 {
 		t.Fatalf("%d backends, want 2", len(o.Backends))
 	}
-	if b := o.Backends[0]; b.Name != "http://127.0.0.1:8001" || b.Addr != "127.0.0.1:8001" || b.KVCacheTokens != 9000 || b.Weight != 3 {
-		t.Errorf("backends[0]: %s at %s, KV %d, weight %d", b.Name, b.Addr, b.KVCacheTokens, b.Weight)
+	if b := o.Backends[0]; b.Name != "http://127.0.0.1:8001" || b.Addr != "127.0.0.1:8001" || b.KVCacheTokens() != 9000 || b.Weight() != 3 {
+		t.Errorf("backends[0]: %s at %s, KV %d, weight %d", b.Name, b.Addr, b.KVCacheTokens(), b.Weight())
 	}
-	if b := o.Backends[1]; b.Name != "http://127.0.0.1:8002" || b.KVCacheTokens != 0 || b.Weight != 1 {
-		t.Errorf("backends[1]: %s, KV %d, weight %d", b.Name, b.KVCacheTokens, b.Weight)
+	if b := o.Backends[1]; b.Name != "http://127.0.0.1:8002" || b.KVCacheTokens() != 0 || b.Weight() != 1 {
+		t.Errorf("backends[1]: %s, KV %d, weight %d", b.Name, b.KVCacheTokens(), b.Weight())
 	}
 }

@@ -46,7 +46,9 @@ const defaultPollInterval = 2 * time.Second
 const dnsTimeout = 5 * time.Second
 
 // Run serves cfg (validated) until ctx is done or SIGTERM/SIGINT arrives, then shuts down
-// gracefully. Backends follow config reloads (SIGHUP, file change) and DNS discovery.
+// gracefully. Backends follow config reloads (SIGHUP, file change) and DNS discovery. A
+// reload reads and parses the file off the loop that watches for signals, so that a slow
+// one never delays a shutdown; a reload still running then is dropped.
 func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOptions) error {
 	if ctx == nil {
 		ctx = context.Background()
@@ -87,9 +89,13 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	if node != nil {
 		node.Start(bg) // /readyz waits for its snapshot
 	}
-	ctl := &controller{sv: sv, log: log, cfg: cfg}
+	ctl := &controller{sv: sv, log: log, cfg: cfg, grace: cfg.Timeouts.ShutdownGrace.D()}
 	if d := cfg.Discovery.DNS; d != nil {
 		go ctl.discover(bg, d, rl.Resolver)
+	}
+	reloads := make(chan string, 1) // the trigger of the next reload; one waits at most
+	if rl.Load != nil {
+		go ctl.reloader(bg, rl.Load, reloads)
 	}
 
 	poll := rl.PollInterval
@@ -110,13 +116,13 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 			}
 			if st := fileStamp(rl.Path); st != stamp && st != 0 {
 				stamp = st
-				ctl.reload(rl.Load, "file changed")
+				requestReload(reloads, "file changed")
 			}
 		case got := <-sig:
 			if got == syscall.SIGHUP {
 				if rl.Load != nil {
 					stamp = fileStamp(rl.Path) // the poll must not reload the same content again
-					ctl.reload(rl.Load, "SIGHUP")
+					requestReload(reloads, "SIGHUP")
 				}
 				continue
 			}
@@ -126,14 +132,37 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	}
 }
 
+// requestReload asks the reloader for a reload triggered by why, unless one is already
+// waiting: that one reads the file afresh too.
+func requestReload(reloads chan<- string, why string) {
+	select {
+	case reloads <- why:
+	default:
+	}
+}
+
 // controller applies runtime changes (reloads, discovery) to a running Server.
 type controller struct {
-	sv  *proxy.Serving
-	log *zap.Logger
+	sv    *proxy.Serving
+	log   *zap.Logger
+	grace time.Duration // timeouts.shutdown_grace, which a reload does not change
 
 	mu         sync.Mutex
 	cfg        *configs.Config   // the config in force
 	discovered []configs.Backend // from DNS
+	stopped    bool              // shutdown began: nothing more is applied
+}
+
+// reloader runs the reloads asked for on reloads, one at a time, until ctx is done.
+func (c *controller) reloader(ctx context.Context, load func() (*configs.Config, error), reloads <-chan string) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case why := <-reloads:
+			c.reload(load, why)
+		}
+	}
 }
 
 func (c *controller) reload(load func() (*configs.Config, error), why string) {
@@ -143,6 +172,11 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 		return
 	}
 	c.mu.Lock()
+	if c.stopped {
+		c.mu.Unlock()
+		c.log.Info("config reload dropped: shutting down", zap.String("trigger", why))
+		return
+	}
 	old := c.cfg
 	if nc.Mode != old.Mode || nc.Shadow != old.Shadow || nc.Listen != old.Listen || nc.AdminListen != old.AdminListen || nc.Prefix != old.Prefix ||
 		nc.Timeouts != old.Timeouts || nc.MaxRequestBodyBytes != old.MaxRequestBodyBytes || nc.Limits != old.Limits || nc.Log != old.Log ||
@@ -176,6 +210,10 @@ func (c *controller) discover(ctx context.Context, d *configs.DNSDiscovery, r di
 		Timeout: dnsTimeout, Resolver: r, Log: c.log}
 	dns.Run(ctx, func(urls []string) {
 		c.mu.Lock()
+		if c.stopped {
+			c.mu.Unlock()
+			return
+		}
 		c.discovered = c.discovered[:0]
 		for _, u := range urls {
 			c.discovered = append(c.discovered, configs.Backend{URL: u, KVCacheTokens: d.KVCacheTokens, Weight: backend.DefaultWeight})
@@ -200,11 +238,14 @@ func (c *controller) applyLocked() error {
 	return nil
 }
 
+// shutdown stops the server, letting in-flight streams finish within the grace. It does not
+// wait for a reload being read (a reload that ends later applies nothing), only for one
+// being applied, which takes milliseconds.
 func (c *controller) shutdown() error {
 	c.mu.Lock()
-	grace := c.cfg.Timeouts.ShutdownGrace.D()
+	c.stopped = true
 	c.mu.Unlock()
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	sctx, cancel := context.WithTimeout(context.Background(), c.grace)
 	defer cancel()
 	if err := c.sv.Stop(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err

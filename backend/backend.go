@@ -29,12 +29,12 @@ type Backend struct {
 	// ID is xxhash64(Name): a stable, deterministic identity used to break ties and to place
 	// the backend on the hash ring.
 	ID uint64
-	// KVCacheTokens is the replica's configured KV-cache capacity in tokens (0: not
-	// configured; see KVCapacity).
-	KVCacheTokens int64
-	// Weight scales the backend's share on the hash ring (1 = normal).
-	Weight int
 
+	// kvConfigured and weight are the replica's configured settings (KVCacheTokens, Weight):
+	// a config reload changes them in place (SetKVCacheTokens, SetWeight), so that the
+	// backend keeps its health, ejection state, index entries and learned rates.
+	kvConfigured  atomic.Int64
+	weight        atomic.Int64
 	inFlight      atomic.Int64
 	scraped       atomic.Int64 // running + waiting requests the replica reported (0: unknown)
 	scrapedExcess atomic.Int64 // of those, beyond Counted around the fetch (ScrapedExcess)
@@ -111,18 +111,37 @@ func New(rawURL string, kvCacheTokens int64, weight int) (*Backend, error) {
 			addr += ":80"
 		}
 	}
-	if weight <= 0 {
-		weight = DefaultWeight
-	}
 	name := strings.TrimRight(rawURL, "/")
-	return &Backend{
-		Name:          name,
-		Scheme:        u.Scheme,
-		Addr:          addr,
-		ID:            xxhash.Sum64String(name),
-		KVCacheTokens: kvCacheTokens,
-		Weight:        weight,
-	}, nil
+	b := &Backend{
+		Name:   name,
+		Scheme: u.Scheme,
+		Addr:   addr,
+		ID:     xxhash.Sum64String(name),
+	}
+	b.SetKVCacheTokens(kvCacheTokens)
+	b.SetWeight(weight)
+	return b, nil
+}
+
+// KVCacheTokens is the replica's configured KV-cache capacity in tokens (0: not configured;
+// see KVCapacity).
+func (b *Backend) KVCacheTokens() int64 { return b.kvConfigured.Load() }
+
+// SetKVCacheTokens changes the configured KV-cache capacity (a config reload; negative
+// counts as 0). The prefix index reads it when its backends are set again.
+func (b *Backend) SetKVCacheTokens(tokens int64) { b.kvConfigured.Store(max(tokens, 0)) }
+
+// Weight scales the backend's share of the hash ring and of the bounded-load cap (1 =
+// normal; at least 1).
+func (b *Backend) Weight() int { return int(b.weight.Load()) }
+
+// SetWeight changes the weight (a config reload); 0 or below takes DefaultWeight. The hash
+// ring reads it when its backends are set again.
+func (b *Backend) SetWeight(w int) {
+	if w <= 0 {
+		w = DefaultWeight
+	}
+	b.weight.Store(int64(w))
 }
 
 // redactURL returns raw for error messages with what may hold a secret masked: everything
@@ -205,8 +224,8 @@ func (b *Backend) ScrapedExcess() int64 { return b.scrapedExcess.Load() }
 // else what the replica reports (vLLM cache_config_info num_gpu_blocks × block_size, SGLang
 // max_total_num_tokens), else def.
 func (b *Backend) KVCapacity(def int64) int64 {
-	if b.KVCacheTokens > 0 {
-		return b.KVCacheTokens
+	if c := b.kvConfigured.Load(); c > 0 {
+		return c
 	}
 	if s := b.kvScraped.Load(); s > 0 {
 		return s

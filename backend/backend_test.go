@@ -32,7 +32,7 @@ func TestNew(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || b.Addr != c.addr || b.Weight != 1 || b.ID == 0 {
+			if err != nil || b.Addr != c.addr || b.Weight() != 1 || b.ID == 0 {
 				t.Fatalf("New(%q) = %+v, %v; want addr %s", c.url, b, err, c.addr)
 			}
 		})

@@ -347,6 +347,11 @@ const (
 const (
 	// minRequestBodyBytes: 1 KiB, the smallest body limit accepted.
 	minRequestBodyBytes = 1 << 10
+	// maxRequestBodyBytes: 4 GiB, the largest body limit accepted; far above any LLM request
+	// (a million-token prompt is about 4 MB of JSON, an image a few MB of base64), and low
+	// enough that twice it (limits.max_buffered_body_bytes' floor) and the body buffer's
+	// growth arithmetic stay far from overflowing.
+	maxRequestBodyBytes int64 = 4 << 30
 	// maxChunkTokens is the largest chunk size accepted, in approximate tokens.
 	maxChunkTokens = 4096
 	// minInterval bounds health checks, scrapes and DNS resolutions from below, so that a
@@ -556,10 +561,10 @@ func (c *Config) Validate() error {
 	if !slices.Contains(logFormats, c.Log.Format) {
 		return fmt.Errorf("log.format: %q is not one of json, console", c.Log.Format)
 	}
-	if c.MaxRequestBodyBytes < minRequestBodyBytes {
-		return fmt.Errorf("max_request_body_bytes: %d is below %d", c.MaxRequestBodyBytes, minRequestBodyBytes)
+	if c.MaxRequestBodyBytes < minRequestBodyBytes || int64(c.MaxRequestBodyBytes) > maxRequestBodyBytes {
+		return fmt.Errorf("max_request_body_bytes: %d is outside %d..%d (1 KiB..4 GiB)", c.MaxRequestBodyBytes, minRequestBodyBytes, maxRequestBodyBytes)
 	}
-	if c.Limits.MaxBufferedBodyBytes < 2*int64(c.MaxRequestBodyBytes) {
+	if c.Limits.MaxBufferedBodyBytes/2 < int64(c.MaxRequestBodyBytes) { // ⌊b/2⌋ < m ⇔ b < 2m, without overflow
 		// A body's buffer grows as its bytes arrive, and its last growth holds up to 1.5 ×
 		// the body while it copies (proxy/bodypool.go): below twice the largest body, a body
 		// of the maximum size could never be accepted.

@@ -343,7 +343,7 @@ func TestDefaultsAgreeWithPackages(t *testing.T) {
 		{"prefix.tie_margin_percent", c.Prefix.TieMarginPercent, OptionalInt{V: 50, Set: true}},
 		{"prefix.default_kv_cache_tokens", c.Prefix.DefaultKVCacheTokens, int64(index.DefaultKVCacheTokens)},
 		{"prefix.max_index_entries", c.Prefix.MaxIndexEntries, index.DefaultMaxEntries},
-		{"backends[0].weight (backend.New of weight 0)", c.Backends[0].Weight, b.Weight},
+		{"backends[0].weight (backend.New of weight 0)", c.Backends[0].Weight, b.Weight()},
 		{"discovery.dns.scheme", dns.Scheme, discovery.DefaultScheme},
 		{"discovery.dns.interval", dns.Interval.D(), discovery.DefaultInterval},
 	} {
@@ -380,6 +380,11 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 		{"log:\n  level: loud\nbackends:\n - url: http://a:1", "log.level"},
 		{"log:\n  format: xml\nbackends:\n - url: http://a:1", "log.format"},
 		{"max_request_body_bytes: 10\nbackends:\n - url: http://a:1", "max_request_body_bytes"},
+		// 2^62 + 2^61: twice it overflowed to a negative number, under every budget.
+		{"max_request_body_bytes: 6917529027641081856\nbackends:\n - url: http://a:1", "max_request_body_bytes: 6917529027641081856 is outside 1024..4294967296"},
+		{"max_request_body_bytes: 9223372036854775807\nlimits:\n  max_buffered_body_bytes: 9223372036854775807\nbackends:\n - url: http://a:1", "max_request_body_bytes: 9223372036854775807 is outside"},
+		{"max_request_body_bytes: 4294967297\nlimits:\n  max_buffered_body_bytes: 9000000000\nbackends:\n - url: http://a:1", "max_request_body_bytes: 4294967297 is outside"},
+		{"max_request_body_bytes: 4294967296\nlimits:\n  max_buffered_body_bytes: 8589934591\nbackends:\n - url: http://a:1", "below twice max_request_body_bytes"},
 		{"timeouts:\n  connect: soon\nbackends:\n - url: http://a:1", `line 2: "soon" is not a duration`},
 		{"timeouts:\n  idle: 300\nbackends:\n - url: http://a:1", `line 2: "300" is not a duration`},
 		{"timeouts:\n  client_read: -1s\nbackends:\n - url: http://a:1", "timeouts.client_read"},
@@ -415,5 +420,13 @@ func TestValidationErrorsNameTheField(t *testing.T) {
 				t.Errorf("Parse(%q) = %v, want error containing %q", c.yaml, err, c.want)
 			}
 		})
+	}
+}
+
+// max_request_body_bytes is accepted up to its bound (4 GiB) with a budget of twice it.
+func TestLargestRequestBodyAccepted(t *testing.T) {
+	c, err := Parse([]byte("max_request_body_bytes: 4294967296\nlimits:\n  max_buffered_body_bytes: 8589934592\nbackends:\n - url: http://a:1"))
+	if err != nil || c.MaxRequestBodyBytes != 4<<30 {
+		t.Fatalf("Parse: %v (%+v)", err, c)
 	}
 }

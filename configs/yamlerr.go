@@ -6,6 +6,11 @@ package configs
 // Config's type to find the first value that does not decode, and names it by its path
 // (prefix.hard_load_factor, backends[0].models[1]), as Validate's errors do, with its line
 // and what the field wants, on one line.
+//
+// The walk is bounded whatever the document: aliases and merge keys (<<) can make a file of
+// a few hundred bytes stand for billions of values (an alias bomb), so each anchored node is
+// checked once per type it is used as (walkKey), the walk stops after maxWalkNodes values or
+// maxWalkDepth levels, and only the first error's text is kept.
 
 import (
 	"fmt"
@@ -21,6 +26,17 @@ import (
 // maxQuotedValue bounds the part of a wrong value that an error quotes, bytes.
 const maxQuotedValue = 40
 
+// Bounds of the walk (errWalk). A configuration has hundreds of values and a few levels of
+// nesting (backends[i].models[j] is the deepest, plus a merge key or two); these bounds are
+// far beyond any real file and keep the walk of a hostile one within milliseconds and a few
+// megabytes.
+const (
+	// maxWalkNodes is how many values the walk visits at most.
+	maxWalkNodes = 1 << 20
+	// maxWalkDepth is how deep the walk descends, aliases and merges included.
+	maxWalkDepth = 200
+)
+
 // selfDecoder is the interface of the types that decode themselves (Duration, OptionalInt, OptionalBool).
 var selfDecoder = reflect.TypeFor[yaml.Unmarshaler]()
 
@@ -31,25 +47,33 @@ func decodeError(data []byte, err error) error {
 	if placed := walkError(data); placed != nil {
 		return placed
 	}
-	return fmt.Errorf("config: %s", oneLine(err.Error()))
+	msg := oneLine(err.Error())
+	if strings.Contains(msg, "excessive aliasing") {
+		// yaml.v3's refusal of an alias bomb, which says neither what nor where.
+		return fmt.Errorf("config: aliases and merge keys (<<) expand the document too far (%s)", msg)
+	}
+	return fmt.Errorf("config: %s", msg)
 }
 
 // walkError is the first value of data, a document that decoded into a Config or did not,
 // that does not fit its field, as decodeError words it; nil when every value fits (or data
 // does not parse). It also catches what yaml.v3 lets through: a number with a fraction in
 // an integer field, which yaml.v3 truncates (kv_cache_tokens: 1000.7 read as 1000).
-func walkError(data []byte) error {
+func walkError(data []byte) error { return walkErrorWithin(data, maxWalkNodes, maxWalkDepth) }
+
+// walkErrorWithin is walkError with the walk's bounds given.
+func walkErrorWithin(data []byte, maxNodes, maxDepth int) error {
 	var doc yaml.Node
 	if yaml.Unmarshal(data, &doc) != nil {
 		return nil
 	}
-	var w errWalk
+	w := errWalk{done: map[walkKey]bool{}, maxNodes: maxNodes, maxDepth: maxDepth}
 	w.value(&doc, reflect.TypeFor[Config](), "")
-	if len(w.errs) == 0 {
+	if w.errs == 0 {
 		return nil
 	}
-	msg := w.errs[0]
-	if n := len(w.errs) - 1; n == 1 {
+	msg := w.first
+	if n := w.errs - 1; n == 1 {
 		msg += " (and 1 more error)"
 	} else if n > 1 {
 		msg += fmt.Sprintf(" (and %d more errors)", n)
@@ -63,22 +87,91 @@ func oneLine(s string) string {
 	return strings.ReplaceAll(s, "\n  ", "; ")
 }
 
-// errWalk collects, in document order, the errors of the values that do not decode.
+// errWalk counts, in document order, the values that do not decode, and keeps the first
+// one's error.
 type errWalk struct {
-	errs []string
+	first string
+	errs  int
+	// done holds the anchored nodes already checked as a type: an alias of one is not checked
+	// again (its errors were counted where it was first met).
+	done map[walkKey]bool
+	// nodes is how many values were visited, depth how deep the walk is now; stopped is set
+	// once either passed its bound (maxNodes, maxDepth), after which nothing more is visited.
+	nodes, depth       int
+	maxNodes, maxDepth int
+	stopped            bool
+}
+
+// walkKey is an anchored node checked as a t: as a value, or as a merge key's list of sources.
+type walkKey struct {
+	n     *yaml.Node
+	t     reflect.Type
+	merge bool
 }
 
 func (w *errWalk) fail(n *yaml.Node, path, format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	if path == "" {
-		w.errs = append(w.errs, fmt.Sprintf("line %d: %s", n.Line, msg))
+	w.errs++
+	if w.errs > 1 {
 		return
 	}
-	w.errs = append(w.errs, fmt.Sprintf("%s: line %d: %s", path, n.Line, msg))
+	msg := fmt.Sprintf(format, args...)
+	if path == "" {
+		w.first = fmt.Sprintf("line %d: %s", n.Line, msg)
+		return
+	}
+	w.first = fmt.Sprintf("%s: line %d: %s", path, n.Line, msg)
+}
+
+// enter counts a visit to n at one level deeper and reports whether the walk may go on;
+// the caller that got true calls leave when done. Past a bound the walk fails once, at n,
+// and stops.
+func (w *errWalk) enter(n *yaml.Node, path string) bool {
+	if w.stopped {
+		return false
+	}
+	w.nodes++
+	w.depth++
+	switch {
+	case w.nodes > w.maxNodes:
+		w.stop(n, path, fmt.Sprintf("the document has over %d values to check (aliases and merge keys included)", w.maxNodes))
+		return false
+	case w.depth > w.maxDepth:
+		w.stop(n, path, fmt.Sprintf("nested deeper than %d levels (aliases and merge keys included)", w.maxDepth))
+		return false
+	}
+	return true
+}
+
+func (w *errWalk) leave() { w.depth-- }
+
+// stop ends the walk with an error at n; it is the one reported unless an error came before.
+func (w *errWalk) stop(n *yaml.Node, path, msg string) {
+	w.depth--
+	w.stopped = true
+	w.fail(n, path, "%s", msg)
+}
+
+// once reports whether n is met as a t (merge: as a merge key's list of sources) for the
+// first time, and marks it met. Only an anchored node (&name) can be met again, through an
+// alias; any other is met once.
+func (w *errWalk) once(n *yaml.Node, t reflect.Type, merge bool) bool {
+	if n.Anchor == "" {
+		return true
+	}
+	k := walkKey{n, t, merge}
+	if w.done[k] {
+		return false
+	}
+	w.done[k] = true
+	return true
 }
 
 // value checks that n decodes into a t at path.
 func (w *errWalk) value(n *yaml.Node, t reflect.Type, path string) {
+	if !w.once(n, t, false) || !w.enter(n, path) {
+		return
+	}
+	defer w.leave()
 	switch n.Kind {
 	case yaml.DocumentNode:
 		if len(n.Content) == 1 {
@@ -146,6 +239,11 @@ func (w *errWalk) fields(n *yaml.Node, t reflect.Type, path string, seen map[str
 
 // merge checks the mappings a merge key (<<) brings in; their keys may be overridden.
 func (w *errWalk) merge(v *yaml.Node, t reflect.Type, path string) {
+	// A mapping merged is checked as the value of a t is (fields); a list of them is not.
+	if !w.once(v, t, v.Kind != yaml.MappingNode) || !w.enter(v, path) {
+		return
+	}
+	defer w.leave()
 	switch v.Kind {
 	case yaml.AliasNode:
 		if v.Alias != nil {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -156,12 +158,149 @@ func TestBoundedWalk(t *testing.T) {
 	}
 }
 
-func benchmarkLookup(b *testing.B, n int) {
+// members is n members named as backends, each of weight w.
+func members(n, w int) []Member {
 	ms := make([]Member, n)
 	for i := range ms {
-		ms[i] = Member{Name: fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256), Weight: 1}
+		ms[i] = Member{Name: fmt.Sprintf("http://10.0.%d.%d:8000", i/256, i%256), Weight: w}
 	}
+	return ms
+}
+
+func TestPoints(t *testing.T) {
+	sum := func(ps []int) (s int) {
+		for _, p := range ps {
+			s += p
+		}
+		return s
+	}
+	tests := []struct {
+		name    string
+		members []Member
+		want    []int // nil: only the bound is checked
+	}{
+		{"empty", nil, []int{}},
+		{"weight 1", names("a", "b"), []int{Replicas, Replicas}},
+		{"weights under the bound", []Member{{"a", 1}, {"b", 3}, {"c", 0}}, []int{Replicas, 3 * Replicas, Replicas}},
+		{"at the bound", members(MaxPoints/Replicas, 1), nil},
+		{"scaled", []Member{{"a", 1000}, {"b", 3000}}, []int{MaxPoints / 4, 3 * MaxPoints / 4}},
+		{"a light member keeps a point", []Member{{"a", 1}, {"b", 1 << 20}}, []int{1, MaxPoints - 1}},
+		{"huge weights", []Member{{"a", 1 << 62}, {"b", 1 << 62}}, []int{MaxPoints / 2, MaxPoints / 2}},
+		{"200 x 1000", members(200, 1000), nil},
+		{"5000 x 1", members(5000, 1), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Points(tt.members)
+			if tt.want != nil && !slices.Equal(got, tt.want) {
+				t.Errorf("Points = %v, want %v", got, tt.want)
+			}
+			if s := sum(got); s > MaxPoints+len(tt.members) {
+				t.Errorf("%d points in all, over MaxPoints + members (%d)", s, MaxPoints+len(tt.members))
+			}
+			for i, p := range got {
+				if p < 1 {
+					t.Errorf("member %d has %d points", i, p)
+				}
+			}
+			rev := slices.Clone(tt.members)
+			slices.Reverse(rev)
+			back := Points(rev)
+			slices.Reverse(back)
+			if !slices.Equal(back, got) {
+				t.Errorf("Points depends on the order of the members: %v reversed, %v", back, got)
+			}
+		})
+	}
+}
+
+// 200 members of weight 1000 (the largest weight a config takes) build a ring of at most
+// MaxPoints + 200 points in a few MiB, where 160 points per unit of weight made 32 million.
+func TestLargeWeightsBounded(t *testing.T) {
+	ms := members(200, 1000)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
 	r := New(ms)
+	runtime.ReadMemStats(&after)
+	if n := r.Len(); n > MaxPoints+len(ms) {
+		t.Errorf("%d points, want at most %d", n, MaxPoints+len(ms))
+	}
+	// The points are 16 bytes each (1 MiB); the bound leaves room for the labels and the
+	// clone of the members.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8<<20 {
+		t.Errorf("New allocated %d bytes, want at most 8 MiB", alloc)
+	}
+}
+
+// Scaled down to MaxPoints, weights still set the shares, and the ring is the same whatever
+// the order of the members.
+func TestScaledWeights(t *testing.T) {
+	ms := []Member{{"http://a:8000", 1000}, {"http://b:8000", 1000}, {"http://c:8000", 2000}, {"http://d:8000", 4000}}
+	r := New(ms)
+	if n := r.Len(); n > MaxPoints+len(ms) || n < MaxPoints-len(ms) {
+		t.Fatalf("%d points, want about MaxPoints (%d)", n, MaxPoints)
+	}
+	const keys = 200_000
+	count := make([]int, len(ms))
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range keys {
+		count[r.Lookup(rng.Uint64(), nil)]++
+	}
+	for i, m := range ms {
+		want := float64(keys) * float64(m.Weight) / 8000
+		if got := float64(count[i]); got < 0.9*want || got > 1.1*want {
+			t.Errorf("%s (weight %d) got %d keys, want %.0f ± 10%%", m.Name, m.Weight, count[i], want)
+		}
+	}
+	rev := slices.Clone(ms)
+	slices.Reverse(rev)
+	r2 := New(rev)
+	for range 10_000 {
+		k := rng.Uint64()
+		if a, b := owner(r, k), owner(r2, k); a != b {
+			t.Fatalf("key %d: %s in one order, %s in the other", k, a, b)
+		}
+	}
+}
+
+// On a scaled ring, removing one of n members gives the others more points, which take keys
+// from any member: more than the 1/n of the gone member's keys move, but a bounded share.
+func TestScaledRemap(t *testing.T) {
+	const n, keys = 100, 100_000
+	ms := members(n, 100) // 16,000 points at 160 per unit: scaled to MaxPoints
+	full, less := New(ms), New(ms[:n-1])
+	moved := 0
+	rng := rand.New(rand.NewPCG(9, 10))
+	for range keys {
+		k := rng.Uint64()
+		if owner(full, k) != owner(less, k) {
+			moved++
+		}
+	}
+	frac, fair := float64(moved)/keys, 1/float64(n)
+	t.Logf("%.4f of keys moved (1/n = %.4f)", frac, fair)
+	if frac > 3*fair {
+		t.Errorf("%.4f of keys moved, want at most %.4f (3/n)", frac, 3*fair)
+	}
+}
+
+func benchmarkNew(b *testing.B, n, w int) {
+	ms := members(n, w)
+	b.ReportAllocs()
+	var r *Ring
+	for b.Loop() {
+		r = New(ms)
+	}
+	b.ReportMetric(float64(r.Len()), "points")
+}
+
+func BenchmarkNew4x1(b *testing.B)      { benchmarkNew(b, 4, 1) }
+func BenchmarkNew64x1000(b *testing.B)  { benchmarkNew(b, 64, 1000) }
+func BenchmarkNew200x1000(b *testing.B) { benchmarkNew(b, 200, 1000) }
+
+func benchmarkLookup(b *testing.B, n int) {
+	r := New(members(n, 1))
 	keys := make([]uint64, 1024)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range keys {

@@ -48,7 +48,7 @@ const earlyResponseWait = time.Second
 func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canRetry bool) error {
 	up := (*s.ups.Load())[b]
 	if up == nil {
-		return &dialError{errBackendRemoved}
+		return errBackendRemoved // nothing was sent: not a connect error of b's
 	}
 	f.up = up
 	work := f.dec.PrefillWork

@@ -5,10 +5,12 @@ import (
 )
 
 // UpdateBackends reconciles the running backends with bs (config reload, discovery), which
-// the caller builds afresh. A backend whose name (URL), KV capacity and weight match a
-// running one is replaced by the running one, which keeps its state: in-flight count,
-// health, index entries. Removed backends stop taking new requests, finish what they have
-// in flight, and lose their index entries. bs is deduplicated by name (first wins).
+// the caller builds afresh. A backend whose name (URL) matches a running one is replaced by
+// the running one, which takes bs's settings (KV capacity, weight, configured models) in
+// place and keeps its state: in-flight count, health and ejection, index entries, learned
+// prefill rates. Only a new URL is a new backend. Removed backends stop taking new
+// requests, finish what they have in flight, and lose their index entries. bs is
+// deduplicated by name (first wins).
 func (s *Server) UpdateBackends(bs []*backend.Backend) {
 	cur := map[string]*backend.Backend{}
 	for _, b := range s.pool.Snapshot() {
@@ -21,7 +23,9 @@ func (s *Server) UpdateBackends(bs []*backend.Backend) {
 			continue
 		}
 		seen[nb.Name] = true
-		if old, ok := cur[nb.Name]; ok && old.KVCacheTokens == nb.KVCacheTokens && old.Weight == nb.Weight {
+		if old, ok := cur[nb.Name]; ok {
+			old.SetKVCacheTokens(nb.KVCacheTokens())
+			old.SetWeight(nb.Weight())
 			adoptModels(old, nb)
 			nb = old
 		}

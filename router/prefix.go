@@ -164,8 +164,9 @@ const RecentHalfLife = 128
 
 // placement is an immutable ring over the configured backends.
 type placement struct {
-	ring *hashring.Ring
-	ids  []uint64 // ring member → backend ID
+	ring    *hashring.Ring
+	ids     []uint64          // ring member → backend ID
+	members []hashring.Member // what the ring was built from
 }
 
 // NewPrefix returns a prefix policy; clock (nil: time.Now) stamps learned prefixes. Call
@@ -213,16 +214,20 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 }
 
 // SetBackends installs all configured backends (healthy or not): it rebuilds the hash ring
-// and swaps it in, and drops the index entries of backends no longer listed. Call it at
-// start and on every reload.
+// and swaps it in when the backends or their weights changed, reads their KV capacities
+// again, and drops the index entries of backends no longer listed. Call it at start, on
+// every reload and when a capacity changed (a scrape's cache_config_info), which keeps the
+// ring.
 func (p *Prefix) SetBackends(all []*backend.Backend) {
 	ms := make([]hashring.Member, len(all))
 	ids := make([]uint64, len(all))
 	for i, b := range all {
-		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
+		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight()}
 		ids[i] = b.ID
 	}
-	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
+	if old := p.ring.Load(); old == nil || !slices.Equal(old.members, ms) {
+		p.ring.Store(&placement{ring: hashring.New(ms), ids: ids, members: ms})
+	}
 	p.idx.SetBackends(all)
 	p.bindFleets(slices.Clone(all))
 }
@@ -373,7 +378,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// backend.Busy, read once with its parts.
 		own, foreign := b.InFlight(), b.ScrapedExcess()
 		alone := b.OtherSenders() == backend.SendersAlone
-		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight, matched: matched[j],
+		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight(), matched: matched[j],
 			queued: b.QueuedPrefill(now), own: own, pending: b.PrefillRequests(),
 			foreign: foreign, kvUsage: b.KVUsage(), alone: alone}
 		c.decodes, c.context = b.Decoding()

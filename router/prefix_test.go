@@ -438,7 +438,7 @@ func TestGroupsStickAndSpread(t *testing.T) {
 func ringOwner(bs []*backend.Backend, key uint64) *backend.Backend {
 	ms := make([]hashring.Member, len(bs))
 	for i, b := range bs {
-		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
+		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight()}
 	}
 	return bs[hashring.New(ms).Lookup(key, nil)]
 }

@@ -79,7 +79,7 @@ func (p *CHWBL) SetBackends(all []*backend.Backend) {
 	ms := make([]hashring.Member, len(all))
 	ids := make([]uint64, len(all))
 	for i, b := range all {
-		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
+		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight()}
 		ids[i] = b.ID
 	}
 	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})

@@ -15,7 +15,7 @@ import (
 func ringOrder(bs []*backend.Backend, h uint64) []int {
 	ms := make([]hashring.Member, len(bs))
 	for i, b := range bs {
-		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight}
+		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight()}
 	}
 	r := hashring.New(ms)
 	var order []int

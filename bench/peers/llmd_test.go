@@ -29,7 +29,7 @@ func TestLLMDRules(t *testing.T) {
 			bs := testBackends(t, len(tc.loads))
 			for i, c := range tc.kv {
 				if c > 0 {
-					bs[i].KVCacheTokens = c
+					bs[i].SetKVCacheTokens(c)
 				}
 			}
 			p := NewLLMD(LLMDOptions{})
