@@ -83,6 +83,9 @@ type bstate struct {
 	// modelsCapped: a list over backend.MaxModels was warned about (models.go; the model
 	// reader's goroutine only).
 	modelsCapped bool
+	// longIDs limits the warning about over-long model ids (models.go; the model reader's
+	// goroutine only).
+	longIDs logLimit
 
 	removed    bool
 	everPassed bool // has passed an active check at least once
