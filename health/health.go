@@ -107,6 +107,10 @@ type bstate struct {
 	scrapeMu   sync.Mutex   // serialises scrapes of this backend
 	scrapeFail bool         // guarded by scrapeMu: the last scrape failed (for logging changes)
 	senders    sendersJudge // guarded by scrapeMu: who else sends to the backend
+	// scrapeErrors counts the failed scrapes (State.ScrapeErrors).
+	scrapeErrors atomic.Uint64
+	// restartLog limits the restart warning (scrape.go; guarded by Checker.mu).
+	restartLog logLimit
 }
 
 func (st *bstate) healthyLocked() bool { return st.activeOK && st.ejectedUntil.IsZero() }
