@@ -18,8 +18,13 @@ type pinned struct {
 	picks atomic.Int32
 }
 
-func (p *pinned) Pick(_ *key.Key, cs []*backend.Backend) router.Decision {
+func (p *pinned) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 	p.picks.Add(1)
+	return p.Preview(k, cs)
+}
+
+// Preview is Pick without counting it.
+func (p *pinned) Preview(_ *key.Key, cs []*backend.Backend) router.Decision {
 	for _, b := range cs {
 		if b.Name == p.want {
 			return router.Decision{Backend: b, Reason: router.ReasonMatch}

@@ -83,6 +83,9 @@ type bstate struct {
 	// modelsCapped: a list over backend.MaxModels was warned about (models.go; the model
 	// reader's goroutine only).
 	modelsCapped bool
+	// longIDs limits the warning about over-long model ids (models.go; the model reader's
+	// goroutine only).
+	longIDs logLimit
 
 	removed    bool
 	everPassed bool // has passed an active check at least once
@@ -104,6 +107,10 @@ type bstate struct {
 	scrapeMu   sync.Mutex   // serialises scrapes of this backend
 	scrapeFail bool         // guarded by scrapeMu: the last scrape failed (for logging changes)
 	senders    sendersJudge // guarded by scrapeMu: who else sends to the backend
+	// scrapeErrors counts the failed scrapes (State.ScrapeErrors).
+	scrapeErrors atomic.Uint64
+	// restartLog limits the restart warning (scrape.go; guarded by Checker.mu).
+	restartLog logLimit
 }
 
 func (st *bstate) healthyLocked() bool { return st.activeOK && st.ejectedUntil.IsZero() }

@@ -19,11 +19,23 @@ import (
 // stores the ids it lists on the backend (backend.SetDiscoveredModels): base models and the
 // LoRA adapters vLLM lists beside them (with "parent" naming the base). A backend whose models
 // the config fixes (backends[].models) is not read. A read that fails (endpoint absent, bad
-// JSON, no ids) leaves what was known: a backend never read serves any model.
+// JSON, no ids) leaves what was known: a backend never read serves any model. An id over
+// maxModelIDBytes is dropped, and at most backend.MaxModels ids are kept.
 
 // maxModelsBytes bounds a /v1/models body: a few hundred bytes per model, and vLLM lists at
 // most a few hundred adapters (--max-loras), so 4 MiB is far above any real list.
 const maxModelsBytes = 4 << 20
+
+// maxModelIDBytes bounds a model id (and an adapter's parent) read from a backend: a Hugging
+// Face repository id is at most 96 characters and its owner's name, a local path rarely over
+// 200. An id is a label value in /metrics and is listed in the 404 for an unknown model and in
+// GET /v1/models, so one 3 MB id would make each of them megabytes: a longer id is dropped
+// (its model is not routed to that backend by name) with a warning (longIDWarnEvery).
+const maxModelIDBytes = 256
+
+// longIDWarnEvery is how often, at most, a backend whose list keeps over-long ids is warned
+// about (the list is read every ModelsInterval and on every kick).
+const longIDWarnEvery = 10 * time.Minute
 
 // maxModelsLogged bounds the ids the "backend models" log line names (it gives the count).
 const maxModelsLogged = 20
@@ -75,11 +87,19 @@ func (c *Checker) readModels(ctx context.Context, st *bstate, wasFailing bool) b
 		return false
 	}
 	var set *backend.ModelSet
+	var long int
 	err := c.get(ctx, st.modelsURL, func(body io.Reader) error {
 		var perr error
-		set, perr = parseModels(io.LimitReader(body, maxModelsBytes))
+		set, long, perr = parseModels(io.LimitReader(body, maxModelsBytes))
 		return perr
 	})
+	if long > 0 {
+		if ok, held := st.longIDs.allow(c.now(), longIDWarnEvery); ok {
+			c.log.Warn("backend lists model ids over the length limit; dropping them",
+				zap.String("backend", st.b.Name), zap.Int("dropped", long), zap.Int("max_bytes", maxModelIDBytes),
+				zap.Int("reads_not_logged", held))
+		}
+	}
 	if ctx.Err() != nil {
 		return wasFailing
 	}
@@ -123,7 +143,8 @@ func (c *Checker) readModels(ctx context.Context, st *bstate, wasFailing bool) b
 var errNoModels = errors.New("the model list has no ids")
 
 // parseModels reads an OpenAI model list ({"object":"list","data":[{"id":…,"parent":…}]}).
-func parseModels(r io.Reader) (*backend.ModelSet, error) {
+// Models whose id or parent is over maxModelIDBytes are left out; long counts them.
+func parseModels(r io.Reader) (set *backend.ModelSet, long int, err error) {
 	var list struct {
 		Data []struct {
 			ID     string  `json:"id"`
@@ -131,7 +152,7 @@ func parseModels(r io.Reader) (*backend.ModelSet, error) {
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(r).Decode(&list); err != nil {
-		return nil, fmt.Errorf("model list is not JSON: %w", err)
+		return nil, 0, fmt.Errorf("model list is not JSON: %w", err)
 	}
 	ms := make([]backend.Model, 0, len(list.Data))
 	for _, d := range list.Data {
@@ -139,11 +160,18 @@ func parseModels(r io.Reader) (*backend.ModelSet, error) {
 		if d.Parent != nil {
 			m.Parent = *d.Parent
 		}
+		if len(m.ID) > maxModelIDBytes || len(m.Parent) > maxModelIDBytes {
+			long++
+			continue
+		}
 		ms = append(ms, m)
 	}
-	set := backend.NewModelSet(ms, false)
+	set = backend.NewModelSet(ms, false)
 	if len(set.Models()) == 0 {
-		return nil, errNoModels
+		if long > 0 {
+			return nil, long, fmt.Errorf("%w of at most %d bytes (%d longer)", errNoModels, maxModelIDBytes, long)
+		}
+		return nil, 0, errNoModels
 	}
-	return set, nil
+	return set, long, nil
 }

@@ -25,11 +25,14 @@ func TestParseModels(t *testing.T) {
 			[]backend.Model{{ID: "meta-llama/Llama-3.1-8B-Instruct"}, {ID: "sql-lora", Parent: "meta-llama/Llama-3.1-8B-Instruct"}}, ""},
 		{"SGLang (no parent field)", `{"object":"list","data":[{"id":"qwen","object":"model","owned_by":"sglang"}]}`, []backend.Model{{ID: "qwen"}}, ""},
 		{"no ids", `{"object":"list","data":[]}`, nil, "no ids"},
+		{"an over-long id and parent dropped", `{"data":[{"id":"a"},{"id":"` + strings.Repeat("x", maxModelIDBytes+1) + `"},` +
+			`{"id":"a-lora","parent":"` + strings.Repeat("x", maxModelIDBytes+1) + `"}]}`, []backend.Model{{ID: "a"}}, ""},
+		{"only over-long ids", `{"data":[{"id":"` + strings.Repeat("x", maxModelIDBytes+1) + `"}]}`, nil, "no ids of at most 256 bytes (1 longer)"},
 		{"not JSON", `<html>404</html>`, nil, "not JSON"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s, err := parseModels(strings.NewReader(c.body))
+			s, _, err := parseModels(strings.NewReader(c.body))
 			if c.err != "" {
 				if err == nil || !strings.Contains(err.Error(), c.err) {
 					t.Fatalf("err %v, want %q", err, c.err)
@@ -152,6 +155,63 @@ func TestModelDiscoveryBounded(t *testing.T) {
 	for _, e := range logs.FilterMessage("backend models").All() {
 		if ids, _ := e.ContextMap()["models"].([]any); len(ids) > maxModelsLogged {
 			t.Errorf("the log line names %d ids, want at most %d", len(ids), maxModelsLogged)
+		}
+	}
+}
+
+// A model id (or an adapter's parent) over maxModelIDBytes is dropped, not stored: one 3 MB id
+// would make /metrics, the 404 for an unknown model and GET /v1/models megabytes each. The
+// warning comes at most once per longIDWarnEvery, however often the list is read.
+func TestModelIDLengthBounded(t *testing.T) {
+	long, longParent := strings.Repeat("x", 3<<20), strings.Repeat("p", 512<<10) // within maxModelsBytes
+	var reads atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != DefaultModelsPath {
+			return
+		}
+		n := reads.Add(1)
+		fmt.Fprintf(w, `{"data":[{"id":"m%d"},{"id":%q},{"id":"lora%d","parent":%q},{"id":%q}]}`,
+			n, long, n, longParent, strings.Repeat("y", maxModelIDBytes))
+	}))
+	defer srv.Close()
+	b, _ := backend.New(srv.URL, 0, 1)
+	c, clk, logs := newTestChecker(t, Options{Disabled: true, ModelsInterval: time.Hour})
+	c.SetBackends([]*backend.Backend{b})
+	c.Start()
+	const warning = "backend lists model ids over the length limit; dropping them"
+	read := func(n int) {
+		t.Helper()
+		if n > 1 {
+			c.lookup(b).kickModels()
+		}
+		id := fmt.Sprintf("m%d", n)
+		testutil.Eventually(t, testutil.Timeout, "read "+id, func() bool { return b.Models() != nil && b.Models().Has([]byte(id)) })
+		ms := b.Models().Models()
+		if len(ms) != 2 {
+			t.Fatalf("read %d: %d models stored, want m%d and the id of exactly %d bytes", n, len(ms), n, maxModelIDBytes)
+		}
+		for _, m := range ms {
+			if len(m.ID) > maxModelIDBytes || len(m.Parent) > maxModelIDBytes {
+				t.Fatalf("read %d: a model of %d bytes (parent %d) stored", n, len(m.ID), len(m.Parent))
+			}
+		}
+	}
+	read(1)
+	read(2)
+	if w := logs.FilterMessage(warning).All(); len(w) != 1 || w[0].ContextMap()["dropped"] != int64(2) {
+		t.Fatalf("after 2 reads: %d warnings (%v), want 1 with dropped=2", len(w), w)
+	}
+	clk.Add(longIDWarnEvery)
+	read(3)
+	w := logs.FilterMessage(warning).All()
+	if len(w) != 2 || w[1].ContextMap()["reads_not_logged"] != int64(1) {
+		t.Fatalf("a period later: %d warnings, want 2, the second with reads_not_logged=1: %v", len(w), w)
+	}
+	for _, e := range logs.All() {
+		for k, v := range e.ContextMap() {
+			if s, ok := v.(string); ok && len(s) > 1<<10 {
+				t.Errorf("log %q carries %s of %d bytes", e.Message, k, len(s))
+			}
 		}
 	}
 }

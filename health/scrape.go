@@ -77,8 +77,17 @@ func (c *Checker) fresh(r *scrapeResult) bool {
 func (c *Checker) OnKVCapacity(f func(b *backend.Backend)) { c.kvHook.Store(&f) }
 
 // maxMetricsBytes bounds what a scrape reads: vLLM's full exposition with histograms is
-// 50–300 KB.
+// 50–300 KB. A longer body (or one that never ends) is a failed scrape: its values, summed
+// over what was read, are no load.
 const maxMetricsBytes = 16 << 20
+
+// errMetricsTooLarge: the exposition did not end within maxMetricsBytes.
+var errMetricsTooLarge = fmt.Errorf("metrics body longer than %d MiB (cut; its values discarded)", maxMetricsBytes>>20)
+
+// restartWarnEvery is how often, at most, a backend's detected restarts are warned about: a
+// start time that changes on every scrape (a broken exporter, a crash loop) would warn every
+// ScrapeInterval. Every restart still resets the backend's cache.
+const restartWarnEvery = time.Minute
 
 var errNoLoadMetrics = errors.New("no known load metrics (vllm:num_requests_running, sglang:num_running_reqs)")
 
@@ -103,6 +112,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	}
 	if err != nil {
 		res.err = err.Error()
+		st.scrapeErrors.Add(1)
 		st.scrape.Store(res)
 		st.b.SetScrapedLoad(0, 0) // fall back to the proxy's own in-flight count
 		st.b.SetScrapedKVUsage(0)
@@ -175,8 +185,10 @@ func (c *Checker) scraped(st *bstate, restarted string, prev *scrapeResult, load
 		return
 	}
 	st.b.ResetCache()
-	c.log.Warn("backend restart detected; its cached prefixes are forgotten",
-		append(fields, zap.Uint64("cache_epoch", st.b.Epoch()))...)
+	if ok, held := st.restartLog.allow(c.now(), restartWarnEvery); ok {
+		c.log.Warn("backend restart detected; its cached prefixes are forgotten",
+			append(fields, zap.Uint64("cache_epoch", st.b.Epoch()), zap.Int("restarts_not_logged", held))...)
+	}
 }
 
 // metricsLineBuffer is a scrape's read buffer: a line longer than 16 KiB is no metric that
@@ -185,14 +197,20 @@ const metricsLineBuffer = 16 << 10
 
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, metricsLineBuffer) }}
 
-// fetchMetrics GETs url and parses the Prometheus text body into m.
+// fetchMetrics GETs url and parses the Prometheus text body into m. A body that does not end
+// within maxMetricsBytes, or whose read fails (the check Timeout included), is an error: m
+// then holds a part of the exposition and must be discarded.
 func (c *Checker) fetchMetrics(ctx context.Context, url string, m *metrics) error {
 	return c.get(ctx, url, func(body io.Reader) error {
 		br := readerPool.Get().(*bufio.Reader)
-		br.Reset(io.LimitReader(body, maxMetricsBytes))
+		lr := &io.LimitedReader{R: body, N: maxMetricsBytes + 1} // a byte past the cap: the body did not end
+		br.Reset(lr)
 		err := parseMetrics(br, m)
 		br.Reset(nil)
 		readerPool.Put(br)
+		if err == nil && lr.N == 0 {
+			err = errMetricsTooLarge
+		}
 		if err != nil {
 			return fmt.Errorf("GET %s: %w", url, err)
 		}

@@ -33,6 +33,9 @@ type State struct {
 	// LastScrape is when the last scrape was attempted; LastScrapeError its error, if any.
 	LastScrape      time.Time `json:"last_scrape,omitzero"`
 	LastScrapeError string    `json:"last_scrape_error,omitempty"`
+	// ScrapeErrors counts the scrapes that failed (an error status, a body that did not parse
+	// or end within the size cap or the timeout): their values were discarded.
+	ScrapeErrors uint64 `json:"scrape_errors"`
 	// Load is the last successfully scraped load; LoadFresh as Checker.Load reports it.
 	Load      Load `json:"load"`
 	LoadFresh bool `json:"load_fresh"`
@@ -61,6 +64,7 @@ func (c *Checker) State(b *backend.Backend) State {
 	s.CacheEpoch = b.Epoch()
 	if r := st.scrape.Load(); r != nil {
 		s.LastScrape, s.LastScrapeError = r.attempt, r.err
+		s.ScrapeErrors = st.scrapeErrors.Load()
 		s.Load = r.load
 		s.LoadFresh = c.fresh(r)
 	}

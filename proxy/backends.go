@@ -66,6 +66,7 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 		for b, up := range *old {
 			if _, ok := ups[b]; !ok {
 				up.retire()
+				s.m.releaseBackend(up.m)
 				b.ResetCache()
 			}
 		}

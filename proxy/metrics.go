@@ -46,6 +46,10 @@ type serverMetrics struct {
 	keyPanics      *metrics.Counter // key builds that panicked, routed by parse-fallback (recover.go)
 	handlerPanics  *metrics.Counter // requests whose serving panicked (recover.go)
 	matchedRatio   *metrics.PrometheusHistogram
+	// backends are the per-backend series by backend name, while an upstream holds them
+	// (forBackend, releaseBackend); guarded by backendsMu.
+	backendsMu sync.Mutex
+	backends   map[string]*backendMetrics
 	// ttftPrediction is the policy's predicted TTFT ÷ the TTFT measured, per streamed
 	// request with a prediction: the cost model is right when it sits near 1.
 	ttftPrediction *metrics.PrometheusHistogram
@@ -68,6 +72,7 @@ func newServerMetrics(mode string) *serverMetrics {
 		handlerPanics:  s.NewCounter(`prefixlb_handler_panics_total`),
 		matchedRatio:   s.NewPrometheusHistogramExt(`prefixlb_matched_prefix_ratio`, ratioBuckets),
 		ttftPrediction: s.NewPrometheusHistogramExt(`prefixlb_ttft_predicted_over_measured`, predictionBuckets),
+		backends:       map[string]*backendMetrics{},
 	}
 }
 
@@ -96,10 +101,15 @@ func (c *streamErrorCounters) Get() uint64 {
 	return n
 }
 
-// backendMetrics are one backend's series.
+// backendMetrics are one backend's series, shared by the upstreams of that name (a reload
+// may replace a backend by another of the same URL) and unregistered when the last of them
+// leaves the configuration (releaseBackend): otherwise every URL a reload or DNS discovery
+// ever named would keep its series in /metrics for the life of the process.
 type backendMetrics struct {
 	sm           *serverMetrics
+	name         string // the backend's name (URL)
 	label        string // backend="…"
+	refs         int    // upstreams holding these series (guarded by sm.backendsMu)
 	ttft         *metrics.PrometheusHistogram
 	e2e          *metrics.PrometheusHistogram
 	promptTokens *metrics.Counter
@@ -110,33 +120,86 @@ type backendMetrics struct {
 
 	mu   sync.RWMutex
 	reqs map[uint32]*metrics.Counter // reason<<16 | status
+	dead bool                        // unregistered: no new series (guarded by mu)
 }
 
+// backendSeries are the names of a backend's fixed series, after its label l (backend="…").
+func backendSeries(l string) [5]string {
+	return [...]string{`prefixlb_ttft_seconds{` + l + `}`, `prefixlb_request_duration_seconds{` + l + `}`,
+		`prefixlb_backend_prompt_tokens_total{` + l + `}`, `prefixlb_backend_cached_tokens_total{` + l + `}`,
+		`prefixlb_backend_predicted_cached_tokens_total{` + l + `}`}
+}
+
+// forBackend returns the series of the backend named name, for one more upstream (each call
+// is matched by one releaseBackend).
 func (sm *serverMetrics) forBackend(name string) *backendMetrics {
+	sm.backendsMu.Lock()
+	defer sm.backendsMu.Unlock()
+	if bm := sm.backends[name]; bm != nil {
+		bm.refs++
+		return bm
+	}
 	l := `backend=` + labelValue(name)
-	return &backendMetrics{
+	n := backendSeries(l)
+	bm := &backendMetrics{
 		sm:              sm,
+		name:            name,
 		label:           l,
-		ttft:            sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_ttft_seconds{`+l+`}`, latencyBuckets),
-		e2e:             sm.set.GetOrCreatePrometheusHistogramExt(`prefixlb_request_duration_seconds{`+l+`}`, latencyBuckets),
-		promptTokens:    sm.set.GetOrCreateCounter(`prefixlb_backend_prompt_tokens_total{` + l + `}`),
-		cachedTokens:    sm.set.GetOrCreateCounter(`prefixlb_backend_cached_tokens_total{` + l + `}`),
-		predictedCached: sm.set.GetOrCreateCounter(`prefixlb_backend_predicted_cached_tokens_total{` + l + `}`),
+		refs:            1,
+		ttft:            sm.set.GetOrCreatePrometheusHistogramExt(n[0], latencyBuckets),
+		e2e:             sm.set.GetOrCreatePrometheusHistogramExt(n[1], latencyBuckets),
+		promptTokens:    sm.set.GetOrCreateCounter(n[2]),
+		cachedTokens:    sm.set.GetOrCreateCounter(n[3]),
+		predictedCached: sm.set.GetOrCreateCounter(n[4]),
 		reqs:            map[uint32]*metrics.Counter{},
+	}
+	sm.backends[name] = bm
+	return bm
+}
+
+// releaseBackend drops an upstream's hold on bm (its backend left the configuration); the
+// last unregisters every series of bm. Requests still in flight there update detached series.
+func (sm *serverMetrics) releaseBackend(bm *backendMetrics) {
+	sm.backendsMu.Lock()
+	defer sm.backendsMu.Unlock()
+	if bm.refs--; bm.refs > 0 {
+		return
+	}
+	if sm.backends[bm.name] == bm {
+		delete(sm.backends, bm.name)
+	}
+	bm.mu.Lock()
+	defer bm.mu.Unlock()
+	bm.dead = true
+	for _, n := range backendSeries(bm.label) {
+		sm.set.UnregisterMetric(n)
+	}
+	for k := range bm.reqs {
+		sm.set.UnregisterMetric(bm.requestsName(router.Reason(k>>16), int(k&0xffff)))
 	}
 }
 
+func (bm *backendMetrics) requestsName(r router.Reason, status int) string {
+	return fmt.Sprintf(`prefixlb_requests_total{%s,mode=%s,reason=%s,status="%d"}`, bm.label, labelValue(bm.sm.mode), labelValue(r.String()), status)
+}
+
 // request counts one finished request: prefixlb_requests_total{backend,mode,reason,status}.
+// A backend whose series are unregistered (releaseBackend) registers none again.
 func (bm *backendMetrics) request(r router.Reason, status int) {
 	k := uint32(r)<<16 | uint32(status&0xffff)
 	bm.mu.RLock()
 	c := bm.reqs[k]
 	bm.mu.RUnlock()
 	if c == nil {
-		name := fmt.Sprintf(`prefixlb_requests_total{%s,mode=%s,reason=%s,status="%d"}`, bm.label, labelValue(bm.sm.mode), labelValue(r.String()), status)
-		c = bm.sm.set.GetOrCreateCounter(name)
 		bm.mu.Lock()
-		bm.reqs[k] = c
+		if c = bm.reqs[k]; c == nil {
+			if bm.dead {
+				bm.mu.Unlock()
+				return
+			}
+			c = bm.sm.set.GetOrCreateCounter(bm.requestsName(r, status))
+			bm.reqs[k] = c
+		}
 		bm.mu.Unlock()
 	}
 	c.Inc()

@@ -49,6 +49,19 @@ func (p *settlingPolicy) Pick(_ *key.Key, cands []*backend.Backend) router.Decis
 	return router.Decision{Backend: cands[0], Reason: router.ReasonCold}
 }
 
+// Preview is the decision the next Pick would make, recorded nowhere.
+func (p *settlingPolicy) Preview(_ *key.Key, cands []*backend.Backend) router.Decision {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	name := p.picks[min(p.nPick, len(p.picks)-1)]
+	for _, b := range cands {
+		if b.Name == name {
+			return router.Decision{Backend: b, Reason: router.ReasonCold, PrefillWork: 1000}
+		}
+	}
+	return router.Decision{Backend: cands[0], Reason: router.ReasonCold}
+}
+
 func (p *settlingPolicy) Learn(_ *key.Key, b *backend.Backend, _ int) router.Learned {
 	return p.stamp("learn " + b.Name)
 }

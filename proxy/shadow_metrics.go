@@ -4,8 +4,6 @@ import (
 	"io"
 
 	"github.com/VictoriaMetrics/metrics"
-
-	"github.com/prefixlb/prefixlb/router"
 )
 
 // writeShadow writes the shadow policy's totals (config shadow: prefix), read at scrape time:
@@ -16,11 +14,10 @@ import (
 //
 // Nothing is written without a shadow.
 func (s *Server) writeShadow(w io.Writer) {
-	r, ok := s.decider.Policy().(router.ShadowReporter)
+	st, ok := s.decider.ShadowStats()
 	if !ok {
 		return
 	}
-	st := r.ShadowStats()
 	metrics.WriteCounterUint64(w, `prefixlb_shadow_decisions_total{agree="true"}`, st.Agree)
 	metrics.WriteCounterUint64(w, `prefixlb_shadow_decisions_total{agree="false"}`, st.Disagree)
 	metrics.WriteCounterUint64(w, `prefixlb_shadow_prefix_tokens_total{choice="shadow"}`, st.ShadowPrefixTokens)

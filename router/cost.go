@@ -503,6 +503,16 @@ const runningMeanAlpha = 1.0 / 32
 // Mean is the current mean (0 before any observation).
 func (m *RunningMean) Mean() float64 { return math.Float64frombits(m.bits.Load()) }
 
+// With returns the mean Observe(v) would return, without folding v in (for a policy's Preview).
+func (m *RunningMean) With(v float64) float64 {
+	old := m.bits.Load()
+	if old == 0 {
+		return v
+	}
+	mean := math.Float64frombits(old)
+	return mean + runningMeanAlpha*(v-mean)
+}
+
 // Observe folds v in and returns the new mean.
 func (m *RunningMean) Observe(v float64) float64 {
 	for {

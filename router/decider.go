@@ -28,9 +28,9 @@ type Decider struct {
 	explainer Explainer
 	repicker  Repicker
 	corrector Corrector
-	previewer Previewer
 	watcher   ModelsWatcher
 	settler   Settler
+	shadow    ShadowReporter
 }
 
 // NewDecider wraps p.
@@ -42,9 +42,9 @@ func NewDecider(p Policy) *Decider {
 	d.repicker, _ = p.(Repicker)
 	d.explainer, _ = p.(Explainer)
 	d.corrector, _ = p.(Corrector)
-	d.previewer, _ = p.(Previewer)
 	d.watcher, _ = p.(ModelsWatcher)
 	d.settler, _ = p.(Settler)
+	d.shadow, _ = p.(ShadowReporter)
 	return d
 }
 
@@ -66,23 +66,19 @@ func (d *Decider) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	return dec
 }
 
-// Previewer is implemented by policies whose Pick counts its decisions (where requests went
-// lately): Preview returns the same Decision without counting it.
-type Previewer interface {
-	Preview(k *key.Key, candidates []*backend.Backend) Decision
-}
-
-// Preview is Pick for /debug/route: the decision the policy would make now, which, where the
-// policy is a Previewer, counts nowhere.
+// Preview is Pick for /debug/route: the decision that Pick would make now, recorded nowhere
+// (Policy.Preview; a passthrough request does not take its turn either).
 func (d *Decider) Preview(k *key.Key, candidates []*backend.Backend) Decision {
-	if k.Routed && d.previewer != nil {
-		dec := d.previewer.Preview(k, candidates)
-		if !k.OK {
-			dec.Reason = ReasonParseFallback
-		}
+	if !k.Routed {
+		dec := d.pass.Preview(k, candidates)
+		dec.Reason = ReasonPassthrough
 		return dec
 	}
-	return d.Pick(k, candidates)
+	dec := d.policy.Preview(k, candidates)
+	if !k.OK {
+		dec.Reason = ReasonParseFallback
+	}
+	return dec
 }
 
 // Repick decides a retry after the attempt on failed.Backend failed before any byte reached
@@ -162,6 +158,15 @@ func (d *Decider) Index() *index.Index {
 		return nil
 	}
 	return d.indexed.Index()
+}
+
+// ShadowStats returns the shadow's totals (ShadowReporter); ok is false when the policy runs
+// no shadow.
+func (d *Decider) ShadowStats() (st ShadowStats, ok bool) {
+	if d.shadow == nil {
+		return ShadowStats{}, false
+	}
+	return d.shadow.ShadowStats(), true
 }
 
 // Explain returns what the policy weighs per candidate for k (nil when the policy does not

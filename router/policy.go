@@ -68,11 +68,18 @@ type Decision struct {
 // Policy picks a backend for one request among candidates (healthy, not yet tried).
 // It must be safe for concurrent use and must not retain candidates.
 type Policy interface {
+	// Pick decides a request and records the decision where the policy counts its decisions
+	// (a round-robin turn, the recent share of each backend, the mean prefill work).
 	Pick(k *key.Key, candidates []*backend.Backend) Decision
+	// Preview returns the Decision Pick would return now and records nothing: /debug/route
+	// asks it, so that looking does not move where the next requests go. It is part of every
+	// policy, so that no wrapper can lose it.
+	Preview(k *key.Key, candidates []*backend.Backend) Decision
 }
 
-// A policy is one type with a Pick method. It may have any of the abilities below as well;
-// the Decider finds them once, by these names, and the proxy asks the Decider.
+// A policy is one type with Pick and Preview. It may have any of the abilities below as well
+// (the list is Abilities, abilities.go); the Decider finds them once, by these names, and the
+// proxy asks the Decider.
 
 // BackendSetter is implemented by policies that keep state per configured backend (the
 // prefix policy's hash ring and index). SetBackends gets every configured backend, healthy
@@ -205,6 +212,15 @@ func (p *RoundRobin) Pick(k *key.Key, cs []*backend.Backend) Decision {
 	return Decision{Backend: cs[i%uint64(len(cs))], Reason: ReasonRoundRobin}
 }
 
+// Preview is the candidate whose turn it is, without taking the turn.
+func (p *RoundRobin) Preview(k *key.Key, cs []*backend.Backend) Decision {
+	if len(cs) == 0 {
+		return Decision{}
+	}
+	i := p.next[rrSlot(k)].Load()
+	return Decision{Backend: cs[i%uint64(len(cs))], Reason: ReasonRoundRobin}
+}
+
 // Repick takes the candidate at seq in turn, keeping failed's reason. It leaves the shared
 // counter alone: a retry that advanced it a second time would shift the first attempts of
 // the requests after it, and with two backends send every first attempt to the same one.
@@ -226,6 +242,11 @@ type LeastLoad struct{ next atomic.Uint64 }
 func (p *LeastLoad) Pick(_ *key.Key, cs []*backend.Backend) Decision {
 	b := LeastLoaded(cs, p.next.Add(1)-1)
 	return Decision{Backend: b, Reason: ReasonLeastLoad}
+}
+
+// Preview is Pick without moving the start position of the scan.
+func (p *LeastLoad) Preview(_ *key.Key, cs []*backend.Backend) Decision {
+	return Decision{Backend: LeastLoaded(cs, p.next.Load()), Reason: ReasonLeastLoad}
 }
 
 // LeastLoaded returns the candidate with the lowest backend.Busy; the scan starts at

@@ -109,19 +109,35 @@ func (s *Shadow) Pick(k *key.Key, candidates []*backend.Backend) Decision {
 	if d.Backend == nil {
 		return d
 	}
-	s.evaluate(k, candidates, &d)
+	s.evaluate(k, candidates, &d, true)
 	// Where requests go is what the recent share counts, at the work they send there (after
 	// the match evaluate found on the actual backend).
 	s.prefix.noteRouted(d.Backend, s.prefix.RoutedWork(k, d.MatchedChunks))
 	return d
 }
 
-// evaluate weighs Actual's decision d as the prefix policy would have: it counts agreement,
-// the cached tokens and estimated TTFT of both choices, and fills d's match and estimates
-// from the prefix policy's view of d.Backend. A prompt it cannot place (short, not parsed,
-// more candidates than the stack holds, a backend not among the candidates) is left as is.
-func (s *Shadow) evaluate(k *key.Key, candidates []*backend.Backend, d *Decision) {
-	if short(k) || !k.Routed || !k.OK || len(candidates) > maxStackCandidates {
+// Preview is Pick without recording: Actual's Preview, filled in from the prefix policy's
+// view of its backend, with no shadow decision counted and nothing noted for the estimates.
+func (s *Shadow) Preview(k *key.Key, candidates []*backend.Backend) Decision {
+	d := s.actual.Preview(k, candidates)
+	if d.Backend != nil {
+		s.evaluate(k, candidates, &d, false)
+	}
+	return d
+}
+
+// evaluate weighs Actual's decision d as the prefix policy would have: it fills d's match and
+// estimates from the prefix policy's view of d.Backend and, when commit is set, counts
+// agreement, the cached tokens and estimated TTFT of both choices and the work routed. A
+// prompt it cannot place (short, not parsed, a backend not among the candidates) is left as
+// is. Up to maxStackCandidates candidates it allocates nothing; beyond, it allocates the
+// snapshot, as Prefix.Pick does.
+func (s *Shadow) evaluate(k *key.Key, candidates []*backend.Backend, d *Decision, commit bool) {
+	if short(k) || !k.Routed || !k.OK {
+		return
+	}
+	a := slices.Index(candidates, d.Backend)
+	if a < 0 {
 		return
 	}
 	p := s.prefix
@@ -129,24 +145,22 @@ func (s *Shadow) evaluate(k *key.Key, candidates []*backend.Backend, d *Decision
 	var cbuf [maxStackCandidates]cand
 	cs := p.snapshot(k, candidates, mbuf[:0], cbuf[:0])
 	estimate(cs, p.costInput(k))
-	j, _ := pickCost(k.Chunks, cs, p.selection(k), p.ring.Load())
-	a := slices.Index(candidates, d.Backend)
-	if a < 0 {
-		return
-	}
-	if a == j {
-		s.stats.agree.Add(1)
-	} else {
-		s.stats.disagree.Add(1)
-	}
 	prompt := int64(k.PromptTokens)
-	held := func(c *cand) int64 { return min(int64(key.PrefixTokens(c.matched, int(p.chunkTokens))), prompt) }
-	s.stats.shadowTokens.Add(uint64(held(&cs[j])))
-	s.stats.actualTokens.Add(uint64(held(&cs[a])))
-	s.stats.shadowTTFTNanos.Add(uint64(estSeconds(cs[j].est)))
-	s.stats.actualTTFTNanos.Add(uint64(estSeconds(cs[a].est)))
-	// The work actually routed is the actual backend's: it feeds the mean the estimates use.
-	p.meanWork.Observe(float64(cs[a].work))
+	if commit {
+		j, _ := pickCost(k.Chunks, cs, p.selection(k), p.ring.Load())
+		if a == j {
+			s.stats.agree.Add(1)
+		} else {
+			s.stats.disagree.Add(1)
+		}
+		held := func(c *cand) int64 { return min(int64(key.PrefixTokens(c.matched, int(p.chunkTokens))), prompt) }
+		s.stats.shadowTokens.Add(uint64(held(&cs[j])))
+		s.stats.actualTokens.Add(uint64(held(&cs[a])))
+		s.stats.shadowTTFTNanos.Add(uint64(estSeconds(cs[j].est)))
+		s.stats.actualTTFTNanos.Add(uint64(estSeconds(cs[a].est)))
+		// The work actually routed is the actual backend's: it feeds the mean the estimates use.
+		p.meanWork.Observe(float64(cs[a].work))
+	}
 	d.MatchedChunks, d.PrefillTokens, d.PrefillWork, d.PredictedTTFT = cs[a].matched, max(prompt-int64(cs[a].held), 1), cs[a].work, estSeconds(cs[a].est)
 }
 
@@ -184,6 +198,13 @@ func (s *Shadow) Learn(k *key.Key, b *backend.Backend, held int) Learned {
 // Unlearn withdraws a Learn (the backend refused the request).
 func (s *Shadow) Unlearn(k *key.Key, b *backend.Backend, l Learned) { s.prefix.Unlearn(k, b, l) }
 
+// Correct corrects the shadow's index from what b reported of k's request (Prefix.Correct):
+// the index that learns where requests actually went also forgets what a backend shows it
+// lost.
+func (s *Shadow) Correct(k *key.Key, b *backend.Backend, l Learned, r CacheReport) int {
+	return s.prefix.Correct(k, b, l, r)
+}
+
 // Index is the shadow's prefix index.
 func (s *Shadow) Index() *index.Index { return s.prefix.Index() }
 
@@ -210,5 +231,7 @@ var (
 	_ Learner        = (*Shadow)(nil)
 	_ IndexHolder    = (*Shadow)(nil)
 	_ Explainer      = (*Shadow)(nil)
+	_ Corrector      = (*Shadow)(nil)
+	_ ModelsWatcher  = (*Shadow)(nil)
 	_ ShadowReporter = (*Shadow)(nil)
 )

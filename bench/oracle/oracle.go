@@ -89,14 +89,25 @@ func New(c *sim.Cluster) *Oracle {
 	return o
 }
 
-// Pick returns the candidate of least predicted TTFT.
-func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
+// Pick returns the candidate of least predicted TTFT, and counts the request pending there.
+func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision { return o.pick(k, cs, true) }
+
+// Preview is Pick without counting the request pending or turning the rotation.
+func (o *Oracle) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
+	return o.pick(k, cs, false)
+}
+
+func (o *Oracle) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decision {
+	fallback := o.ll.Pick
+	if !commit {
+		fallback = o.ll.Preview
+	}
 	if len(cs) == 0 {
 		return router.Decision{}
 	}
 	tgt := o.byName[cs[0].Name]
 	if k == nil || len(k.Body) == 0 || tgt == nil {
-		return o.ll.Pick(k, cs)
+		return fallback(k, cs)
 	}
 	var tokens []uint32
 	var seed uint64
@@ -108,13 +119,16 @@ func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		tokens, seed, maxTokens, err = tgt.rep.ParsePrompt(k.Body, bytes.Contains(k.Body, []byte(`"messages"`)))
 	}
 	if err != nil {
-		return o.ll.Pick(k, cs)
+		return fallback(k, cs)
 	}
 	// Hashed once, outside every lock: each replica's locked work is only the walk.
 	q := sim.NewPending(tokens, seed, maxTokens, tgt.bs)
 	now := o.clock()
 	n := len(cs)
-	start := int(o.rot.Add(1) % uint64(n))
+	start := int((o.rot.Load() + 1) % uint64(n)) // the turn Pick would take
+	if commit {
+		start = int(o.rot.Add(1) % uint64(n))
+	}
 	best, bestTTFT, bestCached := -1, time.Duration(math.MaxInt64), -1
 	for i := range n {
 		j := (start + i) % n
@@ -132,9 +146,11 @@ func (o *Oracle) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		}
 	}
 	if best < 0 {
-		return o.ll.Pick(k, cs)
+		return fallback(k, cs)
 	}
-	o.byName[cs[best].Name].sentTo(q, now)
+	if commit {
+		o.byName[cs[best].Name].sentTo(q, now)
+	}
 	reason := router.ReasonLeastLoad
 	if bestCached > 0 {
 		reason = router.ReasonMatch

@@ -88,13 +88,20 @@ func (p *CHWBL) SetBackends(all []*backend.Backend) {
 // Pick places k by its key (see CHWBL) on the ring within the load bound (router.ReasonCold when
 // the key's owner took it, router.ReasonOverload when the walk passed it), or the least
 // loaded candidate (router.ReasonLeastLoad) without a key, a ring or a candidate under it.
-func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
+func (p *CHWBL) Pick(k *key.Key, cs []*backend.Backend) router.Decision { return p.pick(k, cs, true) }
+
+// Preview is Pick without turning the tie-break's rotation.
+func (p *CHWBL) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
+	return p.pick(k, cs, false)
+}
+
+func (p *CHWBL) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decision {
 	n := len(cs)
 	if n == 0 {
 		return router.Decision{}
 	}
 	least := func() router.Decision {
-		j := argmin(n, p.rot.start(), func(j int) float64 { return float64(cs[j].InFlight()) })
+		j := argmin(n, p.rot.startAt(commit), func(j int) float64 { return float64(cs[j].InFlight()) })
 		return router.Decision{Backend: cs[j], Reason: router.ReasonLeastLoad}
 	}
 	pl := p.ring.Load()

@@ -58,7 +58,14 @@ func NewDynamo(o DynamoOptions) *Dynamo {
 }
 
 // Pick returns the candidate of lowest cost.
-func (p *Dynamo) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
+func (p *Dynamo) Pick(k *key.Key, cs []*backend.Backend) router.Decision { return p.pick(k, cs, true) }
+
+// Preview is Pick without folding the prompt into the running mean or turning the rotation.
+func (p *Dynamo) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
+	return p.pick(k, cs, false)
+}
+
+func (p *Dynamo) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decision {
 	n := len(cs)
 	if n == 0 {
 		return router.Decision{}
@@ -68,9 +75,9 @@ func (p *Dynamo) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		prompt = k.PromptTokens
 	}
 	blocks := float64(prompt) / float64(p.chunkTokens)
-	mean := p.mean.Observe(blocks)
+	mean := observe(&p.mean, blocks, commit)
 	matched := p.match(k, cs)
-	j := argmin(n, p.rot.start(), func(j int) float64 {
+	j := argmin(n, p.rot.startAt(commit), func(j int) float64 {
 		held := 0
 		if k != nil {
 			held = p.heldTokens(k, matched[j])

@@ -73,7 +73,14 @@ func NewLLMD(o LLMDOptions) *LLMD {
 }
 
 // Pick returns the candidate of the highest weighted score.
-func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
+func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision { return p.pick(k, cs, true) }
+
+// Preview is Pick without folding the prompt into the running mean or turning the rotation.
+func (p *LLMD) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
+	return p.pick(k, cs, false)
+}
+
+func (p *LLMD) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decision {
 	n := len(cs)
 	if n == 0 {
 		return router.Decision{}
@@ -83,7 +90,7 @@ func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		prompt, blocks = k.PromptTokens, len(k.Chunks)
 		chunked = key.PrefixTokens(blocks, p.o.Prefix.ChunkTokens)
 	}
-	mean := p.mean.Observe(float64(prompt))
+	mean := observe(&p.mean, float64(prompt), commit)
 	matched := p.match(k, cs)
 	q := make([]int64, n)
 	lo, hi := cs[0].Load(), cs[0].Load()
@@ -92,7 +99,7 @@ func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		lo, hi = min(lo, q[j]), max(hi, q[j])
 	}
 	defKV := p.defaultKV
-	j := argmin(n, p.rot.start(), func(j int) float64 {
+	j := argmin(n, p.rot.startAt(commit), func(j int) float64 {
 		var s float64
 		if chunked > 0 {
 			s += p.o.PrefixWeight * float64(key.PrefixTokens(matched[j], p.o.Prefix.ChunkTokens)) / float64(chunked)

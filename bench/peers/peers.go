@@ -143,3 +143,20 @@ func argmin(n int, start uint64, f func(j int) float64) int {
 type rotor struct{ next atomic.Uint64 }
 
 func (r *rotor) start() uint64 { return r.next.Add(1) - 1 }
+
+// startAt is start when commit is set, else the position start would hand out, left in place
+// (a policy's Preview).
+func (r *rotor) startAt(commit bool) uint64 {
+	if commit {
+		return r.start()
+	}
+	return r.next.Load()
+}
+
+// observe is m.Observe(v) when commit is set, else what it would return (m.With).
+func observe(m *router.RunningMean, v float64, commit bool) float64 {
+	if commit {
+		return m.Observe(v)
+	}
+	return m.With(v)
+}

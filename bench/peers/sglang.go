@@ -78,7 +78,14 @@ func NewSGLang(o SGLangOptions) *SGLang {
 }
 
 // Pick applies the cache_aware rules above.
-func (p *SGLang) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
+func (p *SGLang) Pick(k *key.Key, cs []*backend.Backend) router.Decision { return p.pick(k, cs, true) }
+
+// Preview is Pick without turning the rotation.
+func (p *SGLang) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
+	return p.pick(k, cs, false)
+}
+
+func (p *SGLang) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decision {
 	n := len(cs)
 	if n == 0 {
 		return router.Decision{}
@@ -90,7 +97,7 @@ func (p *SGLang) Pick(k *key.Key, cs []*backend.Backend) router.Decision {
 		lo, hi = min(lo, loads[j]), max(hi, loads[j])
 	}
 	matched := p.match(k, cs)
-	start := p.rot.start()
+	start := p.rot.startAt(commit)
 	least := func() int { return argmin(n, start, func(j int) float64 { return float64(loads[j]) }) }
 	if hi-lo > p.o.BalanceAbs && float64(hi) > p.o.BalanceRel*float64(lo) {
 		j := least()
