@@ -1,0 +1,253 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/prefixlb/prefixlb/bench/overhead"
+	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/suite"
+)
+
+// header opens RESULTS.md: what it is and how a table is replaced.
+const header = `# Results
+
+The current result of each claim prefixlb makes, one table each, with the command that
+measured it, the commit it ran on and the machine. How each is measured and how to reproduce
+it: [docs/bench.md](../docs/bench.md).
+
+This file is generated: ` + "`go run ./bench/results`" + ` writes it from the claim files in
+[bench/results/](results/), and ` + "`go test ./bench/results`" + ` fails when the two differ. A re-run
+replaces a table rather than adding one:
+
+` + "```sh" + `
+go run . bench compare --out bench-out          # or bench suite / bench overhead
+go run ./bench/results import --claim multi-turn --commit "$(git rev-parse --short HEAD)" \
+  --machine "…" --command "go run . bench compare" bench-out/report.json
+` + "```" + `
+
+What a run taught goes in its commit message, not here.
+`
+
+// render returns RESULTS.md for the claims, in their order.
+func render(claims []*Claim) (string, error) {
+	var b strings.Builder
+	b.WriteString(header)
+	b.WriteString("\n| claim | commit |\n|---|---|\n")
+	for _, c := range claims {
+		fmt.Fprintf(&b, "| [%s](#%s) | %s |\n", c.Title, c.Name, c.Commit)
+	}
+	for _, c := range claims {
+		kind, err := c.kind()
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "\n<a id=\"%s\"></a>\n\n## %s\n\n%s\n\n", c.Name, c.Title, c.Claim)
+		fmt.Fprintf(&b, "- command: `%s`\n- commit: %s\n- machine: %s\n- source: %s\n\n", c.Command, c.Commit, c.Machine, c.Source)
+		switch kind {
+		case "compare":
+			renderCompare(&b, c.Compare)
+		case "suite":
+			renderSuite(&b, c.Suite)
+		case "replicas":
+			renderReplicas(&b, c.Replicas)
+		case "overhead":
+			renderOverhead(&b, c.Overhead)
+		}
+		if len(c.Notes) > 0 {
+			b.WriteString("\n")
+			for _, n := range c.Notes {
+				fmt.Fprintf(&b, "- %s\n", n)
+			}
+		}
+	}
+	return b.String(), nil
+}
+
+// ms formats a latency in milliseconds as the bench's tables do (whole ms from 100); a zero
+// is a figure the run did not record ("–": a recorded latency is at least 1 µs).
+func ms(v float64) string {
+	switch {
+	case v == 0:
+		return "–"
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+// num formats v with format, or "–" for a zero (not recorded).
+func num(v float64, format string) string {
+	if v == 0 {
+		return "–"
+	}
+	return fmt.Sprintf(format, v)
+}
+
+// renderCompare is bench compare's table (report.Table's columns), then how prefix's TTFT p95
+// compares with every other mode's and, for a trace, the cache oracle.
+func renderCompare(b *strings.Builder, r *CompareResult) {
+	fmt.Fprintf(b, "Workload `%s`", r.Workload)
+	if r.Replicas > 0 {
+		fmt.Fprintf(b, ", %d replicas", r.Replicas)
+	}
+	if r.Speedup > 1 {
+		fmt.Fprintf(b, ", `--speedup %g` (times are wall-clock, × %g for model time)", r.Speedup, r.Speedup)
+	}
+	b.WriteString(".\n\n")
+	b.WriteString("| mode | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	var prefix *report.Mode
+	for i := range r.Modes {
+		m := &r.Modes[i]
+		if m.Mode == "prefix" {
+			prefix = m
+		}
+		name := m.Mode
+		if len(m.Flags) > 0 {
+			name += " ! (" + strings.Join(m.Flags, "; ") + ")"
+		}
+		share := "–"
+		if m.MaxShareOverMean > 0 {
+			share = fmt.Sprintf("%.2f", m.MaxShareOverMean)
+		}
+		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %.3f | %s |\n",
+			name, m.Requests, m.Errors, ms(m.TTFT.P50), ms(m.TTFT.P95), ms(m.TTFT.P99), ms(m.ITL.P50),
+			ms(m.E2E.P95), num(m.RPS, "%.2f"), num(m.OutputTPS, "%.0f"), m.CachedTokenRatio, share)
+	}
+	if prefix != nil && prefix.TTFT.P95 > 0 {
+		var vs []string
+		for _, m := range r.Modes {
+			if m.Mode == "prefix" || m.TTFT.P95 <= 0 || len(m.Flags) > 0 {
+				continue
+			}
+			if x := m.TTFT.P95 / prefix.TTFT.P95; x >= 1 {
+				vs = append(vs, fmt.Sprintf("%.1f× below %s's", x, m.Mode))
+			} else {
+				vs = append(vs, fmt.Sprintf("%.1f× above %s's", 1/x, m.Mode))
+			}
+		}
+		if len(vs) > 0 {
+			fmt.Fprintf(b, "\nPrefix routing's TTFT p95 is %s.\n", strings.Join(vs, ", "))
+		}
+	}
+	if r.Oracle != nil {
+		fmt.Fprintf(b, "\n%s\n", report.OracleLine(r.Oracle))
+	}
+}
+
+// renderSuite is the suite's p95 ÷ oracle matrix and the targets' tally.
+func renderSuite(b *strings.Builder, s *SuiteScores) {
+	b.WriteString("TTFT p95 ÷ the oracle's p95 in the same cell (1 = the oracle; below 1, the policy's affinity beat the oracle's greedy placement; – : the arm was flagged).\n\n")
+	b.WriteString("| cell |")
+	for _, p := range s.Policies {
+		fmt.Fprintf(b, " %s |", p)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", len(s.Policies)) + "\n")
+	for _, c := range s.Cells {
+		fmt.Fprintf(b, "| %s |", c.Cell)
+		for i := range s.Policies {
+			v := "–"
+			if i < len(c.P95OverOracle) && c.P95OverOracle[i] != nil {
+				v = fmt.Sprintf("%.2f", *c.P95OverOracle[i])
+			}
+			fmt.Fprintf(b, " %s |", v)
+		}
+		b.WriteString("\n")
+	}
+	if s.TargetsJudged > 0 {
+		fmt.Fprintf(b, "\nThe prefix arm meets every predicted-TTFT target (p95 ≤ %.2f× the oracle's and ≤ every peer's, p99 ≤ round-robin's, cached tokens ≥ %.0f%% of the oracle's, max share ≤ %.1f or the oracle's) in %d of %d cells.\n",
+			suite.TargetP95Oracle, suite.TargetCachedOracle*100, suite.TargetMaxShare, s.TargetsMet, s.TargetsJudged)
+	}
+}
+
+// renderReplicas is several replicas against one per cell, with the suite's target.
+func renderReplicas(b *strings.Builder, s *ReplicaScores) {
+	fmt.Fprintf(b, "`%s` against one replica (`prefix`) in each cell; target: cached tokens ≥ %.2f× and TTFT p95 ≤ %.2f× one replica's. With several rounds the p95 ratio is the median of the per-round ratios and the cached ratio that of the rounds' tokens summed.\n\n",
+		s.Policy, suite.RoutersCachedTarget, suite.RoutersP95Target)
+	b.WriteString("| cell | cached ÷ one | p95 ÷ one | per-round p95 ÷ | meets |\n|---|---:|---:|---|---|\n")
+	met := 0
+	for _, c := range s.Cells {
+		rc := suite.RouterCheck{Cached: c.Cached, P95: c.P95}
+		verdict := "**no**"
+		if rc.Meets() {
+			verdict = "yes"
+			met++
+		}
+		rounds := "–"
+		if len(c.Rounds) > 0 {
+			rs := make([]string, len(c.Rounds))
+			for i, r := range c.Rounds {
+				rs[i] = fmt.Sprintf("%.2f", r)
+			}
+			rounds = strings.Join(rs, " / ")
+		}
+		fmt.Fprintf(b, "| %s | %.3f | %.2f | %s | %s |\n", c.Cell, c.Cached, c.P95, rounds, verdict)
+	}
+	fmt.Fprintf(b, "\n%d of %d cells meet the target.\n", met, len(s.Cells))
+}
+
+// overheadTargets names the harness's targets as the table shows them.
+var overheadTargets = map[string]string{
+	overhead.TargetDirect:       "direct",
+	overhead.TargetHAProxyTCP:   "HAProxy mode tcp",
+	overhead.TargetHAProxy:      "HAProxy",
+	overhead.TargetPrefixlbRR:   "prefixlb round-robin",
+	overhead.TargetPrefixlbPfx:  "prefixlb prefix",
+	overhead.TargetPrefixlbPeer: "prefixlb prefix, peered",
+}
+
+// bodyName is a body size, and its shape when it is not chat.
+func bodyName(size int, shape string) string {
+	var s string
+	switch {
+	case size%(1<<20) == 0:
+		s = fmt.Sprintf("%d MB", size>>20)
+	case size%(1<<10) == 0:
+		s = fmt.Sprintf("%d KB", size>>10)
+	default:
+		s = fmt.Sprintf("%d B", size)
+	}
+	if shape == overhead.ShapeAgent {
+		s += " agent"
+	}
+	return s
+}
+
+func ptr(p *float64, format string) string {
+	if p == nil {
+		return "–"
+	}
+	return fmt.Sprintf(format, *p)
+}
+
+// renderOverhead is the targets × body sizes table, the routing decision and the index's
+// memory.
+func renderOverhead(b *strings.Builder, o *OverheadResult) {
+	b.WriteString("Saturated rate (closed loop), p50 at an open-loop rate, CPU per 1,000 requests at saturation, peak RSS; \"added\" is over direct.\n\n")
+	b.WriteString("| body | target | req/s at saturation | × HAProxy | p50 µs | added p50 µs | CPU s / 1k req | peak RSS MiB |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range o.Rows {
+		name := overheadTargets[r.Target]
+		if name == "" {
+			name = r.Target
+		}
+		rss := "–"
+		if r.PeakRSSBytes > 0 {
+			rss = fmt.Sprintf("%.1f", float64(r.PeakRSSBytes)/(1<<20))
+		}
+		fmt.Fprintf(b, "| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", bodyName(r.BodyBytes, r.Shape), name, r.RPS,
+			ptr(r.RPSvsHAProxy, "%.2f"), num(r.P50us, "%.0f"), ptr(r.AddedP50us, "%+.0f"), ptr(r.SatCPUPer1k, "%.3f"), rss)
+	}
+	if len(o.Routing) > 0 {
+		b.WriteString("\nThe routing decision of mode prefix (parse, key, pick, learn), µs, in the harness after the load rounds, the index at capacity:\n\n")
+		b.WriteString("| body | p50 | p99 | pick p50 | learn p50 |\n|---|---:|---:|---:|---:|\n")
+		for _, r := range o.Routing {
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", bodyName(r.BodyBytes, r.Shape),
+				num(r.P50us, "%.1f"), num(r.P99us, "%.0f"), num(r.PickP50us, "%.1f"), num(r.LearnP50us, "%.1f"))
+		}
+	}
+	if x := o.Index; x != nil && x.Entries > 0 {
+		fmt.Fprintf(b, "\nA prefix index of %d entries (%d chunks) takes %.1f heap bytes per entry.\n", x.Entries, x.Chunks, x.BytesPerEntry)
+	}
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prefixlb/prefixlb/bench/overhead"
+	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/suite"
+)
+
+// bench/RESULTS.md is exactly what the committed claim files render: a table edited by hand,
+// or a claim file changed without regenerating, fails here.
+func TestResultsMarkdownIsGenerated(t *testing.T) {
+	if err := checkDir(".", filepath.Join("..", "RESULTS.md")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Every committed claim loads (no unknown field, one kind, every heading filled) and says
+// where its figures came from.
+func TestCommittedClaimsAreComplete(t *testing.T) {
+	claims, err := loadClaims(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]bool{}
+	for _, c := range claims {
+		k, err := c.kind()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds[k] = true
+	}
+	for _, k := range []string{"compare", "suite", "replicas", "overhead"} {
+		if !kinds[k] {
+			t.Errorf("no claim of kind %s: RESULTS.md lost a claim", k)
+		}
+	}
+}
+
+// claimDir is a temporary claims directory holding one claim of the given kind, with an
+// earlier run's command, commit, machine and note.
+func claimDir(t *testing.T, name string, set func(*Claim)) string {
+	t.Helper()
+	dir := t.TempDir()
+	c := &Claim{Name: name, Title: "T", Claim: "C", Command: "old command", Commit: "old", Machine: "old machine",
+		Source: "old source", Notes: []string{"a note about the old run"}}
+	set(c)
+	if err := c.save(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func importInto(t *testing.T, dir, name string, paths ...string) (*Claim, string) {
+	t.Helper()
+	c, err := loadClaim(filepath.Join(dir, name+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := importRun(c, run{Command: "new command", Commit: "abc1234", Machine: "2 cores"}, paths); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.save(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := renderDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Commit != "abc1234" || c.Command != "new command" || len(c.Notes) != 0 || strings.Contains(md, "old run") {
+		t.Errorf("import kept the old run's metadata or notes: %+v", c)
+	}
+	return c, md
+}
+
+func mode(name string, p95 float64, cached int64) report.Mode {
+	return report.Mode{Mode: name, Requests: 100, RPS: 10, OutputTPS: 500, CachedTokenRatio: float64(cached) / 1000,
+		PromptTokens: 1000, CachedTokens: cached, MaxShareOverMean: 1.1,
+		TTFT: report.Latency{P50: p95 / 2, P95: p95, P99: 2 * p95}, ITL: report.Latency{P50: 0.8}, E2E: report.Latency{P95: 10 * p95}}
+}
+
+// A bench compare report.json, written by the bench's own writer, replaces a compare claim's
+// table; two files (one mode per run) become one table; a file of another workload is refused.
+func TestImportCompare(t *testing.T) {
+	dir := claimDir(t, "mt", func(c *Claim) {
+		c.Compare = &CompareResult{Workload: "multi-turn", Modes: []report.Mode{mode("prefix", 99, 1)}}
+	})
+	runs := t.TempDir()
+	rr := &report.Report{Workload: "multi-turn", Replicas: 4, Speedup: 8, Modes: []report.Mode{mode("round-robin", 30, 840)}}
+	pfx := &report.Report{Workload: "multi-turn", Replicas: 4, Speedup: 8, Modes: []report.Mode{mode("prefix", 5, 973)}}
+	for name, r := range map[string]*report.Report{"rr.json": rr, "prefix.json": pfx} {
+		if err := r.WriteJSON(filepath.Join(runs, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, md := importInto(t, dir, "mt", filepath.Join(runs, "rr.json"), filepath.Join(runs, "prefix.json"))
+	for _, want := range []string{
+		"| round-robin | 100 | 0 | 15.0 | 30.0 | 60.0 | 0.8 | 300 | 10.00 | 500 | 0.840 | 1.10 |",
+		"| prefix | 100 | 0 | 2.5 | 5.0 | 10.0 | 0.8 | 50.0 | 10.00 | 500 | 0.973 | 1.10 |",
+		"TTFT p95 is 6.0× below round-robin's",
+		"`--speedup 8`",
+		"- commit: abc1234",
+		"`rr.json`, `prefix.json`",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("rendered claim lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "| prefix | 100 | 0 | 50.0") {
+		t.Error("the old run's row survived the import")
+	}
+	other := &report.Report{Workload: "mooncake", Modes: []report.Mode{mode("least-load", 1, 1)}}
+	if err := other.WriteJSON(filepath.Join(runs, "other.json")); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := loadClaim(filepath.Join(dir, "mt.json"))
+	err := importRun(c, run{Command: "x", Commit: "x", Machine: "x"}, []string{filepath.Join(runs, "rr.json"), filepath.Join(runs, "other.json")})
+	if err == nil || !strings.Contains(err.Error(), "workload") {
+		t.Errorf("importing two workloads into one table: %v, want an error naming the workload", err)
+	}
+}
+
+// A suite.json, written by the suite's own writer, becomes the p95 ÷ oracle matrix (the
+// suite's own Analyze) for a suite claim and the multi-router comparison for a replicas claim.
+func TestImportSuite(t *testing.T) {
+	arm := func(p string, m report.Mode) suite.Arm { m.Mode = p; return suite.Arm{Policy: p, Mode: &m} }
+	policies := []string{"round-robin", "prefix", "prefix×3+peer", "oracle"}
+	res := &suite.Result{Policies: policies, Cells: []suite.CellResult{{
+		Cell:     suite.Cell{Workload: "multi-turn", Level: "closed"},
+		Requests: 100,
+		Arms: []suite.Arm{arm("round-robin", mode("", 40, 840)), arm("prefix", mode("", 5, 970)),
+			arm("prefix×3+peer", mode("", 5.5, 965)), arm("oracle", mode("", 4, 980))},
+	}}}
+	runs := t.TempDir()
+	path := filepath.Join(runs, "suite.json")
+	if err := suite.WriteJSON(path, res); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := claimDir(t, "s", func(c *Claim) { c.Suite = &SuiteScores{Policies: []string{"x"}} })
+	c, md := importInto(t, dir, "s", path)
+	if got := len(c.Suite.Cells); got != 1 {
+		t.Fatalf("%d cells, want 1", got)
+	}
+	if !strings.Contains(md, "| multi-turn closed | 10.00 | 1.25 | 1.38 | 1.00 |") {
+		t.Errorf("p95 ÷ oracle row missing or wrong:\n%s", md)
+	}
+
+	dir = claimDir(t, "r", func(c *Claim) { c.Replicas = &ReplicaScores{Policy: "prefix×3+peer"} })
+	c, md = importInto(t, dir, "r", path)
+	if len(c.Replicas.Cells) != 1 {
+		t.Fatalf("replica cells %+v, want one", c.Replicas.Cells)
+	}
+	// cached 0.965 ÷ 0.970 = 0.995 (meets ≥ 0.99), p95 5.5 ÷ 5 = 1.10 (meets ≤ 1.15).
+	if !strings.Contains(md, "| multi-turn closed | 0.995 | 1.10 | – | yes |") {
+		t.Errorf("replica row missing or wrong:\n%s", md)
+	}
+
+	dir = claimDir(t, "r2", func(c *Claim) { c.Replicas = &ReplicaScores{Policy: "prefix×5+peer"} })
+	c, _ = loadClaim(filepath.Join(dir, "r2.json"))
+	if err := importRun(c, run{Command: "x", Commit: "x", Machine: "x"}, []string{path}); err == nil {
+		t.Error("a suite.json without the claim's arm imported without an error")
+	}
+}
+
+// An overhead.json, written by the harness's own writer, replaces an overhead claim's table;
+// the ratios are the harness's own Derive.
+func TestImportOverhead(t *testing.T) {
+	cpu := 0.05
+	row := func(target string, rps, p50 float64) overhead.Row {
+		return overhead.Row{Target: target, BodyBytes: 16 << 10, Shape: overhead.ShapeChat, RPS: rps, P50us: p50,
+			LatRequests: 1000, SatCPUPer1k: &cpu, PeakRSSBytes: 30 << 20}
+	}
+	rep := &overhead.Report{Rows: []overhead.Row{row(overhead.TargetDirect, 20000, 200), row(overhead.TargetHAProxy, 10000, 400),
+		row(overhead.TargetPrefixlbPfx, 9000, 450)},
+		Routing: []overhead.RoutingResult{{BodyBytes: 16 << 10, Shape: overhead.ShapeChat, P50us: 6.2, P99us: 40, PickP50us: 1.3, LearnP50us: 2.1}}}
+	runs := t.TempDir()
+	path, err := overhead.WriteJSON(rep, runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := claimDir(t, "o", func(c *Claim) { c.Overhead = &OverheadResult{} })
+	_, md := importInto(t, dir, "o", path)
+	for _, want := range []string{
+		"| 16 KB | prefixlb prefix | 9000 | 0.90 | 450 | +250 | 0.050 | 30.0 |",
+		"| 16 KB | HAProxy | 10000 | 1.00 | 400 | +200 | 0.050 | 30.0 |",
+		"| 16 KB | 6.2 | 40 | 1.3 | 2.1 |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("rendered claim lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+// A claim file with a misspelt field, no result or two results is refused, so that a figure
+// is never silently dropped from the table.
+func TestClaimFilesAreChecked(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"typo":  `{"title":"T","claim":"C","command":"c","commit":"c","machine":"m","source":"s","compare":{"workload":"w","modes":[{"mode":"prefix","ttft":{"p95_msec":1}}]}}`,
+		"none":  `{"title":"T","claim":"C","command":"c","commit":"c","machine":"m","source":"s"}`,
+		"two":   `{"title":"T","claim":"C","command":"c","commit":"c","machine":"m","source":"s","suite":{"policies":[],"cells":[]},"overhead":{"rows":[]}}`,
+		"empty": `{"title":"T","claim":"C","command":"","commit":"c","machine":"m","source":"s","suite":{"policies":[],"cells":[]}}`,
+	} {
+		p := filepath.Join(dir, name+".json")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := loadClaim(p); err == nil {
+			t.Errorf("claim %s loaded without an error", name)
+		}
+	}
+}
