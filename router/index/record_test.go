@@ -133,7 +133,7 @@ func TestRecordHeldSkipsFreshPrefix(t *testing.T) {
 	}
 }
 
-// Forget and RecordHeld together (break-it findings): what an accepted request relies on,
+// Forget and RecordHeld together: what an accepted request relies on,
 // or a later incarnation of the backend holds, is never withdrawn by another Record's Forget.
 func TestForgetNeverTakesWhatOthersHold(t *testing.T) {
 	sys := chain(1, 4)
