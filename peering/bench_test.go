@@ -14,8 +14,9 @@ import (
 )
 
 // The routed-request benchmarks' workload: chat bodies of about benchBodyBytes (bench
-// overhead's peering target is at 16 KB bodies), benchPrompts distinct conversations sharing a system
-// prompt of benchSystemBytes, each request a fresh key build, a Pick and a Learn.
+// overhead measures peering's cost at 16 KB bodies), benchPrompts distinct conversations
+// sharing a system prompt of benchSystemBytes, each request a fresh key build, a Pick and a
+// Learn.
 const (
 	benchBodyBytes   = 16 << 10
 	benchSystemBytes = 4 << 10

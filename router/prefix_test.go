@@ -921,7 +921,7 @@ func TestSharedOpeningSpreads(t *testing.T) {
 			}
 			p := NewPrefix(PrefixOptions{TieBreak: tt.tie}, nil)
 			p.SetBackends(bs)
-			// A burst of short questions first, their follow-ups after (scenario 1 of the pass).
+			// A burst of short questions first, their follow-ups after.
 			for _, topic := range []string{"Rust", "Go", "tides", "bread", "jazz", "chess"} {
 				q := msg("user", "What is "+topic+"?")
 				d := p.Pick(build(q), bs)
