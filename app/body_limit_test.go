@@ -14,7 +14,7 @@ import (
 
 // At the largest max_request_body_bytes a config takes (4 GiB, with the budget at twice it),
 // a chunked body over 1 MiB is read and forwarded whole: the body buffer's growth arithmetic
-// holds at the bound (near 2^63, which validation let through, it panicked).
+// holds at the bound.
 func TestLargestBodyLimitForwardsChunkedBody(t *testing.T) {
 	got := make(chan int, 1)
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

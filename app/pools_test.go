@@ -239,7 +239,7 @@ func TestModelPoolsRouteByModel(t *testing.T) {
 		t.Errorf("%d log lines name the unknown model, want 1", lines)
 	}
 
-	// Without a model field: any backend, as before pools.
+	// Without a model field: any backend.
 	if st, be, body := chat(t, base, "", "no model"); st != http.StatusOK || be == "" {
 		t.Errorf("request without a model: status %d backend %q: %s", st, be, body)
 	}

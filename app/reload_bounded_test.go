@@ -16,7 +16,7 @@ import (
 	"github.com/prefixlb/prefixlb/proxy"
 )
 
-// aliasBomb is issue 52's config: 9 list entries each merging 10 aliases of the one before
+// aliasBomb is an alias-bomb config: 9 list entries each merging 10 aliases of the one before
 // (<<: [*l0, *l0, …]), 10^9 backends' worth in a few hundred bytes, the first with a weight
 // that is no number.
 func aliasBomb() string {

@@ -50,9 +50,9 @@ func weightConf(w int, kv int64, urls ...string) string {
 }
 
 // Reloads that change only weight and kv_cache_tokens change the running backends in place:
-// requests sent all along lose none (a replaced backend took no traffic until its first check
-// passed, and a request picked for it before the swap failed), and the backends keep their
-// objects, so their health, ejection state, index entries and learned rates.
+// requests sent all along lose none (a replaced backend would take no traffic until its first
+// check passed, and a request picked for it before the swap would fail), and the backends
+// keep their objects, so their health, ejection state, index entries and learned rates.
 func TestWeightOnlyReloadsLoseNoRequests(t *testing.T) {
 	var served atomic.Int64
 	urls := []string{slowHealthBackend(t, &served), slowHealthBackend(t, &served), slowHealthBackend(t, &served)}

@@ -398,10 +398,10 @@ func (l *Lease) FirstByte() { l.firstByte(true) }
 
 // Refused marks a request the backend answered with an error status (a 400 for a prompt
 // over the context, a 429): its prefill work leaves the queue as at FirstByte, but its answer
-// came without a prefill and teaches the prefill model nothing. A 400 in 3 ms for a 300k-token
-// prompt taken as its TTFT made a replica look 100× faster than it is, and every replica
-// that had not learned its own rate took that one's (the fleet median). Safe to call after
-// FirstByte or Release (then it does nothing).
+// came without a prefill and teaches the prefill model nothing: a fast 400 for a huge prompt
+// taken as its TTFT would make the replica look far faster than it is, and every replica
+// that had not learned its own rate would take that one's (the fleet median). Safe to call
+// after FirstByte or Release (then it does nothing).
 func (l *Lease) Refused() { l.firstByte(false) }
 
 func (l *Lease) firstByte(observe bool) {

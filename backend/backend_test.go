@@ -271,9 +271,9 @@ func TestQueuedPrefillCountsPeers(t *testing.T) {
 
 // TestQueuedPrefillKeepsCredit: a request that answers takes what it needed off the credit,
 // and the rest of what was worked off stays: a big prompt 9 s into its prefill does not jump
-// back to its full size when a small request answers first (chunked prefill does that). One
-// that leaves unanswered takes none of the credit. (Found by a break-it pass: the first
-// version restarted the drain on the whole queue at every first byte.)
+// back to its full size when a small request answers first (chunked prefill does that), as
+// it would if the drain restarted on the whole queue at every first byte. One that leaves
+// unanswered takes none of the credit.
 func TestQueuedPrefillKeepsCredit(t *testing.T) {
 	b, _ := New("http://q:1", 0, 1)
 	var big, small, gone Lease
@@ -303,12 +303,10 @@ func TestQueuedPrefillKeepsCredit(t *testing.T) {
 }
 
 // TestQueuedPrefillBanksNoIdleTime: a replica whose queue the drain has worked through while
-// its request has not answered (it prefills slower than the learned rate: a 87k-token prompt
-// on the Mooncake trace took 1.6 s where 1.2 were predicted) still counts a request begun now
-// in full; the excess of the drain over what was queued is not credited against new work.
-// (Before, four requests of one burst went to such a replica one after another, each seeing
-// the others' work swallowed by that excess: bench compare --workload mooncake, TTFT 536–829
-// ms against 31–247 predicted.)
+// its request has not answered (it prefills slower than the learned rate, as long prompts of
+// the Mooncake trace do) still counts a request begun now in full; the excess of the drain
+// over what was queued is not credited against new work, or a burst's requests would go to
+// such a replica one after another, each seeing the others' work swallowed by that excess.
 func TestQueuedPrefillBanksNoIdleTime(t *testing.T) {
 	b, _ := New("http://q:1", 0, 1)
 	var big, next, third Lease

@@ -99,17 +99,16 @@ func remaining(q int64, done float64) int64 {
 
 // QueuedPrefill is PrefillTokens plus PeerPrefillTokens (the peers' queued work, see
 // SetPeerLoad) less what the replica has likely worked off since that queue started (its
-// first request arrived at an empty queue) at its learned prefill rate
-// (the fleet's until learned, see SetFleetPrefill; DefaultPrefillRate before either), at least 0. What was worked off stays credited when a
-// request answers (what it needed is taken off the credit, the rest carries over) or leaves
-// unanswered. A 120k-token prompt 15 s into its 17 s prefill is no longer 120k tokens ahead
-// of the next request; the whole of it was, until its first token, when a replica was judged
-// by PrefillTokens. What the rate overestimates comes back through the prefill model: a
-// request's queue ahead (Begin) is this too, so a replica that drains slower than its rate is
-// seen to answer later, and its learned rate falls. A replica that hangs is seen drained
-// after q ÷ rate: the bounded-load cap, which counts requests, still holds it. One queue for
-// both: peered replicas drained their shares apart, each at the full rate (twice the
-// replica's speed with both queued) and the peers' anew from each changed report.
+// first request arrived at an empty queue) at its learned prefill rate (the fleet's until
+// learned, see SetFleetPrefill; DefaultPrefillRate before either), at least 0: a 120k-token
+// prompt 15 s into its 17 s prefill is no longer 120k tokens ahead of the next request. What
+// was worked off stays credited when a request answers (what it needed is taken off the
+// credit, the rest carries over) or leaves unanswered. What the rate overestimates comes back
+// through the prefill model: a request's queue ahead (Begin) is this too, so a replica that
+// drains slower than its rate is seen to answer later, and its learned rate falls. A replica
+// that hangs is seen drained after q ÷ rate: the bounded-load cap, which counts requests,
+// still holds it. One queue for both, own and peers': drained apart, each share would drain
+// at the full rate (twice the replica's speed with both queued).
 func (b *Backend) QueuedPrefill(now time.Time) int64 {
 	return b.drain.queued(now, b.queuedRaw(), b.PrefillRate())
 }

@@ -37,11 +37,11 @@ const (
 // where work is the prefill work the replica had to do, as Lease.Begin was given it: this
 // request's, less what the policy predicted cached, plus what this proxy had sent there
 // before it that had not started answering (the prefix policy's router.PrefillWork, tokens
-// weighted by their attention). Rate is in tokens per second, learned from requests with at least 512 tokens of
-// work; Base from those with less. Each is a running median in log space (see prefillStep),
-// robust to outliers. Decode interference, other clients' load
-// and the replica's own scheduling are not modelled apart: they are in what is measured. Safe
-// for concurrent use; the zero value is ready.
+// weighted by their attention). Rate is in tokens per second, learned from requests with at
+// least 512 tokens of work; Base from those with less. Each is a running median in log space
+// (see prefillStep), robust to outliers. Decode interference, other clients' load and the
+// replica's own scheduling are not modelled apart: they are in what is measured. Safe for
+// concurrent use; the zero value is ready.
 type PrefillModel struct {
 	mu           sync.Mutex
 	logRate      float64 // ln tokens/s

@@ -89,8 +89,8 @@ func TestLeaseObservesPrefill(t *testing.T) {
 		t.Fatalf("queued %d tokens, %d requests, %d in flight; want 4000, 2, 2", b.PrefillTokens(), b.PrefillRequests(), b.InFlight())
 	}
 	// The first lease's 3000 tokens, less what the replica worked off between the two Begins
-	// at the default rate (QueuedPrefill drains by the wall clock: a stalled test machine
-	// read 2958).
+	// at the default rate (QueuedPrefill drains by the wall clock, so a stalled test
+	// machine sees less).
 	if lo := 3000 - int64(math.Ceil(DefaultPrefillRate*elapsed.Seconds())); second.ahead > 3000 || second.ahead < lo {
 		t.Fatalf("second lease saw %d tokens ahead, want 3000 less at most what %v drains (≥ %d)", second.ahead, elapsed, lo)
 	}

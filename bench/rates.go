@@ -11,7 +11,7 @@ import (
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
-// Load sweep (issue 14 item 4): `--rates a,b,c` runs every mode at every rate of an
+// Load sweep: `--rates a,b,c` runs every mode at every rate of an
 // open-loop workload, each arm on fresh sims with the same seed.
 
 // BaseRates are the open-loop workloads and the rate a preset's factor multiplies, in the

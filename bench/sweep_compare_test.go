@@ -94,7 +94,8 @@ func TestCompareRoutersAndDigest(t *testing.T) {
 
 // TestCompareRates sweeps a tiny shared-prefix workload over two rates: one arm per rate, each
 // with its rate, the table's rate column, and no flag (each arm compared with the first at
-// its own rate; round-robin may be flagged for no cache hits, and only that). A closed-loop workload given rates is refused before anything starts.
+// its own rate; round-robin may be flagged for no cache hits, and only that). A closed-loop
+// workload given rates is refused before anything starts.
 func TestCompareRates(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts sims and proxies")
@@ -121,8 +122,8 @@ func TestCompareRates(t *testing.T) {
 		if m.Mode == "round-robin" && len(flags) == 1 && strings.HasPrefix(flags[0], "no cache hits") {
 			// Round-robin puts at most two of the six requests on one replica; whether two
 			// there share a group, and the second arrives after the first's prefill is cached,
-			// depends on the schedule and the machine's load: its arm may see no hit at all (a
-			// CI run did). Only that flag is excused, and only for round-robin.
+			// depends on the schedule and the machine's load: its arm may see no hit at all.
+			// Only that flag is excused, and only for round-robin.
 			flags = nil
 		}
 		if m.Mode != wantMode || m.Rate != wantRate || m.Requests != 6 || len(flags) != 0 {

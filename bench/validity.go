@@ -16,7 +16,7 @@ import (
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
-// Validity checks (issue 14 item 7). Published router benchmarks have been invalid for want
+// Validity checks. Published router benchmarks have been invalid for want
 // of them (Dynamo #11473 ran its KV arm without KV events; llm-d-inference-sim #259 hashed
 // the whole prompt), so every arm of a comparison is checked and a failing arm is flagged in
 // report.Mode.Flags and marked "!" in the table, never silently averaged in:
@@ -97,15 +97,11 @@ func hasReuse(w *workload.Workload) bool {
 // one request less than a step apart, so a client that receives most of them closer than half
 // a step got them in bursts. With the cores busy that means the sims, the proxy and the load
 // generator ran short of CPU and the stream backed up, so every latency measures the machine,
-// not the routing: at --speedup 8 on 2 cores OASST at 32 conversations/s read ITL p50 0.005
-// ms against a 0.75 ms step with the bench at 1.36 cores, and its TTFT p95 spread 10–60 ms over
-// five rounds of one binary; at 2× ITL p50 was 3.5 ms against a 3 ms step, at 0.67 cores.
-// On an idle machine bursts are the sims' own pacing, a step shorter than a timer wake-up,
-// which they catch up on in model time (maxCatchUp), and TTFT is unharmed: agentic sessions at
-// 0.05/s and 16× came in bursts (ITL p50 0.03–0.11 ms, step 0.375 ms) yet read prefix p95
-// 2142 ms and the oracle 2144 ms of model time against 2048 and 2152 at 8×, where they did not
-// burst; the bench used ≈0.1 cores. Shared-prefix at 25 req/s and 8× used 1.32 cores without
-// bursts (ITL p50 0.91 ms), so neither sign alone is the flag.
+// not the routing (OASST at 32 conversations/s and --speedup 8 on 2 cores does this; at 2×
+// it does not). On an idle machine bursts are the sims' own pacing, a step shorter than a
+// timer wake-up, which they catch up on in model time (maxCatchUp), and TTFT is unharmed
+// (agentic sessions at 16×); and a busy machine need not burst (shared-prefix at 25 req/s and
+// 8×). So neither sign alone is the flag.
 const (
 	BurstITLShare = 0.5
 	BurstCPUShare = 0.5

@@ -101,8 +101,8 @@ const (
 	DefaultAgenticRequests = 16
 	// DefaultMooncakeCount replays the trace's first 1000 requests (330 s of trace time).
 	DefaultMooncakeCount = 1000
-	// MooncakeKVTokens is the per-replica KV capacity for the Mooncake trace (DESIGN: 2M-token
-	// replicas, as Mooncake served it from a large DRAM pool).
+	// MooncakeKVTokens is the per-replica KV capacity for the Mooncake trace: 2M-token
+	// replicas, as Mooncake served it from a large DRAM pool.
 	MooncakeKVTokens = 2_000_000
 )
 

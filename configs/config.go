@@ -328,7 +328,7 @@ const (
 	// DefaultListen is the data listener: every interface, port 8080.
 	DefaultListen = "0.0.0.0:8080"
 	// DefaultAdminListen is loopback only, so that the debug endpoints are not exposed
-	// (DESIGN.md "Reliability defaults users expect").
+	// (docs/operating.md, "Admin endpoints").
 	DefaultAdminListen = "127.0.0.1:9090"
 	// DefaultMode is the first of router's table: the prefix-aware policy.
 	DefaultMode = router.DefaultMode

@@ -210,8 +210,8 @@ func TestExampleLookup(t *testing.T) {
 	}
 }
 
-// defaulted is what Parse makes of a config naming one backend: every default of the README's
-// configuration table, written out here rather than taken from the package's constants.
+// defaulted is what Parse makes of a config naming one backend: every default of
+// docs/configuration.md, written out here rather than taken from the package's constants.
 var defaulted = Config{
 	Listen:              "0.0.0.0:8080",
 	AdminListen:         "127.0.0.1:9090",

@@ -21,7 +21,7 @@ func aliasBomb(levels, width int, first string) string {
 }
 
 // parseWithin is Parse's error, failing the test if Parse has not returned within limit: a
-// guard against a hang (the walk used to expand every alias), not a timing.
+// guard against a hang (a walk that expanded every alias), not a timing.
 func parseWithin(t *testing.T, data string, limit time.Duration) error {
 	t.Helper()
 	done := make(chan error, 1)
@@ -38,7 +38,7 @@ func parseWithin(t *testing.T, data string, limit time.Duration) error {
 	}
 }
 
-// The alias bomb of issue 52 (9 levels of 10 merge keys, 10^9 values) is refused with one
+// An alias bomb (9 levels of 10 merge keys, 10^9 values) is refused with one
 // bounded line: the first wrong value, or yaml's refusal of the aliasing said in the file's
 // terms; the walk that names the field checks each aliased node once.
 func TestAliasBombRefused(t *testing.T) {

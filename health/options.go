@@ -50,8 +50,8 @@ type Options struct {
 	ModelsPath string
 }
 
-// Defaults of Options left at zero (DESIGN.md "Reliability defaults users expect"; the
-// reasons are on the fields of Options).
+// Defaults of Options left at zero (docs/configuration.md, "Health, ejection, metrics
+// scraping, models"; the reasons are on the fields of Options).
 const (
 	// DefaultPath is the active-check path, served by vLLM and SGLang (200 once the model is loaded).
 	DefaultPath = "/health"

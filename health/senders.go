@@ -29,19 +29,14 @@ import (
 // requests running and waiting there than this proxy has in flight (beyond sendersSlack) mean
 // another sender. If this proxy has finished sendersMinOurs requests there and the count is
 // still absent, the replica does not export one and stays unknown. A count that goes missing
-// and comes back no lower carries on where it was. Before this, 4 fresh llm-d-inference-sim replicas stayed
-// unknown until each had finished a request, so a lone prefixlb placed its first
-// conversations by the ring (multi-turn, 8 conversations: 3 on one replica).
+// and comes back no lower carries on where it was.
 //
-// A fresh replica counted alone at once: a prefixlb running alone in front of fresh replicas
-// spreads its first cold prompts by load rather than by the ring, which put two of the
-// multi-turn bench's first conversations on one replica in about half the runs (prefix p95
-// TTFT 4.2–20.5 ms over five runs; 3.8–4.6 with tie_break load, and 4.0 / 4.8 with this rule,
-// bench compare and the suite's 3-round median). Unpeered prefixlb replicas that start together
-// in front of fresh replicas then spread by their own loads until more than sendersSlack of the
-// others' requests finish there, within a scrape or two; at equal loads the ring still decides,
-// so their first placements agree (prefix×3 on the multi-turn bench: cached 0.961 against
-// 0.973 before).
+// A fresh replica counts alone at once, so that a prefixlb running alone in front of fresh
+// replicas spreads its first cold prompts by load rather than by the ring, which often puts
+// two of the first conversations on one replica (bench compare, multi-turn). Unpeered
+// prefixlb replicas that start together in front of fresh replicas then spread by their own
+// loads until more than sendersSlack of the others' requests finish there, within a scrape
+// or two; at equal loads the ring still decides, so their first placements agree.
 const (
 	// sendersTau is the decay of the sums, in scrapes (32 s at the default 1 s interval): a
 	// second sender of a quarter of this proxy's rate is seen within about a minute, one of

@@ -115,7 +115,7 @@ func TestSendersHoldAndDecay(t *testing.T) {
 }
 
 // TestSendersSmallSecondSender: another sender of a quarter of this proxy's rate is found
-// within about a minute (a window of plain sums missed it for good; break-it pass).
+// within about a minute (a window of plain sums would miss it for good).
 func TestSendersSmallSecondSender(t *testing.T) {
 	var j sendersJudge
 	now := time.Unix(1000, 0)

@@ -13,9 +13,10 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// The routed-request benchmarks' workload: chat bodies of about benchBodyBytes (issue 16's
-// overhead target is at 16 KB bodies), benchPrompts distinct conversations sharing a system
-// prompt of benchSystemBytes, each request a fresh key build, a Pick and a Learn.
+// The routed-request benchmarks' workload: chat bodies of about benchBodyBytes (bench
+// overhead measures peering's cost at 16 KB bodies), benchPrompts distinct conversations
+// sharing a system prompt of benchSystemBytes, each request a fresh key build, a Pick and a
+// Learn.
 const (
 	benchBodyBytes   = 16 << 10
 	benchSystemBytes = 4 << 10

@@ -1,22 +1,20 @@
 // Update packets on a path of their own beside memberlist's. memberlist keeps membership,
 // failure detection and the join snapshots; the flusher's update packets, a few hundred to a
-// thousand a second to each peer from a busy replica, no longer go through its
-// SendBestEffort, which sets AES-GCM up anew for every packet, nor through its receive path,
-// which hands every packet from the transport's read loop to its packet listener and from
-// there to its handler goroutine. A direct packet is sealed here, written to the peer's UDP
-// port through the same transport, and opened and applied by the receiving transport's read
-// loop itself (netTransport.readLoop, directPath): no goroutine hand-off at all. A queue to
-// an applier goroutine, so that memberlist's own packets never wait behind index inserts,
-// cost the idle peer of bench overhead at 16 KB about 8% more CPU per routed request (two
-// interleaved pairs of runs, 1.39–1.49× against 1.21–1.37× the unpeered replica's, the wake-up
-// per packet); inline, a packet costs about 40 µs to apply (160 chunk hashes at ~300 ns),
-// so that even a full 2 MiB socket buffer (about 1,500 packets) drains in about 60 ms, within
-// memberlist's 100 ms probe timeout. A fleet whose updates outran one core's applying (tens
-// of busy replicas) would lose memberlist's packets with the updates the kernel drops; a
-// shard lock held by a join snapshot's export (milliseconds) delays them by as much. Peers
-// learn who takes direct packets from the member metadata (NodeMeta,
-// metaDirect): an older replica, during a rolling update, is sent its updates through
-// memberlist as before, and its own, sent that way, are received here (delegate.NotifyMsg).
+// thousand a second to each peer from a busy replica, do not go through its SendBestEffort,
+// which sets AES-GCM up anew for every packet, nor through its receive path, which hands
+// every packet from the transport's read loop to its packet listener and from there to its
+// handler goroutine. A direct packet is sealed here, written to the peer's UDP port through
+// the same transport, and opened and applied by the receiving transport's read loop itself
+// (netTransport.readLoop, directPath): no goroutine hand-off, whose wake-up per packet costs
+// more CPU than the apply (bench overhead, prefixlb-prefix-peer). Inline, a packet (about 160
+// chunk hashes) applies in tens of microseconds, so that even a full 2 MiB socket buffer
+// (about 1,500 packets) drains well within memberlist's 100 ms probe timeout. A fleet whose
+// updates outran one core's applying (tens of busy replicas) would lose memberlist's packets
+// with the updates the kernel drops; a shard lock held by a join snapshot's export
+// (milliseconds) delays them by as much. Peers learn who takes direct packets from the
+// member metadata (NodeMeta, metaDirect): an older replica, during a rolling update, is sent
+// its updates through memberlist, and its own, sent that way, are received here
+// (delegate.NotifyMsg).
 //
 // Format: directMagic, a 24-byte random nonce, then the update (wire.go) sealed with
 // XChaCha20-Poly1305 (16-byte tag) under a key derived from the shared secret (HKDF-SHA256,

@@ -23,16 +23,13 @@ import (
 // under load, and between changes only the keepalives. Prefill samples wait for a packet's
 // worth or samplesMaxDelay (samplesDue).
 //
-// Polling every FlushInterval while a request was in flight, as it did before, woke each
-// replica 1000 times a second for the seconds an LLM request streams (a 1 kHz Go timer alone
-// is about 4% of a core here). Load changes wait because a flush at once ran at the worst
-// moment, right after a first byte being relayed (the woken flusher runs next on that
-// processor). Decisions tick rather than wait out a FlushInterval each: a Go timer here
-// fires no sooner than ~1.1 ms however short (the netpoller waits whole milliseconds), so a
-// decision made between two flushes reached the peers about 1.1 ms later instead of half a
-// tick on average; the suite's Mooncake light cell, whose cached ratio turns on a few long
-// prompts, read 0.96 of one replica's tokens in two runs that way against 1.01 polling (two
-// runs), and 1.00 and 0.97 ticking.
+// It does not poll every FlushInterval while a request is in flight: that would wake each
+// replica 1000 times a second for the seconds an LLM request streams. Load changes wait
+// because a flush at once would run at the worst moment, right after a first byte being
+// relayed (the woken flusher runs next on that processor). Decisions tick rather than wait
+// out a FlushInterval each: a Go timer fires no sooner than ~1 ms however short (the
+// netpoller waits whole milliseconds), so a decision made between two flushes would reach
+// the peers a whole timer later instead of half a tick on average.
 func (n *Node) flushLoop() {
 	f := flusher{n: n}
 	t := time.NewTimer(loadKeepalive)
@@ -252,10 +249,9 @@ const samplesRoom = packetBudget - 2 - binaryMaxVarint
 // The flusher sends prefill samples a full message at a time (samplesRoom bytes of records)
 // or once the oldest it holds has waited samplesMaxDelay. Samples only teach the peers'
 // prefill models (backend.PrefillModel), which a tenth of a second does not age, while a
-// samples message per 1 ms flush was about a quarter of the packets a busy replica sent (16
-// KB bodies at ~10,000 requests/s, bench overhead: 2.4 update and 0.9 samples messages per
-// flush), each a send and an encryption here and a wake-up and a decryption on every peer.
-// Samples held when the node stops are dropped.
+// samples message per 1 ms flush would be a large share of a busy replica's packets (bench
+// overhead, prefixlb-prefix-peer), each a send and an encryption here and a wake-up and a
+// decryption on every peer. Samples held when the node stops are dropped.
 const samplesMaxDelay = loadKeepalive
 
 // samplesDue reports whether the flusher sends the prefill samples ss it holds (the oldest

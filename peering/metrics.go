@@ -14,19 +14,25 @@ import (
 
 // metricSet is the node's Prometheus metrics.
 type metricSet struct {
-	set       *metrics.Set
-	sent      *metrics.Counter // learned groups sent, per peer they went to
-	received  *metrics.Counter // learned groups received
-	bytesSent *metrics.Counter // update payload bytes sent, per peer
+	set  *metrics.Set
+	sent *metrics.Counter // learned groups sent, per peer they went to
+	// received counts learned groups received, once per part of a group split across
+	// packets, and a held request's decision and its later chunks twice: against sent it
+	// is not a loss rate.
+	received  *metrics.Counter
+	bytesSent *metrics.Counter // update payload bytes sent, per peer, before framing and encryption
 	bytesRecv *metrics.Counter // update payload bytes received
 	dropped   *metrics.Counter // learned groups not queued (queue full)
 	// sendErrors counts update packets whose send failed (the kernel refused the write,
-	// an unresolvable peer address).
+	// an unresolvable peer address); none of that flush's updates, forgets and samples then
+	// count as sent to that peer.
 	sendErrors *metrics.Counter
-	unknown    *metrics.Counter // learned groups received for a backend not configured here
-	bad        *metrics.Counter // messages that did not decode
-	rejected   *metrics.Counter // packets and streams memberlist refused (see levelWriter)
-	snapshots  *metrics.Counter // snapshot entries imported
+	unknown    *metrics.Counter // learned groups received for a backend not configured here (in received too)
+	bad        *metrics.Counter // decrypted messages that did not decode
+	// rejected counts packets and streams memberlist refused (see levelWriter), direct
+	// update packets that did not open, and streams the guard dropped.
+	rejected  *metrics.Counter
+	snapshots *metrics.Counter // snapshot entries imported
 	// streamsDropped counts inbound streams the peer port's guard dropped, by reason
 	// (guard.go); each counts in rejected too.
 	streamsDropped map[dropReason]*metrics.Counter
@@ -43,7 +49,9 @@ type metricSet struct {
 	settles   *metrics.Counter
 	resettles *metrics.Counter
 	// delay is how long a peer's decision took to count here: from its stamp (the sender's
-	// clock when it decided) to when this replica had recorded it, seconds.
+	// clock when it decided) to when this replica had recorded it, seconds; a stamp ahead of
+	// this clock counts 0, and decisions that recorded nothing carry no stamp and are not
+	// observed.
 	delay *metrics.Histogram
 	// sendDelay is how long this replica's own decisions took to go out: from the stamp
 	// (its Learn, or a held request's Hold) to the flush that held it written to every live
@@ -85,42 +93,8 @@ func newMetrics(alive func() float64) metricSet {
 	}
 }
 
-// WriteMetrics writes the node's metrics in Prometheus text format:
-// prefixlb_peers_alive (gauge: live peers, this replica not counted),
-// prefixlb_peer_updates_sent_total / _received_total (learned requests' chunk lists: sent
-// counted once per request and peer sent to; received once per group taken from a packet,
-// so a long prompt split across packets counts once a part, and a held request's decision
-// and its chunks sent later count twice: the two are not a loss rate), prefixlb_peer_bytes_sent_total / _received_total (update payload
-// bytes, before framing and encryption: 41 bytes a direct packet, direct.go),
-// prefixlb_peer_updates_dropped_total (queue full), prefixlb_peer_send_errors_total (update
-// packets whose send failed; none of that flush's updates, forgets and samples then count as
-// sent to that peer), prefixlb_peer_updates_unknown_backend_total (groups for a backend not
-// configured here, counted as received too; logged at most once a second: the replicas'
-// backend URLs differ), prefixlb_peer_messages_invalid_total (decrypted updates that did not
-// decode), prefixlb_peer_packets_rejected_total (packets and streams memberlist refused before
-// they reached this package: not decryptable with the secret, mislabelled, truncated,
-// oversized; each also a memberlist log line, at most one a second per kind; and direct
-// update packets that did not open, each kind of those a "peering: rejected update packet"
-// line at most once a second; and the inbound streams the peer port's guard dropped),
-// prefixlb_peer_streams_dropped_total{reason} (those streams by reason, guard.go: idle, no
-// frame header within Options.HandshakeTimeout; slow, the first frame under 2 MiB/s past
-// it; invalid, not an encrypted memberlist frame or one over 17 MiB; per_source, over 8
-// unauthenticated streams from one address; busy, over 256 in all, or a large frame without
-// a stream slot within 3 s; too_long, a stream past 17 MiB; each reason a "peering: inbound
-// stream dropped" warning at most once a second),
-// prefixlb_peer_snapshot_entries_imported_total, and prefixlb_peer_forgets_sent_total /
-// _received_total (Learns withdrawn after the update went out: the backend refused the
-// request; counted once per peer sent to), prefixlb_peer_prefill_samples_sent_total /
-// _received_total (prefill observations, time to first token against the work, that each
-// replica shares so that all learn a backend's prefill rate from every request; sent counted
-// once per peer), and prefixlb_peer_settles_total / _resettles_total (holds for
-// Options.SettleWait, up to two per request; those decided again, settle.go), and
-// prefixlb_peer_decision_delay_seconds (histogram: from a peer's decision, by its clock, to
-// this replica having recorded it; between machines it includes their clocks' offset, and
-// a decision stamped ahead of this clock counts 0; decisions that recorded nothing carry no
-// stamp and are not observed), and prefixlb_peer_send_delay_seconds (histogram: from this
-// replica's decision, its Learn or a held request's Hold, to the flush holding it written to
-// every live peer; one clock; flushes a peer missed are not observed).
+// WriteMetrics writes the node's metrics in Prometheus text format: prefixlb_peers_alive
+// and the prefixlb_peer_* series of metricSet (reference: docs/metrics.md, Peering).
 func (n *Node) WriteMetrics(w io.Writer) { n.m.set.WritePrometheus(w) }
 
 // Stats are the node's counters (those of WriteMetrics).

@@ -1,8 +1,8 @@
 // The peer port's packets and streams: memberlist's Transport, our own. Memberlist's
 // NetTransport reads every UDP packet into a fresh 64 KiB buffer, while a packet here is at
 // most udpBufferSize (1400) bytes; at the few thousand packets a second a routing replica
-// sent each peer through memberlist, that was hundreds of MB/s of garbage (and its clearing
-// and GC marking) on every receiving replica. netTransport reads every packet into one
+// sends each peer, that is hundreds of MB/s of garbage (and its clearing and GC marking) on
+// every receiving replica. netTransport reads every packet into one
 // scratch buffer and hands memberlist a copy of exactly the packet's length: memberlist may
 // keep Packet.Buf after the hand-off (its user, alive and suspect messages wait in a queue
 // for its packet handler), so the scratch itself is never handed to it. The updates go on

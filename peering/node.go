@@ -75,10 +75,8 @@ const (
 	// LAN hop (≈ 0.1 ms), while a batch carries every request routed meanwhile, so that at
 	// 10,000 requests/s a peer gets at most 1000 packets/s. The flusher sleeps between
 	// changes (flushLoop): a replica with requests streaming and nothing new to tell sends a
-	// keepalive every loadKeepalive. 5 ms was measured first: on the shared-prefix bench at
-	// 40 requests/s (320/s wall at --speedup 8, 1.6 requests per 5 ms), 3 peered replicas
-	// had p95 TTFT 41.6 / 25.2 ms at 5 ms against 23.6 / 21.9 ms at 1 ms (two runs each),
-	// cached tokens alike.
+	// keepalive every loadKeepalive. Longer intervals let peered replicas' decisions cross
+	// and raise TTFT p95 on shared prompts (bench suite, shared-prefix, prefix-x3+peer).
 	DefaultFlushInterval = 1 * time.Millisecond
 	// DefaultSnapshotTimeout bounds how long a starting replica waits for a peer's index
 	// snapshot before it reports ready anyway: 5 s, ample for 16 MiB on a LAN.
@@ -116,9 +114,8 @@ const (
 	// Memberlist's failure detector, tuned from its LAN defaults (1 s probes, 200 ms
 	// gossip) for a handful of replicas on one network: a probe every 200 ms answered within
 	// 100 ms, membership news gossiped every 100 ms (memberlist's LAN default is 200, its
-	// local one 100; 20 ms was tried first and cost three idle replicas about a third of
-	// their CPU, 0.8 against 0.5 s in 10 s, in wake-ups), a suspect declared dead after 4
-	// probe intervals (0.8 s) unless others confirm it sooner.
+	// local one 100; shorter costs idle replicas CPU in wake-ups), a suspect declared dead
+	// after 4 probe intervals (0.8 s) unless others confirm it sooner.
 	probeInterval  = 200 * time.Millisecond
 	probeTimeout   = 100 * time.Millisecond
 	gossipInterval = 100 * time.Millisecond

@@ -425,7 +425,7 @@ func TestReadyOnPeersSnapshot(t *testing.T) {
 			a := startReplica(t, "a", replicaOpts{join: []*replica{late}})
 			// a learns once its join has made late a live peer, as a served replica does (its
 			// /readyz waits for the join): a Learn flushed before that reached no one, and late
-			// then held it only after a push/pull, past the wait (seen under CI's load).
+			// then held it only after a push/pull, past the wait (under load).
 			testutil.Eventually(t, wait, "a sees late", func() bool { return a.node.Alive() == 1 })
 			k := prompt(t, 4000)
 			url := a.notRing(k)

@@ -1,27 +1,22 @@
 // Settling: peered replicas that decide at the same instant cannot see each other's
 // decisions, which reach them a flush later. A burst of long cold prompts spread over three
 // replicas (per-request spreading behind a Service) is placed by each on the backend that
-// looks lightest to all of them, where one replica alone would have spread it: on the
-// Mooncake trace, whose arrivals come in bursts of up to 16 at one instant, the work on the
-// most loaded backend of each burst was 1.23× one replica's, and the mean TTFT 1.1–1.3×
-// (three runs of `bench compare --workload mooncake --count 200 --time-scale 3
-// --router-replicas 3 --peering`, against one replica). A request long enough for it to pay
-// is therefore held (Hold: its decision, without its chunks, goes out to the peers) for
-// SettleWait, and decided again (Release) when a peer's decision on the same backend arrived
-// meanwhile that ranks ahead of it: of two alike, the earlier keeps the backend and the later
-// sees it, in every replica alike, since the stamps say which came first. Settled, the same
-// runs read a mean TTFT 0.95–0.98× one replica's.
+// looks lightest to all of them, where one replica alone would have spread it (the Mooncake
+// trace's arrivals come in such bursts; reproduce with `bench compare --workload mooncake
+// --count 200 --time-scale 3 --router-replicas 3 --peering`). A request long enough for it
+// to pay is therefore held (Hold: its decision, without its chunks, goes out to the peers)
+// for SettleWait, and decided again (Release) when a peer's decision on the same backend
+// arrived meanwhile that ranks ahead of it: of two alike, the earlier keeps the backend and
+// the later sees it, in every replica alike, since the stamps say which came first.
 //
 // Which decision yields is not by stamp alone when both were held: a held decision placed by
 // load (classFlexible: its reason is not a match, so its cache there is no reason to keep
 // it) yields to a peer's held match whatever their stamps and sizes, and a held match never
-// yields to a flexible one. A stamp order alone moved long matches off their cache: on the
-// Mooncake trace a held request matching 9k–14k tokens found a peer's cold long prompt stamped
-// a moment earlier on its backend, was decided again and fell back to an uncached one
-// (`x-prefixlb-route` overload-fallback, settled=2), where the cold prompt could have gone
-// anywhere. A decision sent at once (classSent: too short to hold) cannot move, and ranks by
-// its stamp against any. The order (rank) is the same in every replica: of a held match and a
-// held flexible decision that contend, the flexible one moves.
+// yields to a flexible one; by stamp alone, a long match would be moved off its cache for a
+// cold prompt that could have gone anywhere. A decision sent at once (classSent: too short
+// to hold) cannot move, and ranks by its stamp against any. The order (rank) is the same in
+// every replica: of a held match and a held flexible decision that contend, the flexible one
+// moves.
 
 package peering
 

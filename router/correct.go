@@ -46,9 +46,8 @@ type CacheReport struct {
 //	C < P − max(chunk tokens, shortfallShare × P)
 //
 // and then it held the leading chunks that end within C + blockSlackTokens (none when C is
-// 0): the shortfall
-// is the matched chunks beyond them. A request without a prediction (no match) or without a
-// report (ReportedPrompt 0: the backend gave no usage) has none. Pure.
+// 0): the shortfall is the matched chunks beyond them. A request without a prediction (no
+// match) or without a report (ReportedPrompt 0: the backend gave no usage) has none. Pure.
 func Shortfall(r CacheReport) int {
 	if r.MatchedChunks <= 0 || r.ReportedPrompt <= 0 || r.PromptTokens <= 0 {
 		return 0

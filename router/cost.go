@@ -14,12 +14,9 @@ const (
 	// DefaultTieMargin is 0.5: candidates whose estimated TTFT is within 50% of the least
 	// are near-ties, and the consistent-hash ring picks among them, so that independent
 	// prefixlb replicas, which each see only their own queued prefill (and scraped loads a
-	// scrape interval old), still agree where a new prefix lives. Measured in the bench
-	// (one run each, 3 prefixlb replicas, p95 TTFT): multi-turn 30.4 ms at 10% against 3.6 ms
-	// at 50%, agentic sessions 691 against 295 ms, while one replica alone lost nothing
-	// (multi-turn 3.9 / 3.8 ms; Mooncake 657 / 901 ms, agentic 141 / 148 ms). Wider keeps
-	// replicas more coherent and balances load less; 0 (NoTieMargin) leaves the ring only
-	// exact ties.
+	// scrape interval old), still agree where a new prefix lives. Wider keeps replicas more
+	// coherent and balances load less; 0 (NoTieMargin) leaves the ring only exact ties. The
+	// value is the bench suite's (prefix×3 arms against prefix alone; docs/bench.md).
 	DefaultTieMargin = 0.5
 	// NoTieMargin, as PrefixOptions.TieMargin, is a margin of 0 (any negative value is).
 	NoTieMargin = -1
@@ -49,10 +46,8 @@ const (
 // ones costs n × (1 + (h + n/2) ÷ AttentionTokens) tokens' worth of work (PrefillWork): a
 // token's MLP and projections cost ~2 × parameters FLOP, its causal attention ~4 × layers ×
 // hidden FLOP per token before it, equal at 32k tokens for Llama-3-8B (2 × 8.03e9 vs 4 × 32
-// × 4096 × 32k) and at ~53k for Llama-3-70B; bench/sim's per-context prefill cost (54 µs a
-// token plus 1.5 µs per 1k tokens of context) puts it at 36k. Linear in tokens, a 120k-token
-// prompt looked 6.5 s of prefill where it takes 17: replicas busy with one were taken for
-// nearly free (the Mooncake trace's prompts reach 120k tokens).
+// × 4096 × 32k) and at ~53k for Llama-3-70B; bench/sim's per-context prefill cost puts it at
+// 36k. Counted linearly, a replica busy with a 120k-token prompt would look nearly free.
 const AttentionTokens = 32 << 10
 
 // PrefillWork is the prefill work of a prompt of prompt tokens of which held are cached, in
@@ -112,26 +107,24 @@ type costInput struct {
 //
 //	est = base + (queued + foreign × waitingShare × meanWork + PrefillWork(prompt, held) + decode) ÷ rate
 //
-// queued is this proxy's (and its peers', see peering) prefill work not yet started
-// answering there, less what the replica has likely worked off since (backend.QueuedPrefill,
-// one queue for both), foreign the requests
-// the replica's last scrape reported beyond this proxy's and its peers' when it was read
-// (unpeered prefixlb replicas, other clients), of which
-// the share still waiting for their first token is taken to be that of this proxy's own
-// in-flight requests (defaultWaitingShare with none), each at the mean work this policy
-// routes; held the prompt tokens its index says the replica
-// holds, discounted when its KV cache is nearly full (kvPressureStart); decode what this
-// proxy's requests decoding there add to the engine steps that the queue and the prompt
-// take (backend.DecodeWork: a replica decoding many long contexts runs slower steps). The
-// learned rate is taught with the same decode work (backend.Lease), so it is the replica's
-// prefill speed without it; other senders' decodes stay in what it measures. rate and base are the
-// replica's learned prefill model (backend.PrefillModel); a replica that has not learned its
-// own takes the median of those of its model pool that have, else the model learned from all
-// the replicas of its pool pooled (cand.fleetRate), else the defaults, so an unlearned replica
-// is neither favoured nor avoided. Pooled, a fleet is judged at its measured speed after its first 8 answers rather
-// than each replica's 8: on the Mooncake trace in front of the bench's sims at 8× (about
-// 150k tokens/s of wall time against the 10k default) the first ~30 requests were placed as
-// if every queue took 15 times as long to drain as it did.
+// where:
+//   - queued: this proxy's (and its peers') prefill work not yet answering there, less what
+//     the replica has likely worked off since (backend.QueuedPrefill).
+//   - foreign: requests the replica's last scrape reported beyond this proxy's and its
+//     peers' (unpeered prefixlb replicas, other clients); the share of them still waiting
+//     is taken to be that of this proxy's own in-flight requests (defaultWaitingShare with
+//     none), each at the mean work this policy routes.
+//   - held: the prompt tokens the index says the replica holds, discounted when its KV
+//     cache is nearly full (kvPressureStart).
+//   - decode: what this proxy's decoding requests there add to the engine steps the queue
+//     and the prompt take (backend.DecodeWork). The learned rate is taught with the same
+//     decode work (backend.Lease), so it is the prefill speed without it; other senders'
+//     decodes stay in what it measures.
+//   - rate, base: the replica's learned prefill model (backend.PrefillModel); unlearned,
+//     the median of its pool's learned candidates, else the pool's pooled model
+//     (cand.fleetRate), else the defaults, so an unlearned replica is neither favoured nor
+//     avoided. The pooled model learns from every replica's answers, so a fleet far from the
+//     default speed is judged at its own after its first few answers, not each replica's.
 func estimate(cs []cand, in costInput) {
 	var own, pending int64
 	for i := range cs {
@@ -319,8 +312,7 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	tie := func(j int) bool { return ok(j) && cs[j].est <= limit }
 	// Only where near-ties go by load: under the ring a thin match ignored hands the
 	// conversation to the hash of its own first chunk, which piles up as readily as the
-	// shared chunk's holder does (4 llm-d-inference-sim replicas, multi-turn, judged unknown
-	// so that auto stayed on the ring: max share 1.50 with the holder, 2.00 by hash).
+	// shared chunk's holder does.
 	// And only for a holder already above thinMatchLoad × the near-ties' mean load (recent
 	// routed work under byRecent, else in-flight requests, per weight): a thread's own history is
 	// often thin against its next branch (OpenAssistant siblings), and moving it costs the
@@ -341,15 +333,13 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 	// A match of the first chunk alone counts as none: it is a sixteenth of a chunk
 	// (key.PrefixTokens(1, ·), 4 tokens at the default size), about a role and a word of
 	// framing, which most chats share ("system", "You are"), and the longest match would pull
-	// every one of them onto whichever replica learned it first (under the ring,
-	// TestPrefixModeRoutesConversationsByPrefix: 12 of 12 conversations on one replica;
-	// spread by load, TestSharedOpeningSpreads: 12 long-system-prompt conversations 6/6/0
-	// over 3 replicas while the thin-match rule let holders reach 1.3× their share). Except
-	// where the prompt's first turn was itself that short (sel.shortFirstTurn) and near-ties
+	// every one of them onto whichever replica learned it first
+	// (TestPrefixModeRoutesConversationsByPrefix, TestSharedOpeningSpreads). Except where
+	// the prompt's first turn was itself that short (sel.shortFirstTurn) and near-ties
 	// spread by load: its holder served that turn, routed as short, and learned nothing more
-	// of it, but its KV cache holds the reply after it too (OpenAssistant: 157 of 300 threads
-	// open so; TestShortFirstTurnFollowUp). The ring keys on the prompt's second chunk, its
-	// first 16 tokens, as it did when that was the first (key.HeadChunks).
+	// of it, but its KV cache holds the reply after it too (many OpenAssistant threads open
+	// so; TestShortFirstTurnFollowUp). The ring keys on the prompt's second chunk, its first
+	// 16 tokens (key.HeadChunks).
 	counted := func(n int) int {
 		if spread && sel.shortFirstTurn {
 			return n
@@ -401,10 +391,8 @@ func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int,
 		// Among the near-ties that hold the most, only the least loaded stay, and the ring
 		// decides among equals. With sel.spread, a replica alone (TieBreakAuto) ranks by the
 		// prefill work it routed to each lately (per weight; Prefix.RoutedWork), then by
-		// in-flight requests: it sees all of its
-		// backends' traffic, so that share follows the conversations each serves between
-		// their turns, when their in-flight count is 0 (4 llm-d-inference-sim replicas,
-		// multi-turn: new conversations went to replicas serving 2–3 while two served 1).
+		// in-flight requests: it sees all of its backends' traffic, so that share follows the
+		// conversations each serves between their turns, when their in-flight count is 0.
 		// Peered replicas (TieBreakLoad) rank the same way by the fleet's recent share
 		// (Prefix.CountPeerRoutes: each counts its peers' decisions too, so they agree
 		// within milliseconds); TieBreakLoad without it by in-flight requests alone.

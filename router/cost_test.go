@@ -375,9 +375,9 @@ func TestPreviewCountsNothing(t *testing.T) {
 }
 
 // TestFleetModelStandsIn: the prefix policy's backends (one pool: their models unknown) teach
-// one pooled model; with 8
-// answers spread over 4 backends (none has learned its own), the estimates use the fleet's
-// measured rate rather than DefaultPrefillRate, 15 times slower than these replicas.
+// one pooled model; with 8 answers spread over 4 backends (none has learned its own), the
+// estimates use the fleet's measured rate rather than DefaultPrefillRate, 15 times slower
+// than these replicas.
 func TestFleetModelStandsIn(t *testing.T) {
 	bs := prefixBackends(t, 4)
 	p, _ := newTestPrefix(t, bs)

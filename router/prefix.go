@@ -31,13 +31,9 @@ const (
 	// margin. A candidate over the cap (DefaultLoadFactor) but under this one still takes the
 	// request when the cost model estimates it faster than every candidate under the cap:
 	// the cap counts requests, most of them decoding, and a request spilled off the replica
-	// that holds its prefix pays the whole prefill elsewhere. Measured in the bench suite
-	// (prefix and oracle arms, one run each, TTFT p95 ÷ the oracle's): shared-prefix (32
-	// groups of 32 over 4 replicas, where the ring gives one replica 9–10 groups) light 1.67 →
-	// 1.04, medium 1.13 → 1.06, near saturation 1.30 → 1.23, with the cached-token ratio at
-	// the oracle's (0.852 vs 0.853; 0.840 with the cap alone); agentic sessions unchanged
-	// (1.01 → 0.97, 0.99 → 0.99, 1.42 → 1.39). Counting only requests still prefilling, or
-	// decoding ones at half, spilled more (30–32 overload fallbacks at light load against 15).
+	// that holds its prefix pays the whole prefill elsewhere. The bench suite's
+	// shared-prefix cells (prefix against oracle arms; docs/bench.md) reproduce the gain
+	// over the cap alone.
 	DefaultHardLoadFactor = 2.5
 )
 
@@ -81,12 +77,9 @@ type PrefixOptions struct {
 	// costs its replica what thousands of short ones do. Under the ring (and with
 	// spreading off) a thin match still counts. Either way a match of the first chunk alone
 	// counts as none (key.HeadChunks), but, with spreading, for a prompt whose own first turn
-	// was that short (key.Key.ShortFirstTurn). Measured (bench suite, 3 rounds, 4 simulated
-	// replicas): multi-turn max share / mean 1.45 without spreading, 1.09 with it;
-	// OpenAssistant threads keep their cached tokens (0.753 against the oracle's 0.776 at 4
-	// conversations/s) only because a thin match holds on a holder at its share: with every thin match ignored (one full
-	// suite on 9a85f59) they read 0.61, as siblings of a thread share a prefix that is thin
-	// against their own turns.
+	// was that short (key.Key.ShortFirstTurn). A thin match still holds on a holder at its
+	// share: siblings of a thread (OpenAssistant) share a prefix that is thin against their
+	// own turns, and ignoring it costs them their cached tokens (bench suite, docs/bench.md).
 	NoSpreadNewPrefixes bool
 	// NoIndexCorrection turns off the index's correction from the backends' reported cached
 	// tokens (Prefix.Correct), for comparison: the index then trusts its capacities alone.
@@ -102,9 +95,9 @@ const (
 	TieBreakRing TieBreak = iota
 	// TieBreakLoad: the least in-flight requests per weight first, the ring among equals. For
 	// replicas that share their loads (peering) or run alone: cold prompts then spread by
-	// load instead of by hash (on the multi-turn bench, 11 conversations on 4 replicas, the
-	// ring alone put up to 2.1× the mean on one replica). Peered replicas
-	// (Prefix.CountPeerRoutes) rank by the fleet's recent share of the prefill work first.
+	// load instead of by hash, which with few conversations puts up to twice the mean on
+	// one replica. Peered replicas (Prefix.CountPeerRoutes) rank by the fleet's recent share
+	// of the prefill work first.
 	TieBreakLoad
 	// TieBreakAuto: TieBreakLoad while every candidate's requests come through this proxy
 	// alone (backend.SendersAlone, judged by the health checker from the replicas' own
@@ -156,10 +149,9 @@ type Prefix struct {
 // RecentHalfLife is the half-life, in routing decisions, of a backend's sum of the prefill
 // work routed to it (backend.Routed, RoutedWork), by which a prefixlb replica alone, or peered
 // replicas counting one another's decisions (CountPeerRoutes), break near-ties for new
-// prefixes: about
-// the last 185 decisions (128 ÷ ln 2) count, more than a few rounds of turns of the
-// conversations in flight, so that a conversation between turns still counts where it is
-// served.
+// prefixes: about the last 185 decisions (128 ÷ ln 2) count, more than a few rounds of turns
+// of the conversations in flight, so that a conversation between turns still counts where it
+// is served.
 const RecentHalfLife = 128
 
 // placement is an immutable ring over the configured backends.
@@ -304,18 +296,11 @@ func (p *Prefix) noteRouted(b *backend.Backend, work int64) {
 // send it with each decision they learn (package peering; a body that did not parse is not
 // learned, and counts on its own replica only) so that every replica counts a decision alike.
 //
-// Weighed by work, not counted per request, which took a replica given three long prompts
-// for lighter than one given five short ones: on the Mooncake trace (prompts from a few
-// hundred to 120k tokens, 4 simulated replicas; `prefixlb bench suite --workloads mooncake
-// --levels medium,near-saturation --repeat 5 --policies prefix`) p95 / p99 TTFT read 680 /
-// 1481 ms at medium load and 771 / 1616 ms near saturation, max share / mean 1.18 / 1.30,
-// against 719 / 1794, 772 / 1811 and 1.14 / 1.48 counting requests. Weighing by prompt tokens
-// (the cached ones too) read 702 / 1500 and 893 / 1718, and each request counting at least the
-// mean work 722 / 1597 and 954 / 1764. What it costs: agent sessions near saturation
-// (`--workloads agentic --levels near-saturation --repeat 3 --policies prefix,prefix-x3+peer`),
-// whose steps are light against their sessions' cold first requests, read p95 / p99 172 / 323
-// ms alone and 172 / 366 peered, against 151 / 304 and 171 / 384 counting requests (the full
-// suite's run of the request count read 172 ms alone there).
+// Weighed by work, not counted per request, which takes a replica given three long prompts
+// for lighter than one given five short ones; it helps most where prompt sizes vary widely
+// (the Mooncake trace) and costs a little on agent sessions, whose steps are light against
+// their cold first requests. Reproduce with `prefixlb bench suite --workloads
+// mooncake,agentic --levels medium,near-saturation --repeat 5 --policies prefix`.
 func (p *Prefix) RoutedWork(k *key.Key, matched int) int64 {
 	if k == nil || !k.OK || k.PromptTokens <= 0 {
 		return max(int64(math.Round(p.meanWork.Mean())), 1)
@@ -329,10 +314,9 @@ func (p *Prefix) RoutedWork(k *key.Key, matched int) int64 {
 // decisions of the prefixlb replicas this one is peered with (package peering), with its
 // own, on one clock, and TieBreakLoad ranks near-ties by that share before their in-flight
 // requests, as a replica alone does under TieBreakAuto. It does nothing under another
-// TieBreak or with NoSpreadNewPrefixes (nothing would read the share). In-flight requests alone miss the
-// conversations a replica serves between their turns: peered replicas in front of 4
-// simulated replicas (bench suite, agentic near saturation, 3 rounds) left one replica at a
-// tenth of the traffic while another took a third, and moved sessions off it.
+// TieBreak or with NoSpreadNewPrefixes (nothing would read the share). In-flight requests
+// alone miss the conversations a replica serves between their turns, and leave peered
+// replicas' traffic uneven (bench suite, agentic, prefix-x3+peer).
 func (p *Prefix) CountPeerRoutes() {
 	if p.sel.loadFirst && p.sel.spread {
 		p.peerRoutes.Store(true)
@@ -372,10 +356,8 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// and this proxy's own, what the replica's last scrape reported when it was read
 		// (backend.ScrapedExcess), not beyond the in-flight count now, which would also take
 		// this proxy's and its peers' requests answered since the scrape (up to an interval
-		// old) for other senders' work. Counted at the mean work, those sent bursts of the
-		// Mooncake trace away from replicas that had just answered (3 phantom requests, ~200
-		// ms of estimated queue, on 2 of 4 replicas with nothing in flight). inFlight below is
-		// backend.Busy, read once with its parts.
+		// old) for other senders' work and send bursts away from replicas that had just
+		// answered. inFlight below is backend.Busy, read once with its parts.
 		own, foreign := b.InFlight(), b.ScrapedExcess()
 		alone := b.OtherSenders() == backend.SendersAlone
 		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight(), matched: matched[j],

@@ -886,10 +886,9 @@ func TestShortFirstTurnFollowUp(t *testing.T) {
 // Conversations whose long first turns share only an opening of a few tokens ("You are a
 // helpful assistant", then a system prompt of their own) spread over the replicas: the first
 // chunk alone is framing, not a conversation's history, unless the prompt's own first turn
-// was that short (TestShortFirstTurnFollowUp). A hostile pass saw 12 such conversations go
-// 6/6/0 over 3 replicas (12/12/0 after a burst of short questions), the replicas that had
-// learned the opening taking each until they passed 1.3× their share; each of their
-// follow-ups must still find its own first turn.
+// was that short (TestShortFirstTurnFollowUp): the replicas that learned the opening must
+// not take every such conversation until they pass their share, and each follow-up must
+// still find its own first turn.
 func TestSharedOpeningSpreads(t *testing.T) {
 	build := func(msgs ...map[string]string) *key.Key { return chatKey(t, msgs...) }
 	msg := func(role, content string) map[string]string {
@@ -922,7 +921,7 @@ func TestSharedOpeningSpreads(t *testing.T) {
 			}
 			p := NewPrefix(PrefixOptions{TieBreak: tt.tie}, nil)
 			p.SetBackends(bs)
-			// A burst of short questions first, their follow-ups after (scenario 1 of the pass).
+			// A burst of short questions first, their follow-ups after.
 			for _, topic := range []string{"Rust", "Go", "tides", "bread", "jazz", "chess"} {
 				q := msg("user", "What is "+topic+"?")
 				d := p.Pick(build(q), bs)

@@ -5,9 +5,8 @@
 // replicas now — against which `prefixlb bench suite` measures the real policies (the p95 ÷
 // oracle column). It is not a lower bound: greedy placement gives up affinity (it sends a
 // session's next turn wherever is quickest now, not where its context will keep growing), and
-// on growing agent sessions prefix routing beat it (TTFT p95 0.68× the oracle's in a small
-// run). It is not a mode of `prefixlb serve`: no proxy can see a replica's KV cache and
-// scheduler this way.
+// on growing agent sessions prefix routing can beat it. It is not a mode of `prefixlb serve`:
+// no proxy can see a replica's KV cache and scheduler this way.
 package oracle
 
 import (
@@ -46,8 +45,8 @@ const pendingTTL = time.Second
 // a wide margin; and it does not model evictions during the walk (see sim.Engine.Predict).
 // One Oracle may serve several routers at once (bench compare shares one among an arm's
 // --router-replicas): Pick is safe for concurrent use and each routed request stays pending
-// until an arrival with its fingerprint (sim.Fingerprint) reaches its replica. Ties (equal predicted TTFT)
-// go to the candidate with the most cached tokens, then by a rotating start.
+// until an arrival with its fingerprint (sim.Fingerprint) reaches its replica. Ties (equal
+// predicted TTFT) go to the candidate with the most cached tokens, then by a rotating start.
 //
 // A request whose body the sim cannot read (or a backend that is not one of the cluster's
 // replicas) is routed least-loaded, as the replica will refuse it anyway.

@@ -63,7 +63,7 @@ type Row struct {
 	AddedP99vsHAProxy *float64 `json:"added_p99_vs_haproxy,omitempty"`
 }
 
-// Check is one of the issue's targets and whether this run met it.
+// Check is one of the overhead targets and whether this run met it.
 type Check struct {
 	Name string `json:"name"`
 	Want string `json:"want"`
@@ -138,7 +138,8 @@ func Derive(rows []Row) {
 	}
 }
 
-// The issue's targets (2-core machine, one run).
+// The overhead targets, for a 2-core machine: added latency over direct, rate against
+// HAProxy, the routing decision's time and the index's bytes per entry.
 const (
 	wantAddedP50us    = 100
 	wantAddedP99us    = 1000
@@ -149,13 +150,13 @@ const (
 	checkLatencyBody  = 16 << 10
 	checkRPSBody      = 1 << 10
 	checkRoutingBody  = 128 << 10
-	// checkRoutingMaxBody is issue 18's 1 MB coding-agent body.
+	// checkRoutingMaxBody is the 1 MB coding-agent body (package agentbody).
 	checkRoutingMaxBody = 1 << 20
 )
 
 func met(ok bool) *bool { return &ok }
 
-// Checks evaluates the issue's targets on a derived report.
+// Checks evaluates the overhead targets on a derived report.
 func Checks(rep *Report) []Check {
 	var out []Check
 	row := func(size int, name string) *Row {

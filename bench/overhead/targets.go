@@ -328,10 +328,9 @@ func haproxyTarget(bin, dir string, backends []string, tcp bool) (*target, error
 // harness's backends too: 8 Mi, so that the coding-agent sessions at 1 MB (64 sessions of up
 // to ~221k tokens, 14M in all over two backends) fit, as on a fleet sized for its sessions.
 // At the default (400k tokens per backend) they cannot: every request then misses, relearns
-// its whole prompt (3,458 chunks) and evicts as many, and Learn is 41% of prefixlb's CPU at 1
-// MB (0.88 ms of CPU per request against 0.50 ms in round-robin mode, one run). Smaller
-// bodies are not affected (their shared system prompts stay, their unique turns are evicted
-// either way).
+// its whole prompt (~3,500 chunks) and evicts as many, and Learn dominates prefixlb's CPU at
+// 1 MB, measuring a cache too small for its sessions rather than routing. Smaller bodies are
+// not affected (their shared system prompts stay, their unique turns are evicted either way).
 const BenchKVCacheTokens = 8 << 20
 
 // prefixlbConfig renders the YAML of a benchmarked prefixlb; peering, when set, is its
@@ -352,9 +351,8 @@ func prefixlbConfig(listen, mode, logLevel string, backends []string, peering st
 // one joining it, both child processes in mode prefix, with a fresh random secret. Its CPU is
 // both processes' (the measured one's routing and sending, the peer's receiving: per request,
 // what each of two replicas that route as much pays), its peak RSS the measured one's; the
-// peer's stop is folded into the target's. With
-// a profile directory the idle peer writes one too (prefixlb-idle-peer.prof): what receiving
-// the measured one's updates costs.
+// peer's stop is folded into the target's. With a profile directory the idle peer writes one
+// too (prefixlb-idle-peer.prof): what receiving the measured one's updates costs.
 func peeredPrefixlbTargets(argv []string, dir, logLevel string, backends []string, profDir string, extraEnv []string) (*target, error) {
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {

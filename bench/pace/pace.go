@@ -3,12 +3,11 @@
 //
 // Why: a Go timer shorter than a millisecond, in a process with nothing else to run, fires
 // after at least 1 ms (the runtime's netpoller waits in whole milliseconds: runtime's
-// netpoll_epoll.go rounds a shorter wait up to 1 ms); on this project's 2-core VMs a 50 µs
-// time.Sleep took 1.15 ms (p50 of 200). At --speedup 8 a 0.2 ms wall-clock step then ends 7 ms
-// of model time late, so a simulated TTFT of a few ms is mostly the timer's granularity, and
-// tokens come in bursts (ITL p50 0.0 against a 0.75 ms step). On Linux a Sleeper reads a
-// timerfd through the netpoller, which the kernel's high-resolution timer wakes: 98 µs p50 for
-// 50 µs on the same machine. Elsewhere it is a Go timer.
+// netpoll_epoll.go rounds a shorter wait up to 1 ms). At --speedup 8 a 0.2 ms wall-clock step
+// would then end several ms of model time late, so a simulated TTFT of a few ms would be
+// mostly the timer's granularity, and tokens would come in bursts. On Linux a Sleeper reads a
+// timerfd through the netpoller, which the kernel's high-resolution timer wakes within about
+// a tenth of a millisecond. Elsewhere it is a Go timer.
 package pace
 
 import "time"

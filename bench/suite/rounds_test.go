@@ -140,8 +140,9 @@ func TestSuiteRounds(t *testing.T) {
 	o.Workload, o.Replicas, o.Speedup = "shared-prefix", smokeReplicas, smokeSpeedup
 	o.AllowBursts = true
 	// 1 request/s (50 ms of wall time at 20×), so that each group's earlier prompt has
-	// finished its prefill when the next comes, whatever the machine: at 10 req/s a busy CI
-	// machine bunched the sends and a round-robin round saw no cache hit, which flags the arm.
+	// finished its prefill when the next comes, whatever the machine: a busy machine that
+	// bunches faster sends can leave a round-robin round without a cache hit, which flags
+	// the arm.
 	o.Flags = bench.WorkloadFlags{Groups: 2, PromptsPerGroup: 3, SystemTokens: 256, QuestionTokens: 16, OutputTokens: 8, Rate: 1}
 	cells := []Cell{{Workload: "shared-prefix", Level: "medium", Load: "1 req/s", Rate: 1, Options: o}}
 	ctx, cancel := context.WithTimeout(context.Background(), smokeTimeout)

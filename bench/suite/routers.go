@@ -1,4 +1,4 @@
-// Several prefixlb replicas against one: issue 16's target for the multi-router arms.
+// Several prefixlb replicas against one: the target for the multi-router arms.
 
 package suite
 
@@ -10,7 +10,7 @@ import (
 	"github.com/prefixlb/prefixlb/bench/report"
 )
 
-// Issue 16's target for N prefixlb replicas behind a per-request spread, against one prefixlb
+// The target for N prefixlb replicas behind a per-request spread, against one prefixlb
 // (the prefix arm) in the same cell: the cached-token ratio at least RoutersCachedTarget of
 // prefix's and TTFT p95 at most RoutersP95Target × prefix's, both compared round by round
 // where the cell ran several (pairedRounds).
@@ -31,7 +31,8 @@ type RouterCheck struct {
 	Rounds []float64
 }
 
-// Meets reports whether the arm holds issue 16's target.
+// Meets reports whether the arm holds the several-replicas target (RoutersCachedTarget,
+// RoutersP95Target).
 func (c RouterCheck) Meets() bool {
 	return c.Cached >= RoutersCachedTarget && c.P95 <= RoutersP95Target
 }
@@ -68,15 +69,11 @@ func routerChecks(cell string, rows []Row, arms []Arm) []RouterCheck {
 //
 // Why not the ratio of the two arms' medians (Combine), as the rest of the scoreboard: the
 // suite interleaves rounds (every policy once, then again), so the two arms of a round ran a
-// few seconds apart, and this machine's speed drifts between rounds more than issue 16's
-// margin. Ten interleaved pairs on OASST medium (`bench compare --workload oasst
-// --conversations 300 --rate 32 --speedup 2 --modes prefix [--router-replicas 3 --peering]`,
-// 9c83c44 on 2 shared cores) read single-replica p95s 13.0–18.3 ms; the first five rounds'
-// requests pooled against the last five's, same binary, read 1.11×. The paired ratios were
-// 0.79–1.41, median 1.08; in blocks of three rounds the median of the paired ratios read
-// 1.06 / 0.97 / 1.09 where the ratio of the medians read 1.16 / 1.00 / 1.09. Cached tokens
-// are a sum that a slow moment does not move, so they are pooled; one round's cached-token
-// ratio still moved 0.742–0.769 over those ten single-replica rounds.
+// few seconds apart, and a shared machine's speed drifts between rounds by more than
+// RoutersP95Target's margin; the paired ratio cancels that drift. Cached tokens are a sum
+// that a slow moment does not move, so they are pooled. To see the drift: interleave
+// `bench compare --workload oasst --conversations 300 --rate 32 --speedup 2 --modes prefix`
+// with the same plus `--router-replicas 3 --peering`, ten times each.
 func pairedRounds(x, y *Arm) (cached, p95 float64, rounds []float64, ok bool) {
 	if len(x.Rounds) < 2 || len(x.Rounds) != len(y.Rounds) {
 		return 0, 0, nil, false
@@ -97,8 +94,8 @@ func pairedRounds(x, y *Arm) (cached, p95 float64, rounds []float64, ok bool) {
 }
 
 // routersBlock is the part of "where prefix loses" on the multi-router arms: per cell each
-// arm's cached-token ratio and TTFT p95 ÷ prefix's, whether it meets issue 16's target, and a
-// tally per arm. Empty when the suite ran no multi-router arm.
+// arm's cached-token ratio and TTFT p95 ÷ prefix's, whether it meets the several-replicas
+// target, and a tally per arm. Empty when the suite ran no multi-router arm.
 func routersBlock(b *Board) string {
 	var arms []string // multi-router policies, in the suite's order
 	for _, p := range b.Result.Policies {

@@ -11,8 +11,7 @@ import (
 )
 
 // LossMargin is how far above another arm's TTFT p95 prefix's must be for the cell to count
-// as a loss: 10% (issue 14, "Done when"), above the run-to-run noise of a p95 on a shared
-// 2-core machine.
+// as a loss: 10%, above the run-to-run noise of a p95 on a shared 2-core machine.
 const LossMargin = 0.10
 
 // Row is one arm in the scoreboard.
@@ -56,9 +55,9 @@ type Board struct {
 	// Routers are the multi-router arms (prefix×N, prefix×N+peer) against the prefix arm,
 	// per cell (routers.go).
 	Routers []RouterCheck
-	// Targets are the cells' prefix arms against issue 15's targets (targets.go), for the
-	// cells with a valid prefix arm; PrefixFlagged the cells whose prefix arm ran but is
-	// not valid.
+	// Targets are the cells' prefix arms against the predicted-TTFT targets (targets.go),
+	// for the cells with a valid prefix arm; PrefixFlagged the cells whose prefix arm ran but
+	// is not valid.
 	Targets       []TargetCheck
 	PrefixFlagged []string
 }

@@ -227,8 +227,9 @@ func TestParsePolicy(t *testing.T) {
 	}
 }
 
-// TestRoutersBlock: each multi-router arm is compared with the cell's prefix arm on issue 16's
-// target (cached-token ratio ≥ 99%, TTFT p95 ≤ 1.15×); flagged arms are not judged; the tally
+// TestRoutersBlock: each multi-router arm is compared with the cell's prefix arm on the
+// several-replicas target (cached-token ratio ≥ 99%, TTFT p95 ≤ 1.15×); flagged arms are
+// not judged; the tally
 // counts the cells each arm meets it in.
 func TestRoutersBlock(t *testing.T) {
 	cached := func(m *report.Mode, r float64) *report.Mode { m.CachedTokenRatio = r; return m }

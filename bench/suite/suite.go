@@ -33,8 +33,8 @@ const (
 	PrefixPolicy = "prefix"
 	// SuiteRouterReplicas is the router count of the "prefix×3" and "prefix×3+peer" arms: N
 	// prefixlb replicas behind a per-request spread (a Service in front of a 3-replica
-	// Deployment, the worst case for affinity; issue 14 item 5), independent (each its own
-	// index) or peered (package peering: one shared index and load view; issue 16).
+	// Deployment, the worst case for affinity), independent (each its own index) or peered
+	// (package peering: one shared index and load view).
 	SuiteRouterReplicas = 3
 	// PeerSuffix marks a multi-router prefix arm whose routers are peered: prefix×N+peer.
 	PeerSuffix = "+peer"

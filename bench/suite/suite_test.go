@@ -115,10 +115,10 @@ func TestSuiteSmoke(t *testing.T) {
 		{Workload: "multi-turn", Level: "closed", Load: "2 users", Options: tiny("multi-turn",
 			bench.WorkloadFlags{Conversations: 2, Turns: 3, Users: 2, DocTokens: 300, OutputTokens: 8})},
 		// 3 req/s: the 6 prompts arrive over ≈100 ms wall, mostly after one another's
-		// prefills (≈8 ms), so every arm has prefixes to reuse: at 40 req/s the greedy oracle
-		// once spread a burst that arrived before any prefill ended, and at 10 req/s (≈30 ms)
-		// the three unpeered routers, each placing a new prefix by its own in-flight view,
-		// once put every repeat of a group on the replica not yet holding it (CI, no hit).
+		// prefills (≈8 ms), so every arm has prefixes to reuse: at higher rates a burst can
+		// arrive before any prefill ended, and the greedy oracle or the three unpeered
+		// routers (each placing a new prefix by its own in-flight view) then spread it so
+		// that no repeat finds its group cached, which flags the arm.
 		{Workload: "shared-prefix", Level: "medium", Load: "3 req/s", Rate: 3, Options: tiny("shared-prefix",
 			bench.WorkloadFlags{Groups: 2, PromptsPerGroup: 3, SystemTokens: 256, QuestionTokens: 16, OutputTokens: 8, Rate: 3})},
 	}

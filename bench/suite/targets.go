@@ -1,4 +1,4 @@
-// Issue 15's targets for the prefix arm, per cell: the scoreboard's last table.
+// The predicted-TTFT targets for the prefix arm, per cell: the scoreboard's last table.
 
 package suite
 
@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// Issue 15's targets (routing by predicted TTFT), per cell, for the prefix arm: TTFT p95 at
+// The predicted-TTFT targets, per cell, for the prefix arm: TTFT p95 at
 // most TargetP95Oracle × the oracle's and at most every peer policy's; TTFT p99 at most
 // round-robin's; cached-token ratio at least TargetCachedOracle × the oracle's; max share /
 // mean at most TargetMaxShare, or at most the oracle's where the oracle itself concentrates.
@@ -19,7 +19,7 @@ const (
 	TargetMaxShare     = 1.3
 )
 
-// TargetCheck is the prefix arm of one cell against issue 15's targets. A figure whose
+// TargetCheck is the prefix arm of one cell against the predicted-TTFT targets. A figure whose
 // yardstick arm is missing or flagged is NaN (not judged) and its check false.
 type TargetCheck struct {
 	Cell string
@@ -91,7 +91,7 @@ func targetChecks(cell string, rows []Row) (TargetCheck, bool) {
 	return t, true
 }
 
-// targetsBlock is issue 15's table: one row per cell with a valid prefix arm, the count of
+// targetsBlock is the targets' table: one row per cell with a valid prefix arm, the count of
 // judged cells that meet every target, and the cells not judged (a yardstick missing or
 // flagged) or whose prefix arm is flagged.
 func targetsBlock(b *Board) string {

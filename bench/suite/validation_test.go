@@ -11,9 +11,8 @@ import (
 )
 
 // TestParsePolicyRouterCountOverflow: prefix×N is accepted for 1..MaxRouters and refused
-// beyond, overflow included (strconv.Atoi's overflow error was dropped and n = MaxInt64
-// passed, so the suite tried to start 9.2e18 in-process prefixlb replicas per arm and every
-// arm failed with "too many open files").
+// beyond, overflow included (with strconv.Atoi's overflow error dropped, n = MaxInt64 would
+// pass and the suite would try to start that many in-process replicas per arm).
 func TestParsePolicyRouterCountOverflow(t *testing.T) {
 	for _, tc := range []struct {
 		p    string

@@ -39,7 +39,7 @@ type AgenticParams struct {
 	// Versions is the number of client versions; each session uses one, drawn uniformly, and
 	// sessions of one version share its tools + system prompt. Assumption: 3.
 	Versions int
-	// PrefixTokens is the median size of a version's tools + system prompt (issue 14: ~17k).
+	// PrefixTokens is the median size of a version's tools + system prompt (published: ~17k).
 	// Each version's own size is within ±PrefixJitter of it.
 	PrefixTokens int
 	PrefixJitter float64
@@ -49,11 +49,11 @@ type AgenticParams struct {
 	// FirstUserTokens is the median size of a session's first user message (the task and the
 	// project context the agent attaches). Assumption: 1000, lognormal sigma 0.5.
 	FirstUserTokens int
-	// Requests is the median number of requests per session (issue 14: ~45), lognormal with
+	// Requests is the median number of requests per session (published: ~45), lognormal with
 	// RequestsSigma (assumption: 0.35), within [MinRequests, 3 × Requests].
 	Requests      int
 	RequestsSigma float64
-	// ContextTokens is the median prompt size of a session's last request (issue 14: ~100k),
+	// ContextTokens is the median prompt size of a session's last request (published: ~100k),
 	// lognormal with ContextSigma (assumption: 0.2). Tool results fill the growth.
 	ContextTokens int
 	ContextSigma  float64
@@ -61,13 +61,13 @@ type AgenticParams struct {
 	// assumption: 1.0, a few large file reads among many short shell outputs).
 	ToolResultSigma float64
 	// Think is the median wait between a reply and the next request (the tool running and the
-	// agent deciding; issue 14: ~10 s), lognormal with ThinkSigma (assumption: 0.6), within
+	// agent deciding; published: ~10 s), lognormal with ThinkSigma (assumption: 0.6), within
 	// [ThinkMin, ThinkMax].
 	Think              time.Duration
 	ThinkSigma         float64
 	ThinkMin, ThinkMax time.Duration
-	// OutputTokens is the median max_tokens of a request (issue 14: ~200), lognormal with
-	// OutputSigma, capped at MaxOutput (issue 14: the tail reaches ~1.5k). OutputSigma 0.87
+	// OutputTokens is the median max_tokens of a request (published: ~200), lognormal with
+	// OutputSigma, capped at MaxOutput (published: the tail reaches ~1.5k). OutputSigma 0.87
 	// puts the 99th percentile at 1.5k: ln(1500/200)/2.326.
 	OutputTokens int
 	OutputSigma  float64
@@ -82,8 +82,9 @@ type AgenticParams struct {
 	Seed        uint64
 }
 
-// DefaultAgentic returns the published shape (issue 14's figures) with the bench's assumptions
-// for the spreads, for 12 sessions at 0.1 sessions/s, sized under the sim's MaxModelLen.
+// DefaultAgentic returns the published shape (the sources at the top of this file) with the
+// bench's assumptions for the spreads, for 12 sessions at 0.1 sessions/s, sized under the
+// sim's MaxModelLen.
 func DefaultAgentic() AgenticParams {
 	return AgenticParams{Sessions: 12, Rate: 0.1, Versions: 3, PrefixTokens: 17_000, PrefixJitter: 0.05,
 		SystemShare: 0.2, FirstUserTokens: 1000, Requests: 45, RequestsSigma: 0.35,

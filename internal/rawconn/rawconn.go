@@ -5,11 +5,11 @@
 // wakes the runtime's monitor thread (sysmon) from its deep sleep and resets it to a 20 µs
 // tick, and a call that lasts longer than one tick (a 16 KB write on loopback delivers the
 // data to the reader inside the same call) gets its P handed to another thread. A proxy at a
-// moderate request rate pays that on every request: measured with `perf record -e
-// sched:sched_switch` on prefixlb relaying 16 KB requests one at a time, sysmon's sleeps
-// were about 40% of the process's ~4 context switches per request (HAProxy: 2). Sockets in
-// the netpoller are non-blocking, so these calls return at once; EAGAIN parks the goroutine
-// in the netpoller exactly as net.Conn does, with the same deadlines.
+// moderate request rate pays that on every request (`perf record -e sched:sched_switch` on
+// prefixlb relaying 16 KB requests one at a time shows sysmon's wake-ups among its context
+// switches). Sockets in the netpoller are non-blocking, so these calls return at once;
+// EAGAIN parks the goroutine in the netpoller exactly as net.Conn does, with the same
+// deadlines.
 //
 // Elsewhere than Linux, Wrap returns the connection unchanged.
 package rawconn

@@ -82,8 +82,8 @@ func FreeAddr(t testing.TB) string {
 
 // DeadURL is the URL of a 127.0.0.1 port where connecting is refused until the test ends:
 // the port stays bound to a socket that never listens (deadAddr), so that no other test
-// process takes it meanwhile (a port listened on and closed was taken by a parallel package's
-// listener once, and a request to it hung for the client's 30 s timeout instead of failing).
+// process takes it meanwhile (a port listened on and closed can be taken by a parallel
+// package's listener, and a request to it then hangs instead of failing).
 func DeadURL(t testing.TB) string {
 	t.Helper()
 	return "http://" + deadAddr(t)

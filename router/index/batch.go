@@ -14,9 +14,8 @@ import "sync"
 //
 // Short prompts gain nothing from it and would pay the grouping (a batch of n chunks over 64
 // shards saves locks only once n is well above 64): Match looks up the first seqChunks
-// chunks one at a time, and Record batches only more than seqChunks held chunks. Measured
-// with BenchmarkRoutingDecision (one run, 2 cores): at 16 KB (57 chunks) 8.3 µs against 10.2
-// with seqChunks 32 and firstBatch 64; at 1 MB (3,500 chunks) 490 against 960 µs unbatched.
+// chunks one at a time, and Record batches only more than seqChunks held chunks. The
+// thresholds are set with BenchmarkRoutingDecision (./proxy/) at 16 KB and 1 MB bodies.
 // Past those, Match cannot know how far a prompt is held before it looks, so it looks up
 // growing batches, firstBatch chunks, then batchGrowth times more each time up to
 // batchChunks: a prompt held for n chunks costs at most about batchGrowth × n lookups.

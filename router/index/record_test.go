@@ -133,7 +133,7 @@ func TestRecordHeldSkipsFreshPrefix(t *testing.T) {
 	}
 }
 
-// Forget and RecordHeld together (break-it findings): what an accepted request relies on,
+// Forget and RecordHeld together: what an accepted request relies on,
 // or a later incarnation of the backend holds, is never withdrawn by another Record's Forget.
 func TestForgetNeverTakesWhatOthersHold(t *testing.T) {
 	sys := chain(1, 4)
@@ -201,8 +201,8 @@ func keyChunks(seed uint64, n int) []uint64 {
 // TestFitKeepsPeersInStep: one session's prompts, each extending the last and weighing more
 // than the backend's capacity, recorded on one index with the held hint and sent to another
 // as peering sends them (the chunks past held, up to Fit): both match the same every step.
-// Sent past the cut, the peer recorded coarse chunks the first never held and evicted its own
-// copy of the prefix for them (166, 162, 158, … against 170).
+// Sent past the cut, the peer would record coarse chunks the first never held and evict its
+// own copy of the prefix for them.
 func TestFitKeepsPeersInStep(t *testing.T) {
 	const capacity = 468 // 30,000 KV tokens of 64-token chunks
 	b := newBackend(t, "a", capacity*64)

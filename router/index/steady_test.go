@@ -74,7 +74,7 @@ func (st *steady) record() { st.x.Record(st.prompt, st.next(), t0) }
 // an index at capacity, in the shape of the proxy's 16 KB chat bodies (see steady);
 // RecordHeld is the proxy's Learn, told that the shared prompt was matched; PeerRecord and
 // PeerRecordNew are a peer's update of the same decision (the chunks past the shared prompt),
-// recorded as peering did before RecordNew and as it does now.
+// recorded by Record for comparison and by RecordNew, as package peering records it.
 func BenchmarkRecordSteadyState(b *testing.B) {
 	for _, op := range []string{"Record", "Match", "MatchRecord", "RecordHeld", "PeerRecord", "PeerRecordNew"} {
 		b.Run(op, func(b *testing.B) {
