@@ -48,6 +48,14 @@ func temporaryAccept(err error) bool {
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
+// errH2Preface is returned by a client connection's Read when the connection opens with the
+// HTTP/2 connection preface (h2c with prior knowledge): fasthttp would refuse its request
+// target "*" with a 400; the client gets 505, as for any HTTP version but 1.0 and 1.1.
+var errH2Preface = errors.New("HTTP/2 connection preface on an HTTP/1 port")
+
+// h2Preface is the request line of the HTTP/2 connection preface (RFC 9113 §3.4).
+const h2Preface = "PRI * HTTP/2.0\r\n"
+
 // errBareLF is returned by a client connection's Read when the request header it is
 // reading ended its lines in bare LF: fasthttp waits for a CRLF CRLF that such a client
 // never sends, so the read fails at once and the client gets 400 instead of a hang until
@@ -75,6 +83,7 @@ type clientConn struct {
 	net.Conn
 	inRequest bool // handle is running: the bytes read are a body, not a header
 	lf        lfScan
+	pri       int // bytes of h2Preface the connection opened with so far; past it: not a preface
 	linger    atomic.Bool
 }
 
@@ -88,10 +97,26 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		return 0, errBareLF
 	}
 	n, err := c.Conn.Read(p)
+	if c.pri < len(h2Preface) && n > 0 && c.preface(p[:n]) {
+		return 0, errH2Preface
+	}
 	if n > 0 {
 		c.lf.scan(p[:n])
 	}
 	return n, err
+}
+
+// preface follows the first bytes of the connection and reports whether they complete the
+// request line of the HTTP/2 preface (the read that completes it is withheld from fasthttp,
+// which would answer it as a malformed HTTP/1 request).
+func (c *clientConn) preface(p []byte) bool {
+	k := min(len(p), len(h2Preface)-c.pri)
+	if string(p[:k]) != h2Preface[c.pri:c.pri+k] {
+		c.pri = len(h2Preface) + 1
+		return false
+	}
+	c.pri += k
+	return c.pri == len(h2Preface)
 }
 
 // beginRequest marks the start of a request's handler: what is read from now on is body.

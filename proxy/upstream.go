@@ -24,7 +24,8 @@ const maxIdleAge = 4 * time.Second
 // maxIdlePerBackend bounds the idle pool of one backend.
 const maxIdlePerBackend = 1024
 
-// connBufferSize is the read and the write buffer of an upstream connection, bytes.
+// connBufferSize is the read and the write buffer of an upstream connection, bytes. A
+// response head longer than it grows the read buffer to maxResponseHead (upframe.go).
 const connBufferSize = 16 << 10
 
 // tcpKeepAlive is the keep-alive probe period of upstream connections.
@@ -38,6 +39,10 @@ type uconn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	idleFrom time.Time
+	body     upBody // the body of the response being read (upframe.go)
+	// noReuse: the connection cannot carry another request (a close-delimited body, trailers
+	// cut short, a read buffer grown for a long head): put closes it.
+	noReuse bool
 
 	peekFn    func(fd uintptr) // peek bound once at dial, so that silent does not allocate
 	peekQuiet bool
@@ -107,21 +112,6 @@ func (c *uconn) writeRequest(req *fasthttp.Request) error {
 		return err
 	}
 	_, err := rawconn.WriteVector(c.Conn, hdr, body)
-	return err
-}
-
-// readHead reads the response head from c into f.resp, the body left to stream. When a body
-// follows, it also waits for its first byte: vLLM sends stream headers at once, then queues
-// and prefills, and nothing reaches the client before the first body byte (fasthttp sends
-// headers with the first chunk), so a backend that dies in that window is still retried
-// elsewhere.
-func readHead(f *flow, c *uconn, head bool) error {
-	f.resp.StreamBody = true
-	f.resp.SkipBody = head
-	err := f.resp.Read(c.br)
-	if err == nil && hasBody(&f.resp, head) {
-		_, err = c.br.Peek(1)
-	}
 	return err
 }
 
@@ -216,7 +206,7 @@ func (u *upstream) dial() (*uconn, error) {
 func (u *upstream) put(c *uconn, now time.Time) {
 	c.idleFrom = now
 	u.mu.Lock()
-	if !u.removed && len(u.idle) < maxIdlePerBackend && c.br.Buffered() == 0 {
+	if !u.removed && !c.noReuse && len(u.idle) < maxIdlePerBackend && c.br.Buffered() == 0 {
 		u.idle = append(u.idle, c)
 		c = nil
 	}
