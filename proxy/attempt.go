@@ -31,7 +31,8 @@ func isRetryStatus(status int) bool {
 // retryable reports whether an attempt that failed with err may be retried on another
 // backend: nothing of it reached the client, and the backend, not the request, failed. (A
 // body cut short is errTruncated here only when it was read ahead before the head went to
-// the client: readHead.)
+// the client: readHead.) prefixlb's own resources running out (localError) is not: another
+// backend would meet the same limit.
 func retryable(err error) bool {
 	var rs retryStatus
 	var de *dialError
@@ -134,7 +135,8 @@ func (s *Server) exchange(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend,
 
 // exchangeOn is exchange on one connection: a pooled one, or a new one when dial is set.
 // stale reports a failure of a reused connection that a resend on a new one may fix; other
-// failures are classified and counted against b's health.
+// failures are classified and counted against b's health, but for prefixlb's own resources
+// running out (localError), which is reported as prefixlb's and never as b's.
 func (s *Server) exchangeOn(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, up *upstream, head, dial bool) (early, stale bool, err error) {
 	now := time.Now()
 	var conn *uconn
@@ -145,7 +147,11 @@ func (s *Server) exchangeOn(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backen
 		conn, reused, err = up.get(now)
 	}
 	if err != nil {
-		s.hc.Observe(b, health.OutcomeConnectError)
+		if le := (*localError)(nil); errors.As(err, &le) {
+			s.local.report(le.kind, "dial", le.err)
+		} else {
+			s.hc.Observe(b, health.OutcomeConnectError)
+		}
 		return false, false, err
 	}
 	if !f.setConn(conn) {
