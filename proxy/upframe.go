@@ -385,7 +385,7 @@ func (b *upBody) sizeLine() error {
 		if d < 0 {
 			break
 		}
-		if digits >= 15 { // over 2^60: no chunk is that long
+		if size >= 1<<59 { // past 2^63 with this digit: no chunk is that long
 			return &failure{errInvalidResponse, errChunkLine}
 		}
 		size = size<<4 | int64(d)

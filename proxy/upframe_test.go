@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
+	"net/http/httputil"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -53,7 +55,8 @@ func TestUpBodyFraming(t *testing.T) {
 		{"size line in bare LF", "5\nhello\r\n0\r\n\r\n", -1, "", errChunkLine, false, ""},
 		{"no size", ";x\r\nhello\r\n0\r\n\r\n", -1, "", errChunkLine, false, ""},
 		{"junk after the size", "5 5\r\nhello\r\n0\r\n\r\n", -1, "", errChunkLine, false, ""},
-		{"size over 2^60", "1000000000000000\r\nx", -1, "", errChunkLine, false, ""},
+		{"size over 2^63", "8000000000000000\r\nx", -1, "", errChunkLine, false, ""},
+		{"leading zeros", "00000000000000000005\r\nhello\r\n0\r\n\r\n", -1, "hello", io.EOF, false, ""},
 		{"data past its size", "3\r\nhello\r\n", -1, "hel", errChunkEnd, false, ""},
 	} {
 		for _, step := range []int{1, 3, 64} {
@@ -117,4 +120,33 @@ func TestStatusInRange(t *testing.T) {
 			t.Errorf("%q: %v, want %v", line, got, want)
 		}
 	}
+}
+
+// FuzzUpBodyChunked decodes arbitrary bytes as a chunked body: never a panic, never more data
+// than the input, and wherever Go's net/http decoder takes the bytes as a whole body, the same
+// data (the trailer section, which Go's decoder leaves to its caller, may then still be cut).
+func FuzzUpBodyChunked(f *testing.F) {
+	for _, seed := range []string{
+		"5\r\nhello\r\n0\r\n\r\n",
+		"5 ; a=b\r\nhello\r\n6\r\n world\r\n0\r\nX: y\r\n\r\n",
+		"1;e\r\nx\r\n0\r\nA: b\n\n",
+		"3\r\nhello\r\n",
+		"ffffffffffffffff\r\n",
+		"5\nhello\r\n0\r\n\r\n",
+	} {
+		f.Add([]byte(seed), uint8(7))
+	}
+	f.Fuzz(func(t *testing.T, wire []byte, step uint8) {
+		data, err, _ := bodyOf(string(wire), -1, int(step)+1, connBufferSize)
+		if len(data) > len(wire) {
+			t.Fatalf("%d bytes of data from %d of input", len(data), len(wire))
+		}
+		if err != io.EOF && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, errInvalidResponse) {
+			t.Fatalf("error %v is none of the body's", err)
+		}
+		ref, rerr := io.ReadAll(httputil.NewChunkedReader(bufio.NewReader(bytes.NewReader(wire))))
+		if rerr == nil && (string(ref) != data || (err != io.EOF && !errors.Is(err, io.ErrUnexpectedEOF))) {
+			t.Fatalf("Go's decoder reads %q; prefixlb's %q, %v", ref, data, err)
+		}
+	})
 }
