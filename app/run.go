@@ -21,6 +21,7 @@ import (
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/discovery"
+	"github.com/prefixlb/prefixlb/internal/fdlimit"
 	"github.com/prefixlb/prefixlb/proxy"
 )
 
@@ -54,6 +55,7 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 		ctx = context.Background()
 	}
 	stamp := fileStamp(rl.Path) // before serving: a change from here on is a reload
+	raiseFDLimit(log)
 	// Signals are taken over before the listeners open: a SIGHUP sent as soon as the port
 	// answers (a config tool reacting to readiness) must reload, not kill the process.
 	sig := make(chan os.Signal, 1)
@@ -79,7 +81,7 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	log.Info("prefixlb serving", zap.String("listen", ln.Addr().String()), zap.String("admin_listen", aln.Addr().String()),
 		zap.String("mode", cfg.Mode), zap.Int("backends", len(cfg.Backends)))
 	sv := s.Start(ctx, ln)
-	go func() { _ = s.ServeAdmin(aln) }()
+	go func() { _ = s.ServeAdmin(s.AdminListener(aln)) }()
 	if rl.OnReady != nil {
 		rl.OnReady(s, ln.Addr(), aln.Addr())
 	}
@@ -138,6 +140,29 @@ func requestReload(reloads chan<- string, why string) {
 	select {
 	case reloads <- why:
 	default:
+	}
+}
+
+// logFDLimit is the message of the line that states the open-file limit at start.
+const logFDLimit = "file-descriptor limit"
+
+// raiseFDLimit raises the soft open-file limit to the hard limit, as Envoy and HAProxy do at
+// start, and logs the limit in force once: every stream holds two descriptors, and the data
+// path keeps a reserve of them for the admin port, health checks and peering (proxy's
+// descriptor budget, sized from this limit when the proxy is built).
+func raiseFDLimit(log *zap.Logger) {
+	before, after, err := fdlimit.Raise()
+	switch {
+	case after.Unknown:
+		return
+	case err != nil:
+		log.Warn(logFDLimit+": could not raise the soft limit to the hard limit",
+			zap.Uint64("soft", after.Soft), zap.Uint64("hard", after.Hard), zap.Error(err))
+	default:
+		data, clients, reserve := proxy.DescriptorBudget(after.Soft)
+		log.Info(logFDLimit, zap.Uint64("soft", after.Soft), zap.Uint64("hard", after.Hard),
+			zap.Uint64("soft_before", before.Soft), zap.Bool("raised", after.Soft > before.Soft),
+			zap.Int64("data_path_max", data), zap.Int64("clients_max", clients), zap.Int64("reserve", reserve))
 	}
 }
 

@@ -29,12 +29,15 @@ func isRetryStatus(status int) bool {
 }
 
 // retryable reports whether an attempt that failed with err may be retried on another
-// backend: nothing of it reached the client, and the backend, not the request, failed.
+// backend: nothing of it reached the client, and the backend, not the request, failed. (A
+// body cut short is errTruncated here only when it was read ahead before the head went to
+// the client: readHead.) prefixlb's own resources running out (localError) is not: another
+// backend would meet the same limit.
 func retryable(err error) bool {
 	var rs retryStatus
 	var de *dialError
 	return errors.As(err, &rs) || errors.As(err, &de) || errors.Is(err, errHeaderTimeout) ||
-		errors.Is(err, errUpstreamClosed) || errors.Is(err, errInvalidResponse)
+		errors.Is(err, errUpstreamClosed) || errors.Is(err, errInvalidResponse) || errors.Is(err, errTruncated)
 }
 
 // earlyResponseWait bounds the read of a response after writing the request failed: a
@@ -132,7 +135,8 @@ func (s *Server) exchange(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend,
 
 // exchangeOn is exchange on one connection: a pooled one, or a new one when dial is set.
 // stale reports a failure of a reused connection that a resend on a new one may fix; other
-// failures are classified and counted against b's health.
+// failures are classified and counted against b's health, but for prefixlb's own resources
+// running out (localError), which is reported as prefixlb's and never as b's.
 func (s *Server) exchangeOn(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, up *upstream, head, dial bool) (early, stale bool, err error) {
 	now := time.Now()
 	var conn *uconn
@@ -143,7 +147,11 @@ func (s *Server) exchangeOn(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backen
 		conn, reused, err = up.get(now)
 	}
 	if err != nil {
-		s.hc.Observe(b, health.OutcomeConnectError)
+		if le := (*localError)(nil); errors.As(err, &le) {
+			s.local.report(le.kind, "dial", le.err)
+		} else {
+			s.hc.Observe(b, health.OutcomeConnectError)
+		}
 		return false, false, err
 	}
 	if !f.setConn(conn) {
@@ -164,7 +172,7 @@ func (s *Server) exchangeOn(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backen
 		s.hc.Observe(b, health.OutcomeTimeout)
 		return false, false, &failure{errHeaderTimeout, err}
 	}
-	if !errors.Is(err, errInvalidResponse) {
+	if !errors.Is(err, errInvalidResponse) && !errors.Is(err, errTruncated) {
 		err = classify(err)
 	}
 	s.hc.Observe(b, health.OutcomeConnectError)
@@ -245,8 +253,7 @@ func (s *Server) relayResponse(ctx *fasthttp.RequestCtx, f *flow, b *backend.Bac
 	}
 	var route [routeHeaderCap]byte
 	ctx.Response.Header.SetBytesV(HeaderRoute, appendRouteHeader(route[:0], f.dec, f.k.PromptTokens, f.settles))
-	f.body = f.resp.BodyStream()
-	if f.body == nil { // HEAD, 204, 304
+	if f.body == nil { // HEAD, 204, 304, Content-Length: 0
 		f.eof = true
 		ctx.Response.SkipBody = head
 		f.finish(status, nil)
@@ -254,6 +261,10 @@ func (s *Server) relayResponse(ctx *fasthttp.RequestCtx, f *flow, b *backend.Bac
 	}
 	f.ctx, f.clientWrite = ctx, s.clientWrite
 	contentLength := f.resp.Header.ContentLength()
+	// A body longer than readHead reads ahead: its head goes out at once, so that a body the
+	// backend cuts short reaches the client as fewer bytes than its Content-Length, then the
+	// close, rather than as nothing (fasthttp holds a head until its buffer fills).
+	ctx.Response.ImmediateHeaderFlush = contentLength > connBufferSize
 	if contentLength < 0 {
 		contentLength = -1
 		if !ctx.Request.Header.IsHTTP11() {
@@ -271,6 +282,7 @@ func (f *flow) dropConn() {
 		_ = conn.Close()
 	}
 	f.resp.Reset()
+	f.body = nil
 }
 
 // unlearn withdraws what the policy learned from f on b (the backend refused it or never

@@ -56,6 +56,7 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 			}
 		}
 		ups[b] = newUpstream(b, s.connTimeout, s.m.forBackend(b.Name))
+		ups[b].fds = s.fds
 	}
 	s.ups.Store(&ups)
 	s.hc.SetBackends(bs)

@@ -84,6 +84,10 @@ func errDetail(err error) string {
 	if errors.As(err, &de) {
 		err = de.err
 	}
+	var le *localError
+	if errors.As(err, &le) {
+		err = le.err
+	}
 	d := err.Error()
 	if i := strings.IndexAny(d, "\"'`"); i >= 0 {
 		d = d[:i]
@@ -106,13 +110,15 @@ const StatusClientClosedRequest = 499
 
 // statusOf maps a forwarding error to the status reported to the client (and logged): one
 // place, as Caddy's statusError does. Dial errors and closed connections → 502, timeouts → 504,
-// client gone → 499, nothing to route to (or only backends a reload removed) → 503.
+// client gone → 499, nothing to route to (or only backends a reload removed) or prefixlb out of a
+// local resource → 503.
 func statusOf(err error) int {
 	var ne net.Error
 	switch {
 	case errors.Is(err, errClientGone), errors.Is(err, errClientWriteTimeout):
 		return StatusClientClosedRequest
-	case errors.Is(err, errNoBackend), errors.Is(err, errShuttingDown), errors.Is(err, errBackendRemoved):
+	case errors.Is(err, errNoBackend), errors.Is(err, errShuttingDown), errors.Is(err, errBackendRemoved),
+		errors.Is(err, errLocalResource):
 		return fasthttp.StatusServiceUnavailable
 	case errors.Is(err, errHeaderTimeout), errors.Is(err, errIdleTimeout), errors.Is(err, os.ErrDeadlineExceeded):
 		return fasthttp.StatusGatewayTimeout

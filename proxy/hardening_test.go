@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
+	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/prefixlb/prefixlb/router"
 )
@@ -34,11 +34,14 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 	return l.Listener.Accept()
 }
 
-// Running out of file descriptors pauses accepting; it does not stop the server.
+// Running out of file descriptors pauses accepting; it does not stop the server. The
+// condition is counted on every failure and logged once (localResources), not once per retry.
 func TestAcceptSurvivesEMFILE(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	defer ln.Close()
-	rl := &retryListener{Listener: &flakyListener{Listener: ln, fails: 3}, log: zap.NewNop()}
+	log, rec := recordingLogger()
+	local := newLocalResources(metrics.NewSet(), log, time.Now)
+	rl := &retryListener{Listener: &flakyListener{Listener: ln, fails: 3}, local: local, where: "accept"}
 	go func() {
 		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
 			defer c.Close()
@@ -52,6 +55,12 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	c.Close()
 	if temporaryAccept(errors.New("use of closed network connection")) {
 		t.Error("a closed listener must end Serve")
+	}
+	if n := local.counts[localEMFILE].Get(); n != 3 {
+		t.Errorf("prefixlb_local_resource_errors_total{kind=\"emfile\"} %d, want 3", n)
+	}
+	if lines := rec.WithMessage(logLocalResource); len(lines) != 1 || lines[0].Fields["kind"] != "emfile" || lines[0].Fields["where"] != "accept" {
+		t.Errorf("log lines %+v, want one for kind emfile at accept", lines)
 	}
 }
 

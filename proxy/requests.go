@@ -137,6 +137,8 @@ func (s *Server) classifyParseError(err error) (status int, class, msg string) {
 		return fasthttp.StatusRequestHeaderFieldsTooLarge, "header_too_large", "request headers too large"
 	case errors.Is(err, errBareLF):
 		return fasthttp.StatusBadRequest, "bare_lf", "malformed HTTP request: header lines must end in CRLF (RFC 9112 §2.2)"
+	case errors.Is(err, errH2Preface):
+		return fasthttp.StatusHTTPVersionNotSupported, "http_version", "HTTP version not supported: prefixlb serves HTTP/1.1 and HTTP/1.0 on this port (not HTTP/2 with prior knowledge)"
 	case isTimeout(err):
 		return fasthttp.StatusRequestTimeout, "read_timeout", "request not received within timeouts.client_read"
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):

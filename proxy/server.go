@@ -66,6 +66,9 @@ type Server struct {
 
 	ext extension // admin additions (extension.go)
 
+	local *localResources // the proxy's own resources running out: counted and logged (localres.go)
+	fds   *fdBudget       // the data path's descriptors (nil: no limit known)
+
 	panicLog *panicLimiter // which panics log their stack (recover.go)
 
 	testPanic func(panicStage) // tests only: makes serving panic at a stage (recover.go); nil otherwise
@@ -101,6 +104,11 @@ func New(o Options) (*Server, error) {
 		maxBody:       o.MaxRequestBodyBytes,
 		bodyIdle:      o.Timeouts.ClientBodyIdle,
 		clientRead:    o.Timeouts.ClientRead,
+		fds:           processFDBudget(),
+	}
+	s.local = newLocalResources(s.m.set, log, time.Now)
+	if s.fds != nil {
+		s.fds.reclaim = s.closeIdle
 	}
 	s.m.chunkTokens = o.ChunkTokens
 	s.flows.New = func() any { return &flow{s: s} }
@@ -145,10 +153,21 @@ func (s *Server) Backends() []*backend.Backend { return s.pool.Snapshot() }
 func (s *Server) Policy() router.Policy { return s.decider.Policy() }
 
 // Serve starts the health checker and accepts requests on ln until Shutdown. Temporary
-// accept errors (out of file descriptors) are retried with backoff instead of stopping.
+// accept errors (out of file descriptors) are retried with backoff instead of stopping;
+// connections are accepted within the data path's descriptor budget (retryListener).
 func (s *Server) Serve(ln net.Listener) error {
 	s.hcOnce.Do(s.hc.Start)
-	return s.srv.Serve(&retryListener{Listener: ln, log: s.log})
+	return s.srv.Serve(&retryListener{Listener: ln, local: s.local, fds: s.fds, where: "accept"})
+}
+
+// closeIdle closes every idle pooled backend connection: the descriptor budget reclaims them
+// when it runs out.
+func (s *Server) closeIdle() {
+	if ups := s.ups.Load(); ups != nil {
+		for _, u := range *ups {
+			u.closeIdle()
+		}
+	}
 }
 
 // Shutdown stops accepting, lets in-flight requests finish until ctx is done, then aborts
@@ -239,6 +258,9 @@ const (
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	var st serving
 	defer s.endServing(ctx, &st)
+	if s.overflowed(ctx) {
+		return
+	}
 	if !s.admit(ctx, &st.body) {
 		return
 	}
@@ -334,6 +356,9 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, f *flow, err error) {
 		ctx.SetStatusCode(status)
 	} else {
 		writeError(ctx, status, err.Error())
+	}
+	if errors.Is(err, errLocalResource) {
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, retryAfterLocal)
 	}
 	f.resp.SetStatusCode(status)
 	f.finish(status, err)

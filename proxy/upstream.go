@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,7 +25,8 @@ const maxIdleAge = 4 * time.Second
 // maxIdlePerBackend bounds the idle pool of one backend.
 const maxIdlePerBackend = 1024
 
-// connBufferSize is the read and the write buffer of an upstream connection, bytes.
+// connBufferSize is the read and the write buffer of an upstream connection, bytes. A
+// response head longer than it grows the read buffer to maxResponseHead (upframe.go).
 const connBufferSize = 16 << 10
 
 // tcpKeepAlive is the keep-alive probe period of upstream connections.
@@ -38,6 +40,12 @@ type uconn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 	idleFrom time.Time
+	body     upBody // the body of the response being read (upframe.go)
+	// noReuse: the connection cannot carry another request (a close-delimited body, trailers
+	// cut short, a read buffer grown for a long head): put closes it.
+	noReuse bool
+	fds     *fdBudget // the budget its descriptor came from (nil: none)
+	closed  atomic.Bool
 
 	peekFn    func(fd uintptr) // peek bound once at dial, so that silent does not allocate
 	peekQuiet bool
@@ -84,6 +92,16 @@ func (c *uconn) peek(fd uintptr) {
 	}
 }
 
+// Close closes the connection, once, and gives its descriptor back to the budget.
+func (c *uconn) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	err := c.Conn.Close()
+	c.fds.giveBackend()
+	return err
+}
+
 // longAgo is a deadline that has passed.
 var longAgo = time.Unix(1, 0)
 
@@ -110,21 +128,6 @@ func (c *uconn) writeRequest(req *fasthttp.Request) error {
 	return err
 }
 
-// readHead reads the response head from c into f.resp, the body left to stream. When a body
-// follows, it also waits for its first byte: vLLM sends stream headers at once, then queues
-// and prefills, and nothing reaches the client before the first body byte (fasthttp sends
-// headers with the first chunk), so a backend that dies in that window is still retried
-// elsewhere.
-func readHead(f *flow, c *uconn, head bool) error {
-	f.resp.StreamBody = true
-	f.resp.SkipBody = head
-	err := f.resp.Read(c.br)
-	if err == nil && hasBody(&f.resp, head) {
-		_, err = c.br.Peek(1)
-	}
-	return err
-}
-
 // earliest is the earlier of two times.
 func earliest(a, b time.Time) time.Time {
 	if a.Before(b) {
@@ -143,6 +146,7 @@ type upstream struct {
 	m       *backendMetrics
 	timeout time.Duration // connect timeout
 	tls     *tls.Config
+	fds     *fdBudget // the data path's descriptors (nil: no budget)
 
 	mu      sync.Mutex
 	idle    []*uconn
@@ -181,13 +185,24 @@ func (u *upstream) get(now time.Time) (c *uconn, reused bool, err error) {
 	return c, false, err
 }
 
+// dial connects to the backend. Its descriptor is taken from the budget first; a budget
+// used up, or a local resource that ran out on the way (EMFILE, ENFILE, ENOBUFS, ENOMEM,
+// EADDRNOTAVAIL: localKindOf), is a *localError, not the backend's: nothing reached it. Any
+// other failure is a *dialError.
 func (u *upstream) dial() (*uconn, error) {
+	if !u.fds.takeBackend() {
+		return nil, &localError{localFDBudget, errFDBudget}
+	}
 	d := net.Dialer{Timeout: u.timeout, KeepAlive: tcpKeepAlive}
 	conn, err := d.Dial("tcp", u.b.Addr)
 	if err != nil {
+		u.fds.giveBackend()
+		if kind, ok := localKindOf(err); ok {
+			return nil, &localError{kind, err}
+		}
 		return nil, &dialError{err}
 	}
-	uc := &uconn{}
+	uc := &uconn{fds: u.fds}
 	uc.peekFn = uc.peek
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
@@ -199,6 +214,7 @@ func (u *upstream) dial() (*uconn, error) {
 		_ = tc.SetDeadline(time.Now().Add(u.timeout))
 		if err := tc.Handshake(); err != nil {
 			_ = conn.Close()
+			u.fds.giveBackend()
 			return nil, &dialError{err}
 		}
 		_ = tc.SetDeadline(time.Time{})
@@ -216,7 +232,7 @@ func (u *upstream) dial() (*uconn, error) {
 func (u *upstream) put(c *uconn, now time.Time) {
 	c.idleFrom = now
 	u.mu.Lock()
-	if !u.removed && len(u.idle) < maxIdlePerBackend && c.br.Buffered() == 0 {
+	if !u.removed && !c.noReuse && len(u.idle) < maxIdlePerBackend && c.br.Buffered() == 0 {
 		u.idle = append(u.idle, c)
 		c = nil
 	}
@@ -231,6 +247,13 @@ func (u *upstream) put(c *uconn, now time.Time) {
 func (u *upstream) retire() {
 	u.mu.Lock()
 	u.removed = true
+	u.mu.Unlock()
+	u.closeIdle()
+}
+
+// closeIdle closes every pooled connection (retire; the descriptor budget reclaiming them).
+func (u *upstream) closeIdle() {
+	u.mu.Lock()
 	idle := u.idle
 	u.idle = nil
 	u.mu.Unlock()
