@@ -6,9 +6,7 @@ package app
 
 import (
 	"bufio"
-	"compress/gzip"
 	"context"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,118 +16,11 @@ import (
 	"sync/atomic"
 	"testing"
 
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/internal/testutil"
 )
-
-// gotSpan is one span the receiver decoded, its ids in hex.
-type gotSpan struct {
-	name, trace, id, parent string
-	kind                    tracepb.Span_SpanKind
-	attrs                   map[string]*commonpb.AnyValue
-	status                  tracepb.Status_StatusCode
-	service                 string // its resource's service.name
-}
-
-func (s gotSpan) str(k string) string { return s.attrs[k].GetStringValue() }
-func (s gotSpan) num(k string) int64  { return s.attrs[k].GetIntValue() }
-
-// otlpReceiver is an OTLP/HTTP traces endpoint on 127.0.0.1: it decodes each
-// ExportTraceServiceRequest (protobuf, gzip or not) and keeps its spans.
-type otlpReceiver struct {
-	srv     *httptest.Server
-	mu      sync.Mutex
-	spans   []gotSpan
-	exports int // requests that carried spans
-	bad     []string
-}
-
-func startReceiver(t *testing.T) *otlpReceiver {
-	t.Helper()
-	r := &otlpReceiver{}
-	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-func (r *otlpReceiver) fail(format string, a ...any) {
-	r.mu.Lock()
-	r.bad = append(r.bad, fmt.Sprintf(format, a...))
-	r.mu.Unlock()
-}
-
-func (r *otlpReceiver) serve(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" || req.Header.Get("Content-Type") != "application/x-protobuf" {
-		r.fail("unexpected export %s %s (%s)", req.Method, req.URL.Path, req.Header.Get("Content-Type"))
-		http.Error(w, "want POST /v1/traces, application/x-protobuf", http.StatusBadRequest)
-		return
-	}
-	var body io.Reader = req.Body
-	if req.Header.Get("Content-Encoding") == "gzip" {
-		zr, err := gzip.NewReader(req.Body)
-		if err != nil {
-			r.fail("gzip: %v", err)
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		body = zr
-	}
-	data, err := io.ReadAll(body)
-	var ex coltracepb.ExportTraceServiceRequest
-	if err == nil {
-		err = proto.Unmarshal(data, &ex)
-	}
-	if err != nil {
-		r.fail("decoding an export: %v", err)
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	var got []gotSpan
-	for _, rs := range ex.GetResourceSpans() {
-		service := ""
-		for _, kv := range rs.GetResource().GetAttributes() {
-			if kv.GetKey() == "service.name" {
-				service = kv.GetValue().GetStringValue()
-			}
-		}
-		for _, ss := range rs.GetScopeSpans() {
-			for _, sp := range ss.GetSpans() {
-				g := gotSpan{name: sp.GetName(), trace: hex.EncodeToString(sp.GetTraceId()), id: hex.EncodeToString(sp.GetSpanId()),
-					parent: hex.EncodeToString(sp.GetParentSpanId()), kind: sp.GetKind(), status: sp.GetStatus().GetCode(),
-					attrs: map[string]*commonpb.AnyValue{}, service: service}
-				for _, kv := range sp.GetAttributes() {
-					g.attrs[kv.GetKey()] = kv.GetValue()
-				}
-				got = append(got, g)
-			}
-		}
-	}
-	r.mu.Lock()
-	r.spans = append(r.spans, got...)
-	if len(got) > 0 {
-		r.exports++
-	}
-	r.mu.Unlock()
-	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	_, _ = w.Write(out)
-}
-
-// result returns the spans received and fails the test on any export it could not decode.
-func (r *otlpReceiver) result(t *testing.T) ([]gotSpan, int) {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, b := range r.bad {
-		t.Error("receiver:", b)
-	}
-	return append([]gotSpan(nil), r.spans...), r.exports
-}
 
 // seenRequest is what a backend saw of one chat request.
 type seenRequest struct{ traceparent, tracestate string }
@@ -254,9 +145,9 @@ func parseTraceparent(t *testing.T, tp string) (trace, parent, flags string) {
 // the pick carries the routing and no span carries prompt text; the spans reach the OTLP
 // receiver when the proxy stops.
 func TestTracingEndToEnd(t *testing.T) {
-	rcv := startReceiver(t)
+	rcv := testutil.StartOTLPReceiver(t)
 	tb := startTraceBackends(t, 2, 1)
-	cfg := tracedConfig(configs.Tracing{Enabled: true, Endpoint: rcv.srv.URL, SampleRatio: new(1.0)}, tb.urls...)
+	cfg := tracedConfig(configs.Tracing{Enabled: true, Endpoint: rcv.URL, SampleRatio: new(1.0)}, tb.urls...)
 	sv, err := Start(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -271,23 +162,23 @@ func TestTracingEndToEnd(t *testing.T) {
 	}
 	stopServing(t, sv.Stop)
 
-	spans, _ := rcv.result(t)
-	byName := map[string][]gotSpan{}
+	spans, _ := rcv.Spans(t)
+	byName := map[string][]testutil.Span{}
 	for _, s := range spans {
-		byName[s.name] = append(byName[s.name], s)
-		if s.trace != clientTrace {
-			t.Errorf("span %s is in trace %s, want the client's %s", s.name, s.trace, clientTrace)
+		byName[s.Name] = append(byName[s.Name], s)
+		if s.Trace != clientTrace {
+			t.Errorf("span %s is in trace %s, want the client's %s", s.Name, s.Trace, clientTrace)
 		}
-		if s.service != "prefixlb" {
-			t.Errorf("span %s: service.name %q, want prefixlb", s.name, s.service)
+		if s.Service != "prefixlb" {
+			t.Errorf("span %s: service.Name %q, want prefixlb", s.Name, s.Service)
 		}
-		for k, v := range s.attrs {
+		for k, v := range s.Attrs {
 			if strings.Contains(v.String(), promptMarker) || strings.Contains(v.String(), "caches") {
-				t.Errorf("span %s attribute %s carries prompt text: %v", s.name, k, v)
+				t.Errorf("span %s attribute %s carries prompt text: %v", s.Name, k, v)
 			}
 		}
 	}
-	one := func(name string) gotSpan {
+	one := func(name string) testutil.Span {
 		t.Helper()
 		if len(byName[name]) != 1 {
 			t.Fatalf("%d spans %s, want 1 (got %d spans in all)", len(byName[name]), name, len(spans))
@@ -295,22 +186,22 @@ func TestTracingEndToEnd(t *testing.T) {
 		return byName[name][0]
 	}
 	req := one("prefixlb.request")
-	if req.parent != clientSpan || req.kind != tracepb.Span_SPAN_KIND_SERVER {
-		t.Errorf("request span: parent %s kind %v, want the client's span %s, server", req.parent, req.kind, clientSpan)
+	if req.Parent != clientSpan || req.Kind != tracepb.Span_SPAN_KIND_SERVER {
+		t.Errorf("request span: parent %s kind %v, want the client's span %s, server", req.Parent, req.Kind, clientSpan)
 	}
-	if req.num("http.response.status_code") != 200 || req.str("prefixlb.result") != "ok" || req.num("prefixlb.attempts") != 2 ||
-		req.str("http.request.method") != "POST" || req.str("url.path") != "/v1/chat/completions" ||
-		req.num("prefixlb.usage.cached_tokens") != 16 || req.attrs["prefixlb.ttft_ms"] == nil {
-		t.Errorf("request span attributes: %v", req.attrs)
+	if req.Int("http.response.status_code") != 200 || req.Str("prefixlb.result") != "ok" || req.Int("prefixlb.attempts") != 2 ||
+		req.Str("http.request.method") != "POST" || req.Str("url.path") != "/v1/chat/completions" ||
+		req.Int("prefixlb.usage.cached_tokens") != 16 || req.Attrs["prefixlb.ttft_ms"] == nil {
+		t.Errorf("request span attributes: %v", req.Attrs)
 	}
 	for _, name := range []string{"prefixlb.admit", "prefixlb.key"} {
-		if s := one(name); s.parent != req.id {
-			t.Errorf("%s: parent %s, want the request span %s", name, s.parent, req.id)
+		if s := one(name); s.Parent != req.ID {
+			t.Errorf("%s: parent %s, want the request span %s", name, s.Parent, req.ID)
 		}
 	}
-	if k := one("prefixlb.key"); k.num("prefixlb.prompt_tokens") <= 0 || k.str("prefixlb.api") != "chat" || k.str("gen_ai.request.model") != "m" ||
-		!k.attrs["prefixlb.stream"].GetBoolValue() {
-		t.Errorf("key span attributes: %v", k.attrs)
+	if k := one("prefixlb.key"); k.Int("prefixlb.prompt_tokens") <= 0 || k.Str("prefixlb.api") != "chat" || k.Str("gen_ai.request.model") != "m" ||
+		!k.Attrs["prefixlb.stream"].GetBoolValue() {
+		t.Errorf("key span attributes: %v", k.Attrs)
 	}
 	picks, attempts := byName["prefixlb.pick"], byName["prefixlb.attempt"]
 	if len(picks) != 2 || len(attempts) != 2 {
@@ -321,46 +212,46 @@ func TestTracingEndToEnd(t *testing.T) {
 		backends[u] = true
 	}
 	for _, p := range picks {
-		if p.parent != req.id || p.str("prefixlb.route.reason") == "" || p.attrs["prefixlb.route.matched_chunks"] == nil ||
-			!backends[p.str("prefixlb.backend")] || p.attrs["prefixlb.route.predicted_ttft_ms"] == nil {
-			t.Errorf("pick span: parent %s (want %s), attributes %v", p.parent, req.id, p.attrs)
+		if p.Parent != req.ID || p.Str("prefixlb.route.reason") == "" || p.Attrs["prefixlb.route.matched_chunks"] == nil ||
+			!backends[p.Str("prefixlb.backend")] || p.Attrs["prefixlb.route.predicted_ttft_ms"] == nil {
+			t.Errorf("pick span: parent %s (want %s), attributes %v", p.Parent, req.ID, p.Attrs)
 		}
 	}
-	var refused, served gotSpan
+	var refused, served testutil.Span
 	for _, a := range attempts {
-		if a.parent != req.id || a.kind != tracepb.Span_SPAN_KIND_CLIENT || !backends[a.str("prefixlb.backend")] {
-			t.Errorf("attempt span: parent %s (want %s), kind %v, attributes %v", a.parent, req.id, a.kind, a.attrs)
+		if a.Parent != req.ID || a.Kind != tracepb.Span_SPAN_KIND_CLIENT || !backends[a.Str("prefixlb.backend")] {
+			t.Errorf("attempt span: parent %s (want %s), kind %v, attributes %v", a.Parent, req.ID, a.Kind, a.Attrs)
 		}
-		if a.num("prefixlb.attempt") == 1 {
+		if a.Int("prefixlb.attempt") == 1 {
 			refused = a
 		} else {
 			served = a
 		}
 	}
-	if refused.num("http.response.status_code") != 503 || refused.status != tracepb.Status_STATUS_CODE_ERROR {
-		t.Errorf("first attempt: status code %d, span status %v; want 503, error", refused.num("http.response.status_code"), refused.status)
+	if refused.Int("http.response.status_code") != 503 || refused.Status != tracepb.Status_STATUS_CODE_ERROR {
+		t.Errorf("first attempt: status code %d, span status %v; want 503, error", refused.Int("http.response.status_code"), refused.Status)
 	}
-	if served.num("http.response.status_code") != 200 || served.status == tracepb.Status_STATUS_CODE_ERROR ||
-		served.str("prefixlb.backend") == refused.str("prefixlb.backend") {
-		t.Errorf("second attempt: %v, status %v; want 200 on the other backend", served.attrs, served.status)
+	if served.Int("http.response.status_code") != 200 || served.Status == tracepb.Status_STATUS_CODE_ERROR ||
+		served.Str("prefixlb.backend") == refused.Str("prefixlb.backend") {
+		t.Errorf("second attempt: %v, status %v; want 200 on the other backend", served.Attrs, served.Status)
 	}
 	for _, name := range []string{"prefixlb.first_byte", "prefixlb.stream"} {
-		if s := one(name); s.parent != served.id {
-			t.Errorf("%s: parent %s, want the served attempt %s", name, s.parent, served.id)
+		if s := one(name); s.Parent != served.ID {
+			t.Errorf("%s: parent %s, want the served attempt %s", name, s.Parent, served.ID)
 		}
 	}
-	if st := one("prefixlb.stream"); st.num("prefixlb.response.bytes") <= 0 || st.str("prefixlb.result") != "ok" {
-		t.Errorf("stream span attributes: %v", st.attrs)
+	if st := one("prefixlb.stream"); st.Int("prefixlb.response.bytes") <= 0 || st.Str("prefixlb.result") != "ok" {
+		t.Errorf("stream span attributes: %v", st.Attrs)
 	}
 
 	seen := tb.requests()
 	if len(seen) != 2 {
 		t.Fatalf("backends saw %d chat requests, want 2", len(seen))
 	}
-	for i, want := range []gotSpan{refused, served} {
+	for i, want := range []testutil.Span{refused, served} {
 		tr, parent, flags := parseTraceparent(t, seen[i].traceparent)
-		if tr != clientTrace || parent != want.id || flags != "01" {
-			t.Errorf("attempt %d: backend got traceparent %q, want trace %s, parent the attempt span %s, sampled", i+1, seen[i].traceparent, clientTrace, want.id)
+		if tr != clientTrace || parent != want.ID || flags != "01" {
+			t.Errorf("attempt %d: backend got traceparent %q, want trace %s, parent the attempt span %s, sampled", i+1, seen[i].traceparent, clientTrace, want.ID)
 		}
 		if seen[i].tracestate != "vendor=abc" {
 			t.Errorf("attempt %d: backend got tracestate %q, want the client's", i+1, seen[i].tracestate)
@@ -407,10 +298,10 @@ func TestTracingUnsampledAndOff(t *testing.T) {
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rcv := startReceiver(t)
+			rcv := testutil.StartOTLPReceiver(t)
 			tb := startTraceBackends(t, 1, 0)
 			if tc.tracing.Enabled {
-				tc.tracing.Endpoint = rcv.srv.URL
+				tc.tracing.Endpoint = rcv.URL
 			}
 			sv, err := Start(context.Background(), tracedConfig(tc.tracing, tb.urls...), nil)
 			if err != nil {
@@ -422,7 +313,7 @@ func TestTracingUnsampledAndOff(t *testing.T) {
 				}
 			}
 			stopServing(t, sv.Stop)
-			if spans, exports := rcv.result(t); len(spans) != 0 || exports != 0 {
+			if spans, exports := rcv.Spans(t); len(spans) != 0 || exports != 0 {
 				t.Errorf("%d spans exported in %d requests, want none", len(spans), exports)
 			}
 			seen := tb.requests()

@@ -22,7 +22,6 @@ package proxy
 // backend), sizes and statuses; never prompt text, header values or query strings.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -144,11 +143,8 @@ func (s *Server) traceRequest(ctx *fasthttp.RequestCtx) requestTrace {
 	t := requestTrace{tr: s.tracer, rctx: ctx, ctx: c, span: span}
 	if span.IsRecording() {
 		t.rec, t.mark = true, time.Now()
-		path := ctx.Request.Header.RequestURI()
-		if i := bytes.IndexByte(path, '?'); i >= 0 {
-			path = path[:i] // a query string may carry a key
-		}
-		span.SetAttributes(attrMethod.String(string(ctx.Method())), attrPath.String(string(path)))
+		// The path alone: a query string may carry a key, an absolute-form target userinfo.
+		span.SetAttributes(attrMethod.String(string(ctx.Method())), attrPath.String(string(ctx.Path())))
 	}
 	return t
 }
@@ -162,8 +158,12 @@ func (t *requestTrace) phase(name string, attrs ...attribute.KeyValue) trace.Spa
 	return span
 }
 
-// admitted hands the request's spans to its flow, admission done.
+// admitted hands the request's spans to its flow, admission done. Not traced, the flow's
+// stay zero (end, endLocal and abandon leave them so).
 func (t *requestTrace) admitted(f *flow) {
+	if t.tr == nil {
+		return
+	}
 	f.tr, *t = *t, requestTrace{}
 	if f.tr.rec {
 		f.tr.phase(spanAdmit, attrBodyBytes.Int(len(f.tr.rctx.Request.Body()))).End()
