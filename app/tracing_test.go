@@ -23,7 +23,7 @@ import (
 )
 
 // seenRequest is what a backend saw of one chat request.
-type seenRequest struct{ traceparent, tracestate string }
+type seenRequest struct{ traceparent, tracestate, cookie string }
 
 // traceBackends are n streaming chat backends on 127.0.0.1 sharing one record of the trace
 // context each chat request carried. The first refuse chat requests (over all backends)
@@ -57,7 +57,7 @@ func (tb *traceBackends) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	_, _ = io.Copy(io.Discard, r.Body)
 	tb.mu.Lock()
-	tb.seen = append(tb.seen, seenRequest{r.Header.Get("traceparent"), r.Header.Get("tracestate")})
+	tb.seen = append(tb.seen, seenRequest{r.Header.Get("traceparent"), r.Header.Get("tracestate"), r.Header.Get("Cookie")})
 	tb.mu.Unlock()
 	if tb.n.Add(1) <= tb.refuse {
 		http.Error(w, `{"error":{"message":"busy"}}`, http.StatusServiceUnavailable)
@@ -86,6 +86,9 @@ func tracedConfig(tr configs.Tracing, urls ...string) *configs.Config {
 	}
 	return cfg
 }
+
+// oddCookie is a Cookie value that fasthttp would write back differently once parsed.
+const oddCookie = `b=2;a=1;  c; d="q"`
 
 // promptMarker is in the prompt of the traced requests; no span may carry it.
 const promptMarker = "zebra-quartz-prompt-marker"
@@ -156,6 +159,7 @@ func TestTracingEndToEnd(t *testing.T) {
 	status, body := streamChat(t, sv.URL(), map[string]string{
 		"TraceParent": "00-" + clientTrace + "-" + clientSpan + "-01", // any spelling
 		"tracestate":  "vendor=abc",
+		"Cookie":      oddCookie,
 	})
 	if status != http.StatusOK || !strings.Contains(body, `" there"`) || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Fatalf("status %d, body %q: want the whole stream", status, body)
@@ -255,6 +259,9 @@ func TestTracingEndToEnd(t *testing.T) {
 		}
 		if seen[i].tracestate != "vendor=abc" {
 			t.Errorf("attempt %d: backend got tracestate %q, want the client's", i+1, seen[i].tracestate)
+		}
+		if seen[i].cookie != oddCookie {
+			t.Errorf("attempt %d: backend got Cookie %q, want the client's as sent, %q", i+1, seen[i].cookie, oddCookie)
 		}
 	}
 }

@@ -3,7 +3,7 @@ package proxy
 // OpenTelemetry spans of a request (package tracing; docs/tracing.md). Each hook is one call
 // from the request's flow. Tracing off (Server.tracer nil), a hook is one compare and the
 // client's traceparent reaches the backend as it came, like any other field. A request the
-// sampler drops has its request span only, which records nothing and is never exported; its
+// sampler drops has no span at all and allocates nothing (tracing.Tracer.Begin); its span
 // context still goes to the backend in traceparent, sampled flag off, so that the backend
 // drops the trace too.
 //
@@ -113,16 +113,17 @@ func (s *Server) flushTraces() {
 	}
 }
 
-// requestTrace is one request's spans. The zero value is a request not traced; one whose
-// request span does not record (not sampled) has tr and ctx only, for its traceparent.
-// It is used by one goroutine at a time: the handler's, then the relay's.
+// requestTrace is one request's spans. The zero value is a request not traced; one not
+// sampled has tr and sc only, for its traceparent. It is used by one goroutine at a time:
+// the handler's, then the relay's.
 type requestTrace struct {
 	tr   *tracing.Tracer // nil: not traced
 	rctx *fasthttp.RequestCtx
-	ctx  context.Context // holds the request span
-	span trace.Span      // the request span
-	rec  bool            // span records (sampled): the phases get spans of their own
-	mark time.Time       // the end of the last phase: the start of the next one's span
+	sc   trace.SpanContext // the request's, sent to the backend when not sampled
+	rec  bool              // sampled: span, ctx, and the phases' spans
+	ctx  context.Context   // holds the request span
+	span trace.Span        // the request span
+	mark time.Time         // the end of the last phase: the start of the next one's span
 
 	picks    int        // routing decisions so far
 	attempts int        // attempts so far
@@ -132,20 +133,20 @@ type requestTrace struct {
 	tokenAt  time.Time // when its first token was relayed (zero: not yet)
 }
 
-// traceRequest starts the request span of ctx's request, continuing the client's trace when
-// it sent a traceparent; zero when tracing is off.
+// traceRequest begins the trace of ctx's request, continuing the client's when it sent a
+// traceparent, and starts its request span when it is sampled; zero when tracing is off.
 func (s *Server) traceRequest(ctx *fasthttp.RequestCtx) requestTrace {
 	if s.tracer == nil {
 		return requestTrace{}
 	}
-	parent := s.tracer.Extract(context.Background(), &ctx.Request.Header)
-	c, span := s.tracer.Start(parent, spanRequest, trace.WithSpanKind(trace.SpanKindServer))
-	t := requestTrace{tr: s.tracer, rctx: ctx, ctx: c, span: span}
-	if span.IsRecording() {
-		t.rec, t.mark = true, time.Now()
-		// The path alone: a query string may carry a key, an absolute-form target userinfo.
-		span.SetAttributes(attrMethod.String(string(ctx.Method())), attrPath.String(string(ctx.Path())))
+	c, span, sc := s.tracer.Begin(&ctx.Request.Header, spanRequest)
+	t := requestTrace{tr: s.tracer, rctx: ctx, sc: sc}
+	if span == nil {
+		return t
 	}
+	t.rec, t.ctx, t.span, t.mark = true, c, span, time.Now()
+	// The path alone: a query string may carry a key, an absolute-form target userinfo.
+	span.SetAttributes(attrMethod.String(string(ctx.Method())), attrPath.String(string(ctx.Path())))
 	return t
 }
 
@@ -185,8 +186,8 @@ func (t *requestTrace) unserved() {
 		if status >= fasthttp.StatusInternalServerError {
 			t.span.SetStatus(codes.Error, "")
 		}
+		t.span.End()
 	}
-	t.span.End()
 	*t = requestTrace{}
 }
 
@@ -220,14 +221,14 @@ func (t *requestTrace) picked(d *router.Decision, promptTokens int) {
 	t.phase(spanPick, attrs...).End()
 }
 
-// attemptBegan starts the span of an attempt on b (recording traces) and puts its context
+// attemptBegan starts the span of an attempt on b (sampled requests) and puts its context
 // in h's traceparent and tracestate, replacing the client's: the backend's spans are the
-// attempt's children. A request not sampled sends its request span's context, unsampled.
+// attempt's children. A request not sampled sends its own span context, unsampled.
 func (t *requestTrace) attemptBegan(h *fasthttp.RequestHeader, b *backend.Backend) {
 	if t.tr == nil {
 		return
 	}
-	c := t.ctx
+	sc := t.sc
 	if t.rec {
 		t.attempts++
 		attrs := []attribute.KeyValue{attrBackend.String(b.Name), attrAttempt.Int(t.attempts)}
@@ -237,10 +238,11 @@ func (t *requestTrace) attemptBegan(h *fasthttp.RequestHeader, b *backend.Backen
 				attrs = append(attrs, attrServerPort.Int(p))
 			}
 		}
-		c, t.att = t.tr.Start(t.ctx, spanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
-		t.attCtx, t.attAt, t.tokenAt = c, time.Now(), time.Time{}
+		t.attCtx, t.att = t.tr.Start(t.ctx, spanAttempt, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+		t.attAt, t.tokenAt = time.Now(), time.Time{}
+		sc = t.att.SpanContext()
 	}
-	t.tr.Inject(c, h)
+	t.tr.Inject(sc, h)
 }
 
 // attemptFailed ends the attempt's span with err's class (and the backend's status when it
@@ -311,8 +313,8 @@ func (t *requestTrace) end(f *flow, status int, res result) {
 		if failed || status >= fasthttp.StatusInternalServerError {
 			t.span.SetStatus(codes.Error, res.String())
 		}
+		t.span.End()
 	}
-	t.span.End()
 	*t = requestTrace{}
 }
 
@@ -323,8 +325,8 @@ func (t *requestTrace) endLocal() {
 	}
 	if t.rec {
 		t.span.SetAttributes(attrStatus.Int(t.rctx.Response.StatusCode()), attrLocal.Bool(true))
+		t.span.End()
 	}
-	t.span.End()
 	*t = requestTrace{}
 }
 
@@ -337,8 +339,10 @@ func (t *requestTrace) abandoned() {
 		t.att.SetStatus(codes.Error, "panic")
 		t.att.End()
 	}
-	t.span.SetStatus(codes.Error, "panic")
-	t.span.End()
+	if t.rec {
+		t.span.SetStatus(codes.Error, "panic")
+		t.span.End()
+	}
 	*t = requestTrace{}
 }
 

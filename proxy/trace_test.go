@@ -217,20 +217,19 @@ func discardCollector(t testing.TB) string {
 	return srv.URL
 }
 
-// Tracing off costs no allocation; an unsampled request a handful (its request span and
-// context, the traceparent it sends), whatever its attributes would have been.
+// Tracing off, and a request the sampler drops (99% of them at the default ratio), cost no
+// allocation: no span, no context, the traceparent written in place.
 func TestTraceHooksAllocs(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		o    *tracing.Options
-		max  float64
 	}{
-		{"off", nil, 0},
-		{"unsampled", &tracing.Options{Endpoint: discardCollector(t), SampleRatio: 0}, maxUnsampledAllocs},
+		{"off", nil},
+		{"unsampled", &tracing.Options{Endpoint: discardCollector(t), SampleRatio: 0}},
 	} {
 		h := newHookRun(t, tc.o)
-		if got := testing.AllocsPerRun(200, h.run); got > tc.max {
-			t.Errorf("%s: %.1f allocations per request, want at most %.0f", tc.name, got, tc.max)
+		if got := testing.AllocsPerRun(200, h.run); got != 0 {
+			t.Errorf("%s: %.1f allocations per request, want none", tc.name, got)
 		}
 	}
 	// The unsampled request still sends a traceparent, unsampled.
@@ -240,10 +239,6 @@ func TestTraceHooksAllocs(t *testing.T) {
 		t.Errorf("traceparent %q, want an unsampled one", tp)
 	}
 }
-
-// maxUnsampledAllocs bounds the allocations of an unsampled request's hooks (the request
-// span, its context, the traceparent string): BenchmarkTraceHooks/unsampled shows the count.
-const maxUnsampledAllocs = 6
 
 // BenchmarkTraceHooks is one request's tracing hooks alone: off, on and not sampled (the 99%
 // at the default ratio), and sampled (seven spans, exported in batches to a collector on

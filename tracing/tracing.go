@@ -17,11 +17,14 @@ package tracing
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"strings"
 
+	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -99,9 +102,10 @@ func endpointURL(e string) string {
 // *Tracer is tracing off (Shutdown and ForceFlush accept it; callers test for nil before
 // starting spans, so that tracing off costs one compare).
 type Tracer struct {
-	tp   *sdktrace.TracerProvider
-	tr   trace.Tracer
-	prop propagation.TraceContext
+	tp      *sdktrace.TracerProvider
+	tr      trace.Tracer
+	sampler sdktrace.Sampler
+	prop    propagation.TraceContext
 }
 
 // New builds a Tracer from o: a tracer provider with a batching OTLP/HTTP exporter (which
@@ -138,12 +142,14 @@ func New(ctx context.Context, o Options) (*Tracer, error) {
 	if o.Log != nil {
 		setErrorLog(o.Log)
 	}
+	sampler := sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.SampleRatio))
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithResource(res),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.SampleRatio))),
+		sdktrace.WithSampler(sampler),
+		sdktrace.WithIDGenerator(idGenerator{}),
 	)
-	return &Tracer{tp: tp, tr: tp.Tracer(InstrumentationName)}, nil
+	return &Tracer{tp: tp, tr: tp.Tracer(InstrumentationName), sampler: sampler}, nil
 }
 
 // setErrorLog sends the SDK's errors (an export that failed, a full queue) to log at warn.
@@ -168,6 +174,67 @@ func (t *Tracer) ForceFlush(ctx context.Context) error {
 		return nil
 	}
 	return t.tp.ForceFlush(ctx)
+}
+
+// Begin starts the trace of a request whose header is h, continuing the trace of its
+// traceparent, if any. The sampler decides first, on the request's trace id (the client's,
+// or a new one): sampled, Begin starts a server span named name and returns its context, the
+// span and its span context; not sampled, it starts nothing and returns a nil context and
+// span, and the span context to send downstream (a new span id, the sampled flag off),
+// allocating nothing when h has no traceparent.
+func (t *Tracer) Begin(h *fasthttp.RequestHeader, name string) (context.Context, trace.Span, trace.SpanContext) {
+	parent := t.Extract(context.Background(), h)
+	psc := trace.SpanContextFromContext(parent)
+	tid := psc.TraceID()
+	if !tid.IsValid() {
+		tid = newTraceID()
+	}
+	res := t.sampler.ShouldSample(sdktrace.SamplingParameters{ParentContext: parent, TraceID: tid, Name: name, Kind: trace.SpanKindServer})
+	if res.Decision == sdktrace.Drop {
+		return nil, nil, trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: newSpanID(),
+			TraceFlags: psc.TraceFlags() &^ trace.FlagsSampled, TraceState: res.Tracestate})
+	}
+	if !psc.IsValid() {
+		// A new trace: the span takes the trace id just sampled (idGenerator), so that the
+		// sampler, asked again by Start, decides the same.
+		parent = context.WithValue(parent, presetTraceID{}, tid)
+	}
+	ctx, span := t.tr.Start(parent, name, trace.WithSpanKind(trace.SpanKindServer))
+	return ctx, span, span.SpanContext()
+}
+
+// presetTraceID is the context key of the trace id Begin sampled for a new trace.
+type presetTraceID struct{}
+
+// idGenerator is the SDK's random ids, but for a new trace whose id Begin chose.
+type idGenerator struct{}
+
+func (idGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	if tid, ok := ctx.Value(presetTraceID{}).(trace.TraceID); ok {
+		return tid, newSpanID()
+	}
+	return newTraceID(), newSpanID()
+}
+
+func (idGenerator) NewSpanID(context.Context, trace.TraceID) trace.SpanID { return newSpanID() }
+
+// newTraceID and newSpanID are random non-zero ids (math/rand/v2's generator, as the SDK's
+// own: ids need to be unique, not secret).
+func newTraceID() trace.TraceID {
+	var tid trace.TraceID
+	for !tid.IsValid() {
+		binary.NativeEndian.PutUint64(tid[:8], rand.Uint64())
+		binary.NativeEndian.PutUint64(tid[8:], rand.Uint64())
+	}
+	return tid
+}
+
+func newSpanID() trace.SpanID {
+	var sid trace.SpanID
+	for !sid.IsValid() {
+		binary.NativeEndian.PutUint64(sid[:], rand.Uint64())
+	}
+	return sid
 }
 
 // Start starts a span named name as a child of the span in ctx (or of the remote span

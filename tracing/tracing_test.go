@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
@@ -92,7 +93,7 @@ func TestInjectReplacesEverySpelling(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := serverHeader(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Keep: 1\r\n"+tc.raw+"X-Keep-Too: 2\r\n\r\n")
-			tr.Inject(trace.ContextWithSpanContext(context.Background(), tc.sc), h)
+			tr.Inject(tc.sc, h)
 			if got := fields(h, HeaderTraceparent); len(got) != 1 || got[0] != want+tc.flags {
 				t.Errorf("traceparent fields %q, want [%s%s]", got, want, tc.flags)
 			}
@@ -106,7 +107,7 @@ func TestInjectReplacesEverySpelling(t *testing.T) {
 	}
 	// No valid span context: the fields stay as they came.
 	h := serverHeader(t, "POST / HTTP/1.1\r\nHost: x\r\nTraceParent: "+tpB+"\r\ntracestate: x=1\r\n\r\n")
-	tr.Inject(context.Background(), h)
+	tr.Inject(trace.SpanContext{}, h)
 	if got := append(fields(h, HeaderTraceparent), fields(h, HeaderTracestate)...); len(got) != 2 || got[0] != "TraceParent: "+tpB || got[1] != "tracestate: x=1" {
 		t.Errorf("without a span context the fields changed: %q", got)
 	}
@@ -159,3 +160,98 @@ func TestNewRefusesBadOptions(t *testing.T) {
 }
 
 func bufioReader(s string) *bufio.Reader { return bufio.NewReader(strings.NewReader(s)) }
+
+// Extracting and injecting leave every other field byte for byte: a Cookie field in
+// particular, which fasthttp re-serializes once anything has it parse the cookies.
+func TestPropagationLeavesOtherFields(t *testing.T) {
+	tr := &Tracer{}
+	const cookie = "Cookie: b=2;a=1;  c; d=\"q\"\r\n"
+	h := serverHeader(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"+cookie+"traceparent: "+tpA+"\r\nX-Other: 1\r\n\r\n")
+	sc := trace.SpanContextFromContext(tr.Extract(context.Background(), h))
+	tr.Inject(sc, h)
+	if out := string(h.Header()); !strings.Contains(out, cookie) || !strings.Contains(out, "X-Other: 1\r\n") {
+		t.Errorf("header after propagation:\n%s\nwant the Cookie field as received: %q", out, cookie)
+	}
+}
+
+// newTracer is a Tracer at ratio exporting to a port nothing listens on (nothing is exported
+// in these tests: their spans are never ended, or not sampled).
+func newTracer(t *testing.T, ratio float64) *Tracer {
+	t.Helper()
+	tr, err := New(context.Background(), Options{SampleRatio: ratio, Endpoint: "http://127.0.0.1:9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = tr.Shutdown(ctx)
+	})
+	return tr
+}
+
+// Begin's decision: parent-based, the ratio for new traces; the span context it returns is
+// what the backend is sent.
+func TestBegin(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ratio   float64
+		tp      string // the client's traceparent ("": none)
+		sampled bool
+	}{
+		{"ratio 1, new trace", 1, "", true},
+		{"ratio 0, new trace", 0, "", false},
+		{"ratio 0, parent sampled", 0, tpA, true},
+		{"ratio 1, parent unsampled", 1, tpB, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTracer(t, tc.ratio)
+			raw := "POST / HTTP/1.1\r\nHost: x\r\n"
+			if tc.tp != "" {
+				raw += "traceparent: " + tc.tp + "\r\n"
+			}
+			ctx, span, sc := tr.Begin(serverHeader(t, raw+"\r\n"), "req")
+			if (span != nil) != tc.sampled || (ctx != nil) != tc.sampled || sc.IsSampled() != tc.sampled || !sc.IsValid() {
+				t.Fatalf("span %v ctx %v sc %v, want sampled %v", span, ctx, sc, tc.sampled)
+			}
+			if tc.tp != "" && sc.TraceID().String() != strings.Split(tc.tp, "-")[1] {
+				t.Errorf("trace %s, want the client's", sc.TraceID())
+			}
+			if tc.tp != "" && sc.SpanID().String() == strings.Split(tc.tp, "-")[2] {
+				t.Errorf("span id %s is the client's: the backend's parent must be prefixlb's", sc.SpanID())
+			}
+			if span != nil && (!span.IsRecording() || !span.SpanContext().Equal(sc)) {
+				t.Errorf("span %v recording %v, want recording with sc", span.SpanContext(), span.IsRecording())
+			}
+		})
+	}
+	// At a ratio between, a new trace Begin samples is recorded under the trace id it was
+	// sampled on: the SDK's Start, which asks the sampler again, decides the same.
+	tr := newTracer(t, 0.5)
+	sampled := 0
+	for range 200 {
+		_, span, sc := tr.Begin(serverHeader(t, "POST / HTTP/1.1\r\nHost: x\r\n\r\n"), "req")
+		if span == nil {
+			continue
+		}
+		sampled++
+		if !span.IsRecording() || span.SpanContext().TraceID() != sc.TraceID() {
+			t.Fatalf("sampled by Begin, but span recording %v trace %s", span.IsRecording(), span.SpanContext().TraceID())
+		}
+	}
+	if sampled < 60 || sampled > 140 {
+		t.Errorf("%d of 200 new traces sampled at ratio 0.5", sampled)
+	}
+}
+
+// A request not sampled costs no allocation, from Begin to its traceparent.
+func TestUnsampledAllocatesNothing(t *testing.T) {
+	tr := newTracer(t, 0)
+	h := serverHeader(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n")
+	if n := testing.AllocsPerRun(100, func() {
+		_, _, sc := tr.Begin(h, "req")
+		tr.Inject(sc, h)
+	}); n != 0 {
+		t.Errorf("%.1f allocations per unsampled request, want 0", n)
+	}
+}
