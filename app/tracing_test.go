@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
@@ -331,5 +332,37 @@ func TestTracingUnsampledAndOff(t *testing.T) {
 				tc.check(t, s)
 			}
 		})
+	}
+}
+
+// A reload that turns tracing on (or changes it) warns that it needs a restart, and the
+// running settings stay: requests are still not traced, their trace context forwarded as
+// sent. The backends of the reload apply.
+func TestTracingReloadNeedsRestart(t *testing.T) {
+	const msg = "config reload: tracing changes need a restart; the running tracing settings stay"
+	rcv := testutil.StartOTLPReceiver(t)
+	tb := startTraceBackends(t, 2, 0)
+	f := newReloadFile(t)
+	f.write(reloadConf(tb.urls[0]))
+	cfg, err := f.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, logs := testutil.RecordingLogger()
+	h := startRun(t, cfg, log, RunOptions{Load: f.load, Path: f.path, PollInterval: 10 * time.Millisecond})
+	f.write(strings.Replace(reloadConf(tb.urls...), "backends:\n", "tracing:\n  enabled: true\n  sample_ratio: 1\n  endpoint: "+rcv.URL+"\nbackends:\n", 1))
+	testutil.Eventually(t, testutil.Timeout, "the reload's backends applied", func() bool { return len(h.s.Backends()) == 2 })
+	if n := len(logs.WithMessage(msg)); n != 1 {
+		t.Errorf("%d tracing warnings, want 1", n)
+	}
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if status, _ := streamChat(t, h.base, map[string]string{"traceparent": tp}); status != http.StatusOK {
+		t.Fatalf("status %d", status)
+	}
+	if seen := tb.requests(); len(seen) != 1 || seen[0].traceparent != tp {
+		t.Errorf("backends saw %+v, want the client's traceparent as sent (tracing still off)", seen)
+	}
+	if spans, _ := rcv.Spans(t); len(spans) != 0 {
+		t.Errorf("%d spans exported by a tracing section a reload brought", len(spans))
 	}
 }

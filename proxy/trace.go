@@ -98,7 +98,15 @@ func newTracer(o *tracing.Options, log *zap.Logger) (*tracing.Tracer, error) {
 	if oo.Log == nil {
 		oo.Log = log
 	}
-	return tracing.New(context.Background(), oo)
+	tr, err := tracing.New(context.Background(), oo)
+	if err == nil {
+		endpoint := oo.Endpoint
+		if endpoint == "" {
+			endpoint = "(OTEL_EXPORTER_OTLP_* environment, else the SDK's default)"
+		}
+		log.Info("tracing on: spans exported over OTLP/HTTP", zap.String("endpoint", endpoint), zap.Float64("sample_ratio", oo.SampleRatio))
+	}
+	return tr, err
 }
 
 // flushTraces exports the spans still queued and stops the tracer (Shutdown).

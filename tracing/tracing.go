@@ -4,9 +4,9 @@
 // read from and written to fasthttp request headers, so that a client's trace is continued
 // through prefixlb into the backend (vLLM and SGLang continue a traceparent they receive).
 //
-// OTLP/HTTP rather than OTLP/gRPC: the gRPC exporter would add a gRPC client and its
-// dependencies to prefixlb for no gain; every OpenTelemetry Collector (and Jaeger, Tempo)
-// accepts OTLP/HTTP on port 4318.
+// OTLP/HTTP rather than OTLP/gRPC: every OpenTelemetry Collector (and Jaeger, Tempo) accepts
+// it on port 4318, over net/http, without a gRPC connection to keep. (The grpc module is
+// linked either way: the OTLP collector protos and the exporter's shared config import it.)
 //
 // The standard OTEL_* environment variables apply where the SDK reads them: with no
 // endpoint configured, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT
@@ -99,7 +99,7 @@ func endpointURL(e string) string {
 }
 
 // Tracer starts prefixlb's spans and carries their context in and out of requests. A nil
-// *Tracer is tracing off (Shutdown and ForceFlush accept it; callers test for nil before
+// *Tracer is tracing off (Shutdown accepts it; callers test for nil before
 // starting spans, so that tracing off costs one compare).
 type Tracer struct {
 	tp      *sdktrace.TracerProvider
@@ -166,14 +166,6 @@ func (t *Tracer) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	return t.tp.Shutdown(ctx)
-}
-
-// ForceFlush exports the spans ended so far, within ctx. Nil-safe.
-func (t *Tracer) ForceFlush(ctx context.Context) error {
-	if t == nil {
-		return nil
-	}
-	return t.tp.ForceFlush(ctx)
 }
 
 // Begin starts the trace of a request whose header is h, continuing the trace of its
