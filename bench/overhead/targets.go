@@ -575,9 +575,10 @@ func startOTLPSink() (*otlpSink, error) {
 
 func (s *otlpSink) close() error { return s.srv.Close() }
 
-// note says what reached the sink, for the report.
+// note says what reached the sink by the end of the measurement (batches go out every 5 s,
+// OTEL_BSP_SCHEDULE_DELAY), for the report.
 func (s *otlpSink) note(ratio float64) string {
-	return fmt.Sprintf("%s: tracing at sample ratio %g exported %d batches (%.1f KiB) to the harness's OTLP/HTTP sink",
+	return fmt.Sprintf("%s: tracing at sample ratio %g exported %d batches (%.1f KiB) to the harness's OTLP/HTTP sink during the run",
 		TargetPrefixlbTraced, ratio, s.exports.Load(), float64(s.bytes.Load())/1024)
 }
 
