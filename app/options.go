@@ -10,6 +10,7 @@ import (
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/tracing"
 )
 
 // ProxyOptions maps a validated config onto the proxy's options: the policy of cfg.Mode with
@@ -38,7 +39,17 @@ func ProxyOptions(cfg *configs.Config, log *zap.Logger) (proxy.Options, error) {
 		MaxBufferedBodyBytes: cfg.Limits.MaxBufferedBodyBytes,
 		OmitBackendHeader:    !cfg.ResponseHeaders.BackendOn(),
 		Log:                  log,
+		Tracing:              tracingOptions(cfg.Tracing),
 	}, nil
+}
+
+// tracingOptions are the proxy's tracing options of the tracing section: nil when it is off.
+func tracingOptions(t configs.Tracing) *tracing.Options {
+	if !t.Enabled {
+		return nil
+	}
+	o := t.Options()
+	return &o
 }
 
 // newServer builds the proxy of a validated config.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"reflect"
 	"sync"
 	"syscall"
 	"time"
@@ -208,6 +209,9 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 		nc.ResponseHeaders.BackendOn() != old.ResponseHeaders.BackendOn() {
 		c.log.Warn("config reload: only backends change at runtime; restart to apply listeners, mode, shadow, timeouts, prefix, limits, log and response headers")
 	}
+	if !reflect.DeepEqual(old.Tracing, nc.Tracing) {
+		c.log.Warn("config reload: tracing changes need a restart; the running tracing settings stay", zap.String("field", "tracing"))
+	}
 	if peeringChanged(old.Peering, nc.Peering) {
 		c.log.Warn("config reload: peering changes need a restart; the running peering settings stay", zap.String("field", "peering"))
 	}
@@ -217,7 +221,7 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 	if changed := discoveryChanged(old.Discovery, nc.Discovery); len(changed) > 0 {
 		c.log.Warn("config reload: discovery changes need a restart; the running discovery settings stay", zap.Strings("fields", changed))
 	}
-	nc.Shadow, nc.Health, nc.Discovery, nc.Limits, nc.Log = old.Shadow, old.Health, old.Discovery, old.Limits, old.Log
+	nc.Shadow, nc.Health, nc.Discovery, nc.Limits, nc.Log, nc.Tracing = old.Shadow, old.Health, old.Discovery, old.Limits, old.Log, old.Tracing
 	nc.Mode, nc.Listen, nc.AdminListen, nc.Prefix, nc.Timeouts, nc.MaxRequestBodyBytes, nc.ResponseHeaders, nc.Peering =
 		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders, old.Peering
 	c.cfg = nc

@@ -62,6 +62,8 @@ type Config struct {
 	Discovery Discovery `yaml:"discovery"`
 	// Peering makes several prefixlb replicas route as one (nil: off; configs/peering.go).
 	Peering *Peering `yaml:"peering"`
+	// Tracing exports OpenTelemetry spans of requests (configs/tracing.go; off by default).
+	Tracing Tracing `yaml:"tracing"`
 }
 
 // ResponseHeaders chooses the headers prefixlb adds to each response. x-prefixlb-route (the
@@ -464,6 +466,7 @@ func (c *Config) ApplyDefaults() {
 		setD(&dns.Interval, discovery.DefaultInterval)
 	}
 	c.Peering.applyDefaults()
+	c.Tracing.applyDefaults()
 	setS(&p.TieBreak, TieBreakAuto)
 }
 
@@ -621,6 +624,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.Peering.validate(c); err != nil {
+		return err
+	}
+	if err := c.Tracing.validate(); err != nil {
 		return err
 	}
 	if len(c.Backends) == 0 && c.Discovery.DNS == nil {

@@ -238,6 +238,7 @@ var defaulted = Config{
 		ModelsInterval: Duration(30 * time.Second), ModelsPath: "/v1/models",
 	},
 	Backends: []Backend{{URL: "http://a:8000", Weight: 1}},
+	Tracing:  Tracing{SampleRatio: new(0.01), ServiceName: "prefixlb"},
 }
 
 // TestDefaults compares the whole defaulted Config with the literal above, field by field.

@@ -59,6 +59,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		work = router.PrefillWork(int64(f.k.PromptTokens), 0)
 	}
 	f.lease.Begin(b, work, int64(f.k.PromptTokens), f.k.Stream)
+	f.tr.attemptBegan(&ctx.Request.Header, b)
 	ctx.Request.Header.SetHost(b.Addr)
 	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))
 	var early bool
@@ -72,6 +73,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 	if err != nil {
 		s.unlearn(f, b)
 		f.lease.Release()
+		f.tr.attemptFailed(err)
 		return err
 	}
 	s.testPanicAt(stageHead)

@@ -69,6 +69,8 @@ type flow struct {
 	// usageCacheSeen: the usage carried a cached-token count (cached_tokens or
 	// cache_read_input_tokens); without it usageCached 0 means "not reported".
 	usageCacheSeen bool
+
+	tr requestTrace // the request's spans (trace.go); zero when not traced
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.
@@ -168,6 +170,7 @@ func (f *flow) read(p []byte) (int, error) {
 		if !f.tokenSeen && f.tokenAt(p[:n]) {
 			f.tokenSeen = true
 			f.firstByte = time.Since(f.start)
+			f.tr.firstToken()
 			f.lease.FirstByte()
 		}
 		f.bytes += int64(n)
@@ -307,6 +310,7 @@ func (f *flow) finish(status int, err error) {
 		f.lease.Complete()
 	}
 	f.lease.Release()
+	f.tr.end(f, status, res)
 	s.logRequest(f, status, err, res)
 	f.ctx, f.hj, f.clientWrite, f.clientWriteA = nil, nil, 0, time.Time{}
 	s.putFlow(f)

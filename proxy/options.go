@@ -8,6 +8,7 @@ import (
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/tracing"
 )
 
 // Options are what a Server needs. Policy is required; the other zero fields take the
@@ -42,6 +43,10 @@ type Options struct {
 	OmitBackendHeader bool
 	// Log receives the request lines and changes of state (nil: nothing is logged).
 	Log *zap.Logger
+	// Tracing turns on OpenTelemetry spans of requests, whose trace context goes to the
+	// backends in traceparent (trace.go); nil: off. New builds its tracer, and Shutdown
+	// exports the spans still queued.
+	Tracing *tracing.Options
 }
 
 // Timeouts of the proxy (zero: the default).

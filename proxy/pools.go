@@ -213,6 +213,7 @@ func notServedMessage(name string, p *modelPools) string {
 
 // doneLocally ends a flow that no backend saw.
 func (s *Server) doneLocally(f *flow) {
+	f.tr.endLocal()
 	f.done.Store(true)
 	s.wd.remove(f)
 	s.putFlow(f)

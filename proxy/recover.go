@@ -156,6 +156,7 @@ func fallbackKey(path, body []byte, k *key.Key) (panicked bool) {
 type serving struct {
 	body bodyLease
 	f    *flow
+	tr   requestTrace // the request's spans until the flow takes them (trace.go)
 }
 
 // endServing runs when handle returns or panics. A panic is contained (handlerPanicked)
@@ -165,6 +166,7 @@ func (s *Server) endServing(ctx *fasthttp.RequestCtx, st *serving) {
 	if p := recover(); p != nil {
 		s.handlerPanicked(ctx, st.f, p)
 	}
+	st.tr.unserved()
 	s.endRequest(ctx, &st.body)
 }
 
@@ -260,6 +262,7 @@ func (f *flow) abandon() {
 		f.body = nil
 	}
 	f.lease.Release()
+	f.tr.abandoned()
 	f.ctx, f.hj = nil, nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
+	"github.com/prefixlb/prefixlb/tracing"
 )
 
 // Response headers prefixlb adds.
@@ -71,6 +72,8 @@ type Server struct {
 
 	panicLog *panicLimiter // which panics log their stack (recover.go)
 
+	tracer *tracing.Tracer // nil: tracing off (trace.go)
+
 	testPanic func(panicStage) // tests only: makes serving panic at a stage (recover.go); nil otherwise
 }
 
@@ -85,6 +88,10 @@ func New(o Options) (*Server, error) {
 	}
 	o = o.withDefaults()
 	log := o.Log
+	tracer, err := newTracer(o.Tracing, log)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
 		log:           log,
 		pool:          backend.NewPool(nil),
@@ -94,6 +101,7 @@ func New(o Options) (*Server, error) {
 		hc:            health.New(o.Health, log, nil),
 		m:             newServerMetrics(o.Mode),
 		panicLog:      newPanicLimiter(time.Now),
+		tracer:        tracer,
 		mode:          o.Mode,
 		defaultKV:     o.DefaultKVCacheTokens,
 		headerTimeout: o.Timeouts.ResponseHeader,
@@ -187,6 +195,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, u := range *s.ups.Load() {
 		u.retire()
 	}
+	s.flushTraces()
 	return err
 }
 
@@ -261,11 +270,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if s.overflowed(ctx) {
 		return
 	}
+	st.tr = s.traceRequest(ctx)
 	if !s.admit(ctx, &st.body) {
 		return
 	}
 	f := s.getFlow(ctx)
 	st.f = f
+	st.tr.admitted(f)
 	s.prepare(ctx, f)
 	if s.serveLocally(ctx, f) {
 		return
@@ -293,6 +304,7 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 	f.method = append(f.method, req.Header.Method()...)
 	f.path = append(f.path, path...)
 	s.buildKey(f.id, path, req.Body(), &f.k)
+	f.tr.keyed(&f.k)
 
 	prepareRequestHeader(&req.Header, peerAddr(ctx))
 	s.wd.add(f)
@@ -310,6 +322,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 		} else {
 			f.dec = s.decider.Repick(&f.k, f.dec, f.cands, f.id)
 		}
+		f.tr.picked(&f.dec, f.k.PromptTokens)
 		s.testPanicAt(stagePick)
 		if f.dec.Backend == nil {
 			break

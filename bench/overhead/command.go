@@ -41,6 +41,8 @@ import (
 	"github.com/prefixlb/prefixlb/bench/overhead/agentbody"
 	"github.com/prefixlb/prefixlb/bench/report"
 	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/tracing"
 )
 
 // Options configure a run.
@@ -75,6 +77,8 @@ type Options struct {
 	KeepTemp bool `json:"-"`
 	// PrefixlbEnv is extra environment for the prefixlb children (e.g. GOMAXPROCS=1).
 	PrefixlbEnv []string `json:"prefixlb_env,omitempty"`
+	// TraceSampleRatio is the tracing sample ratio of TargetPrefixlbTraced.
+	TraceSampleRatio float64 `json:"trace_sample_ratio"`
 
 	// PrefixlbExec is the argv prefix that runs the prefixlb binary (serve is appended);
 	// empty: prefixlb runs in-process and its CPU and RSS are not reported.
@@ -104,6 +108,8 @@ func DefaultOptions() Options {
 		RoutingN:       1000,
 		AgentFrom:      1 << 20,
 		Out:            "bench-out",
+
+		TraceSampleRatio: tracing.DefaultSampleRatio,
 	}
 }
 
@@ -119,6 +125,8 @@ func (o *Options) validate() error {
 		return errors.New("--rounds and --round must be positive")
 	case o.Rate < 0 || o.RateFraction <= 0 && o.Rate == 0:
 		return errors.New("--rate must be >= 0, and --rate-fraction > 0 when --rate is 0")
+	case !(o.TraceSampleRatio >= 0 && o.TraceSampleRatio <= 1):
+		return errors.New("--trace-sample-ratio must be within 0..1")
 	}
 	if o.AgentFrom < 0 {
 		return errors.New("--agent-from must be >= 0")
@@ -239,6 +247,7 @@ decision alone, and the prefix index's memory at 1M entries; it writes DIR/overh
 	fs.BoolVar(&o.KeepTemp, "keep", false, "keep the temp dir with configs and process logs")
 	fs.StringArrayVar(&o.PrefixlbEnv, "prefixlb-env", nil, "extra KEY=VALUE environment for the prefixlb children (repeatable), e.g. GOMAXPROCS=1")
 	fs.StringVar(&o.CPUProfileDir, "cpuprofile-dir", "", "ask each prefixlb child for a CPU profile DIR/<target>.prof (the prefixlb binary honours PREFIXLB_CPUPROFILE)")
+	fs.Float64Var(&o.TraceSampleRatio, "trace-sample-ratio", o.TraceSampleRatio, "sample ratio of target "+TargetPrefixlbTraced+" (mode prefix with OpenTelemetry tracing on, spans exported to an OTLP/HTTP sink in the harness)")
 	return c
 }
 
@@ -305,11 +314,15 @@ type agg struct {
 	latNoProxyCPU  bool
 	noBackendCPU   bool
 	p50s, p99s     []float64 // per open-loop round
+	rates          []float64 // requests/s per saturation round
 	routes         routeCounts
 	lastErr        error
 }
 
 func (a *agg) addSat(r loadResult) {
+	if r.seconds > 0 {
+		a.rates = append(a.rates, float64(r.requests)/r.seconds)
+	}
 	a.sat.requests += r.requests
 	a.sat.errors += r.errors
 	a.sat.seconds += r.seconds
@@ -401,6 +414,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 	}()
 
 	var ts []*target
+	var sink *otlpSink // TargetPrefixlbTraced's
 	defer func() {
 		for i := len(ts) - 1; i >= 0; i-- {
 			if err := ts[i].close(); err != nil {
@@ -431,13 +445,15 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 			if len(o.PrefixlbExec) > 0 {
 				t, err = prefixlbTarget(name, o.PrefixlbExec, dir, mode, o.LogLevel, urls, o.CPUProfileDir, o.PrefixlbEnv)
 			} else {
-				t, err = prefixlbInProcess(name, mode, urls)
+				t, err = prefixlbInProcess(name, mode, urls, configs.Tracing{})
 			}
 		case TargetPrefixlbPeer:
 			if len(o.PrefixlbExec) == 0 {
 				return nil, fmt.Errorf("%s needs the prefixlb binary (--prefixlb, or run the built binary): peering runs between processes", name)
 			}
 			t, err = peeredPrefixlbTargets(o.PrefixlbExec, dir, o.LogLevel, urls, o.CPUProfileDir, o.PrefixlbEnv)
+		case TargetPrefixlbTraced:
+			t, sink, err = tracedPrefixlbTarget(o.PrefixlbExec, dir, o.LogLevel, urls, o.CPUProfileDir, o.PrefixlbEnv, o.TraceSampleRatio)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("starting %s: %w", name, err)
@@ -510,6 +526,7 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 				HarnessCPUPer1k: per1k(a.satCPU.self, a.sat.requests, true),
 				Rate:            rate, LatRequests: a.lat.requests, LatErrors: a.lat.errors, Late: a.lat.late,
 				LatCPUPer1k: per1k(a.latCPU.proxy, a.lat.requests, !a.latNoProxyCPU),
+				RPSRounds:   a.rates,
 				P50RoundsUs: a.p50s,
 				P99RoundsUs: a.p99s,
 				Routes:      a.routes.toMap(),
@@ -540,6 +557,9 @@ func Run(ctx context.Context, o Options, log io.Writer) (*Report, error) {
 		}
 	}
 	Derive(rep.Rows)
+	if sink != nil {
+		rep.Notes = append(rep.Notes, sink.note(o.TraceSampleRatio))
+	}
 	for _, r := range rep.Rows {
 		if r.Target == TargetPrefixlbPfx && r.Routes["least-load"] > 0 && r.Routes["match"] == 0 && r.Routes["cold"] == 0 {
 			rep.Notes = append(rep.Notes, "prefixlb mode prefix answered with reason least-load only: the prefix policy (router.Prefix) is not what mode prefix runs in this binary")

@@ -76,7 +76,7 @@ func TestChecksAndMarkdown(t *testing.T) {
 	rep.Checks = Checks(rep)
 	// p50 +80 ≤ 100, p99 +500 ≤ 1000, floor +70 (context: no verdict), +80 vs HAProxy's
 	// +100 = 0.80× ≤ 1, 0.75× ≥ 0.7, 120 ≤ 300, 1 MB not measured, 64.5 ≤ 100
-	want := []*bool{met(true), met(true), nil, met(true), met(true), met(true), nil, met(true)}
+	want := []*bool{met(true), met(true), nil, met(true), met(true), met(true), nil, met(true), nil}
 	if len(rep.Checks) != len(want) {
 		t.Fatalf("%d checks, want %d", len(rep.Checks), len(want))
 	}
@@ -471,15 +471,19 @@ func TestSmokeRunAgent(t *testing.T) {
 	}
 }
 
-// The whole command, tiny: direct and prefixlb (in-process, both modes), no HAProxy. It
-// checks counts and structure, never timings.
+// The whole command, tiny: direct and prefixlb (in-process, both modes, and mode prefix
+// traced at ratio 1), no HAProxy. It checks counts and structure, never timings.
 func TestSmokeRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts servers and sends load for a few seconds")
 	}
 	o := DefaultOptions()
 	o.Sizes = []int{1 << 10}
-	o.Targets = []string{TargetDirect, TargetPrefixlbRR, TargetPrefixlbPfx}
+	o.Targets = []string{TargetDirect, TargetPrefixlbRR, TargetPrefixlbPfx, TargetPrefixlbTraced}
+	o.TraceSampleRatio = 1
+	// The in-process tracer's batches go out every 50 ms instead of 5 s (the SDK reads the
+	// standard variable), so that spans reach the sink within this short run.
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
 	o.Conns = 4
 	o.Rounds = 1
 	o.Round = 150 * time.Millisecond
@@ -493,8 +497,13 @@ func TestSmokeRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	if len(rep.Rows) != 3 {
-		t.Fatalf("%d rows, want 3", len(rep.Rows))
+	if len(rep.Rows) != 4 {
+		t.Fatalf("%d rows, want 4", len(rep.Rows))
+	}
+	if !slices.ContainsFunc(rep.Notes, func(n string) bool {
+		return strings.HasPrefix(n, TargetPrefixlbTraced+": tracing at sample ratio 1 exported ") && !strings.Contains(n, "exported 0 batches")
+	}) {
+		t.Errorf("no span reached the harness's OTLP sink: notes %q", rep.Notes)
 	}
 	for _, r := range rep.Rows {
 		if r.SatRequests <= 0 || r.RPS <= 0 || r.LatRequests <= 0 || r.SatErrors+r.LatErrors != 0 || r.P50us <= 0 || r.P99us < r.P50us {
@@ -522,7 +531,7 @@ func TestSmokeRun(t *testing.T) {
 	if rep.Index == nil || rep.Index.Entries < 20_000 || rep.Index.BytesPerEntry <= 0 {
 		t.Errorf("index = %+v", rep.Index)
 	}
-	if len(rep.Checks) != 8 {
+	if len(rep.Checks) != 9 {
 		t.Errorf("%d checks", len(rep.Checks))
 	}
 	p, err := WriteJSON(rep, o.Out)
@@ -535,14 +544,15 @@ func TestSmokeRun(t *testing.T) {
 	}
 	defer f.Close()
 	var back Report
-	if err := json.NewDecoder(f).Decode(&back); err != nil || len(back.Rows) != 3 {
+	if err := json.NewDecoder(f).Decode(&back); err != nil || len(back.Rows) != 4 {
 		t.Errorf("overhead.json: %v, %d rows", err, len(back.Rows))
 	}
 	_, _ = io.Copy(io.Discard, f)
 }
 
 // TestPrefixlbConfigPeering: the benchmarked prefixlb's YAML, with and without a peering
-// section, parses and validates as prefixlb would load it, and the peering section lands.
+// section (and with a tracing section), parses and validates as prefixlb would load it, and
+// the section lands.
 func TestPrefixlbConfigPeering(t *testing.T) {
 	dir := t.TempDir()
 	sf := filepath.Join(dir, "secret")
@@ -555,7 +565,8 @@ func TestPrefixlbConfigPeering(t *testing.T) {
 		join          []string
 	}{
 		{"unpeered", "", nil},
-		{"peered", fmt.Sprintf("  listen: \"127.0.0.1:17946\"\n  join: [\"127.0.0.1:17947\"]\n  secret_file: %q\n", sf), []string{"127.0.0.1:17947"}},
+		{"peered", fmt.Sprintf("peering:\n  listen: \"127.0.0.1:17946\"\n  join: [\"127.0.0.1:17947\"]\n  secret_file: %q\n", sf), []string{"127.0.0.1:17947"}},
+		{"traced", tracingSection("http://127.0.0.1:14318", 0.01), nil},
 	} {
 		c, err := configs.Parse([]byte(prefixlbConfig("127.0.0.1:18080", "prefix", "warn", backends, tc.peering)))
 		if err != nil {
@@ -567,11 +578,48 @@ func TestPrefixlbConfigPeering(t *testing.T) {
 		if len(c.Backends) != 2 || c.Mode != "prefix" {
 			t.Errorf("%s: backends %v mode %q", tc.name, c.Backends, c.Mode)
 		}
+		if traced := tc.name == "traced"; c.Tracing.Enabled != traced ||
+			traced && (c.Tracing.Endpoint != "http://127.0.0.1:14318" || *c.Tracing.SampleRatio != 0.01) {
+			t.Errorf("%s: tracing %+v", tc.name, c.Tracing)
+		}
 		switch {
 		case tc.join == nil && c.Peering != nil:
 			t.Errorf("%s: peering %+v, want none", tc.name, c.Peering)
 		case tc.join != nil && (c.Peering == nil || !slices.Equal(c.Peering.Join, tc.join) || c.Peering.SecretFile != sf):
 			t.Errorf("%s: peering %+v, want join %v, secret %s", tc.name, c.Peering, tc.join, sf)
 		}
+	}
+}
+
+// The median's order-statistic interval: its coverage from the binomial, the widest rank
+// that keeps 95%.
+func TestMedianInterval(t *testing.T) {
+	for _, tc := range []struct {
+		n, j int
+		cov  float64
+	}{
+		{1, 0, 0}, {5, 0, 0.9375}, {6, 0, 0.96875}, {8, 0, 0.9921875}, {9, 1, 0.9609375}, {12, 2, 0.9614258}, {24, 6, 0.9773},
+	} {
+		j, cov := medianInterval(tc.n)
+		if j != tc.j || math.Abs(cov-tc.cov) > 1e-4 {
+			t.Errorf("n=%d: j=%d coverage %.7f, want %d %.7f", tc.n, j, cov, tc.j, tc.cov)
+		}
+	}
+}
+
+// The tracing check pairs the traced and untraced rounds at 16 KB and judges their median.
+func TestTracedCheck(t *testing.T) {
+	rep := &Report{Options: Options{TraceSampleRatio: 0.01}, Rows: []Row{
+		{Target: TargetPrefixlbPfx, BodyBytes: 16 << 10, RPS: 1000, RPSRounds: []float64{1000, 900, 1100, 1000, 1000, 950}},
+		{Target: TargetPrefixlbTraced, BodyBytes: 16 << 10, RPS: 980, RPSRounds: []float64{990, 880, 1050, 980, 990, 960}},
+	}}
+	c := Checks(rep)[len(Checks(rep))-1]
+	// ratios 0.99 0.978 0.955 0.98 0.99 1.011: median 0.985, interval min–max at 6 rounds
+	if c.Met == nil || !*c.Met || !strings.HasPrefix(c.Got, "0.985× (6 rounds; 97% interval 0.955–1.011; summed rates 0.980×") {
+		t.Errorf("check %+v", c)
+	}
+	rep.Rows[1].RPSRounds = []float64{900, 850, 1000, 940, 950, 900}
+	if c := Checks(rep)[len(Checks(rep))-1]; c.Met == nil || *c.Met {
+		t.Errorf("a 0.94× median met the 0.97× target: %+v", c)
 	}
 }

@@ -6,8 +6,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/prefixlb/prefixlb/bench/report"
 )
 
 // Row is one target at one body size.
@@ -17,11 +20,14 @@ type Row struct {
 	Shape     string `json:"body_shape"` // ShapeChat or ShapeAgent
 
 	// Saturation: closed loop, Conns connections back to back, summed over the rounds.
-	SatRequests int64    `json:"sat_requests"`
-	SatErrors   int64    `json:"sat_errors"`
-	SatSeconds  float64  `json:"sat_seconds"`
-	RPS         float64  `json:"rps"`
-	SatCPUPer1k *float64 `json:"sat_cpu_s_per_1k,omitempty"` // the proxy process's CPU seconds per 1,000 requests
+	SatRequests int64   `json:"sat_requests"`
+	SatErrors   int64   `json:"sat_errors"`
+	SatSeconds  float64 `json:"sat_seconds"`
+	RPS         float64 `json:"rps"`
+	// RPSRounds is requests/s of each saturation round, in round order: the rounds interleave
+	// the targets, so two targets' round r ran side by side (TracingRatio pairs them).
+	RPSRounds   []float64 `json:"rps_rounds,omitempty"`
+	SatCPUPer1k *float64  `json:"sat_cpu_s_per_1k,omitempty"` // the proxy process's CPU seconds per 1,000 requests
 	// HarnessCPUPer1k is the harness's own CPU (load generator and backends; with an
 	// in-process prefixlb, that too) per 1,000 requests at saturation.
 	HarnessCPUPer1k *float64 `json:"sat_harness_cpu_s_per_1k,omitempty"`
@@ -152,7 +158,59 @@ const (
 	checkRoutingBody  = 128 << 10
 	// checkRoutingMaxBody is the 1 MB coding-agent body (package agentbody).
 	checkRoutingMaxBody = 1 << 20
+	// wantTracedRPS: with tracing on at the default sample ratio, requests/s at saturation at
+	// checkTracedBody at least this share of tracing off (issue 53).
+	wantTracedRPS   = 0.97
+	checkTracedBody = 16 << 10
 )
+
+// PairedRatio compares two targets' saturation rates round by round: the rounds interleave
+// the targets, so each round's ratio is of two runs side by side, and machine noise that
+// drifts over the run cancels in it.
+type PairedRatio struct {
+	Rounds int
+	Median float64 // of the rounds' ratios
+	// Lo and Hi are order statistics of the rounds' ratios around the median whose coverage
+	// of the true median is Confidence (about 0.95 from 6 rounds up; less with fewer).
+	Lo, Hi     float64
+	Confidence float64
+	Summed     float64 // the ratio of the rounds' summed requests over their summed time
+}
+
+// pairRounds is the PairedRatio of a over b; false without a round of both.
+func pairRounds(a, b *Row) (PairedRatio, bool) {
+	n := min(len(a.RPSRounds), len(b.RPSRounds))
+	var rs []float64
+	for i := range n {
+		if b.RPSRounds[i] > 0 {
+			rs = append(rs, a.RPSRounds[i]/b.RPSRounds[i])
+		}
+	}
+	if len(rs) == 0 || b.RPS == 0 {
+		return PairedRatio{}, false
+	}
+	slices.Sort(rs)
+	j, conf := medianInterval(len(rs))
+	return PairedRatio{Rounds: len(rs), Median: report.Median(rs), Lo: rs[j], Hi: rs[len(rs)-1-j], Confidence: conf, Summed: a.RPS / b.RPS}, true
+}
+
+// medianInterval is the distribution-free interval of a median from n sorted values: the
+// j-th smallest to the j-th largest (0-based), with the largest j whose coverage
+// 1 − 2·P(Binomial(n, ½) ≤ j) is at least 0.95, and that coverage (j = 0 below 6 values).
+func medianInterval(n int) (j int, coverage float64) {
+	cdf := func(k int) float64 { // P(Binomial(n, ½) ≤ k)
+		p, c := 0.0, 1.0 // c: C(n, i)
+		for i := 0; i <= k; i++ {
+			p += c
+			c = c * float64(n-i) / float64(i+1)
+		}
+		return p / math.Pow(2, float64(n))
+	}
+	for j+1 < n/2 && 1-2*cdf(j+1) >= 0.95 {
+		j++
+	}
+	return j, 1 - 2*cdf(j)
+}
 
 func met(ok bool) *bool { return &ok }
 
@@ -209,6 +267,16 @@ func Checks(rep *Report) []Check {
 		ci.Got, ci.Met = fmt.Sprintf("%.1f B", rep.Index.BytesPerEntry), met(rep.Index.BytesPerEntry <= wantBytesPerEntry)
 	}
 	out = append(out, ci)
+	ct := Check{Name: fmt.Sprintf("tracing on (%s) vs off: requests/s at saturation, 16 KB, median of the rounds' ratios", TargetPrefixlbTraced),
+		Want: fmt.Sprintf("≥ %.2f×", wantTracedRPS), Got: "not measured"}
+	if a, b := row(checkTracedBody, TargetPrefixlbTraced), row(checkTracedBody, TargetPrefixlbPfx); a != nil && b != nil {
+		if pr, ok := pairRounds(a, b); ok {
+			ct.Got = fmt.Sprintf("%.3f× (%d rounds; %.0f%% interval %.3f–%.3f; summed rates %.3f×; sample ratio %g)",
+				pr.Median, pr.Rounds, 100*pr.Confidence, pr.Lo, pr.Hi, pr.Summed, rep.Options.TraceSampleRatio)
+			ct.Met = met(pr.Median >= wantTracedRPS)
+		}
+	}
+	out = append(out, ct)
 	return out
 }
 

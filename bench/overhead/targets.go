@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,12 +40,17 @@ const (
 	// routes is also sent to a peer; its CPU is both processes'. Not in AllTargets: ask for
 	// it with --targets.
 	TargetPrefixlbPeer = "prefixlb-prefix-peer"
+	// TargetPrefixlbTraced is mode prefix with OpenTelemetry tracing on at
+	// Options.TraceSampleRatio, exporting to an OTLP/HTTP sink in the harness (which reads and
+	// drops the spans): what tracing costs, against TargetPrefixlbPfx in the same rounds. Not
+	// in AllTargets: ask for it with --targets.
+	TargetPrefixlbTraced = "prefixlb-prefix-traced"
 )
 
 // AllTargets are the targets in report order; KnownTargets adds the opt-in ones.
 var (
 	AllTargets   = []string{TargetDirect, TargetHAProxyTCP, TargetHAProxy, TargetPrefixlbRR, TargetPrefixlbPfx}
-	KnownTargets = append(append([]string(nil), AllTargets...), TargetPrefixlbPeer)
+	KnownTargets = append(append([]string(nil), AllTargets...), TargetPrefixlbPeer, TargetPrefixlbTraced)
 )
 
 // target is one way to reach the backends: directly, or through a proxy.
@@ -333,17 +340,15 @@ func haproxyTarget(bin, dir string, backends []string, tcp bool) (*target, error
 // not affected (their shared system prompts stay, their unique turns are evicted either way).
 const BenchKVCacheTokens = 8 << 20
 
-// prefixlbConfig renders the YAML of a benchmarked prefixlb; peering, when set, is its
-// peering section's YAML (indented two spaces).
-func prefixlbConfig(listen, mode, logLevel string, backends []string, peering string) string {
+// prefixlbConfig renders the YAML of a benchmarked prefixlb; extra, when set, is more
+// top-level sections (a peering or tracing section).
+func prefixlbConfig(listen, mode, logLevel string, backends []string, extra string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "listen: %q\nadmin_listen: \"127.0.0.1:0\"\nmode: %s\nlog:\n  level: %s\n  format: json\nprefix:\n  default_kv_cache_tokens: %d\nbackends:\n", listen, mode, logLevel, BenchKVCacheTokens)
 	for _, u := range backends {
 		fmt.Fprintf(&b, "  - url: %q\n", u)
 	}
-	if peering != "" {
-		b.WriteString("peering:\n" + peering)
-	}
+	b.WriteString(extra)
 	return b.String()
 }
 
@@ -372,12 +377,12 @@ func peeredPrefixlbTargets(argv []string, dir, logLevel string, backends []strin
 	}
 	peerAddr, ownAddr := "127.0.0.1:"+strconv.Itoa(pp), "127.0.0.1:"+strconv.Itoa(mp)
 	peer, err := prefixlbTargetWith("prefixlb-idle-peer", argv, dir, "prefix", logLevel, backends, profDir, extraEnv,
-		fmt.Sprintf("  listen: %q\n  secret_file: %q\n", peerAddr, sf))
+		fmt.Sprintf("peering:\n  listen: %q\n  secret_file: %q\n", peerAddr, sf))
 	if err != nil {
 		return nil, err
 	}
 	t, err := prefixlbTargetWith(TargetPrefixlbPeer, argv, dir, "prefix", logLevel, backends, profDir, extraEnv,
-		fmt.Sprintf("  listen: %q\n  join: [%q]\n  secret_file: %q\n", ownAddr, peerAddr, sf))
+		fmt.Sprintf("peering:\n  listen: %q\n  join: [%q]\n  secret_file: %q\n", ownAddr, peerAddr, sf))
 	if err != nil {
 		_ = peer.stop()
 		return nil, err
@@ -395,15 +400,16 @@ func prefixlbTarget(name string, argv []string, dir, mode, logLevel string, back
 	return prefixlbTargetWith(name, argv, dir, mode, logLevel, backends, profDir, extraEnv, "")
 }
 
-// prefixlbTargetWith is prefixlbTarget with a peering section (YAML, "" for none).
-func prefixlbTargetWith(name string, argv []string, dir, mode, logLevel string, backends []string, profDir string, extraEnv []string, peering string) (*target, error) {
+// prefixlbTargetWith is prefixlbTarget with more top-level sections (YAML: a peering or
+// tracing section; "" for none).
+func prefixlbTargetWith(name string, argv []string, dir, mode, logLevel string, backends []string, profDir string, extraEnv []string, extra string) (*target, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	cfg := filepath.Join(dir, name+".yaml")
-	if err := os.WriteFile(cfg, []byte(prefixlbConfig(addr, mode, logLevel, backends, peering)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(prefixlbConfig(addr, mode, logLevel, backends, extra)), 0o644); err != nil {
 		return nil, err
 	}
 	args := append(append([]string(nil), argv...), "serve", "--config", cfg)
@@ -427,11 +433,11 @@ func prefixlbTargetWith(name string, argv []string, dir, mode, logLevel string, 
 		note: strings.TrimSpace(strings.Join(extraEnv, " ") + " " + filepath.Base(argv[0]) + " serve, mode " + mode + ", log level " + logLevel + " (child process)"), stop: p.stop}, nil
 }
 
-// prefixlbInProcess serves prefixlb inside the harness (app.Start). Its CPU and RSS cannot
-// be told apart from the load generator's and are not reported.
-func prefixlbInProcess(name, mode string, backends []string) (*target, error) {
+// prefixlbInProcess serves prefixlb inside the harness (app.Start), with the tracing section
+// tr. Its CPU and RSS cannot be told apart from the load generator's and are not reported.
+func prefixlbInProcess(name, mode string, backends []string, tr configs.Tracing) (*target, error) {
 	cfg := &configs.Config{Mode: mode, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
-		Prefix: configs.Prefix{DefaultKVCacheTokens: BenchKVCacheTokens}}
+		Prefix: configs.Prefix{DefaultKVCacheTokens: BenchKVCacheTokens}, Tracing: tr}
 	for _, u := range backends {
 		cfg.Backends = append(cfg.Backends, configs.Backend{URL: u})
 	}
@@ -529,4 +535,71 @@ func peakRSS(pid int) (int64, error) { return procStatusKB(strconv.Itoa(pid), "V
 // resetPeakRSS sets pid's VmHWM to its current RSS (writing 5 to clear_refs, Linux ≥ 4.0).
 func resetPeakRSS(pid int) error {
 	return os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0)
+}
+
+// ---- tracing ----
+
+// tracingSection is the tracing section of a benchmarked prefixlb: on, exporting to endpoint
+// (OTLP/HTTP), new traces kept at ratio.
+func tracingSection(endpoint string, ratio float64) string {
+	return fmt.Sprintf("tracing:\n  enabled: true\n  endpoint: %q\n  sample_ratio: %g\n", endpoint, ratio)
+}
+
+// otlpSink is an OTLP/HTTP traces endpoint on 127.0.0.1 that reads every export and drops it,
+// answering as a collector does (200, an empty protobuf response): the exporter's work is
+// prefixlb's, the sink's is the harness's. It counts the exports and their bytes.
+type otlpSink struct {
+	srv     *http.Server
+	url     string
+	exports atomic.Int64
+	bytes   atomic.Int64
+}
+
+func startOTLPSink() (*otlpSink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &otlpSink{url: "http://" + ln.Addr().String()}
+	s.srv = &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		s.exports.Add(1)
+		s.bytes.Add(n)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	})}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+func (s *otlpSink) close() error { return s.srv.Close() }
+
+// note says what reached the sink by the end of the measurement (batches go out every 5 s,
+// OTEL_BSP_SCHEDULE_DELAY), for the report.
+func (s *otlpSink) note(ratio float64) string {
+	return fmt.Sprintf("%s: tracing at sample ratio %g exported %d batches (%.1f KiB) to the harness's OTLP/HTTP sink during the run",
+		TargetPrefixlbTraced, ratio, s.exports.Load(), float64(s.bytes.Load())/1024)
+}
+
+// tracedPrefixlbTarget starts TargetPrefixlbTraced: mode prefix with tracing on at ratio, as a
+// child process (argv non-empty) or in the harness, exporting to an OTLP sink that the
+// target's stop closes after prefixlb has flushed.
+func tracedPrefixlbTarget(argv []string, dir, logLevel string, backends []string, profDir string, extraEnv []string, ratio float64) (*target, *otlpSink, error) {
+	sink, err := startOTLPSink()
+	if err != nil {
+		return nil, nil, err
+	}
+	var t *target
+	if len(argv) > 0 {
+		t, err = prefixlbTargetWith(TargetPrefixlbTraced, argv, dir, "prefix", logLevel, backends, profDir, extraEnv, tracingSection(sink.url, ratio))
+	} else {
+		t, err = prefixlbInProcess(TargetPrefixlbTraced, "prefix", backends, configs.Tracing{Enabled: true, Endpoint: sink.url, SampleRatio: &ratio})
+	}
+	if err != nil {
+		_ = sink.close()
+		return nil, nil, err
+	}
+	stop := t.stop
+	t.stop = func() error { return errors.Join(stop(), sink.close()) }
+	t.note += fmt.Sprintf("; tracing on, sample ratio %g, OTLP/HTTP to a sink in the harness", ratio)
+	return t, sink, nil
 }
