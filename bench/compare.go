@@ -330,7 +330,6 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			backends = cluster.URLs()
 		}
 		routers = routers[:0]
-		var servings []*proxy.Serving
 		var orc *oracle.Oracle // one for all routers: each sees every request routed, not only its own
 		if mode == oracle.Name && cluster != nil {
 			orc = oracle.New(cluster)
@@ -341,7 +340,7 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 				return report.Mode{}, err
 			}
 			defer stop()
-			servings, nodes = svs, ns
+			proxies, nodes = svs, ns
 		}
 		for range max(o.RouterReplicas, 1) * btoi(nodes == nil) { // each replica its own prefixlb with its own index
 			sv, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc)
@@ -349,13 +348,12 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 				return report.Mode{}, err
 			}
 			defer stop()
-			servings = append(servings, sv)
+			proxies = append(proxies, sv)
 		}
-		for _, sv := range servings {
+		for _, sv := range proxies {
 			routers = append(routers, sv.URL())
 		}
 		target = routers[0]
-		proxies = servings
 	}
 	model := o.Model
 	if model == "" {
