@@ -119,13 +119,21 @@ func (b *Backend) queuedRaw() int64 { return b.prefillTokens.Load() + b.peerPref
 // PrefillRate is the prefill rate the cost model uses for b, in tokens per second: b's
 // learned one, the fleet's until learned (SetFleetPrefill), else DefaultPrefillRate.
 func (b *Backend) PrefillRate() float64 {
-	if r, ok := b.prefill.Rate(); ok {
+	if r, ok := b.LearnedPrefillRate(); ok {
 		return r
 	}
-	if f := b.fleet.Load(); f != nil {
-		if r, ok := f.Rate(); ok {
-			return r
-		}
-	}
 	return DefaultPrefillRate
+}
+
+// LearnedPrefillRate is the prefill rate learned for b, in tokens per second: b's own, else
+// the fleet's (SetFleetPrefill); ok is false while neither has learned one (MinPrefillSamples
+// streamed requests), when PrefillRate assumes DefaultPrefillRate.
+func (b *Backend) LearnedPrefillRate() (tokensPerSecond float64, ok bool) {
+	if r, ok := b.prefill.Rate(); ok {
+		return r, true
+	}
+	if f := b.fleet.Load(); f != nil {
+		return f.Rate()
+	}
+	return 0, false
 }

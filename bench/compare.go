@@ -251,6 +251,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 			}
 		}
 	}
+	if line := report.SavingsLine(rep.Modes, o.Speedup); line != "" {
+		rep.Notes = append(rep.Notes, line)
+	}
 	minStep := simMinStep(o, simCfg)
 	checkValidity(rep.Modes, reuse, minStep, runtime.NumCPU())
 	validity := validityLines(rep.Modes, reuse, cachedSource, minStep)
@@ -312,6 +315,7 @@ func firstReasons(rs map[string]int) string {
 func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label string, simCfg sim.Config, base *configs.Config, rate float64) (report.Mode, error) {
 	target := o.Target
 	backends := o.Backends
+	var proxies []*proxy.Serving // the in-process prefixlb replicas (none with Target)
 	var cluster *sim.Cluster
 	routers := []string{target} // the URLs requests go to, round-robin per request
 	var nodes []*peering.Node   // the routers' peering nodes (Options.Peering)
@@ -331,20 +335,23 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			orc = oracle.New(cluster)
 		}
 		if o.Peering && mode == "prefix" && o.RouterReplicas > 1 {
-			urls, ns, stop, err := startPeeredProxies(base, backends, int64(simCfg.KVCacheTokens()), cluster != nil, o.RouterReplicas)
+			svs, ns, stop, err := startPeeredProxies(base, backends, int64(simCfg.KVCacheTokens()), cluster != nil, o.RouterReplicas)
 			if err != nil {
 				return report.Mode{}, err
 			}
 			defer stop()
-			routers, nodes = urls, ns
+			proxies, nodes = svs, ns
 		}
 		for range max(o.RouterReplicas, 1) * btoi(nodes == nil) { // each replica its own prefixlb with its own index
-			url, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc)
+			sv, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc)
 			if err != nil {
 				return report.Mode{}, err
 			}
 			defer stop()
-			routers = append(routers, url)
+			proxies = append(proxies, sv)
+		}
+		for _, sv := range proxies {
+			routers = append(routers, sv.URL())
 		}
 		target = routers[0]
 	}
@@ -409,6 +416,11 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	if len(routers) > 1 {
 		m.RouterRequests = routerRequests(out, len(routers))
 	}
+	if len(proxies) > 0 {
+		if m.Savings, err = routerSavings(proxies); err != nil {
+			return report.Mode{}, err
+		}
+	}
 	return m, nil
 }
 
@@ -424,11 +436,12 @@ func routerRequests(out *loadgen.Outcome, routers int) []int {
 	return n
 }
 
-// startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port; mode is one of
+// startProxy runs a prefixlb in mode in-process on an ephemeral 127.0.0.1 port (its admin
+// handler read in-process, routerSavings); mode is one of
 // router.ModeNames, a bench-only policy of bench/peers, or the oracle (which needs cluster, the
 // simulated replicas behind backends; nil with external backends). orc is the oracle mode's
 // policy, shared by all of an arm's routers (nil: a new one over cluster).
-func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle) (string, func(), error) {
+func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle) (*proxy.Serving, func(), error) {
 	sims := cluster != nil
 	cfg := *base
 	cfg.Mode = mode
@@ -447,12 +460,12 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 	}
 	log, err := app.NewLogger(cfg.Log.Level, cfg.Log.Format)
 	if err != nil {
-		return "", nil, err
+		return nil, nil, err
 	}
 	var sv *proxy.Serving
 	if mode == oracle.Name {
 		if cluster == nil {
-			return "", nil, fmt.Errorf("%s needs the simulated replicas", oracle.Name)
+			return nil, nil, fmt.Errorf("%s needs the simulated replicas", oracle.Name)
 		}
 		cfg.Mode = router.DefaultMode
 		cfg.ApplyDefaults()
@@ -467,14 +480,14 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		cfg.ApplyDefaults()
 		pol, perr := peers.New(mode, cfg.PrefixOptions())
 		if perr != nil {
-			return "", nil, perr
+			return nil, nil, perr
 		}
 		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, pol)
 	} else {
 		sv, err = app.Start(context.Background(), &cfg, log)
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("proxy: %w", err)
+		return nil, nil, fmt.Errorf("proxy: %w", err)
 	}
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), proxyStopGrace)
@@ -487,7 +500,7 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		}
 		_ = log.Sync()
 	}
-	return sv.URL(), stop, nil
+	return sv, stop, nil
 }
 
 // proxyStopGrace bounds the in-process proxy's shutdown after a mode's run: the load is

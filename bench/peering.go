@@ -15,6 +15,7 @@ import (
 	"github.com/prefixlb/prefixlb/app"
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/peering"
+	"github.com/prefixlb/prefixlb/proxy"
 )
 
 // peerJoinWait bounds the wait for an arm's peered replicas to see one another.
@@ -22,9 +23,9 @@ const peerJoinWait = 10 * time.Second
 
 // startPeeredProxies runs n in-process prefixlb replicas in mode prefix, peered over
 // 127.0.0.1 (package peering) with a fresh random secret: the first alone, the others joining
-// it. It returns once every one sees all the others, with their URLs and nodes, and a stop
-// that stops the proxies and closes the nodes.
-func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64, sims bool, n int) ([]string, []*peering.Node, func(), error) {
+// it. It returns once every one sees all the others, with the proxies and their nodes, and a
+// stop that stops the proxies and closes the nodes.
+func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64, sims bool, n int) ([]*proxy.Serving, []*peering.Node, func(), error) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	f, err := os.CreateTemp("", "prefixlb-bench-peering-*")
@@ -44,7 +45,7 @@ func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64,
 		stop()
 		return nil, nil, nil, err
 	}
-	var urls []string
+	var svs []*proxy.Serving
 	var nodes []*peering.Node
 	for i := range n {
 		cfg := *base
@@ -52,13 +53,13 @@ func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64,
 		if i > 0 {
 			cfg.Peering.Join = []string{nodes[0].Addr()}
 		}
-		url, node, stopOne, err := startPeered(&cfg, backends, kvTokens, sims)
+		sv, node, stopOne, err := startPeered(&cfg, backends, kvTokens, sims)
 		if err != nil {
 			stop()
 			return nil, nil, nil, err
 		}
 		stops = append(stops, stopOne)
-		urls, nodes = append(urls, url), append(nodes, node)
+		svs, nodes = append(svs, sv), append(nodes, node)
 	}
 	deadline := time.Now().Add(peerJoinWait)
 	for _, node := range nodes {
@@ -70,11 +71,11 @@ func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64,
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	return urls, nodes, stop, nil
+	return svs, nodes, stop, nil
 }
 
 // startPeered is startProxy's prefix mode with cfg's peering section.
-func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bool) (string, *peering.Node, func(), error) {
+func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bool) (*proxy.Serving, *peering.Node, func(), error) {
 	cfg.Mode = "prefix"
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	if cfg.Log.Level == "" || cfg.Log.Level == "info" || cfg.Log.Level == "debug" {
@@ -91,11 +92,11 @@ func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bo
 	}
 	log, err := app.NewLogger(cfg.Log.Level, cfg.Log.Format)
 	if err != nil {
-		return "", nil, nil, err
+		return nil, nil, nil, err
 	}
 	sv, node, err := app.StartPeered(context.Background(), cfg, log)
 	if err != nil {
-		return "", nil, nil, fmt.Errorf("proxy: %w", err)
+		return nil, nil, nil, fmt.Errorf("proxy: %w", err)
 	}
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), proxyStopGrace)
@@ -106,7 +107,7 @@ func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bo
 		_ = node.Close()
 		_ = log.Sync()
 	}
-	return sv.URL(), node, stop, nil
+	return sv, node, stop, nil
 }
 
 // reportPeerTraffic writes one line of the arm's peer traffic per routed request (the update

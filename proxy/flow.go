@@ -34,6 +34,7 @@ type flow struct {
 	raw     syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
 
 	start    time.Time
+	keyed    time.Time // the key built; zero once the first pick counted from it (flow.pickStart)
 	method   []byte
 	path     []byte
 	attempts int

@@ -53,6 +53,7 @@ type serverMetrics struct {
 	// ttftPrediction is the policy's predicted TTFT ÷ the TTFT measured, per streamed
 	// request with a prediction: the cost model is right when it sits near 1.
 	ttftPrediction *metrics.PrometheusHistogram
+	routing        routingTime // prefixlb_routing_seconds_total (savings.go)
 }
 
 func newServerMetrics(mode string) *serverMetrics {
@@ -117,6 +118,7 @@ type backendMetrics struct {
 	// predictedCached is the prompt tokens the policy predicted cached, in the backend's own
 	// tokens (its predicted share × the reported prompt_tokens), beside cachedTokens.
 	predictedCached *metrics.Counter
+	saved           savedPrefill // prefixlb_prefill_saved_seconds_total (savings.go)
 
 	mu   sync.RWMutex
 	reqs map[uint32]*metrics.Counter // reason<<16 | status
@@ -242,6 +244,7 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 	if f.usagePrompt > 0 {
 		bm.promptTokens.Add(f.usagePrompt)
 		bm.cachedTokens.Add(f.usageCached)
+		bm.saved.add(f.up.b, f.usageCached)
 		if f.dec.PrefillTokens > 0 && f.k.PromptTokens > 0 {
 			share := 1 - float64(f.dec.PrefillTokens)/float64(f.k.PromptTokens)
 			bm.predictedCached.Add(int(math.Round(max(share, 0) * float64(f.usagePrompt))))
@@ -277,6 +280,7 @@ func (s *Server) writeGauges(w io.Writer) {
 		metrics.WriteGaugeUint64(w, `prefixlb_index_chunks`, uint64(x.Chunks()))
 	}
 	s.writeShadow(w)
+	s.writeSavings(w)
 }
 
 func intAfter(p, key []byte) (int, bool) {

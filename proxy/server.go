@@ -305,6 +305,7 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 	f.path = append(f.path, path...)
 	s.buildKey(f.id, path, req.Body(), &f.k)
 	f.tr.keyed(&f.k)
+	f.keyed = s.m.routing.keyed(f.start)
 
 	prepareRequestHeader(&req.Header, peerAddr(ctx))
 	s.wd.add(f)
@@ -317,12 +318,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 	f.cands = s.candidatesFor(f.cands, &f.k)
 	lastErr := errNoBackend
 	for removed := 0; len(f.cands) > 0 && f.attempts < maxAttempts; {
+		from := f.pickStart()
 		if f.attempts == 0 {
 			f.dec = s.decider.Pick(&f.k, f.cands)
 		} else {
 			f.dec = s.decider.Repick(&f.k, f.dec, f.cands, f.id)
 		}
 		f.tr.picked(&f.dec, f.k.PromptTokens)
+		s.m.routing.picked(from)
 		s.testPanicAt(stagePick)
 		if f.dec.Backend == nil {
 			break

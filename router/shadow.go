@@ -47,7 +47,9 @@ func CheckShadow(shadow, mode string) error {
 //   - whether the prefix policy's choice is the actual backend (agree);
 //   - the prompt tokens each choice's backend holds (matched chunks × chunk size, at most the
 //     prompt), for the shadow choice and the actual one;
-//   - each choice's estimated TTFT (the prefix policy's cost model, see estimate).
+//   - each choice's estimated TTFT (the prefix policy's cost model, see estimate);
+//   - the prefill seconds each choice's held tokens would spare at that backend's learned
+//     prefill rate (SavedPrefillSeconds; nothing while the backend has none).
 //
 // What it measures is one step of prefix routing from the current state: "had this request
 // gone where prefix routing would send it, this much of its prompt would have been cached".
@@ -67,6 +69,8 @@ type shadowCounters struct {
 	agree, disagree                  atomic.Uint64
 	shadowTokens, actualTokens       atomic.Uint64
 	shadowTTFTNanos, actualTTFTNanos atomic.Uint64
+
+	shadowSavedNanos, actualSavedNanos atomic.Uint64 // saved prefill, ns
 }
 
 // ShadowStats are the totals a Shadow reports, over the requests it evaluated.
@@ -80,6 +84,10 @@ type ShadowStats struct {
 	// ShadowPredictedTTFTSeconds and ActualPredictedTTFTSeconds sum the cost model's TTFT
 	// estimates for each choice, seconds.
 	ShadowPredictedTTFTSeconds, ActualPredictedTTFTSeconds float64
+	// ShadowSavedPrefillSeconds and ActualSavedPrefillSeconds sum the prefill seconds those
+	// held tokens spare each choice's backend at its learned prefill rate
+	// (SavedPrefillSeconds; a backend that has learned none adds nothing).
+	ShadowSavedPrefillSeconds, ActualSavedPrefillSeconds float64
 }
 
 // ShadowReporter is implemented by policies that run a shadow; the proxy writes its stats in
@@ -154,8 +162,11 @@ func (s *Shadow) evaluate(k *key.Key, candidates []*backend.Backend, d *Decision
 			s.stats.disagree.Add(1)
 		}
 		held := func(c *cand) int64 { return min(int64(key.PrefixTokens(c.matched, int(p.chunkTokens))), prompt) }
-		s.stats.shadowTokens.Add(uint64(held(&cs[j])))
-		s.stats.actualTokens.Add(uint64(held(&cs[a])))
+		shadowHeld, actualHeld := held(&cs[j]), held(&cs[a])
+		s.stats.shadowTokens.Add(uint64(shadowHeld))
+		s.stats.actualTokens.Add(uint64(actualHeld))
+		s.stats.shadowSavedNanos.Add(uint64(estSeconds(SavedPrefillSeconds(shadowHeld, cs[j].learnedRate()))))
+		s.stats.actualSavedNanos.Add(uint64(estSeconds(SavedPrefillSeconds(actualHeld, cs[a].learnedRate()))))
 		s.stats.shadowTTFTNanos.Add(uint64(estSeconds(cs[j].est)))
 		s.stats.actualTTFTNanos.Add(uint64(estSeconds(cs[a].est)))
 		// The work actually routed is the actual backend's: it feeds the mean the estimates use.
@@ -221,6 +232,8 @@ func (s *Shadow) ShadowStats() ShadowStats {
 		ShadowPrefixTokens: s.stats.shadowTokens.Load(), ActualPrefixTokens: s.stats.actualTokens.Load(),
 		ShadowPredictedTTFTSeconds: float64(s.stats.shadowTTFTNanos.Load()) / nanos,
 		ActualPredictedTTFTSeconds: float64(s.stats.actualTTFTNanos.Load()) / nanos,
+		ShadowSavedPrefillSeconds:  float64(s.stats.shadowSavedNanos.Load()) / nanos,
+		ActualSavedPrefillSeconds:  float64(s.stats.actualSavedNanos.Load()) / nanos,
 	}
 }
 

@@ -137,6 +137,30 @@ type Mode struct {
 	// Flags are the validity checks this arm failed (errors, different requests, no cache
 	// hits where the workload reuses prefixes): its numbers are not comparable as they are.
 	Flags []string `json:"flags,omitempty"`
+	// Savings is what the arm's prefixlb replicas spent routing and saved in prefill, from
+	// their /metrics at the end of the arm; nil when no prefixlb ran in-process (--target).
+	Savings *Savings `json:"savings,omitempty"`
+}
+
+// Savings is "routing cost X, saved Y" for one arm, from its prefixlb replicas' /metrics,
+// summed over them: the time they spent keying and picking, and the prefill the replicas'
+// reported KV-cache hits spared at their learned prefill rates.
+type Savings struct {
+	// KeySeconds and PickSeconds are prefixlb_routing_seconds_total{stage="key"|"pick"}, and
+	// RoutingSeconds their sum: CPU time on the request path, never sped up.
+	KeySeconds     float64 `json:"key_seconds"`
+	PickSeconds    float64 `json:"pick_seconds"`
+	RoutingSeconds float64 `json:"routing_seconds"`
+	// SavedPrefillSeconds is prefixlb_prefill_saved_seconds_total over the backends: the
+	// reported cached tokens' prefill at each replica's learned rate (with sped-up sims, the
+	// sims' wall seconds); CachedTokens is prefixlb_backend_cached_tokens_total over them.
+	SavedPrefillSeconds float64 `json:"saved_prefill_seconds"`
+	CachedTokens        int64   `json:"cached_tokens"`
+	// Shadow: the arm ran a shadow policy (config shadow: prefix), whose estimate for itself
+	// and for the mode in force are prefixlb_shadow_prefill_saved_seconds_total{choice}.
+	Shadow                          bool    `json:"shadow,omitempty"`
+	ShadowSavedPrefillSeconds       float64 `json:"shadow_saved_prefill_seconds,omitempty"`
+	ShadowActualSavedPrefillSeconds float64 `json:"shadow_actual_saved_prefill_seconds,omitempty"`
 }
 
 // Summarize computes a Mode from an outcome. backends lists the backends the proxy had, so a
@@ -254,8 +278,8 @@ func Table(modes []Mode) string {
 		rateHead, rateAlign = " rate |", "---:|"
 	}
 	var sb strings.Builder
-	sb.WriteString("| mode |" + rateHead + " requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |\n")
-	sb.WriteString("|---|" + rateAlign + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("| mode |" + rateHead + " requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean | routing cost s | saved prefill s |\n")
+	sb.WriteString("|---|" + rateAlign + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, m := range modes {
 		name := m.Mode
 		if len(m.Flags) > 0 {
@@ -268,15 +292,61 @@ func Table(modes []Mode) string {
 		if len(m.BackendShare) > 0 {
 			share = fmt.Sprintf("%.2f", m.MaxShareOverMean)
 		}
+		cost, saved := "-", "-"
+		if s := m.Savings; s != nil {
+			cost, saved = fsec(s.RoutingSeconds), fsec(s.SavedPrefillSeconds)
+		}
 		if m.Requests == m.Errors { // nothing succeeded: no latency to show
-			fmt.Fprintf(&sb, "| %s | %d | %d | - | - | - | - | - | - | - | - | %s |\n", name, m.Requests, m.Errors, share)
+			fmt.Fprintf(&sb, "| %s | %d | %d | - | - | - | - | - | - | - | - | %s | %s | %s |\n", name, m.Requests, m.Errors, share, cost, saved)
 			continue
 		}
-		fmt.Fprintf(&sb, "| %s | %d | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.3f | %s |\n",
+		fmt.Fprintf(&sb, "| %s | %d | %d | %s | %s | %s | %s | %s | %.2f | %.0f | %.3f | %s | %s | %s |\n",
 			name, m.Requests, m.Errors, fms(m.TTFT.P50), fms(m.TTFT.P95), fms(m.TTFT.P99),
-			fms(m.ITL.P50), fms(m.E2E.P95), m.RPS, m.OutputTPS, m.CachedTokenRatio, share)
+			fms(m.ITL.P50), fms(m.E2E.P95), m.RPS, m.OutputTPS, m.CachedTokenRatio, share, cost, saved)
 	}
 	return sb.String()
+}
+
+// fsec formats seconds with three significant digits, at most three decimals (0.000 for
+// under half a millisecond).
+func fsec(v float64) string {
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	case v >= 1:
+		return fmt.Sprintf("%.2f", v)
+	}
+	return fmt.Sprintf("%.3f", v)
+}
+
+// SavingsLine is the note under the table on its last two columns (empty when no mode has
+// Savings); speedup is the run's --speedup.
+func SavingsLine(modes []Mode, speedup float64) string {
+	var shadow []string
+	seen := false
+	for _, m := range modes {
+		if m.Savings == nil {
+			continue
+		}
+		seen = true
+		if s := m.Savings; s.Shadow {
+			shadow = append(shadow, fmt.Sprintf("%s: shadow prefix policy %s s, the mode in force %s s", m.Mode, fsec(s.ShadowSavedPrefillSeconds), fsec(s.ShadowActualSavedPrefillSeconds)))
+		}
+	}
+	if !seen {
+		return ""
+	}
+	line := "Routing cost s: the time prefixlb spent keying and picking (prefixlb_routing_seconds_total, about CPU-seconds). " +
+		"Saved prefill s: the prefill the replicas' reported KV-cache hits spared at the prefill rates prefixlb learned for them (prefixlb_prefill_saved_seconds_total, an estimate; hits that any policy gets count too, so compare the modes)."
+	if speedup != 1 && speedup > 0 {
+		line += fmt.Sprintf(" At --speedup %g the saved seconds are the sped-up replicas' (×%g for model time); routing cost is not sped up.", speedup, speedup)
+	}
+	if len(shadow) > 0 {
+		line += " Shadow estimate of saved prefill (prefixlb_shadow_prefill_saved_seconds_total): " + strings.Join(shadow, "; ") + "."
+	}
+	return line
 }
 
 func fms(v float64) string {

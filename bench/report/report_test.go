@@ -230,3 +230,42 @@ func TestMedian(t *testing.T) {
 		t.Error("Median(nil) is not NaN")
 	}
 }
+
+// TestTableSavings: the routing cost and saved prefill columns show a mode's Savings, "-"
+// without; the note under the table says what they are, how --speedup scales them, and the
+// shadow's estimate when an arm ran one; no note when no arm has Savings.
+func TestTableSavings(t *testing.T) {
+	plain := Summarize("external", outcome(), nil)
+	routed := Summarize("prefix", outcome(), nil)
+	routed.Savings = &Savings{KeySeconds: 0.0125, PickSeconds: 0.0025, RoutingSeconds: 0.015, SavedPrefillSeconds: 42.42}
+	shadowed := Summarize("round-robin", outcome(), nil)
+	shadowed.Savings = &Savings{RoutingSeconds: 1.5, SavedPrefillSeconds: 3, Shadow: true, ShadowSavedPrefillSeconds: 12.5, ShadowActualSavedPrefillSeconds: 2.75}
+	lines := strings.Split(strings.TrimSpace(Table([]Mode{plain, routed, shadowed})), "\n")
+	if !strings.HasSuffix(lines[0], "| max share / mean | routing cost s | saved prefill s |") {
+		t.Fatalf("header %q", lines[0])
+	}
+	cols := func(l string) int { return strings.Count(l, "|") }
+	for _, l := range lines[1:] {
+		if cols(l) != cols(lines[0]) {
+			t.Errorf("row %q has %d columns, header %d", l, cols(l), cols(lines[0]))
+		}
+	}
+	for i, suffix := range []string{"| - | - |", "| 0.015 | 42.4 |", "| 1.50 | 3.00 |"} {
+		if !strings.HasSuffix(lines[2+i], suffix) {
+			t.Errorf("row %q: want it to end %q", lines[2+i], suffix)
+		}
+	}
+	if SavingsLine([]Mode{plain}, 1) != "" {
+		t.Error("a savings note without any arm's savings")
+	}
+	note := SavingsLine([]Mode{plain, routed, shadowed}, 20)
+	for _, want := range []string{"prefixlb_routing_seconds_total", "prefixlb_prefill_saved_seconds_total", "At --speedup 20", "×20 for model time",
+		"round-robin: shadow prefix policy 12.5 s, the mode in force 2.75 s"} {
+		if !strings.Contains(note, want) {
+			t.Errorf("note lacks %q: %s", want, note)
+		}
+	}
+	if strings.Contains(SavingsLine([]Mode{routed}, 1), "speedup") || strings.Contains(SavingsLine([]Mode{routed}, 1), "Shadow") {
+		t.Error("speedup or shadow mentioned for a real-time run without a shadow")
+	}
+}

@@ -42,8 +42,8 @@ inner() { # runs inside the namespace: start 4 sims, run one mode, stop them
 }
 export -f inner
 export SIM PREFIXLB OUTDIR
-echo "| mode | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| mode | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean | routing cost s | saved prefill s |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for m in $MODES; do
   OUTDIR=${OUT:+$OUT/$m}
   unshare -n bash -c 'inner "$@"' _ "${flags[@]}" --modes "$m" 2> >(grep -v "External backends" >&2) | grep "^| $m " || echo "| $m | failed |"
