@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"go.uber.org/zap"
 
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
@@ -173,10 +175,26 @@ type RouteError struct {
 	Code    string `json:"code"`
 }
 
+// debugRoute answers /debug/route. The body and its keying are held within the body budget
+// that the data path's bodies share (limits.max_buffered_body_bytes), as readDebugBody
+// reads it: a preview that does not fit is refused with 503 (counted in
+// prefixlb_request_body_budget_exhausted_total), never held beside it; every refusal is one
+// log line.
 func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxDebugBody+1))
-	if err != nil || len(body) > maxDebugBody {
-		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": map[string]string{"message": "body unreadable or over 64 MiB"}})
+	var bl bodyLease
+	defer s.bodies.release(&bl)
+	body, status, msg := s.readDebugBody(r, &bl)
+	if status != http.StatusOK {
+		lvl := zap.InfoLevel
+		if status == http.StatusServiceUnavailable {
+			s.bodies.rejected.Inc()
+			w.Header().Set("Retry-After", "1")
+			lvl = zap.WarnLevel
+		}
+		if ce := s.log.Check(lvl, "rejected request"); ce != nil {
+			ce.Write(zap.Int("status", status), zap.String("path", r.URL.Path), zap.String("reason", msg), zap.String("remote", r.RemoteAddr))
+		}
+		writeJSON(w, status, map[string]any{"error": map[string]string{"message": msg}})
 		return
 	}
 	path := r.URL.Query().Get("path")
@@ -184,11 +202,65 @@ func (s *Server) debugRoute(w http.ResponseWriter, r *http.Request) {
 		path = "/v1/chat/completions"
 	}
 	ri := s.Explain(path, body)
-	status := http.StatusOK
+	status = http.StatusOK
 	if ri.Error != nil {
 		status = http.StatusNotFound
 	}
 	writeJSON(w, status, ri)
+}
+
+// readDebugBody reads the body of a /debug/route request into bl's buffer, growing it as the
+// data path's readGrowing does, every growth reserved from the body budget before it is
+// allocated, and then reserves what keying it may allocate (key.MaxBuildAlloc). It returns
+// the body and 200, or the status and message of the refusal: 413 over maxDebugBody, 503
+// when the budget has no room, 400 when the body cannot be read whole. The caller releases
+// bl in every case.
+func (s *Server) readDebugBody(r *http.Request, bl *bodyLease) ([]byte, int, string) {
+	const tooLarge = "body over 64 MiB"
+	noBudget := fmt.Sprintf("prefixlb is buffering as many request bodies as limits.max_buffered_body_bytes allows (%d bytes); retry shortly", s.bodies.limit)
+	cl := r.ContentLength
+	if cl > maxDebugBody {
+		return nil, http.StatusRequestEntityTooLarge, tooLarge
+	}
+	total := int(cl)
+	if cl < 0 { // chunked: at most maxDebugBody, and one byte to tell that it is more
+		total = maxDebugBody + 1
+	}
+	n := 0
+	if total > 0 {
+		if !s.bodies.grow(bl, 0, min(bodyFirst, total)) {
+			return nil, http.StatusServiceUnavailable, noBudget
+		}
+		for {
+			if n == len(bl.buf) {
+				if n == total {
+					break
+				}
+				if cap(bl.buf) > n {
+					bl.buf = bl.buf[:min(cap(bl.buf), total)]
+				} else if !s.bodies.grow(bl, n, nextLen(n, total)) {
+					return nil, http.StatusServiceUnavailable, noBudget
+				}
+			}
+			m, err := r.Body.Read(bl.buf[n:])
+			n += m
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, http.StatusBadRequest, "body unreadable: " + err.Error()
+			}
+		}
+	}
+	switch {
+	case n > maxDebugBody:
+		return nil, http.StatusRequestEntityTooLarge, tooLarge
+	case cl > 0 && n < total:
+		return nil, http.StatusBadRequest, msgBodyIncomplete
+	case !s.bodies.reserveWait(bl, key.MaxBuildAlloc(n)):
+		return nil, http.StatusServiceUnavailable, noBudget
+	}
+	return bl.buf[:n], http.StatusOK, ""
 }
 
 // Explain returns the decision the proxy would make for body sent to path, without

@@ -150,6 +150,23 @@ func (k *Key) Recycle() {
 	}
 }
 
+// MaxBuildAlloc is the most memory, in bytes, that Build allocates to key a body of n bytes,
+// whatever its shape and endpoint, at the default chunk size: 2.5n + 2 MiB. What grows with
+// the body: the fast path's arena, n bytes, allocated once for a body with escapes (its
+// strings with escapes, unescaped, and object keys with escapes); the memo's prefix hashes
+// (88 bytes per 4 KiB of a chat body over 256 KiB); the key's chunk hashes (8 bytes per 256
+// rendered bytes, per 2 KiB past the first 128 chunks); and, for a body the fast path hands
+// back, fastjson's copy of it and a tree of at most treeValuesFloor values and one per KiB
+// of the body without escapes (treecost.go). The message index is bounded (maxIndexedMsgs).
+// After Build returns it holds the pooled scratch of a body of at most 1 MiB, or nothing.
+// TestKeyingMemoryBound checks the bound on the worst shapes of every API, which allocate 0
+// to 2.1 times their size.
+func MaxBuildAlloc(n int) int64 { return int64(n)*5/2 + maxBuildSlack }
+
+// maxBuildSlack is MaxBuildAlloc's constant: the floor of an affordable parse tree (1 MiB
+// at most), the message index (360 KiB) and small slices.
+const maxBuildSlack = 2 << 20
+
 // Build fills k (after k.Reset()) from the body of a request to path (no query string).
 //
 // It never fails: a path that is not routed leaves k.Routed false and sets only k.API, and for
@@ -175,10 +192,13 @@ func (k *Key) Recycle() {
 // arguments, unknown parts) keep their own key order; whitespace and string escapes are
 // normalised because parsed values are hashed, not raw bytes.
 //
-// Chat and completions bodies of the usual shapes are rendered straight from the body by a
-// fast path (scan.go); the rest are parsed with fastjson and rendered from the tree
-// (render_tree.go). Both read the same tables (grammar.go) and give the same key for the same
-// body.
+// Bodies of every API, in every well-typed shape, are rendered straight from the body by a
+// fast path (scan.go); the few it hands back (NaN or Inf, nesting past 64 levels, a field of
+// the wrong type, JSON that does not parse) are parsed with fastjson and rendered from the tree
+// (render_tree.go, render_messages.go) when the tree is affordable (treecost.go), else keyed
+// as a body that does not parse (not OK; model and stream by a lenient scan). Both paths read
+// the same tables (grammar.go) and give the same key for the same body. Memory: at most
+// MaxBuildAlloc(len(body)) bytes, whatever the body.
 //
 // Steady state allocates nothing: the scanner's arena, the parser, the hasher and k's slices
 // are reused. Bodies over 1 MiB use scratch memory that is not pooled.
@@ -246,13 +266,20 @@ func (b *Builder) buildRouted(s *state, ep API, body []byte, k *Key) {
 	}
 }
 
-// build fills k by the fast path (scan.go) when it handles the body, else by the fastjson path.
+// build fills k by the fast path (scan.go) when it handles the body, else by the fastjson path
+// when its parse tree is affordable (treeAffordable); else k is left not OK, as for a body
+// that does not parse, with the "stream" flag of the lenient scan (Build then reads the model
+// the same way).
 func (s *state) build(ep API, chunkTokens int, body []byte, k *Key) {
 	if s.fast = s.fastBuild(ep, chunkTokens, body, k); s.fast {
 		return
 	}
 	k.Reset()
 	k.API, k.Routed = ep, true
+	if !treeAffordable(body) {
+		k.Stream = string(topLevelMember(body, "stream")) == litTrue
+		return
+	}
 	s.parseBuild(ep, chunkTokens, body, k)
 }
 
@@ -322,8 +349,25 @@ func (s *state) parseBuild(ep API, chunkTokens int, body []byte, k *Key) {
 
 // modelOnly fills k.Model from a body whose only field the key reads is "model" (the
 // passthrough endpoints of APIModelOnly); a body that does not parse, or whose model is not a
-// string, leaves it empty.
+// string, leaves it empty. The body is validated and its model read by the fast path's
+// scanner, without a parse tree; one that the scanner hands back (NaN, deep nesting, invalid
+// JSON) is parsed by fastjson when that is affordable, else its model is read by the lenient
+// scan of a body that does not key (fallbackModel).
 func (s *state) modelOnly(body []byte, k *Key) {
+	sc := &s.scanner
+	sc.body = body
+	sc.arena = sc.arena[:0]
+	var top scanTop
+	if sc.top(APIModelOnly, &top) {
+		if model, ok := sc.optStr(top.at[topModel]); ok {
+			k.Model = append(k.Model[:0], model...)
+		}
+		return
+	}
+	if !treeAffordable(body) {
+		s.fallbackModel(body, k)
+		return
+	}
 	v, err := s.parser.ParseBytes(body)
 	if err != nil || v.Type() != fastjson.TypeObject {
 		return

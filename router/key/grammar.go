@@ -220,8 +220,7 @@ func partRuleOf(typ []byte) partRule {
 	return partRule{}
 }
 
-// itemField names a field of a Responses API input item (read by the fastjson path only: the
-// fast path hands the Responses API back).
+// itemField names a field of a Responses API input item.
 type itemField uint8
 
 const (

@@ -12,7 +12,8 @@ type Key struct {
 	// /v1/completions, /v1/responses, /v1/messages, /v1/embeddings).
 	Routed bool
 	// OK is true when the body parsed and a prompt was found. When Routed && !OK the request
-	// is forwarded unchanged with fallback routing (reason parse-fallback).
+	// is forwarded unchanged with fallback routing (reason parse-fallback): so is a body the
+	// fast path cannot read whose parse tree would cost too much (see MaxBuildAlloc).
 	OK bool
 	// Stream is the body's "stream" flag.
 	Stream bool

@@ -96,7 +96,7 @@ type checkpoint struct {
 	end    int     // P: the position after the last message's '}'
 	key    uint64  // the memo's seed (set by recall; allows hashes with it)
 	hash   uint64  // seeded xxhash64 of body[:end]
-	top    scanTop // positions (and ends) of the top-level fields; promptBytes unused (chat)
+	top    scanTop // positions (and ends) of the top-level fields; the prompt's unused (chat)
 	raw    [topFieldCount]uint64
 	seed   uint64
 	prev   uint64
@@ -123,6 +123,9 @@ var memoFields = [...]topField{topModel, topCacheSalt, topMessages, topTools, to
 // body[:j*memoBlock] and s.digests[j] the digest there (j ≥ 1; index 0 unused).
 func (s *state) prefixSums(seed uint64, body []byte) {
 	n := len(body) / memoBlock
+	if cap(s.sums) <= n { // sized at once: appending would allocate several times as much
+		s.sums, s.digests = make([]uint64, 0, n+1), make([]xxhash.Digest, 0, n+1)
+	}
 	s.sums = s.sums[:0]
 	s.digests = s.digests[:0]
 	var d xxhash.Digest
@@ -192,6 +195,7 @@ func (s *state) resumeTop(ep API, top *scanTop) bool {
 	sc := &s.scanner
 	clear(sc.messages)
 	sc.messages = sc.messages[:0]
+	sc.rest = 0
 	end := sc.indexMessages(h.end, false)
 	return end >= 0 && sc.members(ep, top, end, false)
 }
@@ -228,15 +232,15 @@ func (h *checkpoint) restore(s *state, chunkTokens int, k *Key) {
 	k.ShortFirstTurn = h.short
 }
 
-// remember files the state of a body just keyed on the fast path (s.top, s.scanner.messages,
-// the chunker, k) when it can serve a later body: chat, long enough, its fields in place.
+// remember files the state of a body just keyed on the fast path (s.top, the end of its last
+// message, the chunker, k) when it can serve a later body: chat, long enough, its fields in
+// place.
 func (s *state) remember(m *memo, body []byte, k *Key) {
-	msgs := s.scanner.messages
+	end := s.scanner.lastEnd
 	c := &s.chunker
-	if len(msgs) == 0 || c.curSize > maxPartBytes || len(s.sums) == 0 {
+	if end == 0 || c.curSize > maxPartBytes || len(s.sums) == 0 {
 		return
 	}
-	end := msgs[len(msgs)-1].end
 	j := end / memoBlock
 	if j < 1 || j >= len(s.sums) {
 		return

@@ -124,6 +124,13 @@ func TestMemoMatchesFullBuild(t *testing.T) {
 			m[1] = `{"role":"user","content":"Fix the test."}`
 			return memoBody("model", `"m"`, "messages", "["+strings.Join(m[1:], ",")+"]")
 		}, steps - 1},
+		{"more messages than the first pass indexes", func(i int) []byte {
+			m := memoMessages(20, 14)
+			for j := range maxIndexedMsgs + 100 + 7*i {
+				m = append(m, fmt.Sprintf(`{"role":"user","content":"ok \"%d\""}`, j))
+			}
+			return memoBody("model", `"m"`, "messages", "["+strings.Join(m, ",")+"]")
+		}, steps - 1},
 		{"stream before, other fields after", func(i int) []byte {
 			return memoBody("stream", "true", "model", `"m"`, "messages", msgsJSON(20+i, 12), "max_tokens", fmt.Sprint(16+i), "response_format", `{"type":"text"}`)
 		}, steps - 1},

@@ -1,10 +1,10 @@
 package key
 
 // The Messages API (/v1/messages, Anthropic's request shape as vLLM and SGLang serve it),
-// rendered by the fastjson path (the fast path hands it back). The stream is chat's (render.go)
-// with three more productions, so a text-only conversation renders exactly like the
-// equivalent chat request (vLLM converts a Messages request to chat and renders it through the
-// same chat template, so the two share KV blocks):
+// rendered from a fastjson tree (the fast path renders the same on positions: scan_apis.go).
+// The stream is chat's (render.go) with three more productions, so a text-only conversation
+// renders exactly like the equivalent chat request (vLLM converts a Messages request to chat
+// and renders it through the same chat template, so the two share KV blocks):
 //
 //	stream     = ['W' tools] [system] message*
 //	tools      = '[' tool* ']'                    ; each tool: canon minus its "cache_control"

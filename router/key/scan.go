@@ -2,29 +2,36 @@ package key
 
 // The fast path.
 //
-// Most bodies are chat requests whose messages hold string role, name and content (or content
-// parts: text, images, audio, files), maybe with tools and tool calls, or completions requests
-// with a string or token-id prompt. For those, fastBuild renders the canonical stream
-// (render.go) straight from the body, without a parse tree. A first pass validates the whole
-// body, notes where the fields it needs start, and unescapes message contents and completions
-// prompts into an arena (a string without escapes stays where it is in the body). A second
-// renders the fields in canonical order, so long text reaches the chunker in one piece and is
-// hashed in place. It reads fields, header order and content parts by the tables of
-// grammar.go and renders through the renderer's productions, as the fastjson path
-// (parseBuild in build.go, render_tree.go) does, so it produces exactly that path's key; it
-// hands anything else back to that path (TestFastPath, and FuzzBuild on every input, compare
-// the two):
+// fastBuild renders the canonical stream (render.go) of a body straight from its bytes,
+// without a parse tree, for every routed API: chat and embeddings messages (string role, name
+// and content, content parts: text, images, audio, files; tools and tool calls), completions
+// prompts and embeddings inputs (a string, a list of strings, token ids or lists of them), the
+// Responses API's instructions and input items, and the Messages API's tools, system and
+// content blocks (scan_apis.go). A first pass validates the whole body and notes where the
+// top-level fields it needs start; for chat (and the Messages API) it also indexes the first
+// maxIndexedMsgs messages and unescapes their string contents into an arena (a string without
+// escapes stays where it is in the body). A second pass renders the fields in canonical order (the seed needs
+// "model", which may come last), re-reading what the first did not index, so long text
+// reaches the chunker in one piece and is hashed in place. It reads fields, header order and
+// content parts by the tables of grammar.go and renders through the renderer's productions,
+// as the fastjson path (parseBuild in build.go, render_tree.go, render_messages.go) does, so
+// it produces exactly that path's key; it hands anything else back to that path (TestFastPath,
+// and FuzzBuild on every input, compare the two):
 //
-//   - the Responses API, and other shapes: a field of an unexpected type, a completions
-//     prompt that is not a string or a list of strings, ids or id lists: the fastjson path
-//     renders or rejects them;
-//   - JSON that fastjson would reject, or would accept only by its own leniency (NaN, Inf),
-//     and string escapes that it keeps or replaces rather than decodes (an unknown escape, a
-//     lone surrogate): its "best effort" result is the reference, so it computes it;
-//   - escaped object keys, and nesting deeper than maxFastDepth.
+//   - a field of an unexpected type (the fastjson path rejects it, or renders the prompt it
+//     can), and a completions prompt or embeddings input that is not a string or a list of
+//     strings, ids or id lists;
+//   - JSON that fastjson would reject, or would accept only by its own leniency (NaN, Inf);
+//   - nesting deeper than maxFastDepth.
 //
 // The syntax accepted here is a subset of what fastjson accepts, so a body the fast path takes
 // is one the fastjson path would take too (scan_json.go).
+//
+// Memory: the arena holds each string of the body that has escapes at most once, unescaped
+// (and an object key with escapes as scratch past them), and a prompt's token ids as long as
+// they take no more than their text: so it never exceeds the body. The message index is at
+// most maxIndexedMsgs entries whatever the body; nothing else grows with the body but the
+// key's chunk hashes (8 bytes per chunk).
 //
 // Positions: a value is named by the position of its first byte in the body; 0 means absent
 // (position 0 is the body's '{', never a field's value), and functions that return the
@@ -43,6 +50,7 @@ const maxFastDepth = 64
 const (
 	depthTopValue      = 2 // a top-level field's value
 	depthPromptElement = 3 // an element of a completions prompt list
+	depthMessage       = 3 // a message (body, messages), or a Responses API input item
 	depthMessageValue  = 4 // a message field's value (body, messages, message)
 	depthPartValue     = 6 // a content part's field value (… content, part)
 	depthCallValue     = 6 // a tool call's field value (… tool_calls, call)
@@ -56,17 +64,36 @@ const badPos = -1
 // Pooled scratch limits: a scanner keeps at most this many message entries, and an arena of
 // at most this many bytes (the size of the largest pooled body; see scanner.arena).
 const (
-	maxPooledMsgs  = 4096
+	maxPooledMsgs  = maxIndexedMsgs
 	maxPooledArena = maxPooledBody
 )
+
+// maxIndexedMsgs is how many messages of a chat body the first pass indexes (scanMessage is
+// 88 bytes): a coding agent's 1 MB body holds a few hundred, so its messages are read once;
+// the messages past it are read again by the second pass instead (a body of 12 MB of "{}"
+// messages would otherwise index 4 million, 30 times its size).
+const maxIndexedMsgs = 4096
 
 // scanTop holds the positions in the body of the routing-relevant top-level values.
 type scanTop struct {
 	at              [topFieldCount]int // by grammar.go's topField; 0 is absent
 	end             [topFieldCount]int // the position after each value noted in at
 	messagesIndexed bool               // messages (the last one) is an array indexed in scanner.messages
-	promptKind      byte               // the last "prompt"'s kind, when it is a string or a list the fast path reads
-	promptBytes     []byte             // its rendering: the unescaped text, or the ids as little-endian uint32s
+	promptKind      byte               // the last prompt's kind (promptField), when it is a string or a list the fast path reads
+	promptBytes     []byte             // its rendering: the unescaped text, or the ids stored (emitIDs reads the rest)
+}
+
+// promptField is the top-level field that holds ep's completions-style prompt: "prompt" for
+// completions, "input" for embeddings (keyed so when the body has no "messages"); topOther
+// for the other APIs.
+func promptField(ep API) topField {
+	switch ep {
+	case APICompletions:
+		return topPrompt
+	case APIEmbeddings:
+		return topInput
+	}
+	return topOther
 }
 
 // scanMessage holds the positions of a chat message's fields (the last of duplicates); 0 is
@@ -79,11 +106,21 @@ type scanMessage struct {
 
 // scanner reads one body for the fast path.
 type scanner struct {
-	body     []byte
+	body []byte
+	// messages indexes the first maxIndexedMsgs messages of the last "messages" array; rest
+	// is the position after the last of them when the array holds more (0 when it does not),
+	// from which the second pass reads the others; lastEnd is the position after the last
+	// message rendered (the memo's checkpoint).
 	messages []scanMessage
-	// arena holds the bytes of this body that are not in the body itself: strings that have
-	// escapes, unescaped, and token ids as little-endian uint32s. It only grows during a
-	// Build, so slices of it stay valid; it never exceeds twice the body.
+	rest     int
+	lastEnd  int
+	// Token ids in the arena (storeID): idsList is the position of the last token-id prompt
+	// read, idsAt where its ids begin in the arena, idsRest the position of its first id that
+	// is not there (0 when all are).
+	idsList, idsAt, idsRest int
+	// arena holds the strings of this body that have escapes, unescaped, and past them the
+	// last object key read that had escapes (key). It only grows during a Build, so slices of
+	// it stay valid; it never exceeds the body (see reserve).
 	arena   []byte
 	decoded [utf8.UTFMax]byte // one decoded \u escape
 }
@@ -92,6 +129,7 @@ func (sc *scanner) reset() {
 	sc.body = nil
 	clear(sc.messages) // drop references to the body and the arena
 	sc.messages = sc.messages[:0]
+	sc.rest, sc.lastEnd = 0, 0
 	if cap(sc.messages) > maxPooledMsgs {
 		sc.messages = nil
 	}
@@ -105,7 +143,7 @@ func (sc *scanner) reset() {
 // s.hit set (memo.go), body[:s.hit.end] is the prefix of a body built before, and the build
 // resumes from the state that body left there when what follows allows it.
 func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
-	if ep != APIChat && ep != APICompletions {
+	if !ep.Routed() {
 		return false
 	}
 	sc := &s.scanner
@@ -117,6 +155,7 @@ func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
 		sc.arena = make([]byte, 0, len(body))
 	}
 	sc.arena = sc.arena[:0]
+	sc.rest, sc.lastEnd, sc.idsRest = 0, 0, 0
 	var top scanTop
 	s.resumed = false
 	resumed := s.hit.end > 0
@@ -148,8 +187,8 @@ func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
 		return false
 	}
 	kind := byte(kindChat)
-	if ep == APICompletions {
-		if top.at[topPrompt] == 0 || top.promptKind == 0 {
+	if ep == APICompletions || ep == APIEmbeddings && top.at[topMessages] == 0 {
+		if top.at[promptField(ep)] == 0 || top.promptKind == 0 {
 			return false
 		}
 		kind = top.promptKind
@@ -160,34 +199,89 @@ func (s *state) fastBuild(ep API, chunkTokens int, body []byte, k *Key) bool {
 	} else {
 		s.begin(kind, model, salt, chunkTokens, k)
 	}
-	if ep == APICompletions {
-		r.emit(top.promptBytes)
-	} else {
+	switch {
+	case kind != kindChat:
+		if kind == kindIDs {
+			if !sc.emitIDs(r, top.promptBytes) {
+				return false
+			}
+		} else {
+			r.emit(top.promptBytes)
+		}
+	case ep == APIResponses:
+		if !sc.header(r, &top) || !sc.responsesInput(r, top.at[topInstructions], top.at[topInput]) {
+			return false
+		}
+	case ep == APIMessages:
+		if !sc.messagesTools(r, top.at[topTools]) || !sc.messagesSystem(r, top.at[topSystem]) ||
+			!top.messagesIndexed || !sc.eachMessage(r, true) {
+			return false
+		}
+	default: // chat, and embeddings with "messages"
 		if top.at[topMessages] == 0 || !top.messagesIndexed {
 			return false
 		}
-		if !resumed {
-			for _, hdr := range headerFields {
-				if v := top.at[hdr.field]; sc.present(v) {
-					r.tag(hdr.tag)
-					if sc.canon(r, v) < 0 {
-						return false
-					}
-				}
-			}
+		if !resumed && !sc.header(r, &top) {
+			return false
 		}
-		for i := range sc.messages {
-			if !sc.message(r, &sc.messages[i]) {
-				return false
-			}
+		if !sc.eachMessage(r, false) {
+			return false
 		}
 	}
 	s.finish(kind, k)
 	return true
 }
 
-// top validates the whole body and notes the top-level fields in top; for chat it also
-// indexes the messages.
+// header renders the header fields (grammar.go's headerFields) that are present, like
+// renderer.header.
+func (sc *scanner) header(r *renderer, top *scanTop) bool {
+	for _, hdr := range headerFields {
+		if v := top.at[hdr.field]; sc.present(v) {
+			r.tag(hdr.tag)
+			if sc.canon(r, v) < 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// eachMessage renders each message of the "messages" array, as a chat message or (anthropic)
+// a Messages API one: those that the first pass indexed, then the rest of the array, if it
+// held more, read from sc.rest.
+func (sc *scanner) eachMessage(r *renderer, anthropic bool) bool {
+	for i := range sc.messages {
+		if !sc.renderMessage(r, &sc.messages[i], anthropic) {
+			return false
+		}
+		sc.lastEnd = sc.messages[i].end
+	}
+	if sc.rest == 0 {
+		return true
+	}
+	for i := sc.rest; ; {
+		m, got := sc.element(i, false)
+		if got != stepNext {
+			return got == stepEnd
+		}
+		var msg scanMessage
+		if i = sc.indexMessage(m, &msg); i < 0 || !sc.renderMessage(r, &msg, anthropic) {
+			return false
+		}
+		sc.lastEnd = i
+	}
+}
+
+// renderMessage renders one indexed message, as a chat message or a Messages API one.
+func (sc *scanner) renderMessage(r *renderer, m *scanMessage, anthropic bool) bool {
+	if anthropic {
+		return sc.messagesMessage(r, m)
+	}
+	return sc.message(r, m)
+}
+
+// top validates the whole body and notes the top-level fields in top; for chat (embeddings,
+// the Messages API) it also indexes the messages.
 func (sc *scanner) top(ep API, top *scanTop) bool {
 	i := sc.ws(0)
 	if i >= len(sc.body) || sc.body[i] != '{' {
@@ -212,17 +306,16 @@ func (sc *scanner) members(ep API, top *scanTop, i int, first bool) bool {
 		field := topFieldOf(name)
 		top.at[field] = v
 		end := 0 // 0: not read yet
-		switch field {
-		case topPrompt:
-			top.promptKind, top.promptBytes = 0, nil
-			if ep == APICompletions {
-				top.promptKind, top.promptBytes, end = sc.prompt(v)
-			}
-		case topMessages:
-			top.messagesIndexed = ep == APIChat && b[v] == '['
+		switch {
+		case field == topOther:
+		case field == promptField(ep):
+			top.promptKind, top.promptBytes, end = sc.prompt(v)
+		case field == topMessages:
+			top.messagesIndexed = (ep == APIChat || ep == APIEmbeddings || ep == APIMessages) && b[v] == '['
 			if top.messagesIndexed {
 				clear(sc.messages)
 				sc.messages = sc.messages[:0]
+				sc.rest = 0
 				end = sc.indexMessages(v, true)
 			}
 		}
@@ -239,10 +332,10 @@ func (sc *scanner) members(ep API, top *scanTop, i int, first bool) bool {
 }
 
 // indexMessages validates the messages array from i (its '[' when first, else the position
-// after a message) and appends each message's fields to sc.messages. It returns the position
-// after the array, or badPos.
+// after a message) and appends each message's fields to sc.messages, the first
+// maxIndexedMsgs of them; past those it only validates, and notes in sc.rest where the
+// second pass reads on. It returns the position after the array, or badPos.
 func (sc *scanner) indexMessages(i int, first bool) int {
-	b := sc.body
 	for ; ; first = false {
 		m, got := sc.element(i, first)
 		if got != stepNext {
@@ -251,32 +344,49 @@ func (sc *scanner) indexMessages(i int, first bool) int {
 			}
 			return m
 		}
-		if b[m] != '{' {
-			return badPos // not an object: the fastjson path rejects it
+		if len(sc.messages) == maxIndexedMsgs {
+			if sc.rest == 0 {
+				sc.rest = i
+			}
+			i = sc.skip(m, depthMessage)
+		} else {
+			var msg scanMessage
+			i = sc.indexMessage(m, &msg)
+			sc.messages = append(sc.messages, msg)
 		}
-		var msg scanMessage
-		i = m
-		for first := true; ; first = false {
-			name, value, got := sc.member(i, first)
-			if got != stepNext {
-				if got == stepBad {
-					return badPos
-				}
-				i = value
-				msg.end = value
-				break
-			}
-			field := messageFieldOf(name)
-			msg.at[field] = value
-			if field == messageContent && b[value] == '"' {
-				msg.text, i = sc.str(value)
-			} else {
-				i = sc.skip(value, depthMessageValue)
-			}
-			if i < 0 {
+		if i < 0 {
+			return badPos
+		}
+	}
+}
+
+// indexMessage validates the message at m and fills msg with its fields (its string content
+// unescaped). It returns the position after the message, or badPos (also when it is not an
+// object: the fastjson path rejects that).
+func (sc *scanner) indexMessage(m int, msg *scanMessage) int {
+	b := sc.body
+	if b[m] != '{' {
+		return badPos
+	}
+	i := m
+	for first := true; ; first = false {
+		name, value, got := sc.member(i, first)
+		if got != stepNext {
+			if got == stepBad {
 				return badPos
 			}
+			msg.end = value
+			return value
 		}
-		sc.messages = append(sc.messages, msg)
+		field := messageFieldOf(name)
+		msg.at[field] = value
+		if field == messageContent && b[value] == '"' {
+			msg.text, i = sc.str(value)
+		} else {
+			i = sc.skip(value, depthMessageValue)
+		}
+		if i < 0 {
+			return badPos
+		}
 	}
 }

@@ -4,8 +4,10 @@ package key
 // values, and unescapes strings, accepting a subset of what fastjson accepts (so that a body
 // the fast path takes is one the fastjson path would take too): whitespace is space, \t, \n,
 // \r; a number is a run of [0-9.eE+-] (not a lone sign) as fastjson reads it, and renders as
-// that text; a string ends at the first quote preceded by an even number of backslashes; an
-// object key has no escapes; a string escape is one that fastjson decodes.
+// that text; a string ends at the first quote preceded by an even number of backslashes; a
+// string (an object key too) is unescaped exactly as fastjson unescapes it, decoding what it
+// decodes and keeping or replacing what it keeps or replaces (its "best effort": an unknown
+// escape, a short or bad \u, a lone surrogate).
 
 import (
 	"bytes"
@@ -70,11 +72,17 @@ func (sc *scanner) member(i int, first bool) (name []byte, v int, got step) {
 	for j < len(b) && b[j] != '"' && b[j] != '\\' {
 		j++
 	}
-	if j >= len(b) || b[j] != '"' {
-		return nil, 0, stepBad // unterminated, or an escaped key: left to fastjson
+	switch {
+	case j >= len(b):
+		return nil, 0, stepBad // unterminated
+	case b[j] == '"':
+		name, j = b[i:j], j+1
+	default:
+		if name, j = sc.key(i, j); j < 0 {
+			return nil, 0, stepBad
+		}
 	}
-	name = b[i:j]
-	i = sc.ws(j + 1)
+	i = sc.ws(j)
 	if i >= len(b) || b[i] != ':' {
 		return nil, 0, stepBad
 	}
@@ -211,8 +219,7 @@ func (sc *scanner) strEnd(i int) int {
 }
 
 // str returns the unescaped bytes of the string at v (a slice of the body, or of the arena
-// when it has escapes) and the position after it; badPos for an escape that fastjson would not
-// decode.
+// when it has escapes) and the position after it; badPos when it is unterminated.
 func (sc *scanner) str(v int) ([]byte, int) {
 	b := sc.body
 	i := v + 1
@@ -225,22 +232,67 @@ func (sc *scanner) str(v int) ([]byte, int) {
 	if n < 0 {
 		return b[i:q], q + 1
 	}
-	return sc.unescapeStr(i, i+n, q)
+	start := len(sc.arena)
+	dst, end := sc.unescape(sc.arena, i, i+n, q)
+	if end < 0 {
+		return nil, badPos
+	}
+	sc.arena = dst
+	return dst[start:], end
 }
 
-// unescapeStr appends the unescaped string that starts at i, whose first backslash is at p
-// and whose first quote (perhaps an escaped one) is at q, to the arena and returns it with the
-// position after its closing quote (badPos as for str).
+// key unescapes the object key whose first byte is at i and whose first backslash is at p
+// into the arena's free tail, and returns it with the position after its closing quote
+// (badPos when it is unterminated). The key is scratch, not kept: the next string or key read
+// overwrites it, and every caller of member uses a name before it reads on. So keys take no
+// room of their own: what the arena keeps and the key being read come from different bytes
+// of the body.
+func (sc *scanner) key(i, p int) ([]byte, int) {
+	q := bytes.IndexByte(sc.body[p:], '"')
+	if q < 0 {
+		return nil, badPos
+	}
+	start := len(sc.arena)
+	dst, end := sc.unescape(sc.arena, i, p, p+q)
+	if end < 0 {
+		return nil, badPos
+	}
+	sc.arena = dst[:start]
+	return dst[start:], end
+}
+
+// reserve returns the arena dst with room for need bytes in all (its length included): when
+// it has not, it is grown at once to the body's length (need when that is more), which the
+// strings of one build never exceed: each string is unescaped once, and unescaping never
+// lengthens one. So a body with escapes costs one allocation of its size, as the pooled arena
+// of a small body does.
+func (sc *scanner) reserve(dst []byte, need int) []byte {
+	if need <= cap(dst) {
+		return dst
+	}
+	grown := make([]byte, len(dst), max(need, len(sc.body)))
+	copy(grown, dst)
+	return grown
+}
+
+// unescape appends to dst the unescaped string whose first byte is at i, whose first
+// backslash is at p and whose first quote (perhaps an escaped one) is at q, and returns dst
+// with the position after the closing quote (badPos when the string is unterminated). dst is
+// the arena, grown by reserve.
 //
 // It decodes escapes in order, so the first '"' or '\\' after an escape ends the run of
 // plain bytes, and a '"' there ends the string. Runs are found with bytes.IndexByte, the
 // quote search reused until the scan passes it, and copied whole; common one-byte escapes are
 // decoded inline. (Checking the next 8 bytes in one word before searching, or copying 8 bytes
-// at a time, measured no faster on escape-dense text: the per-escape cost dominates.)
-func (sc *scanner) unescapeStr(i, p, q int) ([]byte, int) {
+// at a time, measured no faster on escape-dense text: the per-escape cost dominates.) An
+// escape that fastjson does not decode (unescapeU) hands the rest of the string to
+// bestEffort, which unescapes it as fastjson does. The unescaped string is never longer than
+// the raw one, so dst is grown (reserve) when a quote is found, to hold what precedes it,
+// never per byte.
+func (sc *scanner) unescape(dst []byte, i, p, q int) ([]byte, int) {
 	b := sc.body
-	start := len(sc.arena)
-	dst := append(sc.arena, b[i:p]...)
+	dst = sc.reserve(dst, len(dst)+q-i) // what is read up to q takes at most its length
+	dst = append(dst, b[i:p]...)
 	i = p
 	for {
 		// b[i] == '\\'
@@ -250,7 +302,7 @@ func (sc *scanner) unescapeStr(i, p, q int) ([]byte, int) {
 		} else {
 			d, w := sc.unescapeU(b[i:])
 			if w == 0 {
-				return nil, badPos
+				return sc.bestEffort(dst, i)
 			}
 			dst = append(dst, d...)
 			i += w
@@ -261,6 +313,7 @@ func (sc *scanner) unescapeStr(i, p, q int) ([]byte, int) {
 				return nil, badPos
 			}
 			q = i + n
+			dst = sc.reserve(dst, len(dst)+q-i)
 		}
 		k := q // the next '"' or '\\'
 		if n := bytes.IndexByte(b[i:q], '\\'); n >= 0 {
@@ -269,10 +322,71 @@ func (sc *scanner) unescapeStr(i, p, q int) ([]byte, int) {
 		dst = append(dst, b[i:k]...)
 		i = k
 		if b[i] == '"' {
-			sc.arena = dst
-			return dst[start:], i + 1
+			return dst, i + 1
 		}
 	}
+}
+
+// bestEffort finishes unescape from the escape at p that fastjson does not decode (dst holds
+// the string before p, unescaped), exactly as
+// fastjson's unescapeStringBestEffort does: an unknown escape is kept as it is, a \u without
+// four hex digits becomes "\u" and what follows is read on, a surrogate not followed by a \u
+// escape with four hex digits is kept as its escape, and any other pair of \u escapes
+// starting with a surrogate is one rune (U+FFFD unless they form a valid pair). It returns
+// dst and the position after the closing quote, found as fastjson finds it.
+func (sc *scanner) bestEffort(dst []byte, p int) ([]byte, int) {
+	b := sc.body
+	// strEnd from p-1 counts the backslashes before a quote from p on: any before p are pairs
+	// (escaped backslashes, \\), which keep the count's parity.
+	end := sc.strEnd(p - 1)
+	if end < 0 {
+		return nil, badPos
+	}
+	dst = sc.reserve(dst, len(dst)+end-1-p)
+	s := b[p+1 : end-1] // after the backslash at p, up to the closing quote
+	for len(s) > 0 {
+		ch := s[0]
+		s = s[1:]
+		switch {
+		case unescapeByte[ch] != 0:
+			dst = append(dst, unescapeByte[ch])
+		case ch != 'u':
+			dst = append(dst, '\\', ch)
+		case len(s) < 4:
+			dst = append(dst, `\u`...)
+		default:
+			x, ok := hex4(s)
+			if !ok {
+				dst = append(dst, `\u`...)
+				break
+			}
+			xs := s[:4]
+			s = s[4:]
+			if !utf16.IsSurrogate(x) {
+				dst = utf8.AppendRune(dst, x)
+				break
+			}
+			var y rune
+			if len(s) >= uEscapeLen && s[0] == '\\' && s[1] == 'u' {
+				y, ok = hex4(s[2:])
+			} else {
+				ok = false
+			}
+			if !ok {
+				dst = append(append(dst, `\u`...), xs...)
+				break
+			}
+			dst = utf8.AppendRune(dst, utf16.DecodeRune(x, y))
+			s = s[uEscapeLen:]
+		}
+		n := bytes.IndexByte(s, '\\')
+		if n < 0 {
+			return append(dst, s...), end
+		}
+		dst = append(dst, s[:n]...)
+		s = s[n+1:]
+	}
+	return dst, end
 }
 
 // unescapeByte maps the character after a backslash to the byte it stands for, for the
@@ -286,10 +400,10 @@ const (
 )
 
 // unescapeU decodes the \u escape at the start of s (s[0] == '\\') and returns its UTF-8
-// bytes and its length in s: uEscapeLen, or uEscapePairLen for a surrogate pair. It decodes
-// what fastjson decodes and returns length 0 for what fastjson keeps verbatim or replaces by
-// U+FFFD: another escape (the one-byte ones are decoded by the caller; the rest are invalid),
-// a bad \u, a lone or reversed surrogate.
+// bytes and its length in s: uEscapeLen, or uEscapePairLen for a surrogate pair. It returns
+// length 0 for what fastjson keeps verbatim or replaces by U+FFFD (bestEffort reads those):
+// another escape (the one-byte ones are decoded by the caller; the rest are unknown), a bad
+// \u, a lone or reversed surrogate.
 func (sc *scanner) unescapeU(s []byte) ([]byte, int) {
 	if len(s) < uEscapeLen || s[1] != 'u' {
 		return nil, 0

@@ -239,26 +239,50 @@ func (sc *scanner) function(r *renderer, v int) int {
 			return badPos
 		}
 	}
-	name, _, ok := sc.field(fields[functionName])
-	if !ok {
+	if !sc.call(r, fields[functionName], fields[functionArguments]) {
 		return badPos
 	}
-	r.functionName(name)
-	switch args := fields[functionArguments]; {
+	return end
+}
+
+// call renders a call's name (the string at name) and arguments (the value at args) like
+// renderer.call.
+func (sc *scanner) call(r *renderer, name, args int) bool {
+	nameB, _, ok := sc.field(name)
+	if !ok {
+		return false
+	}
+	r.functionName(nameB)
+	switch {
 	case !sc.present(args):
 		r.stringArgs(nil)
 	case sc.body[args] == '"':
 		argsText, end := sc.str(args)
 		if end < 0 {
-			return badPos
+			return false
 		}
 		r.stringArgs(argsText)
 	default:
 		if sc.canon(r, args) < 0 {
-			return badPos
+			return false
 		}
 	}
-	return end
+	return true
+}
+
+// content renders a message content at v like renderer.content: absent or null nothing, a
+// string one text item, a list its parts; anything else is a type error.
+func (sc *scanner) content(r *renderer, v int) bool {
+	if !sc.present(v) {
+		return true
+	}
+	switch sc.body[v] {
+	case '"':
+		return sc.text(r, v)
+	case '[':
+		return sc.parts(r, v)
+	}
+	return false
 }
 
 // canon emits the canonical encoding (render.go) of the value at v and returns the position

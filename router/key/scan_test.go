@@ -87,17 +87,77 @@ var fastBodies = []struct{ name, path, body string }{
 	{"completions empty list", pathCompl, `{"prompt":[]}`},
 	{"completions duplicate prompt", pathCompl, `{"prompt":[1],"prompt":"x"}`},
 	{"idsBody", pathCompl, string(idsBody(1000))},
+	{"ids past what the arena holds", pathCompl, `{"prompt":[` + strings.Repeat("7,", 3000) + `4294967295],"model":"m"}`},
+	{"id lists past what the arena holds", pathEmbed, `{"input":[[` + strings.Repeat("0,", 200) + `1],[2]]}`},
 	{"nesting within fast limit", pathChat, `{"messages":[],"tools":` + strings.Repeat("[", 60) + strings.Repeat("]", 60) + `}`},
 	{"raw control bytes in a string", pathChat, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\tb\x01c\"}]}"},
 	{"unicode", pathChat, `{"messages":[{"role":"user","content":"日本語のテキスト 😀 ünïcödé"}]}`},
+	// Strings unescaped by fastjson's best effort (an unknown escape kept, a lone surrogate
+	// kept as its escape, a bad pair one U+FFFD), and escaped object keys.
+	{"responses string input", pathResp, `{"input":"hi"}`},
+	{"media url bad escape", pathChat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"\q"}]}]}`},
+	{"lone high surrogate", pathChat, `{"messages":[{"role":"user","content":"\ud83d x"}]}`},
+	{"lone low surrogate", pathChat, `{"messages":[{"role":"user","content":"\ude00\ude00"}]}`},
+	{"high then non-low", pathChat, `{"messages":[{"role":"user","content":"\ud83d\u0041"}]}`},
+	{"unknown escape", pathChat, `{"messages":[{"role":"user","content":"\x"}]}`},
+	{"short \\u", pathChat, `{"messages":[{"role":"user","content":"\u12"}]}`},
+	{"bad hex", pathChat, `{"messages":[{"role":"user","content":"\u12g4"}]}`},
+	{"bad escape in tools", pathChat, `{"tools":["\q"],"messages":[]}`},
+	{"escaped key", pathChat, `{"m\u0065ssages":[{"role":"user","content":"hi"}]}`},
+	{"best effort everywhere", pathChat, `{"model":"m\q","cache_salt":"\ud800","tools":[{"\x":"\u12"}],"messages":[{"role":"us\er","name":"\ud83d\ud83d\ude00","tool_call_id":"\udc00\\","content":[{"type":"text","text":"\uD83D\u0041\u00e9\u"}]}]}`},
+	{"best effort around escaped quotes", pathChat, `{"messages":[{"role":"user","content":"\"\q\"\\\"\u12\"x\\"}]}`},
+	{"escaped keys everywhere", pathChat, `{"\u006dodel":"m","\u0074ools":[{"a\"b":1}],"m\u0065ssages":[{"r\u006fle":"user","c\u006fntent":[{"\u0074ype":"text","\u0074ext":"hi"},{"type":"image_url","image_\u0075rl":{"\u0075rl":"u"}}]},{"role":"assistant","tool_c\u0061lls":[{"f\u0075nction":{"n\u0061me":"f","\u0061rguments":"{}"}}]}]}`},
+	{"escaped key best effort", pathChat, `{"mess\qages":5,"\ud800":1,"messages":[{"role":"user","content":"hi","\u12":2}]}`},
+	{"escaped key completions", pathCompl, `{"pr\u006fmpt":"hello","model":"m"}`},
+	{"responses items", pathResp, `{"model":"m","instructions":"be brief","input":[{"role":"user","content":"hi"},` +
+		`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hello"}]},` +
+		`{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"x\":1}"},{"type":"function_call_output","call_id":"c1","output":"42"},` +
+		`{"type":"function_call_output","call_id":"c2","output":{"a":[1,2.5e3,null]}},{"type":"function_call_output","output":7},` +
+		`{"type":"function_call_output","output":[{"type":"input_text","text":"t"},{"type":"input_image","image_url":"u"}]},` +
+		`{"type":"function_call_output","call_id":null,"output":null},{"type":"reasoning","summary":[],"id":"r\u00e9"},` +
+		`{"type":null,"role":null,"content":"x"},{"role":"user","type":"message","content":null},` +
+		`{"type":"function_call","name":"g","arguments":{"y":true}},{"type":"function_call","name":"h"},{}],` +
+		`"tools":[{"type":"function","name":"f"}],"response_format":{"type":"json_object"},"stream":true}`},
+	{"responses instructions only", pathResp, `{"instructions":"x","input":null}`},
+	{"responses empty input", pathResp, `{"input":[]}`},
+	{"responses escaped keys", pathResp, `{"\u0069nput":[{"t\u0079pe":"function_call_output","c\u0061ll_id":"c","\u006futput":"o"},{"\u0072ole":"user","content":"hi"}],"instr\u0075ctions":"x"}`},
+	{"messages escaped keys", pathMsgs, `{"m\u0065ssages":[{"role":"user","c\u006fntent":[{"t\u0079pe":"text","t\u0065xt":"hi","cache_\u0063ontrol":{}},{"type":"image","s\u006furce":{"d\u0061ta":"AAAA"}}]}],"s\u0079stem":"s","tools":[{"name":"t","cache\u005fcontrol":1}]}`},
+	{"messages media sources", pathMsgs, `{"messages":[{"role":"user","content":[{"type":"image","source":{"data":1,"url":"u","data":"d"}},` +
+		`{"type":"document","source":{"data":5,"url":null}},{"type":"image","source":{"file_id":"f"}},{"type":"image","source":{}},` +
+		`{"type":"tool_use","id":"i","name":"n"},{"type":"tool_use","id":null,"name":null,"input":null},{"type":"tool_result","tool_use_id":"t","is_error":true},` +
+		`{"type":"tool_result","tool_use_id":"t","content":"s","is_error":"true"},{"cache_control":{"type":"ephemeral"},"x":[1]},{"type":"redacted_thinking","data":"d\n"}]},` +
+		`{"role":null},{"role":"assistant","content":null},{"content":"no role"}],"system":[]}`},
+	{"embeddings escaped input", pathEmbed, `{"inp\u0075t":[[1,2],[3]],"model":"e"}`},
+	{"embeddings messages and input", pathEmbed, `{"input":"ignored","messages":[{"role":"user","content":"hi"}],"tools":[1]}`},
+	{"more messages than the first pass indexes", pathChat, manyMessages(maxIndexedMsgs + 50)},
 	{"chatBody", pathChat, string(chatBody(4 << 10))},
 	{"overhead workload body", pathChat, string(overheadBody)},
 	{"overhead workload body, 128 KiB", pathChat, string(widenSystem(overheadBody, 10))},
 }
 
+// manyMessages is a chat body of n messages of every kind the fast path reads (escaped and
+// part contents, tool calls, names), past the first pass's index when n > maxIndexedMsgs.
+func manyMessages(n int) string {
+	kinds := []string{`{"role":"user","content":"q%d\n"}`, `{"role":"assistant","name":"a","content":[{"type":"text","text":"t%d"},{"type":"image_url","image_url":{"url":"u"}}]}`,
+		`{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{\"n\":%d}"}}]}`, `{"c\u006fntent":"x%d","role":"tool","tool_call_id":"c"}`, `{}`}
+	var sb strings.Builder
+	sb.WriteString(`{"model":"m","messages":[`)
+	for i := range n {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		k := kinds[i%len(kinds)]
+		if strings.Contains(k, "%d") {
+			k = fmt.Sprintf(k, i)
+		}
+		sb.WriteString(k)
+	}
+	sb.WriteString(`],"tools":[{"type":"function"}]}`)
+	return sb.String()
+}
+
 // slowBodies are bodies the fast path must hand back to the fastjson path.
 var slowBodies = []struct{ name, path, body string }{
-	{"responses", pathResp, `{"input":"hi"}`},
 	{"id too big", pathCompl, `{"prompt":[4294967296]}`},
 	{"id float", pathCompl, `{"prompt":[1.0]}`},
 	{"id negative", pathCompl, `{"prompt":[-1]}`},
@@ -111,17 +171,16 @@ var slowBodies = []struct{ name, path, body string }{
 	{"prompt list of objects", pathCompl, `{"prompt":[{}]}`},
 	{"prompt number", pathCompl, `{"prompt":1}`},
 
+	{"responses input number", pathResp, `{"input":5}`},
+	{"responses item number", pathResp, `{"input":[5]}`},
+	{"responses item type number", pathResp, `{"input":[{"type":5}]}`},
+	{"responses no input", pathResp, `{"model":"m"}`},
+	{"responses call name number", pathResp, `{"input":[{"type":"function_call","name":1}]}`},
+	{"embeddings input null", pathEmbed, `{"input":null}`},
+	{"embeddings messages null", pathEmbed, `{"messages":null,"input":"x"}`},
+	{"embeddings mixed", pathEmbed, `{"input":[1,"a"]}`},
 	{"part type number", pathChat, `{"messages":[{"role":"user","content":[{"type":1}]}]}`},
 	{"text part text number", pathChat, `{"messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`},
-	{"media url bad escape", pathChat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"\q"}]}]}`},
-	{"lone high surrogate", pathChat, `{"messages":[{"role":"user","content":"\ud83d x"}]}`},
-	{"lone low surrogate", pathChat, `{"messages":[{"role":"user","content":"\ude00\ude00"}]}`},
-	{"high then non-low", pathChat, `{"messages":[{"role":"user","content":"\ud83d\u0041"}]}`},
-	{"unknown escape", pathChat, `{"messages":[{"role":"user","content":"\x"}]}`},
-	{"short \\u", pathChat, `{"messages":[{"role":"user","content":"\u12"}]}`},
-	{"bad hex", pathChat, `{"messages":[{"role":"user","content":"\u12g4"}]}`},
-	{"bad escape in tools", pathChat, `{"tools":["\q"],"messages":[]}`},
-	{"escaped key", pathChat, `{"m\u0065ssages":[{"role":"user","content":"hi"}]}`},
 	{"NaN", pathChat, `{"x":NaN,"messages":[]}`},
 	{"nan", pathChat, `{"x":nan,"messages":[]}`},
 	{"Inf", pathChat, `{"x":-Inf,"messages":[]}`},
@@ -149,6 +208,15 @@ func TestFastPath(t *testing.T) {
 			t.Run(fmt.Sprintf("fast/%s/%d", tt.name, chunk), func(t *testing.T) {
 				if !checkFast(t, b, tt.path, []byte(tt.body)) {
 					t.Errorf("fast path did not take %q", tt.body)
+				}
+			})
+		}
+		for _, tt := range messagesBodies {
+			t.Run(fmt.Sprintf("messages/%s/%d", tt.name, chunk), func(t *testing.T) {
+				took := checkFast(t, b, tt.path, []byte(tt.body))
+				hostile := strings.Contains(tt.name, "hostile") || tt.name == "msgs no messages"
+				if Routed([]byte(tt.path)) && took == hostile {
+					t.Errorf("fast path took %q: %v, want %v", tt.body, took, !hostile)
 				}
 			})
 		}
@@ -287,8 +355,9 @@ func TestChunkerPieces(t *testing.T) {
 	}
 }
 
-// TestFastPathRandom compares the two paths on generated chat and completions bodies mixing
-// every escape (valid and not), whitespace, duplicate keys, tools, tool calls and parts.
+// TestFastPathRandom compares the two paths on generated bodies of every routed API mixing
+// every escape (valid and not, in strings and in keys), whitespace, duplicate keys, tools, tool
+// calls, parts, Messages API blocks and Responses API items.
 func TestFastPathRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	pick := func(xs ...string) string { return xs[rng.IntN(len(xs))] }
@@ -322,7 +391,15 @@ func TestFastPathRandom(t *testing.T) {
 			return "{" + strings.Join(parts, ",") + "}"
 		}
 	}
-	member := func(k, v string) string { return ws() + `"` + k + `"` + ws() + ":" + ws() + v + ws() }
+	// A key is sometimes escaped: one byte as \u00XX, or an escape fastjson keeps as it is.
+	escKey := func(k string) string {
+		if k == "" || rng.IntN(8) != 0 {
+			return k
+		}
+		i := rng.IntN(len(k))
+		return k[:i] + pick(fmt.Sprintf(`\u%04x`, k[i]), fmt.Sprintf(`\u%04X`, k[i]), `\q`+k[i:i+1], `\ud800`+k[i:i+1]) + k[i+1:]
+	}
+	member := func(k, v string) string { return ws() + `"` + escKey(k) + `"` + ws() + ":" + ws() + v + ws() }
 	message := func() string {
 		var ms []string
 		for range 1 + rng.IntN(4) {
@@ -366,9 +443,63 @@ func TestFastPathRandom(t *testing.T) {
 		}
 		return "{" + strings.Join(ms, ",") + "}"
 	}
-	took := 0
-	const n = 4000
+	// Messages API content blocks, and Responses API input items.
+	var block func(depth int) string
+	block = func(depth int) string {
+		var fs []string
+		for range rng.IntN(5) {
+			k := pick("type", "type", "text", "source", "id", "name", "input", "tool_use_id", "content", "is_error", "cache_control")
+			v := value(1)
+			switch {
+			case k == "type":
+				v = pick(`"text"`, `"image"`, `"document"`, `"tool_use"`, `"tool_result"`, `"thinking"`, "null", "1", str())
+			case k == "source":
+				v = "{" + member(pick("data", "url", "file_id", "type"), pick(str(), "1", "null")) + "," + member(pick("data", "url"), pick(str(), "null")) + "}"
+			case k == "content" && depth < 2:
+				v = pick(str(), "null", "5", "["+block(depth+1)+","+block(depth+1)+"]")
+			case k == "is_error":
+				v = pick("true", "false", "null", `"true"`)
+			case rng.IntN(2) == 0:
+				v = str()
+			}
+			fs = append(fs, member(k, v))
+		}
+		return "{" + strings.Join(fs, ",") + "}"
+	}
+	item := func() string {
+		if rng.IntN(3) == 0 {
+			return message()
+		}
+		var fs []string
+		for range rng.IntN(5) {
+			k := pick("type", "type", "role", "name", "arguments", "call_id", "output", "content", "id")
+			v := value(1)
+			switch {
+			case k == "type":
+				v = pick(`"message"`, `"function_call"`, `"function_call_output"`, `"reasoning"`, "null", "1", str())
+			case k == "output":
+				v = pick(str(), "null", value(0), `[{"type":"input_text","text":`+str()+`}]`)
+			case k == "content":
+				v = pick(str(), "null", `[{"type":"output_text","text":`+str()+`}]`)
+			case rng.IntN(2) == 0:
+				v = str()
+			}
+			fs = append(fs, member(k, v))
+		}
+		return "{" + strings.Join(fs, ",") + "}"
+	}
+	list := func(elem func() string) string {
+		var es []string
+		for range rng.IntN(4) {
+			es = append(es, ws()+elem()+ws())
+		}
+		return "[" + strings.Join(es, ",") + "]"
+	}
+	paths := []string{pathChat, pathChat, pathCompl, pathResp, pathMsgs, pathEmbed}
+	took := map[string]int{}
+	const n = 6000
 	for i := range n {
+		path := paths[i%len(paths)]
 		var members []string
 		for range 1 + rng.IntN(6) {
 			switch rng.IntN(8) {
@@ -381,8 +512,23 @@ func TestFastPathRandom(t *testing.T) {
 			case 3:
 				members = append(members, member(pick("tools", "functions", "response_format"), value(0)))
 			case 4:
-				members = append(members, member("prompt", pick(str(), "[1,2,3]", "[[1],[2]]", `[`+str()+`,"b"]`, "[]", "[1.5]", value(0))))
+				members = append(members, member(pick("prompt", "input"), pick(str(), "[1,2,3]", "[[1],[2]]", `[`+str()+`,"b"]`, "[]", "[1.5]", value(0))))
+			case 5:
+				switch path {
+				case pathResp:
+					members = append(members, member(pick("input", "input", "instructions"), pick(str(), "null", list(item))))
+				case pathMsgs:
+					members = append(members, member(pick("system", "tools"), pick(str(), "null", list(func() string { return block(0) }), value(0))))
+				default:
+					members = append(members, member("messages", list(message)))
+				}
 			default:
+				if path == pathMsgs {
+					members = append(members, member("messages", list(func() string {
+						return "{" + member("role", pick(`"user"`, `"assistant"`, "null", "1")) + "," + member("content", pick(str(), "null", list(func() string { return block(0) }))) + "}"
+					})))
+					break
+				}
 				var msgs []string
 				for range rng.IntN(4) {
 					msgs = append(msgs, ws()+message()+ws())
@@ -391,16 +537,14 @@ func TestFastPathRandom(t *testing.T) {
 			}
 		}
 		body := ws() + "{" + strings.Join(members, ",") + "}" + ws()
-		path := pathChat
-		if i%4 == 3 {
-			path = pathCompl
-		}
 		if checkFast(t, NewBuilder(1+i%5), path, []byte(body)) {
-			took++
+			took[path]++
 		}
 	}
-	if took < n/10 {
-		t.Errorf("fast path took %d of %d bodies; the test compares too few", took, n)
+	for _, path := range paths {
+		if took[path] < n/len(paths)/20 {
+			t.Errorf("%s: fast path took %d bodies; the test compares too few", path, took[path])
+		}
 	}
-	t.Logf("fast path took %d of %d bodies", took, n)
+	t.Logf("fast path took %v of %d bodies", took, n)
 }
