@@ -2,7 +2,6 @@ package app
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -33,7 +32,7 @@ and/or --backend flags; flags override the file.`,
 			load := func() (*configs.Config, error) {
 				cfg := &configs.Config{}
 				if file != "" {
-					data, err := os.ReadFile(file)
+					data, err := readConfigFile(file)
 					if err != nil {
 						return nil, err
 					}

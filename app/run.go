@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -283,15 +284,49 @@ func (c *controller) shutdown() error {
 	return nil
 }
 
-// fileStamp identifies a config file's content: a hash of its bytes. (Modification times are
-// too coarse: two writes within one kernel tick keep the same mtime.) 0 when unreadable.
+// maxConfigBytes bounds a config file, bytes: a real one is a few KiB; a larger file (a log
+// or a device named by mistake) is refused rather than read whole, at start and on reload.
+const maxConfigBytes = 16 << 20
+
+// readConfigFile reads the config file at path, at most maxConfigBytes of it.
+func readConfigFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigBytes {
+		return nil, fmt.Errorf("%s: config file over %d MiB", path, maxConfigBytes>>20)
+	}
+	return data, nil
+}
+
+// fileStamp identifies a config file's content: a hash of its first maxConfigBytes bytes and
+// its size. (Modification times are too coarse: two writes within one kernel tick keep the
+// same mtime.) 0 when unreadable or not a regular file. It runs on the loop that takes the
+// signals, so it never waits: a named pipe or a device at the path is opened without
+// blocking and not read, and a huge file is not read whole.
 func fileStamp(path string) uint64 {
 	if path == "" {
 		return 0
 	}
-	data, err := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return 0
 	}
-	return xxhash.Sum64(data)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		return 0
+	}
+	h := xxhash.New()
+	if _, err := io.Copy(h, io.LimitReader(f, maxConfigBytes)); err != nil {
+		return 0
+	}
+	_, _ = fmt.Fprintf(h, "\x00%d", st.Size())
+	return h.Sum64()
 }
