@@ -1,3 +1,4 @@
-// Package deploy holds the Kubernetes manifests (deploy/kubernetes) and a test that keeps
-// them consistent with the configuration schema.
+// Package deploy holds the Helm chart (deploy/helm/prefixlb) and the tests that render it with
+// the real helm binary and check the manifests against prefixlb's own configuration schema,
+// the Dockerfile and docs/kubernetes.md.
 package deploy
