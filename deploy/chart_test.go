@@ -27,9 +27,10 @@ type chartCase struct {
 	// replicas is the Deployment's count (0: left to the HorizontalPodAutoscaler).
 	replicas int32
 	// podLabels: the chart makes the model servers' headless Service selecting these;
-	// modelService: the DNS discovery follows this Service of the user's instead.
-	podLabels    map[string]string
-	modelService string
+	// modelService: the DNS discovery follows this Service of the user's instead, in
+	// modelNamespace (default: the release's).
+	podLabels                    map[string]string
+	modelService, modelNamespace string
 	// backends is the number of static backends in the config.
 	backends int
 	// simulator: the chart runs this many simulated model servers (prefixlb sim) and routes
@@ -69,10 +70,10 @@ var chartCases = []chartCase{
 	{
 		name: "own image and Service, ServiceMonitor, autoscaling",
 		rel: release{name: "edge", namespace: "inference", set: []string{
-			"modelServers.service=vllm", "modelServers.port=8001", "serviceMonitor.enabled=true", "autoscaling.enabled=true",
+			"modelServers.service=vllm", "modelServers.namespace=gpu", "modelServers.port=8001", "serviceMonitor.enabled=true", "autoscaling.enabled=true",
 			"image.repository=registry.example.com/team/prefixlb", "image.tag=v0.3.0", "image.pullPolicy=Always"}},
 		image: "registry.example.com/team/prefixlb:v0.3.0", pullPolicy: "Always",
-		modelService: "vllm", peering: true, networkPolicy: true, pdb: true, hpa: true, serviceMonitor: true,
+		modelService: "vllm", modelNamespace: "gpu", peering: true, networkPolicy: true, pdb: true, hpa: true, serviceMonitor: true,
 	},
 	{
 		name: "existing peering Secret, no NetworkPolicy or PodDisruptionBudget",
@@ -353,9 +354,13 @@ func checkDiscovery(t *testing.T, r *rendered, c chartCase, cfg *configs.Config)
 	if d == nil {
 		t.Fatal("no discovery.dns: the model servers are not followed")
 	}
+	wantNS := c.rel.namespace
+	if c.modelNamespace != "" {
+		wantNS = c.modelNamespace
+	}
 	svc, rest, _ := strings.Cut(d.Name, ".")
-	if ns, _, _ := strings.Cut(rest, "."); ns != c.rel.namespace || !strings.HasPrefix(rest, ns+".svc.") {
-		t.Errorf("discovery.dns.name %q: want SERVICE.%s.svc.DOMAIN", d.Name, c.rel.namespace)
+	if ns, _, _ := strings.Cut(rest, "."); ns != wantNS || !strings.HasPrefix(rest, ns+".svc.") {
+		t.Errorf("discovery.dns.name %q: want SERVICE.%s.svc.DOMAIN", d.Name, wantNS)
 	}
 	made, ok := r.services[svc]
 	if c.modelService != "" {

@@ -26,6 +26,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"config.admin_listen", []string{"modelServers.service=vllm", "config.admin_listen=127.0.0.1:9090"}, "use the value ports.admin"},
 		{"config.timeouts.shutdown_grace", []string{"modelServers.service=vllm", "config.timeouts.shutdown_grace=10s"}, "use the value shutdownGraceSeconds"},
 		{"tracing before prefixlb has it", []string{"modelServers.service=vllm", "tracing.enabled=true"}, "no tracing yet"},
+		{"namespace with pod labels", []string{"modelServers.podLabels.app=vllm", "modelServers.namespace=gpu"}, "only with modelServers.service"},
 		{"simulator beside model servers", []string{"simulator.enabled=true", "modelServers.service=vllm"}, "leave modelServers and backends unset"},
 		// values.schema.json: a misspelt key would otherwise be ignored (here: the chart would
 		// generate a Secret instead of mounting the user's).

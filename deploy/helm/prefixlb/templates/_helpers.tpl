@@ -110,7 +110,12 @@ Fails, naming the key to use instead, when config sets one of them.
 {{- end }}
 {{- if include "prefixlb.discovers" . }}
 {{- $ms := $v.modelServers }}
-{{- $ns := $ms.namespace | default .Release.Namespace }}
+{{- $ns := .Release.Namespace }}
+{{- if $ms.service }}
+{{- $ns = $ms.namespace | default .Release.Namespace }}
+{{- else if $ms.namespace }}
+{{- fail "modelServers.namespace: only with modelServers.service (the chart makes its headless Service for podLabels in the release's namespace)" }}
+{{- end }}
 {{- $dns := dict "name" (printf "%s.%s.svc.%s" (include "prefixlb.modelServersService" .) $ns $v.clusterDomain) "port" (int $ms.port) "scheme" $ms.scheme "interval" $ms.interval }}
 {{- if $ms.kvCacheTokens }}
 {{- $_ = set $dns "kv_cache_tokens" (int64 $ms.kvCacheTokens) }}
