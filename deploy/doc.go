@@ -1,5 +1,6 @@
-// Package deploy holds the Kubernetes manifests (deploy/kubernetes) and the Grafana dashboard
-// (deploy/grafana/prefixlb.json: import it, or provision it from a ConfigMap, and pick the
-// Prometheus data source in its variable), with tests that keep them consistent with the
-// configuration schema and with the metrics prefixlb exports.
+// Package deploy holds the Helm chart (deploy/helm/prefixlb) and the Grafana dashboard
+// (deploy/grafana/prefixlb.json, also shipped by the chart), with the tests that render the
+// chart with the real helm binary and check the manifests against prefixlb's own configuration
+// schema, the Dockerfile and docs/kubernetes.md, and the dashboard's queries against the
+// metrics prefixlb exports.
 package deploy

@@ -1,187 +1,108 @@
 package deploy
 
 import (
-	"net"
-	"os"
+	"fmt"
 	"slices"
-	"strconv"
 	"testing"
 
-	"gopkg.in/yaml.v3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/prefixlb/prefixlb/configs"
 )
 
-// netPolicy is the part of a networking.k8s.io/v1 NetworkPolicy the test reads.
-type netPolicy struct {
-	APIVersion string `yaml:"apiVersion"`
-	Kind       string `yaml:"kind"`
-	Spec       struct {
-		PodSelector labelSelector `yaml:"podSelector"`
-		PolicyTypes []string      `yaml:"policyTypes"`
-		Ingress     []struct {
-			From  []policyPeer `yaml:"from"`
-			Ports []struct {
-				Port     yaml.Node `yaml:"port"` // a number or a container port name
-				Protocol string    `yaml:"protocol"`
-			} `yaml:"ports"`
-		} `yaml:"ingress"`
-	} `yaml:"spec"`
-}
-
-type policyPeer struct {
-	PodSelector       *labelSelector `yaml:"podSelector"`
-	NamespaceSelector *labelSelector `yaml:"namespaceSelector"`
-	IPBlock           *struct {
-		CIDR string `yaml:"cidr"`
-	} `yaml:"ipBlock"`
-}
-
-type labelSelector struct {
-	MatchLabels      map[string]string `yaml:"matchLabels"`
-	MatchExpressions []yaml.Node       `yaml:"matchExpressions"`
-}
-
-func (s *labelSelector) selects() bool {
-	return s != nil && (len(s.MatchLabels) > 0 || len(s.MatchExpressions) > 0)
-}
-
-// podTemplate is the part of the Deployment that the policy must match: pod labels and
-// container ports by name.
-type podTemplate struct {
-	Spec struct {
-		Template struct {
-			Metadata struct {
-				Labels map[string]string `yaml:"labels"`
-			} `yaml:"metadata"`
-			Spec struct {
-				Containers []struct {
-					Ports []struct {
-						Name          string `yaml:"name"`
-						ContainerPort int    `yaml:"containerPort"`
-					} `yaml:"ports"`
-				} `yaml:"containers"`
-			} `yaml:"spec"`
-		} `yaml:"template"`
-	} `yaml:"spec"`
-}
-
-func decodeFile(t *testing.T, path string, v any) {
+// checkNetworkPolicy: the policy selects prefixlb's pods and leaves the data port open to
+// every client; the admin port (/metrics and /debug/*, which shows backend addresses, health
+// and routing decisions) admits only selected pods (Prometheus): no rule opens it to all
+// sources, to all pods of a namespace or to an IP block; the peer port, over TCP and UDP,
+// admits prefixlb's own pods only; no rule lists no ports (which would open every port).
+func checkNetworkPolicy(t *testing.T, r *rendered, c chartCase, dep *appsv1.Deployment, cfg *configs.Config) {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
+	if len(r.policies) != b2i(c.networkPolicy) {
+		t.Fatalf("%d NetworkPolicies, want %d", len(r.policies), b2i(c.networkPolicy))
 	}
-	if err := yaml.Unmarshal(data, v); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-}
-
-func listenPort(t *testing.T, hostPort string) int {
-	t.Helper()
-	_, p, err := net.SplitHostPort(hostPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := strconv.Atoi(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// The shipped NetworkPolicy selects prefixlb's pods, leaves the data port open to every
-// client, and admits only selected pods (Prometheus) to the admin port, /debug/* included:
-// no rule opens it to all sources, to all pods of a namespace or to an IP block, and no rule
-// without ports (which would open every port) exists. kustomization.yaml applies it.
-func TestNetworkPolicyRestrictsAdminPort(t *testing.T) {
-	var np netPolicy
-	decodeFile(t, "kubernetes/networkpolicy.yaml", &np)
-	var dep podTemplate
-	decodeFile(t, "kubernetes/deployment.yaml", &dep)
-	var cm struct {
-		Data map[string]string `yaml:"data"`
-	}
-	decodeFile(t, "kubernetes/configmap.yaml", &cm)
-	cfg, err := configs.Parse([]byte(cm.Data["prefixlb.yaml"]))
-	if err != nil {
-		t.Fatalf("ConfigMap prefixlb.yaml: %v", err)
-	}
+	_, ctr, _, _ := workload(t, r)
+	ports := containerPorts(ctr)
+	podLabels := dep.Spec.Template.Labels
 	dataPort, adminPort := listenPort(t, cfg.Listen), listenPort(t, cfg.AdminListen)
-
-	if np.Kind != "NetworkPolicy" || np.APIVersion != "networking.k8s.io/v1" {
-		t.Fatalf("networkpolicy.yaml is %s %s, want networking.k8s.io/v1 NetworkPolicy", np.APIVersion, np.Kind)
+	var peerPort int32 = -1
+	if cfg.Peering != nil {
+		peerPort = listenPort(t, cfg.Peering.Listen)
 	}
-	if !slices.Contains(np.Spec.PolicyTypes, "Ingress") {
-		t.Errorf("policyTypes %v: without Ingress the policy restricts nothing", np.Spec.PolicyTypes)
-	}
-	podLabels := dep.Spec.Template.Metadata.Labels
-	if len(np.Spec.PodSelector.MatchLabels) == 0 {
-		t.Error("the policy's podSelector is empty: it would isolate every pod of the namespace")
-	}
-	for k, v := range np.Spec.PodSelector.MatchLabels {
-		if podLabels[k] != v {
-			t.Errorf("podSelector %s=%s does not match the Deployment's pods (%v)", k, v, podLabels)
+	for name, np := range r.policies {
+		if !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+			t.Errorf("NetworkPolicy %s policyTypes %v: without Ingress it restricts nothing", name, np.Spec.PolicyTypes)
 		}
-	}
-	named := map[string]int{}
-	for _, c := range dep.Spec.Template.Spec.Containers {
-		for _, p := range c.Ports {
-			named[p.Name] = p.ContainerPort
+		if len(np.Spec.PodSelector.MatchLabels) == 0 || !selects(np.Spec.PodSelector.MatchLabels, podLabels) {
+			t.Errorf("NetworkPolicy %s podSelector %v: want prefixlb's pods (%v), not every pod of the namespace", name, np.Spec.PodSelector.MatchLabels, podLabels)
 		}
-	}
-	portOf := func(n *yaml.Node) int {
-		if v, err := strconv.Atoi(n.Value); err == nil {
-			return v
-		}
-		v, ok := named[n.Value]
-		if !ok {
-			t.Errorf("policy port %q names no container port of the Deployment", n.Value)
-		}
-		return v
-	}
-
-	dataOpen, adminAllowed := false, false
-	for i, r := range np.Spec.Ingress {
-		if len(r.Ports) == 0 {
-			t.Errorf("ingress[%d] lists no ports: it opens every port, the admin port included, to its sources", i)
-			continue
-		}
-		for _, p := range r.Ports {
-			switch portOf(&p.Port) {
-			case dataPort:
-				if len(r.From) == 0 {
-					dataOpen = true
+		dataOpen, adminAllowed := false, false
+		peerOpen := map[corev1.Protocol]bool{}
+		for i, rule := range np.Spec.Ingress {
+			if len(rule.Ports) == 0 {
+				t.Errorf("ingress[%d] lists no ports: it opens every port, the admin port included, to its sources", i)
+				continue
+			}
+			for _, p := range rule.Ports {
+				proto := corev1.ProtocolTCP
+				if p.Protocol != nil {
+					proto = *p.Protocol
 				}
-			case adminPort:
-				if len(r.From) == 0 {
-					t.Errorf("ingress[%d] opens the admin port (%d) to every source", i, adminPort)
-				}
-				for j, peer := range r.From {
-					switch {
-					case peer.IPBlock != nil:
-						t.Errorf("ingress[%d].from[%d] admits the IP block %s to the admin port", i, j, peer.IPBlock.CIDR)
-					case !peer.PodSelector.selects():
-						t.Errorf("ingress[%d].from[%d] admits every pod (of the namespaces selected) to the admin port: select Prometheus's pods", i, j)
-					default:
-						adminAllowed = true
+				n := p.Port.IntVal
+				if p.Port.IntValue() == 0 {
+					cp, ok := ports[p.Port.StrVal]
+					if !ok {
+						t.Errorf("ingress[%d] port %q names no container port", i, p.Port.StrVal)
+						continue
 					}
+					if cp.Protocol != proto {
+						t.Errorf("ingress[%d] port %q is %s in the Deployment, %s in the policy", i, p.Port.StrVal, cp.Protocol, proto)
+					}
+					n = cp.ContainerPort
+				}
+				where := fmt.Sprintf("ingress[%d] (port %d/%s)", i, n, proto)
+				switch n {
+				case dataPort:
+					dataOpen = dataOpen || len(rule.From) == 0
+				case adminPort:
+					if len(rule.From) == 0 {
+						t.Errorf("%s opens the admin port to every source", where)
+					}
+					for j, peer := range rule.From {
+						switch {
+						case peer.IPBlock != nil:
+							t.Errorf("%s from[%d] admits the IP block %s to the admin port", where, j, peer.IPBlock.CIDR)
+						case peer.PodSelector == nil || len(peer.PodSelector.MatchLabels)+len(peer.PodSelector.MatchExpressions) == 0:
+							t.Errorf("%s from[%d] admits every pod (of the namespaces selected) to the admin port: select Prometheus's pods", where, j)
+						default:
+							adminAllowed = true
+						}
+					}
+				case peerPort:
+					if len(rule.From) == 0 {
+						t.Errorf("%s opens the peer port to every source", where)
+					}
+					for j, peer := range rule.From {
+						if peer.IPBlock != nil || peer.NamespaceSelector != nil || peer.PodSelector == nil ||
+							len(peer.PodSelector.MatchExpressions) > 0 || !selects(peer.PodSelector.MatchLabels, podLabels) {
+							t.Errorf("%s from[%d] admits more than prefixlb's pods (%v)", where, j, podLabels)
+						}
+					}
+					peerOpen[proto] = len(rule.From) > 0
+				default:
+					t.Errorf("%s opens a port prefixlb does not listen on", where)
 				}
 			}
 		}
-	}
-	if !dataOpen {
-		t.Errorf("no rule opens the data port (%d) to every client", dataPort)
-	}
-	if !adminAllowed {
-		t.Errorf("no rule admits Prometheus to the admin port (%d): /metrics would go unscraped", adminPort)
-	}
-
-	var k struct {
-		Resources []string `yaml:"resources"`
-	}
-	decodeFile(t, "kubernetes/kustomization.yaml", &k)
-	if !slices.Contains(k.Resources, "networkpolicy.yaml") {
-		t.Errorf("kustomization.yaml resources %v do not include networkpolicy.yaml", k.Resources)
+		if !dataOpen {
+			t.Errorf("NetworkPolicy %s: no rule opens the data port (%d) to every client", name, dataPort)
+		}
+		if !adminAllowed {
+			t.Errorf("NetworkPolicy %s: no rule admits Prometheus to the admin port (%d): /metrics would go unscraped", name, adminPort)
+		}
+		if cfg.Peering != nil && (!peerOpen[corev1.ProtocolTCP] || !peerOpen[corev1.ProtocolUDP]) {
+			t.Errorf("NetworkPolicy %s opens the peer port to prefixlb's pods over %v; want TCP and UDP (peers could not reach each other)", name, peerOpen)
+		}
 	}
 }
