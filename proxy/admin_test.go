@@ -48,9 +48,9 @@ func parseMetrics(t *testing.T, page string) []metricSample {
 	return out
 }
 
-// readmeMetrics are the families of the README's metric table with the labels each sample
-// carries (a histogram's le aside). prefixlb_index_chunks counts distinct chunk hashes over
-// all backends, so it has no backend label, although the README's table row gives it one.
+// readmeMetrics are families of docs/metrics.md's tables with the labels each sample carries
+// (a histogram's le aside). prefixlb_index_chunks counts distinct chunk hashes over all
+// backends, so it has no backend label.
 var readmeMetrics = []struct {
 	name      string
 	labels    []string
@@ -81,7 +81,7 @@ var readmeMetrics = []struct {
 }
 
 // After traffic (streamed chat completions, one body that does not parse, one over the size
-// limit, one with no backend to route to), /metrics has every family of the README's table
+// limit, one with no backend to route to), /metrics has every family of readmeMetrics
 // with its labels and sane values, in round-robin and in prefix mode, and the debug
 // endpoints answer.
 func TestAdminMetricsAfterTraffic(t *testing.T) {

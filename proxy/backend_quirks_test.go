@@ -1,7 +1,7 @@
 package proxy
 
-// Issue 52 defects 11 and 14: what backends that bend HTTP/1.1 get (upframe.go), and the h2c
-// preface on the data port. Every backend is raw bytes on a 127.0.0.1 socket.
+// What backends that bend HTTP/1.1 get (upframe.go), and the h2c preface on the data port.
+// Every backend is raw bytes on a 127.0.0.1 socket.
 
 import (
 	"bufio"

@@ -1,10 +1,9 @@
 package proxy
 
-// The request-body budget under attack (issue 11 follow-up): slow uploads that declare huge
-// bodies hold only what they sent, a declared length over max_request_body_bytes is refused
-// before any body byte is read (with or without Expect: 100-continue), fasthttp's pre-read
-// of a body is bounded by timeouts.client_body_idle, and the budget is given back on every
-// path.
+// The request-body budget under attack: slow uploads that declare huge bodies hold only what
+// they sent, a declared length over max_request_body_bytes is refused before any body byte is
+// read (with or without Expect: 100-continue), fasthttp's pre-read of a body is bounded by
+// timeouts.client_body_idle, and the budget is given back on every path.
 
 import (
 	"bufio"
@@ -102,9 +101,10 @@ func TestSlowUploadsDeclaringHugeBodiesDoNotShutOutOthers(t *testing.T) {
 
 // A declared Content-Length over max_request_body_bytes gets 413 at once, before any body
 // byte is read: whether the client sent a byte of it or none, and without a 100 Continue
-// inviting the upload when the client expects one. fasthttp used to pre-read up to 8 KiB of
-// it first, so the 413 came only with those bytes, and a client that sent fewer got 408
-// after timeouts.client_read; with Expect: 100-continue it sent 100 Continue first.
+// inviting the upload when the client expects one. Left to itself fasthttp pre-reads up to
+// 8 KiB of it first (headerReceived cuts the length to 0), so the 413 would come only with
+// those bytes, a client that sent fewer would get 408 after timeouts.client_read, and with
+// Expect: 100-continue it would send 100 Continue first.
 func TestOverLimitContentLengthRefusedAtOnce(t *testing.T) {
 	const limit = 64 << 20
 	be := newBBHoldBackend(t)

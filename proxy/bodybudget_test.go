@@ -1,8 +1,8 @@
 package proxy
 
-// Request-body budget (issue 11, defect 2): bodies over limits.max_buffered_body_bytes are
-// refused at once with 503, accepted ones are forwarded whole, the budget returns to 0
-// whatever happened, and the process's heap stays under the budget plus a constant.
+// Request-body budget: bodies over limits.max_buffered_body_bytes are refused at once with
+// 503, accepted ones are forwarded whole, the budget returns to 0 whatever happened, and the
+// process's heap stays under the budget plus a constant.
 
 import (
 	"bufio"

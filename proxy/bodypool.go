@@ -55,11 +55,10 @@ const (
 // own that is dropped after the request.
 //
 // The 1 MiB class is a coding agent's: its requests are 0.5–1.2 MB of JSON (a ~120k-token
-// session). Keeping 32 of them idle lets that many agents' requests in flight reuse buffers
-// instead of each taking a fresh, zeroed 1 MiB from the heap and dropping it as debt that a
-// forced collection must pay back: with 4 kept, at 32 agent requests in flight (bench
-// overhead --sizes 1m), allocating and zeroing them was 6% of prefixlb's CPU and the
-// collections they forced 4% more.
+// conversation). Keeping 32 of them idle lets that many agents' requests in flight reuse
+// buffers instead of each taking a fresh, zeroed 1 MiB from the heap and dropping it as debt
+// that a forced collection must pay back; with fewer kept, the zeroing and the forced
+// collections show in prefixlb's CPU per request (`prefixlb bench overhead --sizes 1m`).
 var (
 	bodyClasses  = [...]int{16 << 10, 64 << 10, 256 << 10, 1 << 20}
 	bodyClassMax = [...]int{256, 64, 32, 32}

@@ -1,9 +1,9 @@
 package proxy
 
-// The client side of a relayed response (issue 11, defect 11 and two weak spots): a client
-// that stops reading is cut after timeouts.client_write and frees its backend; an HTTP/1.0
-// client gets a close-delimited body, not chunks; a response that did not complete is logged
-// and counted as what it was, not as a plain 200.
+// The client side of a relayed response: a client that stops reading is cut after
+// timeouts.client_write and frees its backend; an HTTP/1.0 client gets a close-delimited body,
+// not chunks; a response that did not complete is logged and counted as what it was, not as a
+// plain 200.
 
 import (
 	"bufio"

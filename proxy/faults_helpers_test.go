@@ -2,11 +2,11 @@ package proxy
 
 // The scaffolding of the fault-injection tests (faults_*_test.go).
 //
-// Fault injection through the real proxy on loopback (issue #5): backends that die, go
-// silent, fail every request or receive hostile bodies. Every test counts what the clients
-// saw: succeeded, failed with an error the client can see (an HTTP error status or a cut
-// stream), and lost (no response and no error: a hang, or a stream that ended cleanly
-// without its [DONE]). Lost must always be 0. Run with -v for the numbers (t.Logf).
+// Fault injection through the real proxy on loopback: backends that die, go silent, fail every
+// request or receive hostile bodies. Every test counts what the clients saw: succeeded, failed
+// with an error the client can see (an HTTP error status or a cut stream), and lost (no
+// response and no error: a hang, or a stream that ended cleanly without its [DONE]). Lost must
+// always be 0. Run with -v for the numbers (t.Logf).
 
 import (
 	"bytes"

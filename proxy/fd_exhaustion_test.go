@@ -1,13 +1,13 @@
 package proxy
 
-// Issue 52 defect 4: running out of file descriptors is prefixlb's condition, never a
-// backend's. A prefixlb in a child process (this test binary run again) lowers its own
-// RLIMIT_NOFILE to fdChildLimit and serves two healthy streaming backends in this process;
-// more concurrent streams than it has descriptors arrive over real sockets on 127.0.0.1.
-// No backend may be blamed (passive failures, ejections, 502s), the clients over the limit
-// get 503 with Retry-After and an OpenAI-shaped error naming the cause, the admin port
-// answers /metrics and /debug/backends meanwhile, and the condition is one counter and a
-// rate-limited log line (no "http: Accept error" once a second).
+// Running out of file descriptors is prefixlb's condition, never a backend's. A prefixlb in a
+// child process (this test binary run again) lowers its own RLIMIT_NOFILE to fdChildLimit and
+// serves two healthy streaming backends in this process; more concurrent streams than it has
+// descriptors arrive over real sockets on 127.0.0.1. No backend may be blamed (passive
+// failures, ejections, 502s), the clients over the limit get 503 with Retry-After and an
+// OpenAI-shaped error naming the cause, the admin port answers /metrics and /debug/backends
+// meanwhile, and the condition is one counter and a rate-limited log line (no "http: Accept
+// error" once a second).
 
 import (
 	"bufio"

@@ -1,8 +1,9 @@
 package proxy
 
-// README guarantees proven through the real proxy on loopback: a failure before the first
-// byte is retried once (and only once), nothing to route to is a 503, each request logs one
-// line that never carries the prompt, and a SIGTERM-style shutdown drains streams.
+// Guarantees of docs/operating.md proven through the real proxy on loopback: a failure
+// before the first byte is retried once (and only once), nothing to route to is a 503, each
+// request logs one line that never carries the prompt, and a SIGTERM-style shutdown drains
+// streams.
 
 import (
 	"context"

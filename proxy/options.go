@@ -73,7 +73,7 @@ const (
 	// DefaultConnectTimeout is Envoy's connect timeout.
 	DefaultConnectTimeout = 5 * time.Second
 	// DefaultResponseHeaderTimeout: 10 minutes, because a non-streamed response sends headers
-	// only when generation ends, and a Go 120 s header timeout was seen killing such requests.
+	// only when generation ends, which a long generation takes minutes to reach.
 	DefaultResponseHeaderTimeout = 10 * time.Minute
 	// DefaultIdleTimeout is Envoy's stream_idle_timeout.
 	DefaultIdleTimeout = 5 * time.Minute

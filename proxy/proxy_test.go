@@ -122,8 +122,8 @@ const ttftGap = 40 * time.Millisecond
 
 // TTFT through the proxy: the first event of every stream is relayed before the backend
 // writes the second (it is not held back for more data), so the median TTFT added by the
-// proxy is below the gap between the two. The README's "within about a millisecond" is the
-// logged measurement (go test -v -run TestSSETTFTDirectVsProxy ./proxy/), not asserted:
+// proxy is below the gap between the two. docs/operating.md's "within about a millisecond" is
+// the logged measurement (go test -v -run TestSSETTFTDirectVsProxy ./proxy/), not asserted:
 // the machine's noise is larger than the claim.
 func TestSSETTFTDirectVsProxy(t *testing.T) {
 	const runs = 11
@@ -162,8 +162,8 @@ func TestSSETTFTDirectVsProxy(t *testing.T) {
 const abortHold = 50 * watchInterval
 
 // abortBound is how soon after the client leaves the backend must see the upstream close:
-// the watchdog peeks every watchInterval (the README's "about 200 ms"), the rest is slack
-// for a loaded machine under -race. The bound is loose on purpose: what the test pins is
+// the watchdog peeks every watchInterval (docs/operating.md's "about 200 ms"), the rest is
+// slack for a loaded machine under -race. The bound is loose on purpose: what the test pins is
 // the mechanism (the close reaches a backend that still holds the response, and is counted
 // as a client disconnect); a watchdog that stopped peeking fails, one that peeks a few times
 // slower only sometimes does.

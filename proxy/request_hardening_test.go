@@ -1,10 +1,9 @@
 package proxy
 
-// Request-side hardening (issue 11): hop-by-hop fields in any spelling, X-Forwarded-For and
-// Forwarded that a client cannot spoof, CONNECT/TRACE and unknown versions refused, Expect
-// not forwarded, bare-LF requests answered at once, and no header value in a log or an
-// error. Clients and backends here are raw sockets: net/http would normalise what these
-// tests send.
+// Request-side hardening: hop-by-hop fields in any spelling, X-Forwarded-For and Forwarded
+// that a client cannot spoof, CONNECT/TRACE and unknown versions refused, Expect not
+// forwarded, bare-LF requests answered at once, and no header value in a log or an error.
+// Clients and backends here are raw sockets: net/http would normalise what these tests send.
 
 import (
 	"bufio"

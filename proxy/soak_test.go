@@ -1,8 +1,8 @@
 package proxy
 
-// Soak (issue #5): streaming requests against simulated vLLM replicas through the proxy in
-// prefix mode, with clients that cancel mid-stream and before the first byte. Afterwards
-// nothing may be left behind: in-flight counts, engine requests, goroutines, heap.
+// Soak: streaming requests against simulated vLLM replicas through the proxy in prefix mode,
+// with clients that cancel mid-stream and before the first byte. Afterwards nothing may be
+// left behind: in-flight counts, engine requests, goroutines, heap.
 //
 // Default length 5 s; PREFIXLB_SOAK=2m (any Go duration) runs longer.
 

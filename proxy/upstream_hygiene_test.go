@@ -1,10 +1,10 @@
 package proxy
 
-// Hostile and misframing backends (issue 11, defects 1, 4, 6 and 10): a pooled connection is
-// never reused with bytes left over from another user's response, a 101 is never relayed or
-// pooled, a backend's early 4xx reaches the client without counting against the backend, and
-// no error body or log line carries upstream payload bytes or internal addresses. Every
-// backend here is raw bytes on a 127.0.0.1 socket.
+// Hostile and misframing backends: a pooled connection is never reused with bytes left over
+// from another user's response, a 101 is never relayed or pooled, a backend's early 4xx
+// reaches the client without counting against the backend, and no error body or log line
+// carries upstream payload bytes or internal addresses. Every backend here is raw bytes on a
+// 127.0.0.1 socket.
 
 import (
 	"bufio"

@@ -1,7 +1,7 @@
 package proxy
 
-// The disconnect watchdog (issue 11, defect 5): a client that leaves behind bytes it sent
-// after its request is noticed like any other.
+// The disconnect watchdog: a client that leaves behind bytes it sent after its request is
+// noticed like any other.
 
 import (
 	"bufio"

@@ -22,14 +22,14 @@ const (
 // (4 + 12 tokens at the default size): HeadChunks.
 const seedDomain = "prefixlb/key/v5"
 
-// Deep chunks are coarse. A coding agent's 1 MB request is ~3,500 chunks at the default
-// size, and the index touched every one of them on each request (about 300 µs of a 380 µs
-// routing decision at 1 MB, bench overhead). Where the prompt diverges from others is what
-// routing needs to resolve finely, and that is near its start; past FineChunks chunks (32 KiB
-// of rendering, 8k tokens, at the default size) a chunk of CoarseFactor × ChunkTokens (512
-// tokens) loses at most that much of a match against prompts at least 16 times longer, and
-// the index does an eighth of the work (BenchmarkRoutingDecision at 1 MB: see the README's
-// overhead section).
+// Deep chunks are coarse. A coding agent's 1 MB request would be ~3,500 chunks at the
+// default size, and the index's work per request grows with the chunk count; it dominates the
+// routing decision at 1 MB. Where the prompt diverges from others is what routing needs to
+// resolve finely, and that is near its start; past FineChunks chunks (32 KiB of rendering, 8k
+// tokens, at the default size) a chunk of CoarseFactor × ChunkTokens (512 tokens) loses at
+// most that much of a match against prompts at least 16 times longer, and the index does an
+// eighth of the work (BenchmarkRoutingDecision in proxy/ at 1 MB; docs/bench.md, "What
+// prefixlb costs").
 const (
 	// FineChunks is how many leading chunks of a key are fine: the HeadChunks smaller ones,
 	// then chunks of the configured size.
@@ -107,10 +107,10 @@ func (c *chunker) start(size int, seed uint64, k *Key) {
 // a sixteenth of it (4 tokens at the default 64), the second the rest of a quarter (12), so
 // that the two end where v4's first chunk did (16 tokens). A prompt shorter than its first
 // chunk has no chunk, so the index learns nothing from it and its follow-up, which the
-// replica's KV cache holds, is placed as if cold: with a 16-token first chunk, 157 of 300
-// OpenAssistant threads opened with such a question and their follow-ups were the whole gap
-// between prefix mode's cached tokens and the oracle's. The first chunk alone is about a role
-// and a word of framing, which most chats share ("system", "You are"): the policy routes a
+// replica's KV cache holds, is placed as if cold. With a 16-token first chunk, such threads
+// were the gap between prefix mode's cached tokens and the oracle's on OpenAssistant threads
+// (`prefixlb bench suite`, its OpenAssistant cells). The first chunk alone is about a role and
+// a word of framing, which most chats share ("system", "You are"): the policy routes a
 // prompt of fewer than HeadChunks chunks as it routes one of none, and counts a match of the
 // first chunk alone as none but for a prompt whose own first turn was that short
 // (Key.ShortFirstTurn; router's pickCost); the second keeps what a 16-token prefix told apart.

@@ -2,9 +2,9 @@ package key
 
 // The prefix memo: a coding agent sends each request of a session as the previous one plus a
 // step (an assistant turn, a tool result), so all of a 1 MB body but its last few KB is a byte
-// prefix of a body already keyed. Building the key of such a body again costs about 1.5 ms,
-// most of it unescaping the tool results (the fast path's first pass); the memo skips that
-// prefix instead.
+// prefix of a body already keyed. Building the key of such a body again is mostly
+// unescaping the tool results (the fast path's first pass); the memo skips that prefix
+// instead (BenchmarkRoutingDecision in proxy/: body=1MB-agent against body=1MB-agent-full).
 //
 // After a chat body of at least memoMinBody (256 KiB) is keyed on the fast path, the memo keeps
 // what its key's build held after its last message: the chunker's state (chained hash, the
@@ -31,10 +31,11 @@ package key
 // Builder from crypto/rand (memo.seed) and never exposed: crafting a collision then needs
 // the key, and an accidental one costs one misrouted request, never a wrong answer, as any
 // chunk-hash collision. (Seeded XXH64 is a cheap barrier, not a MAC: a forgery crafted for
-// seed 0 still collided under 1 in 100 random seeds, through the carries of its lane
-// rounds, so a client sending many forgeries gets one of its own requests keyed as another
-// body now and then — a misrouting of its own request, nothing more. The chunk hashes
-// themselves are unseeded, as peers must agree on them.)
+// seed 0 still collides under about 1 in 100 random seeds, through the carries of its
+// lane rounds (TestMemoResistsCraftedCollision), so a client sending many forgeries gets
+// one of its own requests keyed as another body now and then — a misrouting of its own
+// request, nothing more. The chunk hashes themselves are unseeded, as peers must agree on
+// them.)
 //
 // The slots are direct-mapped (a slot is overwritten by the next checkpoint filed under it);
 // each holds a copy of its chunk hashes, so memoSlots × 8 bytes × chunks is the memory: at
@@ -51,9 +52,9 @@ import (
 
 const (
 	// memoMinBody is the smallest body, in bytes, that the memo serves. Hashing a body for
-	// the memo costs about 8 µs per 128 KB, which a body that extends none keyed before pays
-	// for nothing: 20% of a 128 KB chat body's build without escapes (41 → 50 µs in
-	// BenchmarkRoutingDecision), under 5% of a 256 KB agent body's.
+	// the memo is paid for nothing by a body that extends none keyed before: a large share
+	// of a small chat body's build without escapes, under 5% of a 256 KB agent body's
+	// (BenchmarkRoutingDecision in proxy/, run with this lowered).
 	memoMinBody = 256 << 10
 	// memoBlock is the granularity of the prefix hashes, in bytes: a body of n bytes is
 	// probed at n/memoBlock positions (256 per MiB).

@@ -13,7 +13,7 @@ import (
 // size (Build's doc states the bound). These are the worst shapes for a parse tree or an
 // index: many tiny values, tiny messages, tiny content blocks, escaped keys.
 
-// worstBodySize is the size of the worst-shaped bodies: 12 MB, the hostile pass's.
+// worstBodySize is the size of the worst-shaped bodies: 12 MB.
 const worstBodySize = 12_000_000
 
 // repeatBody returns head, then item repeated (comma-separated) until the body reaches about

@@ -283,12 +283,11 @@ func (sc *scanner) reserve(dst []byte, need int) []byte {
 // It decodes escapes in order, so the first '"' or '\\' after an escape ends the run of
 // plain bytes, and a '"' there ends the string. Runs are found with bytes.IndexByte, the
 // quote search reused until the scan passes it, and copied whole; common one-byte escapes are
-// decoded inline. (Checking the next 8 bytes in one word before searching, or copying 8 bytes
-// at a time, measured no faster on escape-dense text: the per-escape cost dominates.) An
-// escape that fastjson does not decode (unescapeU) hands the rest of the string to
-// bestEffort, which unescapes it as fastjson does. The unescaped string is never longer than
-// the raw one, so dst is grown (reserve) when a quote is found, to hold what precedes it,
-// never per byte.
+// decoded inline (word-at-a-time checks or copies gain nothing on escape-dense text: the
+// per-escape cost dominates). An escape that fastjson does not decode (unescapeU) hands the
+// rest of the string to bestEffort, which unescapes it as fastjson does. The unescaped string
+// is never longer than the raw one, so dst is grown (reserve) when a quote is found, to hold
+// what precedes it, never per byte.
 func (sc *scanner) unescape(dst []byte, i, p, q int) ([]byte, int) {
 	b := sc.body
 	dst = sc.reserve(dst, len(dst)+q-i) // what is read up to q takes at most its length

@@ -17,7 +17,8 @@ import "bytes"
 
 const (
 	// treeBytesPerValue is what a value of a parse tree costs at most, its share of the
-	// slices' growth included (500–800 bytes measured: the most at small sizes).
+	// slices' growth included; the most is at small sizes (TestKeyingMemoryReport prints
+	// what the worst shapes allocate).
 	treeBytesPerValue = 1024
 	// treeValuesFloor is the values a tree may have whatever the body's size, so that a
 	// small body handed back keys as it always has: 1 MiB at most.
