@@ -34,7 +34,7 @@ import (
 	"github.com/prefixlb/prefixlb/proxy"
 )
 
-// readmeMaxLines bounds README.md: a product page, not a lab notebook (issue 53).
+// readmeMaxLines bounds README.md: a product page, not a lab notebook.
 const readmeMaxLines = 250
 
 // pendingLinks are link targets written on another branch of issue 53 (the Helm chart and its
