@@ -37,11 +37,6 @@ import (
 // readmeMaxLines bounds README.md: a product page, not a lab notebook.
 const readmeMaxLines = 250
 
-// pendingLinks are link targets written on another branch of issue 53 (the Helm chart and its
-// page). A link to one may dangle until the branches merge; once the target exists the test
-// fails, so that the entry is removed here.
-var pendingLinks = []string{}
-
 func read(t *testing.T, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -355,11 +350,6 @@ func markdownAnchors(page string) map[string]bool {
 func TestDocsLinksResolve(t *testing.T) {
 	pages := append(docFiles(t), filepath.Join("bench", "README.md"), filepath.Join("bench", "RESULTS.md"))
 	linkRE := regexp.MustCompile(`\]\(([^)\s]+)\)`)
-	for _, p := range pendingLinks {
-		if _, err := os.Stat(p); err == nil {
-			t.Errorf("%s exists now: remove it from pendingLinks in docs_test.go", p)
-		}
-	}
 	for _, page := range pages {
 		text := read(t, page)
 		for _, m := range linkRE.FindAllStringSubmatch(text, -1) {
@@ -373,13 +363,7 @@ func TestDocsLinksResolve(t *testing.T) {
 				target = filepath.Join(filepath.Dir(page), file)
 			}
 			if _, err := os.Stat(target); err != nil {
-				pending := false
-				for _, p := range pendingLinks {
-					pending = pending || filepath.Clean(target) == filepath.Clean(p)
-				}
-				if !pending {
-					t.Errorf("%s links to %s, which does not exist", page, link)
-				}
+				t.Errorf("%s links to %s, which does not exist", page, link)
 				continue
 			}
 			if anchor != "" && !markdownAnchors(read(t, target))[anchor] {
