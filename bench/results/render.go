@@ -95,8 +95,20 @@ func renderCompare(b *strings.Builder, r *CompareResult) {
 		fmt.Fprintf(b, ", `--speedup %g` (times are wall-clock, × %g for model time)", r.Speedup, r.Speedup)
 	}
 	b.WriteString(".\n\n")
-	b.WriteString("| mode | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	// Routing cost against prefill saved, where the run measured them (older claims did not).
+	savings := false
+	for _, m := range r.Modes {
+		savings = savings || m.Savings != nil
+	}
+	b.WriteString("| mode | requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean |")
+	if savings {
+		b.WriteString(" routing cost s | saved prefill s |")
+	}
+	b.WriteString("\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	if savings {
+		b.WriteString("---:|---:|")
+	}
+	b.WriteString("\n")
 	var prefix *report.Mode
 	for i := range r.Modes {
 		m := &r.Modes[i]
@@ -111,9 +123,21 @@ func renderCompare(b *strings.Builder, r *CompareResult) {
 		if m.MaxShareOverMean > 0 {
 			share = fmt.Sprintf("%.2f", m.MaxShareOverMean)
 		}
-		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %.3f | %s |\n",
+		fmt.Fprintf(b, "| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %.3f | %s |",
 			name, m.Requests, m.Errors, ms(m.TTFT.P50), ms(m.TTFT.P95), ms(m.TTFT.P99), ms(m.ITL.P50),
 			ms(m.E2E.P95), num(m.RPS, "%.2f"), num(m.OutputTPS, "%.0f"), m.CachedTokenRatio, share)
+		switch {
+		case !savings:
+		case m.Savings == nil:
+			b.WriteString(" – | – |")
+		default:
+			fmt.Fprintf(b, " %.3f | %.2f |", m.Savings.RoutingSeconds, m.Savings.SavedPrefillSeconds)
+		}
+		b.WriteString("\n")
+	}
+	if savings {
+		b.WriteString("\nRouting cost s: the time prefixlb spent keying and picking (`prefixlb_routing_seconds_total`, about CPU-seconds, not sped up). " +
+			"Saved prefill s: the prefill the replicas' reported KV-cache hits spared at their learned prefill rates (`prefixlb_prefill_saved_seconds_total`, an estimate, in sped-up seconds; hits any policy gets count too, so compare the modes).\n")
 	}
 	if prefix != nil && prefix.TTFT.P95 > 0 {
 		var vs []string
