@@ -47,20 +47,9 @@ func (sc *scanner) item(r *renderer, it int) int {
 		return badPos
 	}
 	var f [itemFieldCount]int
-	end := 0
-	for i, first := it, true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			end = value
-			break
-		}
-		f[itemFieldOf(name)] = value
-		if i = sc.skip(value, depthMessageValue); i < 0 {
-			return badPos
-		}
+	end := objectFields(sc, it, depthMessageValue, f[:], itemFieldOf)
+	if end < 0 {
+		return badPos
 	}
 	typ, hasType, ok := sc.field(f[itemType])
 	if !ok {
@@ -307,8 +296,8 @@ func (sc *scanner) block(r *renderer, v int) int {
 // canonical encoding; ok false on a syntax error.
 func (sc *scanner) sourceHash(r *renderer, src int) (uint64, bool) {
 	for _, name := range mediaSourceFields {
-		v := sc.lastMember(src, name)
-		if v < 0 {
+		v, end := sc.lastMember(src, depthNestedValue, name)
+		if end < 0 {
 			return 0, false
 		}
 		if v != 0 && sc.body[v] == '"' {
@@ -319,25 +308,4 @@ func (sc *scanner) sourceHash(r *renderer, src int) (uint64, bool) {
 	r.sideBegin()
 	ok := sc.canon(r, src) >= 0
 	return r.sideEnd(), ok
-}
-
-// lastMember returns the position of the value of the last member named name of the object
-// at o; 0 when it has none, badPos on a syntax error.
-func (sc *scanner) lastMember(o int, name string) int {
-	found := 0
-	for i, first := o, true; ; first = false {
-		key, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			return found
-		}
-		if string(key) == name {
-			found = value
-		}
-		if i = sc.skip(value, depthNestedValue); i < 0 {
-			return badPos
-		}
-	}
 }

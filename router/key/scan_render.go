@@ -89,20 +89,8 @@ func (sc *scanner) parts(r *renderer, v int) bool {
 			return false
 		}
 		var fields [partFieldCount]int
-		i = p
-		for first := true; ; first = false {
-			name, value, got := sc.member(i, first)
-			if got != stepNext {
-				if got == stepBad {
-					return false
-				}
-				i = value
-				break
-			}
-			fields[partFieldOf(name)] = value
-			if i = sc.skip(value, depthPartValue); i < 0 {
-				return false
-			}
+		if i = objectFields(sc, p, depthPartValue, fields[:], partFieldOf); i < 0 {
+			return false
 		}
 		typ, _, ok := sc.field(fields[partType])
 		if !ok {
@@ -162,21 +150,9 @@ func (sc *scanner) mediaPayload(v int, src mediaSource) int {
 	default:
 		return 0
 	}
-	found := 0
-	for i, first := v, true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			break
-		}
-		if string(name) == src.sub {
-			found = value
-		}
-		if i = sc.skip(value, depthNestedValue); i < 0 {
-			return badPos
-		}
+	found, end := sc.lastMember(v, depthNestedValue, src.sub)
+	if end < 0 {
+		return badPos
 	}
 	if found != 0 && sc.body[found] == '"' {
 		return found
@@ -190,22 +166,9 @@ func (sc *scanner) toolCall(r *renderer, v int) int {
 	if sc.body[v] != '{' {
 		return badPos
 	}
-	fn, end := 0, 0
-	for i, first := v, true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			end = value
-			break
-		}
-		if string(name) == callFunctionField {
-			fn = value
-		}
-		if i = sc.skip(value, depthCallValue); i < 0 {
-			return badPos
-		}
+	fn, end := sc.lastMember(v, depthCallValue, callFunctionField)
+	if end < 0 {
+		return badPos
 	}
 	if !sc.present(fn) {
 		r.tag(tagCallOther)
@@ -224,20 +187,9 @@ func (sc *scanner) function(r *renderer, v int) int {
 		return badPos
 	}
 	var fields [functionFieldCount]int
-	end := 0
-	for i, first := v, true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			end = value
-			break
-		}
-		fields[functionFieldOf(name)] = value
-		if i = sc.skip(value, depthNestedValue); i < 0 {
-			return badPos
-		}
+	end := objectFields(sc, v, depthNestedValue, fields[:], functionFieldOf)
+	if end < 0 {
+		return badPos
 	}
 	if !sc.call(r, fields[functionName], fields[functionArguments]) {
 		return badPos
@@ -365,4 +317,44 @@ func (sc *scanner) field(v int) (s []byte, has, ok bool) {
 	}
 	s, end := sc.str(v)
 	return s, true, end >= 0
+}
+
+// objectFields notes in f, at of(name), the position of each member's value of the object at
+// o (the last of duplicates), validating each value at depth, and returns the position after
+// the object, or badPos.
+func objectFields[F ~uint8](sc *scanner, o, depth int, f []int, of func([]byte) F) int {
+	for i, first := o, true; ; first = false {
+		name, value, got := sc.member(i, first)
+		if got != stepNext {
+			if got == stepBad {
+				return badPos
+			}
+			return value
+		}
+		f[of(name)] = value
+		if i = sc.skip(value, depth); i < 0 {
+			return badPos
+		}
+	}
+}
+
+// lastMember returns the position of the value of the last member named name of the object
+// at o (0 when it has none), validating each value at depth, and the position after the
+// object; end is badPos on a syntax error.
+func (sc *scanner) lastMember(o, depth int, name string) (v, end int) {
+	for i, first := o, true; ; first = false {
+		key, value, got := sc.member(i, first)
+		if got != stepNext {
+			if got == stepBad {
+				return 0, badPos
+			}
+			return v, value
+		}
+		if string(key) == name {
+			v = value
+		}
+		if i = sc.skip(value, depth); i < 0 {
+			return 0, badPos
+		}
+	}
 }
