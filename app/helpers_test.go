@@ -82,3 +82,25 @@ func startConfig(t *testing.T, cfg *configs.Config) *proxy.Serving {
 	})
 	return sv
 }
+
+// serveErr runs `prefixlb serve` with args and returns its error; a serve still running after
+// limit is stopped and fails the test, since the callers expect a refusal.
+func serveErr(t *testing.T, limit time.Duration, args ...string) error {
+	t.Helper()
+	cmd := ServeCommand()
+	cmd.SetArgs(args)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		cancel()
+		<-done
+		t.Fatalf("serve %q still serving after %v; want it refused", args, limit)
+		return nil
+	}
+}

@@ -37,14 +37,7 @@ const bombLimit = 10 * time.Second
 func TestServeRefusesAliasBomb(t *testing.T) {
 	f := newReloadFile(t)
 	f.write(aliasBomb())
-	cmd := ServeCommand()
-	cmd.SetArgs([]string{"--config", f.path})
-	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
-	err := testutil.RecvWithin(t, done, bombLimit, "serve refuses the alias bomb")
+	err := serveErr(t, bombLimit, "--config", f.path)
 	if err == nil || !strings.Contains(err.Error(), "backends[0].weight") || len(err.Error()) > 400 {
 		t.Errorf("serve: %v; want a bounded error naming backends[0].weight", err)
 	}

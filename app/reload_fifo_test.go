@@ -63,21 +63,8 @@ func TestServeRefusesHugeConfig(t *testing.T) {
 	f := newReloadFile(t)
 	pad := strings.Repeat("# padding\n", maxConfigBytes/10+1)
 	f.write(reloadConf(be.URL) + pad)
-	cmd := ServeCommand()
-	cmd.SetArgs([]string{"--config", f.path})
-	cmd.SilenceUsage, cmd.SilenceErrors = true, true
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "config file over 16 MiB") {
-			t.Errorf("serve of a %d-byte config: %v; want it refused as over 16 MiB", len(pad), err)
-		}
-	case <-time.After(testutil.Timeout):
-		cancel()
-		<-done
-		t.Errorf("serve of a %d-byte config started serving; want it refused as over 16 MiB", len(pad))
+	err := serveErr(t, testutil.Timeout, "--config", f.path)
+	if err == nil || !strings.Contains(err.Error(), "config file over 16 MiB") {
+		t.Errorf("serve of a %d-byte config: %v; want it refused as over 16 MiB", len(pad), err)
 	}
 }

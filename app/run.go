@@ -93,7 +93,7 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	if node != nil {
 		node.Start(bg) // /readyz waits for its snapshot
 	}
-	ctl := &controller{sv: sv, log: log, cfg: cfg, grace: cfg.Timeouts.ShutdownGrace.D()}
+	ctl := &controller{sv: sv, log: log, cfg: cfg}
 	if d := cfg.Discovery.DNS; d != nil {
 		go ctl.discover(bg, d, rl.Resolver)
 	}
@@ -170,9 +170,8 @@ func raiseFDLimit(log *zap.Logger) {
 
 // controller applies runtime changes (reloads, discovery) to a running Server.
 type controller struct {
-	sv    *proxy.Serving
-	log   *zap.Logger
-	grace time.Duration // timeouts.shutdown_grace, which a reload does not change
+	sv  *proxy.Serving
+	log *zap.Logger
 
 	mu         sync.Mutex
 	cfg        *configs.Config   // the config in force
@@ -274,8 +273,9 @@ func (c *controller) applyLocked() error {
 func (c *controller) shutdown() error {
 	c.mu.Lock()
 	c.stopped = true
+	grace := c.cfg.Timeouts.ShutdownGrace.D() // a reload keeps the timeouts in force
 	c.mu.Unlock()
-	sctx, cancel := context.WithTimeout(context.Background(), c.grace)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if err := c.sv.Stop(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return err
