@@ -15,7 +15,6 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -106,16 +105,12 @@ const localLogEvery = 10 * time.Second
 // {kind}, and one warning per kind per localLogEvery saying how many were left out since.
 type localResources struct {
 	log    *zap.Logger
-	now    func() time.Time
 	counts [nLocalKinds]*metrics.Counter
-
-	mu      sync.Mutex
-	last    [nLocalKinds]time.Time
-	skipped [nLocalKinds]int
+	logged *logLimiter // per kind
 }
 
 func newLocalResources(set *metrics.Set, log *zap.Logger, now func() time.Time) *localResources {
-	l := &localResources{log: log, now: now}
+	l := &localResources{log: log, logged: newLogLimiter(now, localLogEvery)}
 	for k := range l.counts {
 		l.counts[k] = set.NewCounter(fmt.Sprintf(`prefixlb_local_resource_errors_total{kind=%q}`, localKind(k)))
 	}
@@ -126,17 +121,10 @@ func newLocalResources(set *metrics.Set, log *zap.Logger, now func() time.Time) 
 // unless its kind was logged within localLogEvery.
 func (l *localResources) report(kind localKind, where string, err error) {
 	l.counts[kind].Inc()
-	now := l.now()
-	l.mu.Lock()
-	if !l.last[kind].IsZero() && now.Sub(l.last[kind]) < localLogEvery {
-		l.skipped[kind]++
-		l.mu.Unlock()
+	full, skipped := l.logged.allow(kind.String())
+	if !full {
 		return
 	}
-	l.last[kind] = now
-	skipped := l.skipped[kind]
-	l.skipped[kind] = 0
-	l.mu.Unlock()
 	l.log.Warn(logLocalResource,
 		zap.Stringer("kind", kind), zap.String("where", where), zap.String("error", errDetail(err)),
 		zap.Int("suppressed", skipped), zap.Duration("every", localLogEvery))

@@ -5,7 +5,7 @@ package proxy
 // recover a handler's panic, so without this one panic would end every stream of every
 // user. Each panic is logged once, at error level, and counted; every resource the request
 // held is released exactly once. The line has the stack (bounded) at most once per
-// panicStackEvery per site (panicLimiter), so that a client that can trigger a panic again
+// panicStackEvery per site (logLimiter), so that a client that can trigger a panic again
 // and again does not flood the log; the others name the site and count the stacks left out.
 //
 // Where a request's serving runs, and what contains a panic there:
@@ -71,7 +71,7 @@ const (
 // the short line.
 const panicStackEvery = time.Minute
 
-// maxPanicSites bounds the sites panicLimiter tracks apart (sites are places in the code, a
+// maxPanicSites bounds the sites logLimiter tracks apart (sites are places in the code, a
 // few; past the bound the new ones share one entry).
 const maxPanicSites = 64
 
@@ -291,7 +291,7 @@ func (s *Server) panicFields(place string, p any) []zap.Field {
 	}
 	site := panicSite()
 	fields := []zap.Field{zap.String("panic", v), zap.String("panic_site", site)}
-	full, suppressed := s.panicLog.stack(place + "|" + site)
+	full, suppressed := s.panicLog.allow(place + "|" + site)
 	if full {
 		stack := debug.Stack()
 		if len(stack) > maxPanicStack {
@@ -325,26 +325,32 @@ func panicSite() string {
 	}
 }
 
-// panicLimiter decides which panics log their stack: one per panicStackEvery per site.
-type panicLimiter struct {
+// logLimiter decides which of a site's events log in full: the first, and the first after
+// each every since the last one logged; panics' stacks (panicStackEvery per site) and local
+// resource errors (localLogEvery per kind) share it.
+type logLimiter struct {
 	now   func() time.Time // time.Now; a test's clock
+	every time.Duration
 	mu    sync.Mutex
 	sites map[string]*panicSiteState
 }
 
-// panicSiteState is a site's last stack logged and the stacks left out since.
+// panicSiteState is a site's last event logged and the events left out since.
 type panicSiteState struct {
 	logged     time.Time
 	suppressed int
 }
 
-func newPanicLimiter(now func() time.Time) *panicLimiter {
-	return &panicLimiter{now: now, sites: map[string]*panicSiteState{}}
+func newLogLimiter(now func() time.Time, every time.Duration) *logLimiter {
+	return &logLimiter{now: now, every: every, sites: map[string]*panicSiteState{}}
 }
 
-// stack reports whether a panic at site logs its stack, and the site's stacks left out: on a
-// full stack, those since the last one; otherwise, those since the last one, this one counted.
-func (l *panicLimiter) stack(site string) (full bool, suppressed int) {
+// newPanicLimiter is the limiter of panics' stacks: one per panicStackEvery per site.
+func newPanicLimiter(now func() time.Time) *logLimiter { return newLogLimiter(now, panicStackEvery) }
+
+// allow reports whether an event at site logs in full, and the site's events left out: when
+// it does, those since the last one; otherwise, those since the last one, this one counted.
+func (l *logLimiter) allow(site string) (full bool, suppressed int) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -359,7 +365,7 @@ func (l *panicLimiter) stack(site string) (full bool, suppressed int) {
 			return true, 0
 		}
 	}
-	if now.Sub(st.logged) >= panicStackEvery {
+	if now.Sub(st.logged) >= l.every {
 		n := st.suppressed
 		*st = panicSiteState{logged: now}
 		return true, n
@@ -369,7 +375,7 @@ func (l *panicLimiter) stack(site string) (full bool, suppressed int) {
 }
 
 // size is the number of sites tracked.
-func (l *panicLimiter) size() int {
+func (l *logLimiter) size() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.sites)

@@ -138,13 +138,13 @@ func TestPanicStackLimiterSites(t *testing.T) {
 		{"handler|b.go:2", 0, want{true, 1}},
 	} {
 		clock.advance(c.after)
-		if full, n := l.stack(c.site); full != c.full || n != c.suppressed {
+		if full, n := l.allow(c.site); full != c.full || n != c.suppressed {
 			t.Errorf("step %d (%s): full %v, suppressed %d; want %v, %d", i, c.site, full, n, c.full, c.suppressed)
 		}
 	}
 	// Past maxPanicSites sites, the new ones share one entry: the map stays bounded.
 	for i := range 3 * maxPanicSites {
-		l.stack(fmt.Sprint("site ", i))
+		l.allow(fmt.Sprint("site ", i))
 	}
 	if n := l.size(); n > maxPanicSites+1 {
 		t.Errorf("%d sites held, want at most %d", n, maxPanicSites+1)

@@ -56,8 +56,12 @@ func (r *routingTime) keyed(start time.Time) time.Time {
 	return now
 }
 
-// picked counts a pick that started at from (flow.pickStart).
-func (r *routingTime) picked(from time.Time) { r.pick.Add(int64(time.Since(from))) }
+// picked counts a pick that started at from (flow.pickStart) and returns now, its end.
+func (r *routingTime) picked(from time.Time) time.Time {
+	now := time.Now()
+	r.pick.Add(int64(now.Sub(from)))
+	return now
+}
 
 // pickStart is when the pick about to be made started: for the first, the end of the keying
 // (the model pool's candidates are part of it), with no clock read; for a later one (a retry,

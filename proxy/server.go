@@ -70,7 +70,7 @@ type Server struct {
 	local *localResources // the proxy's own resources running out: counted and logged (localres.go)
 	fds   *fdBudget       // the data path's descriptors (nil: no limit known)
 
-	panicLog *panicLimiter // which panics log their stack (recover.go)
+	panicLog *logLimiter // which panics log their stack (recover.go)
 
 	tracer *tracing.Tracer // nil: tracing off (trace.go)
 
@@ -304,8 +304,8 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 	f.method = append(f.method, req.Header.Method()...)
 	f.path = append(f.path, path...)
 	s.buildKey(f.id, path, req.Body(), &f.k)
-	f.tr.keyed(&f.k)
 	f.keyed = s.m.routing.keyed(f.start)
+	f.tr.keyed(&f.k, f.keyed)
 
 	prepareRequestHeader(&req.Header, peerAddr(ctx))
 	s.wd.add(f)
@@ -324,8 +324,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 		} else {
 			f.dec = s.decider.Repick(&f.k, f.dec, f.cands, f.id)
 		}
-		f.tr.picked(&f.dec, f.k.PromptTokens)
-		s.m.routing.picked(from)
+		f.tr.picked(&f.dec, f.k.PromptTokens, s.m.routing.picked(from))
 		s.testPanicAt(stagePick)
 		if f.dec.Backend == nil {
 			break

@@ -160,8 +160,7 @@ func (s *Server) traceRequest(ctx *fasthttp.RequestCtx) requestTrace {
 
 // phase records a phase that ran from t.mark to now as a child span of the request span,
 // and moves the mark to now. Recording traces only.
-func (t *requestTrace) phase(name string, attrs ...attribute.KeyValue) trace.Span {
-	now := time.Now()
+func (t *requestTrace) phase(name string, now time.Time, attrs ...attribute.KeyValue) trace.Span {
 	_, span := t.tr.Start(t.ctx, name, trace.WithTimestamp(t.mark), trace.WithAttributes(attrs...))
 	t.mark = now
 	return span
@@ -175,7 +174,7 @@ func (t *requestTrace) admitted(f *flow) {
 	}
 	f.tr, *t = *t, requestTrace{}
 	if f.tr.rec {
-		f.tr.phase(spanAdmit, attrBodyBytes.Int(len(f.tr.rctx.Request.Body()))).End()
+		f.tr.phase(spanAdmit, time.Now(), attrBodyBytes.Int(len(f.tr.rctx.Request.Body()))).End()
 	}
 }
 
@@ -187,7 +186,7 @@ func (t *requestTrace) unserved() {
 	}
 	if t.rec {
 		status := t.rctx.Response.StatusCode()
-		adm := t.phase(spanAdmit, attrStatus.Int(status), attrAdmitted.Bool(false))
+		adm := t.phase(spanAdmit, time.Now(), attrStatus.Int(status), attrAdmitted.Bool(false))
 		adm.SetStatus(codes.Error, "refused")
 		adm.End()
 		t.span.SetAttributes(attrStatus.Int(status))
@@ -199,18 +198,18 @@ func (t *requestTrace) unserved() {
 	*t = requestTrace{}
 }
 
-// keyed records the keying phase: what the key holds, never the prompt.
-func (t *requestTrace) keyed(k *key.Key) {
+// keyed records the keying phase, ended at now: what the key holds, never the prompt.
+func (t *requestTrace) keyed(k *key.Key, now time.Time) {
 	if !t.rec {
 		return
 	}
-	t.phase(spanKey, attrAPI.String(k.API.String()), attrModel.String(string(k.Model)), attrParsed.Bool(k.OK),
+	t.phase(spanKey, now, attrAPI.String(k.API.String()), attrModel.String(string(k.Model)), attrParsed.Bool(k.OK),
 		attrStream.Bool(k.Stream), attrPromptTokens.Int(k.PromptTokens), attrChunks.Int(len(k.Chunks))).End()
 }
 
-// picked records one routing decision: the reason, the chunks and tokens the chosen backend
+// picked records one routing decision, made at now: the reason, the chunks and tokens the chosen backend
 // is predicted to hold, the predicted prefill and TTFT there, and the backend.
-func (t *requestTrace) picked(d *router.Decision, promptTokens int) {
+func (t *requestTrace) picked(d *router.Decision, promptTokens int, now time.Time) {
 	if !t.rec {
 		return
 	}
@@ -226,7 +225,7 @@ func (t *requestTrace) picked(d *router.Decision, promptTokens int) {
 	if d.Backend != nil {
 		attrs = append(attrs, attrBackend.String(d.Backend.Name))
 	}
-	t.phase(spanPick, attrs...).End()
+	t.phase(spanPick, now, attrs...).End()
 }
 
 // attemptBegan starts the span of an attempt on b (sampled requests) and puts its context

@@ -199,8 +199,8 @@ func (h *hookRun) run() {
 	var st serving
 	st.tr = h.s.traceRequest(&h.ctx)
 	st.tr.admitted(&h.f)
-	h.f.tr.keyed(&h.f.k)
-	h.f.tr.picked(&h.f.dec, h.f.k.PromptTokens)
+	h.f.tr.keyed(&h.f.k, time.Now())
+	h.f.tr.picked(&h.f.dec, h.f.k.PromptTokens, time.Now())
 	h.f.tr.attemptBegan(&h.ctx.Request.Header, h.b)
 	h.f.tr.firstToken()
 	h.f.tr.end(&h.f, fasthttp.StatusOK, resultOK)
