@@ -1,6 +1,8 @@
 package peers
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -161,10 +163,23 @@ func (s *scraper) scrape(ctx context.Context, url string) (*replicaMetrics, erro
 
 // parseReplicaMetrics reads vllm:num_requests_waiting (summed over series) and
 // vllm:kv_cache_usage_perc (averaged) from a Prometheus text exposition. A body with
-// neither is an error.
+// neither is an error. Only those two families' lines reach the parser: a vLLM exposition
+// is mostly histograms, which would cost the parser twenty times as much at every refresh.
 func parseReplicaMetrics(r io.Reader) (*replicaMetrics, error) {
+	var keep bytes.Buffer
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	for sc.Scan() {
+		if line := sc.Bytes(); wanted(line) {
+			keep.Write(line)
+			keep.WriteByte('\n')
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := p.TextToMetricFamilies(&keep)
 	if err != nil {
 		return nil, err
 	}
@@ -187,6 +202,22 @@ func parseReplicaMetrics(r io.Reader) (*replicaMetrics, error) {
 		m.KVUsage = u / float64(n)
 	}
 	return &m, nil
+}
+
+// wanted reports whether an exposition line belongs to one of the families read: a sample
+// of it, or its # HELP or # TYPE line.
+func wanted(line []byte) bool {
+	if rest, ok := bytes.CutPrefix(line, []byte("# HELP ")); ok {
+		line = rest
+	} else if rest, ok := bytes.CutPrefix(line, []byte("# TYPE ")); ok {
+		line = rest
+	}
+	for _, name := range [...]string{metricWaiting, metricKVUsage} {
+		if rest, ok := bytes.CutPrefix(line, []byte(name)); ok && len(rest) > 0 && (rest[0] == '{' || rest[0] == ' ' || rest[0] == '\t') {
+			return true
+		}
+	}
+	return false
 }
 
 // sumGauge sums f's samples; ok is false when f has none.

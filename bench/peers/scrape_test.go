@@ -184,3 +184,22 @@ func TestOptionsWall(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkScrapeSim is one scrape of a bench/sim replica over 127.0.0.1: the cost
+// llm-d-default pays per replica every refresh interval (50 ms ÷ speedup).
+func BenchmarkScrapeSim(b *testing.B) {
+	c, err := sim.StartCluster(sim.DefaultConfig(), 1, "127.0.0.1", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	s := newScraper(time.Hour)
+	defer s.close()
+	url := c.URLs()[0] + "/metrics"
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.scrape(b.Context(), url); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
