@@ -343,7 +343,7 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			proxies, nodes = svs, ns
 		}
 		for range max(o.RouterReplicas, 1) * btoi(nodes == nil) { // each replica its own prefixlb with its own index
-			sv, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc)
+			sv, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc, o.Speedup)
 			if err != nil {
 				return report.Mode{}, err
 			}
@@ -440,8 +440,9 @@ func routerRequests(out *loadgen.Outcome, routers int) []int {
 // handler read in-process, routerSavings); mode is one of
 // router.ModeNames, a bench-only policy of bench/peers, or the oracle (which needs cluster, the
 // simulated replicas behind backends; nil with external backends). orc is the oracle mode's
-// policy, shared by all of an arm's routers (nil: a new one over cluster).
-func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle) (*proxy.Serving, func(), error) {
+// policy, shared by all of an arm's routers (nil: a new one over cluster). speedup is the
+// run's --speedup: a peer's model-time intervals run that many times faster.
+func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle, speedup float64) (*proxy.Serving, func(), error) {
 	sims := cluster != nil
 	cfg := *base
 	cfg.Mode = mode
@@ -463,6 +464,7 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		return nil, nil, err
 	}
 	var sv *proxy.Serving
+	var closePolicy io.Closer // a peer policy's goroutines, stopped with the proxy
 	if mode == oracle.Name {
 		if cluster == nil {
 			return nil, nil, fmt.Errorf("%s needs the simulated replicas", oracle.Name)
@@ -478,15 +480,21 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		// prefix section (chunk size, index capacity) sizes the peer's index too.
 		cfg.Mode = router.DefaultMode
 		cfg.ApplyDefaults()
-		pol, perr := peers.New(mode, cfg.PrefixOptions())
+		pol, perr := peers.New(mode, peers.Options{Prefix: cfg.PrefixOptions(), Speedup: speedup})
 		if perr != nil {
 			return nil, nil, perr
+		}
+		if c, ok := pol.(io.Closer); ok { // a peer's own scrapes end with its proxy
+			closePolicy = c
 		}
 		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, pol)
 	} else {
 		sv, err = app.Start(context.Background(), &cfg, log)
 	}
 	if err != nil {
+		if closePolicy != nil {
+			_ = closePolicy.Close()
+		}
 		return nil, nil, fmt.Errorf("proxy: %w", err)
 	}
 	stop := func() {
@@ -494,6 +502,9 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		defer cancel()
 		if err := sv.Stop(sctx); err != nil {
 			log.Warn("proxy stop", zap.Error(err))
+		}
+		if closePolicy != nil {
+			_ = closePolicy.Close()
 		}
 		if err := sv.Err(); err != nil {
 			log.Warn("proxy serve", zap.Error(err))

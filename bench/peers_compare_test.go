@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,11 @@ func TestComparePeers(t *testing.T) {
 		if !strings.Contains(stdout.String(), "| "+want+" |") {
 			t.Fatalf("table lacks %s:\n%s", want, stdout.String())
 		}
+	}
+	// A peer's own goroutines (llm-d-default's metrics scrapes) end with its arm.
+	buf := make([]byte, 1<<22)
+	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "bench/peers.(*scraper).run") {
+		t.Fatalf("a peer's scraper still runs after the compare:\n%s", st)
 	}
 }
 

@@ -1,74 +1,109 @@
 package peers
 
 import (
+	"cmp"
 	"fmt"
+	"math"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/hashring"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// ringOrder returns the backends in the order the bounded-load walk from h meets them.
-func ringOrder(bs []*backend.Backend, h uint64) []int {
-	ms := make([]hashring.Member, len(bs))
+// ringOrder returns the backends in the order KubeAI's walk from h meets them, computed by
+// brute force from KubeAI's point labels (name + decimal i, xxhash, points per backend):
+// the points in ascending order of their distance clockwise from h.
+func ringOrder(bs []*backend.Backend, h uint64, points int) []int {
+	dist := make([]uint64, len(bs)) // each backend's nearest point at or after h, wrapping
 	for i, b := range bs {
-		ms[i] = hashring.Member{Name: b.Name, Weight: b.Weight()}
+		dist[i] = math.MaxUint64
+		for p := range points {
+			dist[i] = min(dist[i], xxhash.Sum64String(b.Name+strconv.Itoa(p))-h) // mod 2^64
+		}
 	}
-	r := hashring.New(ms)
-	var order []int
-	for len(order) < len(bs) {
-		m := r.Lookup(h, func(m int) bool {
-			for _, o := range order {
-				if o == m {
-					return false
-				}
-			}
-			return true
-		})
-		order = append(order, m)
+	order := make([]int, len(bs))
+	for i := range order {
+		order[i] = i
 	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(dist[a], dist[b]) })
 	return order
 }
 
+// TestCHWBLRules: each rule of KubeAI's chwblGetAddr / chwblLoadOK on hand-made loads, with
+// the key's walk order computed independently (ringOrder). The cases marked "old" were
+// encoded wrongly before: the bound counted the request itself (load + 1 ≤ …), so an owner
+// with the fleet's mean load failed, and every candidate failing sent the request to the
+// least loaded.
 func TestCHWBLRules(t *testing.T) {
 	k := keyOf(chain("conv", 4))
-	const n = 4
-	order := ringOrder(testBackends(t, n), k.Chunks[key.HeadChunks-1])
-	owner, second := order[0], order[1]
+	h := k.Chunks[key.HeadChunks-1]
 	tests := []struct {
 		name   string
-		key    *key.Key
-		loads  func() []int // per backend
-		omit   int          // a backend left out of the candidates (-1: none)
-		want   int          // backend index (-1: any least loaded)
+		n      int
+		factor float64
+		loads  func(order []int) []int // per backend, given the walk order
+		omit   int                     // a backend left out of the candidates (-1: none)
+		want   func(order []int) int   // backend index (-1: any least loaded)
 		reason router.Reason
 	}{
-		{"idle: the key's owner on the ring", k, func() []int { return make([]int, n) }, -1, owner, router.ReasonCold},
-		{"owner within 1.25 × mean keeps it", k, func() []int {
-			return []int{4, 4, 4, 4} // total 16, bound 1.25 × 17 / 4 = 5.3125 ≥ 4 + 1
-		}, -1, owner, router.ReasonCold},
-		{"every candidate over the bound: least loaded", k, func() []int {
-			return []int{1, 1, 1, 1} // total 4, bound 1.25 × 5 / 4 = 1.5625 < 1 + 1
-		}, -1, -1, router.ReasonLeastLoad},
-		{"owner over the bound: the next on the ring", k, func() []int {
-			l := make([]int, n)
-			l[owner] = 3 // total 3, bound 1.25 × 4 / 4 = 1.25; owner 3+1 > bound, others 0+1 ≤ bound
+		{"idle: the key's owner on the ring", 4, 0, func([]int) []int { return make([]int, 4) }, -1,
+			func(o []int) int { return o[0] }, router.ReasonCold},
+		{"old: all at 1 in flight, the owner within 1.25 × 5/4", 4, 0, func([]int) []int {
+			return []int{1, 1, 1, 1} // bound 1.5625 ≥ 1 (load + 1 = 2 failed it)
+		}, -1, func(o []int) int { return o[0] }, router.ReasonCold},
+		{"old: two replicas, one request on the owner", 2, 0, func(o []int) []int {
+			l := make([]int, 2)
+			l[o[0]] = 1 // total 1, bound 1.25 × 2/2 = 1.25 ≥ 1
 			return l
-		}, -1, second, router.ReasonOverload},
-		{"owner not a candidate: the next on the ring", k, func() []int { return make([]int, n) }, owner, second, router.ReasonOverload},
-		{"no chunk: least loaded", &key.Key{Routed: true, OK: true, PromptTokens: 3}, func() []int {
-			return []int{2, 0, 2, 2}
-		}, -1, 1, router.ReasonLeastLoad},
+		}, -1, func(o []int) int { return o[0] }, router.ReasonCold},
+		{"old: the owner at 4 of 13, bound 4.375", 4, 0, func(o []int) []int {
+			l := []int{3, 3, 3, 3}
+			l[o[0]] = 4 // total 13, bound 1.25 × 14/4 = 4.375 ≥ 4
+			return l
+		}, -1, func(o []int) int { return o[0] }, router.ReasonCold},
+		{"the owner at 5 of 14, over 4.6875: the next on the ring", 4, 0, func(o []int) []int {
+			l := []int{3, 3, 3, 3}
+			l[o[0]] = 5 // total 14, bound 4.6875 < 5; the next holds 3
+			return l
+		}, -1, func(o []int) int { return o[1] }, router.ReasonOverload},
+		{"four replicas, one request on the owner: the next", 4, 0, func(o []int) []int {
+			l := make([]int, 4)
+			l[o[0]] = 1 // total 1, bound 0.625 < 1
+			return l
+		}, -1, func(o []int) int { return o[1] }, router.ReasonOverload},
+		{"the owner and the next over the bound: the third, not the least loaded", 4, 0, func(o []int) []int {
+			l := make([]int, 4)
+			l[o[0]], l[o[1]], l[o[2]], l[o[3]] = 3, 3, 1, 0 // total 7, bound 2.5
+			return l
+		}, -1, func(o []int) int { return o[2] }, router.ReasonOverload},
+		{"the owner not a candidate: the next on the ring", 4, 0, func([]int) []int { return make([]int, 4) }, 0,
+			func(o []int) int {
+				if o[0] == 0 {
+					return o[1]
+				}
+				return o[0]
+			}, router.ReasonCold},
+		{"old: none within the bound: the first on the walk, not the least loaded", 4, 0.5, func(o []int) []int {
+			l := []int{1, 1, 1, 1}
+			l[o[0]] = 3 // total 6, bound 0.5 × 7/4 = 0.875: every candidate over
+			return l
+		}, -1, func(o []int) int { return o[0] }, router.ReasonCold},
+		{"no chunk: least loaded", 4, 0, func([]int) []int { return []int{2, 0, 2, 2} }, -1,
+			func([]int) int { return 1 }, router.ReasonLeastLoad},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			bs := testBackends(t, n)
-			p := NewCHWBL(CHWBLOptions{})
+			bs := testBackends(t, tc.n)
+			order := ringOrder(bs, h, DefaultCHWBLPoints)
+			p := NewCHWBL(CHWBLOptions{LoadFactor: tc.factor})
 			p.SetBackends(bs)
-			l := tc.loads()
+			l := tc.loads(order)
 			loads(t, bs, l...)
 			var cs []*backend.Backend
 			for i, b := range bs {
@@ -76,21 +111,47 @@ func TestCHWBLRules(t *testing.T) {
 					cs = append(cs, b)
 				}
 			}
-			d := p.Pick(tc.key, cs)
-			if d.Reason != tc.reason {
-				t.Fatalf("reason %v, want %v", d.Reason, tc.reason)
+			kk := k
+			if tc.reason == router.ReasonLeastLoad {
+				kk = &key.Key{Routed: true, OK: true, PromptTokens: 3}
 			}
-			if tc.want >= 0 && d.Backend != bs[tc.want] {
-				t.Fatalf("picked %s, want %s (loads %v)", d.Backend.Name, bs[tc.want].Name, l)
-			}
-			if tc.want < 0 {
-				for i, b := range bs {
-					if b.InFlight() < d.Backend.InFlight() && i != tc.omit {
-						t.Fatalf("picked %s at %d in flight, %s has %d", d.Backend.Name, d.Backend.InFlight(), b.Name, b.InFlight())
-					}
-				}
+			d := p.Pick(kk, cs)
+			want := bs[tc.want(order)]
+			if d.Backend != want || d.Reason != tc.reason {
+				t.Fatalf("picked %s (%v), want %s (%v); loads %v, walk order %v", d.Backend.Name, d.Reason, want.Name, tc.reason, l, order)
 			}
 		})
+	}
+}
+
+// TestCHWBLRing: KubeAI's ring, 256 points per backend at xxhash(name + i), sorted; the key's
+// owner is the backend of the first point at or after its hash, wrapping.
+func TestCHWBLRing(t *testing.T) {
+	bs := testBackends(t, 5)
+	p := NewCHWBL(CHWBLOptions{})
+	p.SetBackends(bs)
+	r := p.ring.Load()
+	if len(r.hash) != 5*256 || !slices.IsSorted(r.hash) {
+		t.Fatalf("%d points (sorted %v), want 5 × 256 sorted", len(r.hash), slices.IsSorted(r.hash))
+	}
+	for i := range 200 {
+		h := xxhash.Sum64String(fmt.Sprint("key ", i))
+		if i == 0 {
+			h = r.hash[len(r.hash)-1] + 1 // past the last point: wraps to the first
+		}
+		want := ringOrder(bs, h, 256)
+		var got []int
+		r.walk(h, func(id uint64) bool {
+			for j, b := range bs {
+				if b.ID == id {
+					got = append(got, j)
+				}
+			}
+			return true
+		})
+		if !slices.Equal(got, want) {
+			t.Fatalf("hash %x: walk %v, want %v", h, got, want)
+		}
 	}
 }
 
@@ -103,8 +164,9 @@ func TestCHWBLSameKeySameBackend(t *testing.T) {
 	if a, b := p.Pick(first, bs).Backend, p.Pick(later, bs).Backend; a != b {
 		t.Fatalf("turns of one conversation went to %s and %s", a.Name, b.Name)
 	}
-	if DefaultCHWBLLoadFactor != 1.25 {
-		t.Fatalf("KubeAI's meanLoadPercentage is 125, got %v", DefaultCHWBLLoadFactor)
+	if DefaultCHWBLLoadFactor != 1.25 || DefaultCHWBLPoints != 256 || DefaultCHWBLPrefixChars != 100 {
+		t.Fatalf("KubeAI's defaults are meanLoadPercentage 125, replication 256, prefixCharLength 100; got %v, %d, %d",
+			DefaultCHWBLLoadFactor, DefaultCHWBLPoints, DefaultCHWBLPrefixChars)
 	}
 }
 

@@ -6,76 +6,97 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// Weights of the llm-d default scheduling profile: GIE config/charts/epplib/templates/
-// _config.yaml, the same as llm-d-router pkg/epp/config/loader/defaults.go.
+// Defaults of llm-d's optimized baseline, the profile llm-d's guides deploy: llm-d/llm-d
+// guides/optimized-baseline/router/optimized-baseline.values.yaml lists the plugins with no
+// parameters, so each runs with its built-in defaults in llm-d/llm-d-router.
 const (
-	// DefaultLLMDQueueWeight is queue-scorer's weight, 2.
-	DefaultLLMDQueueWeight = 2
-	// DefaultLLMDKVWeight is kv-cache-utilization-scorer's weight, 2.
-	DefaultLLMDKVWeight = 2
-	// DefaultLLMDPrefixWeight is prefix-cache-scorer's weight, 3.
-	DefaultLLMDPrefixWeight = 3
+	// DefaultLLMDAffinityThreshold is prefix-cache-affinity-filter's affinityThreshold, 0.80
+	// (pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/plugin.go).
+	DefaultLLMDAffinityThreshold = 0.80
+	// DefaultLLMDMaxTTFTPenaltySeconds is the filter's maxTTFTPenaltyMs, 18,000 ms.
+	DefaultLLMDMaxTTFTPenaltySeconds = 18.0
+	// DefaultLLMDPeakPrefillThroughput is the filter's peakPrefillThroughput, 15,928
+	// tokens/s (calibrated there for Qwen3-32B on 2 × H100, TP 2, vLLM 0.19).
+	DefaultLLMDPeakPrefillThroughput = 15928.0
+	// DefaultLLMDQueueThresholdTokens is token-load-scorer's queueThresholdTokens, 4,194,304
+	// (pkg/epp/framework/plugins/scheduling/scorer/tokenload/token_load.go).
+	DefaultLLMDQueueThresholdTokens = 4194304
 )
 
-// LLMDOptions tune the llm-d peer; zero weights take the defaults above.
+// LLMDOptions tune the llm-d peer; zero fields take the defaults above.
 type LLMDOptions struct {
 	// Prefix sizes the approximate index (chunk size, capacity), as prefix mode's.
-	Prefix                              router.PrefixOptions
-	QueueWeight, KVWeight, PrefixWeight float64
+	Prefix router.PrefixOptions
+	// AffinityThreshold is the prefix score (matched ÷ prompt blocks) from which a
+	// candidate is sticky.
+	AffinityThreshold float64
+	// MaxTTFTPenaltySeconds and PeakPrefillThroughput (tokens/s) are the filter's load gate.
+	MaxTTFTPenaltySeconds, PeakPrefillThroughput float64
+	// QueueThresholdTokens is where token-load-scorer's score reaches 0.
+	QueueThresholdTokens int64
 }
 
-// LLMD is the llm-d / Gateway API Inference Extension endpoint picker in its default
-// scheduling profile: prefix-cache-scorer ×3, queue-scorer ×2,
-// kv-cache-utilization-scorer ×2, max-score-picker. Source: GIE
-// site-src/guides/epp-configuration/config-text.md and config/charts/epplib/templates/
-// _config.yaml, pkg/epp/scheduling/scheduler_profile.go, the scorers under
-// pkg/epp/scheduling/framework/plugins (v1.5.0); summarised in
-// ../shared/research/llm-d-gie.md §1.
+// LLMD is llm-d's optimized baseline, the scheduling profile llm-d's guides deploy and
+// report about 2× the throughput of the older default profile (guides/optimized-baseline/
+// README.md and benchmark-results): prefix-cache-affinity-filter, then token-load-scorer,
+// max-score picker, fed by approx-prefix-cache-producer and inflight-load-producer. Sources:
+// llm-d/llm-d guides/optimized-baseline/router/optimized-baseline.values.yaml; llm-d/llm-d-router
+// pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/{plugin.go,README.md},
+// scheduling/scorer/tokenload/token_load.go, requestcontrol/dataproducer/inflightload/
+// producer.go (uncachedInputTokens, the release at the first streamed chunk) and
+// dataproducer/approximateprefix (matched ÷ total blocks). Summarised in
+// ../shared/research/peer-audit-2026-12.md.
 //
-// Each scorer gives a candidate a score in [0, 1]; the candidate of the highest weighted sum
-// wins, ties at random (here: a rotating start).
+//   - prefix score: matched ÷ the prompt's blocks from prefixlb's approximate index (which,
+//     like the producer, records each request's blocks for the backend it was sent to), a
+//     block being a prefixlb chunk counted by the tokens it spans (key.PrefixTokens).
+//   - in-flight tokens of a candidate: the uncached prompt tokens (prompt − held) of this
+//     router's requests there that have not produced a first byte. The policy hands that
+//     count to the proxy as the decision's PrefillWork (at least 1), which the proxy's lease
+//     holds in backend.PrefillTokens until the first response byte, as inflight-load-producer
+//     holds a streamed request's tokens until its first chunk (output tokens not added, its
+//     default). It is this router's own count (one EPP process).
+//   - filter: the candidates scoring ≥ AffinityThreshold are sticky. None sticky: all stay.
+//     Else, when some are not sticky and (least in-flight tokens of a sticky one − least of a
+//     non-sticky one) ÷ PeakPrefillThroughput exceeds MaxTTFTPenaltySeconds (a gap of
+//     286,704 tokens at the defaults; a token count, so no speedup applies), all stay; else
+//     only the sticky ones. Exploration is 0, its default.
+//   - token-load-scorer: 1 − min(1, (in-flight tokens + this request's uncached tokens
+//     there) ÷ QueueThresholdTokens), weight 1; the highest score wins, ties at random (here:
+//     a rotating start).
 //
-//   - prefix: matched blocks ÷ the prompt's blocks, from prefixlb's approximate index (the
-//     approximate prefix-cache producer likewise records each request's blocks for the pod
-//     it was sent to, with an LRU per pod); a block is a prefixlb chunk, counted by the
-//     tokens it spans (key.PrefixTokens), as llm-d's blocks are all one size and prefixlb's
-//     head chunks are smaller (key.HeadChunks: a 4-token match is not a block's score).
-//   - queue: (max q − q) ÷ (max q − min q) over the candidates, 1 when all are equal. llm-d
-//     scrapes vLLM's waiting-queue length; q here is the candidate's Load (this proxy's
-//     in-flight count, or the replica's scraped running + waiting requests when higher),
-//     which counts running requests too.
-//   - kv-cache-utilization: 1 − usage. llm-d scrapes vLLM's KV-cache usage; a proxy has no
-//     such figure, so usage is estimated as Load × the mean prompt tokens of the requests
-//     this policy has routed ÷ the candidate's KV capacity, at most 1 (the blocks running
-//     requests pin; cached blocks nobody uses count as free in vLLM too).
-//
-// The reason is router.ReasonMatch when the chosen candidate holds part of the prompt, else
-// router.ReasonLeastLoad.
+// The reason is router.ReasonOverload when the load gate opened a sticky set and the pick is
+// not sticky, else router.ReasonMatch when the chosen candidate holds part of the prompt,
+// else router.ReasonLeastLoad.
 type LLMD struct {
 	tree
-	o    LLMDOptions
-	mean router.RunningMean
-	rot  rotor
+	o   LLMDOptions
+	rot rotor
 }
 
-// NewLLMD returns an llm-d policy; call SetBackends before use.
+// NewLLMD returns an llm-d optimized-baseline policy; call SetBackends before use.
 func NewLLMD(o LLMDOptions) *LLMD {
-	if o.QueueWeight <= 0 {
-		o.QueueWeight = DefaultLLMDQueueWeight
+	if o.AffinityThreshold <= 0 {
+		o.AffinityThreshold = DefaultLLMDAffinityThreshold
 	}
-	if o.KVWeight <= 0 {
-		o.KVWeight = DefaultLLMDKVWeight
+	if o.MaxTTFTPenaltySeconds <= 0 {
+		o.MaxTTFTPenaltySeconds = DefaultLLMDMaxTTFTPenaltySeconds
 	}
-	if o.PrefixWeight <= 0 {
-		o.PrefixWeight = DefaultLLMDPrefixWeight
+	if o.PeakPrefillThroughput <= 0 {
+		o.PeakPrefillThroughput = DefaultLLMDPeakPrefillThroughput
 	}
-	return &LLMD{tree: newTree(o.Prefix), o: o}
+	if o.QueueThresholdTokens <= 0 {
+		o.QueueThresholdTokens = DefaultLLMDQueueThresholdTokens
+	}
+	t := newTree(o.Prefix)
+	o.Prefix.ChunkTokens = t.chunkTokens
+	return &LLMD{tree: t, o: o}
 }
 
-// Pick returns the candidate of the highest weighted score.
+// Pick returns the candidate of the least token load among those the affinity filter keeps.
 func (p *LLMD) Pick(k *key.Key, cs []*backend.Backend) router.Decision { return p.pick(k, cs, true) }
 
-// Preview is Pick without folding the prompt into the running mean or turning the rotation.
+// Preview is Pick without turning the rotation.
 func (p *LLMD) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
 	return p.pick(k, cs, false)
 }
@@ -85,42 +106,53 @@ func (p *LLMD) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decis
 	if n == 0 {
 		return router.Decision{}
 	}
-	prompt, blocks, chunked := 0, 0, 0
+	prompt, chunked := 0, 0
 	if k != nil {
-		prompt, blocks = k.PromptTokens, len(k.Chunks)
-		chunked = key.PrefixTokens(blocks, p.o.Prefix.ChunkTokens)
+		prompt, chunked = k.PromptTokens, key.PrefixTokens(len(k.Chunks), p.chunkTokens)
 	}
-	mean := observe(&p.mean, float64(prompt), commit)
 	matched := p.match(k, cs)
-	q := make([]int64, n)
-	lo, hi := cs[0].Load(), cs[0].Load()
+	sticky := make([]bool, n)
+	uncached := make([]int64, n)
+	inflight := make([]int64, n)
+	nSticky := 0
+	var bestSticky, bestOther int64 = -1, -1
 	for j, b := range cs {
-		q[j] = b.Load()
-		lo, hi = min(lo, q[j]), max(hi, q[j])
+		held := 0
+		if k != nil {
+			held = p.heldTokens(k, matched[j])
+		}
+		uncached[j] = int64(max(prompt-held, 0))
+		inflight[j] = b.PrefillTokens()
+		if chunked > 0 && float64(key.PrefixTokens(matched[j], p.chunkTokens))/float64(chunked) >= p.o.AffinityThreshold {
+			sticky[j] = true
+			nSticky++
+			if bestSticky < 0 || inflight[j] < bestSticky {
+				bestSticky = inflight[j]
+			}
+		} else if bestOther < 0 || inflight[j] < bestOther {
+			bestOther = inflight[j]
+		}
 	}
-	defKV := p.defaultKV
+	filtered, gateOpened := nSticky > 0 && n > 1, false
+	if filtered && bestOther >= 0 && float64(bestSticky-bestOther)/p.o.PeakPrefillThroughput > p.o.MaxTTFTPenaltySeconds {
+		filtered, gateOpened = false, true
+	}
+	limit := float64(p.o.QueueThresholdTokens)
 	j := argmin(n, p.rot.startAt(commit), func(j int) float64 {
-		var s float64
-		if chunked > 0 {
-			s += p.o.PrefixWeight * float64(key.PrefixTokens(matched[j], p.o.Prefix.ChunkTokens)) / float64(chunked)
+		if filtered && !sticky[j] {
+			return 2 * limit // filtered out: above every kept candidate's capped load
 		}
-		queue := 1.0
-		if hi > lo {
-			queue = float64(hi-q[j]) / float64(hi-lo)
-		}
-		s += p.o.QueueWeight * queue
-		usage := 1.0
-		if c := cs[j].KVCapacity(defKV); c > 0 {
-			usage = min(float64(q[j])*mean/float64(c), 1)
-		}
-		s += p.o.KVWeight * (1 - usage)
-		return -s
+		return min(float64(inflight[j]+uncached[j]), limit)
 	})
 	r := router.ReasonLeastLoad
-	if matched[j] > 0 {
+	switch {
+	case gateOpened && !sticky[j]:
+		r = router.ReasonOverload
+	case matched[j] > 0:
 		r = router.ReasonMatch
 	}
-	return router.Decision{Backend: cs[j], Reason: r, MatchedChunks: matched[j]}
+	return router.Decision{Backend: cs[j], Reason: r, MatchedChunks: matched[j],
+		PrefillTokens: uncached[j], PrefillWork: max(uncached[j], 1)}
 }
 
 var (

@@ -7,11 +7,15 @@
 // chunk hashes and approximate prompt tokens), prefixlb's approximate prefix index (learned
 // from where requests were sent, router/index), and each backend's load as backend.Backend
 // reports it (this proxy's in-flight count, pending prefill tokens, the replica's scraped
-// running + waiting requests). None reads a simulator's internals.
+// running + waiting requests). None reads a simulator's internals. A peer that reads replica
+// metrics the proxy does not keep (llm-d-default: the waiting queue and KV usage, every
+// 50 ms) scrapes them itself over HTTP, as the real router does, and implements io.Closer:
+// close it when its proxy stops.
 package peers
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -23,18 +27,41 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
+// Options are what the bench gives every peer it builds.
+type Options struct {
+	// Prefix is the proxy's prefix section (chunk size, index capacity), so that a peer's
+	// index is sized as prefix mode's would be.
+	Prefix router.PrefixOptions
+	// Speedup is how many model seconds pass per wall second (the bench's --speedup; 0 or
+	// less: 1). A peer's intervals that stand for a deployment's timing (a metrics refresh)
+	// are model time and run Speedup times shorter in wall time (Options.Wall).
+	Speedup float64
+}
+
+// Wall is model-time interval d in wall time at o.Speedup, at least a millisecond.
+func (o Options) Wall(d time.Duration) time.Duration {
+	s := o.Speedup
+	if s <= 0 || math.IsNaN(s) || math.IsInf(s, 0) {
+		s = 1
+	}
+	return max(time.Duration(float64(d)/s), time.Millisecond)
+}
+
 // peer is one bench-only policy: its name in --modes and how it is built.
 type peer struct {
 	name      string
-	newPolicy func(router.PrefixOptions) router.Policy
+	newPolicy func(Options) router.Policy
 }
 
 // peers is the table of bench-only policies, in the order Names lists them.
 var peers = [...]peer{
-	{"chwbl", func(o router.PrefixOptions) router.Policy { return NewCHWBL(CHWBLOptions{}) }},
-	{"sglang", func(o router.PrefixOptions) router.Policy { return NewSGLang(SGLangOptions{Prefix: o}) }},
-	{"dynamo", func(o router.PrefixOptions) router.Policy { return NewDynamo(DynamoOptions{Prefix: o}) }},
-	{"llm-d", func(o router.PrefixOptions) router.Policy { return NewLLMD(LLMDOptions{Prefix: o}) }},
+	{"chwbl", func(o Options) router.Policy { return NewCHWBL(CHWBLOptions{}) }},
+	{"sglang", func(o Options) router.Policy { return NewSGLang(SGLangOptions{Prefix: o.Prefix}) }},
+	{"dynamo", func(o Options) router.Policy { return NewDynamo(DynamoOptions{Prefix: o.Prefix}) }},
+	{"llm-d", func(o Options) router.Policy { return NewLLMD(LLMDOptions{Prefix: o.Prefix}) }},
+	{"llm-d-default", func(o Options) router.Policy {
+		return NewLLMDDefault(LLMDDefaultOptions{Prefix: o.Prefix, Refresh: o.Wall(DefaultLLMDRefreshInterval)})
+	}},
 }
 
 // Names returns the names of the peer policies.
@@ -49,10 +76,10 @@ func Names() []string {
 // Is reports whether name is a peer policy.
 func Is(name string) bool { return slices.Contains(Names(), name) }
 
-// New returns a new peer policy by name. o is the proxy's prefix section (chunk size, index
-// capacity), so that a peer's index is sized as prefix mode's would be. The error names the
-// peers there are.
-func New(name string, o router.PrefixOptions) (router.Policy, error) {
+// New returns a new peer policy by name, built with o. A policy that runs goroutines (a
+// metrics scraper) implements io.Closer; the caller closes it when its proxy stops. The error
+// names the peers there are.
+func New(name string, o Options) (router.Policy, error) {
 	for _, p := range peers {
 		if p.name == name {
 			return p.newPolicy(o), nil

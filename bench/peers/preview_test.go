@@ -2,6 +2,7 @@ package peers
 
 import (
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/prefixlb/prefixlb/router"
@@ -14,9 +15,12 @@ func TestPreviewRecordsNothing(t *testing.T) {
 	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
 			run := func(previews int) []string {
-				p, err := New(name, router.PrefixOptions{})
+				p, err := New(name, Options{})
 				if err != nil {
 					t.Fatal(err)
+				}
+				if c, ok := p.(io.Closer); ok {
+					t.Cleanup(func() { _ = c.Close() })
 				}
 				bs := testBackends(t, 3)
 				if s, ok := p.(router.BackendSetter); ok {

@@ -45,12 +45,12 @@ const (
 )
 
 // Policies are the suite's arms in scoreboard order: prefixlb's own modes, prefix behind
-// several routers (independent, then peered), the four peers' published policies
+// several routers (independent, then peered), the peers' published policies
 // (bench/peers) and the oracle.
-var Policies = []string{"round-robin", "least-load", "prefix", "prefix×3", "prefix×3" + PeerSuffix, "chwbl", "sglang", "dynamo", "llm-d", OraclePolicy}
+var Policies = []string{"round-robin", "least-load", "prefix", "prefix×3", "prefix×3" + PeerSuffix, "chwbl", "sglang", "dynamo", "llm-d", "llm-d-default", OraclePolicy}
 
 // Peers are the policies "where prefix loses" compares prefix against, besides the oracle.
-var Peers = []string{"chwbl", "sglang", "dynamo", "llm-d"}
+var Peers = []string{"chwbl", "sglang", "dynamo", "llm-d", "llm-d-default"}
 
 // routersRe matches a multi-router prefix arm: prefix×N (also prefix-xN or prefix*N, easier to
 // type), peered with the +peer suffix.
