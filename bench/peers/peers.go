@@ -23,18 +23,41 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
+// Options are what a peer is built from beside its name.
+type Options struct {
+	// Prefix is the proxy's prefix section (chunk size, index capacity), so that a peer's
+	// index is sized as prefix mode's would be.
+	Prefix router.PrefixOptions
+	// KVEvents connects the KV-event peer (dynamo-kv) to its replicas (nil: that peer cannot
+	// be built).
+	KVEvents *KVEventsOptions
+}
+
 // peer is one bench-only policy: its name in --modes and how it is built.
 type peer struct {
 	name      string
-	newPolicy func(router.PrefixOptions) router.Policy
+	newPolicy func(Options) (router.Policy, error)
 }
+
+// NeedsKVEvents reports whether the peer name reads the replicas' KV events (the bench then
+// starts its sims with events on and fills Options.KVEvents).
+func NeedsKVEvents(name string) bool { return name == DynamoKVName }
+
+// DynamoKVName is the name of the KV-event Dynamo peer.
+const DynamoKVName = "dynamo-kv"
 
 // peers is the table of bench-only policies, in the order Names lists them.
 var peers = [...]peer{
-	{"chwbl", func(o router.PrefixOptions) router.Policy { return NewCHWBL(CHWBLOptions{}) }},
-	{"sglang", func(o router.PrefixOptions) router.Policy { return NewSGLang(SGLangOptions{Prefix: o}) }},
-	{"dynamo", func(o router.PrefixOptions) router.Policy { return NewDynamo(DynamoOptions{Prefix: o}) }},
-	{"llm-d", func(o router.PrefixOptions) router.Policy { return NewLLMD(LLMDOptions{Prefix: o}) }},
+	{"chwbl", func(o Options) (router.Policy, error) { return NewCHWBL(CHWBLOptions{}), nil }},
+	{"sglang", func(o Options) (router.Policy, error) { return NewSGLang(SGLangOptions{Prefix: o.Prefix}), nil }},
+	{"dynamo", func(o Options) (router.Policy, error) { return NewDynamo(DynamoOptions{Prefix: o.Prefix}), nil }},
+	{DynamoKVName, func(o Options) (router.Policy, error) {
+		if o.KVEvents == nil {
+			return nil, fmt.Errorf("%s needs the replicas' KV events (simulated replicas started with them)", DynamoKVName)
+		}
+		return NewDynamoKV(DynamoOptions{}, *o.KVEvents)
+	}},
+	{"llm-d", func(o Options) (router.Policy, error) { return NewLLMD(LLMDOptions{Prefix: o.Prefix}), nil }},
 }
 
 // Names returns the names of the peer policies.
@@ -49,13 +72,13 @@ func Names() []string {
 // Is reports whether name is a peer policy.
 func Is(name string) bool { return slices.Contains(Names(), name) }
 
-// New returns a new peer policy by name. o is the proxy's prefix section (chunk size, index
-// capacity), so that a peer's index is sized as prefix mode's would be. The error names the
-// peers there are.
-func New(name string, o router.PrefixOptions) (router.Policy, error) {
+// New returns a new peer policy by name, built from o. The error names the peers there are,
+// or what the peer lacks. A policy that holds resources (dynamo-kv's subscriptions) is an
+// io.Closer.
+func New(name string, o Options) (router.Policy, error) {
 	for _, p := range peers {
 		if p.name == name {
-			return p.newPolicy(o), nil
+			return p.newPolicy(o)
 		}
 	}
 	return nil, fmt.Errorf("unknown peer policy %q (one of %s)", name, strings.Join(Names(), ", "))
