@@ -322,6 +322,11 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	if target == "" {
 		if len(backends) == 0 {
 			var err error
+			if slices.ContainsFunc(o.Modes, peers.NeedsKVEvents) {
+				// Every arm's replicas publish KV events when an arm reads them, so that all
+				// arms run on replicas doing the same work.
+				simCfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
+			}
 			cluster, err = sim.StartCluster(simCfg, o.Replicas, "127.0.0.1", 0)
 			if err != nil {
 				return report.Mode{}, fmt.Errorf("start sims: %w", err)
@@ -464,7 +469,7 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		return nil, nil, err
 	}
 	var sv *proxy.Serving
-	var closePolicy io.Closer // a peer policy's goroutines, stopped with the proxy
+	closePolicy := func() {} // a peer's resources, released after the proxy stops
 	if mode == oracle.Name {
 		if cluster == nil {
 			return nil, nil, fmt.Errorf("%s needs the simulated replicas", oracle.Name)
@@ -480,31 +485,44 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		// prefix section (chunk size, index capacity) sizes the peer's index too.
 		cfg.Mode = router.DefaultMode
 		cfg.ApplyDefaults()
-		pol, perr := peers.New(mode, peers.Options{Prefix: cfg.PrefixOptions(), Speedup: speedup})
+		po := peers.Options{Prefix: cfg.PrefixOptions(), Speedup: speedup}
+		if peers.NeedsKVEvents(mode) {
+			if po.KVEvents, err = kvEventsOptions(cluster); err != nil {
+				return nil, nil, err
+			}
+		}
+		pol, perr := peers.New(mode, po)
 		if perr != nil {
 			return nil, nil, perr
 		}
-		if c, ok := pol.(io.Closer); ok { // a peer's own scrapes end with its proxy
-			closePolicy = c
+		if po.KVEvents != nil {
+			if err := waitKVSubscribed(cluster); err != nil {
+				_ = pol.(io.Closer).Close()
+				return nil, nil, err
+			}
+		}
+		if c, ok := pol.(io.Closer); ok {
+			closePolicy = func() {
+				if kv, ok := pol.(*peers.DynamoKV); ok {
+					reportKVEvents(os.Stderr, mode, kv, cluster)
+				}
+				_ = c.Close()
+			}
 		}
 		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, pol)
 	} else {
 		sv, err = app.Start(context.Background(), &cfg, log)
 	}
 	if err != nil {
-		if closePolicy != nil {
-			_ = closePolicy.Close()
-		}
+		closePolicy()
 		return nil, nil, fmt.Errorf("proxy: %w", err)
 	}
 	stop := func() {
+		defer closePolicy()
 		sctx, cancel := context.WithTimeout(context.Background(), proxyStopGrace)
 		defer cancel()
 		if err := sv.Stop(sctx); err != nil {
 			log.Warn("proxy stop", zap.Error(err))
-		}
-		if closePolicy != nil {
-			_ = closePolicy.Close()
 		}
 		if err := sv.Err(); err != nil {
 			log.Warn("proxy serve", zap.Error(err))

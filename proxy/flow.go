@@ -173,6 +173,7 @@ func (f *flow) read(p []byte) (int, error) {
 			f.firstByte = time.Since(f.start)
 			f.tr.firstToken()
 			f.lease.FirstByte()
+			f.s.decider.Prefilled(&f.k, f.lease.Backend(), f.learned)
 		}
 		f.bytes += int64(n)
 		f.sniffUsage(p[:n])
@@ -286,6 +287,7 @@ func (f *flow) finish(status int, err error) {
 	res := f.result(err)
 	s.m.observe(f, status, res)
 	s.correctIndex(f, res)
+	s.decider.Finished(&f.k, f.lease.Backend(), f.learned)
 	if f.body != nil && (res == resultTruncated || res == resultIdleTimeout) {
 		s.hc.Observe(f.lease.Backend(), health.OutcomeServerError) // died or stalled mid-response
 	}

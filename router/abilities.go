@@ -11,6 +11,7 @@ var abilities = [...]reflect.Type{
 	reflect.TypeFor[BackendSetter](),
 	reflect.TypeFor[ModelsWatcher](),
 	reflect.TypeFor[Learner](),
+	reflect.TypeFor[Tracker](),
 	reflect.TypeFor[Settler](),
 	reflect.TypeFor[Corrector](),
 	reflect.TypeFor[Repicker](),

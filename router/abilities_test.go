@@ -78,6 +78,8 @@ func (p *fullPolicy) SetBackends([]*backend.Backend)                { p.note("Se
 func (p *fullPolicy) ModelsChanged(*backend.Backend)                { p.note("ModelsChanged") }
 func (p *fullPolicy) Learn(*key.Key, *backend.Backend, int) Learned { p.note("Learn"); return 1 }
 func (p *fullPolicy) Unlearn(*key.Key, *backend.Backend, Learned)   { p.note("Unlearn") }
+func (p *fullPolicy) Prefilled(*key.Key, *backend.Backend, Learned) { p.note("Prefilled") }
+func (p *fullPolicy) Finished(*key.Key, *backend.Backend, Learned)  { p.note("Finished") }
 func (p *fullPolicy) SettleWait(*key.Key, Decision) time.Duration   { p.note("SettleWait"); return 0 }
 func (p *fullPolicy) Hold(*key.Key, Decision) Learned               { p.note("Hold"); return 1 }
 func (p *fullPolicy) Release(*key.Key, Decision, Learned, time.Time) bool {

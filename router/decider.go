@@ -24,6 +24,7 @@ type Decider struct {
 	pass      RoundRobin    // passthrough requests
 	setter    BackendSetter // nil when the policy has none of it
 	learner   Learner
+	tracker   Tracker
 	indexed   IndexHolder
 	explainer Explainer
 	repicker  Repicker
@@ -38,6 +39,7 @@ func NewDecider(p Policy) *Decider {
 	d := &Decider{policy: p}
 	d.setter, _ = p.(BackendSetter)
 	d.learner, _ = p.(Learner)
+	d.tracker, _ = p.(Tracker)
 	d.indexed, _ = p.(IndexHolder)
 	d.repicker, _ = p.(Repicker)
 	d.explainer, _ = p.(Explainer)
@@ -121,6 +123,21 @@ func (d *Decider) Learn(k *key.Key, b *backend.Backend, held int) Learned {
 func (d *Decider) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
 	if l != 0 {
 		d.learner.Unlearn(k, b, l)
+	}
+}
+
+// Prefilled tells a Tracker that the first token of the request learned as l arrived from b
+// (l == 0, or a policy that does not track: nothing).
+func (d *Decider) Prefilled(k *key.Key, b *backend.Backend, l Learned) {
+	if l != 0 && d.tracker != nil {
+		d.tracker.Prefilled(k, b, l)
+	}
+}
+
+// Finished tells a Tracker that the request learned as l ended on b (see Prefilled).
+func (d *Decider) Finished(k *key.Key, b *backend.Backend, l Learned) {
+	if l != 0 && d.tracker != nil {
+		d.tracker.Finished(k, b, l)
 	}
 }
 

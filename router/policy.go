@@ -121,6 +121,17 @@ type Settler interface {
 	Abandon(k *key.Key, b *backend.Backend, l Learned)
 }
 
+// Tracker is implemented by policies that follow each request they routed until it ends, as
+// Dynamo's KV router tracks its active sequences (a request's prefill tokens until its first
+// token, its blocks until it ends). After Learn returned l for k's request on b, the proxy
+// calls Prefilled once b's first token arrived and Finished once the request ended there
+// (answered, failed or cancelled); a request unlearned (Unlearn) has ended as far as the
+// policy is concerned, and neither is called for it afterwards.
+type Tracker interface {
+	Prefilled(k *key.Key, b *backend.Backend, l Learned)
+	Finished(k *key.Key, b *backend.Backend, l Learned)
+}
+
 // IndexHolder is implemented by policies that keep a prefix index; the proxy reports its
 // size per backend in /metrics and /debug/backends.
 type IndexHolder interface {

@@ -6,63 +6,83 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// DefaultDynamoOverlapWeight is Dynamo's --kv-overlap-score-weight default, 1.0: a prefill
-// block costs as much as an active decode block.
-const DefaultDynamoOverlapWeight = 1.0
-
-// DynamoOptions tune the dynamo peer; zero fields take the defaults.
+// DynamoOptions tune the dynamo peer; zero fields take Dynamo's defaults.
 type DynamoOptions struct {
 	// Prefix sizes the approximate index (chunk size, capacity), as prefix mode's.
 	Prefix router.PrefixOptions
-	// OverlapWeight is overlap_score_weight (0: DefaultDynamoOverlapWeight).
-	OverlapWeight float64
+	// OverlapCredit is overlap_score_credit (0: DefaultDynamoOverlapCredit).
+	OverlapCredit float64
+	// PrefillLoadScale is prefill_load_scale (0: DefaultDynamoPrefillLoadScale).
+	PrefillLoadScale float64
+	// Rand breaks exact ties: Rand(n) is in [0, n) (nil: a pseudo-random draw per pick, which
+	// Preview sees as Pick will).
+	Rand func(n int) int
 }
 
-// Dynamo is NVIDIA Dynamo's KV router with its approximate indexer (--no-kv-events):
-// lowest cost = OverlapWeight × prefill blocks + decode blocks, temperature 0. Source:
-// ai-dynamo/dynamo docs/router/kv_cache_routing.md (the cost function, overlap_score_weight
-// default 1.0, router_temperature default 0, ApproxKvIndexer); summarised in
-// ../shared/research/other-routers.md §C.
+// Dynamo is NVIDIA Dynamo's KV router in its no-KV-events mode (--no-kv-events: the
+// ApproxKvIndexer, an approximate index of what the router itself routed), with Dynamo's
+// default cost (ai-dynamo/dynamo lib/kv-router/src/scheduling/selector/default.rs, inputs
+// from selector/mod.rs, defaults from scheduling/config.rs; see dynamoCost and
+// DynamoDefaults):
 //
-// A block is a prefixlb chunk (key.DefaultChunkTokens tokens at the default; Dynamo's block
-// is the engine's KV block). Per candidate:
+//	cost = prefill_load_scale × max((active_prefill_tokens + ISL)/block − overlap_score_credit × overlap, 0)
+//	     + active blocks (shared prefixes once) + the request's blocks not already active there
 //
-//   - prefill blocks = the prompt's tokens the candidate does not hold ÷ chunk tokens, the
-//     held part from prefixlb's approximate index (Dynamo's ApproxKvIndexer likewise
-//     predicts the cache from its own routing decisions; it expires them after 120 s where
-//     this index evicts by capacity, least recently used first);
-//   - decode blocks = the candidate's Load (this proxy's in-flight count, or the replica's
-//     scraped running + waiting requests when higher) × the mean prompt blocks of the
-//     requests this policy has routed. Dynamo counts each worker's active blocks
-//     (prompt and generated) exactly; a proxy knows neither the generated length nor which
-//     requests hold which blocks, so active requests × typical blocks stands in for it. The
-//     new request's own blocks, which Dynamo adds to every worker alike, do not change the
-//     choice and are left out.
+// the lowest cost wins, exact ties at random (router_temperature 0). The router tracks its
+// own active prefill tokens and active blocks per worker (dynamoActive, after
+// sequences/prompt_registry.rs): a request's uncached prompt tokens count from routing to its
+// first token, its prompt blocks from routing until it ends (router.Tracker).
 //
-// Ties break by a rotating start (Dynamo picks at random among equal costs). The reason is
-// router.ReasonMatch when the chosen candidate holds part of the prompt, else
+// What it reads: ISL is the key's approximate prompt tokens; a block is a prefixlb chunk
+// (key.DefaultChunkTokens tokens at the default, where Dynamo's is the engine's KV block: the
+// cost counts tokens ÷ block size in every term, so the unit moves no decision but rounding);
+// overlap is the chunks prefixlb's approximate index says the worker holds, learned from where
+// this policy routed (Dynamo's ApproxKvIndexer likewise records its routing decisions, and
+// expires them after router_ttl_secs 120 where this index evicts by capacity, least recently
+// used first). Dynamo's router queue (router_queue_threshold 16 × max_num_batched_tokens of
+// active prefill per worker before requests wait at the router) is not modelled: the bench's
+// loads stay below it.
+//
+// The reason is router.ReasonMatch when the chosen worker holds part of the prompt, else
 // router.ReasonLeastLoad.
 type Dynamo struct {
 	tree
-	weight float64
-	mean   router.RunningMean // prompt blocks per request
-	rot    rotor
+	credit, scale float64
+	rnd           func(n int) int // nil: ties
+	ties          tieBreaker
+	act           dynamoActive
 }
 
 // NewDynamo returns a dynamo policy; call SetBackends before use.
 func NewDynamo(o DynamoOptions) *Dynamo {
-	if o.OverlapWeight <= 0 {
-		o.OverlapWeight = DefaultDynamoOverlapWeight
+	if o.OverlapCredit <= 0 {
+		o.OverlapCredit = DefaultDynamoOverlapCredit
 	}
-	return &Dynamo{tree: newTree(o.Prefix), weight: o.OverlapWeight}
+	if o.PrefillLoadScale <= 0 {
+		o.PrefillLoadScale = DefaultDynamoPrefillLoadScale
+	}
+	return &Dynamo{tree: newTree(o.Prefix), credit: o.OverlapCredit, scale: o.PrefillLoadScale, rnd: o.Rand,
+		act: newDynamoActive()}
 }
 
 // Pick returns the candidate of lowest cost.
 func (p *Dynamo) Pick(k *key.Key, cs []*backend.Backend) router.Decision { return p.pick(k, cs, true) }
 
-// Preview is Pick without folding the prompt into the running mean or turning the rotation.
+// Preview is the decision Pick would make now, recording nothing.
 func (p *Dynamo) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
 	return p.pick(k, cs, false)
+}
+
+// blocks returns k's chunks as active-block keys with their widths in tokens.
+func (p *Dynamo) blocks(k *key.Key) ([]uint64, []int32) {
+	if k == nil {
+		return nil, nil
+	}
+	w := make([]int32, len(k.Chunks))
+	for i := range w {
+		w[i] = int32(key.PrefixTokens(i+1, p.chunkTokens) - key.PrefixTokens(i, p.chunkTokens))
+	}
+	return k.Chunks, w
 }
 
 func (p *Dynamo) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decision {
@@ -70,21 +90,23 @@ func (p *Dynamo) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Dec
 	if n == 0 {
 		return router.Decision{}
 	}
-	prompt := 0
+	isl := 0
 	if k != nil {
-		prompt = k.PromptTokens
+		isl = k.PromptTokens
 	}
-	blocks := float64(prompt) / float64(p.chunkTokens)
-	mean := observe(&p.mean, blocks, commit)
+	keys, weights := p.blocks(k)
 	matched := p.match(k, cs)
-	j := argmin(n, p.rot.startAt(commit), func(j int) float64 {
+	loads := make([]workerLoad, n)
+	p.act.loads(cs, keys, weights, loads)
+	costs := make([]float64, n)
+	for j := range cs {
 		held := 0
 		if k != nil {
 			held = p.heldTokens(k, matched[j])
 		}
-		prefill := float64(prompt-held) / float64(p.chunkTokens)
-		return p.weight*prefill + float64(cs[j].Load())*mean
-	})
+		costs[j] = dynamoCost(p.credit, p.scale, p.chunkTokens, isl, held, loads[j])
+	}
+	j := pickMin(costs, p.ties.draw(commit, p.rnd))
 	r := router.ReasonLeastLoad
 	if matched[j] > 0 {
 		r = router.ReasonMatch
@@ -92,9 +114,33 @@ func (p *Dynamo) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Dec
 	return router.Decision{Backend: cs[j], Reason: r, MatchedChunks: matched[j]}
 }
 
+// Learn records k's request as active on b (its uncached prompt as active prefill tokens,
+// its chunks as active blocks) and teaches the approximate index that b holds its prompt.
+func (p *Dynamo) Learn(k *key.Key, b *backend.Backend, held int) router.Learned {
+	if k == nil || !k.Routed || !k.OK || b == nil {
+		return 0
+	}
+	cached := p.heldTokens(k, p.match(k, []*backend.Backend{b})[0])
+	stamp := p.tree.Learn(k, b, held)
+	keys, weights := p.blocks(k)
+	return p.act.add(b, append([]uint64(nil), keys...), weights, int64(k.PromptTokens-cached), stamp)
+}
+
+// Unlearn withdraws a request b refused: it is no longer active, and the index forgets it.
+func (p *Dynamo) Unlearn(k *key.Key, b *backend.Backend, l router.Learned) {
+	p.tree.Unlearn(k, b, p.act.remove(l))
+}
+
+// Prefilled ends the active prefill of request l (its first token arrived).
+func (p *Dynamo) Prefilled(_ *key.Key, _ *backend.Backend, l router.Learned) { p.act.prefilled(l) }
+
+// Finished ends request l: its blocks are no longer active (the index keeps them).
+func (p *Dynamo) Finished(_ *key.Key, _ *backend.Backend, l router.Learned) { p.act.remove(l) }
+
 var (
 	_ router.Policy        = (*Dynamo)(nil)
 	_ router.BackendSetter = (*Dynamo)(nil)
 	_ router.Learner       = (*Dynamo)(nil)
+	_ router.Tracker       = (*Dynamo)(nil)
 	_ router.IndexHolder   = (*Dynamo)(nil)
 )

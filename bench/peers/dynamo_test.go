@@ -3,42 +3,109 @@ package peers
 import (
 	"testing"
 
+	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router"
 )
 
-func TestDynamoRules(t *testing.T) {
-	conv := chain("conv", 10) // 528 tokens: 8.25 blocks of 64
+// TestDynamoCost: each term of Dynamo's cost (selector/default.rs) on hand-made inputs, in
+// blocks of 64 tokens.
+func TestDynamoCost(t *testing.T) {
 	tests := []struct {
-		name    string
-		weight  float64
-		held    map[int]int // backend → leading chunks of conv it holds
-		loads   []int       // in flight
-		scraped []int64     // the replica's reported running + waiting (nil: none)
-		want    int         // -1: either of the two
-		reason  router.Reason
+		name          string
+		credit, scale float64
+		isl, overlap  int
+		load          workerLoad
+		want          float64
 	}{
-		// cost = weight × uncached blocks + load × 8.25 (the mean of the one request seen)
-		{"nobody holds it: the least loaded", 1, nil, []int{2, 1, 3}, nil, 1, router.ReasonLeastLoad},
-		{"a holder as loaded as the rest: the holder", 1, map[int]int{2: 10}, []int{1, 1, 1}, nil, 2, router.ReasonMatch},
-		{"an idle holder of all of it beats an idle cold one", 1, map[int]int{0: 10}, []int{0, 0}, nil, 0, router.ReasonMatch},
-		{"a holder two requests busier costs 16.5 against 8.25: the cold one", 1, map[int]int{0: 10}, []int{2, 0}, nil, 1, router.ReasonLeastLoad},
-		{"overlap weight 3 makes the cold one's prefill cost 24.75: the holder", 3, map[int]int{0: 10}, []int{2, 0}, nil, 0, router.ReasonMatch},
-		{"a partial holder: 5 of 10 chunks (5 blocks uncached) at load 0 beats a full one at load 1",
-			1, map[int]int{0: 10, 1: 5}, []int{1, 0}, nil, 1, router.ReasonMatch},
-		{"the scraped load counts when above the proxy's own", 1, map[int]int{0: 10}, []int{0, 0}, []int64{2, 0}, 1, router.ReasonLeastLoad},
+		{"idle, nothing cached: ISL prefill + ISL new blocks", 1, 1, 640, 0, workerLoad{newTokens: 640}, 20},
+		{"6 of 10 blocks cached: 4 prefill blocks", 1, 1, 640, 384, workerLoad{newTokens: 640}, 14},
+		{"active prefill adds to the raw prefill before the overlap credit", 1, 1, 640, 384, workerLoad{prefillTokens: 320, newTokens: 640}, 9 + 10},
+		{"prefill never below 0", 1, 1, 64, 128, workerLoad{}, 0},
+		{"blocks already active are not counted again", 1, 1, 640, 640, workerLoad{activeTokens: 640}, 10},
+		{"other requests' active blocks count", 1, 1, 640, 640, workerLoad{activeTokens: 320, newTokens: 640}, 15},
+		{"prefill_load_scale 2 doubles the prefill term only", 1, 2, 640, 384, workerLoad{newTokens: 640}, 8 + 10},
+		{"overlap_score_credit 0.5 halves the cached blocks' credit", 0.5, 1, 640, 384, workerLoad{newTokens: 640}, 7 + 10},
+	}
+	for _, tc := range tests {
+		if got := dynamoCost(tc.credit, tc.scale, 64, tc.isl, tc.overlap, tc.load); got != tc.want {
+			t.Errorf("%s: cost %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestDynamoActive: the router's own active prefill tokens and active blocks (shared keys
+// once) follow routing, first token and end.
+func TestDynamoActive(t *testing.T) {
+	bs := testBackends(t, 1)
+	a := newDynamoActive()
+	w := []int32{10, 10, 10}
+	l1 := a.add(bs[0], []uint64{1, 2, 3}, w, 30, 0)
+	l2 := a.add(bs[0], []uint64{1, 2, 4}, w, 10, 0) // shares keys 1 and 2
+	check := func(step string, keys []uint64, want workerLoad) {
+		t.Helper()
+		got := make([]workerLoad, 1)
+		a.loads(bs, keys, w[:len(keys)], got)
+		if got[0] != want {
+			t.Fatalf("%s: load %+v, want %+v", step, got[0], want)
+		}
+	}
+	check("two active", []uint64{1, 5}, workerLoad{prefillTokens: 40, activeTokens: 40, newTokens: 10})
+	a.prefilled(l1)
+	check("first prefilled", []uint64{1, 5}, workerLoad{prefillTokens: 10, activeTokens: 40, newTokens: 10})
+	a.remove(l1)
+	check("first ended", []uint64{3}, workerLoad{prefillTokens: 10, activeTokens: 30, newTokens: 10})
+	a.prefilled(l2)
+	a.remove(l2)
+	a.remove(l2) // a second end is nothing
+	check("both ended", []uint64{1}, workerLoad{newTokens: 10})
+}
+
+// TestDynamoRules: the dynamo peer's choices on hand-made candidate sets, in 64-token chunks.
+// conv is 528 tokens (8.25 blocks), other another 528-token prompt.
+func TestDynamoRules(t *testing.T) {
+	conv, other := chain("conv", 10), chain("other", 10)
+	tests := []struct {
+		name   string
+		setup  func(p *Dynamo, bs []*backend.Backend)
+		rand   int // what the tie breaker returns (0: a later tie replaces the pick)
+		want   int
+		reason router.Reason
+	}{
+		{"nobody holds it: the worker without active requests", func(p *Dynamo, bs []*backend.Backend) {
+			p.Learn(keyOf(other), bs[0], 0) // active, in prefill
+		}, 1, 1, router.ReasonLeastLoad},
+		{"an idle holder (8.25) beats an idle cold worker (16.5)", func(p *Dynamo, bs []*backend.Backend) {
+			p.Finished(nil, bs[0], p.Learn(keyOf(conv), bs[0], 0))
+		}, 1, 0, router.ReasonMatch},
+		{"a holder prefilling another 8.25 blocks costs 24.75: the cold worker (16.5)", func(p *Dynamo, bs []*backend.Backend) {
+			p.Finished(nil, bs[0], p.Learn(keyOf(conv), bs[0], 0))
+			p.Learn(keyOf(other), bs[0], 0)
+		}, 1, 1, router.ReasonLeastLoad},
+		{"once that request prefilled, 16.5 each: the tie goes to the later one when the draw says so", func(p *Dynamo, bs []*backend.Backend) {
+			p.Finished(nil, bs[0], p.Learn(keyOf(conv), bs[0], 0))
+			p.Prefilled(nil, bs[0], p.Learn(keyOf(other), bs[0], 0))
+		}, 0, 1, router.ReasonLeastLoad},
+		{"the same tie kept by the first when the draw says so", func(p *Dynamo, bs []*backend.Backend) {
+			p.Finished(nil, bs[0], p.Learn(keyOf(conv), bs[0], 0))
+			p.Prefilled(nil, bs[0], p.Learn(keyOf(other), bs[0], 0))
+		}, 1, 0, router.ReasonMatch},
+		{"an active request sharing the prefix adds only the new blocks (8.25), the cold one 16.5", func(p *Dynamo, bs []*backend.Backend) {
+			p.Prefilled(nil, bs[0], p.Learn(keyOf(conv[:8]), bs[0], 0)) // 400 tokens active
+			p.Finished(nil, bs[0], p.Learn(keyOf(conv), bs[0], 0))
+			p.Prefilled(nil, bs[1], p.Learn(keyOf(other[:3]), bs[1], 0)) // 80 tokens active
+		}, 1, 0, router.ReasonMatch},
+		{"a refused request is withdrawn: nothing active, nothing held", func(p *Dynamo, bs []*backend.Backend) {
+			l := p.Learn(keyOf(conv), bs[1], 0)
+			p.Unlearn(keyOf(conv), bs[1], l)
+			p.Prefilled(nil, bs[0], p.Learn(keyOf(other[:1]), bs[0], 0))
+		}, 1, 1, router.ReasonLeastLoad},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			bs := testBackends(t, len(tc.loads))
-			p := NewDynamo(DynamoOptions{OverlapWeight: tc.weight})
+			bs := testBackends(t, 2)
+			p := NewDynamo(DynamoOptions{Rand: func(int) int { return tc.rand }})
 			p.SetBackends(bs)
-			for b, n := range tc.held {
-				p.Learn(keyOf(conv[:n]), bs[b], 0)
-			}
-			loads(t, bs, tc.loads...)
-			for i, s := range tc.scraped {
-				bs[i].SetScrapedLoad(s, 0)
-			}
+			tc.setup(p, bs)
 			d := p.Pick(keyOf(conv), bs)
 			if d.Backend != bs[tc.want] || d.Reason != tc.reason {
 				t.Fatalf("picked %s (%v), want %s (%v)", d.Backend.Name, d.Reason, bs[tc.want].Name, tc.reason)
@@ -47,12 +114,20 @@ func TestDynamoRules(t *testing.T) {
 	}
 }
 
-func TestDynamoMeanBlocks(t *testing.T) {
-	p := NewDynamo(DynamoOptions{})
-	if m := p.mean.Observe(8); m != 8 {
-		t.Fatalf("first request: mean %v, want its own 8 blocks", m)
+func TestPickMin(t *testing.T) {
+	tests := []struct {
+		costs []float64
+		draw  int
+		want  int
+	}{
+		{[]float64{3, 1, 2}, 1, 1},
+		{[]float64{1, 1, 1}, 1, 0}, // no draw is 0: the first stays
+		{[]float64{1, 1, 1}, 0, 2}, // every draw is 0: the last tie replaces
+		{[]float64{2, 1, 1, 0.5}, 0, 3},
 	}
-	if m := p.mean.Observe(40); m != 8+32.0/32 { // router.RunningMean weighs a new value 1/32
-		t.Fatalf("second request: mean %v, want %v", m, 8+32.0/32)
+	for _, tc := range tests {
+		if got := pickMin(tc.costs, func(int) int { return tc.draw }); got != tc.want {
+			t.Errorf("pickMin(%v, draw %d) = %d, want %d", tc.costs, tc.draw, got, tc.want)
+		}
 	}
 }

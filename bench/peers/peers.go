@@ -36,6 +36,9 @@ type Options struct {
 	// less: 1). A peer's intervals that stand for a deployment's timing (a metrics refresh)
 	// are model time and run Speedup times shorter in wall time (Options.Wall).
 	Speedup float64
+	// KVEvents connects the KV-event peer (dynamo-kv) to its replicas (nil: that peer cannot
+	// be built).
+	KVEvents *KVEventsOptions
 }
 
 // Wall is model-time interval d in wall time at o.Speedup, at least a millisecond.
@@ -50,17 +53,30 @@ func (o Options) Wall(d time.Duration) time.Duration {
 // peer is one bench-only policy: its name in --modes and how it is built.
 type peer struct {
 	name      string
-	newPolicy func(Options) router.Policy
+	newPolicy func(Options) (router.Policy, error)
 }
+
+// NeedsKVEvents reports whether the peer name reads the replicas' KV events (the bench then
+// starts its sims with events on and fills Options.KVEvents).
+func NeedsKVEvents(name string) bool { return name == DynamoKVName }
+
+// DynamoKVName is the name of the KV-event Dynamo peer.
+const DynamoKVName = "dynamo-kv"
 
 // peers is the table of bench-only policies, in the order Names lists them.
 var peers = [...]peer{
-	{"chwbl", func(o Options) router.Policy { return NewCHWBL(CHWBLOptions{}) }},
-	{"sglang", func(o Options) router.Policy { return NewSGLang(SGLangOptions{Prefix: o.Prefix}) }},
-	{"dynamo", func(o Options) router.Policy { return NewDynamo(DynamoOptions{Prefix: o.Prefix}) }},
-	{"llm-d", func(o Options) router.Policy { return NewLLMD(LLMDOptions{Prefix: o.Prefix}) }},
-	{"llm-d-default", func(o Options) router.Policy {
-		return NewLLMDDefault(LLMDDefaultOptions{Prefix: o.Prefix, Refresh: o.Wall(DefaultLLMDRefreshInterval)})
+	{"chwbl", func(o Options) (router.Policy, error) { return NewCHWBL(CHWBLOptions{}), nil }},
+	{"sglang", func(o Options) (router.Policy, error) { return NewSGLang(SGLangOptions{Prefix: o.Prefix}), nil }},
+	{"dynamo", func(o Options) (router.Policy, error) { return NewDynamo(DynamoOptions{Prefix: o.Prefix}), nil }},
+	{DynamoKVName, func(o Options) (router.Policy, error) {
+		if o.KVEvents == nil {
+			return nil, fmt.Errorf("%s needs the replicas' KV events (simulated replicas started with them)", DynamoKVName)
+		}
+		return NewDynamoKV(DynamoOptions{}, *o.KVEvents)
+	}},
+	{"llm-d", func(o Options) (router.Policy, error) { return NewLLMD(LLMDOptions{Prefix: o.Prefix}), nil }},
+	{"llm-d-default", func(o Options) (router.Policy, error) {
+		return NewLLMDDefault(LLMDDefaultOptions{Prefix: o.Prefix, Refresh: o.Wall(DefaultLLMDRefreshInterval)}), nil
 	}},
 }
 
@@ -76,13 +92,13 @@ func Names() []string {
 // Is reports whether name is a peer policy.
 func Is(name string) bool { return slices.Contains(Names(), name) }
 
-// New returns a new peer policy by name, built with o. A policy that runs goroutines (a
-// metrics scraper) implements io.Closer; the caller closes it when its proxy stops. The error
-// names the peers there are.
+// New returns a new peer policy by name, built from o. The error names the peers there are,
+// or what the peer lacks. A policy that holds resources (llm-d-default's metrics scrapes,
+// dynamo-kv's subscriptions) is an io.Closer; the caller closes it when its proxy stops.
 func New(name string, o Options) (router.Policy, error) {
 	for _, p := range peers {
 		if p.name == name {
-			return p.newPolicy(o), nil
+			return p.newPolicy(o)
 		}
 	}
 	return nil, fmt.Errorf("unknown peer policy %q (one of %s)", name, strings.Join(Names(), ", "))

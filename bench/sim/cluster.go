@@ -29,7 +29,24 @@ func StartCluster(cfg Config, n int, host string, basePort int) (*Cluster, error
 	}
 	c := &Cluster{urls: urls}
 	for i := range n {
-		c.replicas = append(c.replicas, NewReplica("sim-"+strconv.Itoa(i), cfg))
+		rep := NewReplica("sim-"+strconv.Itoa(i), cfg)
+		c.replicas = append(c.replicas, rep)
+		if cfg.KVEventsEndpoint == "" {
+			continue
+		}
+		ep, err := replicaEndpoint(cfg.KVEventsEndpoint, i)
+		if err == nil {
+			err = rep.openKVEvents(ep)
+		}
+		if err != nil {
+			for _, l := range lns {
+				l.Close()
+			}
+			for _, r := range c.replicas {
+				_ = r.Close()
+			}
+			return nil, err
+		}
 	}
 	for i, rep := range c.replicas {
 		c.wg.Add(1)

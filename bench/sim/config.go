@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/prefixlb/prefixlb/bench/kvevents"
 )
 
 // DefaultModel is the model name the sim serves by default.
@@ -93,6 +95,13 @@ type Config struct {
 
 	// MaxRequestBodyBytes caps a request body (413 above it). Default 64 MiB.
 	MaxRequestBodyBytes int64
+
+	// KVEventsEndpoint, when set, makes each replica publish its KV-cache events (blocks
+	// cached and evicted) over ZMQ PUB in vLLM's wire format (package bench/kvevents), as
+	// vLLM does with --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+	// "endpoint": ...}'. It must be tcp://127.0.0.1:PORT; in a cluster replica i binds
+	// PORT+i (PORT 0: an ephemeral port each). Default "": off.
+	KVEventsEndpoint string
 }
 
 // DefaultConfig returns the model of Llama-3.1-8B-Instruct (bf16) on one H100 SXM 80GB under
@@ -150,6 +159,11 @@ func (c *Config) Validate() error {
 	nonneg("prefill-per-token-per-k-context", c.PrefillPerTokenPerKContext)
 	nonneg("decode-per-seq", c.DecodePerSeq)
 	nonneg("decode-per-context-token", c.DecodePerContextToken)
+	if c.KVEventsEndpoint != "" {
+		if err := kvevents.CheckEndpoint(c.KVEventsEndpoint); err != nil {
+			errs = append(errs, fmt.Errorf("--kv-events-endpoint: %w", err))
+		}
+	}
 	if !(c.Speedup > 0) {
 		errs = append(errs, fmt.Errorf("--speedup must be > 0, got %v", c.Speedup))
 	}
@@ -178,4 +192,5 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&c.GPUMemoryUtilization, "gpu-memory-utilization", c.GPUMemoryUtilization, "reported in vllm:cache_config_info only")
 	fs.Float64Var(&c.Speedup, "speedup", c.Speedup, "divide all model times by this factor")
 	fs.Int64Var(&c.MaxRequestBodyBytes, "max-request-body-bytes", c.MaxRequestBodyBytes, "max request body size")
+	fs.StringVar(&c.KVEventsEndpoint, "kv-events-endpoint", c.KVEventsEndpoint, "publish KV-cache events in vLLM's ZMQ format on tcp://127.0.0.1:PORT (replica i: PORT+i; 0: ephemeral); empty: off")
 }

@@ -465,7 +465,10 @@ func (e *Engine) registerBlocks(r *Request) {
 	}
 	bs := e.cfg.BlockSize
 	for full := kvTokens / bs; r.nreg < full && r.nreg < len(r.blocks); r.nreg++ {
-		e.kv.register(r.blocks[r.nreg], e.hashOf(r, r.nreg))
+		h := e.hashOf(r, r.nreg)
+		if e.kv.register(r.blocks[r.nreg], h) && e.kv.ev != nil {
+			e.kv.ev.stored(r, r.nreg, h, bs)
+		}
 	}
 }
 

@@ -29,6 +29,8 @@ type kvCache struct {
 	// version counts releases and registrations; the engine retries a blocked admission only
 	// when it changed.
 	version uint64
+	// ev records stores and evictions as KV events (nil: events off).
+	ev *eventLog
 }
 
 type kvBlock struct {
@@ -106,6 +108,9 @@ func (c *kvCache) allocate() int32 {
 	if blk.hashed {
 		if c.byHash[blk.hash] == b {
 			delete(c.byHash, blk.hash)
+			if c.ev != nil {
+				c.ev.removed(blk.hash)
+			}
 		}
 		blk.hashed = false
 	}
@@ -113,20 +118,21 @@ func (c *kvCache) allocate() int32 {
 	return b
 }
 
-// register records that pinned block b now holds the full block with hash h. If another block
-// already holds h (two requests computed the same prefix at once), b stays unregistered and the
-// first copy is the one found.
-func (c *kvCache) register(b int32, h uint64) {
+// register records that pinned block b now holds the full block with hash h, and reports
+// whether it did. If another block already holds h (two requests computed the same prefix at
+// once), b stays unregistered and the first copy is the one found.
+func (c *kvCache) register(b int32, h uint64) bool {
 	blk := &c.blocks[b]
 	if blk.hashed {
-		return
+		return false
 	}
 	if _, dup := c.byHash[h]; dup {
-		return
+		return false
 	}
 	c.byHash[h] = b
 	blk.hash, blk.hashed = h, true
 	c.version++
+	return true
 }
 
 // release unpins block b once; at zero it becomes free (and evictable).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"github.com/prefixlb/prefixlb/bench/kvevents"
 	"io"
 	"net"
 	"net/http"
@@ -42,9 +43,10 @@ type Replica struct {
 	engineDone sync.WaitGroup
 	srv        *http.Server
 	ids        atomic.Uint64
-	bufs       sync.Pool    // *[]byte
-	stepDue    atomic.Int64 // model time (ns) at which the step in flight ends (Predict)
-	seen       seenCounters // HTTP requests received, per path (Seen)
+	bufs       sync.Pool           // *[]byte
+	stepDue    atomic.Int64        // model time (ns) at which the step in flight ends (Predict)
+	seen       seenCounters        // HTTP requests received, per path (Seen)
+	pub        *kvevents.Publisher // KV events (Config.KVEventsEndpoint; nil: off)
 }
 
 // NewReplica returns a replica named name (used in logs and ids only). It does nothing until
@@ -103,6 +105,13 @@ func (r *Replica) Serve(ln net.Listener) error {
 		ln.Close()
 		return nil
 	}
+	if !r.started && r.cfg.KVEventsEndpoint != "" {
+		if err := r.openKVEvents(r.cfg.KVEventsEndpoint); err != nil {
+			r.life.Unlock()
+			ln.Close()
+			return err
+		}
+	}
 	if !r.started {
 		r.started = true
 		r.engineDone.Add(1)
@@ -130,6 +139,9 @@ func (r *Replica) Close() error {
 	close(r.quit)
 	err := r.srv.Close()
 	r.engineDone.Wait()
+	if r.pub != nil {
+		err = errors.Join(err, r.pub.Close())
+	}
 	return err
 }
 
@@ -178,7 +190,9 @@ func (r *Replica) runEngine() {
 		}
 		r.mu.Lock()
 		r.eng.Complete(due)
+		evs := r.eng.takeKVEvents()
 		r.mu.Unlock()
+		r.publishKVEvents(evs)
 	}
 }
 

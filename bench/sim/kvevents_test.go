@@ -1,0 +1,143 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixlb/prefixlb/bench/kvevents"
+)
+
+// TestKVEventsIndexMatchesCache: a replica publishing KV events over ZMQ on 127.0.0.1, read
+// by a kvevents.Subscriber, leaves the subscriber's index holding exactly the blocks the
+// replica's cache holds, after requests that fill the cache several times over (so blocks
+// are evicted), and the index's overlap for each prompt is the cache's prefix hit.
+func TestKVEventsIndexMatchesCache(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Speedup = 1000
+	cfg.NumGPUBlocks = 48 // 768 tokens: a few prompts fill it
+	cfg.KVEventsEndpoint = "tcp://127.0.0.1:0"
+	c, err := StartCluster(cfg, 1, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	rep := c.Replicas()[0]
+	eps := c.KVEventEndpoints()
+	if len(eps) != 1 || !strings.HasPrefix(eps[0], "tcp://127.0.0.1:") {
+		t.Fatalf("endpoints %v", eps)
+	}
+	idx := kvevents.NewIndex()
+	sub, err := kvevents.Subscribe(idx, "sim-0", eps[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	waitFor(t, "the subscription to reach the publisher", rep.KVEventsSubscribed)
+
+	// Three families of prompts sharing prefixes, revisited, of 30–150 words.
+	var prompts []string
+	for i := range 18 {
+		fam := i % 3
+		words := make([]string, 0, 300)
+		for j := range 30 + 20*(i%7) {
+			words = append(words, fmt.Sprintf("w%d_%d", fam, j))
+		}
+		prompts = append(prompts, strings.Join(words, " "))
+	}
+	for _, p := range prompts {
+		resp := post(t, context.Background(), c.URLs()[0]+"/v1/completions",
+			fmt.Sprintf(`{"prompt":%q,"max_tokens":20}`, p))
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		}
+	}
+	waitFor(t, "every batch sent to be applied", func() bool {
+		_, sent, _ := rep.KVEvents()
+		return sent > 0 && sub.Stats().Batches == sent
+	})
+	st := sub.Stats()
+	_, _, dropped := rep.KVEvents()
+	if st.Missed != 0 || st.BadBatches != 0 || dropped != 0 || st.Index.UnknownParent != 0 || st.Index.UnknownRemoved != 0 {
+		t.Fatalf("stats %+v, dropped %d", st, dropped)
+	}
+	if st.Index.Removed == 0 {
+		t.Fatalf("no block was evicted (%+v): the test does not exercise eviction", st.Index)
+	}
+
+	rep.mu.Lock()
+	want := make([]uint64, 0, len(rep.eng.kv.byHash))
+	for h := range rep.eng.kv.byHash {
+		want = append(want, h)
+	}
+	var hits []int
+	for _, p := range prompts {
+		toks, seed, _, err := rep.ParsePrompt([]byte(fmt.Sprintf(`{"prompt":%q}`, p)), false)
+		if err != nil {
+			rep.mu.Unlock()
+			t.Fatal(err)
+		}
+		n := 0
+		for parent := seed; (n+1)*cfg.BlockSize <= len(toks); n++ {
+			parent = blockHash(parent, toks[n*cfg.BlockSize:(n+1)*cfg.BlockSize])
+			if _, ok := rep.eng.kv.lookup(parent); !ok {
+				break
+			}
+		}
+		hits = append(hits, n)
+	}
+	rep.mu.Unlock()
+	slices.Sort(want)
+	if got := idx.EngineHashes("sim-0"); !slices.Equal(got, want) {
+		t.Fatalf("index holds %d blocks, the cache %d:\n%v\n%v", len(got), len(want), got, want)
+	}
+	for i, p := range prompts {
+		toks, _, _, _ := rep.ParsePrompt([]byte(fmt.Sprintf(`{"prompt":%q}`, p)), false)
+		if got := idx.Overlap("sim-0", kvevents.SequenceHashes(nil, toks, cfg.BlockSize)); got != hits[i] {
+			t.Errorf("prompt %d: index overlap %d blocks, the cache holds %d", i, got, hits[i])
+		}
+	}
+}
+
+// waitFor polls cond every 5 ms for at most 5 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 1000 {
+		if cond() {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestReplicaEndpoint(t *testing.T) {
+	tests := []struct {
+		ep   string
+		i    int
+		want string
+		err  bool
+	}{
+		{"tcp://127.0.0.1:0", 3, "tcp://127.0.0.1:0", false},
+		{"tcp://127.0.0.1:5557", 2, "tcp://127.0.0.1:5559", false},
+		{"tcp://0.0.0.0:5557", 0, "", true},
+		{"ipc:///tmp/x", 0, "", true},
+		{"tcp://127.0.0.1:65535", 1, "", true},
+	}
+	for _, tc := range tests {
+		got, err := replicaEndpoint(tc.ep, tc.i)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("replicaEndpoint(%q, %d) = %q, %v", tc.ep, tc.i, got, err)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// trackingPolicy is a router.Tracker that sends every request to its first candidate and
+// records what the proxy tells it, with the stamp each call names.
+type trackingPolicy struct {
+	mu     sync.Mutex
+	next   router.Learned
+	events []string
+}
+
+func (p *trackingPolicy) note(e string, l router.Learned) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, fmt.Sprintf("%s %d", e, l))
+}
+
+func (p *trackingPolicy) Pick(_ *key.Key, cs []*backend.Backend) router.Decision {
+	return router.Decision{Backend: cs[0], Reason: router.ReasonCold}
+}
+func (p *trackingPolicy) Preview(k *key.Key, cs []*backend.Backend) router.Decision {
+	return p.Pick(k, cs)
+}
+func (p *trackingPolicy) Learn(*key.Key, *backend.Backend, int) router.Learned {
+	p.mu.Lock()
+	p.next++
+	l := p.next
+	p.mu.Unlock()
+	p.note("learn", l)
+	return l
+}
+func (p *trackingPolicy) Unlearn(_ *key.Key, _ *backend.Backend, l router.Learned) {
+	p.note("unlearn", l)
+}
+func (p *trackingPolicy) Prefilled(_ *key.Key, _ *backend.Backend, l router.Learned) {
+	p.note("prefilled", l)
+}
+func (p *trackingPolicy) Finished(_ *key.Key, _ *backend.Backend, l router.Learned) {
+	p.note("finished", l)
+}
+
+// TestTrackerFollowsRequests: a Tracker hears, for each request it learned, that its first
+// token arrived and that it ended (streamed and not); a refused request is unlearned and
+// neither prefilled nor finished.
+func TestTrackerFollowsRequests(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		switch {
+		case strings.Contains(string(b), "refuse"):
+			w.WriteHeader(http.StatusBadRequest)
+		case strings.Contains(string(b), `"stream":true`):
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[{"message":{"content":"hi"}}]}`)
+		}
+	}))
+	defer ts.Close()
+	o := testOptions(t, "prefix", ts.URL)
+	noHealthChecks(&o)
+	pol := &trackingPolicy{}
+	o.Policy = pol
+	s, url := serve(t, o, nil)
+	for _, extra := range []string{`,"stream":true`, ``, `,"user":"refuse"`} {
+		body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a long prompt ", 50) + `"}]` + extra + `}`
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		waitInFlightZero(t, s)
+	}
+	want := "learn 1\nprefilled 1\nfinished 1\nlearn 2\nprefilled 2\nfinished 2\nlearn 3\nunlearn 3"
+	pol.mu.Lock()
+	got := strings.Join(pol.events, "\n")
+	pol.mu.Unlock()
+	if got != want {
+		t.Fatalf("events:\n%s\nwant:\n%s", got, want)
+	}
+}
