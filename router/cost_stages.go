@@ -6,9 +6,13 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// The prefix policy's selection, in stages. Every stage reads the candidates' estimated TTFT
-// (estimate, seconds) and what the stages before it decided, and none weighs anything in
-// another unit: a stage filters candidates, reads their matches or breaks ties.
+// The prefix policy's selection, in stages (pickCost). Every stage reads the candidates'
+// estimated TTFT (estimate, seconds) and what the stages before it decided, and none weighs
+// anything in another unit: a stage filters candidates, reads their matches or breaks ties.
+// A stage takes the candidates and its predecessors' per-candidate output (bool or int
+// slices, on pickCost's stack) and appends or narrows its own; its table test is in
+// cost_stages_test.go, and the replay test (replay_test.go) shows which recorded decisions
+// a change of stage moves.
 
 // selection is what pickCost weighs besides the candidates: the caps and the near-tie rule.
 type selection struct {
@@ -74,25 +78,28 @@ func (sel selection) rule(cs []cand) rule {
 	}
 }
 
-// pickCost is the selection of mode prefix over a snapshot of the candidates whose
-// estimated TTFT estimate filled (seconds; the score); it returns the chosen index into cs
-// and why. place may be nil (no ring). It is a pipeline of stages, each a function below:
+// pickCost is the selection of mode prefix over a snapshot of the candidates: it returns
+// the chosen index into cs and why; place may be nil (no ring). The caller has run stage 0,
+// estimate (cost.go): each candidate's predicted TTFT in seconds, the one score every stage
+// below reads. The caps filter, the estimate scores, the rest picks; each stage is a function
+// below with its own table test (cost_stages_test.go):
 //
 //  1. caps (underCaps): candidates at the bounded-load cap are out, unless all are or one
 //     under the hard cap is estimated faster than every candidate under the cap.
-//  2. estimate (leastEstimate): the least estimated TTFT among those left, exact ties to the
-//     lighter (lighter, salted by tieSalt).
+//  2. least estimate (leastEstimate): the least estimated TTFT among those left, exact ties
+//     to the lighter (lighter, salted by tieSalt).
 //  3. near-tie band (nearTies): the candidates left within sel.tieMargin of the least.
 //  4. effective match (effectiveMatches): each candidate's match as the choice and the
 //     reason count it: a match of the first chunk alone is none (opening), and with spread
 //     a near-tie's thin match on a loaded holder is the near-ties' least (thinBand).
-//  5. tie-break (breakTie): among the near-ties that hold the most, the least estimate,
-//     or with rule.byLoad the least loaded (lightest); then the ring, walked from the first
-//     chunk they do not hold (ringKey), picks among them (onRing).
-//  6. reason (reasonOf): match, overload or cold, from the effective matches.
+//  5. tie-break (breakTie): among the near-ties that hold the most, the least estimate, or
+//     with rule.byLoad the least loaded (lightest); then the ring, walked from the first
+//     chunk they do not hold (ringKey), picks among those left (onRing).
+//  6. reason (reasonOf): cold, match or overload, from the effective matches.
 //
-// rule (selection.rule) resolves the options the stages read. pickCost sets each
-// candidate's weight to at least 1. Up to maxStackCandidates candidates it allocates nothing.
+// selection.rule resolves once what the options mean for these candidates. pickCost sets
+// each candidate's weight to at least 1. Up to maxStackCandidates candidates it allocates
+// nothing.
 func pickCost(chunks []uint64, cs []cand, sel selection, place *placement) (int, Reason) {
 	var okBuf, tieBuf [maxStackCandidates]bool
 	var effBuf [maxStackCandidates]int
