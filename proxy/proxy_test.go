@@ -19,20 +19,6 @@ import (
 	"github.com/prefixlb/prefixlb/router"
 )
 
-// startProxy runs a proxy in mode on 127.0.0.1 in front of urls, with mutate applied to its
-// options (nil: none), and returns it and its base URL.
-func startProxy(t *testing.T, mode string, urls []string, mutate func(*Options)) (*Server, string) {
-	t.Helper()
-	// Test backends answer every path, /health included, with their test behaviour; active
-	// checks and scraping are tested in health_test.go.
-	o := testOptions(t, mode, urls...)
-	noHealthChecks(&o)
-	if mutate != nil {
-		mutate(&o)
-	}
-	return serve(t, o, nil)
-}
-
 // sseBackend emits n SSE events `gap` apart and records when each was written.
 type sseBackend struct {
 	n   int
@@ -49,7 +35,7 @@ func (b *sseBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b.mu.Unlock()
 	for i := 0; i < b.n; i++ {
 		if i > 0 {
-			time.Sleep(b.gap)
+			time.Sleep(b.gap) // the point: events written gap apart
 		}
 		b.mu.Lock()
 		b.at = append(b.at, time.Now())
@@ -540,7 +526,7 @@ func TestBackendDiesMidStream(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"i\":0}\n\n")
 		w.(http.Flusher).Flush()
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the point: the death comes a token's time after the first event
 		c, _, _ := w.(http.Hijacker).Hijack()
 		c.Close()
 	}))
