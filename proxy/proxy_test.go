@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -522,11 +523,15 @@ func TestLeastLoadPicksIdleBackend(t *testing.T) {
 // A backend that dies mid-stream ends the client's stream with a visible error (the chunked
 // body is cut without its terminator), is not retried, and is counted.
 func TestBackendDiesMidStream(t *testing.T) {
+	firstRead := make(chan struct{}) // the client has the first event: the backend dies
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"i\":0}\n\n")
 		w.(http.Flusher).Flush()
-		time.Sleep(50 * time.Millisecond) // the point: the death comes a token's time after the first event
+		select {
+		case <-firstRead:
+		case <-time.After(testTimeout):
+		}
 		c, _, _ := w.(http.Hijacker).Hijack()
 		c.Close()
 	}))
@@ -536,7 +541,14 @@ func TestBackendDiesMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := io.ReadAll(resp.Body)
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('}')
+	close(firstRead)
+	if err != nil {
+		t.Fatalf("the first event: %v after %q", err, first)
+	}
+	rest, err := io.ReadAll(br)
+	b := append([]byte(first), rest...)
 	resp.Body.Close()
 	if err == nil {
 		t.Errorf("client read a complete body %q from a stream whose backend died", b)
