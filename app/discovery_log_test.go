@@ -7,10 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/prefixlb/prefixlb/configs"
 	"github.com/prefixlb/prefixlb/internal/testutil"
 )
@@ -44,25 +40,25 @@ func TestDiscoveryFailureLoggedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, logs := observer.New(zapcore.InfoLevel)
+	log, logs := testutil.RecordingLogger()
 	r := &failingResolver{}
 	r.failing.Store(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, zap.New(core), RunOptions{Resolver: r}) }()
+	go func() { done <- Run(ctx, cfg, log, RunOptions{Resolver: r}) }()
 	t.Cleanup(func() {
 		cancel()
 		testutil.RecvWithin(t, done, testutil.Timeout, "Run returns after its context is cancelled")
 	})
 	testutil.Eventually(t, testutil.Timeout, "8 failed resolutions", func() bool { return r.calls.Load() >= 8 })
-	if n := logs.FilterMessage(msgFailed).Len(); n != 1 {
+	if n := len(logs.WithMessage(msgFailed)); n != 1 {
 		t.Fatalf("%d failed resolutions: %d warnings, want 1", r.calls.Load(), n)
 	}
 	r.failing.Store(false)
-	testutil.Eventually(t, testutil.Timeout, "the recovery is logged", func() bool { return logs.FilterMessage(msgRecovered).Len() == 1 })
+	testutil.Eventually(t, testutil.Timeout, "the recovery is logged", func() bool { return len(logs.WithMessage(msgRecovered)) == 1 })
 	from := r.calls.Load()
 	testutil.Eventually(t, testutil.Timeout, "3 more resolutions", func() bool { return r.calls.Load() >= from+3 })
-	if n, m := logs.FilterMessage(msgFailed).Len(), logs.FilterMessage(msgRecovered).Len(); n != 1 || m != 1 {
+	if n, m := len(logs.WithMessage(msgFailed)), len(logs.WithMessage(msgRecovered)); n != 1 || m != 1 {
 		t.Errorf("after recovery: %d warnings, %d recovery lines; want 1, 1", n, m)
 	}
 }

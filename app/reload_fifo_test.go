@@ -49,7 +49,7 @@ func TestShutdownWhileConfigPathIsAPipe(t *testing.T) {
 			_ = w.Close()
 		}
 	})
-	time.Sleep(100 * time.Millisecond) // ten polls of the pipe
+	time.Sleep(100 * time.Millisecond) // the point: Run polls the pipe ten times meanwhile and must not block on it
 	cancel()
 	if err := testutil.RecvWithin(t, done, testutil.Timeout, "Run returns with its config path a named pipe"); err != nil {
 		t.Errorf("Run: %v", err)

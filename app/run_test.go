@@ -216,9 +216,7 @@ func TestSIGHUPReloadsConfig(t *testing.T) {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 				t.Fatal(err)
 			}
-			for wait := time.Now().Add(100 * time.Millisecond); !cond() && time.Now().Before(wait); {
-				time.Sleep(2 * time.Millisecond)
-			}
+			testutil.Poll(100*time.Millisecond, 2*time.Millisecond, cond) // then the next SIGHUP
 		}
 	}
 

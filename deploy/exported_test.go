@@ -19,6 +19,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/app"
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/peering"
 	"github.com/prefixlb/prefixlb/proxy"
 )
@@ -121,13 +122,9 @@ func exportedMetrics(t *testing.T) exported {
 	t.Cleanup(func() { stop(sv) })
 	servings = append(servings, sv)
 
-	deadline := time.Now().Add(10 * time.Second)
-	for nodes[0].Alive() < 1 || nodes[1].Alive() < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the peered replicas do not see each other after 10 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, "the peered replicas see each other", func() bool {
+		return nodes[0].Alive() >= 1 && nodes[1].Alive() >= 1
+	})
 	c := &http.Client{Timeout: 10 * time.Second}
 	doc := strings.Repeat("a document the conversation shares ", 120)
 	for round := range 4 {
@@ -145,20 +142,13 @@ func exportedMetrics(t *testing.T) exported {
 		}
 	}
 	// The peers' decisions reach the other replica (its decision-delay histogram).
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if nodes[0].Stats().UpdatesReceived > 0 && nodes[1].Stats().UpdatesReceived > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no peer update received after 10 s")
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "a peer update received by each replica", func() bool {
+		return nodes[0].Stats().UpdatesReceived > 0 && nodes[1].Stats().UpdatesReceived > 0
+	})
 	e := exported{}
 	for _, sv := range servings {
 		for _, b := range sv.Backends() { // counted before the in-flight count drops
-			for deadline := time.Now().Add(5 * time.Second); b.InFlight() > 0 && time.Now().Before(deadline); {
-				time.Sleep(5 * time.Millisecond)
-			}
+			testutil.Poll(5*time.Second, 5*time.Millisecond, func() bool { return b.InFlight() == 0 })
 		}
 		rec := httptest.NewRecorder()
 		sv.AdminHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))

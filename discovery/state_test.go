@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 const (
@@ -24,21 +24,15 @@ const stateWait = 10 * time.Second
 // within stateWait.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(stateWait)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", stateWait, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, stateWait, what, cond)
 }
 
 // A name that keeps failing logs one warning, not one per interval; the first success after
 // failures logs one info line; a new failure after that warns again.
 func TestRunLogsChangesOfState(t *testing.T) {
-	core, logs := observer.New(zapcore.DebugLevel)
+	log, logs := testutil.RecordingLogger()
 	r := &fakeResolver{hosts: []string{"10.0.0.1"}}
-	d := DNS{Name: "vllm", Port: 8000, Interval: 2 * time.Millisecond, Resolver: r, Log: zap.New(core)}
+	d := DNS{Name: "vllm", Port: 8000, Interval: 2 * time.Millisecond, Resolver: r, Log: log}
 	calls := func() int {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -46,7 +40,7 @@ func TestRunLogsChangesOfState(t *testing.T) {
 	}
 	count := func(msg string, lvl zapcore.Level) int {
 		n := 0
-		for _, e := range logs.FilterMessage(msg).All() {
+		for _, e := range logs.WithMessage(msg) {
 			if e.Level == lvl {
 				n++
 			}
@@ -86,9 +80,9 @@ func TestRunLogsChangesOfState(t *testing.T) {
 	if n := count(msgRecovered, zapcore.InfoLevel); n != 1 {
 		t.Fatalf("after recovery: %d recovery lines, want 1", n)
 	}
-	e := logs.FilterMessage(msgRecovered).All()[0]
-	if f, ok := e.ContextMap()["failures"].(int64); !ok || f < 20 {
-		t.Errorf("recovery line: failures = %v, want the ≥ 20 failures it ends", e.ContextMap()["failures"])
+	e := logs.WithMessage(msgRecovered)[0]
+	if f, ok := e.Fields["failures"].(int64); !ok || f < 20 {
+		t.Errorf("recovery line: failures = %v, want the ≥ 20 failures it ends", e.Fields["failures"])
 	}
 
 	r.set(nil, errors.New("SERVFAIL"))

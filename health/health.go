@@ -1,23 +1,39 @@
-// Package health decides which backends take traffic and reads their load.
+// Package health decides which backends take traffic and reads their load, KV cache and
+// models.
 //
-// It combines three signals per backend:
+// It gathers these signals per backend, each written to the backend.Backend it concerns:
 //
 //   - active checks (active.go): GET Path every Interval; Rise consecutive passes mark a
 //     backend healthy, Fall consecutive failures mark it unhealthy (HAProxy's rise 2 / fall 3);
+//     the first pass clears backend.NeverPassed;
 //   - passive outlier ejection (passive.go): the proxy reports the outcome of every attempt
 //     (Observe); ConsecutiveFailures connect errors, timeouts or 5xx in a row eject the
 //     backend for BaseEjection × n, capped at MaxEjection (Envoy outlier detection: 5, 30 s,
 //     300 s);
-//   - model-server metrics (scrape.go): GET MetricsPath every ScrapeInterval, parsed for the
-//     vLLM and SGLang load gauges, the KV-cache capacity and the process start time;
+//   - load (scrape.go, as every scraped signal below): GET MetricsPath every ScrapeInterval,
+//     parsed for the vLLM and SGLang gauges (Load, also read by Checker.Load); requests
+//     running and waiting in the engine (backend.SetScrapedLoad, with the in-flight count
+//     the proxy and its peers held as the scrape started);
+//   - KV-cache usage, the fraction of the KV cache in use (backend.SetScrapedKVUsage);
+//   - KV-cache capacity, blocks × block size in tokens (backend.SetScrapedKVCacheTokens;
+//     OnKVCapacity tells the prefix index when it first appears or changes);
+//   - restarts: process_start_time_seconds changing or, without it, the prompt-token
+//     counter going back (the cache epoch, below);
+//   - other senders (senders.go): the replica's finished-request count against the
+//     requests this proxy finished there says whether someone else sends to it
+//     (backend.SetOtherSenders: shared, alone or unknown);
 //   - the served models (models.go): GET ModelsPath every ModelsInterval, after a return to
-//     healthy and after a detected restart, stored on the backend for per-model routing.
+//     healthy and after a detected restart, stored on the backend for per-model routing
+//     (backend.SetDiscoveredModels; OnModels tells the proxy's model pools).
+//
+// A failed scrape falls back to the proxy's own in-flight count (load and KV usage 0) and,
+// once the last good scrape is stale (ScrapeStaleAfter), to an unknown senders verdict.
 //
 // A backend is healthy when its active verdict is healthy (always, when active checks are
 // Disabled) and it is not ejected. The Checker writes that with backend.SetHealthy; panic
 // mode (route to all when fewer than half are healthy) stays in backend.Healthy.
 //
-// Whenever a backend turns healthy again, and whenever its process start time changes, the
+// Whenever a backend turns healthy again, and whenever a scrape finds it restarted, the
 // Checker bumps its cache epoch (backend.ResetCache): a replica that restarted or was away
 // has probably lost its KV cache, and the prefix index must forget what it held.
 //

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 func TestDefaultOptions(t *testing.T) {
@@ -216,11 +217,8 @@ func TestStartCloseGoroutines(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for i := 0; i < 1000; i++ { // 10 s at most
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
+	if testutil.Poll(10*time.Second, 10*time.Millisecond, cond) {
+		return
 	}
 	buf := make([]byte, 1<<16)
 	t.Fatalf("timed out waiting for %s; goroutines:\n%s", what, buf[:runtime.Stack(buf, true)])
@@ -236,15 +234,16 @@ func TestOnceAfterClose(t *testing.T) {
 	// cancels it, but the fake server may still count it a moment later. Only what comes
 	// after counts: wait (at most 2 s) until the server's counts hold still for 60 ms.
 	n0, m0 := srv.checks.Load(), srv.scrapes.Load()
-	for i, still := 0, 0; i < 100 && still < 3; i++ {
-		time.Sleep(20 * time.Millisecond)
+	still := 0
+	testutil.Poll(2*time.Second, 20*time.Millisecond, func() bool {
 		n, m := srv.checks.Load(), srv.scrapes.Load()
 		if n == n0 && m == m0 {
 			still++
 		} else {
 			n0, m0, still = n, m, 0
 		}
-	}
+		return still > 3 // the first look, then 3 more 20 ms apart
+	})
 	c.CheckOnce(bg)
 	c.scrapeAll(bg)
 	if n, m := srv.checks.Load(), srv.scrapes.Load(); n != n0 || m != m0 {

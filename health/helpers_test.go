@@ -11,11 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // fakeClock is a settable clock for the Checker.
@@ -139,18 +136,18 @@ func fakeBackends(t testing.TB, n int) []*backend.Backend {
 	return bs
 }
 
-// newTestChecker returns a Checker with a fake clock and an observed logger.
-func newTestChecker(t testing.TB, o Options) (*Checker, *fakeClock, *observer.ObservedLogs) {
+// newTestChecker returns a Checker with a fake clock and a recording logger.
+func newTestChecker(t testing.TB, o Options) (*Checker, *fakeClock, *testutil.LogRecorder) {
 	t.Helper()
-	core, logs := observer.New(zapcore.DebugLevel)
+	log, logs := testutil.RecordingLogger()
 	clk := newFakeClock()
-	c := New(o, zap.New(core), clk.Now)
+	c := New(o, log, clk.Now)
 	t.Cleanup(c.Close)
 	return c, clk, logs
 }
 
-func countLogs(logs *observer.ObservedLogs, msg string) int {
-	return logs.FilterMessage(msg).Len()
+func countLogs(logs *testutil.LogRecorder, msg string) int {
+	return len(logs.WithMessage(msg))
 }
 
 var bg = context.Background()

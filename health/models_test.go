@@ -145,15 +145,15 @@ func TestModelDiscoveryBounded(t *testing.T) {
 	if got := len(b.Models().Models()); got != backend.MaxModels {
 		t.Errorf("kept %d models, want backend.MaxModels=%d", got, backend.MaxModels)
 	}
-	warn := logs.FilterMessage("backend lists too many models; keeping the first (by id), dropping the rest").All()
+	warn := logs.WithMessage("backend lists too many models; keeping the first (by id), dropping the rest")
 	if len(warn) != 1 {
 		t.Fatalf("%d warnings over 2 reads, want 1", len(warn))
 	}
-	if d := warn[0].ContextMap()["dropped"]; d != int64(listed-backend.MaxModels) {
+	if d := warn[0].Fields["dropped"]; d != int64(listed-backend.MaxModels) {
 		t.Errorf("dropped=%v, want %d", d, listed-backend.MaxModels)
 	}
-	for _, e := range logs.FilterMessage("backend models").All() {
-		if ids, _ := e.ContextMap()["models"].([]any); len(ids) > maxModelsLogged {
+	for _, e := range logs.WithMessage("backend models") {
+		if ids, _ := e.Fields["models"].([]any); len(ids) > maxModelsLogged {
 			t.Errorf("the log line names %d ids, want at most %d", len(ids), maxModelsLogged)
 		}
 	}
@@ -198,17 +198,17 @@ func TestModelIDLengthBounded(t *testing.T) {
 	}
 	read(1)
 	read(2)
-	if w := logs.FilterMessage(warning).All(); len(w) != 1 || w[0].ContextMap()["dropped"] != int64(2) {
+	if w := logs.WithMessage(warning); len(w) != 1 || w[0].Fields["dropped"] != int64(2) {
 		t.Fatalf("after 2 reads: %d warnings (%v), want 1 with dropped=2", len(w), w)
 	}
 	clk.Add(longIDWarnEvery)
 	read(3)
-	w := logs.FilterMessage(warning).All()
-	if len(w) != 2 || w[1].ContextMap()["reads_not_logged"] != int64(1) {
+	w := logs.WithMessage(warning)
+	if len(w) != 2 || w[1].Fields["reads_not_logged"] != int64(1) {
 		t.Fatalf("a period later: %d warnings, want 2, the second with reads_not_logged=1: %v", len(w), w)
 	}
-	for _, e := range logs.All() {
-		for k, v := range e.ContextMap() {
+	for _, e := range logs.Entries() {
+		for k, v := range e.Fields {
 			if s, ok := v.(string); ok && len(s) > 1<<10 {
 				t.Errorf("log %q carries %s of %d bytes", e.Message, k, len(s))
 			}

@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 func repeat(o Outcome, n int) []Outcome { return slices.Repeat([]Outcome{o}, n) }
@@ -101,8 +100,10 @@ func TestEjectionDurationGrows(t *testing.T) {
 		}
 	}
 	// One line per ejection and one per return, nothing else.
-	if n := logs.FilterMessage("backend unhealthy").FilterField(zap.String("reason", "ejected")).Len(); n != len(want) || logs.Len() != 2*len(want) {
-		t.Errorf("%d ejection lines of %d, want %d of %d", n, logs.Len(), len(want), 2*len(want))
+	if n := logs.Count(func(e testutil.LogEntry) bool {
+		return e.Message == "backend unhealthy" && e.Fields["reason"] == "ejected"
+	}); n != len(want) || len(logs.Entries()) != 2*len(want) {
+		t.Errorf("%d ejection lines of %d, want %d of %d", n, len(logs.Entries()), len(want), 2*len(want))
 	}
 
 	// The count forgets one ejection per MaxEjection spent in rotation.

@@ -143,8 +143,8 @@ func TestRestartWarningRateLimited(t *testing.T) {
 	}
 	clk.Add(restartWarnEvery)
 	scrape()
-	w := logs.FilterMessage(msg).All()
-	if len(w) != 2 || w[1].ContextMap()["restarts_not_logged"] != int64(restarts) {
+	w := logs.WithMessage(msg)
+	if len(w) != 2 || w[1].Fields["restarts_not_logged"] != int64(restarts) {
 		t.Errorf("a period later: %d warnings, want 2, the second with restarts_not_logged=%d", len(w), restarts)
 	}
 }

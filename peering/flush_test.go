@@ -22,9 +22,9 @@ func TestIdleFlusherSleeps(t *testing.T) {
 	// The first report (nothing in flight) goes out once b is a live peer, and is repeated
 	// idleRepeats times a keepalive apart.
 	testutil.Eventually(t, wait, "a's first load report", func() bool { return a.node.m.bytesSent.Get() > 0 })
-	time.Sleep((idleRepeats+1)*loadKeepalive + 50*time.Millisecond)
+	time.Sleep((idleRepeats+1)*loadKeepalive + 50*time.Millisecond) // the point: past the repeats, into idleness
 	before, sent := a.node.flushes.Load(), a.node.m.bytesSent.Get()
-	time.Sleep(idleWatch)
+	time.Sleep(idleWatch) // the point: the window whose wake-ups are counted
 	woke := a.node.flushes.Load() - before
 	// 5 wake-ups in 500 ms, with slack for a late timer; a 1 ms ticker would wake ~500 times.
 	if limit := uint64(idleWatch/loadKeepalive) * 3; woke > limit {
@@ -46,13 +46,13 @@ func TestIdleFlusherSleeps(t *testing.T) {
 	l.FirstByte()
 	testutil.Eventually(t, wait, "b sees its prefill done", func() bool { return b.byName(url).PeerPrefillTokens() == 0 })
 	before, sent = a.node.flushes.Load(), a.node.m.bytesSent.Get()
-	time.Sleep(idleWatch)
+	time.Sleep(idleWatch) // the point: the window whose wake-ups are counted
 	woke = a.node.flushes.Load() - before
 	if limit := uint64(idleWatch/loadKeepalive) * 3; woke > limit {
 		t.Fatalf("flusher woke %d times in %v with a request streaming; want at most %d (one per %v)", woke, idleWatch, limit, loadKeepalive)
 	}
 	// The keepalives keep a's report from expiring while the request streams.
-	time.Sleep(loadTTL + 2*loadKeepalive - idleWatch)
+	time.Sleep(loadTTL + 2*loadKeepalive - idleWatch) // the point: past the report's TTL
 	if got := b.byName(url).PeerInFlight(); got != 1 {
 		t.Fatalf("b counts %d of a's requests after %v of streaming, want 1 (a's report expired: no keepalive)", got, loadTTL+2*loadKeepalive)
 	}
@@ -138,7 +138,7 @@ func TestRemovedBackendReportedIdle(t *testing.T) {
 	}
 	a.node.Policy().SetBackends(keep)
 	testutil.Eventually(t, wait, "b stops counting a's request on the backend a dropped", func() bool { return b.byName(x).PeerInFlight() == 0 })
-	time.Sleep(loadTTL + 2*loadKeepalive)
+	time.Sleep(loadTTL + 2*loadKeepalive) // the point: past the report's TTL, which keepalives must renew
 	if got := b.byName(y).PeerInFlight(); got != 1 {
 		t.Fatalf("b counts %d of a's requests on the backend a kept, want 1", got)
 	}

@@ -146,6 +146,21 @@ func (r *replica) holds(k *key.Key, url string) bool {
 	return d.Backend.Name == url && d.Reason == router.ReasonMatch && d.MatchedChunks == len(k.Chunks)
 }
 
+// barrier waits (bounded) until to has applied what from's flusher sends from now on: a
+// request from begins on url and ends, and to sees both. One flusher sends a replica's
+// updates in order and one read loop applies them in order (loopback UDP keeps it), so what
+// from sent before has arrived, or was lost, by then: what a sleep's "time for it to
+// arrive" waited for, without the sleep.
+func barrier(t *testing.T, from, to *replica, url string) {
+	t.Helper()
+	before := to.byName(url).PeerInFlight()
+	var l backend.Lease
+	l.Begin(from.byName(url), 1, 0, false)
+	testutil.Eventually(t, wait, "the barrier's request reaches the peer", func() bool { return to.byName(url).PeerInFlight() == before+1 })
+	l.Release()
+	testutil.Eventually(t, wait, "the barrier's end reaches the peer", func() bool { return to.byName(url).PeerInFlight() == before })
+}
+
 // notRing returns a backend URL other than the one r places k on cold: learning k there is
 // something no peer could guess.
 func (r *replica) notRing(k *key.Key) string {

@@ -379,7 +379,7 @@ func TestPartitionHealAtCapacity(t *testing.T) {
 	testutil.Eventually(t, wait, "c cut off", func() bool { return a.node.Alive() == 0 && c.node.Alive() == 0 })
 	kA, kC := prompt(t, 3100), prompt(t, 3101)
 	a.node.Policy().Learn(kA, a.byName(url), 0)
-	time.Sleep(10 * time.Millisecond) // c's learn the later
+	time.Sleep(10 * time.Millisecond) // the point: c's learn is the later by the clock
 	c.node.Policy().Learn(kC, c.byName(url), 0)
 	if c.pick(kA).MatchedChunks != 0 || a.pick(kC).MatchedChunks != 0 {
 		t.Fatal("a learn crossed the partition")
@@ -392,7 +392,7 @@ func TestPartitionHealAtCapacity(t *testing.T) {
 		return a.holds(kA, url) && a.holds(kC, url) && c.holds(kA, url) && c.holds(kC, url)
 	})
 	// And stay so: the later exchanges (each side's rejoin, memberlist's own) change nothing.
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the point: a window for later exchanges, which would change what they hold
 	for _, r := range []*replica{a, c} {
 		if !r.holds(kA, url) || !r.holds(kC, url) {
 			t.Fatalf("%s lost a partition learn after the heal", r.node.Name())
@@ -420,7 +420,7 @@ func TestReadyOnPeersSnapshot(t *testing.T) {
 			// and the start's wait for a snapshot is longer still.
 			late := startReplica(t, "late", replicaOpts{joinAddr: []string{target}, tcpTimeout: 2 * wait, snapshotTimeout: 3 * wait})
 			if refused {
-				time.Sleep(300 * time.Millisecond) // the join fails first
+				time.Sleep(300 * time.Millisecond) // the join to the refusing port fails first; nothing to wait on for it
 			}
 			a := startReplica(t, "a", replicaOpts{join: []*replica{late}})
 			// a learns once its join has made late a live peer, as a served replica does (its
@@ -563,7 +563,7 @@ func TestPeersCountDecisions(t *testing.T) {
 	slices.Reverse(heavyFirst)
 	least := decayedSum(heavyFirst...) // the heaviest counted first decays most: the least any order reads
 	testutil.Eventually(t, wait, "r1 counts r0's four decisions", func() bool { return got() >= least-1e-9 })
-	time.Sleep(50 * time.Millisecond) // time for a part counted twice to arrive
+	barrier(t, a, b, url) // a part counted twice has arrived by then
 	if v := got(); !inSomeOrder(v, works) {
 		t.Fatalf("r1's recent work on %s is %.4f, want the decayed sum of %v in some order (four decisions, each once)", url, v, works)
 	}

@@ -51,7 +51,7 @@ func TestPeersSharePrefillSamples(t *testing.T) {
 	url := backendURLs[1]
 	var l backend.Lease
 	l.Begin(rs[0].byName(url), 20_000, 0, true)
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(20 * time.Millisecond) // the point: a time to first token to sample
 	l.FirstByte()
 	l.Release()
 	for i, r := range rs {
@@ -67,7 +67,7 @@ func TestPeersSharePrefillSamples(t *testing.T) {
 	})
 	// A sample echoed back would have arrived by now: taken at the echoing flusher's next
 	// wake-up (loadKeepalive at most) and sent once held samplesMaxDelay.
-	time.Sleep(loadKeepalive + samplesMaxDelay + 50*time.Millisecond)
+	time.Sleep(loadKeepalive + samplesMaxDelay + 50*time.Millisecond) // the point: an echo is held, not sent at once
 	for i, r := range rs {
 		if n := r.byName(url).Prefill().Samples(); n != 1 {
 			t.Fatalf("replica %d: %d samples, want 1 (nothing forwarded)", i, n)
@@ -156,7 +156,7 @@ func TestSamplesBatched(t *testing.T) {
 	for range n {
 		var l backend.Lease
 		l.Begin(a.byName(url), 5_000, 0, true)
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(2 * time.Millisecond) // the point: a time to first token to sample
 		l.FirstByte()
 		l.Release()
 	}

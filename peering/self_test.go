@@ -51,7 +51,7 @@ func TestRestartSameAddressNoRejoinStorm(t *testing.T) {
 	testutil.Eventually(t, wait, "b2 imported a's snapshot", func() bool { return imports(b2) >= 1 })
 	testutil.Eventually(t, wait, "b1's entry dropped", func() bool { return len(lostAddrs(a)) == 0 })
 	before, pushes := imports(b2), b2.node.pushes.Load()
-	time.Sleep(quiet)
+	time.Sleep(quiet) // the point: a window of rejoin intervals in which a storm would import
 	// A storm is one join per rejoin interval (200 ms here: 7 in the quiet window); one join
 	// already on its way when b1's entry went (or one exchange as a peer reappears) may land,
 	// and import once more (under load).
@@ -93,7 +93,7 @@ func TestSelfJoinOtherSpelling(t *testing.T) {
 	if !r.node.isSelf(context.Background(), "localhost:"+port) {
 		t.Fatalf("localhost:%s not recognised as %s", port, r.node.Addr())
 	}
-	time.Sleep(quiet)
+	time.Sleep(quiet) // the point: a window in which a self-join would import
 	if n := imports(r); n != 0 {
 		t.Fatalf("the replica imported its own snapshot %d times", n)
 	}

@@ -329,7 +329,7 @@ func TestHeldDecisionCountedOnce(t *testing.T) {
 		t.Fatal("decided again with no peer decision ahead")
 	}
 	testutil.Eventually(t, wait, "b records the kept hashes", func() bool { return b.node.Policy().Index().Entries() > 0 })
-	time.Sleep(50 * time.Millisecond) // time for a group counted twice to arrive
+	barrier(t, a, b, url) // a group counted twice has arrived by then
 	got := b.byName(url).Routed().Value(0, router.RecentHalfLife)
 	if want := float64(d.PrefillWork); math.Abs(got-want) > 1e-9*want {
 		t.Errorf("b's recent work on %s is %.6f, want %.0f: the held decision counted once", url, got, want)
@@ -382,7 +382,7 @@ func TestAbandonSendsNoForget(t *testing.T) {
 	if n := a.node.Policy().Index().Entries(); n != 0 {
 		t.Errorf("a still lists %d entries of the abandoned request", n)
 	}
-	time.Sleep(50 * time.Millisecond) // time for a forget to go out and arrive
+	barrier(t, a, b, bk.Name) // a forget sent has arrived by then
 	if n := a.node.m.forgetsSent.Get(); n != 0 {
 		t.Errorf("a sent %d forgets for a request whose chunks never went out", n)
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // fixedBackend answers every request on a connection with resp, keeping the connection
@@ -37,19 +39,12 @@ func quirkClient() *http.Client {
 
 const quirkHeaderTimeout = 60 * time.Second
 
-func quirkProxy(t *testing.T, urls ...string) (*Server, string, *logSink) {
-	return hygieneProxy(t, urls, func(o *Options) { o.Timeouts.ResponseHeader = quirkHeaderTimeout })
-}
-
-// lastRequestLine returns the request log line of the last request, decoded.
-func lastRequestLine(t *testing.T, sink *logSink) map[string]any {
-	t.Helper()
-	var lines []map[string]any
-	eventually(t, testTimeout, "the request's log line", func() bool {
-		lines = sink.entries(t, "request")
-		return len(lines) > 0
-	})
-	return lines[len(lines)-1]
+// quirkOptions log to log (nil: nowhere) and wait long for a backend's response head.
+func quirkOptions(log *zap.Logger) func(*Options) {
+	return func(o *Options) {
+		o.Log = log
+		o.Timeouts.ResponseHeader = quirkHeaderTimeout
+	}
 }
 
 // A status code outside 100–599 ("000" among them) is an invalid response: 502 when it is the
@@ -58,18 +53,19 @@ func TestBackendStatusOutOfRangeIsInvalid(t *testing.T) {
 	for _, code := range []string{"000", "099", "600", "999"} {
 		t.Run(code, func(t *testing.T) {
 			bad := fixedBackend(t, "HTTP/1.1 "+code+" OK\r\nContent-Length: 2\r\n\r\nhi", false)
-			_, url, sink := quirkProxy(t, bad.URL())
+			log, logs := recordingLogger()
+			_, url := startProxy(t, "round-robin", []string{bad.URL()}, quirkOptions(log))
 			st, body := userDo(t, quirkClient(), http.MethodPost, url, "1")
 			if st != http.StatusBadGateway {
 				t.Fatalf("status %d %q, want 502", st, body)
 			}
 			checkErrorBody(t, body, 502, msgInvalidResponse)
-			if l := lastRequestLine(t, sink); l["result"] != "failed" || fmt.Sprint(l["status"]) != "502" {
+			if l := requestLines(t, logs, 1)[0]; l["result"] != "failed" || fmt.Sprint(l["status"]) != "502" {
 				t.Errorf("log line %v, want status 502, result failed", l)
 			}
 
 			good := fixedBackend(t, jsonResponse(`{"ok":1}`), false)
-			_, url, _ = quirkProxy(t, bad.URL(), good.URL())
+			_, url = startProxy(t, "round-robin", []string{bad.URL(), good.URL()}, quirkOptions(nil))
 			for i := range 4 {
 				if st, body := userDo(t, quirkClient(), http.MethodPost, url, "1"); st != 200 || body != `{"ok":1}` {
 					t.Errorf("request %d beside a good backend: %d %q, want the good backend's 200", i, st, body)
@@ -86,17 +82,18 @@ func TestBackendStatusOutOfRangeIsInvalid(t *testing.T) {
 func TestBackendShortBodyIsReported(t *testing.T) {
 	t.Run("read ahead", func(t *testing.T) {
 		bad := fixedBackend(t, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n0123456789", true)
-		_, url, sink := quirkProxy(t, bad.URL())
+		log, logs := recordingLogger()
+		_, url := startProxy(t, "round-robin", []string{bad.URL()}, quirkOptions(log))
 		st, body := userDo(t, quirkClient(), http.MethodPost, url, "1")
 		if st != http.StatusBadGateway {
 			t.Fatalf("status %d %q, want 502", st, body)
 		}
 		checkErrorBody(t, body, 502, "upstream response ended early")
-		if l := lastRequestLine(t, sink); fmt.Sprint(l["status"]) != "502" || l["error"] != "upstream response ended early" {
+		if l := requestLines(t, logs, 1)[0]; fmt.Sprint(l["status"]) != "502" || l["error"] != "upstream response ended early" {
 			t.Errorf("log line %v, want status 502 naming the early end", l)
 		}
 		good := fixedBackend(t, jsonResponse(`{"ok":1}`), false)
-		_, url, _ = quirkProxy(t, bad.URL(), good.URL())
+		_, url = startProxy(t, "round-robin", []string{bad.URL(), good.URL()}, quirkOptions(nil))
 		for i := range 4 {
 			if st, body := userDo(t, quirkClient(), http.MethodPost, url, "1"); st != 200 || body != `{"ok":1}` {
 				t.Errorf("request %d beside a good backend: %d %q, want the good backend's 200", i, st, body)
@@ -106,7 +103,8 @@ func TestBackendShortBodyIsReported(t *testing.T) {
 	t.Run("streamed", func(t *testing.T) {
 		const announced, sent = 100000, 20000
 		bad := fixedBackend(t, fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", announced, strings.Repeat("x", sent)), true)
-		s, url, sink := quirkProxy(t, bad.URL())
+		log, logs := recordingLogger()
+		s, url := startProxy(t, "round-robin", []string{bad.URL()}, quirkOptions(log))
 		truncated0 := s.m.streamErrors[resultTruncated].Get()
 		resp, err := quirkClient().Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
 		if err != nil {
@@ -117,7 +115,7 @@ func TestBackendShortBodyIsReported(t *testing.T) {
 		if resp.StatusCode != 200 || resp.ContentLength != announced || err == nil || len(b) >= announced {
 			t.Errorf("client: %d, Content-Length %d, %d bytes, %v; want the 200 head, fewer bytes and an error", resp.StatusCode, resp.ContentLength, len(b), err)
 		}
-		if l := lastRequestLine(t, sink); l["result"] != "truncated" || l["error"] != "upstream response ended early" {
+		if l := requestLines(t, logs, 1)[0]; l["result"] != "truncated" || l["error"] != "upstream response ended early" {
 			t.Errorf("log line %v, want result truncated naming the early end", l)
 		}
 		if n := s.m.streamErrors[resultTruncated].Get() - truncated0; n != 1 {
@@ -152,7 +150,8 @@ func TestChunkedResponseLeniency(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			be := fixedBackend(t, head+c.body, false)
-			_, url, sink := quirkProxy(t, be.URL())
+			log, logs := recordingLogger()
+			_, url := startProxy(t, "round-robin", []string{be.URL()}, quirkOptions(log))
 			for i := range 2 {
 				resp, err := quirkClient().Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
 				if err != nil {
@@ -160,7 +159,7 @@ func TestChunkedResponseLeniency(t *testing.T) {
 				}
 				b, err := io.ReadAll(resp.Body)
 				_ = resp.Body.Close()
-				l := lastRequestLine(t, sink)
+				l := requestLines(t, logs, i+1)[i]
 				switch c.want {
 				case whole:
 					if resp.StatusCode != 200 || !strings.HasPrefix(string(b), "hello") || err != nil || l["result"] != "ok" {
@@ -195,7 +194,7 @@ func TestBareLFResponseHead(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			be := fixedBackend(t, c.resp, false)
-			_, url, _ := quirkProxy(t, be.URL())
+			_, url := startProxy(t, "round-robin", []string{be.URL()}, quirkOptions(nil))
 			for i := range 2 {
 				if st, body := userDo(t, quirkClient(), http.MethodPost, url, "1"); st != 200 || body != "hi" {
 					t.Errorf("request %d: %d %q, want 200 hi", i, st, body)
@@ -215,7 +214,7 @@ func TestLongResponseHead(t *testing.T) {
 	field := func(n int) string { return strings.Repeat("v", n) }
 	t.Run("40 KiB", func(t *testing.T) {
 		be := fixedBackend(t, "HTTP/1.1 200 OK\r\nX-Big: "+field(40<<10)+"\r\nContent-Length: 2\r\n\r\nhi", false)
-		_, url, _ := quirkProxy(t, be.URL())
+		_, url := startProxy(t, "round-robin", []string{be.URL()}, quirkOptions(nil))
 		for i := range 2 {
 			resp, err := quirkClient().Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
 			if err != nil {
@@ -233,7 +232,7 @@ func TestLongResponseHead(t *testing.T) {
 	})
 	t.Run("over 64 KiB", func(t *testing.T) {
 		be := fixedBackend(t, "HTTP/1.1 200 OK\r\nX-Big: "+field(maxResponseHead)+"\r\nContent-Length: 2\r\n\r\nhi", false)
-		_, url, _ := quirkProxy(t, be.URL())
+		_, url := startProxy(t, "round-robin", []string{be.URL()}, quirkOptions(nil))
 		st, body := userDo(t, quirkClient(), http.MethodPost, url, "1")
 		if st != http.StatusBadGateway {
 			t.Fatalf("status %d, want 502", st)
@@ -246,7 +245,8 @@ func TestLongResponseHead(t *testing.T) {
 // than HTTP/1.0 and 1.1, also when it arrives in pieces; nothing is forwarded.
 func TestH2CPrefaceGets505(t *testing.T) {
 	be := fixedBackend(t, jsonResponse(`{}`), false)
-	_, url, sink := quirkProxy(t, be.URL())
+	log, logs := recordingLogger()
+	_, url := startProxy(t, "round-robin", []string{be.URL()}, quirkOptions(log))
 	const preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 	for _, split := range []int{0, 7} {
 		c, err := net.DialTimeout("tcp", strings.TrimPrefix(url, "http://"), testTimeout)
@@ -256,7 +256,7 @@ func TestH2CPrefaceGets505(t *testing.T) {
 		_ = c.SetDeadline(time.Now().Add(testTimeout))
 		if split > 0 {
 			_, _ = io.WriteString(c, preface[:split])
-			time.Sleep(50 * time.Millisecond) // a read of its own
+			time.Sleep(50 * time.Millisecond) // the point: the rest arrives in a read of its own
 		}
 		_, _ = io.WriteString(c, preface[split:])
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -269,7 +269,7 @@ func TestH2CPrefaceGets505(t *testing.T) {
 			t.Errorf("split %d: %d %q close %v, want 505 with the JSON error, then the close", split, resp.StatusCode, b, resp.Close)
 		}
 	}
-	if lines := sink.entries(t, "rejected request"); len(lines) != 2 || lines[0]["class"] != "http_version" {
+	if lines := logs.WithMessage("rejected request"); len(lines) != 2 || lines[0].Fields["class"] != "http_version" {
 		t.Errorf("log lines %v, want two rejections of class http_version", lines)
 	}
 	if n := be.accepted.Load(); n != 0 {

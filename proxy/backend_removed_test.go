@@ -17,9 +17,7 @@ func TestBackendRemovedBeforeDialSaysSo(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits.Add(1) }))
 	t.Cleanup(srv.Close)
 	ts := srv.URL
-	o := testOptions(t, "least-load", ts)
-	noHealthChecks(&o)
-	_, base := serve(t, o, func(s *Server) {
+	_, base := startProxy(t, "least-load", []string{ts}, nil, func(s *Server) {
 		s.testPanic = func(at panicStage) {
 			if at == stagePick { // a reload between the pick and the dial: new objects, same URL
 				s.SetBackends(testBackends(t, ts))

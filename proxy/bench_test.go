@@ -53,19 +53,15 @@ func (bb *benchBodies) body(dst []byte, i uint64) []byte {
 	return append(dst, bb.tail...)
 }
 
-// benchProxy serves a proxy in mode in front of n zero-latency backends on loopback.
-func benchProxy(b *testing.B, mode string, n int) (*Server, string) {
+// zeroBackends are the URLs of n zero-latency backends on loopback, until the benchmark ends.
+func zeroBackends(b *testing.B, n int) []string {
 	b.Helper()
 	z, err := sim.StartZero(n, "127.0.0.1", 0, sim.ZeroOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = z.Close() })
-	s, base := serve(b, testOptions(b, mode, z.URLs()...), nil)
-	if _, ok := s.Policy().(*router.Prefix); mode == "prefix" && !ok {
-		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.Policy())
-	}
-	return s, strings.TrimPrefix(base, "http://")
+	return z.URLs()
 }
 
 // BenchmarkProxy sends chat completions through the proxy (fasthttp client → proxy →
@@ -84,7 +80,11 @@ func BenchmarkProxy(b *testing.B) {
 }
 
 func benchProxyRequests(b *testing.B, mode string, stream bool, size int) {
-	_, addr := benchProxy(b, mode, 2)
+	s, base := startProxy(b, mode, zeroBackends(b, 2), checksOn)
+	if _, ok := s.Policy().(*router.Prefix); mode == "prefix" && !ok {
+		b.Fatalf("mode prefix runs %T, want *router.Prefix", s.Policy())
+	}
+	addr := strings.TrimPrefix(base, "http://")
 	bb := newBenchBodies(size, stream)
 	hc := &fasthttp.HostClient{Addr: addr, MaxConns: 256, ReadTimeout: 30 * time.Second, NoDefaultUserAgentHeader: true}
 	defer hc.CloseIdleConnections()

@@ -22,7 +22,8 @@ func TestIncompleteRequestBody(t *testing.T) {
 	be := newBBHoldBackend(t)
 	close(be.release)
 	log, rec := recordingLogger()
-	s, base := rqStartProxy(t, []string{be.URL()}, log, func(o *Options) {
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
+		o.Log = log
 		o.Timeouts.ClientRead = 60 * time.Second
 		o.Timeouts.ClientBodyIdle = 30 * time.Second // no case may end by a timeout
 	})

@@ -59,7 +59,7 @@ func TestSlowUploadsDeclaringHugeBodiesDoNotShutOutOthers(t *testing.T) {
 	)
 	be := newBBHoldBackend(t)
 	close(be.release)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.MaxRequestBodyBytes = declared
 		o.MaxBufferedBodyBytes = budget
 		o.Timeouts.ClientBodyIdle = 60 * time.Second // they stall for the whole test
@@ -109,7 +109,7 @@ func TestOverLimitContentLengthRefusedAtOnce(t *testing.T) {
 	const limit = 64 << 20
 	be := newBBHoldBackend(t)
 	close(be.release)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.MaxRequestBodyBytes = limit
 		o.Timeouts.ClientBodyIdle = 30 * time.Second // far past the 10 s a test waits
 		o.Timeouts.ClientRead = 60 * time.Second
@@ -161,7 +161,7 @@ func TestOverLimitContentLengthRefusedAtOnce(t *testing.T) {
 func TestBodyPreReadBoundedByClientBodyIdle(t *testing.T) {
 	be := newBBHoldBackend(t)
 	close(be.release)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.Timeouts.ClientBodyIdle = 300 * time.Millisecond
 		o.Timeouts.ClientRead = 60 * time.Second // far past the 10 s a test waits
 	})
@@ -200,9 +200,9 @@ func TestBodyBudgetGivenBackOnEveryPath(t *testing.T) {
 		o.Timeouts.ClientBodyIdle = 300 * time.Millisecond
 		o.Timeouts.ClientRead = 60 * time.Second
 	}
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, mutate)
-	sRetry, baseRetry := rqStartProxy(t, []string{deadURL(t), be.URL()}, nil, mutate)
-	sHeld, baseHeld := rqStartProxy(t, []string{held.URL()}, nil, mutate)
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, mutate)
+	sRetry, baseRetry := startProxy(t, "round-robin", []string{deadURL(t), be.URL()}, mutate)
+	sHeld, baseHeld := startProxy(t, "round-robin", []string{held.URL()}, mutate)
 
 	// send writes head and the first `first` bytes of an upload of n, then does what after
 	// says, and returns the status (0: no response, as wanted from a client that left).

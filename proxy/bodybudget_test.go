@@ -196,7 +196,7 @@ func TestBodyBudgetSoak(t *testing.T) {
 	)
 	be := newBBHoldBackend(t)
 	close(be.release)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.MaxRequestBodyBytes = body + 1<<20 // a chunked body's buffer grows towards this
 		o.MaxBufferedBodyBytes = budget
 		o.Timeouts.ClientRead = 60 * time.Second
@@ -324,7 +324,7 @@ func bbSendChunked(base string, n int, wait time.Duration) bbUpload {
 // that fits is forwarded whole; the budget is back to 0 after each.
 func TestBodyBudgetChunked(t *testing.T) {
 	be := newBBHoldBackend(t)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.MaxRequestBodyBytes = 4 << 20
 		o.MaxBufferedBodyBytes = 6 << 20
 	})
@@ -366,7 +366,7 @@ func TestBodyBudgetChunked(t *testing.T) {
 func TestBodyBudgetStalledOrGoneClient(t *testing.T) {
 	be := newBBHoldBackend(t)
 	close(be.release)
-	s, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	s, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.Timeouts.ClientRead = 60 * time.Second
 		o.Timeouts.ClientBodyIdle = 300 * time.Millisecond
 	})
@@ -554,7 +554,7 @@ func TestBodyBudgetCollects(t *testing.T) {
 func TestRefusedUploadStillGetsTheAnswer(t *testing.T) {
 	be := newBBHoldBackend(t)
 	close(be.release)
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.MaxRequestBodyBytes = 1 << 20
 	})
 	const n = 16 << 20

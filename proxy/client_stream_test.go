@@ -58,17 +58,6 @@ func rawPost(t *testing.T, url, proto string) net.Conn {
 	return c
 }
 
-// requestLine waits (bounded) for the one per-request log line and returns it.
-func requestLine(t *testing.T, sink *logSink) map[string]any {
-	t.Helper()
-	eventually(t, 5*time.Second, "the request log line", func() bool { return len(sink.entries(t, "request")) >= 1 })
-	lines := sink.entries(t, "request")
-	if len(lines) != 1 {
-		t.Fatalf("%d request log lines, want 1", len(lines))
-	}
-	return lines[0]
-}
-
 // Defect 11: a client that sends a streaming request and never reads. Once the socket
 // buffers are full the proxy's write makes no progress; after timeouts.client_write both
 // connections are closed, the backend's in-flight slot is free, and the cut is counted.
@@ -88,7 +77,9 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 			}
 		}
 	})
-	s, url, sink := hygieneProxy(t, []string{be.URL()}, func(o *Options) {
+	log, logs := recordingLogger()
+	s, url := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
+		o.Log = log
 		o.Timeouts.ClientWrite = clientWrite
 	})
 	cc := rawPost(t, url, "HTTP/1.1") // and never read
@@ -102,7 +93,7 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 	if _, err := io.Copy(io.Discard, cc); isTimeout(err) {
 		t.Errorf("client connection still open: %v", err)
 	}
-	if l := requestLine(t, sink); l["result"] != "client_write_timeout" || l["status"] != float64(200) {
+	if l := requestLines(t, logs, 1)[0]; l["result"] != "client_write_timeout" || fmt.Sprint(l["status"]) != "200" {
 		t.Errorf("request logged with status %v result %v, want 200 client_write_timeout", l["status"], l["result"])
 	}
 	if m := metricsText(s); !strings.Contains(m, `prefixlb_stream_errors_total{reason="client_write_timeout"} 1`) {
@@ -128,7 +119,7 @@ func TestSlowBackendIsNotCutByClientWrite(t *testing.T) {
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	defer ts.Close()
-	s, url, _ := hygieneProxy(t, []string{ts.URL}, func(o *Options) {
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, func(o *Options) {
 		o.Timeouts.ClientWrite = 150 * time.Millisecond
 	})
 	resp, err := testClient().Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
@@ -160,7 +151,8 @@ func TestHTTP10ClientGetsCloseDelimitedBody(t *testing.T) {
 		}
 	}))
 	defer ts.Close()
-	s, url, sink := hygieneProxy(t, []string{ts.URL}, nil)
+	log, logs := recordingLogger()
+	s, url := startProxy(t, "round-robin", []string{ts.URL}, logTo(log))
 
 	c := rawPost(t, url, "HTTP/1.0")
 	_ = c.SetReadDeadline(time.Now().Add(testTimeout))
@@ -180,7 +172,7 @@ func TestHTTP10ClientGetsCloseDelimitedBody(t *testing.T) {
 		t.Errorf("HTTP/1.0 body %q, want exactly %q (no chunk framing)", body, want)
 	}
 	waitInFlightZero(t, s)
-	if l := requestLine(t, sink); l["result"] != "ok" || l["status"] != float64(200) {
+	if l := requestLines(t, logs, 1)[0]; l["result"] != "ok" || fmt.Sprint(l["status"]) != "200" {
 		t.Errorf("request logged with status %v result %v, want 200 ok", l["status"], l["result"])
 	}
 
@@ -244,7 +236,7 @@ func TestIncompleteResponseIsCountedAsWhatItWas(t *testing.T) {
 				}
 				_ = c.SetWriteDeadline(time.Now().Add(testTimeout))
 				for _, err := io.WriteString(c, chunkedHead); err == nil; _, err = io.WriteString(c, chunk("data: {}\n\n")) {
-					time.Sleep(20 * time.Millisecond) // a token every 20 ms until the proxy closes
+					time.Sleep(20 * time.Millisecond) // the point: a token every 20 ms until the proxy closes
 				}
 			},
 			clientGone: true, result: "client_gone", series: `prefixlb_client_disconnects_total 1`,
@@ -252,7 +244,9 @@ func TestIncompleteResponseIsCountedAsWhatItWas(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			be := newRawBackend(t, tt.serve)
-			s, url, sink := hygieneProxy(t, []string{be.URL()}, func(o *Options) {
+			log, logs := recordingLogger()
+			s, url := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
+				o.Log = log
 				o.Timeouts.Idle = 300 * time.Millisecond
 			})
 			c := rawPost(t, url, "HTTP/1.1")
@@ -273,8 +267,8 @@ func TestIncompleteResponseIsCountedAsWhatItWas(t *testing.T) {
 				}
 			}
 			waitInFlightZero(t, s)
-			l := requestLine(t, sink)
-			if l["status"] != float64(200) || l["result"] != tt.result {
+			l := requestLines(t, logs, 1)[0]
+			if fmt.Sprint(l["status"]) != "200" || l["result"] != tt.result {
 				t.Errorf("request logged with status %v result %v, want 200 %s", l["status"], l["result"], tt.result)
 			}
 			m := metricsText(s)

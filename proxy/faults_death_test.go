@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -25,7 +26,7 @@ func TestFaultBackendDiesAfterHeadersBeforeFirstByte(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(200)
 		w.(http.Flusher).Flush()
-		time.Sleep(20 * time.Millisecond) // prefill
+		time.Sleep(20 * time.Millisecond) // the point: a prefill's time before the backend dies
 		c, _, _ := w.(http.Hijacker).Hijack()
 		_ = c.Close()
 	}))
@@ -71,7 +72,8 @@ func fltKillUnderLoad(t *testing.T, headersFirst bool) {
 		bes[i] = fltNewBackend(t, llms[i])
 		urls = append(urls, bes[i].URL())
 	}
-	s, url := fltStartProxy(t, "prefix", urls, nil)
+	s, url := startProxy(t, "prefix", urls, fltChecks)
+	fltWaitAllHealthy(t, s)
 	load := fltStartLoad(url, clients, 5000)
 	defer load.end()
 
@@ -109,16 +111,12 @@ func fltKillUnderLoad(t *testing.T, headersFirst bool) {
 	perReq := int64(k.PromptTokens) + 8 // the longest turn, with margin
 	var inflight, prefill int64
 	waitStart := time.Now()
-	for {
-		// Bounded: fails below. The window is often milliseconds wide, so poll fast.
+	// The window is often milliseconds wide, so poll fast.
+	if !testutil.Poll(10*time.Second, 200*time.Microsecond, func() bool {
 		inflight, prefill = victim.InFlight(), victim.PrefillTokens()
-		if inflight >= 2 && prefill > 0 && prefill <= (inflight-1)*perReq {
-			break
-		}
-		if time.Since(waitStart) > 10*time.Second {
-			t.Fatalf("within 10 s the victim never had a request in prefill and one streaming at once (last: %d in flight, %d prefill tokens)", inflight, prefill)
-		}
-		time.Sleep(200 * time.Microsecond)
+		return inflight >= 2 && prefill > 0 && prefill <= (inflight-1)*perReq
+	}) {
+		t.Fatalf("within 10 s the victim never had a request in prefill and one streaming at once (last: %d in flight, %d prefill tokens)", inflight, prefill)
 	}
 	t.Logf("kill window reached after %v", time.Since(waitStart).Round(time.Millisecond))
 	bes[vi].kill()

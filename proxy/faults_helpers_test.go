@@ -22,49 +22,42 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
-// fltCheckEvery is the active-check interval and timeout of fltStartProxy. The config allows
+// fltCheckEvery is the active-check interval and timeout of fltChecks. The config allows
 // no timeout longer than the interval; 250 ms keeps a check of a good backend on a loaded
 // 2-core machine under -race from timing out three times in a row (which would mark it
 // unhealthy), where the config minimum of 100 ms did not.
 const fltCheckEvery = 250 * time.Millisecond
 
-// fltStartProxy runs a proxy on 127.0.0.1 with active health checks on (every
-// fltCheckEvery), scraping off and short ejections; mutate may change anything. It waits
-// (bounded) until every backend has passed its first checks.
-func fltStartProxy(t *testing.T, mode string, urls []string, mutate func(*Options)) (*Server, string) {
-	t.Helper()
-	o := testOptions(t, mode, urls...)
+// fltChecks turns active health checks on (every fltCheckEvery), scraping off, and makes
+// ejections short (a mutate of startProxy's; fltWaitAllHealthy then waits for the first
+// checks).
+func fltChecks(o *Options) {
+	checksOn(o)
 	h := &o.Health
 	h.Interval, h.Timeout, h.ScrapeInterval = fltCheckEvery, fltCheckEvery, 0
 	h.BaseEjection, h.MaxEjection = 300*time.Millisecond, time.Second
-	if mutate != nil {
-		mutate(&o)
-	}
-	s, base := serve(t, o, nil)
-	if !o.Health.Disabled {
-		for _, b := range s.Backends() {
-			if _, ok := fltWaitHealthy(b, true, 10*time.Second); !ok {
-				t.Fatalf("%s never passed its first health checks", b.Name)
-			}
+}
+
+// fltWaitAllHealthy waits (bounded) until every backend of s has passed its first checks.
+func fltWaitAllHealthy(t *testing.T, s *Server) {
+	t.Helper()
+	for _, b := range s.Backends() {
+		if _, ok := fltWaitHealthy(b, true, 10*time.Second); !ok {
+			t.Fatalf("%s never passed its first health checks", b.Name)
 		}
 	}
-	return s, base
 }
 
 // fltWaitHealthy polls b until its health is want (bounded) and returns how long it took.
 func fltWaitHealthy(b *backend.Backend, want bool, limit time.Duration) (time.Duration, bool) {
 	start := time.Now()
-	for time.Since(start) < limit {
-		if b.Healthy() == want {
-			return time.Since(start), true
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return time.Since(start), b.Healthy() == want
+	ok := testutil.Poll(limit, 2*time.Millisecond, func() bool { return b.Healthy() == want })
+	return time.Since(start), ok
 }
 
 // fltBackendByURL finds the proxy's backend for a configured URL.
@@ -124,16 +117,15 @@ func (b *fltBackend) kill() {
 // restart listens on the same port again (bounded retries while the port is released).
 func (b *fltBackend) restart(t *testing.T) {
 	t.Helper()
+	var ln net.Listener
 	var err error
-	for i := 0; i < 100; i++ {
-		var ln net.Listener
-		if ln, err = net.Listen("tcp", b.addr); err == nil {
-			b.serve(ln)
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testutil.Poll(2*time.Second, 20*time.Millisecond, func() bool {
+		ln, err = net.Listen("tcp", b.addr)
+		return err == nil
+	}) {
+		t.Fatalf("restart on %s: %v", b.addr, err)
 	}
-	t.Fatalf("restart on %s: %v", b.addr, err)
+	b.serve(ln)
 }
 
 // fltLLM is a streaming chat backend: /health answers 200; any other path reads the body,

@@ -12,7 +12,6 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -384,35 +383,26 @@ func TestFDExhaustionChild(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatalf("setrlimit: %v", err)
 	}
-	o := testOptions(t, "round-robin", strings.Split(backends, ",")...)
-	o.Log = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.InfoLevel))
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.fds == nil {
-		t.Fatal("no descriptor budget under RLIMIT_NOFILE")
-	}
-	if mode == "emfile" {
-		s.fds = nil
-		for _, u := range *s.ups.Load() {
-			u.fds = nil
+	s, url := startProxy(t, "round-robin", strings.Split(backends, ","), func(o *Options) {
+		checksOn(o)
+		o.Log = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.Lock(os.Stderr), zapcore.InfoLevel))
+	}, func(s *Server) {
+		if s.fds == nil {
+			t.Fatal("no descriptor budget under RLIMIT_NOFILE")
 		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+		if mode == "emfile" {
+			s.fds = nil
+			for _, u := range *s.ups.Load() {
+				u.fds = nil
+			}
+		}
+	})
 	aln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sv := s.Start(context.Background(), ln)
 	go func() { _ = s.ServeAdmin(s.AdminListener(aln)) }()
-	fmt.Printf("READY %s %s\n", ln.Addr(), aln.Addr())
+	fmt.Printf("READY %s %s\n", strings.TrimPrefix(url, "http://"), aln.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes it
 	_ = aln.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
-	defer cancel()
-	_ = sv.Stop(ctx)
 }

@@ -42,10 +42,12 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	log, rec := recordingLogger()
 	local := newLocalResources(metrics.NewSet(), log, time.Now)
 	rl := &retryListener{Listener: &flakyListener{Listener: ln, fails: 3}, local: local, where: "accept"}
+	accepted := make(chan struct{})
+	defer close(accepted)
 	go func() {
 		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
 			defer c.Close()
-			time.Sleep(time.Second)
+			<-accepted // open until the test has accepted it
 		}
 	}()
 	c, err := rl.Accept()
@@ -260,13 +262,13 @@ func TestClientReadDoesNotLimitResponses(t *testing.T) {
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.Header.Get("X-Slow-Headers") != "" {
-			time.Sleep(3 * clientRead)
+			time.Sleep(3 * clientRead) // the point: headers slower than client_read
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range 10 { // 10 × 100 ms: over three times client_read
 			fmt.Fprintf(w, "data: %d\n\n", i)
 			w.(http.Flusher).Flush()
-			time.Sleep(clientRead / 3)
+			time.Sleep(clientRead / 3) // the point: a stream longer than client_read
 		}
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))

@@ -17,7 +17,7 @@ import (
 // an untyped body as JSON. A Content-Type the client sent is kept as sent.
 func TestNoContentTypeAdded(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	for _, tc := range []struct{ name, fields, want string }{
 		{"none", "", ""},
 		{"json", "Content-Type: application/json\r\n", "application/json"},
@@ -40,7 +40,7 @@ func TestNoContentTypeAdded(t *testing.T) {
 // Trailer field announces trailers that will never follow, and the body arrives whole.
 func TestChunkedTrailersNotAnnounced(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	body := `{"model":"m","messages":[]}`
 	for _, announce := range []string{"Trailer: X-Checksum\r\n", ""} {
 		t.Run(fmt.Sprintf("announced=%v", announce != ""), func(t *testing.T) {
@@ -80,7 +80,7 @@ func TestResponseConnectionNamesAnyNumber(t *testing.T) {
 	fmt.Fprintf(&extra, "%s: long\r\n", long)
 	extra.WriteString("Connection: " + strings.Join(names, ", ") + "\r\nX-Kept: yes\r\n")
 	be := newRQBackend(t, extra.String())
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	resp, body := rqRoundTrip(t, base, rqPost("", `{"model":"m","messages":[]}`))
 	recvWithin(t, be.seen, 10*time.Second, "the backend got no request")
 	if resp.StatusCode != 200 || string(body) != "ok" {
@@ -107,7 +107,7 @@ func TestResponseContentTypeNotInvented(t *testing.T) {
 		}
 		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	})
-	_, base := rqStartProxy(t, []string{"http://" + ln.Addr().String()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{"http://" + ln.Addr().String()}, nil)
 	resp, body := rqRoundTrip(t, base, rqPost("", `{"model":"m","messages":[]}`))
 	if resp.StatusCode != 200 || string(body) != "ok" {
 		t.Fatalf("response %d %q", resp.StatusCode, body)

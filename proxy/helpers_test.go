@@ -9,8 +9,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/health"
@@ -47,6 +50,61 @@ func waitInFlightZero(t testing.TB, s *Server) {
 	testutil.WaitInFlightZero(t, s.Backends)
 }
 
+// startProxy is how a proxy test starts a proxy: a Server in mode in front of urls
+// (testOptions) with active checks and scraping off (checksOn turns them on), mutate applied
+// to its Options (nil: none; o.Log = a recordingLogger's to read its log), and hooks run on
+// the Server before it starts (test hooks, fasthttp settings, backend changes). It serves
+// (Server.Start) on an ephemeral 127.0.0.1 port until the test ends or stopProxy, and
+// startProxy returns the server and its base URL.
+func startProxy(t testing.TB, mode string, urls []string, mutate func(*Options), hooks ...func(*Server)) (*Server, string) {
+	t.Helper()
+	o := testOptions(t, mode, urls...)
+	noHealthChecks(&o)
+	if mutate != nil {
+		mutate(&o)
+	}
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hooks {
+		h(s)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv := s.Start(context.Background(), ln)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+			defer cancel()
+			_ = sv.Stop(ctx)
+		})
+	}
+	stops.Store(s, stop)
+	t.Cleanup(func() {
+		stop()
+		stops.Delete(s)
+	})
+	return s, sv.URL()
+}
+
+// stops holds the stop of each proxy startProxy started, until its test ends.
+var stops sync.Map // *Server → func()
+
+// stopProxy stops s, which startProxy started, now (its test's end then stops nothing): what
+// a Stop does at the end (the traces' export) can then be checked.
+func stopProxy(t testing.TB, s *Server) {
+	t.Helper()
+	stop, ok := stops.Load(s)
+	if !ok {
+		t.Fatal("stopProxy: not a proxy of startProxy's, or already ended")
+	}
+	stop.(func())()
+}
+
 // testOptions are the Options of a test proxy in mode in front of urls: the defaults, the
 // health checker's included (active checks and scraping on, as prefixlb serve runs).
 func testOptions(t testing.TB, mode string, urls ...string) Options {
@@ -55,11 +113,16 @@ func testOptions(t testing.TB, mode string, urls ...string) Options {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The proxy's fake backends are no model servers and count what reaches them: model
-	// discovery is off here (health and app test it, on simulated replicas).
+	return Options{Mode: mode, Policy: pol, Backends: testBackends(t, urls...), Health: testHealth()}
+}
+
+// testHealth are the health checker's defaults, with model discovery off: the proxy's fake
+// backends are no model servers and count what reaches them (health and app test discovery,
+// on simulated replicas).
+func testHealth() health.Options {
 	ho := health.DefaultOptions()
 	ho.ModelsInterval = -1
-	return Options{Mode: mode, Policy: pol, Backends: testBackends(t, urls...), Health: ho}
+	return ho
 }
 
 // testBackends builds a backend per URL (default KV capacity and weight).
@@ -83,30 +146,12 @@ func noHealthChecks(o *Options) {
 	o.Health.ScrapeInterval = 0
 }
 
-// serve builds a Server from o, runs hook on it (nil: none; fasthttp settings, backend
-// changes before the start) and starts it (Server.Start) on an ephemeral 127.0.0.1 port
-// until the test ends. It returns the server and its base URL.
-func serve(t testing.TB, o Options, hook func(*Server)) (*Server, string) {
-	t.Helper()
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hook != nil {
-		hook(s)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := s.Start(context.Background(), ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
-		defer cancel()
-		_ = sv.Stop(ctx)
-	})
-	return s, sv.URL()
-}
+// logTo sets the proxy's logger (a mutate of startProxy's; recordingLogger's to read it).
+func logTo(log *zap.Logger) func(*Options) { return func(o *Options) { o.Log = log } }
+
+// checksOn turns active checks and scraping on, at the defaults (a mutate of startProxy's;
+// prefixlb serve runs them).
+func checksOn(o *Options) { o.Health = testHealth() }
 
 // stopGrace bounds a test proxy's shutdown when its test ends.
 const stopGrace = 5 * time.Second

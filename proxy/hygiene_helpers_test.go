@@ -1,14 +1,12 @@
 package proxy
 
-// Helpers of the hostile-backend tests (upstream_hygiene_test.go, client_stream_test.go): a
-// proxy whose every log entry is captured, and backends written in raw bytes.
+// Helpers of the hostile-backend tests (upstream_hygiene_test.go, client_stream_test.go):
+// backends written in raw bytes, and the request's log line.
 
 import (
 	"bufio"
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -18,69 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
-
-// logSink collects every log entry, all levels, as JSON lines.
-type logSink struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logSink) Sync() error { return nil }
-
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// entries returns the logged entries whose message is msg, decoded.
-func (l *logSink) entries(t testing.TB, msg string) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
-		if line == "" {
-			continue
-		}
-		var e map[string]any
-		if err := json.Unmarshal([]byte(line), &e); err != nil {
-			t.Fatalf("log line is not JSON: %v: %.200s", err, line)
-		}
-		if e["msg"] == msg {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// hygieneProxy is startProxy with every log entry, debug included, captured in the sink.
-func hygieneProxy(t *testing.T, urls []string, mutate func(*Options)) (*Server, string, *logSink) {
-	t.Helper()
-	return hygieneProxyPrep(t, urls, mutate, nil)
-}
-
-// hygieneProxyPrep is hygieneProxy with prep run on the server before it serves.
-func hygieneProxyPrep(t *testing.T, urls []string, mutate func(*Options), prep func(*Server)) (*Server, string, *logSink) {
-	t.Helper()
-	sink := &logSink{}
-	o := testOptions(t, "round-robin", urls...)
-	noHealthChecks(&o)
-	o.Log = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), sink, zapcore.DebugLevel))
-	if mutate != nil {
-		mutate(&o)
-	}
-	s, url := serve(t, o, prep)
-	return s, url, sink
-}
 
 // rawBackend is a backend written in raw bytes: serve runs for each accepted connection and the
 // connection is closed when it returns. It counts connections accepted and finished.
@@ -194,4 +130,19 @@ func userDo(t *testing.T, c *http.Client, method, url, user string) (int, string
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// requestLines waits (bounded) for n request log lines in logs and returns the fields of
+// each; more than n fails the test.
+func requestLines(t *testing.T, logs *logRecorder, n int) []map[string]any {
+	t.Helper()
+	eventually(t, testTimeout, fmt.Sprintf("%d request log lines", n), func() bool { return len(logs.WithMessage("request")) >= n })
+	var out []map[string]any
+	for _, e := range logs.WithMessage("request") {
+		out = append(out, e.Fields)
+	}
+	if len(out) != n {
+		t.Fatalf("%d request log lines, want %d:\n%.600s", len(out), n, logs.Text())
+	}
+	return out
 }

@@ -47,9 +47,7 @@ func TestScrapedQueueSteersTraffic(t *testing.T) {
 			}
 			// A scrape stays fresh for 5 s: a few slow scrapes on a loaded machine must not
 			// drop replica 1's reported queue from its load mid-test.
-			o := testOptions(t, mode, urls...)
-			fastChecks(&o, 5*time.Second)
-			s, base := serve(t, o, nil)
+			s, base := startProxy(t, mode, urls, fastChecks(5*time.Second))
 			eventually(t, 5*time.Second, "the scrape feeds replica 1's queue into its load, the others healthy", func() bool {
 				return s.Backends()[1].Load() >= 50 && s.Backends()[0].Healthy() && s.Backends()[2].Healthy()
 			})
@@ -85,9 +83,7 @@ func TestScrapedKVCapacitySizesIndex(t *testing.T) {
 		}
 	}))
 	defer ts.Close()
-	o := testOptions(t, "prefix", ts.URL)
-	fastChecks(&o, time.Second)
-	s, _ := serve(t, o, nil)
+	s, _ := startProxy(t, "prefix", []string{ts.URL}, fastChecks(time.Second))
 	want := int64(1000 * 16 / key.DefaultChunkTokens)
 	eventually(t, 5*time.Second, fmt.Sprintf("index capacity %d from the scraped 16000 KV tokens", want), func() bool {
 		infos := s.BackendInfos()
@@ -95,12 +91,15 @@ func TestScrapedKVCapacitySizesIndex(t *testing.T) {
 	})
 }
 
-// fastChecks checks and scrapes every 100 ms (checks time out after 80 ms); a scrape counts
-// for staleAfter.
-func fastChecks(o *Options, staleAfter time.Duration) {
-	h := &o.Health
-	h.Interval, h.Timeout = 100*time.Millisecond, 80*time.Millisecond
-	h.ScrapeInterval, h.ScrapeStaleAfter = 100*time.Millisecond, staleAfter
+// fastChecks turns checks and scrapes on, every 100 ms (checks time out after 80 ms); a
+// scrape counts for staleAfter.
+func fastChecks(staleAfter time.Duration) func(*Options) {
+	return func(o *Options) {
+		checksOn(o)
+		h := &o.Health
+		h.Interval, h.Timeout = 100*time.Millisecond, 80*time.Millisecond
+		h.ScrapeInterval, h.ScrapeStaleAfter = 100*time.Millisecond, staleAfter
+	}
 }
 
 // TestPeerLoadShown: what the peered replicas reported on a backend (package peering sets it)
@@ -109,7 +108,7 @@ func fastChecks(o *Options, staleAfter time.Duration) {
 func TestPeerLoadShown(t *testing.T) {
 	ts := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	defer ts.Close()
-	s, _ := serve(t, testOptions(t, "prefix", ts.URL), nil)
+	s, _ := startProxy(t, "prefix", []string{ts.URL}, checksOn)
 	b := s.pool.Snapshot()[0]
 	b.SetPeerLoad(2, 300)
 	if in := s.BackendInfos()[0]; in.PeerInFlight != 2 || in.PeerPrefillTokens != 300 {

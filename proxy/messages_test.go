@@ -56,11 +56,10 @@ func TestSniffUsage(t *testing.T) {
 	}
 }
 
-// startSimProxy starts n simulated replicas and a prefix-mode proxy in front of them.
-func startSimProxy(t *testing.T, n int) (*Server, string) {
+// simBackends starts n simulated replicas of scfg until the test ends, and returns them and
+// a backend for each with its KV capacity (a proxy's: startProxy's mutate sets o.Backends).
+func simBackends(t *testing.T, scfg sim.Config, n int) (*sim.Cluster, []*backend.Backend) {
 	t.Helper()
-	scfg := sim.DefaultConfig()
-	scfg.Speedup = 100
 	cluster, err := sim.StartCluster(scfg, n, "127.0.0.1", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -70,16 +69,15 @@ func startSimProxy(t *testing.T, n int) (*Server, string) {
 			t.Errorf("sim cluster: %v", err)
 		}
 	})
-	o := testOptions(t, "prefix")
-	noHealthChecks(&o)
+	var bs []*backend.Backend
 	for _, u := range cluster.URLs() {
 		b, err := backend.New(u, int64(scfg.KVCacheTokens()), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		o.Backends = append(o.Backends, b)
+		bs = append(bs, b)
 	}
-	return serve(t, o, nil)
+	return cluster, bs
 }
 
 // metricSum is the sum of the /metrics samples whose name (with labels) starts with prefix.
@@ -119,7 +117,10 @@ type anthropicUsage struct {
 // replica that holds the prefix ("match"), finds it in its KV cache, and the proxy's prompt and
 // cached-token counters equal what the client was told.
 func TestMessagesThroughProxy(t *testing.T) {
-	s, url := startSimProxy(t, 2)
+	scfg := sim.DefaultConfig()
+	scfg.Speedup = 100
+	_, bs := simBackends(t, scfg, 2)
+	s, url := startProxy(t, "prefix", nil, func(o *Options) { o.Backends = bs })
 	c := testClient()
 	system := strings.Repeat("You are a careful coding agent working in a Go repository. ", 30)
 	turn1 := `{"model":"` + sim.DefaultModel + `","max_tokens":5,"system":[{"type":"text","text":"` + system + `","cache_control":{"type":"ephemeral"}}],` +
@@ -208,7 +209,7 @@ func TestMessagesTTFTAtFirstToken(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":8,\"cache_read_input_tokens\":0}}}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n")
 		w.(http.Flusher).Flush()
-		time.Sleep(hold)
+		time.Sleep(hold) // the point: the first token comes hold after message_start
 		_, _ = io.WriteString(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n")
 		_, _ = io.WriteString(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
 	}))

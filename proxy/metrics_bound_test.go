@@ -46,9 +46,7 @@ func TestBackendSeriesBounded(t *testing.T) {
 		ts, _ := testutil.StatusBackend(t, 200, `{"choices":[]}`)
 		stableURLs = append(stableURLs, ts.URL)
 	}
-	o := testOptions(t, "round-robin", stableURLs...)
-	noHealthChecks(&o)
-	s, url := serve(t, o, nil)
+	s, url := startProxy(t, "round-robin", stableURLs, nil)
 	body := `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
 	var first int
 	for i := range cycles {

@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/prefixlb/prefixlb/health"
 )
 
 // panicTestRequests is how many requests each panic-mode test sends.
@@ -48,9 +46,8 @@ func newSwitchableReplica(t *testing.T) *switchableReplica {
 // activeChecks turns the proxy's active checks on, 100 ms apart, rise 2 / fall 3; scraping
 // and model discovery off.
 func activeChecks(o *Options) {
-	o.Health = health.DefaultOptions()
+	checksOn(o)
 	o.Health.Interval, o.Health.Timeout, o.Health.ScrapeInterval = 100*time.Millisecond, 100*time.Millisecond, 0
-	o.Health.ModelsInterval = -1
 }
 
 // postCompletions sends n completion requests and returns the status and x-prefixlb-backend
@@ -78,9 +75,7 @@ func postCompletions(t *testing.T, base string, n int) (statuses []int, servedBy
 // routed to the refusing ports came back 502 when the retry landed on the other one too.
 func TestPanicModeSkipsNeverPassedBackends(t *testing.T) {
 	up := newSwitchableReplica(t)
-	o := testOptions(t, "round-robin", up.srv.URL, deadURL(t), deadURL(t))
-	activeChecks(&o)
-	s, base := serve(t, o, nil)
+	s, base := startProxy(t, "round-robin", []string{up.srv.URL, deadURL(t), deadURL(t)}, activeChecks)
 	bs := s.Backends()
 	eventually(t, healthWait, "the replica that is up passes its first check", bs[0].Healthy)
 	statuses, _ := postCompletions(t, base, panicTestRequests)
@@ -107,9 +102,7 @@ func TestPanicModeSkipsNeverPassedBackends(t *testing.T) {
 // /health that flaps while generation works): below half healthy, they take traffic again.
 func TestPanicModeCoversBackendsThatPassedOnce(t *testing.T) {
 	rs := []*switchableReplica{newSwitchableReplica(t), newSwitchableReplica(t), newSwitchableReplica(t)}
-	o := testOptions(t, "round-robin", rs[0].srv.URL, rs[1].srv.URL, rs[2].srv.URL)
-	activeChecks(&o)
-	s, base := serve(t, o, nil)
+	s, base := startProxy(t, "round-robin", []string{rs[0].srv.URL, rs[1].srv.URL, rs[2].srv.URL}, activeChecks)
 	bs := s.Backends()
 	eventually(t, healthWait, "all three replicas pass their first check", func() bool {
 		return bs[0].Healthy() && bs[1].Healthy() && bs[2].Healthy()

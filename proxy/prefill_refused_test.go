@@ -26,10 +26,10 @@ func TestRefusedRequestTeachesNoPrefill(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
-		time.Sleep(20 * time.Millisecond) // a prefill
+		time.Sleep(20 * time.Millisecond) // the point: a prefill's time, so that the request is in prefill a while
 		_, _ = w.Write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"))
 	}))
-	s, base := fltStartProxy(t, "prefix", []string{be.URL()}, func(o *Options) { o.Health.Disabled = true })
+	s, base := startProxy(t, "prefix", []string{be.URL()}, func(o *Options) { fltChecks(o); o.Health.Disabled = true })
 	b := s.Backends()[0]
 	c := fltClient()
 	for i := range 5 {

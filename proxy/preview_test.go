@@ -16,14 +16,14 @@ import (
 func TestDebugRouteRecordsNothing(t *testing.T) {
 	a, hitsA := testutil.StatusBackend(t, 200, `{"choices":[]}`)
 	b, hitsB := testutil.StatusBackend(t, 200, `{"choices":[]}`)
-	o := testOptions(t, "round-robin", a.URL, b.URL)
-	noHealthChecks(&o)
-	sh, err := router.NewShadow(router.ShadowPrefix, "round-robin", o.Policy, router.PolicyOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.Policy = sh
-	s, url := serve(t, o, nil)
+	var sh *router.Shadow
+	s, url := startProxy(t, "round-robin", []string{a.URL, b.URL}, func(o *Options) {
+		var err error
+		if sh, err = router.NewShadow(router.ShadowPrefix, "round-robin", o.Policy, router.PolicyOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		o.Policy = sh
+	})
 	body := func(i int) string {
 		return fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"conversation %d: %s"}]}`, i, strings.Repeat("a long enough prompt ", 20))
 	}

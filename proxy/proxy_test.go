@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -19,20 +20,6 @@ import (
 	"github.com/prefixlb/prefixlb/router"
 )
 
-// startProxy runs a proxy in mode on 127.0.0.1 in front of urls, with mutate applied to its
-// options (nil: none), and returns it and its base URL.
-func startProxy(t *testing.T, mode string, urls []string, mutate func(*Options)) (*Server, string) {
-	t.Helper()
-	// Test backends answer every path, /health included, with their test behaviour; active
-	// checks and scraping are tested in health_test.go.
-	o := testOptions(t, mode, urls...)
-	noHealthChecks(&o)
-	if mutate != nil {
-		mutate(&o)
-	}
-	return serve(t, o, nil)
-}
-
 // sseBackend emits n SSE events `gap` apart and records when each was written.
 type sseBackend struct {
 	n   int
@@ -49,7 +36,7 @@ func (b *sseBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b.mu.Unlock()
 	for i := 0; i < b.n; i++ {
 		if i > 0 {
-			time.Sleep(b.gap)
+			time.Sleep(b.gap) // the point: events written gap apart
 		}
 		b.mu.Lock()
 		b.at = append(b.at, time.Now())
@@ -536,11 +523,15 @@ func TestLeastLoadPicksIdleBackend(t *testing.T) {
 // A backend that dies mid-stream ends the client's stream with a visible error (the chunked
 // body is cut without its terminator), is not retried, and is counted.
 func TestBackendDiesMidStream(t *testing.T) {
+	firstRead := make(chan struct{}) // the client has the first event: the backend dies
 	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"i\":0}\n\n")
 		w.(http.Flusher).Flush()
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-firstRead:
+		case <-time.After(testTimeout):
+		}
 		c, _, _ := w.(http.Hijacker).Hijack()
 		c.Close()
 	}))
@@ -550,7 +541,14 @@ func TestBackendDiesMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := io.ReadAll(resp.Body)
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('}')
+	close(firstRead)
+	if err != nil {
+		t.Fatalf("the first event: %v after %q", err, first)
+	}
+	rest, err := io.ReadAll(br)
+	b := append([]byte(first), rest...)
 	resp.Body.Close()
 	if err == nil {
 		t.Errorf("client read a complete body %q from a stream whose backend died", b)

@@ -50,13 +50,10 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
-
-	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // Bounds of a panic's log line, bytes: the stack of a request's goroutine is a few KB; the
@@ -70,10 +67,6 @@ const (
 // panics, and the first after each panicStackEvery since its last stack, do; the others log
 // the short line.
 const panicStackEvery = time.Minute
-
-// maxPanicSites bounds the sites logLimiter tracks apart (sites are places in the code, a
-// few; past the bound the new ones share one entry).
-const maxPanicSites = 64
 
 // The messages of the panic log lines, one per place a panic is contained.
 const (
@@ -109,43 +102,6 @@ func (s *Server) testPanicAt(stage panicStage) {
 	if s.testPanic != nil {
 		s.testPanic(stage)
 	}
-}
-
-// buildKey is s.keys.Build with a panic in it contained: the request is then keyed as one
-// whose body prefixlb cannot read (key.Fallback: parse-fallback routing, body forwarded
-// unchanged), counted and logged. id names the request in the log (0: /debug/route).
-func (s *Server) buildKey(id uint64, path, body []byte, k *key.Key) {
-	defer s.containKeyPanic(id, path, body, k)
-	s.keys.Build(path, body, k)
-	s.testPanicAt(stageKey)
-}
-
-// containKeyPanic is buildKey's deferred recover.
-func (s *Server) containKeyPanic(id uint64, path, body []byte, k *key.Key) {
-	p := recover()
-	if p == nil {
-		return
-	}
-	s.m.keyPanics.Inc()
-	fields := append(s.panicFields(logKeyPanic, p), zap.Uint64("request_id", id), zap.ByteString("path", path),
-		zap.Int("body_bytes", len(body)))
-	if fallbackKey(path, body, k) {
-		fields = append(fields, zap.Bool("model_scan_panicked", true))
-	}
-	s.log.Error(logKeyPanic, fields...)
-}
-
-// fallbackKey is key.Fallback, with a panic in its model scan contained (k then has no
-// model: its pool is every backend's). It reports whether the scan panicked.
-func fallbackKey(path, body []byte, k *key.Key) (panicked bool) {
-	defer func() {
-		if recover() != nil {
-			k.Model = k.Model[:0]
-			panicked = true
-		}
-	}()
-	key.Fallback(path, body, k)
-	return false
 }
 
 // serving is what handle holds of one request until it returns: the body's lease, and the
@@ -189,24 +145,6 @@ func (s *Server) handlerPanicked(ctx *fasthttp.RequestCtx, f *flow, p any) {
 	writeError(ctx, fasthttp.StatusInternalServerError, msgInternal)
 	closeAfterRefusal(ctx)
 	s.log.Error(logHandlerPanic, append(fields, zap.String("in", "handler"))...)
-}
-
-// Read relays the backend's body (read), with a panic in it contained: the flow is abandoned
-// and the error ends the relay, so fasthttp closes the client's connection.
-func (f *flow) Read(p []byte) (n int, err error) {
-	defer f.containRead(&n, &err)
-	if f.s.testPanic != nil && f.bytes > 0 {
-		f.s.testPanic(stageRelay)
-	}
-	return f.read(p)
-}
-
-// containRead is Read's deferred recover.
-func (f *flow) containRead(n *int, err *error) {
-	if p := recover(); p != nil {
-		*n, *err = 0, errPanicked
-		f.panicked(p, logRelayPanic, "relay")
-	}
 }
 
 // containFinish is finish's deferred recover: what finish had not released yet is released,
@@ -323,60 +261,4 @@ func panicSite() string {
 			return "unknown"
 		}
 	}
-}
-
-// logLimiter decides which of a site's events log in full: the first, and the first after
-// each every since the last one logged; panics' stacks (panicStackEvery per site) and local
-// resource errors (localLogEvery per kind) share it.
-type logLimiter struct {
-	now   func() time.Time // time.Now; a test's clock
-	every time.Duration
-	mu    sync.Mutex
-	sites map[string]*panicSiteState
-}
-
-// panicSiteState is a site's last event logged and the events left out since.
-type panicSiteState struct {
-	logged     time.Time
-	suppressed int
-}
-
-func newLogLimiter(now func() time.Time, every time.Duration) *logLimiter {
-	return &logLimiter{now: now, every: every, sites: map[string]*panicSiteState{}}
-}
-
-// newPanicLimiter is the limiter of panics' stacks: one per panicStackEvery per site.
-func newPanicLimiter(now func() time.Time) *logLimiter { return newLogLimiter(now, panicStackEvery) }
-
-// allow reports whether an event at site logs in full, and the site's events left out: when
-// it does, those since the last one; otherwise, those since the last one, this one counted.
-func (l *logLimiter) allow(site string) (full bool, suppressed int) {
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st := l.sites[site]
-	if st == nil {
-		if len(l.sites) >= maxPanicSites {
-			site = "" // the shared entry of the sites past the bound
-			st = l.sites[site]
-		}
-		if st == nil {
-			l.sites[site] = &panicSiteState{logged: now}
-			return true, 0
-		}
-	}
-	if now.Sub(st.logged) >= l.every {
-		n := st.suppressed
-		*st = panicSiteState{logged: now}
-		return true, n
-	}
-	st.suppressed++
-	return false, st.suppressed
-}
-
-// size is the number of sites tracked.
-func (l *logLimiter) size() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.sites)
 }

@@ -57,15 +57,12 @@ func TestPanicStacksRateLimited(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newPanicReplica(t)
-			o := testOptions(t, "prefix", r.srv.URL)
-			noHealthChecks(&o)
 			log, rec := recordingLogger()
-			o.Log = log
 			clock := newFakeClock()
 			armed := &atomic.Bool{}
-			s, base := serve(t, o, func(s *Server) {
+			s, base := startProxy(t, "prefix", []string{r.srv.URL}, logTo(log), func(s *Server) {
 				setPanicClock(s, clock.now)
-				s.testPanic = func(at panicStage) {
+				s.testPanic = func(at panicStage) { // here: the test checks that the stack names this file
 					if at == c.stage && armed.CompareAndSwap(true, false) {
 						panic(panicMarker)
 					}

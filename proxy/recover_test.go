@@ -87,23 +87,17 @@ func (r *panicReplica) closedConn(addr string) bool {
 	return r.gone[addr]
 }
 
-// panicProxy serves a proxy (mode prefix, no health checks, a recording logger) in front of
-// url that panics at stage once for each time armed is set.
-func panicProxy(t *testing.T, stage panicStage, url string) (*Server, string, *atomic.Bool, *logRecorder) {
-	t.Helper()
-	o := testOptions(t, "prefix", url)
-	noHealthChecks(&o)
-	log, rec := recordingLogger()
-	o.Log = log
-	armed := &atomic.Bool{}
-	s, base := serve(t, o, func(s *Server) {
+// panicAt is a hook of startProxy's that makes the proxy's serving panic at stage once for
+// each time armed is set.
+func panicAt(stage panicStage) (hook func(*Server), armed *atomic.Bool) {
+	armed = &atomic.Bool{}
+	return func(s *Server) {
 		s.testPanic = func(at panicStage) {
 			if at == stage && armed.CompareAndSwap(true, false) {
 				panic(panicMarker)
 			}
 		}
-	})
-	return s, base, armed, rec
+	}, armed
 }
 
 // panicChatBody is a streamed chat body of a few chunks whose user turn starts with prompt.
@@ -212,7 +206,9 @@ func TestPanicContained(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := newPanicReplica(t)
-			s, base, armed, rec := panicProxy(t, c.stage, r.srv.URL)
+			log, rec := recordingLogger()
+			hook, armed := panicAt(c.stage)
+			s, base := startProxy(t, "prefix", []string{r.srv.URL}, logTo(log), hook)
 			cl := testClient()
 			prompt := "first request"
 			if c.hold {
@@ -329,7 +325,9 @@ func checkInternalError(t *testing.T, resp *http.Response) {
 // without its [DONE], and releases the backend as in the relay of fasthttp's.
 func TestPanicContainedHTTP10Relay(t *testing.T) {
 	r := newPanicReplica(t)
-	s, base, armed, rec := panicProxy(t, stageRelay, r.srv.URL)
+	log, rec := recordingLogger()
+	hook, armed := panicAt(stageRelay)
+	s, base := startProxy(t, "prefix", []string{r.srv.URL}, logTo(log), hook)
 	armed.Store(true)
 	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
@@ -365,7 +363,9 @@ func TestPanicContainedHTTP10Relay(t *testing.T) {
 // counted and logged, and the answer is the parse-fallback decision (the model still read).
 func TestPanicContainedDebugRoute(t *testing.T) {
 	r := newPanicReplica(t)
-	s, _, armed, rec := panicProxy(t, stageKey, r.srv.URL)
+	log, rec := recordingLogger()
+	hook, armed := panicAt(stageKey)
+	s, _ := startProxy(t, "prefix", []string{r.srv.URL}, logTo(log), hook)
 	admin := httptest.NewServer(s.AdminHandler())
 	defer admin.Close()
 	route := func() RouteInfo {

@@ -19,9 +19,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/prefixlb/prefixlb/internal/testutil"
 )
@@ -128,17 +125,6 @@ func rqRoundTrip(t *testing.T, base, raw string) (*http.Response, []byte) {
 	return resp, body
 }
 
-// rqStartProxy serves a round-robin proxy in front of urls whose logger is log (nil: none).
-func rqStartProxy(t *testing.T, urls []string, log *zap.Logger, mutate func(*Options)) (*Server, string) {
-	t.Helper()
-	return startProxy(t, "round-robin", urls, func(o *Options) {
-		o.Log = log
-		if mutate != nil {
-			mutate(o)
-		}
-	})
-}
-
 func rqPost(extra, body string) string {
 	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-End-To-End: kept\r\n%sContent-Length: %d\r\n\r\n%s", extra, len(body), body)
 }
@@ -147,7 +133,7 @@ func rqPost(extra, body string) string {
 // field a Connection field names, do not reach the backend; end-to-end fields do.
 func TestHopByHopFieldsStrippedInAnySpelling(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	cases := []struct {
 		name    string
 		fields  string   // raw header lines sent
@@ -193,7 +179,7 @@ func TestHopByHopFieldsStrippedInAnySpelling(t *testing.T) {
 // case), do not reach the client.
 func TestHopByHopResponseFieldsStrippedInAnySpelling(t *testing.T) {
 	be := newRQBackend(t, "connection: x-backend-secret\r\nx-backend-secret: 1\r\nkeep-alive: timeout=5\r\nUPGRADE: h2c\r\nproxy-authenticate: Basic\r\nX-Kept: yes\r\n")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	resp, body := rqRoundTrip(t, base, rqPost("", `{"model":"m","messages":[]}`))
 	recvWithin(t, be.seen, 10*time.Second, "the backend got no request")
 	if resp.StatusCode != 200 || string(body) != "ok" {
@@ -214,7 +200,7 @@ func TestHopByHopResponseFieldsStrippedInAnySpelling(t *testing.T) {
 // same for Forwarded when the client sent one.
 func TestForwardedForCannotBeSpoofed(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	cases := []struct {
 		name, fields     string
 		wantXFF, wantFwd string // "" for wantFwd: no Forwarded field at all
@@ -261,7 +247,7 @@ func TestAppendForwardedFor(t *testing.T) {
 // the backend.
 func TestConnectAndTraceRefused(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	for _, raw := range []string{
 		"CONNECT internal.example:443 HTTP/1.1\r\nHost: internal.example:443\r\n\r\n",
 		"TRACE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -283,7 +269,7 @@ func TestConnectAndTraceRefused(t *testing.T) {
 // forwarded as sent.
 func TestUnknownHTTPVersionRefused(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	for _, v := range []string{"HTTP/2.0", "HTTP/9.9", "HTTP/1.2", "HTTP/0.9"} {
 		resp, body := rqRoundTrip(t, base, "GET /v1/models "+v+"\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
 		if resp.StatusCode != 505 || !bytes.Contains(body, []byte(`"code":"prefixlb_505"`)) {
@@ -308,7 +294,7 @@ func TestUnknownHTTPVersionRefused(t *testing.T) {
 // is not forwarded: the backend gets the body at once.
 func TestExpectNotForwarded(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, nil)
 	c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -342,7 +328,7 @@ func TestExpectNotForwarded(t *testing.T) {
 // CRLF a client may send between requests, are unaffected.
 func TestBareLFRequestAnsweredAtOnce(t *testing.T) {
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, nil, func(o *Options) {
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.Timeouts.ClientRead = 30 * time.Second // a hang shows as no answer within 10 s
 	})
 	for _, raw := range []string{
@@ -414,9 +400,9 @@ func TestLFScan(t *testing.T) {
 // Authorization value, a header name or the request line never shows up.
 func TestParseErrorsNeverShowHeaderValues(t *testing.T) {
 	const secret = "sk-MARKER-7f3a9c"
-	core, logs := observer.New(zapcore.DebugLevel)
+	log, logs := recordingLogger()
 	be := newRQBackend(t, "")
-	_, base := rqStartProxy(t, []string{be.URL()}, zap.New(core), nil)
+	_, base := startProxy(t, "round-robin", []string{be.URL()}, logTo(log))
 	for _, raw := range []string{
 		"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\rX\r\n\r\n",
 		"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\x00\r\n\r\n",
@@ -437,10 +423,10 @@ func TestParseErrorsNeverShowHeaderValues(t *testing.T) {
 		}
 	}
 	eventually(t, 5*time.Second, "a rejected-request log line per request", func() bool {
-		return logs.FilterMessage("rejected request").Len() >= 9
+		return len(logs.WithMessage("rejected request")) >= 9
 	})
-	for _, e := range logs.All() {
-		if line := fmt.Sprintf("%s %v", e.Message, e.ContextMap()); strings.Contains(line, secret) {
+	for _, e := range logs.Entries() {
+		if line := e.Text(); strings.Contains(line, secret) {
 			t.Errorf("log line at %s shows the secret: %s", e.Level, line)
 		}
 	}

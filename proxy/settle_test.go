@@ -175,8 +175,6 @@ func TestSettle(t *testing.T) {
 				t.Cleanup(ts.Close)
 				urls[n], byURL[ts.URL] = ts.URL, n
 			}
-			o := testOptions(t, "prefix", urls["A"], urls["B"], urls["C"])
-			noHealthChecks(&o)
 			// The policy names backends as the proxy does (their URL); the script says A, B, C.
 			pol := &settlingPolicy{contended: tc.contended, wait: wait, learnAt: map[router.Learned]time.Time{},
 				received: map[string]*atomic.Int64{}}
@@ -184,8 +182,7 @@ func TestSettle(t *testing.T) {
 				pol.picks = append(pol.picks, urls[n])
 				pol.received[urls[n]] = received[n]
 			}
-			o.Policy = pol
-			s, url := serve(t, o, nil)
+			s, url := startProxy(t, "prefix", []string{urls["A"], urls["B"], urls["C"]}, func(o *Options) { o.Policy = pol })
 			body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a long prompt ", 200) + `"}]}`
 			resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 			if err != nil {
@@ -243,13 +240,10 @@ func TestSettleClientLeaves(t *testing.T) {
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	defer ts.Close()
-	o := testOptions(t, "prefix", ts.URL)
-	noHealthChecks(&o)
 	// A hold long enough for the watchdog (watchInterval) to see the client leave.
 	pol := &settlingPolicy{picks: []string{ts.URL}, contended: []bool{true}, wait: 5 * watchInterval,
 		learnAt: map[router.Learned]time.Time{}, received: map[string]*atomic.Int64{ts.URL: &got}}
-	o.Policy = pol
-	s, url := serve(t, o, nil)
+	s, url := startProxy(t, "prefix", []string{ts.URL}, func(o *Options) { o.Policy = pol })
 	ctx, cancel := context.WithTimeout(context.Background(), watchInterval/2)
 	defer cancel()
 	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a long prompt ", 200) + `"}]}`

@@ -23,8 +23,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -179,26 +179,12 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 	scfg := sim.DefaultConfig()
 	scfg.Speedup = 10
 	scfg.NumGPUBlocks = 4096 // 65k tokens: the cache churns
-	cluster, err := sim.StartCluster(scfg, 3, "127.0.0.1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := cluster.Close(); err != nil {
-			t.Errorf("sim cluster: %v", err)
-		}
-	}()
-
-	o := testOptions(t, "prefix")
-	o.Health.Interval, o.Health.Timeout, o.Health.ScrapeInterval = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
-	for _, u := range cluster.URLs() {
-		b, err := backend.New(u, int64(scfg.KVCacheTokens()), 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.Backends = append(o.Backends, b)
-	}
-	s, url := serve(t, o, func(s *Server) {
+	cluster, bs := simBackends(t, scfg, 3)
+	s, url := startProxy(t, "prefix", nil, func(o *Options) {
+		checksOn(o)
+		o.Health.Interval, o.Health.Timeout, o.Health.ScrapeInterval = 200*time.Millisecond, 200*time.Millisecond, 200*time.Millisecond
+		o.Backends = bs
+	}, func(s *Server) {
 		// fasthttp keeps idle workers for 10 s by default; reap them sooner so the goroutine
 		// count can settle within the test's bounded wait.
 		s.srv.MaxIdleWorkerDuration = 500 * time.Millisecond
@@ -287,13 +273,10 @@ func TestSoakStreamingWithCancellations(t *testing.T) {
 	// Goroutines back to the baseline, less the replicas' side of pooled idle connections.
 	const tolerance = 5
 	var g int
-	for end := time.Now().Add(15 * time.Second); ; {
+	testutil.Poll(15*time.Second, 50*time.Millisecond, func() bool {
 		g = runtime.NumGoroutine() - soakIdleUpstreams(s)
-		if g <= g0+tolerance || time.Now().After(end) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return g <= g0+tolerance
+	})
 	if g > g0+tolerance {
 		var buf bytes.Buffer
 		_ = pprof.Lookup("goroutine").WriteTo(&buf, 1)

@@ -15,10 +15,11 @@ import (
 // bench's first requests did).
 func TestStartChecksBackendsFirst(t *testing.T) {
 	be, _ := statusBackend(t, http.StatusOK, `{"choices":[]}`)
-	o := testOptions(t, "round-robin", be.URL)
-	o.Health.Interval = time.Hour // no check but Start's before the request below
-	o.Health.ScrapeInterval = 0
-	s, url := serve(t, o, nil)
+	s, url := startProxy(t, "round-robin", []string{be.URL}, func(o *Options) {
+		checksOn(o)
+		o.Health.Interval = time.Hour // no check but Start's before the request below
+		o.Health.ScrapeInterval = 0
+	})
 	if !s.Backends()[0].Healthy() {
 		t.Fatal("serving before the backend's first check")
 	}

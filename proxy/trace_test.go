@@ -26,30 +26,10 @@ import (
 	"github.com/prefixlb/prefixlb/tracing"
 )
 
-// tracedProxy serves a proxy (mode prefix, no health checks) in front of url with every
-// request traced to rcv; stop stops it, which exports its spans.
-func tracedProxy(t *testing.T, url string, rcv *testutil.OTLPReceiver, hook func(*Server)) (base string, stop func()) {
-	t.Helper()
-	o := testOptions(t, "prefix", url)
-	noHealthChecks(&o)
-	o.Tracing = &tracing.Options{Endpoint: rcv.URL, SampleRatio: 1}
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hook != nil {
-		hook(s)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := s.Start(context.Background(), ln)
-	return sv.URL(), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), stopGrace)
-		defer cancel()
-		_ = sv.Stop(ctx)
-	}
+// tracedTo traces every request of the proxy to rcv (a mutate of startProxy's); stopProxy
+// exports the spans.
+func tracedTo(rcv *testutil.OTLPReceiver) func(*Options) {
+	return func(o *Options) { o.Tracing = &tracing.Options{Endpoint: rcv.URL, SampleRatio: 1} }
 }
 
 // spansNamed groups spans by name.
@@ -68,14 +48,14 @@ func TestTraceEndsOnRefusalAndPanic(t *testing.T) {
 	rep := newPanicReplica(t)
 	t.Run("refused", func(t *testing.T) {
 		rcv := testutil.StartOTLPReceiver(t)
-		base, stop := tracedProxy(t, rep.srv.URL, rcv, nil)
+		s, base := startProxy(t, "prefix", []string{rep.srv.URL}, tracedTo(rcv))
 		req, _ := http.NewRequest("TRACE", base+"/v1/models", nil)
 		resp, err := testutil.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		stop()
+		stopProxy(t, s)
 		spans, _ := rcv.Spans(t)
 		by := spansNamed(spans)
 		if len(spans) != 2 || len(by[spanRequest]) != 1 || len(by[spanAdmit]) != 1 {
@@ -91,7 +71,7 @@ func TestTraceEndsOnRefusalAndPanic(t *testing.T) {
 		t.Run(stage.String(), func(t *testing.T) {
 			rcv := testutil.StartOTLPReceiver(t)
 			armed := true
-			base, stop := tracedProxy(t, rep.srv.URL, rcv, func(s *Server) {
+			s, base := startProxy(t, "prefix", []string{rep.srv.URL}, tracedTo(rcv), func(s *Server) {
 				s.testPanic = func(at panicStage) {
 					if at == stage && armed {
 						armed = false // one request, on its own goroutine: no race
@@ -104,7 +84,7 @@ func TestTraceEndsOnRefusalAndPanic(t *testing.T) {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 			}
-			stop()
+			stopProxy(t, s)
 			spans, _ := rcv.Spans(t)
 			by := spansNamed(spans)
 			if len(by[spanRequest]) != 1 || by[spanRequest][0].Status != tracepb.Status_STATUS_CODE_ERROR || by[spanRequest][0].StatusMessage != "panic" {
@@ -126,7 +106,7 @@ func TestTraceEndsOnRefusalAndPanic(t *testing.T) {
 func TestTraceAttributesCarryNoSecrets(t *testing.T) {
 	rep := newPanicReplica(t)
 	rcv := testutil.StartOTLPReceiver(t)
-	base, stop := tracedProxy(t, rep.srv.URL, rcv, nil)
+	s, base := startProxy(t, "prefix", []string{rep.srv.URL}, tracedTo(rcv))
 	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +123,7 @@ func TestTraceAttributesCarryNoSecrets(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(resp), "HTTP/1.1 200") {
 		t.Fatalf("response %q, %v", resp, err)
 	}
-	stop()
+	stopProxy(t, s)
 	spans, _ := rcv.Spans(t)
 	if len(spans) < 6 {
 		t.Fatalf("%d spans, want the request's", len(spans))

@@ -98,7 +98,8 @@ func misframedTwoUsers(t *testing.T, overTLS bool, method, resp, late string) {
 			}
 		}
 	})
-	_, url, sink := hygieneProxyPrep(t, []string{be.URL()}, nil, trustUpstreams(pool))
+	log, logs := recordingLogger()
+	_, url := startProxy(t, "round-robin", []string{be.URL()}, logTo(log), trustUpstreams(pool))
 	c := testClient()
 	if st, _ := userDo(t, c, method, url, "1"); st != 200 {
 		t.Fatalf("user 1: status %d", st)
@@ -116,8 +117,8 @@ func misframedTwoUsers(t *testing.T, overTLS bool, method, resp, late string) {
 			t.Errorf("user %s received user 1's completion", u)
 		}
 	}
-	if strings.Contains(sink.String(), user1Secret) {
-		t.Errorf("user 1's completion text is in the log: %.400s", sink.String())
+	if strings.Contains(logs.Text(), user1Secret) {
+		t.Errorf("user 1's completion text is in the log: %.400s", logs.Text())
 	}
 }
 
@@ -155,7 +156,8 @@ func TestUpgradeResponseIsNeverRelayedOrPooled(t *testing.T) {
 					}
 				}
 			})
-			_, url, sink := hygieneProxy(t, []string{be.URL()}, nil)
+			log, logs := recordingLogger()
+			_, url := startProxy(t, "round-robin", []string{be.URL()}, logTo(log))
 			c := testClient()
 			st, body := userDo(t, c, http.MethodPost, url, "1")
 			if st != tt.status {
@@ -175,7 +177,7 @@ func TestUpgradeResponseIsNeverRelayedOrPooled(t *testing.T) {
 			if n := be.accepted.Load(); (n == 1) != tt.reuseConn {
 				t.Errorf("backend accepted %d connections; reuse expected: %v", n, tt.reuseConn)
 			}
-			if strings.Contains(sink.String(), tunnel) {
+			if strings.Contains(logs.Text(), tunnel) {
 				t.Errorf("tunnel bytes in the log")
 			}
 		})
@@ -226,7 +228,7 @@ func TestEarlyErrorResponseIsRelayed(t *testing.T) {
 		_, _ = io.WriteString(c, fmt.Sprintf("HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer))
 		// Closing with the body unread makes the kernel reset the connection.
 	})
-	s, url, _ := hygieneProxy(t, []string{be.URL()}, func(o *Options) {
+	s, url := startProxy(t, "round-robin", []string{be.URL()}, func(o *Options) {
 		o.Health.MaxEjectedPercent = 100 // the one backend may be ejected: 5 counted failures would
 	})
 	big := bytes.Repeat([]byte("x"), 16<<20) // far beyond the socket buffers: the write must fail
@@ -289,7 +291,9 @@ func TestErrorsCarryNoUpstreamBytesOrAddresses(t *testing.T) {
 				be := newRawBackend(t, tt.serve)
 				url, addr = be.URL(), be.Addr()
 			}
-			_, purl, sink := hygieneProxy(t, []string{url}, func(o *Options) {
+			log, logs := recordingLogger()
+			_, purl := startProxy(t, "round-robin", []string{url}, func(o *Options) {
+				o.Log = log
 				o.Timeouts.ResponseHeader = 300 * time.Millisecond
 			})
 			st, body := userDo(t, testClient(), http.MethodPost, purl, "1")
@@ -298,13 +302,9 @@ func TestErrorsCarryNoUpstreamBytesOrAddresses(t *testing.T) {
 			}
 			host, _, _ := net.SplitHostPort(addr)
 			checkErrorBody(t, body, tt.status, tt.msg, secret, addr, host+":")
-			logs := sink.String()
-			if strings.Contains(logs, secret) || strings.Contains(logs, "contents:") {
-				t.Errorf("backend bytes in the log: %.600s", logs)
-			}
-			lines := sink.entries(t, "request")
-			if len(lines) != 1 {
-				t.Fatalf("%d request log lines, want 1: %.600s", len(lines), logs)
+			lines := requestLines(t, logs, 1)
+			if text := logs.Text(); strings.Contains(text, secret) || strings.Contains(text, "contents:") {
+				t.Errorf("backend bytes in the log: %.600s", text)
 			}
 			if got, _ := lines[0]["error"].(string); !strings.HasPrefix(got, tt.msg) {
 				t.Errorf("request log line error %q, want the class %q", got, tt.msg)
@@ -319,7 +319,8 @@ func TestErrorsCarryNoUpstreamBytesOrAddresses(t *testing.T) {
 	// log says so without the bytes.
 	t.Run("garbage mid-stream", func(t *testing.T) {
 		be := newRawBackend(t, respond("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"+secret+"\r\n"))
-		s, purl, sink := hygieneProxy(t, []string{be.URL()}, nil)
+		log, logs := recordingLogger()
+		s, purl := startProxy(t, "round-robin", []string{be.URL()}, logTo(log))
 		resp, err := testClient().Post(purl+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
 		if err != nil {
 			t.Fatal(err)
@@ -330,9 +331,9 @@ func TestErrorsCarryNoUpstreamBytesOrAddresses(t *testing.T) {
 			t.Errorf("client read %q, %v; want a cut stream without the garbage", b, rerr)
 		}
 		waitInFlightZero(t, s)
-		eventually(t, 5*time.Second, "the request log line", func() bool { return len(sink.entries(t, "request")) == 1 })
-		if logs := sink.String(); strings.Contains(logs, secret) {
-			t.Errorf("backend bytes in the log: %.600s", logs)
+		requestLines(t, logs, 1)
+		if text := logs.Text(); strings.Contains(text, secret) {
+			t.Errorf("backend bytes in the log: %.600s", text)
 		}
 	})
 }

@@ -42,7 +42,7 @@ func TestDisconnectSeenBehindTrailingBytes(t *testing.T) {
 					closed <- struct{}{}
 				}
 			}()
-			s, base := rqStartProxy(t, []string{"http://" + ln.Addr().String()}, nil, func(o *Options) {
+			s, base := startProxy(t, "round-robin", []string{"http://" + ln.Addr().String()}, func(o *Options) {
 				o.Timeouts.ResponseHeader = 60 * time.Second
 			})
 			c, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)

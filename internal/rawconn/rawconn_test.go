@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // waitLimit bounds every wait in these tests: a blocked Read or Write fails the test with a
@@ -145,11 +147,10 @@ func TestErrors(t *testing.T) {
 			do: func(c net.Conn) error {
 				// The first write may go out before the RST is back; write until one fails.
 				var err error
-				for end := time.Now().Add(waitLimit); err == nil && time.Now().Before(end); {
-					if _, err = c.Write([]byte("x")); err == nil {
-						time.Sleep(time.Millisecond)
-					}
-				}
+				testutil.Poll(waitLimit, time.Millisecond, func() bool {
+					_, err = c.Write([]byte("x"))
+					return err != nil
+				})
 				return err
 			},
 			check: func(err error) bool {
@@ -191,10 +192,8 @@ func TestCloseUnblocksRead(t *testing.T) {
 		_, err := c.Read(make([]byte, 10))
 		done <- err
 	}()
-	for end := time.Now().Add(waitLimit); !parkedReading("TestCloseUnblocksRead.func"); time.Sleep(time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("the reading goroutine never parked in the netpoller within %v", waitLimit)
-		}
+	if !testutil.Poll(waitLimit, time.Millisecond, func() bool { return parkedReading("TestCloseUnblocksRead.func") }) {
+		t.Fatalf("the reading goroutine never parked in the netpoller within %v", waitLimit)
 	}
 	c.Close()
 	select {

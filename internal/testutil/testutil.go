@@ -1,6 +1,7 @@
-// Package testutil is the scaffolding shared by the tests of the proxy and of its wiring
-// (package app): every wait is bounded and fails with a message, clients have their own
-// pools and timeouts, and log entries are recorded with their fields.
+// Package testutil is the scaffolding shared by the tests of the proxy, its wiring (package
+// app) and the packages beside it (health, peering, discovery): every wait is bounded and
+// fails with a message, clients have their own pools and timeouts, and log entries are
+// recorded with their fields (RecordingLogger, the one log recorder of the tests).
 package testutil
 
 import (
@@ -45,13 +46,22 @@ func Client() *http.Client {
 // not within limit.
 func Eventually(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Poll(limit, pollEvery, cond) {
+		t.Fatalf("not within %v: %s", limit, what)
+	}
+}
+
+// Poll calls cond every every until it holds or limit has passed, and reports whether it
+// held: Eventually for a caller that reports the failure itself (or goes on without it).
+func Poll(limit, every time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", limit, what)
+			return false
 		}
-		time.Sleep(pollEvery)
+		time.Sleep(every)
 	}
+	return true
 }
 
 // RecvWithin receives one value from ch, failing the test with what after limit.
@@ -180,6 +190,23 @@ func (r *LogRecorder) Take() []LogEntry {
 	out := r.entries
 	r.entries = nil
 	return out
+}
+
+// Entries returns the entries so far; they stay recorded.
+func (r *LogRecorder) Entries() []LogEntry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]LogEntry(nil), r.entries...)
+}
+
+// Text is every entry so far (its Text), one a line, for "never logged" checks.
+func (r *LogRecorder) Text() string {
+	var sb strings.Builder
+	for _, e := range r.Entries() {
+		sb.WriteString(e.Text())
+		sb.WriteByte('\n')
+	}
+	return sb.String()
 }
 
 // Count returns how many entries so far match.
