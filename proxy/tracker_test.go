@@ -70,11 +70,8 @@ func TestTrackerFollowsRequests(t *testing.T) {
 		}
 	}))
 	defer ts.Close()
-	o := testOptions(t, "prefix", ts.URL)
-	noHealthChecks(&o)
 	pol := &trackingPolicy{}
-	o.Policy = pol
-	s, url := serve(t, o, nil)
+	s, url := startProxy(t, "prefix", []string{ts.URL}, func(o *Options) { o.Policy = pol })
 	for _, extra := range []string{`,"stream":true`, ``, `,"user":"refuse"`} {
 		body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("a long prompt ", 50) + `"}]` + extra + `}`
 		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
