@@ -119,6 +119,10 @@ type Arm struct {
 	WallS float64 `json:"wall_s"`
 	// Flags are the validity flags the scoreboard gives the arm (see Analyze); set by Analyze.
 	Flags []string `json:"flags,omitempty"`
+	// P95Oracle is the arm's TTFT p95 ÷ the cell's oracle's, per round and pooled over the
+	// rounds with its ~95% interval (RatioInterval); set by Analyze, nil when this arm or the
+	// oracle's is flagged or missing.
+	P95Oracle *RatioInterval `json:"p95_oracle,omitempty"`
 	// Rounds are the arm's runs when its cell ran more than one round (Combine made Mode
 	// from them); empty for one round.
 	Rounds []Arm `json:"rounds,omitempty"`
