@@ -116,7 +116,7 @@ func TestPlanRounds(t *testing.T) {
 		"agentic light": {1, a}, "agentic medium": {1, a}, "agentic near-saturation": {1, a}, "agentic cache-pressure": {1, a},
 		"mooncake light": {ShortArmRounds, d}, "mooncake medium": {ShortArmRounds, d}, "mooncake near-saturation": {ShortArmRounds, d},
 		"mooncake cache-pressure": {ShortArmRounds, d},
-		"oasst light": {ShortArmRounds, d}, "oasst medium": {ShortArmRounds, SlowSpeedup}, "oasst near-saturation": {ShortArmRounds, SlowSpeedup}}
+		"oasst light":             {ShortArmRounds, d}, "oasst medium": {ShortArmRounds, SlowSpeedup}, "oasst near-saturation": {ShortArmRounds, SlowSpeedup}}
 	if len(cells) != len(want) {
 		t.Errorf("%d cells, want %d", len(cells), len(want))
 	}
