@@ -97,11 +97,13 @@ const (
 //   - agentic at the medium rate (12 sessions at 0.1/s, 16×), 144k tokens per replica
 //     instead of the sim's 432k: the oracle arm's cached-token ratio 0.923 → 0.676 (½: 0.873;
 //     ¼, 108k, fails requests whose context outgrows a replica's cache);
-//   - Mooncake's first MooncakePressureCount requests at the medium time-scale (1.5, 8×),
-//     667k tokens per replica instead of 2M: the oracle arm's cached-token ratio 0.126 →
-//     0.078, the pooled LRU's over the window 0.164 → 0.085 (the 200-request window of the
-//     other cells reuses 6% of its tokens at most, too little for eviction to matter). ≈30 s
-//     an arm.
+//   - Mooncake's first MooncakePressureCount requests at the light time-scale (3, 8×), 667k
+//     tokens per replica instead of 2M: the oracle arm's cached-token ratio 0.146 → 0.069,
+//     the pooled LRU's over the window 0.164 → 0.085 (the 200-request window of the other cells
+//     reuses 6% of its tokens at most, too little for eviction to matter). At the medium
+//     time-scale (1.5) the 500 requests queue for tens of seconds of model time (oracle TTFT
+//     p95 7.4 s wall) and round-robin's p95 was 0.74× the oracle's: a queueing cell, not a
+//     cache one. ≈65 s an arm.
 //
 // `prefixlb bench compare --workload agentic --rate 0.1 --speedup 16 --modes oracle
 // --kv-tokens N` measures the agentic ratio at other sizes; for Mooncake the report's cache
@@ -205,7 +207,7 @@ var plans = []plan{
 	{name: "mooncake", shared: workload.MooncakeTrace,
 		full: []level{{name: "light", load: MooncakeLight, rounds: ShortArmRounds}, {name: "medium", load: MooncakeMedium, rounds: ShortArmRounds},
 			{name: "near-saturation", load: MooncakeNearSat, rounds: ShortArmRounds},
-			{name: CachePressure, load: MooncakeMedium, rounds: ShortArmRounds, kvTokens: MooncakePressureKVTokens, count: MooncakePressureCount}},
+			{name: CachePressure, load: MooncakeLight, rounds: ShortArmRounds, kvTokens: MooncakePressureKVTokens, count: MooncakePressureCount}},
 		quick: &level{name: "medium", load: MooncakeMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			n := MooncakeCount

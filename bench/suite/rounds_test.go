@@ -124,7 +124,7 @@ func TestPlanRounds(t *testing.T) {
 		if got := (rs{c.Rounds, c.Options.Speedup}); got != want[c.Name()] {
 			t.Errorf("%s: %+v, want %+v", c.Name(), got, want[c.Name()])
 		}
-		// The cache-pressure cells: the medium load on a third of the KV cache.
+		// The cache-pressure cells: a third of the KV cache.
 		kv, count := int64(0), 0
 		switch c.Name() {
 		case "agentic cache-pressure":
@@ -139,7 +139,7 @@ func TestPlanRounds(t *testing.T) {
 		}
 		if c.Level == CachePressure && (!strings.Contains(c.Load, "k tokens per replica") ||
 			c.Options.Flags.Rate != map[string]float64{"agentic": AgenticMedium, "mooncake": 0}[c.Workload] ||
-			c.Workload == "mooncake" && c.Options.Flags.TimeScale != MooncakeMedium) {
+			c.Workload == "mooncake" && c.Options.Flags.TimeScale != MooncakeLight) {
 			t.Errorf("%s: load %q, flags %+v", c.Name(), c.Load, c.Options.Flags)
 		}
 	}
