@@ -19,8 +19,8 @@ import (
 
 // newPeering builds the peering node of cfg.Peering around o's prefix policy and routes o
 // with the node's policy in its place; nil without a peering section. It binds the peer port
-// but joins nobody until Start.
-func newPeering(cfg *configs.Config, o *proxy.Options, log *zap.Logger, r discovery.Resolver) (*peering.Node, error) {
+// but joins nobody until Start. tune (if not nil) edits the node's options before it is built.
+func newPeering(cfg *configs.Config, o *proxy.Options, log *zap.Logger, r discovery.Resolver, tune func(*peering.Options)) (*peering.Node, error) {
 	p := cfg.Peering
 	if p == nil {
 		return nil, nil
@@ -33,8 +33,12 @@ func newPeering(cfg *configs.Config, o *proxy.Options, log *zap.Logger, r discov
 	if err != nil {
 		return nil, err
 	}
-	n, err := peering.New(peering.Options{Listen: p.Listen, Advertise: p.Advertise, Join: p.Join, DNS: p.DNS,
-		Secret: secret, SettleWait: p.SettleWaitOption(), Resolver: r, Log: log.Named("peering")}, pre)
+	po := peering.Options{Listen: p.Listen, Advertise: p.Advertise, Join: p.Join, DNS: p.DNS,
+		Secret: secret, SettleWait: p.SettleWaitOption(), Resolver: r, Log: log.Named("peering")}
+	if tune != nil {
+		tune(&po)
+	}
+	n, err := peering.New(po, pre)
 	if err != nil {
 		return nil, err
 	}
@@ -70,13 +74,17 @@ func peeringSecret(p *configs.Peering) ([]byte, error) {
 }
 
 // newPeeredServer is newServer with cfg's peering (if any): the node routes the proxy's
-// prefix policy, holds /readyz back until its starting snapshot, and adds its metrics.
-func newPeeredServer(cfg *configs.Config, log *zap.Logger, r discovery.Resolver) (*proxy.Server, *peering.Node, error) {
+// prefix policy, holds /readyz back until its starting snapshot, and adds its metrics. t
+// edits the proxy's options, then the node's (Tuning; the zero value changes nothing).
+func newPeeredServer(cfg *configs.Config, log *zap.Logger, r discovery.Resolver, t Tuning) (*proxy.Server, *peering.Node, error) {
 	o, err := ProxyOptions(cfg, log)
 	if err != nil {
 		return nil, nil, err
 	}
-	node, err := newPeering(cfg, &o, log, r)
+	if t.Proxy != nil {
+		t.Proxy(&o)
+	}
+	node, err := newPeering(cfg, &o, log, r, t.Peering)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -98,6 +106,11 @@ func newPeeredServer(cfg *configs.Config, log *zap.Logger, r discovery.Resolver)
 // one with its peers. The node is started (joining cfg.Peering's peers); stop the Serving,
 // then Close the node. Without a peering section it is an error.
 func StartPeered(ctx context.Context, cfg *configs.Config, log *zap.Logger) (*proxy.Serving, *peering.Node, error) {
+	return StartPeeredTuned(ctx, cfg, log, Tuning{})
+}
+
+// StartPeeredTuned is StartPeered with t applied to the proxy's options, then the node's.
+func StartPeeredTuned(ctx context.Context, cfg *configs.Config, log *zap.Logger, t Tuning) (*proxy.Serving, *peering.Node, error) {
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
@@ -105,7 +118,7 @@ func StartPeered(ctx context.Context, cfg *configs.Config, log *zap.Logger) (*pr
 	if cfg.Peering == nil {
 		return nil, nil, errors.New("StartPeered: the config has no peering section")
 	}
-	s, node, err := newPeeredServer(cfg, log, nil)
+	s, node, err := newPeeredServer(cfg, log, nil, t)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -63,7 +63,7 @@ func Run(ctx context.Context, cfg *configs.Config, log *zap.Logger, rl RunOption
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sig)
-	s, node, err := newPeeredServer(cfg, log, rl.Resolver)
+	s, node, err := newPeeredServer(cfg, log, rl.Resolver, Tuning{})
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/peering"
 	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
 )
@@ -31,6 +32,20 @@ func StartPolicy(ctx context.Context, cfg *configs.Config, log *zap.Logger, labe
 		return nil, errors.New("StartPolicy: a label and a policy are required")
 	}
 	return start(ctx, cfg, log, func(o *proxy.Options) { o.Mode, o.Policy = label, pol })
+}
+
+// Tuning edits what a validated config maps to, before the proxy (and, for StartPeeredTuned,
+// its peering node) is built: settings the config does not carry or bounds from below for a
+// deployment, such as the bench's intervals scaled to model time (bench/modeltime.go) or a
+// bench-only policy. A nil field changes nothing.
+type Tuning struct {
+	Proxy   func(*proxy.Options)
+	Peering func(*peering.Options)
+}
+
+// StartTuned is Start with t applied to the proxy's options (t.Peering is StartPeeredTuned's).
+func StartTuned(ctx context.Context, cfg *configs.Config, log *zap.Logger, t Tuning) (*proxy.Serving, error) {
+	return start(ctx, cfg, log, t.Proxy)
 }
 
 // start is Start; override (if not nil) edits the proxy's options before the proxy is built.

@@ -199,6 +199,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if o.Speedup != 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))
 	}
+	if !external && o.Speedup != 1 {
+		rep.Notes = append(rep.Notes, ModelTime{o.Speedup}.Note(configuredHealth(base), o.Peering && slices.Contains(o.Modes, "prefix")))
+	}
 	type run struct{ label, mode string }
 	var runs []run
 	if o.Target != "" {
@@ -340,7 +343,7 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			orc = oracle.New(cluster)
 		}
 		if o.Peering && mode == "prefix" && o.RouterReplicas > 1 {
-			svs, ns, stop, err := startPeeredProxies(base, backends, int64(simCfg.KVCacheTokens()), cluster != nil, o.RouterReplicas)
+			svs, ns, stop, err := startPeeredProxies(base, backends, int64(simCfg.KVCacheTokens()), cluster != nil, o.RouterReplicas, ModelTime{o.Speedup})
 			if err != nil {
 				return report.Mode{}, err
 			}
@@ -348,7 +351,7 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			proxies, nodes = svs, ns
 		}
 		for range max(o.RouterReplicas, 1) * btoi(nodes == nil) { // each replica its own prefixlb with its own index
-			sv, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc, o.Speedup)
+			sv, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc, ModelTime{o.Speedup})
 			if err != nil {
 				return report.Mode{}, err
 			}
@@ -445,9 +448,9 @@ func routerRequests(out *loadgen.Outcome, routers int) []int {
 // handler read in-process, routerSavings); mode is one of
 // router.ModeNames, a bench-only policy of bench/peers, or the oracle (which needs cluster, the
 // simulated replicas behind backends; nil with external backends). orc is the oracle mode's
-// policy, shared by all of an arm's routers (nil: a new one over cluster). speedup is the
-// run's --speedup: a peer's model-time intervals run that many times faster.
-func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle, speedup float64) (*proxy.Serving, func(), error) {
+// policy, shared by all of an arm's routers (nil: a new one over cluster). mt puts the
+// proxy's load signals on the run's clock (ModelTime).
+func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle, mt ModelTime) (*proxy.Serving, func(), error) {
 	sims := cluster != nil
 	cfg := *base
 	cfg.Mode = mode
@@ -479,13 +482,13 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 		if orc == nil {
 			orc = oracle.New(cluster)
 		}
-		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, orc)
+		sv, err = app.StartTuned(context.Background(), &cfg, log, mt.Tuning(mode, orc))
 	} else if peers.Is(mode) {
 		// A bench-only policy: the proxy is prefix mode's in every other respect, and its
 		// prefix section (chunk size, index capacity) sizes the peer's index too.
 		cfg.Mode = router.DefaultMode
 		cfg.ApplyDefaults()
-		po := peers.Options{Prefix: cfg.PrefixOptions(), Speedup: speedup}
+		po := peers.Options{Prefix: cfg.PrefixOptions(), Speedup: mt.Speedup}
 		if peers.NeedsKVEvents(mode) {
 			if po.KVEvents, err = kvEventsOptions(cluster); err != nil {
 				return nil, nil, err
@@ -509,9 +512,9 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 				_ = c.Close()
 			}
 		}
-		sv, err = app.StartPolicy(context.Background(), &cfg, log, mode, pol)
+		sv, err = app.StartTuned(context.Background(), &cfg, log, mt.Tuning(mode, pol))
 	} else {
-		sv, err = app.Start(context.Background(), &cfg, log)
+		sv, err = app.StartTuned(context.Background(), &cfg, log, mt.Tuning("", nil))
 	}
 	if err != nil {
 		closePolicy()

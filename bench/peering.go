@@ -24,8 +24,9 @@ const peerJoinWait = 10 * time.Second
 // startPeeredProxies runs n in-process prefixlb replicas in mode prefix, peered over
 // 127.0.0.1 (package peering) with a fresh random secret: the first alone, the others joining
 // it. It returns once every one sees all the others, with the proxies and their nodes, and a
-// stop that stops the proxies and closes the nodes.
-func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64, sims bool, n int) ([]*proxy.Serving, []*peering.Node, func(), error) {
+// stop that stops the proxies and closes the nodes. mt puts their load signals and flushes
+// on the run's clock (ModelTime).
+func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64, sims bool, n int, mt ModelTime) ([]*proxy.Serving, []*peering.Node, func(), error) {
 	key := make([]byte, 32)
 	_, _ = rand.Read(key)
 	f, err := os.CreateTemp("", "prefixlb-bench-peering-*")
@@ -53,7 +54,7 @@ func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64,
 		if i > 0 {
 			cfg.Peering.Join = []string{nodes[0].Addr()}
 		}
-		sv, node, stopOne, err := startPeered(&cfg, backends, kvTokens, sims)
+		sv, node, stopOne, err := startPeered(&cfg, backends, kvTokens, sims, mt)
 		if err != nil {
 			stop()
 			return nil, nil, nil, err
@@ -75,7 +76,7 @@ func startPeeredProxies(base *configs.Config, backends []string, kvTokens int64,
 }
 
 // startPeered is startProxy's prefix mode with cfg's peering section.
-func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bool) (*proxy.Serving, *peering.Node, func(), error) {
+func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bool, mt ModelTime) (*proxy.Serving, *peering.Node, func(), error) {
 	cfg.Mode = "prefix"
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	if cfg.Log.Level == "" || cfg.Log.Level == "info" || cfg.Log.Level == "debug" {
@@ -94,7 +95,7 @@ func startPeered(cfg *configs.Config, backends []string, kvTokens int64, sims bo
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	sv, node, err := app.StartPeered(context.Background(), cfg, log)
+	sv, node, err := app.StartPeeredTuned(context.Background(), cfg, log, mt.Tuning("", nil))
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("proxy: %w", err)
 	}

@@ -33,7 +33,7 @@ writes DIR/suite.json and DIR/suite.png. The full suite takes about 95 minutes o
 		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Repeat < 0 {
-				return fmt.Errorf("--repeat must be ≥ 1, or 0 for the plan's rounds (got %d)", o.Repeat)
+				return fmt.Errorf("--rounds must be ≥ 1, or 0 for the plan's rounds (got %d)", o.Repeat)
 			}
 			cells, skipped, err := Plan(o.Quick, splitList(workloads))
 			if err != nil {
@@ -61,7 +61,8 @@ writes DIR/suite.json and DIR/suite.png. The full suite takes about 95 minutes o
 	fs.StringVar(&levels, "levels", "", "comma-separated load levels (default: all of "+strings.Join(Levels, ", ")+")")
 	fs.StringVar(&policies, "policies", "", "comma-separated policies (default: all of "+strings.Join(Policies, ", ")+"; prefix-x3 = prefix×3, prefix-x3+peer = prefix×3+peer)")
 	fs.Uint64Var(&o.Seed, "seed", 1, "workload seed, the same for every arm")
-	fs.IntVar(&o.Repeat, "repeat", 0, "rounds of every cell, each arm scored by its medians over them (default: the plan's, 3 for the cells with the shortest or most chaotic arms, 1 elsewhere and with --quick)")
+	fs.IntVar(&o.Repeat, "rounds", 0, "interleaved rounds of every cell, each arm scored by its medians over them and its p95 ÷ oracle by the rounds' ratios with a 95% interval (default: the plan's, 3 for the cells with the shortest or most chaotic arms, 1 elsewhere and with --quick)")
+	fs.IntVar(&o.Repeat, "repeat", 0, "the same as --rounds")
 	fs.BoolVarP(&o.Quiet, "quiet", "q", false, "no progress bar or per-arm lines on stderr")
 	return c
 }

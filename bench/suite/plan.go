@@ -89,6 +89,33 @@ const (
 	QuickOASSTConversations = 100
 )
 
+// Cache pressure: one cell each for agentic sessions and the Mooncake trace whose replicas'
+// KV caches hold a third of what the other cells give them, small
+// against the working set, so that replicas evict what an approximate index still lists and
+// where a request's prefix lives changes while it is routed. The share was chosen where the
+// oracle's cached-token ratio drops clearly and every request still fits a replica:
+//   - agentic at the medium rate (12 sessions at 0.1/s, 16×), 144k tokens per replica
+//     instead of the sim's 432k: the oracle arm's cached-token ratio 0.923 → 0.676 (½: 0.873;
+//     ¼, 108k, fails requests whose context outgrows a replica's cache);
+//   - Mooncake's first MooncakePressureCount requests at the light time-scale (3, 8×), 667k
+//     tokens per replica instead of 2M: the oracle arm's cached-token ratio 0.146 → 0.069,
+//     the pooled LRU's over the window 0.164 → 0.085 (the 200-request window of the other cells
+//     reuses 6% of its tokens at most, too little for eviction to matter). At the medium
+//     time-scale (1.5) the 500 requests queue for tens of seconds of model time (oracle TTFT
+//     p95 7.4 s wall) and round-robin's p95 was 0.74× the oracle's: a queueing cell, not a
+//     cache one. ≈65 s an arm.
+//
+// `prefixlb bench compare --workload agentic --rate 0.1 --speedup 16 --modes oracle
+// --kv-tokens N` measures the agentic ratio at other sizes; for Mooncake the report's cache
+// oracle line gives the pooled LRU's.
+const (
+	AgenticPressureKVTokens  int64 = 144_000 // the sim's 27,000 blocks × 16 tokens ÷ 3
+	MooncakePressureKVTokens int64 = bench.MooncakeKVTokens / 3
+	MooncakePressureCount          = 500
+	// CachePressure is the cells' level name.
+	CachePressure = "cache-pressure"
+)
+
 // Cells where one arm at bench's default 8× would measure the bench machine rather than the
 // routing. The sims, the proxy and the load generator share 2 cores; past ≈200 requests/s or
 // ≈50k streamed tokens/s of wall time the stream backs up and tokens come in bursts (bench
@@ -120,6 +147,10 @@ type level struct {
 	load    float64 // requests, conversations or sessions per second; mooncake: time scale
 	rounds  int
 	speedup float64
+	// kvTokens is each simulated replica's KV-cache capacity (0: the workload's; the
+	// cache-pressure cells) and count the requests of a trace window (0: the workload's).
+	kvTokens int64
+	count    int
 }
 
 // plan is one workload's place in the suite.
@@ -151,7 +182,8 @@ var plans = []plan{
 		},
 		unit: func(level) string { return fmt.Sprintf("%d users", bench.DefaultUsers) }},
 	{name: "shared-prefix",
-		full:  []level{{name: "light", load: SharedPrefixLight, rounds: ShortArmRounds}, {"medium", SharedPrefixMedium, ShortArmRounds, SlowSpeedup}, {"near-saturation", SharedPrefixNearSat, 1, SlowSpeedup}},
+		full: []level{{name: "light", load: SharedPrefixLight, rounds: ShortArmRounds}, {name: "medium", load: SharedPrefixMedium, rounds: ShortArmRounds, speedup: SlowSpeedup},
+			{name: "near-saturation", load: SharedPrefixNearSat, rounds: 1, speedup: SlowSpeedup}},
 		quick: &level{name: "medium", load: SharedPrefixMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			if q {
@@ -161,7 +193,8 @@ var plans = []plan{
 		},
 		unit: perSecond("req")},
 	{name: "agentic",
-		full:    []level{{name: "light", load: AgenticLight}, {name: "medium", load: AgenticMedium}, {name: "near-saturation", load: AgenticNearSat}},
+		full: []level{{name: "light", load: AgenticLight}, {name: "medium", load: AgenticMedium}, {name: "near-saturation", load: AgenticNearSat},
+			{name: CachePressure, load: AgenticMedium, kvTokens: AgenticPressureKVTokens}},
 		quick:   &level{name: "near-saturation", load: QuickAgenticRate},
 		speedup: AgenticSpeedup,
 		flags: func(q bool, l level) bench.WorkloadFlags {
@@ -172,14 +205,21 @@ var plans = []plan{
 		},
 		unit: perSecond("sessions")},
 	{name: "mooncake", shared: workload.MooncakeTrace,
-		full:  []level{{"light", MooncakeLight, ShortArmRounds, 0}, {"medium", MooncakeMedium, ShortArmRounds, 0}, {"near-saturation", MooncakeNearSat, ShortArmRounds, 0}},
+		full: []level{{name: "light", load: MooncakeLight, rounds: ShortArmRounds}, {name: "medium", load: MooncakeMedium, rounds: ShortArmRounds},
+			{name: "near-saturation", load: MooncakeNearSat, rounds: ShortArmRounds},
+			{name: CachePressure, load: MooncakeLight, rounds: ShortArmRounds, kvTokens: MooncakePressureKVTokens, count: MooncakePressureCount}},
 		quick: &level{name: "medium", load: MooncakeMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
-			return bench.WorkloadFlags{Count: pick(q, QuickMooncakeCount, MooncakeCount), TimeScale: l.load}
+			n := MooncakeCount
+			if l.count > 0 {
+				n = l.count
+			}
+			return bench.WorkloadFlags{Count: pick(q, QuickMooncakeCount, n), TimeScale: l.load}
 		},
 		unit: func(l level) string { return fmt.Sprintf("trace arrivals × time-scale %g", l.load) }},
 	{name: "oasst", shared: workload.OASSTThreads,
-		full:  []level{{"light", OASSTLight, ShortArmRounds, 0}, {"medium", OASSTMedium, ShortArmRounds, SlowSpeedup}, {"near-saturation", OASSTNearSat, ShortArmRounds, SlowSpeedup}},
+		full: []level{{name: "light", load: OASSTLight, rounds: ShortArmRounds}, {name: "medium", load: OASSTMedium, rounds: ShortArmRounds, speedup: SlowSpeedup},
+			{name: "near-saturation", load: OASSTNearSat, rounds: ShortArmRounds, speedup: SlowSpeedup}},
 		quick: &level{name: "medium", load: OASSTMedium, speedup: SlowSpeedup},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			return bench.WorkloadFlags{Conversations: pick(q, QuickOASSTConversations, OASSTConversations), Rate: l.load}
@@ -239,7 +279,13 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 			if l.speedup > 0 {
 				o.Speedup = l.speedup
 			}
+			if l.kvTokens > 0 {
+				o.KVTokens = l.kvTokens
+			}
 			c := Cell{Workload: p.name, Level: l.name, Load: p.unit(l), Rounds: max(l.rounds, 1), Options: o}
+			if l.kvTokens > 0 {
+				c.Load += fmt.Sprintf("; KV cache %dk tokens per replica", (l.kvTokens+500)/1000)
+			}
 			if quick {
 				c.Rounds = 1
 			}
@@ -253,7 +299,7 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 }
 
 // Levels are the load levels' names, as --levels takes them.
-var Levels = []string{"closed", "light", "medium", "near-saturation"}
+var Levels = []string{"closed", "light", "medium", "near-saturation", CachePressure}
 
 // KeepLevels returns the cells at the named levels (nil: all), in order; the error names an
 // unknown level. A repeated A/B of one load level then costs a third of its workload's cells.

@@ -113,15 +113,34 @@ func TestPlanRounds(t *testing.T) {
 	d, a := float64(bench.DefaultSpeedup), float64(AgenticSpeedup)
 	want := map[string]rs{"multi-turn closed": {ShortArmRounds, d},
 		"shared-prefix light": {ShortArmRounds, d}, "shared-prefix medium": {ShortArmRounds, SlowSpeedup}, "shared-prefix near-saturation": {1, SlowSpeedup},
-		"agentic light": {1, a}, "agentic medium": {1, a}, "agentic near-saturation": {1, a},
+		"agentic light": {1, a}, "agentic medium": {1, a}, "agentic near-saturation": {1, a}, "agentic cache-pressure": {1, a},
 		"mooncake light": {ShortArmRounds, d}, "mooncake medium": {ShortArmRounds, d}, "mooncake near-saturation": {ShortArmRounds, d},
-		"oasst light": {ShortArmRounds, d}, "oasst medium": {ShortArmRounds, SlowSpeedup}, "oasst near-saturation": {ShortArmRounds, SlowSpeedup}}
+		"mooncake cache-pressure": {ShortArmRounds, d},
+		"oasst light":             {ShortArmRounds, d}, "oasst medium": {ShortArmRounds, SlowSpeedup}, "oasst near-saturation": {ShortArmRounds, SlowSpeedup}}
 	if len(cells) != len(want) {
 		t.Errorf("%d cells, want %d", len(cells), len(want))
 	}
 	for _, c := range cells {
 		if got := (rs{c.Rounds, c.Options.Speedup}); got != want[c.Name()] {
 			t.Errorf("%s: %+v, want %+v", c.Name(), got, want[c.Name()])
+		}
+		// The cache-pressure cells: a third of the KV cache.
+		kv, count := int64(0), 0
+		switch c.Name() {
+		case "agentic cache-pressure":
+			kv = AgenticPressureKVTokens
+		case "mooncake cache-pressure":
+			kv, count = MooncakePressureKVTokens, MooncakePressureCount
+		case "mooncake light", "mooncake medium", "mooncake near-saturation":
+			count = MooncakeCount
+		}
+		if c.Options.KVTokens != kv || c.Options.Flags.Count != count {
+			t.Errorf("%s: KV %d tokens, %d requests; want %d, %d", c.Name(), c.Options.KVTokens, c.Options.Flags.Count, kv, count)
+		}
+		if c.Level == CachePressure && (!strings.Contains(c.Load, "k tokens per replica") ||
+			c.Options.Flags.Rate != map[string]float64{"agentic": AgenticMedium, "mooncake": 0}[c.Workload] ||
+			c.Workload == "mooncake" && c.Options.Flags.TimeScale != MooncakeLight) {
+			t.Errorf("%s: load %q, flags %+v", c.Name(), c.Load, c.Options.Flags)
 		}
 	}
 	quick, _, _ := Plan(true, nil)

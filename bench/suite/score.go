@@ -21,9 +21,12 @@ type Row struct {
 	Mode *report.Mode
 	// Flags are why the arm is not valid (empty: valid).
 	Flags []string
-	// Ratio is TTFT p95 ÷ the oracle's TTFT p95 in the same cell; NaN when this arm or the
+	// Ratio is TTFT p95 ÷ the oracle's TTFT p95 in the same cell (Interval.Ratio: over
+	// several rounds, the geometric mean of the rounds' ratios); NaN when this arm or the
 	// cell's oracle arm is flagged, missing or has no p95.
 	Ratio float64
+	// Interval is Ratio with its rounds and its ~95% interval (nil where Ratio is NaN).
+	Interval *RatioInterval
 	// P95 and P99 are the lowest and highest TTFT p95 and p99 over the arm's rounds (ms;
 	// zero for one round: Combine).
 	P95, P99 [2]float64
@@ -87,7 +90,7 @@ func Analyze(r *Result) *Board {
 		}
 		digestFlags(c, flags, func(m report.Mode) string { return m.RequestsDigest })
 		rows := make([]Row, len(c.Arms))
-		oracle := math.NaN()
+		oracle, oi := math.NaN(), -1
 		for i, a := range c.Arms {
 			c.Arms[i].Flags = flags[i]
 			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN()}
@@ -97,13 +100,16 @@ func Analyze(r *Result) *Board {
 			if lo, hi, ok := spread(&c.Arms[i], func(m *report.Mode) float64 { return m.TTFT.P99 }); ok {
 				rows[i].P99 = [2]float64{lo, hi}
 			}
+			c.Arms[i].P95Oracle = nil
 			if a.Policy == OraclePolicy && rows[i].Valid() && a.Mode.TTFT.P95 > 0 {
-				oracle = a.Mode.TTFT.P95
+				oracle, oi = a.Mode.TTFT.P95, i
 			}
 		}
 		for i := range rows {
-			if rows[i].Valid() && !math.IsNaN(oracle) {
-				rows[i].Ratio = rows[i].Mode.TTFT.P95 / oracle
+			if rows[i].Valid() && oi >= 0 {
+				if ri := pairedP95Ratio(&c.Arms[i], &c.Arms[oi]); ri != nil {
+					rows[i].Ratio, rows[i].Interval, c.Arms[i].P95Oracle = ri.Ratio, ri, ri
+				}
 			}
 		}
 		b.Rows = append(b.Rows, rows)
@@ -239,7 +245,7 @@ func Render(b *Board) string {
 			fmt.Fprintf(&sb, "%d simulated replicas at %g× model time; latencies are wall-clock ms (× %g for model time).\n\n", c.Replicas, c.Speedup, c.Speedup)
 		}
 		if c.Rounds > 1 {
-			fmt.Fprintf(&sb, "%d interleaved rounds per arm: each figure is its median over the rounds, TTFT p95 and p99 followed by the lowest and highest round's in parentheses.\n\n", c.Rounds)
+			fmt.Fprintf(&sb, "%d interleaved rounds per arm: each figure is its median over the rounds, TTFT p95 and p99 followed by the lowest and highest round's in parentheses; p95 ÷ oracle is the geometric mean of the rounds' ratios (round i's p95 ÷ the oracle's round i) with its %.0f%% t-interval in brackets.\n\n", c.Rounds, IntervalLevel*100)
 		}
 		sb.WriteString("| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | E2E p95 ms | cached-token ratio | max share / mean | p95 ÷ oracle | validity |\n")
 		sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -271,7 +277,15 @@ func tableRow(row Row) string {
 	}
 	return fmt.Sprintf("| %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s |\n", row.Policy,
 		fms(m.TTFT.P50), withSpread(m.TTFT.P95, row.P95), withSpread(m.TTFT.P99, row.P99), fms(m.E2E.P95), m.CachedTokenRatio,
-		m.MaxShareOverMean, ratio(row.Ratio), valid)
+		m.MaxShareOverMean, ratioCI(row), valid)
+}
+
+// ratioCI is the row's p95 ÷ oracle, with its interval in brackets when it has one.
+func ratioCI(row Row) string {
+	if math.IsNaN(row.Ratio) || !row.Interval.HasInterval() {
+		return ratio(row.Ratio)
+	}
+	return fmt.Sprintf("%.2f [%.2f–%.2f]", row.Ratio, row.Interval.Lo, row.Interval.Hi)
 }
 
 // withSpread is v in ms, with the rounds' lowest–highest after it when there were several.
@@ -297,19 +311,19 @@ func flagsOrErrors(row Row) []string {
 func ratioMatrix(b *Board) string {
 	var sb strings.Builder
 	pol := b.Result.Policies
-	fmt.Fprintf(&sb, "\n## TTFT p95 ÷ oracle's (flagged arms: -)\n\n| cell | %s |\n|---|%s\n",
-		strings.Join(pol, " | "), strings.Repeat("---:|", len(pol)))
+	fmt.Fprintf(&sb, "\n## TTFT p95 ÷ oracle's (flagged arms: -; over several rounds the geometric mean of the rounds' ratios [%.0f%% t-interval])\n\n| cell | rounds | %s |\n|---|---:|%s\n",
+		IntervalLevel*100, strings.Join(pol, " | "), strings.Repeat("---:|", len(pol)))
 	for ci, c := range b.Result.Cells {
 		cols := make([]string, len(pol))
 		for j, p := range pol {
 			cols[j] = "-"
 			for _, row := range b.Rows[ci] {
 				if row.Policy == p {
-					cols[j] = ratio(row.Ratio)
+					cols[j] = ratioCI(row)
 				}
 			}
 		}
-		fmt.Fprintf(&sb, "| %s | %s |\n", c.Name(), strings.Join(cols, " | "))
+		fmt.Fprintf(&sb, "| %s | %d | %s |\n", c.Name(), max(c.Rounds, 1), strings.Join(cols, " | "))
 	}
 	return sb.String()
 }

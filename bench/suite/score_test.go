@@ -183,7 +183,7 @@ func TestRender(t *testing.T) {
 		"## shared-prefix medium (25 req/s), 100 requests per arm",
 		"| prefix | 6.0 | 12.0 | 24.0 | 120 | 0.500 | 1.20 | 1.20 | ok |",
 		"| sglang | 2.5 | 5.0 | 10.0 | 50.0 | 0.500 | 1.20 | - | FLAGGED: 2 errors |",
-		"| shared-prefix medium | 3.00 | 1.20 | - | 1.00 |",
+		"| shared-prefix medium | 1 | 3.00 | 1.20 | - | 1.00 |",
 		"4 arms: 3 valid, 1 flagged",
 		"shared-prefix medium · sglang: 2 errors",
 		"requests digest not reported",
@@ -261,7 +261,7 @@ func TestRoutersBlock(t *testing.T) {
 		"  - multi-turn medium: prefix×3 cached 0.980×, p95 3.90× (misses); prefix×3+peer cached 0.995×, p95 1.10× (meets)",
 		"  - agentic medium: prefix×3+peer cached 1.000×, p95 1.16× (misses)",
 		"prefix×3 meets it in 0 of 1 judged cells; prefix×3+peer meets it in 1 of 2 judged cells",
-		"| cell | prefix | prefix×3 | prefix×3+peer | oracle |",
+		"| cell | rounds | prefix | prefix×3 | prefix×3+peer | oracle |",
 	} {
 		if !strings.Contains(out, w) {
 			t.Errorf("scoreboard lacks %q:\n%s", w, out)

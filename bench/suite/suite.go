@@ -47,10 +47,10 @@ const (
 // Policies are the suite's arms in scoreboard order: prefixlb's own modes, prefix behind
 // several routers (independent, then peered), the peers' published policies
 // (bench/peers) and the oracle.
-var Policies = []string{"round-robin", "least-load", "prefix", "prefix×3", "prefix×3" + PeerSuffix, "chwbl", "sglang", "dynamo", "llm-d", "llm-d-default", OraclePolicy}
+var Policies = []string{"round-robin", "least-load", "prefix", "prefix×3", "prefix×3" + PeerSuffix, "chwbl", "sglang", "dynamo", "dynamo-kv", "llm-d", "llm-d-default", OraclePolicy}
 
 // Peers are the policies "where prefix loses" compares prefix against, besides the oracle.
-var Peers = []string{"chwbl", "sglang", "dynamo", "llm-d", "llm-d-default"}
+var Peers = []string{"chwbl", "sglang", "dynamo", "dynamo-kv", "llm-d", "llm-d-default"}
 
 // routersRe matches a multi-router prefix arm: prefix×N (also prefix-xN or prefix*N, easier to
 // type), peered with the +peer suffix.
@@ -119,6 +119,10 @@ type Arm struct {
 	WallS float64 `json:"wall_s"`
 	// Flags are the validity flags the scoreboard gives the arm (see Analyze); set by Analyze.
 	Flags []string `json:"flags,omitempty"`
+	// P95Oracle is the arm's TTFT p95 ÷ the cell's oracle's, per round and pooled over the
+	// rounds with its ~95% interval (RatioInterval); set by Analyze, nil when this arm or the
+	// oracle's is flagged or missing.
+	P95Oracle *RatioInterval `json:"p95_oracle,omitempty"`
 	// Rounds are the arm's runs when its cell ran more than one round (Combine made Mode
 	// from them); empty for one round.
 	Rounds []Arm `json:"rounds,omitempty"`
