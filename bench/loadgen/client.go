@@ -219,17 +219,31 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 		res.Err = fmt.Sprintf("status %d", resp.StatusCode)
 		return res
 	}
+	var format streamFormat = chatStream{}
 	if messages {
-		c.readMessagesStream(resp.Body, &res)
-	} else {
-		c.readStream(resp.Body, &res)
+		format = messagesStream{}
 	}
+	c.readStream(resp.Body, &res, format)
 	res.E2E = time.Since(scheduled)
 	return res
 }
 
-// readStream parses SSE lines with a bufio.Reader (no line-length limit, unlike bufio.Scanner).
-func (c *Client) readStream(r io.Reader, res *Result) {
+// streamFormat is what the events of one API's stream mean, for readStream.
+type streamFormat interface {
+	// event reads one SSE data payload (trimmed, not empty) into res and returns the text it
+	// carries ("" when it is not a content event), whether it ends the stream, and why the
+	// stream failed ("" when it did not).
+	event(data []byte, res *Result) (text string, done bool, fail string)
+	// finish fills res.OutputTokens from the count of content events when the stream did not
+	// report it.
+	finish(res *Result, events int)
+}
+
+// readStream reads an event stream to its end as format reads its events: TTFT at the first
+// content event, ITL between content events, the reply (up to MaxReplyBytes), and an error
+// reason when the stream fails, is truncated or carries no content. SSE lines are read with a
+// bufio.Reader (no line-length limit, unlike bufio.Scanner); only data lines count.
+func (c *Client) readStream(r io.Reader, res *Result, format streamFormat) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var reply strings.Builder
 	var last time.Time
@@ -239,26 +253,14 @@ func (c *Client) readStream(r io.Reader, res *Result) {
 		now := time.Now()
 		line = bytes.TrimRight(line, "\r\n")
 		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-			data = bytes.TrimSpace(data)
-			switch {
-			case len(data) == 0:
-			case bytes.Equal(data, []byte("[DONE]")):
-				done = true
-			default:
-				var ch chunk
-				if jerr := json.Unmarshal(data, &ch); jerr != nil {
-					res.Err = "bad chunk"
+			if data = bytes.TrimSpace(data); len(data) > 0 {
+				var text, fail string
+				text, done, fail = format.event(data, res)
+				if fail != "" {
+					res.Err = fail
 					return
 				}
-				if len(ch.Error) > 0 && !bytes.Equal(ch.Error, []byte("null")) {
-					res.Err = "stream error"
-					return
-				}
-				content := ""
-				if len(ch.Choices) > 0 {
-					content = ch.Choices[0].Delta.Content + ch.Choices[0].Text
-				}
-				if content != "" {
+				if text != "" {
 					if events == 0 {
 						res.TTFT = now.Sub(res.Scheduled)
 					} else {
@@ -267,15 +269,7 @@ func (c *Client) readStream(r io.Reader, res *Result) {
 					last = now
 					events++
 					if c.MaxReplyBytes == 0 || reply.Len() < c.MaxReplyBytes {
-						reply.WriteString(content)
-					}
-				}
-				if u := ch.Usage; u != nil {
-					res.UsageSeen = true
-					res.PromptTokens = u.PromptTokens
-					res.OutputTokens = u.CompletionTokens
-					if u.PromptTokensDetails != nil {
-						res.CachedTokens = u.PromptTokensDetails.CachedTokens
+						reply.WriteString(text)
 					}
 				}
 			}
@@ -295,6 +289,40 @@ func (c *Client) readStream(r io.Reader, res *Result) {
 	if res.Err == "" && events == 0 {
 		res.Err = "no content"
 	}
+	format.finish(res, events)
+}
+
+// chatStream reads chat and completions chunks: content from the first choice's delta (chat)
+// or text (completions), usage from the final usage chunk, the end at [DONE].
+type chatStream struct{}
+
+func (chatStream) event(data []byte, res *Result) (string, bool, string) {
+	if bytes.Equal(data, []byte("[DONE]")) {
+		return "", true, ""
+	}
+	var ch chunk
+	if jerr := json.Unmarshal(data, &ch); jerr != nil {
+		return "", false, "bad chunk"
+	}
+	if len(ch.Error) > 0 && !bytes.Equal(ch.Error, []byte("null")) {
+		return "", false, "stream error"
+	}
+	if u := ch.Usage; u != nil {
+		res.UsageSeen = true
+		res.PromptTokens = u.PromptTokens
+		res.OutputTokens = u.CompletionTokens
+		if u.PromptTokensDetails != nil {
+			res.CachedTokens = u.PromptTokensDetails.CachedTokens
+		}
+	}
+	if len(ch.Choices) == 0 {
+		return "", false, ""
+	}
+	return ch.Choices[0].Delta.Content + ch.Choices[0].Text, false, ""
+}
+
+// finish counts the content events as output tokens when no usage chunk arrived.
+func (chatStream) finish(res *Result, events int) {
 	if !res.UsageSeen {
 		res.OutputTokens = events
 	}

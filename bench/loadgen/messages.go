@@ -4,13 +4,9 @@ package loadgen
 // request converted as a coding agent would send it, and its event stream read.
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"strings"
-	"time"
 
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
@@ -135,71 +131,42 @@ type messagesUsage struct {
 	OutputTokens  int `json:"output_tokens"`
 }
 
-// readMessagesStream reads a Messages API event stream to message_stop: TTFT and ITL from the
+// messagesStream reads a Messages API event stream to message_stop: content from the
 // content_block_delta events with text, prompt and cached tokens from message_start (prompt =
 // input + cache_read + cache_creation), output tokens from message_delta.
-func (c *Client) readMessagesStream(r io.Reader, res *Result) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	var reply strings.Builder
-	var last time.Time
-	events, done := 0, false
-	for !done {
-		line, err := br.ReadBytes('\n')
-		now := time.Now()
-		line = bytes.TrimRight(line, "\r\n")
-		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok && len(bytes.TrimSpace(data)) > 0 {
-			var ev messagesEvent
-			if jerr := json.Unmarshal(bytes.TrimSpace(data), &ev); jerr != nil {
-				res.Err = "bad chunk"
-				return
-			}
-			switch ev.Type {
-			case "error":
-				res.Err = "stream error"
-				return
-			case "message_start":
-				if ev.Message != nil && ev.Message.Usage != nil {
-					u := ev.Message.Usage
-					res.UsageSeen = true
-					res.PromptTokens = u.InputTokens + u.CacheRead + u.CacheCreation
-					res.CachedTokens = u.CacheRead
-				}
-			case "content_block_delta":
-				if ev.Delta != nil && ev.Delta.Text != "" {
-					if events == 0 {
-						res.TTFT = now.Sub(res.Scheduled)
-					} else {
-						res.ITL = append(res.ITL, now.Sub(last))
-					}
-					last = now
-					events++
-					if c.MaxReplyBytes == 0 || reply.Len() < c.MaxReplyBytes {
-						reply.WriteString(ev.Delta.Text)
-					}
-				}
-			case "message_delta":
-				if ev.Usage != nil {
-					res.OutputTokens = ev.Usage.OutputTokens
-				}
-			case "message_stop":
-				done = true
-			}
-		}
-		if err != nil {
-			if !done {
-				if errors.Is(err, io.EOF) {
-					res.Err = "truncated stream"
-				} else {
-					res.Err = transportReason(err)
-				}
-			}
-			break
-		}
+type messagesStream struct{}
+
+func (messagesStream) event(data []byte, res *Result) (string, bool, string) {
+	var ev messagesEvent
+	if jerr := json.Unmarshal(data, &ev); jerr != nil {
+		return "", false, "bad chunk"
 	}
-	res.Reply = reply.String()
-	if res.Err == "" && events == 0 {
-		res.Err = "no content"
+	switch ev.Type {
+	case "error":
+		return "", false, "stream error"
+	case "message_start":
+		if ev.Message != nil && ev.Message.Usage != nil {
+			u := ev.Message.Usage
+			res.UsageSeen = true
+			res.PromptTokens = u.InputTokens + u.CacheRead + u.CacheCreation
+			res.CachedTokens = u.CacheRead
+		}
+	case "content_block_delta":
+		if ev.Delta != nil {
+			return ev.Delta.Text, false, ""
+		}
+	case "message_delta":
+		if ev.Usage != nil {
+			res.OutputTokens = ev.Usage.OutputTokens
+		}
+	case "message_stop":
+		return "", true, ""
 	}
+	return "", false, ""
+}
+
+// finish counts the content events as output tokens when no message_delta reported them.
+func (messagesStream) finish(res *Result, events int) {
 	if res.OutputTokens == 0 {
 		res.OutputTokens = events
 	}

@@ -21,7 +21,6 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fastjson"
 )
 
@@ -35,176 +34,158 @@ func endpointOf(path string) endpoint {
 	return epCompletions
 }
 
-// renderMessages appends the templated conversation of a Messages API request to dst.
+// renderMessages appends the templated conversation (template.go) of a Messages API request to
+// dst, converted as the header describes.
 func renderMessages(dst []byte, v *fastjson.Value) ([]byte, *apiError) {
+	t := chatTemplate{b: dst}
 	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
 		if tools.Type() != fastjson.TypeArray {
-			return dst, badRequest("tools", "tools must be a list")
+			return t.b, badRequest("tools", "tools must be a list")
 		}
 		list, _ := tools.Array()
-		dst = append(dst, "<|tools|>\n["...)
-		for i, t := range list {
-			if t.Type() != fastjson.TypeObject {
-				return dst, badRequest("tools", "tools[%d] must be an object", i)
+		t.toolsOpen()
+		t.b = append(t.b, '[')
+		for i, tool := range list {
+			if tool.Type() != fastjson.TypeObject {
+				return t.b, badRequest("tools", "tools[%d] must be an object", i)
 			}
 			if i > 0 {
-				dst = append(dst, ',')
+				t.b = append(t.b, ',')
 			}
-			dst = append(dst, `{"type":"function","function":{"name":`...)
-			dst = appendJSONString(dst, t.GetStringBytes("name"))
-			dst = append(dst, `,"description":`...)
-			dst = appendJSONString(dst, t.GetStringBytes("description"))
-			dst = append(dst, `,"parameters":`...)
-			if s := t.Get("input_schema"); s != nil {
-				dst = s.MarshalTo(dst)
+			t.b = append(t.b, `{"type":"function","function":{"name":`...)
+			t.b = appendJSONString(t.b, tool.GetStringBytes("name"))
+			t.b = append(t.b, `,"description":`...)
+			t.b = appendJSONString(t.b, tool.GetStringBytes("description"))
+			t.b = append(t.b, `,"parameters":`...)
+			if s := tool.Get("input_schema"); s != nil {
+				t.b = s.MarshalTo(t.b)
 			} else {
-				dst = append(dst, "{}"...)
+				t.b = append(t.b, "{}"...)
 			}
-			dst = append(dst, "}}"...)
+			t.b = append(t.b, "}}"...)
 		}
-		dst = append(dst, "]<|end|>\n"...)
+		t.b = append(t.b, ']')
+		t.end()
 	}
 	if sys := v.Get("system"); sys != nil && sys.Type() != fastjson.TypeNull {
-		dst = append(dst, "<|system|>\n"...)
-		var aerr *apiError
-		if dst, aerr = renderBlocks(dst, sys, "system"); aerr != nil {
-			return dst, aerr
+		t.message([]byte("system"), nil, nil)
+		if aerr := t.blocks(sys, "system"); aerr != nil {
+			return t.b, aerr
 		}
-		dst = append(dst, "<|end|>\n"...)
+		t.end()
 	}
 	msgs := v.Get("messages")
 	if msgs == nil || msgs.Type() != fastjson.TypeArray {
-		return dst, badRequest("messages", "messages must be a non-empty list")
+		return t.b, badRequest("messages", "messages must be a non-empty list")
 	}
 	arr, _ := msgs.Array()
 	if len(arr) == 0 {
-		return dst, badRequest("messages", "messages must be a non-empty list")
+		return t.b, badRequest("messages", "messages must be a non-empty list")
 	}
 	for i, m := range arr {
 		if m.Type() != fastjson.TypeObject {
-			return dst, badRequest("messages", "messages[%d] must be an object", i)
+			return t.b, badRequest("messages", "messages[%d] must be an object", i)
 		}
 		role := m.GetStringBytes("role")
 		if string(role) != "user" && string(role) != "assistant" {
-			return dst, badRequest("messages", "messages[%d].role must be user or assistant", i)
+			return t.b, badRequest("messages", "messages[%d].role must be user or assistant", i)
 		}
 		c := m.Get("content")
 		if c == nil || (c.Type() != fastjson.TypeString && c.Type() != fastjson.TypeArray) {
-			return dst, badRequest("messages", "messages[%d].content must be a string or a list of blocks", i)
+			return t.b, badRequest("messages", "messages[%d].content must be a string or a list of blocks", i)
 		}
-		var aerr *apiError
-		if dst, aerr = renderTurn(dst, role, c, i); aerr != nil {
-			return dst, aerr
+		if aerr := t.turn(role, c, i); aerr != nil {
+			return t.b, aerr
 		}
 	}
-	dst = append(dst, "<|assistant|>\n"...)
-	return dst, nil
+	t.generationPrompt()
+	return t.b, nil
 }
 
-// renderTurn renders one message: its tool_result blocks as tool messages, then its other
-// blocks as a message of its role (omitted when there are none, as vLLM omits it).
-func renderTurn(dst, role []byte, c *fastjson.Value, i int) ([]byte, *apiError) {
+// turn renders one message: its tool_result blocks as tool messages, then its other blocks as
+// a message of its role (omitted when there are none, as vLLM omits it).
+func (t *chatTemplate) turn(role []byte, c *fastjson.Value, i int) *apiError {
 	if c.Type() == fastjson.TypeString {
 		s, _ := c.StringBytes()
-		dst = appendRole(dst, role)
-		dst = append(dst, s...)
-		return append(dst, "<|end|>\n"...), nil
+		t.message(role, nil, nil)
+		t.text(s)
+		t.end()
+		return nil
 	}
 	blocks, _ := c.Array()
 	others := 0
 	for j, b := range blocks {
 		if b.Type() != fastjson.TypeObject {
-			return dst, badRequest("messages", "messages[%d].content[%d] must be an object", i, j)
+			return badRequest("messages", "messages[%d].content[%d] must be an object", i, j)
 		}
 		if string(b.GetStringBytes("type")) != "tool_result" {
 			others++
 			continue
 		}
-		dst = append(dst, "<|tool id="...)
-		dst = append(dst, b.GetStringBytes("tool_use_id")...)
-		dst = append(dst, "|>\n"...)
+		t.toolResult(b.GetStringBytes("tool_use_id"))
 		if rc := b.Get("content"); rc != nil && rc.Type() != fastjson.TypeNull {
-			var aerr *apiError
-			if dst, aerr = renderBlocks(dst, rc, "messages"); aerr != nil {
-				return dst, aerr
+			if aerr := t.blocks(rc, "messages"); aerr != nil {
+				return aerr
 			}
 		}
-		dst = append(dst, "<|end|>\n"...)
+		t.end()
 	}
 	if others == 0 {
-		return dst, nil
+		return nil
 	}
-	dst = appendRole(dst, role)
+	t.message(role, nil, nil)
 	for _, b := range blocks {
 		switch string(b.GetStringBytes("type")) {
 		case "tool_result":
 		case "tool_use":
-			dst = append(dst, "<|tool_call|>"...)
-			dst = append(dst, b.GetStringBytes("name")...)
-			dst = append(dst, ' ')
+			t.toolCallOpen(b.GetStringBytes("name"))
 			if in := b.Get("input"); in != nil {
-				dst = in.MarshalTo(dst)
+				t.b = in.MarshalTo(t.b)
 			} else {
-				dst = append(dst, "{}"...)
+				t.b = append(t.b, "{}"...)
 			}
-			dst = append(dst, '\n')
+			t.toolCallEnd()
 		default:
-			var aerr *apiError
-			if dst, aerr = renderBlock(dst, b, "messages"); aerr != nil {
-				return dst, aerr
+			if aerr := t.block(b, "messages"); aerr != nil {
+				return aerr
 			}
 		}
 	}
-	return append(dst, "<|end|>\n"...), nil
+	t.end()
+	return nil
 }
 
-func appendRole(dst, role []byte) []byte {
-	dst = append(dst, "<|"...)
-	dst = append(dst, role...)
-	return append(dst, "|>\n"...)
-}
-
-// renderBlocks renders a string, or a list of text and media blocks.
-func renderBlocks(dst []byte, c *fastjson.Value, param string) ([]byte, *apiError) {
+// blocks renders a string, or a list of text and media blocks.
+func (t *chatTemplate) blocks(c *fastjson.Value, param string) *apiError {
 	switch c.Type() {
 	case fastjson.TypeString:
 		s, _ := c.StringBytes()
-		return append(dst, s...), nil
+		t.text(s)
+		return nil
 	case fastjson.TypeArray:
 		list, _ := c.Array()
 		for _, b := range list {
-			var aerr *apiError
-			if dst, aerr = renderBlock(dst, b, param); aerr != nil {
-				return dst, aerr
+			if aerr := t.block(b, param); aerr != nil {
+				return aerr
 			}
 		}
-		return dst, nil
+		return nil
 	}
-	return dst, badRequest(param, "%s must be a string or a list of blocks", param)
+	return badRequest(param, "%s must be a string or a list of blocks", param)
 }
 
-// renderBlock renders a text block as its text, any other block as <|media:HASH|>.
-func renderBlock(dst []byte, b *fastjson.Value, param string) ([]byte, *apiError) {
-	if b.Type() != fastjson.TypeObject {
-		return dst, badRequest(param, "content blocks must be objects")
+// block renders a content block as a chat content part: a text block as its text, any other
+// block as <|media:HASH|>.
+func (t *chatTemplate) block(b *fastjson.Value, param string) *apiError {
+	switch t.part(b) {
+	case partNotObject:
+		return badRequest(param, "content blocks must be objects")
+	case partTextNotString:
+		return badRequest(param, "a text block's text must be a string")
+	case partNoType:
+		return badRequest(param, "a content block's type is required")
 	}
-	typ := b.GetStringBytes("type")
-	if string(typ) == "text" {
-		t := b.Get("text")
-		if t == nil || t.Type() != fastjson.TypeString {
-			return dst, badRequest(param, "a text block's text must be a string")
-		}
-		s, _ := t.StringBytes()
-		return append(dst, s...), nil
-	}
-	if len(typ) == 0 {
-		return dst, badRequest(param, "a content block's type is required")
-	}
-	var tmp [64]byte
-	h := xxhash.Sum64(b.MarshalTo(tmp[:0]))
-	dst = append(dst, "<|media:"...)
-	dst = strconv.AppendUint(dst, h, 16)
-	return append(dst, "|>"...), nil
+	return nil
 }
 
 func appendJSONString(dst, s []byte) []byte {

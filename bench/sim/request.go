@@ -3,25 +3,9 @@ package sim
 import (
 	"fmt"
 	"slices"
-	"strconv"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/valyala/fastjson"
 )
-
-// The sim's chat template (its own, in the spirit of vLLM applying a model's Jinja template).
-// A conversation renders as
-//
-//	<|tools|>\n{tools JSON}<|end|>\n              only when "tools" is present
-//	<|ROLE|>\n{content}<|end|>\n                  per message; <|ROLE name=NAME|> with a name
-//	<|assistant|>\n                               the generation prompt
-//
-// Content is a string or a list of parts: text parts are copied, other parts (image_url,
-// input_audio, …) become <|media:HASH|> of their JSON. An assistant message's tool_calls follow
-// its content as <|tool_call|>NAME ARGUMENTS\n, a tool message's tool_call_id goes in the role tag.
-// Rendering turn n of a conversation is a prefix of rendering turn n+1 up to the generation
-// prompt, which turn n+1 continues with the assistant's answer, so multi-turn chats share cached
-// prefixes as on vLLM.
 
 // apiRequest is what the sim takes from a request body.
 type apiRequest struct {
@@ -190,99 +174,77 @@ func promptTokens(p *fastjson.Value) ([]uint32, *apiError) {
 	return nil, badRequest("prompt", "prompt must be a string or a list of token ids")
 }
 
-// renderChat appends the templated conversation of a chat request to dst.
+// renderChat appends the templated conversation (template.go) of a chat request to dst.
 func renderChat(dst []byte, v *fastjson.Value) ([]byte, *apiError) {
+	t := chatTemplate{b: dst}
 	if tools := v.Get("tools"); tools != nil && tools.Type() != fastjson.TypeNull {
 		if tools.Type() != fastjson.TypeArray {
-			return dst, badRequest("tools", "tools must be a list")
+			return t.b, badRequest("tools", "tools must be a list")
 		}
-		dst = append(dst, "<|tools|>\n"...)
-		dst = tools.MarshalTo(dst)
-		dst = append(dst, "<|end|>\n"...)
+		t.toolsOpen()
+		t.b = tools.MarshalTo(t.b)
+		t.end()
 	}
 	msgs := v.Get("messages")
 	if msgs == nil || msgs.Type() != fastjson.TypeArray {
-		return dst, badRequest("messages", "messages must be a non-empty list")
+		return t.b, badRequest("messages", "messages must be a non-empty list")
 	}
 	arr, _ := msgs.Array()
 	if len(arr) == 0 {
-		return dst, badRequest("messages", "messages must be a non-empty list")
+		return t.b, badRequest("messages", "messages must be a non-empty list")
 	}
 	for i, m := range arr {
 		if m.Type() != fastjson.TypeObject {
-			return dst, badRequest("messages", "messages[%d] must be an object", i)
+			return t.b, badRequest("messages", "messages[%d] must be an object", i)
 		}
 		role := m.GetStringBytes("role")
 		if len(role) == 0 {
-			return dst, badRequest("messages", "messages[%d].role must be a non-empty string", i)
+			return t.b, badRequest("messages", "messages[%d].role must be a non-empty string", i)
 		}
-		dst = append(dst, "<|"...)
-		dst = append(dst, role...)
-		if name := m.GetStringBytes("name"); len(name) > 0 {
-			dst = append(dst, " name="...)
-			dst = append(dst, name...)
-		}
-		if id := m.GetStringBytes("tool_call_id"); len(id) > 0 {
-			dst = append(dst, " id="...)
-			dst = append(dst, id...)
-		}
-		dst = append(dst, "|>\n"...)
-		var aerr *apiError
-		if dst, aerr = renderContent(dst, m.Get("content"), i); aerr != nil {
-			return dst, aerr
+		t.message(role, m.GetStringBytes("name"), m.GetStringBytes("tool_call_id"))
+		if aerr := t.chatContent(m.Get("content"), i); aerr != nil {
+			return t.b, aerr
 		}
 		if calls := m.Get("tool_calls"); calls != nil && calls.Type() == fastjson.TypeArray {
 			list, _ := calls.Array()
 			for _, c := range list {
-				dst = append(dst, "<|tool_call|>"...)
-				dst = append(dst, c.GetStringBytes("function", "name")...)
-				dst = append(dst, ' ')
-				dst = append(dst, c.GetStringBytes("function", "arguments")...)
-				dst = append(dst, '\n')
+				t.toolCallOpen(c.GetStringBytes("function", "name"))
+				t.text(c.GetStringBytes("function", "arguments"))
+				t.toolCallEnd()
 			}
 		}
-		dst = append(dst, "<|end|>\n"...)
+		t.end()
 	}
-	dst = append(dst, "<|assistant|>\n"...)
-	return dst, nil
+	t.generationPrompt()
+	return t.b, nil
 }
 
-func renderContent(dst []byte, c *fastjson.Value, i int) ([]byte, *apiError) {
+// chatContent renders the content c of message i: absent or null nothing, a string as it is,
+// a list part by part.
+func (t *chatTemplate) chatContent(c *fastjson.Value, i int) *apiError {
 	if c == nil {
-		return dst, nil
+		return nil
 	}
 	switch c.Type() {
 	case fastjson.TypeNull:
-		return dst, nil
+		return nil
 	case fastjson.TypeString:
 		s, _ := c.StringBytes()
-		return append(dst, s...), nil
+		t.text(s)
+		return nil
 	case fastjson.TypeArray:
 		parts, _ := c.Array()
 		for j, p := range parts {
-			if p.Type() != fastjson.TypeObject {
-				return dst, badRequest("messages", "messages[%d].content[%d] must be an object", i, j)
+			switch t.part(p) {
+			case partNotObject:
+				return badRequest("messages", "messages[%d].content[%d] must be an object", i, j)
+			case partTextNotString:
+				return badRequest("messages", "messages[%d].content[%d].text must be a string", i, j)
+			case partNoType:
+				return badRequest("messages", "messages[%d].content[%d].type is required", i, j)
 			}
-			typ := p.GetStringBytes("type")
-			if string(typ) == "text" {
-				t := p.Get("text")
-				if t == nil || t.Type() != fastjson.TypeString {
-					return dst, badRequest("messages", "messages[%d].content[%d].text must be a string", i, j)
-				}
-				s, _ := t.StringBytes()
-				dst = append(dst, s...)
-				continue
-			}
-			if len(typ) == 0 {
-				return dst, badRequest("messages", "messages[%d].content[%d].type is required", i, j)
-			}
-			var tmp [64]byte
-			h := xxhash.Sum64(p.MarshalTo(tmp[:0]))
-			dst = append(dst, "<|media:"...)
-			dst = strconv.AppendUint(dst, h, 16)
-			dst = append(dst, "|>"...)
 		}
-		return dst, nil
+		return nil
 	}
-	return dst, badRequest("messages", "messages[%d].content must be a string, a list of parts or null", i)
+	return badRequest("messages", "messages[%d].content must be a string, a list of parts or null", i)
 }

@@ -294,41 +294,32 @@ func (sc *scanner) top(ep API, top *scanTop) bool {
 // position after a member's value) to the end of the body and notes them in top.
 func (sc *scanner) members(ep API, top *scanTop, i int, first bool) bool {
 	b := sc.body
-	for ; ; first = false {
-		name, v, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return false
-			}
-			i = v
-			break
-		}
+	end := sc.eachMemberFrom(i, first, func(name []byte, v int) int {
 		field := topFieldOf(name)
 		top.at[field] = v
-		end := 0 // 0: not read yet
+		after := 0 // the position after v; 0: not read yet
 		switch {
 		case field == topOther:
 		case field == promptField(ep):
-			top.promptKind, top.promptBytes, end = sc.prompt(v)
+			top.promptKind, top.promptBytes, after = sc.prompt(v)
 		case field == topMessages:
 			top.messagesIndexed = (ep == APIChat || ep == APIEmbeddings || ep == APIMessages) && b[v] == '['
 			if top.messagesIndexed {
 				clear(sc.messages)
 				sc.messages = sc.messages[:0]
 				sc.rest = 0
-				end = sc.indexMessages(v, true)
+				after = sc.indexMessages(v, true)
 			}
 		}
-		if end == 0 {
-			end = sc.skip(v, depthTopValue)
+		if after == 0 {
+			after = sc.skip(v, depthTopValue)
 		}
-		if end < 0 {
-			return false
+		if after >= 0 {
+			top.end[field] = after
 		}
-		top.end[field] = end
-		i = end
-	}
-	return sc.ws(i) == len(b)
+		return after
+	})
+	return end >= 0 && sc.ws(end) == len(b)
 }
 
 // indexMessages validates the messages array from i (its '[' when first, else the position
@@ -368,25 +359,18 @@ func (sc *scanner) indexMessage(m int, msg *scanMessage) int {
 	if b[m] != '{' {
 		return badPos
 	}
-	i := m
-	for first := true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			msg.end = value
-			return value
-		}
+	end := sc.eachMember(m, func(name []byte, value int) int {
 		field := messageFieldOf(name)
 		msg.at[field] = value
 		if field == messageContent && b[value] == '"' {
-			msg.text, i = sc.str(value)
-		} else {
-			i = sc.skip(value, depthMessageValue)
+			var after int
+			msg.text, after = sc.str(value)
+			return after
 		}
-		if i < 0 {
-			return badPos
-		}
+		return sc.skip(value, depthMessageValue)
+	})
+	if end >= 0 {
+		msg.end = end
 	}
+	return end
 }

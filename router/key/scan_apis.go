@@ -130,25 +130,17 @@ func (sc *scanner) messagesTools(r *renderer, v int) bool {
 // skip, like renderer.canonWithout, and returns the position after it, or badPos.
 func (sc *scanner) canonWithout(r *renderer, o int, skip string) int {
 	r.tag(canonObject)
-	for i, first := o, true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			r.tag(canonObjectEnd)
-			return value
-		}
+	end := sc.eachMember(o, func(name []byte, value int) int {
 		if string(name) == skip {
-			i = sc.skip(value, depthNestedValue)
-		} else {
-			r.str(canonString, name)
-			i = sc.canon(r, value)
+			return sc.skip(value, depthNestedValue)
 		}
-		if i < 0 {
-			return badPos
-		}
+		r.str(canonString, name)
+		return sc.canon(r, value)
+	})
+	if end >= 0 {
+		r.tag(canonObjectEnd)
 	}
+	return end
 }
 
 // messagesSystem renders "system" at v (a string or a list of blocks) as a system message,
@@ -209,26 +201,18 @@ func (sc *scanner) block(r *renderer, v int) int {
 	}
 	var f [blockFieldCount]int
 	var text []byte // the last "text", when a string: unescaped while stepping over it
-	end := 0
-	for i, first := v, true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			end = value
-			break
-		}
+	end := sc.eachMember(v, func(name []byte, value int) int {
 		field := blockFieldOf(name)
 		f[field] = value
 		if field == blockText && b[value] == '"' {
-			text, i = sc.str(value)
-		} else {
-			i = sc.skip(value, depthPartValue)
+			var after int
+			text, after = sc.str(value)
+			return after
 		}
-		if i < 0 {
-			return badPos
-		}
+		return sc.skip(value, depthPartValue)
+	})
+	if end < 0 {
+		return badPos
 	}
 	typ, _, ok := sc.field(f[blockType])
 	if !ok {

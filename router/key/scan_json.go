@@ -93,6 +93,31 @@ func (sc *scanner) member(i int, first bool) (name []byte, v int, got step) {
 	return name, i, stepNext
 }
 
+// eachMember steps through the object at o (its '{'), calling fn with each member's name and
+// the position of its value, in order; fn returns the position after that value, or badPos to
+// stop. It returns the position after the object, or badPos on a syntax error or when fn
+// stopped. name may be scratch (see key): fn uses it before it reads another string.
+func (sc *scanner) eachMember(o int, fn func(name []byte, v int) int) int {
+	return sc.eachMemberFrom(o, true, fn)
+}
+
+// eachMemberFrom is eachMember from i: the object's '{' when first, else the position after
+// one of its members' values.
+func (sc *scanner) eachMemberFrom(i int, first bool, fn func(name []byte, v int) int) int {
+	for ; ; first = false {
+		name, v, got := sc.member(i, first)
+		if got != stepNext {
+			if got == stepBad {
+				return badPos
+			}
+			return v
+		}
+		if i = fn(name, v); i < 0 {
+			return badPos
+		}
+	}
+}
+
 // element steps through an array like member: the next element's position (stepNext), the
 // position after ']' (stepEnd), or stepBad.
 func (sc *scanner) element(i int, first bool) (v int, got step) {
@@ -132,18 +157,7 @@ func (sc *scanner) skip(i, depth int) int {
 		if depth > maxFastDepth {
 			return badPos
 		}
-		for first := true; ; first = false {
-			_, v, got := sc.member(i, first)
-			if got != stepNext {
-				if got == stepBad {
-					return badPos
-				}
-				return v
-			}
-			if i = sc.skip(v, depth+1); i < 0 {
-				return badPos
-			}
-		}
+		return sc.eachMember(i, func(_ []byte, v int) int { return sc.skip(v, depth+1) })
 	case '[':
 		if depth > maxFastDepth {
 			return badPos

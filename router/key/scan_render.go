@@ -244,20 +244,14 @@ func (sc *scanner) canon(r *renderer, v int) int {
 	switch b[v] {
 	case '{':
 		r.tag(canonObject)
-		for i, first := v, true; ; first = false {
-			name, value, got := sc.member(i, first)
-			if got != stepNext {
-				if got == stepBad {
-					return badPos
-				}
-				r.tag(canonObjectEnd)
-				return value
-			}
+		end := sc.eachMember(v, func(name []byte, value int) int {
 			r.str(canonString, name)
-			if i = sc.canon(r, value); i < 0 {
-				return badPos
-			}
+			return sc.canon(r, value)
+		})
+		if end >= 0 {
+			r.tag(canonObjectEnd)
 		}
+		return end
 	case '[':
 		r.tag(canonArray)
 		for i, first := v, true; ; first = false {
@@ -323,38 +317,24 @@ func (sc *scanner) field(v int) (s []byte, has, ok bool) {
 // o (the last of duplicates), validating each value at depth, and returns the position after
 // the object, or badPos.
 func objectFields[F ~uint8](sc *scanner, o, depth int, f []int, of func([]byte) F) int {
-	for i, first := o, true; ; first = false {
-		name, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return badPos
-			}
-			return value
-		}
+	return sc.eachMember(o, func(name []byte, value int) int {
 		f[of(name)] = value
-		if i = sc.skip(value, depth); i < 0 {
-			return badPos
-		}
-	}
+		return sc.skip(value, depth)
+	})
 }
 
 // lastMember returns the position of the value of the last member named name of the object
 // at o (0 when it has none), validating each value at depth, and the position after the
 // object; end is badPos on a syntax error.
 func (sc *scanner) lastMember(o, depth int, name string) (v, end int) {
-	for i, first := o, true; ; first = false {
-		key, value, got := sc.member(i, first)
-		if got != stepNext {
-			if got == stepBad {
-				return 0, badPos
-			}
-			return v, value
-		}
+	end = sc.eachMember(o, func(key []byte, value int) int {
 		if string(key) == name {
 			v = value
 		}
-		if i = sc.skip(value, depth); i < 0 {
-			return 0, badPos
-		}
+		return sc.skip(value, depth)
+	})
+	if end < 0 {
+		return 0, badPos
 	}
+	return v, end
 }
