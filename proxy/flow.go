@@ -27,11 +27,12 @@ type flow struct {
 	cands []*backend.Backend
 	lease backend.Lease
 	dec   router.Decision
-	// learned is what the policy learned from this attempt (0: nothing, or withdrawn).
-	learned router.Learned
-	resp    fasthttp.Response
-	conn0   net.Conn        // client connection; the watchdog derives raw from it when it first looks
-	raw     syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
+	// ticket is the request's learning lifecycle with the policy (router.Ticket): what it
+	// learned of the attempt that stands, and the calls that withdraw or correct it.
+	ticket router.Ticket
+	resp   fasthttp.Response
+	conn0  net.Conn        // client connection; the watchdog derives raw from it when it first looks
+	raw    syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
 
 	start    time.Time
 	keyed    time.Time // the key built; zero once the first pick counted from it (flow.pickStart)

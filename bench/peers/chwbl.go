@@ -85,6 +85,9 @@ func (p *CHWBL) SetBackends(all []*backend.Backend) {
 	p.ring.Store(&placement{ring: hashring.New(ms), ids: ids})
 }
 
+// ModelsChanged: CHWBL keeps no state per model pool.
+func (p *CHWBL) ModelsChanged(*backend.Backend) {}
+
 // Pick places k by its key (see CHWBL) on the ring within the load bound (router.ReasonCold when
 // the key's owner took it, router.ReasonOverload when the walk passed it), or the least
 // loaded candidate (router.ReasonLeastLoad) without a key, a ring or a candidate under it.
@@ -190,6 +193,6 @@ func firstUserText(v *fastjson.Value) string {
 const boundSlack = 1e-9
 
 var (
-	_ router.Policy        = (*CHWBL)(nil)
-	_ router.BackendSetter = (*CHWBL)(nil)
+	_ router.Policy = (*CHWBL)(nil)
+	_ router.Fleet  = (*CHWBL)(nil)
 )

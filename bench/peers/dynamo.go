@@ -93,8 +93,8 @@ func (p *Dynamo) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Dec
 }
 
 var (
-	_ router.Policy        = (*Dynamo)(nil)
-	_ router.BackendSetter = (*Dynamo)(nil)
-	_ router.Learner       = (*Dynamo)(nil)
-	_ router.IndexHolder   = (*Dynamo)(nil)
+	_ router.Policy    = (*Dynamo)(nil)
+	_ router.Fleet     = (*Dynamo)(nil)
+	_ router.Learner   = (*Dynamo)(nil)
+	_ router.Inspector = (*Dynamo)(nil)
 )
