@@ -287,6 +287,7 @@ func (f *flow) finish(status int, err error) {
 	res := f.result(err)
 	s.m.observe(f, status, res)
 	s.correctIndex(f, res)
+	f.ticket.Done()
 	if f.body != nil && (res == resultTruncated || res == resultIdleTimeout) {
 		s.hc.Observe(f.lease.Backend(), health.OutcomeServerError) // died or stalled mid-response
 	}
