@@ -52,7 +52,7 @@ func (p *Policy) Learn(k *key.Key, b *backend.Backend, held int) router.Learned 
 		// Recorded nothing, routed all the same (a prompt under one chunk; a backend the
 		// index does not list): an empty group, so that the peers count the decision. Stamp 0
 		// is no Learn's, and nothing withdraws it (Unlearn of 0 does nothing). A body that did
-		// not parse is not learned at all (router.Decider.Learns): this replica counts its
+		// not parse is not learned at all (router.Decider.Ticket): this replica counts its
 		// decision, its peers do not.
 		p.n.q.push(b.ID, 0, work, nil, &p.n.m)
 	}
@@ -105,11 +105,12 @@ func (p *Policy) SetBackends(all []*backend.Backend) {
 	p.n.loads.apply(byID, p.n.now())
 }
 
-// The wrapped prefix policy's abilities are the peered policy's too; the proxy finds them by
-// type assertion.
+// The wrapped prefix policy's abilities are the peered policy's too (the proxy finds them by
+// type assertion), and it settles besides (settle.go).
 var (
-	_ router.ModelsWatcher = (*Policy)(nil)
-	_ router.Corrector     = (*Policy)(nil)
+	_ router.Fleet     = (*Policy)(nil)
+	_ router.Learner   = (*Policy)(nil)
+	_ router.Inspector = (*Policy)(nil)
 )
 
 // backendSet is an immutable snapshot of the configured backends.

@@ -47,7 +47,8 @@ const earlyResponseWait = time.Second
 
 // try sends the request to b and, when response headers arrive, hands the response to
 // fasthttp. A nil error means the flow now belongs to the relay. Every failure leaves
-// through one exit, which withdraws what the attempt taught the policy and releases b.
+// through one exit, which withdraws what the attempt taught the policy (the ticket refused)
+// and releases b.
 func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canRetry bool) error {
 	up := (*s.ups.Load())[b]
 	if up == nil {
@@ -71,7 +72,7 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		err = s.judge(f, b, canRetry)
 	}
 	if err != nil {
-		s.unlearn(f, b)
+		f.ticket.Refuse()
 		f.lease.Release()
 		f.tr.attemptFailed(err)
 		return err
@@ -83,40 +84,35 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 
 // settle holds a first attempt that the policy asks to (router.Settler: peered replicas, a
 // request long enough that waiting costs little of its TTFT) for its SettleWait, its
-// decision sent to the peers first (Hold), so that this replica hears of theirs made at the
-// same instant: a burst spread over several replicas would otherwise be placed by each on
-// the backend that looked lightest to all of them. errContended when a peer's decision on b
-// made before it arrived meanwhile (Release withdrew the Hold; forward decides again, and
-// try's exit releases b).
+// decision sent to the peers first (the ticket held), so that this replica hears of theirs
+// made at the same instant: a burst spread over several replicas would otherwise be placed
+// by each on the backend that looked lightest to all of them. errContended when a peer's
+// decision on b made before it arrived meanwhile (the ticket's Release withdrew the hold;
+// forward decides again, and try's exit releases b).
 //
-// A client that leaves during the hold is not decided again: its request is withdrawn
-// (Abandon: where the Hold learned it; its chunks never went to the peers). The lease began
-// before the hold, so that this replica's and its peers' next decisions count it; its
-// prefill sample times from the send (backend.Lease.Sent).
+// A client that leaves during the hold is not decided again: its request is withdrawn (the
+// ticket refused while held: Abandon, where the Hold learned it; its chunks never went to
+// the peers). The lease began before the hold, so that this replica's and its peers' next
+// decisions count it; its prefill sample times from the send (backend.Lease.Sent).
 func (s *Server) settle(f *flow, b *backend.Backend) error {
-	if f.attempts != 1 || f.settles >= maxSettles || f.learned != 0 || f.dec.Backend != b || f.gone.Load() {
+	if f.attempts != 1 || f.settles >= maxSettles || f.dec.Backend != b || f.gone.Load() {
 		return nil
 	}
-	wait := s.decider.SettleWait(&f.k, f.dec)
+	wait := f.ticket.SettleWait(f.dec) // 0 once held or sent
 	if wait <= 0 {
 		return nil
 	}
 	decided := time.Now()
-	f.learned = s.decider.Hold(&f.k, f.dec)
-	if f.learned == 0 {
+	if !f.ticket.Hold(f.dec) {
 		return nil // nothing held: sent at once, and learned once written
 	}
 	f.settles++
 	time.Sleep(wait)
 	if f.gone.Load() {
-		// Never sent: withdrawn where Hold learned it, not as a Learn that went out
-		// (Unlearn would send the peers a forget of chunks they never got).
-		s.decider.Abandon(&f.k, b, f.learned)
-		f.learned = 0
+		f.ticket.Refuse() // never sent: Abandon, not an Unlearn of chunks the peers never got
 		return f.goneErr()
 	}
-	if s.decider.Release(&f.k, f.dec, f.learned, decided) {
-		f.learned = 0
+	if f.ticket.Release(decided) {
 		return errContended
 	}
 	f.lease.Sent()
@@ -183,15 +179,15 @@ func (s *Server) exchangeOn(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backen
 
 // sendAndReadHead writes the request on conn and reads the response head, within the
 // response-header timeout from now. The prefix index learns as soon as the request is on its
-// way (a request held by settle learned before), so that updating it overlaps the backend's
-// work instead of delaying the response; a backend that then refuses the request (status ≥
-// 400) or never answers is unlearned again.
+// way (the ticket sent; a request held by settle learned before), so that updating it
+// overlaps the backend's work instead of delaying the response; a backend that then refuses
+// the request (status ≥ 400) or never answers is unlearned again (the ticket refused).
 func (s *Server) sendAndReadHead(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, conn *uconn, now time.Time, head bool) (early bool, err error) {
 	deadline := now.Add(s.headerTimeout)
 	_ = conn.SetDeadline(deadline)
 	err = conn.writeRequest(&ctx.Request)
-	if err == nil && f.learned == 0 && s.decider.Learns(&f.k) {
-		f.learned = s.decider.Learn(&f.k, b, f.dec.MatchedChunks)
+	if err == nil {
+		f.ticket.Send(b, f.dec.MatchedChunks)
 	}
 	if err == nil {
 		err = readHead(f, conn, head)
@@ -225,7 +221,7 @@ func (s *Server) judge(f *flow, b *backend.Backend, canRetry bool) error {
 	// A refused request (400 context too long, 429, 503 retried elsewhere) left nothing in
 	// the backend's cache.
 	if status >= fasthttp.StatusBadRequest {
-		s.unlearn(f, b)
+		f.ticket.Refuse()
 	}
 	if canRetry && isRetryStatus(status) {
 		_ = f.resp.CloseBodyStream()
@@ -285,13 +281,6 @@ func (f *flow) dropConn() {
 	}
 	f.resp.Reset()
 	f.body = nil
-}
-
-// unlearn withdraws what the policy learned from f on b (the backend refused it or never
-// answered); once, whatever calls it again.
-func (s *Server) unlearn(f *flow, b *backend.Backend) {
-	s.decider.Unlearn(&f.k, b, f.learned)
-	f.learned = 0
 }
 
 // hasBody reports whether a response has body bytes still to come on the connection.

@@ -229,3 +229,47 @@ func TestCorrectionNeedsACachedCount(t *testing.T) {
 		})
 	}
 }
+
+// TestShadowIndexCorrectsFromReportedCache: in round-robin with the prefix shadow, the
+// shadow's index, which learns where requests went, also corrects itself from the cached
+// tokens the backend reports, as prefix mode's does: a backend that reports none of a prompt
+// the index lists it as holding has lost it.
+func TestShadowIndexCorrectsFromReportedCache(t *testing.T) {
+	const sends = 3
+	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + strings.Repeat("the same long prompt about KV caches ", 60) + `"}]}`
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"role":"assistant","content":"ok"}}],`+
+			`"usage":{"prompt_tokens":600,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	}))
+	defer ts.Close()
+	be, err := backend.New(ts.URL, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sh *router.Shadow
+	s, url := startProxy(t, "round-robin", nil, func(o *Options) {
+		if sh, err = router.NewShadow(router.ShadowPrefix, "round-robin", o.Policy, router.PolicyOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		o.Policy = sh
+		o.Backends = []*backend.Backend{be}
+	})
+	c := testClient()
+	for i := range sends {
+		resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("send %d: status %d", i, resp.StatusCode)
+		}
+	}
+	waitInFlightZero(t, s)
+	if st := sh.Index().Stats(nil); len(st) != 1 || st[0].Corrections == 0 {
+		t.Errorf("shadow index after %d sends reported none cached: %+v, want corrections", sends, st)
+	}
+}

@@ -27,11 +27,12 @@ type flow struct {
 	cands []*backend.Backend
 	lease backend.Lease
 	dec   router.Decision
-	// learned is what the policy learned from this attempt (0: nothing, or withdrawn).
-	learned router.Learned
-	resp    fasthttp.Response
-	conn0   net.Conn        // client connection; the watchdog derives raw from it when it first looks
-	raw     syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
+	// ticket is the request's learning lifecycle with the policy (router.Ticket): what it
+	// learned of the attempt that stands, and the calls that withdraw or correct it.
+	ticket router.Ticket
+	resp   fasthttp.Response
+	conn0  net.Conn        // client connection; the watchdog derives raw from it when it first looks
+	raw    syscall.RawConn // client socket, for the watchdog (set and read by the watchdog only)
 
 	start    time.Time
 	keyed    time.Time // the key built; zero once the first pick counted from it (flow.pickStart)
@@ -173,7 +174,7 @@ func (f *flow) read(p []byte) (int, error) {
 			f.firstByte = time.Since(f.start)
 			f.tr.firstToken()
 			f.lease.FirstByte()
-			f.s.decider.Prefilled(&f.k, f.lease.Backend(), f.learned)
+			f.ticket.FirstToken()
 		}
 		f.bytes += int64(n)
 		f.sniffUsage(p[:n])
@@ -287,7 +288,7 @@ func (f *flow) finish(status int, err error) {
 	res := f.result(err)
 	s.m.observe(f, status, res)
 	s.correctIndex(f, res)
-	s.decider.Finished(&f.k, f.lease.Backend(), f.learned)
+	f.ticket.Done()
 	if f.body != nil && (res == resultTruncated || res == resultIdleTimeout) {
 		s.hc.Observe(f.lease.Backend(), health.OutcomeServerError) // died or stalled mid-response
 	}

@@ -144,7 +144,7 @@ func (s *Server) rebuildPoolsLocked() {
 }
 
 // modelsChanged is the health checker's OnModels hook: the pools are rebuilt, and the policy
-// moves b to its new pool's state (router.ModelsWatcher).
+// moves b to its new pool's state (router.Fleet).
 func (s *Server) modelsChanged(b *backend.Backend) {
 	s.setMu.Lock()
 	defer s.setMu.Unlock()

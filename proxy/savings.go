@@ -109,8 +109,7 @@ func (s *Server) writeSavings(w io.Writer) {
 		}
 	}
 
-	if r, ok := s.decider.Policy().(router.ShadowReporter); ok {
-		st := r.ShadowStats()
+	if st, ok := s.decider.ShadowStats(); ok {
 		buf = appendFamily(buf, shadowSavedName, shadowSavedHelp)
 		buf = appendSample(buf, shadowSavedName, `{choice="shadow"}`, st.ShadowSavedPrefillSeconds)
 		buf = appendSample(buf, shadowSavedName, `{choice="actual"}`, st.ActualSavedPrefillSeconds)

@@ -213,7 +213,7 @@ func TestShadowSavedPrefillSeconds(t *testing.T) {
 		waitInFlightZero(t, s)
 	}
 	page := scrapeMetrics(t, s)
-	st := s.Policy().(router.ShadowReporter).ShadowStats()
+	st, _ := s.Policy().(router.Inspector).ShadowStats()
 	shadow := sampleValue(t, page, `prefixlb_shadow_prefill_saved_seconds_total{choice="shadow"}`)
 	actual := sampleValue(t, page, `prefixlb_shadow_prefill_saved_seconds_total{choice="actual"}`)
 	if shadow != st.ShadowSavedPrefillSeconds || actual != st.ActualSavedPrefillSeconds {

@@ -227,7 +227,7 @@ func (s *Server) putFlow(f *flow) {
 	f.cands = f.cands[:0]
 	f.lease = backend.Lease{}
 	f.dec = router.Decision{}
-	f.learned = 0
+	f.ticket = router.Ticket{}
 	f.resp.Reset()
 	f.raw = nil
 	f.conn0 = nil
@@ -315,6 +315,7 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 // client, another. nil means the response was handed to fasthttp and the relay finishes the
 // flow; otherwise the error is the last attempt's (or errNoBackend).
 func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
+	f.ticket = s.decider.Ticket(&f.k)
 	f.cands = s.candidatesFor(f.cands, &f.k)
 	lastErr := errNoBackend
 	for removed := 0; len(f.cands) > 0 && f.attempts < maxAttempts; {

@@ -115,6 +115,13 @@ func (p *settlingPolicy) Release(_ *key.Key, d router.Decision, l router.Learned
 	return c
 }
 
+// Correct: the scripted policy keeps no index to correct.
+func (p *settlingPolicy) Correct(*key.Key, *backend.Backend, router.Learned, router.CacheReport) int {
+	return 0
+}
+
+var _ router.Settler = (*settlingPolicy)(nil)
+
 func (p *settlingPolicy) log() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()

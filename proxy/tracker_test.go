@@ -45,12 +45,17 @@ func (p *trackingPolicy) Learn(*key.Key, *backend.Backend, int) router.Learned {
 func (p *trackingPolicy) Unlearn(_ *key.Key, _ *backend.Backend, l router.Learned) {
 	p.note("unlearn", l)
 }
+func (p *trackingPolicy) Correct(*key.Key, *backend.Backend, router.Learned, router.CacheReport) int {
+	return 0
+}
 func (p *trackingPolicy) Prefilled(_ *key.Key, _ *backend.Backend, l router.Learned) {
 	p.note("prefilled", l)
 }
 func (p *trackingPolicy) Finished(_ *key.Key, _ *backend.Backend, l router.Learned) {
 	p.note("finished", l)
 }
+
+var _ router.Tracker = (*trackingPolicy)(nil)
 
 // TestTrackerFollowsRequests: a Tracker hears, for each request it learned, that its first
 // token arrived and that it ended (streamed and not); a refused request is unlearned and

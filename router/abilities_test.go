@@ -100,20 +100,42 @@ func (p *fullPolicy) Explain(*key.Key, []*backend.Backend) []CandidateEstimate {
 	p.note("Explain")
 	return nil
 }
-func (p *fullPolicy) ShadowStats() ShadowStats { p.note("ShadowStats"); return ShadowStats{} }
+func (p *fullPolicy) ShadowStats() (ShadowStats, bool) {
+	p.note("ShadowStats")
+	return ShadowStats{}, true
+}
 
-// wantedMethods are the methods of Policy and of every ability.
+// wantedMethods are the methods of Policy and of every ability (a method of an ability that
+// embeds another once).
 func wantedMethods(t *testing.T) []reflect.Method {
 	var ms []reflect.Method
+	seen := map[string]bool{}
 	for _, a := range append([]reflect.Type{reflect.TypeFor[Policy]()}, Abilities()...) {
 		if !reflect.TypeFor[*fullPolicy]().Implements(a) {
 			t.Fatalf("fullPolicy lacks the ability %s: give it the new ability's methods", a.Name())
 		}
 		for i := range a.NumMethod() {
-			ms = append(ms, a.Method(i))
+			if m := a.Method(i); !seen[m.Name] {
+				seen[m.Name] = true
+				ms = append(ms, m)
+			}
 		}
 	}
 	return ms
+}
+
+// ticketPaths are the ways to the policy's learning methods, which the proxy reaches through
+// the request's Ticket only: each moves a fresh ticket to the transition that calls it.
+var ticketPaths = map[string]func(tk *Ticket, b *backend.Backend){
+	"Learn":      func(tk *Ticket, b *backend.Backend) { tk.Send(b, 1) },
+	"Unlearn":    func(tk *Ticket, b *backend.Backend) { tk.Send(b, 1); tk.Refuse() },
+	"Correct":    func(tk *Ticket, b *backend.Backend) { tk.Send(b, 1); tk.Report(100, 0) },
+	"SettleWait": func(tk *Ticket, b *backend.Backend) { tk.SettleWait(Decision{Backend: b}) },
+	"Hold":       func(tk *Ticket, b *backend.Backend) { tk.Hold(Decision{Backend: b}) },
+	"Release":    func(tk *Ticket, b *backend.Backend) { tk.Hold(Decision{Backend: b}); tk.Release(time.Unix(1, 0)) },
+	"Abandon":    func(tk *Ticket, b *backend.Backend) { tk.Hold(Decision{Backend: b}); tk.Refuse() },
+	"Prefilled":  func(tk *Ticket, b *backend.Backend) { tk.Send(b, 1); tk.FirstToken() },
+	"Finished":   func(tk *Ticket, b *backend.Backend) { tk.Send(b, 1); tk.Done() },
 }
 
 // abilityArg is a value of type typ that lets a Decider method reach its policy (a key that
@@ -136,17 +158,27 @@ func abilityArg(typ reflect.Type, bs []*backend.Backend) reflect.Value {
 	return reflect.Zero(typ)
 }
 
-// TestDeciderForwardsEveryAbility: the Decider, built around a policy with every ability, has
-// a method for each method of Policy and of every ability, and each reaches the policy's own
-// (Preview reaches Preview, not Pick).
+// TestDeciderForwardsEveryAbility: the Decider, built around a policy with every ability,
+// reaches each method of Policy and of every ability: by a method of its own of that name, or
+// for the learning lifecycle by a transition of the request's Ticket (ticketPaths); and each
+// reaches the policy's own (Preview reaches Preview, not Pick; Refuse of a sent request
+// Unlearn, of a held one Abandon).
 func TestDeciderForwardsEveryAbility(t *testing.T) {
 	bs := prefixBackends(t, 2)
 	for _, m := range wantedMethods(t) {
 		p := &fullPolicy{called: map[string]bool{}}
-		d := reflect.ValueOf(NewDecider(p))
-		dm := d.MethodByName(m.Name)
+		d := NewDecider(p)
+		if path, ok := ticketPaths[m.Name]; ok {
+			tk := d.Ticket(abilityArg(reflect.TypeFor[*key.Key](), bs).Interface().(*key.Key))
+			path(&tk, bs[0])
+			if !p.called[m.Name] {
+				t.Errorf("the ticket's way to %s did not reach the policy's (called: %v)", m.Name, p.called)
+			}
+			continue
+		}
+		dm := reflect.ValueOf(d).MethodByName(m.Name)
 		if !dm.IsValid() {
-			t.Errorf("the Decider has no %s: a policy's %s is out of the proxy's reach", m.Name, m.Name)
+			t.Errorf("neither the Decider nor its Ticket reaches %s: a policy's %s is out of the proxy's reach", m.Name, m.Name)
 			continue
 		}
 		args := make([]reflect.Value, dm.Type().NumIn())
@@ -178,6 +210,34 @@ func TestShadowExposesWhatItWraps(t *testing.T) {
 				if inner.Implements(a) && !st.Implements(a) {
 					t.Errorf("beside %s: %s is a %s, the Shadow around it is not", mode, inner, a.Name())
 				}
+			}
+		}
+	}
+}
+
+// TestShadowForwardsToActual: a Shadow hands its Actual policy each call of the abilities it
+// forwards to it (Policy, Fleet, Repicker: Actual routes and keeps its own backends), each
+// to Actual's own method.
+func TestShadowForwardsToActual(t *testing.T) {
+	bs := prefixBackends(t, 2)
+	for _, a := range []reflect.Type{reflect.TypeFor[Policy](), reflect.TypeFor[Fleet](), reflect.TypeFor[Repicker]()} {
+		for i := range a.NumMethod() {
+			m := a.Method(i)
+			actual := &fullPolicy{called: map[string]bool{}}
+			s, err := NewShadow(ShadowPrefix, "round-robin", actual, PolicyOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetBackends(bs)
+			actual.called = map[string]bool{}
+			sm := reflect.ValueOf(s).MethodByName(m.Name)
+			args := make([]reflect.Value, sm.Type().NumIn())
+			for j := range args {
+				args[j] = abilityArg(sm.Type().In(j), bs)
+			}
+			sm.Call(args)
+			if !actual.called[m.Name] {
+				t.Errorf("Shadow.%s did not reach Actual's %s (called: %v)", m.Name, m.Name, actual.called)
 			}
 		}
 	}

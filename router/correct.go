@@ -68,13 +68,6 @@ func Shortfall(r CacheReport) int {
 	return r.MatchedChunks - held
 }
 
-// Corrector is implemented by policies whose index corrects itself from the backends'
-// answers. The proxy calls Correct once a request's response completed on backend b with the
-// usage b reported, l being what Learn returned for that attempt.
-type Corrector interface {
-	Correct(k *key.Key, b *backend.Backend, l Learned, r CacheReport) int
-}
-
 // Correct applies Shortfall to what b reported for k's request, routed with r.MatchedChunks
 // matched, and when b fell short corrects b's index entries (index.Index.Correct: the
 // entries b evicted before the lost prefix go, and b's modelled capacity shrinks toward
@@ -92,14 +85,3 @@ func (p *Prefix) Correct(k *key.Key, b *backend.Backend, l Learned, r CacheRepor
 	// In the index's units: a coarse chunk counts key.CoarseFactor of its capacity.
 	return p.idx.Correct(b, index.Stamp(l), key.ChunkUnits(r.MatchedChunks-n, r.MatchedChunks))
 }
-
-// Correct hands what b reported for k's request to the policy, if it corrects itself (see
-// Corrector); it returns the index entries dropped.
-func (d *Decider) Correct(k *key.Key, b *backend.Backend, l Learned, r CacheReport) int {
-	if d.corrector == nil || l == 0 || !k.Routed || !k.OK {
-		return 0
-	}
-	return d.corrector.Correct(k, b, l, r)
-}
-
-var _ Corrector = (*Prefix)(nil)

@@ -64,14 +64,17 @@ func TestPrefixCorrect(t *testing.T) {
 			}
 		}
 		k := ks[4]
-		l := d.Learn(k, bs[0], 8)
-		lost := CacheReport{MatchedChunks: 8, ReportedPrompt: k.PromptTokens}
 		unparsed := *k
 		unparsed.OK = false
-		if n := d.Correct(&unparsed, bs[0], l, lost) + d.Correct(k, bs[0], 0, lost); n != 0 {
+		tu, unsent := d.Ticket(&unparsed), d.Ticket(k)
+		tu.Send(bs[0], 8)
+		if n := tu.Report(k.PromptTokens, 0) + unsent.Report(k.PromptTokens, 0); n != 0 {
 			t.Fatalf("an unparsed or unlearned request corrected %d entries", n)
 		}
-		dropped := d.Correct(k, bs[0], l, lost)
+		tk := d.Ticket(k)
+		tk.Send(bs[0], 8)
+		// The backend reports none of the 8 chunks cached.
+		dropped := tk.Report(k.PromptTokens, 0)
 		want := 4*8 + 8 // prompts 0..3 (used before prompt 4), then prompt 5 for the 8 lost chunks
 		if off {
 			want = 0

@@ -1,8 +1,6 @@
 package router
 
 import (
-	"time"
-
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -15,38 +13,33 @@ import (
 //   - a prefix-routed request whose body did not parse (Key.OK false, so no chunks) is
 //     placed by the policy like any key without chunks and labelled ReasonParseFallback;
 //     it is not learned;
+//   - a request is learned only when the policy is a Learner and its key parsed: its
+//     Ticket says so, and makes the policy's learning calls;
 //   - a retry asks the policy's Repick when it is a Repicker and the key parsed, else picks
 //     again (passthrough retries take the next candidate in turn, see RoundRobin.Repick).
 //
-// It finds the policy's optional abilities once. It is safe for concurrent use.
+// It finds the policy's ability groups (abilities.go) once and is the proxy's one way to
+// them. It is safe for concurrent use.
 type Decider struct {
 	policy    Policy
-	pass      RoundRobin    // passthrough requests
-	setter    BackendSetter // nil when the policy has none of it
+	pass      RoundRobin // passthrough requests
+	fleet     Fleet      // nil when the policy has none of it
 	learner   Learner
-	tracker   Tracker
-	indexed   IndexHolder
-	explainer Explainer
-	repicker  Repicker
-	corrector Corrector
-	watcher   ModelsWatcher
 	settler   Settler
-	shadow    ShadowReporter
+	tracker   Tracker
+	repicker  Repicker
+	inspector Inspector
 }
 
 // NewDecider wraps p.
 func NewDecider(p Policy) *Decider {
 	d := &Decider{policy: p}
-	d.setter, _ = p.(BackendSetter)
+	d.fleet, _ = p.(Fleet)
 	d.learner, _ = p.(Learner)
-	d.tracker, _ = p.(Tracker)
-	d.indexed, _ = p.(IndexHolder)
-	d.repicker, _ = p.(Repicker)
-	d.explainer, _ = p.(Explainer)
-	d.corrector, _ = p.(Corrector)
-	d.watcher, _ = p.(ModelsWatcher)
 	d.settler, _ = p.(Settler)
-	d.shadow, _ = p.(ShadowReporter)
+	d.tracker, _ = p.(Tracker)
+	d.repicker, _ = p.(Repicker)
+	d.inspector, _ = p.(Inspector)
 	return d
 }
 
@@ -96,101 +89,55 @@ func (d *Decider) Repick(k *key.Key, failed Decision, candidates []*backend.Back
 	return d.Pick(k, candidates)
 }
 
-// SetBackends hands every configured backend to the policy, if it keeps state per backend.
+// SetBackends hands every configured backend to the policy, if it keeps state per backend
+// (Fleet).
 func (d *Decider) SetBackends(all []*backend.Backend) {
-	if d.setter != nil {
-		d.setter.SetBackends(all)
+	if d.fleet != nil {
+		d.fleet.SetBackends(all)
 	}
 }
 
-// ModelsChanged tells the policy that b's models changed, if it keeps state per model pool.
+// ModelsChanged tells the policy that b's models changed, if it keeps state per model pool
+// (Fleet).
 func (d *Decider) ModelsChanged(b *backend.Backend) {
-	if d.watcher != nil {
-		d.watcher.ModelsChanged(b)
+	if d.fleet != nil {
+		d.fleet.ModelsChanged(b)
 	}
 }
 
-// Learns reports whether a request with key k is learned once sent: the policy is a Learner
-// and k parsed.
-func (d *Decider) Learns(k *key.Key) bool { return d.learner != nil && k.Routed && k.OK }
-
-// Learn records that b took k's request (see Learner); call it only when Learns(k).
-func (d *Decider) Learn(k *key.Key, b *backend.Backend, held int) Learned {
-	return d.learner.Learn(k, b, held)
-}
-
-// Unlearn withdraws what Learn returned l for (see Learner); l == 0 does nothing.
-func (d *Decider) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
-	if l != 0 {
-		d.learner.Unlearn(k, b, l)
+// Ticket issues the learning ticket of the request with key k (Ticket), open: it learns
+// when the policy is a Learner and k parsed, holds to settle when the policy is a Settler
+// besides, and tells a Tracker when the request's first token arrives and when it ends. k must outlive the ticket.
+func (d *Decider) Ticket(k *key.Key) Ticket {
+	t := Ticket{k: k}
+	if d.learner != nil && k.Routed && k.OK {
+		t.learner, t.settler, t.tracker = d.learner, d.settler, d.tracker
 	}
+	return t
 }
 
-// Prefilled tells a Tracker that the first token of the request learned as l arrived from b
-// (l == 0, or a policy that does not track: nothing).
-func (d *Decider) Prefilled(k *key.Key, b *backend.Backend, l Learned) {
-	if l != 0 && d.tracker != nil {
-		d.tracker.Prefilled(k, b, l)
-	}
-}
-
-// Finished tells a Tracker that the request learned as l ended on b (see Prefilled).
-func (d *Decider) Finished(k *key.Key, b *backend.Backend, l Learned) {
-	if l != 0 && d.tracker != nil {
-		d.tracker.Finished(k, b, l)
-	}
-}
-
-// SettleWait is how long the proxy holds a request decided dec, learned by Hold, before
-// sending it (Settler; 0: at once, always for a policy that does not settle or a key not
-// learned).
-func (d *Decider) SettleWait(k *key.Key, dec Decision) time.Duration {
-	if d.settler == nil || !d.Learns(k) {
-		return 0
-	}
-	return d.settler.SettleWait(k, dec)
-}
-
-// Hold learns k's request, decided dec, for a hold of SettleWait (Settler; call it only when
-// SettleWait asked to wait).
-func (d *Decider) Hold(k *key.Key, dec Decision) Learned {
-	return d.settler.Hold(k, dec)
-}
-
-// Release ends the hold of the request decided dec and held as l at decided (Settler): again
-// means that what Hold learned is withdrawn and the request is to be decided again.
-func (d *Decider) Release(k *key.Key, dec Decision, l Learned, decided time.Time) (again bool) {
-	return d.settler.Release(k, dec, l, decided)
-}
-
-// Abandon withdraws the hold l of k's request on b, which will not be sent (Settler): its
-// client left during the hold.
-func (d *Decider) Abandon(k *key.Key, b *backend.Backend, l Learned) {
-	d.settler.Abandon(k, b, l)
-}
-
-// Index returns the policy's prefix index, nil when it has none.
+// Index returns the policy's prefix index, nil when it has none (Inspector).
 func (d *Decider) Index() *index.Index {
-	if d.indexed == nil {
+	if d.inspector == nil {
 		return nil
 	}
-	return d.indexed.Index()
+	return d.inspector.Index()
 }
 
-// ShadowStats returns the shadow's totals (ShadowReporter); ok is false when the policy runs
-// no shadow.
+// ShadowStats returns the shadow's totals (Inspector); ok is false when the policy runs no
+// shadow.
 func (d *Decider) ShadowStats() (st ShadowStats, ok bool) {
-	if d.shadow == nil {
+	if d.inspector == nil {
 		return ShadowStats{}, false
 	}
-	return d.shadow.ShadowStats(), true
+	return d.inspector.ShadowStats()
 }
 
 // Explain returns what the policy weighs per candidate for k (nil when the policy does not
-// explain itself, or for a request it does not route by prefix).
+// explain itself, or for a request it does not route by prefix; Inspector).
 func (d *Decider) Explain(k *key.Key, candidates []*backend.Backend) []CandidateEstimate {
-	if d.explainer == nil || !k.Routed || !k.OK {
+	if d.inspector == nil || !k.Routed || !k.OK {
 		return nil
 	}
-	return d.explainer.Explain(k, candidates)
+	return d.inspector.Explain(k, candidates)
 }

@@ -80,11 +80,11 @@ func TestDeciderParseFallback(t *testing.T) {
 			if tc.idle && dec.Backend != bs[2] {
 				t.Errorf("unparsed: on %s, want the idle %s", dec.Backend.Name, bs[2].Name)
 			}
-			if d.Learns(unparsed) {
+			if tk := d.Ticket(unparsed); tk.Learns() {
 				t.Errorf("an unparsed key is learned")
 			}
-			if got := d.Learns(routedKey(chunkChain{}.extend("p", 4))); got != tc.learns {
-				t.Errorf("a parsed key learned: %v, want %v", got, tc.learns)
+			if tk := d.Ticket(routedKey(chunkChain{}.extend("p", 4))); tk.Learns() != tc.learns {
+				t.Errorf("a parsed key learned: %v, want %v", tk.Learns(), tc.learns)
 			}
 		})
 	}
@@ -157,8 +157,8 @@ func TestDeciderAbilities(t *testing.T) {
 		t.Errorf("prefix: index has %d backends after SetBackends of %d", len(st), len(bs))
 	}
 	rr := newTestDecider(t, "round-robin", bs)
-	if rr.Index() != nil || rr.Learns(routedKey(chunkChain{}.extend("p", 2))) {
-		t.Errorf("round-robin: index %v, learns %v; want none", rr.Index(), rr.Learns(routedKey(nil)))
+	if tk := rr.Ticket(routedKey(chunkChain{}.extend("p", 2))); rr.Index() != nil || tk.Learns() {
+		t.Errorf("round-robin: index %v, learns %v; want none", rr.Index(), tk.Learns())
 	}
 }
 

@@ -76,11 +76,3 @@ func (p *Prefix) ModelsChanged(*backend.Backend) {
 	defer p.fleetMu.Unlock()
 	p.bindFleetsLocked()
 }
-
-// ModelsWatcher is implemented by policies that keep state per model pool: the proxy tells
-// them when a backend's models changed (its pool with them).
-type ModelsWatcher interface {
-	ModelsChanged(b *backend.Backend)
-}
-
-var _ ModelsWatcher = (*Prefix)(nil)

@@ -11,7 +11,6 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/prefixlb/prefixlb/backend"
-	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -66,7 +65,8 @@ type Decision struct {
 }
 
 // Policy picks a backend for one request among candidates (healthy, not yet tried).
-// It must be safe for concurrent use and must not retain candidates.
+// It must be safe for concurrent use and must not retain candidates. Beside Pick and Preview
+// it may have abilities (abilities.go: Fleet, Learner, Settler, Repicker, Inspector).
 type Policy interface {
 	// Pick decides a request and records the decision where the policy counts its decisions
 	// (a round-robin turn, the recent share of each backend, the mean prefill work).
@@ -75,81 +75,6 @@ type Policy interface {
 	// asks it, so that looking does not move where the next requests go. It is part of every
 	// policy, so that no wrapper can lose it.
 	Preview(k *key.Key, candidates []*backend.Backend) Decision
-}
-
-// A policy is one type with Pick and Preview. It may have any of the abilities below as well
-// (the list is Abilities, abilities.go); the Decider finds them once, by these names, and the
-// proxy asks the Decider.
-
-// BackendSetter is implemented by policies that keep state per configured backend (the
-// prefix policy's hash ring and index). SetBackends gets every configured backend, healthy
-// or not, at start, whenever the list changes and whenever a backend's KV capacity changes;
-// the candidates of later Picks are among them.
-type BackendSetter interface {
-	SetBackends(all []*backend.Backend)
-}
-
-// Learner is implemented by policies that learn from where a request was actually sent
-// (after retries). The proxy calls Learn once the request is written to backend b, while b
-// works on it (a Settler's Hold before it is held and sent instead), with held the Decision's
-// MatchedChunks for b, and Unlearn with what Learn returned if b then refuses it (status ≥
-// 400) or never answers: Unlearn withdraws what that Learn added and nobody has learned again
-// since. Only requests whose key parsed are learned (Decider.Learns).
-type Learner interface {
-	Learn(k *key.Key, b *backend.Backend, held int) Learned
-	Unlearn(k *key.Key, b *backend.Backend, l Learned)
-}
-
-// Learned identifies one Learn call for Unlearn; zero means that nothing was learned.
-type Learned int64
-
-// Settler is implemented by Learners whose replicas decide concurrently without seeing each
-// other's latest decisions (peered prefixlb replicas, package peering). A first attempt that
-// SettleWait asks to wait is learned by Hold instead of Learn before anything is sent, held
-// for the wait, and Released: again means that a decision on the same backend made
-// elsewhere before it arrived meanwhile; Release has then withdrawn what Hold learned and
-// the request is decided again, with that decision in view. Otherwise the decision stands
-// as if Learn had made it (Unlearn withdraws it). A request whose client leaves during the
-// hold is Abandoned instead of Released: never sent, it is withdrawn where Hold learned it.
-type Settler interface {
-	// SettleWait is how long to hold a request decided d (0: send it at once).
-	SettleWait(k *key.Key, d Decision) time.Duration
-	// Hold learns k's request as decided d (d.Backend, d.MatchedChunks held there; d.Reason
-	// says whether it could go elsewhere at no cache cost).
-	Hold(k *key.Key, d Decision) Learned
-	Release(k *key.Key, d Decision, l Learned, decided time.Time) (again bool)
-	Abandon(k *key.Key, b *backend.Backend, l Learned)
-}
-
-// Tracker is implemented by policies that follow each request they routed until it ends, as
-// Dynamo's KV router tracks its active sequences (a request's prefill tokens until its first
-// token, its blocks until it ends). After Learn returned l for k's request on b, the proxy
-// calls Prefilled once b's first token arrived and Finished once the request ended there
-// (answered, failed or cancelled); a request unlearned (Unlearn) has ended as far as the
-// policy is concerned, and neither is called for it afterwards.
-type Tracker interface {
-	Prefilled(k *key.Key, b *backend.Backend, l Learned)
-	Finished(k *key.Key, b *backend.Backend, l Learned)
-}
-
-// IndexHolder is implemented by policies that keep a prefix index; the proxy reports its
-// size per backend in /metrics and /debug/backends.
-type IndexHolder interface {
-	Index() *index.Index
-}
-
-// Repicker is implemented by policies whose retry is not a second Pick. After the attempt
-// on failed.Backend failed before any byte reached the client, Repick chooses among the
-// candidates left (healthy, not yet tried; never empty); seq is the request's sequence
-// number, distinct per request. A policy without Repick is asked to Pick again.
-type Repicker interface {
-	Repick(k *key.Key, failed Decision, candidates []*backend.Backend, seq uint64) Decision
-}
-
-// Explainer is implemented by policies that can show, per candidate, what a Pick weighs:
-// /debug/route returns it beside the decision.
-type Explainer interface {
-	Explain(k *key.Key, candidates []*backend.Backend) []CandidateEstimate
 }
 
 // CandidateEstimate is one candidate as the prefix policy's cost model sees it.

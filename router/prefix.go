@@ -426,8 +426,10 @@ func (p *Prefix) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 
 // Learn records that b now holds every chunk of k's prompt; held is how many leading chunks
 // b was found to hold when the request was routed (0 if unknown), see index.RecordHeld.
+// Which requests are learned is the Decider's to say (Decider.Ticket: those whose key
+// parsed); a key without chunks learns nothing.
 func (p *Prefix) Learn(k *key.Key, b *backend.Backend, held int) Learned {
-	if k == nil || !k.Routed || !k.OK || b == nil {
+	if k == nil || b == nil {
 		return 0
 	}
 	return Learned(p.idx.RecordHeld(k.Chunks, b, p.clock(), held))
@@ -469,8 +471,8 @@ func lighter(a, b *cand, first uint64) bool {
 }
 
 var (
-	_ Policy        = (*Prefix)(nil)
-	_ BackendSetter = (*Prefix)(nil)
-	_ Learner       = (*Prefix)(nil)
-	_ IndexHolder   = (*Prefix)(nil)
+	_ Policy    = (*Prefix)(nil)
+	_ Fleet     = (*Prefix)(nil)
+	_ Learner   = (*Prefix)(nil)
+	_ Inspector = (*Prefix)(nil)
 )

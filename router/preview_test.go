@@ -77,9 +77,8 @@ func (w previewWorld) run(t *testing.T, previews int) []Decision {
 				t.Errorf("request %d: preview %d said %s (%v), the pick after it %s (%v)", i, j, p.Backend.Name, p, d.Backend.Name, d)
 			}
 		}
-		if w.d.Learns(k) {
-			w.d.Learn(k, d.Backend, d.MatchedChunks)
-		}
+		tk := w.d.Ticket(k)
+		tk.Send(d.Backend, d.MatchedChunks)
 		out = append(out, d)
 	}
 	return out
@@ -115,19 +114,21 @@ func TestPreviewRecordsNothing(t *testing.T) {
 }
 
 // TestShadowCorrectsItsIndex: in shadow mode the index that learns where requests went also
-// corrects itself from the cached tokens the backends report (Corrector, through the Decider
-// as the proxy calls it): a backend that reports none of a prompt it was listed as holding
-// has lost it and what it cached before it, and the index forgets those (TestPrefixCorrect).
+// corrects itself from the cached tokens the backends report (Learner.Correct, through a
+// ticket as the proxy makes the call): a backend that reports none of a prompt it was listed
+// as holding has lost it and what it cached before it, and the index forgets those
+// (TestPrefixCorrect).
 func TestShadowCorrectsItsIndex(t *testing.T) {
 	bs := prefixBackends(t, 2)
 	sh := newTestShadow(t, bs)
 	d := NewDecider(sh)
 	earlier := routedKey(chunkChain(nil).extend("earlier conversation", 8))
 	k := routedKey(chunkChain(nil).extend("conversation", 8))
-	d.Learn(earlier, bs[0], 0)
-	d.Learn(k, bs[0], 0)
-	l := d.Learn(k, bs[0], 8)
-	if n := d.Correct(k, bs[0], l, CacheReport{MatchedChunks: 8, ReportedPrompt: k.PromptTokens}); n == 0 {
+	sh.Learn(earlier, bs[0], 0)
+	sh.Learn(k, bs[0], 0)
+	tk := d.Ticket(k)
+	tk.Send(bs[0], 8)
+	if n := tk.Report(k.PromptTokens, 0); n == 0 {
 		t.Error("the shadow corrected nothing from a report of no cached tokens")
 	}
 	out := make([]int, 2)
@@ -147,7 +148,7 @@ func TestShadowOverStackCandidates(t *testing.T) {
 		d := sh.Pick(k, bs)
 		sh.Learn(k, d.Backend, d.MatchedChunks)
 	}
-	st := sh.ShadowStats()
+	st, _ := sh.ShadowStats()
 	if st.Agree+st.Disagree != 2*n || st.ShadowPrefixTokens == 0 {
 		t.Errorf("over %d backends: %d decisions evaluated (want %d), shadow tokens %d (want the second turns found)",
 			n, st.Agree+st.Disagree, 2*n, st.ShadowPrefixTokens)

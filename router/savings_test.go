@@ -72,7 +72,7 @@ func TestShadowSavedPrefillSeconds(t *testing.T) {
 	for turn := range 2 {
 		run(convs, last, turn)
 	}
-	if st := sh.ShadowStats(); st.ShadowPrefixTokens == 0 || st.ShadowSavedPrefillSeconds != 0 || st.ActualSavedPrefillSeconds != 0 {
+	if st, _ := sh.ShadowStats(); st.ShadowPrefixTokens == 0 || st.ShadowSavedPrefillSeconds != 0 || st.ActualSavedPrefillSeconds != 0 {
 		t.Fatalf("no rate learned: %+v, want prefix tokens and no saved seconds", st)
 	}
 	for i, b := range bs {
@@ -83,7 +83,7 @@ func TestShadowSavedPrefillSeconds(t *testing.T) {
 		s, a := run(convs, last, turn)
 		shadowWant, actualWant = shadowWant+s, actualWant+a
 	}
-	st := sh.ShadowStats()
+	st, _ := sh.ShadowStats()
 	near := func(got, want float64) bool { return math.Abs(got-want) <= 1e-9*conversations*turns+1e-9*want }
 	if shadowWant == 0 || !near(st.ShadowSavedPrefillSeconds, shadowWant) {
 		t.Errorf("shadow saved %v s, want %v", st.ShadowSavedPrefillSeconds, shadowWant)

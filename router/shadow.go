@@ -90,12 +90,6 @@ type ShadowStats struct {
 	ShadowSavedPrefillSeconds, ActualSavedPrefillSeconds float64
 }
 
-// ShadowReporter is implemented by policies that run a shadow; the proxy writes its stats in
-// /metrics (prefixlb_shadow_*).
-type ShadowReporter interface {
-	ShadowStats() ShadowStats
-}
-
 // NewShadow returns actual (the policy of mode) with the shadow policy named shadow beside
 // it, built from o; the error is CheckShadow's.
 func NewShadow(shadow, mode string, actual Policy, o PolicyOptions) (*Shadow, error) {
@@ -108,7 +102,8 @@ func NewShadow(shadow, mode string, actual Policy, o PolicyOptions) (*Shadow, er
 	return &Shadow{actual: actual, prefix: NewPrefix(o.Prefix, nil)}, nil
 }
 
-// Actual is the policy that routes.
+// Actual is the policy that routes: a mode that neither learns nor inspects (CheckShadow), whose
+// Fleet and Repicker abilities the Shadow forwards.
 func (s *Shadow) Actual() Policy { return s.actual }
 
 // Pick returns Actual's pick and records what the prefix policy would have chosen.
@@ -187,8 +182,8 @@ func (s *Shadow) Repick(k *key.Key, failed Decision, candidates []*backend.Backe
 // state per backend).
 func (s *Shadow) SetBackends(all []*backend.Backend) {
 	s.prefix.SetBackends(all)
-	if bs, ok := s.actual.(BackendSetter); ok {
-		bs.SetBackends(all)
+	if f, ok := s.actual.(Fleet); ok {
+		f.SetBackends(all)
 	}
 }
 
@@ -196,8 +191,8 @@ func (s *Shadow) SetBackends(all []*backend.Backend) {
 // it keeps state per model pool).
 func (s *Shadow) ModelsChanged(b *backend.Backend) {
 	s.prefix.ModelsChanged(b)
-	if w, ok := s.actual.(ModelsWatcher); ok {
-		w.ModelsChanged(b)
+	if f, ok := s.actual.(Fleet); ok {
+		f.ModelsChanged(b)
 	}
 }
 
@@ -225,7 +220,7 @@ func (s *Shadow) Explain(k *key.Key, candidates []*backend.Backend) []CandidateE
 }
 
 // ShadowStats returns the totals so far.
-func (s *Shadow) ShadowStats() ShadowStats {
+func (s *Shadow) ShadowStats() (ShadowStats, bool) {
 	const nanos = 1e9
 	return ShadowStats{
 		Agree: s.stats.agree.Load(), Disagree: s.stats.disagree.Load(),
@@ -234,17 +229,16 @@ func (s *Shadow) ShadowStats() ShadowStats {
 		ActualPredictedTTFTSeconds: float64(s.stats.actualTTFTNanos.Load()) / nanos,
 		ShadowSavedPrefillSeconds:  float64(s.stats.shadowSavedNanos.Load()) / nanos,
 		ActualSavedPrefillSeconds:  float64(s.stats.actualSavedNanos.Load()) / nanos,
-	}
+	}, true
 }
 
+// ShadowStats is the prefix policy's: it runs no shadow (it is one).
+func (p *Prefix) ShadowStats() (ShadowStats, bool) { return ShadowStats{}, false }
+
 var (
-	_ Policy         = (*Shadow)(nil)
-	_ Repicker       = (*Shadow)(nil)
-	_ BackendSetter  = (*Shadow)(nil)
-	_ Learner        = (*Shadow)(nil)
-	_ IndexHolder    = (*Shadow)(nil)
-	_ Explainer      = (*Shadow)(nil)
-	_ Corrector      = (*Shadow)(nil)
-	_ ModelsWatcher  = (*Shadow)(nil)
-	_ ShadowReporter = (*Shadow)(nil)
+	_ Policy    = (*Shadow)(nil)
+	_ Fleet     = (*Shadow)(nil)
+	_ Learner   = (*Shadow)(nil)
+	_ Repicker  = (*Shadow)(nil)
+	_ Inspector = (*Shadow)(nil)
 )

@@ -66,7 +66,7 @@ func TestShadowKeepsRoutingAndCountsTheSaving(t *testing.T) {
 			requests++
 		}
 	}
-	st := sh.ShadowStats()
+	st, _ := sh.ShadowStats()
 	if st.Agree+st.Disagree != uint64(requests) || st.Disagree == 0 {
 		t.Errorf("decisions agree %d disagree %d, want %d in all, some disagreeing", st.Agree, st.Disagree, requests)
 	}
@@ -94,7 +94,7 @@ func TestShadowSkipsKeysWithoutChunks(t *testing.T) {
 			t.Fatal("no backend")
 		}
 	}
-	if st := sh.ShadowStats(); st != (ShadowStats{}) {
+	if st, _ := sh.ShadowStats(); st != (ShadowStats{}) {
 		t.Errorf("stats %+v after keys without chunks, want none", st)
 	}
 }

@@ -132,6 +132,9 @@ func (r *chwblRing) walk(h uint64, visit func(id uint64) bool) {
 	}
 }
 
+// ModelsChanged: CHWBL keeps no state per model pool.
+func (p *CHWBL) ModelsChanged(*backend.Backend) {}
+
 // Pick places k by its key (see CHWBL) on the ring within the load bound (router.ReasonCold
 // when the first candidate on the walk took it, or none passed and it gets it anyway;
 // router.ReasonOverload when the walk passed over it), or the least loaded candidate
@@ -248,6 +251,6 @@ func firstUserText(v *fastjson.Value) string {
 const boundSlack = 1e-9
 
 var (
-	_ router.Policy        = (*CHWBL)(nil)
-	_ router.BackendSetter = (*CHWBL)(nil)
+	_ router.Policy = (*CHWBL)(nil)
+	_ router.Fleet  = (*CHWBL)(nil)
 )

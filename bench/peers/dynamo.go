@@ -138,9 +138,8 @@ func (p *Dynamo) Prefilled(_ *key.Key, _ *backend.Backend, l router.Learned) { p
 func (p *Dynamo) Finished(_ *key.Key, _ *backend.Backend, l router.Learned) { p.act.remove(l) }
 
 var (
-	_ router.Policy        = (*Dynamo)(nil)
-	_ router.BackendSetter = (*Dynamo)(nil)
-	_ router.Learner       = (*Dynamo)(nil)
-	_ router.Tracker       = (*Dynamo)(nil)
-	_ router.IndexHolder   = (*Dynamo)(nil)
+	_ router.Policy    = (*Dynamo)(nil)
+	_ router.Fleet     = (*Dynamo)(nil)
+	_ router.Tracker   = (*Dynamo)(nil)
+	_ router.Inspector = (*Dynamo)(nil)
 )

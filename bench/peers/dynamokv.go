@@ -208,6 +208,11 @@ func (p *DynamoKV) Learn(k *key.Key, b *backend.Backend, _ int) router.Learned {
 // Unlearn ends a request b refused.
 func (p *DynamoKV) Unlearn(_ *key.Key, _ *backend.Backend, l router.Learned) { p.act.remove(l) }
 
+// Correct does nothing: the index is what the replicas published, not a guess to correct.
+func (p *DynamoKV) Correct(*key.Key, *backend.Backend, router.Learned, router.CacheReport) int {
+	return 0
+}
+
 // Prefilled ends the active prefill of request l.
 func (p *DynamoKV) Prefilled(_ *key.Key, _ *backend.Backend, l router.Learned) { p.act.prefilled(l) }
 
@@ -216,6 +221,5 @@ func (p *DynamoKV) Finished(_ *key.Key, _ *backend.Backend, l router.Learned) { 
 
 var (
 	_ router.Policy  = (*DynamoKV)(nil)
-	_ router.Learner = (*DynamoKV)(nil)
 	_ router.Tracker = (*DynamoKV)(nil)
 )

@@ -156,8 +156,8 @@ func (p *LLMD) pick(k *key.Key, cs []*backend.Backend, commit bool) router.Decis
 }
 
 var (
-	_ router.Policy        = (*LLMD)(nil)
-	_ router.BackendSetter = (*LLMD)(nil)
-	_ router.Learner       = (*LLMD)(nil)
-	_ router.IndexHolder   = (*LLMD)(nil)
+	_ router.Policy    = (*LLMD)(nil)
+	_ router.Fleet     = (*LLMD)(nil)
+	_ router.Learner   = (*LLMD)(nil)
+	_ router.Inspector = (*LLMD)(nil)
 )

@@ -154,8 +154,8 @@ func (p *LLMDDefault) pick(k *key.Key, cs []*backend.Backend, commit bool) route
 }
 
 var (
-	_ router.Policy        = (*LLMDDefault)(nil)
-	_ router.BackendSetter = (*LLMDDefault)(nil)
-	_ router.Learner       = (*LLMDDefault)(nil)
-	_ router.IndexHolder   = (*LLMDDefault)(nil)
+	_ router.Policy    = (*LLMDDefault)(nil)
+	_ router.Fleet     = (*LLMDDefault)(nil)
+	_ router.Learner   = (*LLMDDefault)(nil)
+	_ router.Inspector = (*LLMDDefault)(nil)
 )

@@ -106,7 +106,7 @@ func New(name string, o Options) (router.Policy, error) {
 
 // tree is the approximate per-backend prefix state the cache-aware peers share: prefixlb's
 // own index, learned from where each request was sent, as prefix mode learns it. It gives a
-// peer the abilities BackendSetter, Learner and IndexHolder.
+// peer the abilities router.Fleet, router.Learner and router.Inspector.
 type tree struct {
 	chunkTokens int
 	defaultKV   int64 // a backend's KV capacity in tokens when it has none of its own
@@ -133,8 +133,20 @@ func newTree(o router.PrefixOptions) tree {
 // SetBackends registers every configured backend with the index.
 func (t *tree) SetBackends(all []*backend.Backend) { t.idx.SetBackends(all) }
 
+// ModelsChanged: the peers keep no state per model pool.
+func (t *tree) ModelsChanged(*backend.Backend) {}
+
 // Index is the peer's prefix index.
 func (t *tree) Index() *index.Index { return t.idx }
+
+// Explain: the peers show no estimates (/debug/route shows their decision alone).
+func (t *tree) Explain(*key.Key, []*backend.Backend) []router.CandidateEstimate { return nil }
+
+// ShadowStats: the peers run no shadow.
+func (t *tree) ShadowStats() (router.ShadowStats, bool) { return router.ShadowStats{}, false }
+
+// Correct: the peers' trees do not correct themselves from reported cached tokens.
+func (t *tree) Correct(*key.Key, *backend.Backend, router.Learned, router.CacheReport) int { return 0 }
 
 // Learn records that b now holds k's prompt (the peers all insert the routed prompt for the
 // chosen worker).

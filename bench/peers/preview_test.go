@@ -26,7 +26,7 @@ func TestPreviewRecordsNothing(t *testing.T) {
 					t.Cleanup(func() { _ = c.Close() })
 				}
 				bs := testBackends(t, 3)
-				if s, ok := p.(router.BackendSetter); ok {
+				if s, ok := p.(router.Fleet); ok {
 					s.SetBackends(bs)
 				}
 				var out []string

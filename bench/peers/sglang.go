@@ -134,8 +134,8 @@ func (p *SGLang) smallest(cs []*backend.Backend, start uint64) int {
 }
 
 var (
-	_ router.Policy        = (*SGLang)(nil)
-	_ router.BackendSetter = (*SGLang)(nil)
-	_ router.Learner       = (*SGLang)(nil)
-	_ router.IndexHolder   = (*SGLang)(nil)
+	_ router.Policy    = (*SGLang)(nil)
+	_ router.Fleet     = (*SGLang)(nil)
+	_ router.Learner   = (*SGLang)(nil)
+	_ router.Inspector = (*SGLang)(nil)
 )
