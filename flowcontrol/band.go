@@ -9,10 +9,12 @@ type band struct {
 	priority int
 	flows    map[string]*flow
 	backlog  flowHeap // flows with queued items, least counter first
+	fat      fatHeap  // the same flows, most queued items first (the victims of a full queue)
 	idle     idleHeap // flows with nothing queued or in flight whose counter > vtime
-	// vtime is the band's virtual time: the counter of the flow last dispatched, never
-	// decreasing. A flow that becomes backlogged is lifted to at least the least counter
-	// of the backlogged flows, or vtime when there are none, so idle time banks no credit.
+	// vtime is the band's virtual time, never decreasing: the counter a dispatched flow had
+	// before its charge (the least backlogged counter then), and, once the backlog empties,
+	// the highest counter of its flows. A flow that becomes backlogged is lifted to at least
+	// vtime and the least backlogged counter, so idle time banks no credit.
 	vtime int64
 	count int
 	bytes int64
@@ -27,6 +29,20 @@ type band struct {
 
 func newBand(priority int) *band {
 	return &band{priority: priority, flows: map[string]*flow{}}
+}
+
+// settleHistory runs when the band's backlog empties: fairness is a matter between
+// contending flows, so the virtual time moves up to the highest idle counter and the idle
+// flows are forgotten (each returns lifted to the virtual time, owing nothing, owed nothing).
+// Flows with items in flight are forgotten the same way when they settle.
+func (b *band) settleHistory() {
+	for _, f := range b.idle {
+		b.vtime = max(b.vtime, f.counter)
+		f.idleIdx = -1
+		delete(b.flows, f.id)
+	}
+	clear(b.idle)
+	b.idle = b.idle[:0]
 }
 
 // credit is the work the band may take ahead of higher bands now.
@@ -54,6 +70,7 @@ type flow struct {
 	bytes    int64
 	inflight int // popped or dispatched, not yet settled or requeued
 	heapIdx  int // index in band.backlog; -1 when not backlogged
+	fatIdx   int // index in band.fat; -1 when not backlogged
 	idleIdx  int // index in band.idle; -1 when not in it
 }
 
@@ -119,6 +136,34 @@ func (h *flowHeap) Pop() any {
 	return f
 }
 
+// fatHeap orders backlogged flows by queued items, most first, then newest tail first.
+type fatHeap []*flow
+
+func (h fatHeap) Len() int { return len(h) }
+func (h fatHeap) Less(i, j int) bool {
+	if h[i].count != h[j].count {
+		return h[i].count > h[j].count
+	}
+	return h[i].tail.seq > h[j].tail.seq
+}
+func (h fatHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].fatIdx, h[j].fatIdx = i, j
+}
+func (h *fatHeap) Push(x any) {
+	f := x.(*flow)
+	f.fatIdx = len(*h)
+	*h = append(*h, f)
+}
+func (h *fatHeap) Pop() any {
+	old := *h
+	f := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	f.fatIdx = -1
+	return f
+}
+
 // idleHeap orders idle flows by counter, so those the band's virtual time passed are
 // forgotten first (forgetting them loses nothing: a returning flow is lifted to vtime).
 type idleHeap []*flow
@@ -168,6 +213,7 @@ func (h *deadlineHeap) Pop() any {
 
 var (
 	_ heap.Interface = (*flowHeap)(nil)
+	_ heap.Interface = (*fatHeap)(nil)
 	_ heap.Interface = (*idleHeap)(nil)
 	_ heap.Interface = (*deadlineHeap)(nil)
 )

@@ -26,6 +26,9 @@ const (
 	Shed
 	// Shutdown: still queued when the queue was drained.
 	Shutdown
+	// Displaced: the queue was full and a request of a flow with fewer queued items, or of
+	// a higher priority, took its place (it was its flow's newest).
+	Displaced
 )
 
 // String is the outcome's metric label.
@@ -41,6 +44,8 @@ func (o Outcome) String() string {
 		return "shed"
 	case Shutdown:
 		return "shutdown"
+	case Displaced:
+		return "displaced"
 	}
 	return "unknown"
 }

@@ -89,10 +89,13 @@ func (q *Queue) Push(it *Item, saturated bool) error {
 		return ErrClosed
 	case Sheddable(it.Priority, saturated):
 		return ErrShed
-	case q.count >= q.cfg.MaxItems:
-		return ErrFull
-	case it.Bytes > 0 && q.bytes+it.Bytes > q.cfg.MaxBytes:
+	case it.Bytes > q.cfg.MaxBytes:
 		return ErrBytesFull
+	}
+	if q.count >= q.cfg.MaxItems || q.bytes+max(it.Bytes, 0) > q.cfg.MaxBytes {
+		if err := q.makeRoom(it); err != nil {
+			return err
+		}
 	}
 	if it.done == nil {
 		it.done = make(chan Outcome, 1)
@@ -108,7 +111,7 @@ func (q *Queue) Push(it *Item, saturated bool) error {
 	}
 	f := b.flows[it.Flow]
 	if f == nil {
-		f = &flow{id: it.Flow, band: b, heapIdx: -1, idleIdx: -1}
+		f = &flow{id: it.Flow, band: b, heapIdx: -1, fatIdx: -1, idleIdx: -1}
 		b.flows[it.Flow] = f
 	}
 	q.enqueue(it, f, false)
@@ -338,7 +341,7 @@ func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 		if !front {
 			floor := b.vtime
 			if len(b.backlog) > 0 {
-				floor = b.backlog[0].counter
+				floor = max(floor, b.backlog[0].counter)
 			}
 			f.counter = max(f.counter, floor)
 		}
@@ -347,11 +350,6 @@ func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 		f.pushFront(it)
 	} else {
 		f.pushBack(it)
-	}
-	if f.heapIdx < 0 {
-		heap.Push(&b.backlog, f)
-	} else if front {
-		heap.Fix(&b.backlog, f.heapIdx)
 	}
 	it.flow = f
 	it.state = stateQueued
@@ -364,6 +362,15 @@ func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 	if !it.Deadline.IsZero() {
 		heap.Push(&q.deadlines, it)
 	}
+	if f.heapIdx < 0 {
+		heap.Push(&b.backlog, f)
+		heap.Push(&b.fat, f)
+		return
+	}
+	if front {
+		heap.Fix(&b.backlog, f.heapIdx)
+	}
+	heap.Fix(&b.fat, f.fatIdx)
 }
 
 // dequeue unlinks a queued item from its flow, band, the deadline heap and the counts.
@@ -384,8 +391,15 @@ func (q *Queue) dequeue(it *Item) {
 	switch {
 	case f.count == 0:
 		heap.Remove(&b.backlog, f.heapIdx)
-	case wasHead:
-		heap.Fix(&b.backlog, f.heapIdx)
+		heap.Remove(&b.fat, f.fatIdx)
+		if len(b.backlog) == 0 {
+			b.settleHistory()
+		}
+	default:
+		if wasHead {
+			heap.Fix(&b.backlog, f.heapIdx)
+		}
+		heap.Fix(&b.fat, f.fatIdx)
 	}
 }
 
@@ -396,14 +410,19 @@ func (q *Queue) finish(it *Item, o Outcome) {
 	q.forget(it.flow)
 }
 
-// forget drops or parks a flow with nothing queued or in flight: dropped when its counter
-// is at or below its band's virtual time (a returning flow is lifted at least that far, so
-// nothing is lost), else kept in the band's idle heap until the virtual time passes it.
+// forget drops or parks a flow with nothing queued or in flight. While its band has a
+// backlog, it is dropped when its counter is at or below the band's virtual time (a
+// returning flow is lifted at least that far, so nothing is lost), else kept in the band's
+// idle heap until the virtual time passes it. When its band has no backlog, nothing
+// contends: the virtual time moves up to its counter and it is dropped.
 func (q *Queue) forget(f *flow) {
 	if f.count > 0 || f.inflight > 0 {
 		return
 	}
 	b := f.band
+	if len(b.backlog) == 0 {
+		b.vtime = max(b.vtime, f.counter)
+	}
 	switch {
 	case f.counter <= b.vtime:
 		if f.idleIdx >= 0 {
