@@ -120,9 +120,9 @@ func fleetSim(t *testing.T, q *Queue, tenants []tenant, capacity int64, ticks in
 func TestVTCFairnessTenfold(t *testing.T) {
 	chat := tenant{"light", 1, [2]int{200, 2000}, [2]int{50, 400}, 1}
 	for _, tc := range []struct {
-		name        string
-		heavy       tenant
-		light       tenant
+		name  string
+		heavy tenant
+		light tenant
 	}{
 		{"10x rate, same costs", tenant{"heavy", 10, [2]int{200, 2000}, [2]int{50, 400}, 1}, chat},
 		// The heavy flow predicts an eighth of the tokens it generates; Settle charges the
