@@ -1,0 +1,219 @@
+package flowcontrol
+
+import "container/heap"
+
+// band holds the flows of one priority. Its backlogged flows are a min-heap by served work
+// (the virtual token counter); its idle flows that were served more than the band's
+// virtual time are kept, in a second heap, until the band's virtual time passes them.
+type band struct {
+	priority int
+	flows    map[string]*flow
+	backlog  flowHeap // flows with queued items, least counter first
+	fat      fatHeap  // the same flows, most queued items first (the victims of a full queue)
+	idle     idleHeap // flows with nothing queued or in flight whose counter > vtime
+	// vtime is the band's virtual time, never decreasing: the counter a dispatched flow had
+	// before its charge (the least backlogged counter then), and, once the backlog empties,
+	// the highest counter of its flows. A flow that becomes backlogged is lifted to at least
+	// vtime and the least backlogged counter, so idle time banks no credit.
+	vtime int64
+	count int
+	bytes int64
+
+	// Guaranteed share: while this band is backlogged, its credit is share × (work
+	// dispatched from higher bands since it became backlogged) − work it was dispatched on
+	// credit since then. aboveServed is cumulative, so Requeue undoes a dispatch exactly.
+	aboveServed int64
+	creditBase  int64
+	creditSpent int64
+}
+
+func newBand(priority int) *band {
+	return &band{priority: priority, flows: map[string]*flow{}}
+}
+
+// settleHistory runs when the band's backlog empties: fairness is a matter between
+// contending flows, so the virtual time moves up to the highest idle counter and the idle
+// flows are forgotten (each returns lifted to the virtual time, owing nothing, owed nothing).
+// Flows with items in flight are forgotten the same way when they settle.
+func (b *band) settleHistory() {
+	for _, f := range b.idle {
+		b.vtime = max(b.vtime, f.counter)
+		f.idleIdx = -1
+		delete(b.flows, f.id)
+	}
+	clear(b.idle)
+	b.idle = b.idle[:0]
+}
+
+// credit is the work the band may take ahead of higher bands now.
+func (b *band) credit(share float64) float64 {
+	return share*float64(b.aboveServed-b.creditBase) - float64(b.creditSpent)
+}
+
+// head is the item the band dispatches next: the FIFO head of its least-served flow.
+func (b *band) head() *Item {
+	if len(b.backlog) == 0 {
+		return nil
+	}
+	return b.backlog[0].head
+}
+
+// flow is one fairness key's FIFO within a band.
+type flow struct {
+	id       string
+	band     *band
+	counter  int64 // virtual token counter: served work plus lifts, token-equivalents
+	served   int64 // work charged on dispatch, corrected by Settle, token-equivalents
+	head     *Item
+	tail     *Item
+	count    int
+	bytes    int64
+	inflight int // popped or dispatched, not yet settled or requeued
+	heapIdx  int // index in band.backlog; -1 when not backlogged
+	fatIdx   int // index in band.fat; -1 when not backlogged
+	idleIdx  int // index in band.idle; -1 when not in it
+}
+
+func (f *flow) pushBack(it *Item) {
+	it.prev, it.next = f.tail, nil
+	if f.tail != nil {
+		f.tail.next = it
+	} else {
+		f.head = it
+	}
+	f.tail = it
+}
+
+func (f *flow) pushFront(it *Item) {
+	it.prev, it.next = nil, f.head
+	if f.head != nil {
+		f.head.prev = it
+	} else {
+		f.tail = it
+	}
+	f.head = it
+}
+
+func (f *flow) unlink(it *Item) {
+	if it.prev != nil {
+		it.prev.next = it.next
+	} else {
+		f.head = it.next
+	}
+	if it.next != nil {
+		it.next.prev = it.prev
+	} else {
+		f.tail = it.prev
+	}
+	it.prev, it.next = nil, nil
+}
+
+// flowHeap orders backlogged flows by counter, then by their head's arrival order.
+type flowHeap []*flow
+
+func (h flowHeap) Len() int { return len(h) }
+func (h flowHeap) Less(i, j int) bool {
+	if h[i].counter != h[j].counter {
+		return h[i].counter < h[j].counter
+	}
+	return h[i].head.seq < h[j].head.seq
+}
+func (h flowHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}
+func (h *flowHeap) Push(x any) {
+	f := x.(*flow)
+	f.heapIdx = len(*h)
+	*h = append(*h, f)
+}
+func (h *flowHeap) Pop() any {
+	old := *h
+	f := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	f.heapIdx = -1
+	return f
+}
+
+// fatHeap orders backlogged flows by queued items, most first, then newest tail first.
+type fatHeap []*flow
+
+func (h fatHeap) Len() int { return len(h) }
+func (h fatHeap) Less(i, j int) bool {
+	if h[i].count != h[j].count {
+		return h[i].count > h[j].count
+	}
+	return h[i].tail.seq > h[j].tail.seq
+}
+func (h fatHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].fatIdx, h[j].fatIdx = i, j
+}
+func (h *fatHeap) Push(x any) {
+	f := x.(*flow)
+	f.fatIdx = len(*h)
+	*h = append(*h, f)
+}
+func (h *fatHeap) Pop() any {
+	old := *h
+	f := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	f.fatIdx = -1
+	return f
+}
+
+// idleHeap orders idle flows by counter, so those the band's virtual time passed are
+// forgotten first (forgetting them loses nothing: a returning flow is lifted to vtime).
+type idleHeap []*flow
+
+func (h idleHeap) Len() int           { return len(h) }
+func (h idleHeap) Less(i, j int) bool { return h[i].counter < h[j].counter }
+func (h idleHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idleIdx, h[j].idleIdx = i, j
+}
+func (h *idleHeap) Push(x any) {
+	f := x.(*flow)
+	f.idleIdx = len(*h)
+	*h = append(*h, f)
+}
+func (h *idleHeap) Pop() any {
+	old := *h
+	f := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	f.idleIdx = -1
+	return f
+}
+
+// deadlineHeap orders queued items that have a deadline, earliest first.
+type deadlineHeap []*Item
+
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].Deadline.Before(h[j].Deadline) }
+func (h deadlineHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].dlIndex, h[j].dlIndex = i, j
+}
+func (h *deadlineHeap) Push(x any) {
+	it := x.(*Item)
+	it.dlIndex = len(*h)
+	*h = append(*h, it)
+}
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	it.dlIndex = -1
+	return it
+}
+
+var (
+	_ heap.Interface = (*flowHeap)(nil)
+	_ heap.Interface = (*fatHeap)(nil)
+	_ heap.Interface = (*idleHeap)(nil)
+	_ heap.Interface = (*deadlineHeap)(nil)
+)

@@ -1,0 +1,85 @@
+package flowcontrol
+
+import "fmt"
+
+// Defaults of Config; docs/flow-control.md gives the reasoning.
+const (
+	// DefaultMaxItems bounds the queued requests of one pool.
+	DefaultMaxItems = 1024
+	// DefaultMaxBytes bounds the queued request bodies of one pool (64 MiB); the caller also
+	// counts them against its body budget.
+	DefaultMaxBytes = 64 << 20
+	// DefaultMinBandShare is the share of dispatched GPU work guaranteed to each backlogged
+	// lower band while higher bands are backlogged.
+	DefaultMinBandShare = 0.05
+	// DefaultMaxRequestWork caps one request's charge (token-equivalents): a 128k-token
+	// uncached prompt generating 64k tokens is 256k at the default weights.
+	DefaultMaxRequestWork = 256 << 10
+	// DefaultPrefillWeight and DefaultDecodeWeight weigh a prefill token and a generated
+	// token in GPU work, the weights of the virtual token counter paper (w_p = 1, w_q = 2).
+	DefaultPrefillWeight = 1
+	DefaultDecodeWeight  = 2
+)
+
+// Config bounds and tunes a Queue. Zero fields take the defaults.
+type Config struct {
+	// MaxItems bounds queued requests; Push beyond it fails with ErrFull.
+	MaxItems int
+	// MaxBytes bounds queued body bytes; Push beyond it fails with ErrBytesFull.
+	MaxBytes int64
+	// MinBandShare in [0, 0.5] is the share of dispatched work each backlogged band is
+	// guaranteed against the bands above it; negative means 0 (strict bands).
+	MinBandShare float64
+	// MaxRequestWork caps the work charged for one request (predicted or settled), so a
+	// wrong prediction moves its flow's counter by a bounded amount.
+	MaxRequestWork int64
+	// PrefillWeight and DecodeWeight convert Cost to work: an uncached prefill token costs
+	// PrefillWeight, a generated token DecodeWeight.
+	PrefillWeight int64
+	DecodeWeight  int64
+}
+
+// withDefaults fills zero fields and validates the rest.
+func (c Config) withDefaults() (Config, error) {
+	if c.MaxItems == 0 {
+		c.MaxItems = DefaultMaxItems
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = DefaultMaxBytes
+	}
+	switch {
+	case c.MinBandShare == 0:
+		c.MinBandShare = DefaultMinBandShare
+	case c.MinBandShare < 0:
+		c.MinBandShare = 0
+	}
+	if c.MaxRequestWork == 0 {
+		c.MaxRequestWork = DefaultMaxRequestWork
+	}
+	if c.PrefillWeight == 0 {
+		c.PrefillWeight = DefaultPrefillWeight
+	}
+	if c.DecodeWeight == 0 {
+		c.DecodeWeight = DefaultDecodeWeight
+	}
+	switch {
+	case c.MaxItems < 0:
+		return c, fmt.Errorf("flowcontrol: MaxItems %d < 0", c.MaxItems)
+	case c.MaxBytes < 0:
+		return c, fmt.Errorf("flowcontrol: MaxBytes %d < 0", c.MaxBytes)
+	case c.MinBandShare > 0.5:
+		return c, fmt.Errorf("flowcontrol: MinBandShare %g > 0.5", c.MinBandShare)
+	case c.MaxRequestWork < 1:
+		return c, fmt.Errorf("flowcontrol: MaxRequestWork %d < 1", c.MaxRequestWork)
+	case c.PrefillWeight < 0 || c.DecodeWeight < 0:
+		return c, fmt.Errorf("flowcontrol: negative weight (prefill %d, decode %d)", c.PrefillWeight, c.DecodeWeight)
+	}
+	return c, nil
+}
+
+// Work converts a cost to work in token-equivalents, clamped to [1, MaxRequestWork]: never
+// zero, so a band's guaranteed share always has something to pay for.
+func (c Config) Work(cost Cost) int64 {
+	w := c.PrefillWeight*int64(max(cost.UncachedPrefillTokens, 0)) + c.DecodeWeight*int64(max(cost.OutputTokens, 0))
+	return min(max(w, 1), c.MaxRequestWork)
+}

@@ -1,0 +1,128 @@
+package flowcontrol
+
+import (
+	"errors"
+	"time"
+)
+
+// Cost is a request's GPU work in tokens: the prefill tokens its replica must compute (the
+// prompt less the prefix found in the replica's KV cache) and the tokens it generates.
+type Cost struct {
+	UncachedPrefillTokens int
+	OutputTokens          int
+}
+
+// Outcome is how an item left the queue; each pushed item gets exactly one.
+type Outcome uint8
+
+const (
+	// Dispatched: placed on a replica (the caller called Dispatched).
+	Dispatched Outcome = iota + 1
+	// Expired: still queued at its deadline.
+	Expired
+	// Cancelled: removed because its client left.
+	Cancelled
+	// Shed: sheddable (priority < 0) and queued when the pool became saturated.
+	Shed
+	// Shutdown: still queued when the queue was drained.
+	Shutdown
+	// Displaced: the queue was full and a request of a flow with fewer queued items, or of
+	// a higher priority, took its place (it was its flow's newest).
+	Displaced
+)
+
+// String is the outcome's metric label.
+func (o Outcome) String() string {
+	switch o {
+	case Dispatched:
+		return "dispatched"
+	case Expired:
+		return "expired"
+	case Cancelled:
+		return "cancelled"
+	case Shed:
+		return "shed"
+	case Shutdown:
+		return "shutdown"
+	case Displaced:
+		return "displaced"
+	}
+	return "unknown"
+}
+
+// Refusals of Push; Reason gives each one's metric label.
+var (
+	ErrFull      = errors.New("flowcontrol: queue full (max queued requests)")
+	ErrBytesFull = errors.New("flowcontrol: queue full (max queued body bytes)")
+	ErrShed      = errors.New("flowcontrol: sheddable request refused: pool saturated")
+	ErrClosed    = errors.New("flowcontrol: queue closed (shutting down)")
+	ErrInUse     = errors.New("flowcontrol: item already queued or awaiting its outcome")
+)
+
+// Reason is the metric label of a Push refusal: queue_full, queue_bytes_full, sheddable,
+// shutdown, or "" for nil and errors this package does not return.
+func Reason(err error) string {
+	switch err {
+	case ErrFull:
+		return "queue_full"
+	case ErrBytesFull:
+		return "queue_bytes_full"
+	case ErrShed:
+		return "sheddable"
+	case ErrClosed:
+		return "shutdown"
+	}
+	return ""
+}
+
+// Sheddable reports whether a request of this priority is refused at once: it is sheddable
+// (priority < 0) and the caller judged every replica of the pool saturated.
+func Sheddable(priority int, saturated bool) bool { return priority < 0 && saturated }
+
+type itemState uint8
+
+const (
+	stateIdle     itemState = iota // new, or its outcome was delivered and it may be pushed again
+	stateQueued                    // in the queue
+	statePopped                    // returned by Next; awaiting Dispatched or Requeue
+	stateInFlight                  // dispatched; awaiting Settle
+)
+
+// Item is one request waiting in a Queue. The caller fills the exported fields before Push
+// and reads its outcome from Done. An item may be pushed again once its outcome was
+// received and, if dispatched, it was settled.
+type Item struct {
+	// Priority is the item's band: higher is served first; below 0 is sheddable.
+	Priority int
+	// Flow is the fairness key within the band (a hashed API key, a trusted fairness
+	// header): opaque to the queue, which never logs it.
+	Flow string
+	// Cost is the predicted GPU work, charged to the flow when the item is dispatched.
+	Cost Cost
+	// Bytes is the request body's size, counted against Config.MaxBytes.
+	Bytes int64
+	// Arrival is when the request arrived (for the snapshot's head age).
+	Arrival time.Time
+	// Deadline is when the item expires if still queued; zero means never.
+	Deadline time.Time
+	// Value is the caller's request; the queue never reads it.
+	Value any
+
+	done    chan Outcome
+	state   itemState
+	work    int64 // predicted work, token-equivalents, clamped to [1, MaxRequestWork]
+	charged int64 // work charged to the flow's counter while popped or in flight
+	seq     uint64
+	flow    *flow
+	prev    *Item // flow FIFO links
+	next    *Item
+	dlIndex int  // index in the deadline heap; -1 when not in it
+	credit  bool // popped on its band's guaranteed share (undone by Requeue)
+}
+
+// Done delivers the item's one outcome. Valid after a successful Push.
+func (it *Item) Done() <-chan Outcome { return it.done }
+
+// Work is the predicted work charged for the item, in token-equivalents (see Config).
+// Valid after a successful Push.
+func (it *Item) Work() int64 { return it.work }

@@ -1,0 +1,473 @@
+package flowcontrol
+
+import (
+	"container/heap"
+	"sync"
+	"time"
+)
+
+// Queue is the flow-control queue of one model pool. Create it with New; see the package
+// documentation for the ordering, the life of an item and the lock discipline.
+type Queue struct {
+	mu        sync.Mutex
+	cfg       Config
+	share     float64 // credit per unit of work dispatched above: f/(1-f) gives a band f of the total
+	bands     []*band // highest priority first
+	byPrio    map[int]*band
+	deadlines deadlineHeap
+	count     int
+	bytes     int64
+	seq       uint64
+	closed    bool
+}
+
+// New returns an empty queue; zero fields of cfg take the defaults. It fails on a field out
+// of range, naming it.
+func New(cfg Config) (*Queue, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Queue{
+		cfg:    cfg,
+		share:  cfg.MinBandShare / (1 - cfg.MinBandShare),
+		byPrio: map[int]*band{},
+	}, nil
+}
+
+// Config is the queue's configuration, defaults filled in.
+func (q *Queue) Config() Config {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.cfg
+}
+
+// SetLimits changes the bounds (a reload): items already queued stay, new pushes see the new
+// bounds. Zero means the default; negative values are ignored.
+func (q *Queue) SetLimits(maxItems int, maxBytes int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if maxItems == 0 {
+		maxItems = DefaultMaxItems
+	}
+	if maxBytes == 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	if maxItems > 0 {
+		q.cfg.MaxItems = maxItems
+	}
+	if maxBytes > 0 {
+		q.cfg.MaxBytes = maxBytes
+	}
+}
+
+// Len is the number of queued items (popped and in-flight ones excluded).
+func (q *Queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.count
+}
+
+// Bytes is the body bytes of the queued items.
+func (q *Queue) Bytes() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.bytes
+}
+
+// Push queues it, or refuses it at once: ErrShed when it is sheddable and the caller judged
+// the pool saturated, ErrFull or ErrBytesFull when it would exceed a bound, ErrClosed after
+// Drain, ErrInUse when it is already queued or awaiting its outcome. A refused item gets no
+// outcome on Done. O(log n).
+func (q *Queue) Push(it *Item, saturated bool) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case it.state != stateIdle || (it.done != nil && len(it.done) > 0):
+		return ErrInUse
+	case q.closed:
+		return ErrClosed
+	case Sheddable(it.Priority, saturated):
+		return ErrShed
+	case it.Bytes > q.cfg.MaxBytes:
+		return ErrBytesFull
+	}
+	if q.count >= q.cfg.MaxItems || q.bytes+max(it.Bytes, 0) > q.cfg.MaxBytes {
+		if err := q.makeRoom(it); err != nil {
+			return err
+		}
+	}
+	if it.done == nil {
+		it.done = make(chan Outcome, 1)
+	}
+	it.Bytes = max(it.Bytes, 0)
+	it.work = q.cfg.Work(it.Cost)
+	it.charged, it.credit, it.dlIndex = 0, false, -1
+	q.seq++
+	it.seq = q.seq
+	b := q.byPrio[it.Priority]
+	if b == nil {
+		b = q.addBand(it.Priority)
+	}
+	f := b.flows[it.Flow]
+	if f == nil {
+		f = &flow{id: it.Flow, band: b, heapIdx: -1, fatIdx: -1, idleIdx: -1}
+		b.flows[it.Flow] = f
+	}
+	q.enqueue(it, f, false)
+	return nil
+}
+
+// Next pops the item to place now, or nil when none is queued. Items found past their
+// deadline on the way get Expired. The item's flow is charged its predicted work at once,
+// so consecutive calls share fairly; the caller then calls Dispatched or Requeue.
+// O(bands + log n), allocation-free.
+func (q *Queue) Next(now time.Time) *Item {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		b, bi, credited := q.pick()
+		if b == nil {
+			return nil
+		}
+		f := b.backlog[0]
+		it := f.head
+		q.dequeue(it)
+		if !it.Deadline.IsZero() && !now.Before(it.Deadline) {
+			q.finish(it, Expired)
+			continue
+		}
+		b.vtime = max(b.vtime, f.counter)
+		f.counter += it.work
+		f.served += it.work
+		it.charged = it.work
+		f.inflight++
+		if f.heapIdx >= 0 {
+			heap.Fix(&b.backlog, f.heapIdx)
+		}
+		it.credit = credited
+		if credited {
+			b.creditSpent += it.work
+		}
+		for _, lb := range q.bands[bi+1:] {
+			lb.aboveServed += it.work
+		}
+		it.state = statePopped
+		q.pruneIdle(b)
+		return it
+	}
+}
+
+// Requeue puts an item popped by Next back at the head of its flow (placement found no room
+// after all), undoing its charge, so it keeps its place. After Drain it gets Shutdown
+// instead. It reports false, doing nothing, for an item not popped by Next.
+func (q *Queue) Requeue(it *Item) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if it.state != statePopped {
+		return false
+	}
+	f := it.flow
+	b := f.band
+	f.counter -= it.charged
+	f.served -= it.charged
+	it.charged = 0
+	f.inflight--
+	for i := range q.bands {
+		if q.bands[i] == b {
+			for _, lb := range q.bands[i+1:] {
+				lb.aboveServed -= it.work
+			}
+			break
+		}
+	}
+	if it.credit {
+		b.creditSpent -= it.work
+		it.credit = false
+	}
+	if q.closed {
+		q.finish(it, Shutdown)
+		return true
+	}
+	q.enqueue(it, f, true)
+	return true
+}
+
+// Dispatched delivers Dispatched to an item popped by Next that the caller placed. Its flow
+// keeps the predicted charge until Settle. It reports false for an item not popped by Next.
+func (q *Queue) Dispatched(it *Item) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if it.state != statePopped {
+		return false
+	}
+	it.state = stateInFlight
+	it.done <- Dispatched
+	return true
+}
+
+// Settle corrects a dispatched item's charge to the work it really cost (call it once, when
+// the response ends; with a zero Cost when the replica did no work), clamped to
+// [0, MaxRequestWork] so a wrong prediction moves its flow by a bounded amount. The item may
+// then be pushed again. It reports false for an item that is not dispatched and unsettled.
+func (q *Queue) Settle(it *Item, actual Cost) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if it.state != stateInFlight {
+		return false
+	}
+	w := q.cfg.PrefillWeight*int64(max(actual.UncachedPrefillTokens, 0)) + q.cfg.DecodeWeight*int64(max(actual.OutputTokens, 0))
+	w = min(w, q.cfg.MaxRequestWork)
+	f := it.flow
+	f.counter += w - it.charged
+	f.served += w - it.charged
+	it.charged = 0
+	f.inflight--
+	it.state = stateIdle
+	if f.heapIdx >= 0 {
+		heap.Fix(&f.band.backlog, f.heapIdx)
+	}
+	q.forget(f)
+	return true
+}
+
+// Remove takes a queued item out (its client left) and delivers Cancelled. It reports false
+// when the item is not queued: popped (its outcome is coming) or already out.
+func (q *Queue) Remove(it *Item) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if it.state != stateQueued {
+		return false
+	}
+	q.dequeue(it)
+	q.finish(it, Cancelled)
+	return true
+}
+
+// Expire delivers Expired to every queued item whose deadline is at or before now, and
+// returns how many. O(k log n) for k expired.
+func (q *Queue) Expire(now time.Time) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for len(q.deadlines) > 0 && !now.Before(q.deadlines[0].Deadline) {
+		it := q.deadlines[0]
+		q.dequeue(it)
+		q.finish(it, Expired)
+		n++
+	}
+	return n
+}
+
+// NextDeadline is the earliest deadline of a queued item, for the caller's one timer; false
+// when no queued item has one.
+func (q *Queue) NextDeadline() (time.Time, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.deadlines) == 0 {
+		return time.Time{}, false
+	}
+	return q.deadlines[0].Deadline, true
+}
+
+// Shed delivers Shed to every queued sheddable item (priority < 0): the caller calls it when
+// it finds the pool saturated. It returns how many.
+func (q *Queue) Shed() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.clear(func(b *band) bool { return b.priority < 0 }, Shed)
+}
+
+// Drain closes the queue (Push then fails with ErrClosed) and delivers Shutdown to every
+// queued item, returning how many. Items popped by Next stay the caller's: Dispatched still
+// works, Requeue delivers Shutdown.
+func (q *Queue) Drain() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.closed = true
+	return q.clear(func(*band) bool { return true }, Shutdown)
+}
+
+func (q *Queue) clear(match func(*band) bool, o Outcome) int {
+	n := 0
+	for _, b := range append([]*band(nil), q.bands...) {
+		if !match(b) {
+			continue
+		}
+		for len(b.backlog) > 0 {
+			it := b.backlog[0].head
+			q.dequeue(it)
+			q.finish(it, o)
+			n++
+		}
+	}
+	return n
+}
+
+// pick chooses the band to dispatch from: the lowest-index (highest-priority) band below
+// the top backlogged one whose credit covers its next item, else the top backlogged band.
+func (q *Queue) pick() (b *band, index int, credited bool) {
+	top := -1
+	for i, b := range q.bands {
+		if b.count > 0 {
+			top = i
+			break
+		}
+	}
+	if top < 0 {
+		return nil, -1, false
+	}
+	if q.share > 0 {
+		for i := top + 1; i < len(q.bands); i++ {
+			lb := q.bands[i]
+			if lb.count > 0 && lb.credit(q.share) >= float64(lb.head().work) {
+				return lb, i, true
+			}
+		}
+	}
+	return q.bands[top], top, false
+}
+
+// enqueue links it into f, at the back for a push or the front for a requeue.
+func (q *Queue) enqueue(it *Item, f *flow, front bool) {
+	b := f.band
+	if b.count == 0 && !front {
+		b.creditBase, b.creditSpent = b.aboveServed, 0
+	}
+	if f.heapIdx < 0 {
+		if f.idleIdx >= 0 {
+			heap.Remove(&b.idle, f.idleIdx)
+		}
+		if !front {
+			floor := b.vtime
+			if len(b.backlog) > 0 {
+				floor = max(floor, b.backlog[0].counter)
+			}
+			f.counter = max(f.counter, floor)
+		}
+	}
+	if front {
+		f.pushFront(it)
+	} else {
+		f.pushBack(it)
+	}
+	it.flow = f
+	it.state = stateQueued
+	f.count++
+	f.bytes += it.Bytes
+	b.count++
+	b.bytes += it.Bytes
+	q.count++
+	q.bytes += it.Bytes
+	if !it.Deadline.IsZero() {
+		heap.Push(&q.deadlines, it)
+	}
+	if f.heapIdx < 0 {
+		heap.Push(&b.backlog, f)
+		heap.Push(&b.fat, f)
+		return
+	}
+	if front {
+		heap.Fix(&b.backlog, f.heapIdx)
+	}
+	heap.Fix(&b.fat, f.fatIdx)
+}
+
+// dequeue unlinks a queued item from its flow, band, the deadline heap and the counts.
+func (q *Queue) dequeue(it *Item) {
+	f := it.flow
+	b := f.band
+	wasHead := f.head == it
+	f.unlink(it)
+	f.count--
+	f.bytes -= it.Bytes
+	b.count--
+	b.bytes -= it.Bytes
+	q.count--
+	q.bytes -= it.Bytes
+	if it.dlIndex >= 0 {
+		heap.Remove(&q.deadlines, it.dlIndex)
+	}
+	switch {
+	case f.count == 0:
+		heap.Remove(&b.backlog, f.heapIdx)
+		heap.Remove(&b.fat, f.fatIdx)
+		if len(b.backlog) == 0 {
+			b.settleHistory()
+		}
+	default:
+		if wasHead {
+			heap.Fix(&b.backlog, f.heapIdx)
+		}
+		heap.Fix(&b.fat, f.fatIdx)
+	}
+}
+
+// finish delivers an outcome other than Dispatched to an item no longer queued.
+func (q *Queue) finish(it *Item, o Outcome) {
+	it.state = stateIdle
+	it.done <- o
+	q.forget(it.flow)
+}
+
+// forget drops or parks a flow with nothing queued or in flight. While its band has a
+// backlog, it is dropped when its counter is at or below the band's virtual time (a
+// returning flow is lifted at least that far, so nothing is lost), else kept in the band's
+// idle heap until the virtual time passes it. When its band has no backlog, nothing
+// contends: the virtual time moves up to its counter and it is dropped.
+func (q *Queue) forget(f *flow) {
+	if f.count > 0 || f.inflight > 0 {
+		return
+	}
+	b := f.band
+	if len(b.backlog) == 0 {
+		b.vtime = max(b.vtime, f.counter)
+	}
+	switch {
+	case f.counter <= b.vtime:
+		if f.idleIdx >= 0 {
+			heap.Remove(&b.idle, f.idleIdx)
+		}
+		delete(b.flows, f.id)
+		q.dropBandIfEmpty(b)
+	case f.idleIdx >= 0:
+		heap.Fix(&b.idle, f.idleIdx)
+	default:
+		heap.Push(&b.idle, f)
+	}
+}
+
+// pruneIdle forgets the idle flows the band's virtual time has passed.
+func (q *Queue) pruneIdle(b *band) {
+	for len(b.idle) > 0 && b.idle[0].counter <= b.vtime {
+		f := heap.Pop(&b.idle).(*flow)
+		delete(b.flows, f.id)
+	}
+	q.dropBandIfEmpty(b)
+}
+
+func (q *Queue) addBand(priority int) *band {
+	b := newBand(priority)
+	i := 0
+	for i < len(q.bands) && q.bands[i].priority > priority {
+		i++
+	}
+	q.bands = append(q.bands, nil)
+	copy(q.bands[i+1:], q.bands[i:])
+	q.bands[i] = b
+	q.byPrio[priority] = b
+	return b
+}
+
+func (q *Queue) dropBandIfEmpty(b *band) {
+	if len(b.flows) > 0 || b.count > 0 {
+		return
+	}
+	for i := range q.bands {
+		if q.bands[i] == b {
+			q.bands = append(q.bands[:i], q.bands[i+1:]...)
+			break
+		}
+	}
+	delete(q.byPrio, b.priority)
+}
