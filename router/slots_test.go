@@ -1,4 +1,4 @@
-package backend
+package router
 
 import (
 	"math"
@@ -28,7 +28,7 @@ func TestRecentSum(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var r RecentSum
+			var r recentSum
 			for _, a := range tt.adds {
 				r.Add(a.at, 128, a.w)
 			}
