@@ -55,18 +55,19 @@ func (s *reportState) load() *HealthReport {
 	return &freshReport
 }
 
-// update applies f to a copy of the current report, publishes the copy if f changed it,
-// and reports whether it did.
-func (s *reportState) update(f func(r *HealthReport)) bool {
+// update publishes f of the current report if it differs, and reports whether it did. f
+// takes and returns values, so that nothing escapes to the heap but a changed report.
+func (s *reportState) update(f func(HealthReport) HealthReport) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.load()
-	next := *old
-	f(&next)
+	next := f(*old)
 	if next == *old {
 		return false
 	}
-	s.cur.Store(&next)
+	published := new(HealthReport)
+	*published = next
+	s.cur.Store(published)
 	return true
 }
 
@@ -78,7 +79,7 @@ func (b *Backend) Healthy() bool { return b.report.load().Healthy }
 
 // SetHealthy marks the backend healthy or not and reports whether the state changed.
 func (b *Backend) SetHealthy(ok bool) bool {
-	return b.report.update(func(r *HealthReport) { r.Healthy = ok })
+	return b.report.update(func(r HealthReport) HealthReport { r.Healthy = ok; return r })
 }
 
 // NeverPassed reports whether the backend is waiting for its first passing active check: a
@@ -90,7 +91,7 @@ func (b *Backend) NeverPassed() bool { return b.report.load().NeverPassed }
 
 // SetNeverPassed sets or clears the NeverPassed mark.
 func (b *Backend) SetNeverPassed(v bool) {
-	b.report.update(func(r *HealthReport) { r.NeverPassed = v })
+	b.report.update(func(r HealthReport) HealthReport { r.NeverPassed = v; return r })
 }
 
 // SetScrapedLoad stores the running + waiting requests the replica reported (0 when the
@@ -104,9 +105,10 @@ func (b *Backend) SetNeverPassed(v bool) {
 // were answered within one fetch (a few milliseconds) wait for the next scrape.
 func (b *Backend) SetScrapedLoad(requests, before int64) {
 	requests = max(requests, 0)
-	b.report.update(func(r *HealthReport) {
+	b.report.update(func(r HealthReport) HealthReport {
 		r.Requests = requests
 		r.Excess = max(requests-max(before, b.Counted()), 0)
+		return r
 	})
 }
 
@@ -121,7 +123,7 @@ func (b *Backend) ScrapedExcess() int64 { return b.report.load().Excess }
 // SetScrapedKVCacheTokens stores the KV capacity the replica reported and reports whether it
 // changed.
 func (b *Backend) SetScrapedKVCacheTokens(tokens int64) bool {
-	return b.report.update(func(r *HealthReport) { r.KVCacheTokens = tokens })
+	return b.report.update(func(r HealthReport) HealthReport { r.KVCacheTokens = tokens; return r })
 }
 
 // KVUsage is the fraction of the replica's KV cache in use as it last reported it
@@ -135,7 +137,7 @@ func (b *Backend) SetScrapedKVUsage(u float64) {
 		u = 0
 	}
 	u = math.Min(u, 1)
-	b.report.update(func(r *HealthReport) { r.KVUsage = u })
+	b.report.update(func(r HealthReport) HealthReport { r.KVUsage = u; return r })
 }
 
 // OtherSenders is the health checker's latest verdict on who else sends to b.
@@ -143,5 +145,5 @@ func (b *Backend) OtherSenders() Senders { return b.report.load().Senders }
 
 // SetOtherSenders stores the verdict and reports whether it changed.
 func (b *Backend) SetOtherSenders(s Senders) (changed bool) {
-	return b.report.update(func(r *HealthReport) { r.Senders = s })
+	return b.report.update(func(r HealthReport) HealthReport { r.Senders = s; return r })
 }

@@ -149,11 +149,11 @@ type Prefix struct {
 }
 
 // RecentHalfLife is the half-life, in routing decisions, of a backend's sum of the prefill
-// work routed to it (its recent share: RoutedWork, RecentWork), by which a prefixlb replica alone, or peered
-// replicas counting one another's decisions (CountPeerRoutes), break near-ties for new
-// prefixes: about the last 185 decisions (128 ÷ ln 2) count, more than a few rounds of turns
-// of the conversations in flight, so that a conversation between turns still counts where it
-// is served.
+// work routed to it (its recent share: RoutedWork, RecentWork), by which a prefixlb replica
+// alone, or peered replicas counting one another's decisions (CountPeerRoutes), break
+// near-ties for new prefixes: about the last 185 decisions (128 ÷ ln 2) count, more than a
+// few rounds of turns of the conversations in flight, so that a conversation between turns
+// still counts where it is served.
 const RecentHalfLife = 128
 
 // placement is an immutable ring over the configured backends.
@@ -367,8 +367,8 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
 		// Each group of the backend's state read once: the health checker's report, the
-		// peers' load and this proxy's counts (backend.Backend).
-		rep, peers, own := b.HealthReport(), b.PeerLoad(), b.Counts()
+		// peers' load, this proxy's counts and the settings (backend.Backend).
+		rep, peers, own, set := b.HealthReport(), b.PeerLoad(), b.Counts(), b.Settings()
 		// Peers' (peering) in-flight requests are known, and their queued prefill tokens:
 		// they count as queued work, not as foreign requests of unknown size. Beyond them
 		// and this proxy's own, what the replica's last scrape reported when it was read
@@ -376,7 +376,7 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// this proxy's and its peers' requests answered since the scrape (up to an interval
 		// old) for other senders' work and send bursts away from replicas that had just
 		// answered. inFlight below is backend.Busy, from the same reads.
-		c := cand{id: b.ID, inFlight: own.InFlight + peers.InFlight + rep.Excess, weight: b.Weight(), matched: matched[j],
+		c := cand{id: b.ID, inFlight: own.InFlight + peers.InFlight + rep.Excess, weight: set.Weight, matched: matched[j],
 			queued: b.QueuedPrefill(now), own: own.InFlight, pending: own.PrefillRequests,
 			foreign: rep.Excess, kvUsage: rep.KVUsage, alone: rep.Senders == backend.SendersAlone,
 			decodes: own.Decoding, context: own.DecodingTokens}
