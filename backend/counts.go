@@ -44,9 +44,9 @@ type countState struct {
 // Counts reads this proxy's counts, each field once.
 func (b *Backend) Counts() Counts {
 	c := &b.counts
-	seqs, ctx := b.Decoding()
 	return Counts{InFlight: c.inFlight.Load(), PrefillTokens: c.prefillTokens.Load(), PrefillRequests: c.prefillReqs.Load(),
-		Decoding: seqs, DecodingTokens: ctx, Served: c.served.Load(), Completed: c.completed.Load()}
+		Decoding: max(c.decodeSeqs.Load(), 0), DecodingTokens: max(c.decodeCtx.Load(), 0),
+		Served: c.served.Load(), Completed: c.completed.Load()}
 }
 
 // InFlight is the number of requests dispatched to the backend whose response has not
