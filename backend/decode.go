@@ -48,5 +48,5 @@ func DecodeWork(decodes, contextTokens, ahead, work int64) int64 {
 // engine's last token; non-streamed requests never count (their first byte is their last),
 // nor do other senders' requests: what they cost is in the prefill rate learned.
 func (b *Backend) Decoding() (sequences, contextTokens int64) {
-	return max(b.decodeSeqs.Load(), 0), max(b.decodeCtx.Load(), 0)
+	return max(b.counts.decodeSeqs.Load(), 0), max(b.counts.decodeCtx.Load(), 0)
 }

@@ -99,7 +99,7 @@ func TestLeaseDecodingConcurrent(t *testing.T) {
 	for i := range ls {
 		ls[i].Release()
 	}
-	if s, c := b.Decoding(); s != 0 || c != 0 || b.decodeSeqs.Load() != 0 || b.decodeCtx.Load() != 0 {
-		t.Fatalf("after every release: %d sequences, %d tokens decoding (raw %d, %d)", s, c, b.decodeSeqs.Load(), b.decodeCtx.Load())
+	if s, c := b.Decoding(); s != 0 || c != 0 || b.counts.decodeSeqs.Load() != 0 || b.counts.decodeCtx.Load() != 0 {
+		t.Fatalf("after every release: %d sequences, %d tokens decoding (raw %d, %d)", s, c, b.counts.decodeSeqs.Load(), b.counts.decodeCtx.Load())
 	}
 }

@@ -54,8 +54,8 @@ func (b *Backend) leaveQueue(work int64, done bool) {
 	if done {
 		d.credit = max(d.credit-float64(work), 0)
 	}
-	b.prefillTokens.Add(-work)
-	b.prefillReqs.Add(-1)
+	b.counts.prefillTokens.Add(-work)
+	b.counts.prefillReqs.Add(-1)
 	d.mu.Unlock()
 	b.loadChanged()
 }
@@ -114,7 +114,7 @@ func (b *Backend) QueuedPrefill(now time.Time) int64 {
 }
 
 // queuedRaw is the prefill work queued on b before any drain: this proxy's and its peers'.
-func (b *Backend) queuedRaw() int64 { return b.prefillTokens.Load() + b.peerPrefill.Load() }
+func (b *Backend) queuedRaw() int64 { return b.counts.prefillTokens.Load() + b.peers.prefill.Load() }
 
 // PrefillRate is the prefill rate the cost model uses for b, in tokens per second: b's
 // learned one, the fleet's until learned (SetFleetPrefill), else DefaultPrefillRate.

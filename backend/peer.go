@@ -1,15 +1,43 @@
+// What the peers report: the other prefixlb replicas' load on the replica.
+
 package backend
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
-// PeerInFlight is the sum of the in-flight requests that the other prefixlb replicas this one
-// is peered with (package peering) last reported on the backend: 0 without peering, or
-// when no live peer reported any. Load counts it.
-func (b *Backend) PeerInFlight() int64 { return b.peerInFlight.Load() }
+// PeerLoad is what the other prefixlb replicas this one is peered with last reported of
+// their own requests on the replica, summed over the live peers: 0 without peering. Only
+// package peering writes it (SetPeerLoad; writers_test.go). Backend.PeerLoad reads each
+// field once.
+type PeerLoad struct {
+	// InFlight is the peers' in-flight requests there (their Counts.InFlight).
+	InFlight int64
+	// PrefillTokens is their queued prefill work there (their Counts.PrefillTokens), which
+	// joins this proxy's in one queue (QueuedPrefill).
+	PrefillTokens int64
+}
+
+// peerState is PeerLoad as atomics; prefill changes under the drain's lock (SetPeerLoad).
+type peerState struct {
+	inFlight atomic.Int64
+	prefill  atomic.Int64
+}
+
+// PeerLoad reads the peers' load, each field once.
+func (b *Backend) PeerLoad() PeerLoad {
+	return PeerLoad{InFlight: b.peers.inFlight.Load(), PrefillTokens: b.peers.prefill.Load()}
+}
+
+// PeerInFlight is PeerLoad().InFlight: the sum of the in-flight requests that the other
+// prefixlb replicas this one is peered with (package peering) last reported on the
+// backend: 0 without peering, or when no live peer reported any. Load counts it.
+func (b *Backend) PeerInFlight() int64 { return b.peers.inFlight.Load() }
 
 // PeerPrefillTokens is the sum of the peers' queued prefill tokens on the backend (their
 // PrefillTokens), as PeerInFlight.
-func (b *Backend) PeerPrefillTokens() int64 { return b.peerPrefill.Load() }
+func (b *Backend) PeerPrefillTokens() int64 { return b.peers.prefill.Load() }
 
 // SetPeerLoad stores the peers' summed in-flight requests and queued prefill tokens on the
 // backend (negative values are stored as 0). Peering calls it whenever a peer reports or
@@ -19,7 +47,7 @@ func (b *Backend) PeerPrefillTokens() int64 { return b.peerPrefill.Load() }
 // answered) takes what left off the credit, as this proxy's own answered requests do. A
 // report that repeats the sum changes nothing.
 func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
-	b.peerInFlight.Store(max(inFlight, 0))
+	b.peers.inFlight.Store(max(inFlight, 0))
 	p := max(prefillTokens, 0)
 	now := time.Now()
 	d := &b.drain
@@ -27,15 +55,15 @@ func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
 	// them sees the other's work and the drain is started once.
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	old := b.peerPrefill.Swap(p)
+	old := b.peers.prefill.Swap(p)
 	switch {
 	case p == old:
 		return
-	case old == 0 && b.prefillReqs.Load() == 0:
+	case old == 0 && b.counts.prefillReqs.Load() == 0:
 		d.startLocked(now)
 		return
 	}
-	d.holdLocked(now, b.PrefillRate(), b.prefillTokens.Load()+old) // the report's new work counts in full
+	d.holdLocked(now, b.PrefillRate(), b.counts.prefillTokens.Load()+old) // the report's new work counts in full
 	if p < old {
 		d.credit = max(d.credit-float64(old-p), 0)
 	}

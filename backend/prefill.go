@@ -120,3 +120,27 @@ func (m *PrefillModel) Base() (time.Duration, bool) {
 
 // Samples is the number of observations so far.
 func (m *PrefillModel) Samples() int64 { return m.samples.Load() }
+
+// Prefill is what this proxy has learned of the replica's prefill speed.
+func (b *Backend) Prefill() *PrefillModel { return &b.prefill }
+
+// SetFleetPrefill makes m the fleet's prefill model for b (nil: none): every observation of
+// b's (ObservePrefill) teaches m too, and until b's own model has learned its rate
+// (MinPrefillSamples), QueuedPrefill drains b's queue at m's rate rather than
+// DefaultPrefillRate. The prefix policy gives the backends of each model pool one
+// (router.Prefix.SetBackends, and ModelsChanged when a backend's models change), so that a
+// fleet of like replicas is judged at its measured speed after its first 8 answers, not each
+// replica's 8, and the replicas of another model (another speed) teach it nothing.
+func (b *Backend) SetFleetPrefill(m *PrefillModel) { b.fleet.Store(m) }
+
+// FleetPrefill is the pooled model SetFleetPrefill gave b (nil: none).
+func (b *Backend) FleetPrefill() *PrefillModel { return b.fleet.Load() }
+
+// ObservePrefill folds one measured time to first token after work tokens of prefill into
+// b's prefill model and the fleet's (SetFleetPrefill).
+func (b *Backend) ObservePrefill(work int64, ttft time.Duration) {
+	b.prefill.Observe(work, ttft)
+	if f := b.fleet.Load(); f != nil {
+		f.Observe(work, ttft)
+	}
+}

@@ -26,23 +26,3 @@ func (s Senders) String() string {
 	}
 	return "unknown"
 }
-
-// OtherSenders is the health checker's latest verdict on who else sends to b.
-func (b *Backend) OtherSenders() Senders { return Senders(b.senders.Load()) }
-
-// SetOtherSenders stores the verdict and reports whether it changed.
-func (b *Backend) SetOtherSenders(s Senders) (changed bool) {
-	return Senders(b.senders.Swap(int32(s))) != s
-}
-
-// Completed is the number of this proxy's requests the backend answered in full with a
-// success status (Lease.Complete).
-func (b *Backend) Completed() uint64 { return b.completed.Load() }
-
-// Complete counts the request as answered in full with a success status: the counterpart of
-// the replica's own finished-requests counter. Call it before Release, at most once.
-func (l *Lease) Complete() {
-	if l.b != nil && l.state.Load()&leaseReleased == 0 {
-		l.b.completed.Add(1)
-	}
-}

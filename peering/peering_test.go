@@ -557,7 +557,7 @@ func TestPeersCountDecisions(t *testing.T) {
 	if works[1] >= works[0] || works[2] <= works[0] {
 		t.Fatalf("routed work %v: want a held prompt lighter than the same one cold, the long one heaviest", works)
 	}
-	got := func() float64 { return b.byName(url).Routed().Value(0, router.RecentHalfLife) }
+	got := func() float64 { return b.node.Policy().RecentWork(b.byName(url)) }
 	heavyFirst := slices.Clone(works)
 	slices.Sort(heavyFirst)
 	slices.Reverse(heavyFirst)
@@ -568,7 +568,7 @@ func TestPeersCountDecisions(t *testing.T) {
 		t.Fatalf("r1's recent work on %s is %.4f, want the decayed sum of %v in some order (four decisions, each once)", url, v, works)
 	}
 	for _, other := range backendURLs {
-		if other != url && b.byName(other).Routed().Value(0, router.RecentHalfLife) != 0 {
+		if other != url && b.node.Policy().RecentWork(b.byName(other)) != 0 {
 			t.Fatalf("r1 counted a decision on %s, where r0 sent none", other)
 		}
 	}
@@ -590,8 +590,8 @@ func loadPair(t *testing.T) (a, b *replica) {
 	return a, b
 }
 
-// decayedSum is a backend.RecentSum's value after Adds of ws one tick apart, read at the
-// last: each Add decays the sum before it by 2^(−1 ÷ half-life).
+// decayedSum is a backend's recent share (router.Prefix.RecentWork) after decisions of ws
+// one tick apart, read at the last: each decays the sum before it by 2^(−1 ÷ half-life).
 func decayedSum(ws ...int64) float64 {
 	v := 0.0
 	for _, w := range ws {
@@ -641,7 +641,7 @@ func TestSplitGroupCountedOnceInAnyOrder(t *testing.T) {
 	for i := len(packets) - 1; i >= 0; i-- {
 		b.node.receive(packets[i])
 	}
-	if v := b.byName(backendURLs[1]).Routed().Value(0, router.RecentHalfLife); !inSomeOrder(v, works) {
+	if v := b.node.Policy().RecentWork(b.byName(backendURLs[1])); !inSomeOrder(v, works) {
 		t.Fatalf("recent work %.4f after %d packets in reverse, want the decayed sum of %v in some order (three decisions, each once)", v, len(packets), works)
 	}
 }

@@ -330,7 +330,7 @@ func TestHeldDecisionCountedOnce(t *testing.T) {
 	}
 	testutil.Eventually(t, wait, "b records the kept hashes", func() bool { return b.node.Policy().Index().Entries() > 0 })
 	barrier(t, a, b, url) // a group counted twice has arrived by then
-	got := b.byName(url).Routed().Value(0, router.RecentHalfLife)
+	got := b.node.Policy().RecentWork(b.byName(url))
 	if want := float64(d.PrefillWork); math.Abs(got-want) > 1e-9*want {
 		t.Errorf("b's recent work on %s is %.6f, want %.0f: the held decision counted once", url, got, want)
 	}
@@ -350,7 +350,7 @@ func TestUnstampedDecisionNoDelay(t *testing.T) {
 	url := backendURLs[1]
 	a.node.q.push(a.byName(url).ID, 0, 1000, nil, &a.node.m)
 	testutil.Eventually(t, wait, "b counts the unstamped decision", func() bool {
-		return b.byName(url).Routed().Value(0, router.RecentHalfLife) > 0
+		return b.node.Policy().RecentWork(b.byName(url)) > 0
 	})
 	for _, c := range []struct {
 		who string

@@ -78,7 +78,7 @@ type cand struct {
 	foreign int64   // requests the replica reported beyond this proxy's and its peers' (ScrapedExcess)
 	kvUsage float64 // reported KV-cache usage, 0..1 (0: unknown)
 	alone   bool    // every request the replica finished lately came through this proxy
-	recent  float64 // prefill work (tokens) this policy routed there lately (backend.Routed, RecentHalfLife)
+	recent  float64 // prefill work (tokens) this policy routed there lately (Prefix.RecentWork, RecentHalfLife)
 	rate    float64 // learned prefill tokens/s (0: not yet)
 	base    float64 // learned seconds to first token with no prefill (0: not yet)
 	decodes int64   // this proxy's streamed requests decoding there (backend.Decoding)

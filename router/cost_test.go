@@ -351,7 +351,7 @@ func TestPreviewCountsNothing(t *testing.T) {
 	for _, k := range []*key.Key{long, short} {
 		before := make([]float64, len(bs))
 		for i, b := range bs {
-			before[i] = b.Routed().Value(0, RecentHalfLife)
+			before[i] = p.RecentWork(b)
 		}
 		mean := p.meanWork.Mean()
 		first := d.Preview(k, bs)
@@ -361,7 +361,7 @@ func TestPreviewCountsNothing(t *testing.T) {
 			}
 		}
 		for i, b := range bs {
-			if v := b.Routed().Value(0, RecentHalfLife); v != before[i] {
+			if v := p.RecentWork(b); v != before[i] {
 				t.Fatalf("%s's recent count went from %v to %v with Previews only", b.Name, before[i], v)
 			}
 		}

@@ -107,7 +107,7 @@ type CandidateEstimate struct {
 	// there plus ForeignRequests.
 	InFlight int64 `json:"in_flight"`
 	// RecentWork is the decaying sum of the prefill work (tokens, Prefix.RoutedWork) routed
-	// there lately (backend.Routed, RecentHalfLife; the peers' too when peered) by which
+	// there lately (Prefix.RecentWork, RecentHalfLife; the peers' too when peered) by which
 	// near-ties for a new prefix are ranked first; 0 where it is not read (near-ties by the
 	// ring, or in-flight alone).
 	RecentWork float64 `json:"recent_work_tokens"`

@@ -72,7 +72,7 @@ type PrefixOptions struct {
 	// such as a system prompt many conversations share) counts as none among them on a
 	// holder above thinMatchLoad × their mean load, and a prefixlb replica alone
 	// (TieBreakAuto) sends a new prefix to the near-tie it routed the least prefill work to
-	// lately (backend.Routed, RoutedWork, RecentHalfLife) before the in-flight count: between
+	// lately (RecentWork, RoutedWork, RecentHalfLife) before the in-flight count: between
 	// turns a conversation has nothing in flight where it is served, and a 100k-token prompt
 	// costs its replica what thousands of short ones do. Under the ring (and with
 	// spreading off) a thin match still counts. Either way a match of the first chunk alone
@@ -140,18 +140,20 @@ type Prefix struct {
 	idx   *index.Index
 	ring  atomic.Pointer[placement]
 	next  atomic.Uint64
-	seq   atomic.Uint64 // decisions so far: the clock of backend.Routed
-	// peerRoutes: the peers' decisions are counted too (CountPeerRoutes), so that
-	// backend.Routed is the fleet's recent share and TieBreakLoad ranks by it.
+	seq   atomic.Uint64 // decisions so far: the clock of the recent shares (policySlot.recent)
+	// peerRoutes: the peers' decisions are counted too (CountPeerRoutes), so that the
+	// recent share is the fleet's and TieBreakLoad ranks by it.
 	peerRoutes atomic.Bool
+	// slots is the policy's own state per backend (slots.go): the recent shares.
+	slots slotTable
 }
 
 // RecentHalfLife is the half-life, in routing decisions, of a backend's sum of the prefill
-// work routed to it (backend.Routed, RoutedWork), by which a prefixlb replica alone, or peered
-// replicas counting one another's decisions (CountPeerRoutes), break near-ties for new
-// prefixes: about the last 185 decisions (128 ÷ ln 2) count, more than a few rounds of turns
-// of the conversations in flight, so that a conversation between turns still counts where it
-// is served.
+// work routed to it (its recent share: RoutedWork, RecentWork), by which a prefixlb replica
+// alone, or peered replicas counting one another's decisions (CountPeerRoutes), break
+// near-ties for new prefixes: about the last 185 decisions (128 ÷ ln 2) count, more than a
+// few rounds of turns of the conversations in flight, so that a conversation between turns
+// still counts where it is served.
 const RecentHalfLife = 128
 
 // placement is an immutable ring over the configured backends.
@@ -207,9 +209,9 @@ func NewPrefix(o PrefixOptions, clock func() time.Time) *Prefix {
 
 // SetBackends installs all configured backends (healthy or not): it rebuilds the hash ring
 // and swaps it in when the backends or their weights changed, reads their KV capacities
-// again, and drops the index entries of backends no longer listed. Call it at start, on
-// every reload and when a capacity changed (a scrape's cache_config_info), which keeps the
-// ring.
+// again, and drops the index entries and recent shares of backends no longer listed. Call it
+// at start, on every reload and when a capacity changed (a scrape's cache_config_info),
+// which keeps the ring.
 func (p *Prefix) SetBackends(all []*backend.Backend) {
 	ms := make([]hashring.Member, len(all))
 	ids := make([]uint64, len(all))
@@ -221,6 +223,7 @@ func (p *Prefix) SetBackends(all []*backend.Backend) {
 		p.ring.Store(&placement{ring: hashring.New(ms), ids: ids, members: ms})
 	}
 	p.idx.SetBackends(all)
+	p.slots.set(all)
 	p.bindFleets(slices.Clone(all))
 }
 
@@ -285,12 +288,12 @@ func (p *Prefix) costInput(k *key.Key) costInput {
 // TieBreakLoad once the peers' decisions are counted too (CountPeerRoutes).
 func (p *Prefix) noteRouted(b *backend.Backend, work int64) {
 	if p.sel.spread && (p.sel.auto || p.peerRoutes.Load()) {
-		b.Routed().Add(p.seq.Add(1), RecentHalfLife, float64(work))
+		p.slots.of(b).recent.Add(p.seq.Add(1), RecentHalfLife, float64(work))
 	}
 }
 
 // RoutedWork is what a decision sending k to a backend that holds its first matched chunks
-// adds to that backend's recent share (backend.Routed): PrefillWork of the prompt after
+// adds to that backend's recent share (RecentWork): PrefillWork of the prompt after
 // those chunks, in tokens, at least 1; for a body that did not parse (k nil, not OK, or no
 // prompt tokens) the mean prefill work this policy routes (1 before any). Peered replicas
 // send it with each decision they learn (package peering; a body that did not parse is not
@@ -310,7 +313,7 @@ func (p *Prefix) RoutedWork(k *key.Key, matched int) int64 {
 }
 
 // CountPeerRoutes makes the recent share by which near-ties for new prefixes are ranked
-// (backend.Routed, RecentHalfLife) the fleet's: from then on NotePeerRouted counts the
+// (RecentWork, RecentHalfLife) the fleet's: from then on NotePeerRouted counts the
 // decisions of the prefixlb replicas this one is peered with (package peering), with its
 // own, on one clock, and TieBreakLoad ranks near-ties by that share before their in-flight
 // requests, as a replica alone does under TieBreakAuto. It does nothing under another
@@ -327,8 +330,20 @@ func (p *Prefix) CountPeerRoutes() {
 // RoutedWork; see CountPeerRoutes). It does nothing unless CountPeerRoutes took effect.
 func (p *Prefix) NotePeerRouted(b *backend.Backend, work int64) {
 	if p.peerRoutes.Load() {
-		b.Routed().Add(p.seq.Add(1), RecentHalfLife, float64(work))
+		p.slots.of(b).recent.Add(p.seq.Add(1), RecentHalfLife, float64(work))
 	}
+}
+
+// RecentWork is b's recent share: the prefill work (tokens, RoutedWork) this policy counted
+// for decisions sending prompts there, its peers' too with CountPeerRoutes, decayed by
+// RecentHalfLife to the last decision counted anywhere. 0 for a backend with none counted;
+// nothing is counted unless a tie-break reads it (see PrefixOptions.NoSpreadNewPrefixes).
+func (p *Prefix) RecentWork(b *backend.Backend) float64 {
+	s := p.slots.peek(b)
+	if s == nil {
+		return 0
+	}
+	return s.recent.Value(p.seq.Load(), RecentHalfLife)
 }
 
 // selection is p.sel with what CountPeerRoutes turned on and what k says of its first turn.
@@ -351,19 +366,20 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 	matched = matched[:n]
 	p.idx.Match(k.Chunks, candidates, matched)
 	for j, b := range candidates {
+		// Each group of the backend's state read once: the health checker's report, the
+		// peers' load, this proxy's counts and the settings (backend.Backend).
+		rep, peers, own, set := b.HealthReport(), b.PeerLoad(), b.Counts(), b.Settings()
 		// Peers' (peering) in-flight requests are known, and their queued prefill tokens:
 		// they count as queued work, not as foreign requests of unknown size. Beyond them
 		// and this proxy's own, what the replica's last scrape reported when it was read
-		// (backend.ScrapedExcess), not beyond the in-flight count now, which would also take
+		// (HealthReport.Excess), not beyond the in-flight count now, which would also take
 		// this proxy's and its peers' requests answered since the scrape (up to an interval
 		// old) for other senders' work and send bursts away from replicas that had just
-		// answered. inFlight below is backend.Busy, read once with its parts.
-		own, foreign := b.InFlight(), b.ScrapedExcess()
-		alone := b.OtherSenders() == backend.SendersAlone
-		c := cand{id: b.ID, inFlight: own + b.PeerInFlight() + foreign, weight: b.Weight(), matched: matched[j],
-			queued: b.QueuedPrefill(now), own: own, pending: b.PrefillRequests(),
-			foreign: foreign, kvUsage: b.KVUsage(), alone: alone}
-		c.decodes, c.context = b.Decoding()
+		// answered. inFlight below is backend.Busy, from the same reads.
+		c := cand{id: b.ID, inFlight: own.InFlight + peers.InFlight + rep.Excess, weight: set.Weight, matched: matched[j],
+			queued: b.QueuedPrefill(now), own: own.InFlight, pending: own.PrefillRequests,
+			foreign: rep.Excess, kvUsage: rep.KVUsage, alone: rep.Senders == backend.SendersAlone,
+			decodes: own.Decoding, context: own.DecodingTokens}
 		c.rate, _ = b.Prefill().Rate()
 		if base, ok := b.Prefill().Base(); ok {
 			c.base = base.Seconds()
@@ -384,7 +400,9 @@ func (p *Prefix) snapshot(k *key.Key, candidates []*backend.Backend, matched []i
 		// near-ties by recent share (pickCost): a lock and an exp2 per candidate that every
 		// other decision skips.
 		for j, b := range candidates {
-			cs[j].recent = b.Routed().Value(seq, RecentHalfLife)
+			if ps := p.slots.peek(b); ps != nil {
+				cs[j].recent = ps.recent.Value(seq, RecentHalfLife)
+			}
 		}
 	}
 	return cs

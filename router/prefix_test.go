@@ -978,7 +978,7 @@ func TestRecentShareWeighsWork(t *testing.T) {
 		got := p.Pick(k, bs)
 		if got.Backend == d.Backend {
 			t.Fatalf("short prompt %d went to %s, which took the %d-token prompt; want the other (recent work %v / %v)",
-				i, got.Backend.Name, long.PromptTokens, bs[0].Routed().Value(0, RecentHalfLife), bs[1].Routed().Value(0, RecentHalfLife))
+				i, got.Backend.Name, long.PromptTokens, p.RecentWork(bs[0]), p.RecentWork(bs[1]))
 		}
 		p.Learn(k, got.Backend, got.MatchedChunks)
 	}
@@ -988,7 +988,7 @@ func TestRecentShareWeighsWork(t *testing.T) {
 	k1 := routedKey(first)
 	d1 := p.Pick(k1, bs)
 	p.Learn(k1, d1.Backend, d1.MatchedChunks)
-	before := d1.Backend.Routed().Value(0, RecentHalfLife)
+	before := p.RecentWork(d1.Backend)
 	k2 := routedKey(first.extend("follow-up", 8))
 	d2 := p.Pick(k2, bs)
 	if d2.Backend != d1.Backend || d2.MatchedChunks != 32 {
@@ -998,7 +998,7 @@ func TestRecentShareWeighsWork(t *testing.T) {
 	if w >= p.RoutedWork(k2, 0) {
 		t.Fatalf("follow-up's work %d not below its cold work %d", w, p.RoutedWork(k2, 0))
 	}
-	if got, want := d1.Backend.Routed().Value(0, RecentHalfLife), before*math.Exp2(-1/float64(RecentHalfLife))+float64(w); math.Abs(got-want) > 1e-6 {
+	if got, want := p.RecentWork(d1.Backend), before*math.Exp2(-1/float64(RecentHalfLife))+float64(w); math.Abs(got-want) > 1e-6 {
 		t.Fatalf("recent work after the follow-up %.3f, want %.3f (its work after the held history, %d)", got, want, w)
 	}
 	tests := []struct {

@@ -41,16 +41,24 @@ func newPreviewWorld(t *testing.T, mode string) previewWorld {
 // prefill work, and each backend's recent share.
 func (w previewWorld) state() string {
 	st, _ := w.d.ShadowStats()
-	var mean float64
-	switch p := w.d.Policy().(type) {
+	var p *Prefix
+	switch pol := w.d.Policy().(type) {
 	case *Prefix:
-		mean = p.meanWork.Mean()
+		p = pol
 	case *Shadow:
-		mean = p.prefix.meanWork.Mean()
+		p = pol.prefix
+	}
+	var mean float64
+	if p != nil {
+		mean = p.meanWork.Mean()
 	}
 	s := fmt.Sprintf("shadow %+v mean work %v", st, mean)
 	for _, b := range w.bs {
-		s += fmt.Sprintf(" %s recent %v", b.Name, b.Routed().Value(0, RecentHalfLife))
+		var recent float64
+		if p != nil {
+			recent = p.RecentWork(b)
+		}
+		s += fmt.Sprintf(" %s recent %v", b.Name, recent)
 	}
 	return s
 }
