@@ -402,3 +402,87 @@ func TestPickCostAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestLoadCap(t *testing.T) {
+	tests := []struct {
+		total   int64
+		w, wsum int
+		c       float64
+		margin  int64
+		want    int64
+	}{
+		{0, 1, 4, 1.25, 2, 3},                    // ceil(1.25/4)=1, +2
+		{3, 1, 4, 1.25, 2, 4},                    // ceil(5/4)=2
+		{99, 1, 4, 1.25, 2, 34},                  // ceil(125/4)=32
+		{99, 2, 5, 1.25, 0, 50},                  // a weight-2 backend of 5 units
+		{7, 1, 8, 1.0, 0, 1},                     // c=1: exactly the average
+		{1000, 1, 3, 1.25, 2, 420},               // ceil(1251.25/3)=418
+		{5, 1, 4, math.Inf(1), 2, math.MaxInt64}, // no cap, not MinInt64
+		{5, 1, 4, 1e30, 2, math.MaxInt64},
+	}
+	for _, tt := range tests {
+		if g := loadCap(tt.total, tt.w, tt.wsum, tt.c, tt.margin); g != tt.want {
+			t.Errorf("loadCap(%d, %d/%d, c=%v, m=%d) = %d, want %d", tt.total, tt.w, tt.wsum, tt.c, tt.margin, g, tt.want)
+		}
+	}
+}
+
+// The selection on hand-made snapshots: prompt of 10 chunks (528 tokens), learned prefill
+// rate 10k tokens/s and base 20 ms unless a case says otherwise.
+func TestPickCostSnapshots(t *testing.T) {
+	chunks := chunkChain(nil).extend("x", 10)
+	prompt := int64(key.PrefixTokens(10, key.DefaultChunkTokens))
+	c := func(id uint64, inFlight int64, matched int, queued int64) cand {
+		return cand{id: id, inFlight: inFlight, weight: 1, matched: matched, queued: queued, rate: 10_000, base: 0.020}
+	}
+	with := func(x cand, f func(*cand)) cand { f(&x); return x }
+	tests := []struct {
+		name     string
+		cs       []cand
+		meanWork float64
+		want     uint64
+		reason   Reason
+	}{
+		{"longest match", []cand{c(1, 0, 2, 0), c(2, 0, 7, 0), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
+		{"match beats a lower request count", []cand{c(1, 0, 2, 0), c(2, 2, 7, 0), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
+		{"a queue costs more than the match saves", []cand{c(1, 0, 2, 0), c(2, 1, 7, 5000), c(3, 0, 0, 0)}, 0, 1, ReasonOverload},
+		{"a small queue is worth the match", []cand{c(1, 0, 2, 0), c(2, 1, 7, 200), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
+		// 9 of 10 in flight: over the cap ceil(1.25 × 11 / 3) + 2 = 7, under the hard cap
+		// ceil(2.5 × 11 / 3) + 2 = 12.
+		{"over the cap, fastest: kept", []cand{c(1, 9, 8, 0), c(2, 1, 4, 0), c(3, 0, 0, 0)}, 0, 1, ReasonMatch},
+		{"over the cap, slower than one under it: next best", []cand{c(1, 9, 8, 1500), c(2, 1, 4, 0), c(3, 0, 0, 0)}, 0, 2, ReasonOverload},
+		// 30 of 31 in flight: over the hard cap ceil(2.5 × 32 / 3) + 2 = 29.
+		{"best over the hard cap: next best", []cand{c(1, 30, 8, 0), c(2, 1, 4, 0), c(3, 0, 0, 0)}, 0, 2, ReasonOverload},
+		{"only holder over the hard cap", []cand{c(1, 30, 8, 0), c(2, 1, 0, 0), c(3, 0, 0, 0)}, 0, 3, ReasonOverload},
+		{"all at the cap: least estimate", []cand{c(1, 9, 8, 0), c(2, 9, 0, 0), c(3, 9, 0, 0)}, 0, 1, ReasonMatch},
+		{"common prefix does not decide: least work", []cand{c(1, 0, 5, 300), c(2, 0, 5, 0), c(3, 0, 5, 100)}, 0, 2, ReasonCold},
+		{"a full KV cache discounts the match", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 200), func(x *cand) { x.kvUsage = 1 }), c(3, 0, 0, 0)}, 0, 1, ReasonOverload},
+		{"the same match on a cache with room", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 200), func(x *cand) { x.kvUsage = 0.5 }), c(3, 0, 0, 0)}, 0, 2, ReasonMatch},
+		{"other clients' requests count", []cand{c(1, 0, 2, 0), with(c(2, 0, 7, 0), func(x *cand) { x.foreign = 6 }), c(3, 0, 0, 0)}, 300, 1, ReasonOverload},
+		{"a faster replica wins a cold prompt", []cand{c(1, 0, 0, 0), with(c(2, 0, 0, 0), func(x *cand) { x.rate = 40_000 }), c(3, 0, 0, 0)}, 0, 2, ReasonCold},
+		{"an unlearned replica takes the fleet's median", []cand{c(1, 0, 0, 50), with(c(2, 0, 0, 0), func(x *cand) { x.rate, x.base = 0, 0 }), c(3, 0, 0, 50)}, 0, 2, ReasonCold},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cs := slices.Clone(tt.cs)
+			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tt.meanWork})
+			j, r := pickCost(chunks, cs, testSel(0, false), nil)
+			if cs[j].id != tt.want || r != tt.reason {
+				t.Errorf("picked %d (%s), want %d (%s); estimates %v", cs[j].id, r, tt.want, tt.reason, ests(cs))
+			}
+		})
+	}
+}
+
+// testSel is the default caps (1.25, hard 2.5, margin 2) with a tie margin and tie-break.
+func testSel(tieMargin float64, loadFirst bool) selection {
+	return selection{loadFactor: DefaultLoadFactor, hardFactor: DefaultHardLoadFactor, margin: DefaultLoadMargin, tieMargin: tieMargin, loadFirst: loadFirst}
+}
+
+func ests(cs []cand) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, fmt.Sprintf("%d:%.1fms", c.id, c.est*1000))
+	}
+	return out
+}

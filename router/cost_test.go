@@ -481,3 +481,61 @@ func TestFleetModelOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefillWork: n uncached tokens after h cached ones cost n × (1 + (h + n/2) ÷ 32768),
+// rounded, at least 1.
+func TestPrefillWork(t *testing.T) {
+	for _, tc := range []struct{ prompt, held, want int64 }{
+		{592, 0, 597},           // 592 × (1 + 296/32768) = 597.35
+		{592, 400, 195},         // 192 × (1 + 496/32768) = 194.9
+		{120_000, 0, 339_727},   // 120k × (1 + 60k/32768) = 339,726.6: 2.8× its tokens
+		{20_000, 17_000, 4_694}, // 3k × (1 + 18.5k/32768) = 4,693.7
+		{10, 10, 1},             // fully held: one token
+		{10, 20, 1},             // held beyond the prompt: one token
+		{0, 0, 1},               // nothing: one token
+		{32_768, 0, 49_152},     // exactly 1.5×
+		{1, -5, 1},              // a negative held is none
+	} {
+		if got := PrefillWork(tc.prompt, tc.held); got != tc.want {
+			t.Errorf("PrefillWork(%d, %d) = %d, want %d", tc.prompt, tc.held, got, tc.want)
+		}
+	}
+}
+
+// TestEstimate: the estimate is base + work ÷ rate, with the documented defaults and
+// discounts; work is the queued work plus this prompt's (TestPrefillWork's formula).
+func TestEstimate(t *testing.T) {
+	prompt := int64(key.PrefixTokens(10, key.DefaultChunkTokens)) // 528
+	held7 := float64(key.PrefixTokens(7, key.DefaultChunkTokens)) // 336
+	work := func(held float64) float64 {                          // the prompt's tokens after held
+		n := float64(prompt) - held
+		return math.Round(n * (1 + (held+n/2)/32768))
+	}
+	for _, tc := range []struct {
+		name  string
+		c     cand
+		mean  float64
+		want  float64 // seconds
+		fleet [2]float64
+	}{
+		{"cold", cand{rate: 10_000, base: 0.02}, 0, 0.02 + work(0)/10_000, [2]float64{}},
+		{"held and queued", cand{rate: 10_000, base: 0.02, matched: 7, queued: 1000}, 0, 0.02 + (1000+work(held7))/10_000, [2]float64{}},
+		{"foreign requests at the mean work, half waiting", cand{rate: 10_000, base: 0.02, foreign: 2}, 250, 0.02 + (0.5*500+work(0))/10_000, [2]float64{}},
+		{"foreign requests waiting as this proxy's do", cand{rate: 10_000, base: 0.02, foreign: 2, own: 4, pending: 1}, 250, 0.02 + (0.25*500+work(0))/10_000, [2]float64{}},
+		{"held at 95% usage counts 75%", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 0.95}, 0, 0.02 + work(0.75*held7)/10_000, [2]float64{}},
+		{"held at 100% usage counts half", cand{rate: 10_000, base: 0.02, matched: 7, kvUsage: 1}, 0, 0.02 + work(0.5*held7)/10_000, [2]float64{}},
+		{"nothing learned: the defaults", cand{}, 0, backend.DefaultPrefillBase.Seconds() + work(0)/backend.DefaultPrefillRate, [2]float64{}},
+		{"a fully held prompt still computes one token", cand{rate: 10_000, base: 0.02, matched: 10}, 0, 0.02 + 1.0/10_000, [2]float64{}},
+		{"nothing learned here: the pooled fleet model", cand{queued: 3000}, 0, 0.005 + (3000+work(0))/150_000, [2]float64{150_000, 0.005}},
+		{"learned here: the fleet model does not count", cand{rate: 10_000, base: 0.02}, 0, 0.02 + work(0)/10_000, [2]float64{150_000, 0.005}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := []cand{tc.c}
+			cs[0].fleetRate, cs[0].fleetBase = tc.fleet[0], tc.fleet[1]
+			estimate(cs, costInput{promptTokens: prompt, chunkTokens: key.DefaultChunkTokens, meanWork: tc.mean})
+			if d := cs[0].est - tc.want; d > 1e-12 || d < -1e-12 {
+				t.Fatalf("estimate %.6f s, want %.6f s", cs[0].est, tc.want)
+			}
+		})
+	}
+}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/hashring"
-	"github.com/prefixlb/prefixlb/internal/splitmix"
 	"github.com/prefixlb/prefixlb/router/index"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -461,31 +460,6 @@ func (p *Prefix) Unlearn(k *key.Key, b *backend.Backend, l Learned) {
 		return
 	}
 	p.idx.Forget(k.Chunks, b, index.Stamp(l))
-}
-
-// loadCap is the bounded-load cap of a backend of weight w: ceil(c·(total+1)·w/W) + margin.
-// The +1 counts the request being placed; the margin keeps low load from flapping, where
-// the relative bound alone is a request or two.
-func loadCap(total int64, w, wsum int, loadFactor float64, margin int64) int64 {
-	c := math.Ceil(loadFactor * float64(total+1) * float64(w) / float64(wsum))
-	if !(c < math.MaxInt32) { // an infinite or huge factor: no cap (int64(+Inf) is MinInt64)
-		return math.MaxInt64
-	}
-	return int64(c) + margin
-}
-
-// lighter ranks a before b by in-flight requests per weight, then pending prefill tokens
-// per weight, then a hash of (salt, backend ID), salt a chunk of the prompt's (pickCost's:
-// the last of its head chunks): deterministic, the same in every prefixlb replica, and
-// different per prompt so that ties do not all go one way.
-func lighter(a, b *cand, first uint64) bool {
-	if c := lessLoaded(a, b, false); c != 0 {
-		return c < 0
-	}
-	if l, r := a.queued*int64(b.weight), b.queued*int64(a.weight); l != r {
-		return l < r
-	}
-	return splitmix.Mix(first^a.id) < splitmix.Mix(first^b.id)
 }
 
 var (
