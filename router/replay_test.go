@@ -10,7 +10,8 @@ package router
 // scenarios played on a Prefix policy through its public API: backends' configured and
 // reported state, in-flight requests, learned rates, then a sequence of prompts (chained
 // chunk hashes of conversations, shared openings, short prompts) picked, learned, unlearned
-// and explained, with every Decision. Both are written by the generators below with
+// and explained, with every Decision. Both are written by the generators (genCostCases in
+// replay_cost_test.go, genScenarios in replay_policy_test.go) with
 // -update-replay and must then be committed: regenerating them on changed code defeats them.
 //
 // Decisions, reasons, matches and token counts must be equal; estimates equal within a
