@@ -527,7 +527,10 @@ func (e *Engine) preempt(r *Request) {
 // seqLen is r's sequence length: prompt and generated tokens.
 func (r *Request) seqLen() int { return r.promptLen + r.gen }
 
-// hashOf returns the chained hash of r's block k, computing and remembering it if needed.
+// hashOf returns the chained hash of r's block k, computing and remembering it if needed. A
+// block past the tokens generated so far is hashed with the tokens r will generate (they are
+// a function of its prompt), so Predict can follow a request's blocks ahead of the engine;
+// k < (promptLen+maxTokens)/BlockSize.
 func (e *Engine) hashOf(r *Request, k int) uint64 {
 	bs := e.cfg.BlockSize
 	for len(r.hashes) <= k {
@@ -536,7 +539,14 @@ func (e *Engine) hashOf(r *Request, k int) uint64 {
 		if j > 0 {
 			parent = r.hashes[j-1]
 		}
-		r.hashes = append(r.hashes, blockHash(parent, r.tokens[j*bs:(j+1)*bs]))
+		ids := r.tokens[min(j*bs, len(r.tokens)):min((j+1)*bs, len(r.tokens))]
+		if len(ids) < bs {
+			ids = append(make([]uint32, 0, bs), ids...)
+			for i := j*bs + len(ids) - r.promptLen; len(ids) < bs; i++ {
+				ids = append(ids, r.outputID(i))
+			}
+		}
+		r.hashes = append(r.hashes, blockHash(parent, ids))
 	}
 	return r.hashes[k]
 }

@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -518,4 +520,54 @@ func TestRandomWorkloadInvariants(t *testing.T) {
 		t.Errorf("hits %d, cached blocks %d", s.PrefixHits, s.CachedBlocks)
 	}
 	t.Logf("%d requests, %d steps, %d preemptions, hit ratio %.2f", len(all), c.steps, s.Preemptions, float64(s.PrefixHits)/float64(s.PrefixQueries))
+}
+
+// TestHashAheadMatchesGenerated: hashing a request's blocks before it generated their tokens
+// (as Predict does) gives the hashes of the tokens it then generates, so the blocks it
+// registers are the ones a next turn finds.
+func TestHashAheadMatchesGenerated(t *testing.T) {
+	cfg := testConfig()
+	for _, p := range []int{1, 15, 16, 40, 100} {
+		c := &clock{t: t, e: NewEngine(cfg)}
+		ahead := NewRequest(prompt(0, p), 70, 7, false, false)
+		c.add(ahead)
+		c.step()
+		for k := range (p + 70) / 16 {
+			c.e.hashOf(ahead, k) // before the tokens exist
+		}
+		early := append([]uint64(nil), ahead.hashes...)
+		c.until(ahead.Done, 200)
+		fresh := &Request{tokens: ahead.tokens, promptLen: p, seed: 7}
+		for k, h := range early {
+			if h != c.e.hashOf(fresh, k) {
+				t.Fatalf("prompt %d: block %d hashed ahead differs from the generated one", p, k)
+			}
+		}
+		next := NewRequest(append(append([]uint32(nil), ahead.tokens...), prompt(900, 5)...), 1, 7, false, false)
+		c.add(next)
+		c.until(next.Done, 200)
+		if want := (p + 69) / 16 * 16; next.CachedTokens() != want {
+			t.Errorf("prompt %d: next turn cached %d tokens, want %d", p, next.CachedTokens(), want)
+		}
+	}
+}
+
+// TestPreemptionsInMetrics: the engine's preemption count is exported under vLLM's name.
+func TestPreemptionsInMetrics(t *testing.T) {
+	cfg := testConfig()
+	cfg.NumGPUBlocks = 10
+	c := &clock{t: t, e: NewEngine(cfg)}
+	a, b := NewRequest(prompt(0, 96), 10, 1, false, false), NewRequest(prompt(5000, 64), 10, 1, false, false)
+	c.add(a)
+	c.add(b)
+	c.until(func() bool { return a.Done() && b.Done() }, 100)
+	s := c.e.Stats()
+	if s.Preemptions != 1 {
+		t.Fatalf("%d preemptions, want 1", s.Preemptions)
+	}
+	var buf bytes.Buffer
+	writeMetrics(&buf, &s, &cfg, 0)
+	if want := "vllm:num_preemptions_total{engine=\"0\",model_name=\"" + cfg.Model + "\"} 1\n"; !strings.Contains(buf.String(), want) {
+		t.Errorf("/metrics lacks %q", want)
+	}
 }
