@@ -20,8 +20,13 @@
 //     is always recomputed, as in vLLM); those tokens skip prefill and are reported in
 //     usage.prompt_tokens_details.cached_tokens. Generated tokens are cached as well, so the
 //     next turn of a conversation that echoes the answer hits it.
-//   - Admission reserves KV blocks for the prompt and all max_tokens at once; a request that
-//     does not fit waits (no preemption) and holds back those behind it.
+//   - Admission and preemption as vLLM V1 does them (Engine has the rules and their sources):
+//     a waiting request is admitted when its whole sequence fits in the free KV blocks now,
+//     nothing is reserved for the tokens it will generate, and blocks are allocated step by
+//     step; when a running request cannot get a block, the most recently admitted running
+//     request is preempted by recompute (blocks released, back to the front of the queue),
+//     counted in vllm:num_preemptions_total. A request that does not fit waits and holds back
+//     those behind it.
 //   - The sim's own tokenizer (Tokenize): words, digit groups, symbol pairs, newlines, about 4
 //     bytes per token on English prose; not the router's bytes÷4 chunks. Chat messages go
 //     through a simple chat template (request.go) so that multi-turn chats share prefixes.

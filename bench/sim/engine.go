@@ -14,22 +14,48 @@ import (
 // model time pass (a sleep in a Replica, an addition in a test), then calls Complete with the
 // model time at the end of the step. Requests arriving or aborted meanwhile join the next step.
 //
-// One step, as vLLM V1 schedules it:
-//   - running requests first, in admission order: one still in prefill takes the next chunk of
-//     its prompt (at most the remaining token budget: chunked prefill), a decoding one takes
-//     one token of the budget;
-//   - then waiting requests, first come first served, while the budget, MaxNumSeqs and the KV
-//     cache allow: on admission the request's longest cached prefix (full blocks) is pinned and
-//     skipped, and blocks for the rest of its prompt plus max_tokens are reserved. The first
-//     waiting request that does not fit blocks those behind it (no preemption: it waits).
+// A request's sequence is its prompt then the tokens generated so far; each step computes the
+// KV of some of the tokens not yet computed, as vLLM's scheduler does (no prefill or decode
+// phase, just num_computed_tokens catching up with num_tokens). One step:
+//   - running requests first, in admission order: each takes its next tokens to compute, at
+//     most the remaining token budget (a prompt chunk: chunked prefill; one token when
+//     decoding). KV blocks are allocated as those tokens need them. When a running request
+//     cannot get a block, the most recently admitted running request (the last of the running
+//     list) is preempted, again until the block fits or the request preempted itself; that
+//     request is then not scheduled and the running pass stops;
+//   - then, only if nothing was preempted in this step, waiting requests in queue order while
+//     the budget, MaxNumSeqs and the KV cache allow: a request is admitted only if its whole
+//     sequence (prompt, plus the tokens generated before a preemption) fits in the free
+//     blocks beside its longest cached prefix (full blocks, pinned and skipped); blocks are then
+//     allocated for its first chunk only. The first waiting request that does not fit blocks
+//     those behind it. Nothing is reserved for the tokens still to generate: that is what
+//     preemption pays for.
 //   - duration = StepBase + PrefillPerToken × prefill tokens + PrefillPerTokenPerKContext ×
 //     Σ prefill token × its context/1000 + DecodePerSeq × decoding sequences +
 //     DecodePerContextToken × Σ decoding sequences' context lengths.
 //
+// Preemption is vLLM's recompute (V1 has no swap): the request's blocks are released (the
+// registered ones stay in the prefix cache, evictable), its computed tokens reset to 0, and it
+// goes back to the front of the waiting queue; on readmission it finds what is still cached of
+// its prompt and generated tokens and recomputes the rest as a prefill, whose last step yields
+// its next token. Its tokens already streamed stay streamed. Each preemption counts in
+// Stats.Preemptions (vllm:num_preemptions).
+//
 // A request's first token comes out of the step that finishes its prefill; each later step adds
 // one token, until exactly max_tokens. Blocks are registered in the prefix cache as soon as all
 // their tokens' KV is computed (prompt and generated tokens alike), and released when the
-// request finishes or is aborted.
+// request finishes, is preempted or is aborted.
+//
+// Sources (vllm-project/vllm, main, 2026): vllm/v1/core/sched/scheduler.py (Scheduler.schedule:
+// the running pass with allocate_slots and, for the FCFS policy, self.running.pop() as the
+// victim; no waiting admission in a step with preemptions; _preempt_request: free the blocks,
+// num_computed_tokens = 0, num_preemptions += 1, waiting.prepend_request);
+// vllm/v1/core/kv_cache_manager.py (allocate_slots: blocks for num_computed + num_new +
+// num_lookahead tokens; full_sequence_must_fit for waiting requests, from
+// SchedulerConfig.scheduler_reserve_full_isl, default True; watermark, default 0.0, applied to
+// waiting admissions only; get_computed_blocks: at most num_tokens-1 tokens hit);
+// vllm/v1/metrics/loggers.py (counter vllm:num_preemptions). Lookahead slots are 0 without
+// speculative decoding and the watermark is 0 by default, so the sim models neither.
 //
 // An Engine is not safe for concurrent use; Replica serialises it with a mutex.
 type Engine struct {
@@ -50,7 +76,7 @@ type Engine struct {
 
 type planItem struct {
 	r       *Request
-	prefill int // prompt tokens computed in this step; 0 = one decode token
+	prefill int // tokens computed in this step as a prefill (prompt or recompute); 0 = one decode token
 }
 
 type reqState int32
@@ -79,9 +105,10 @@ type Request struct {
 	// Owned by the engine.
 	state        reqState
 	arrival      time.Duration
-	computed     int // prompt tokens whose KV exists (cached + prefilled)
-	cached       int
+	computed     int // tokens (prompt, then generated) whose KV exists: cached + computed
+	cached       int // prompt tokens found cached at the first admission
 	gen          int
+	preemptions  int
 	blocks       []int32
 	hashes       []uint64 // chained hashes of blocks 0..len-1
 	nreg         int      // blocks registered in the cache so far
@@ -252,7 +279,8 @@ func (e *Engine) Idle() bool { return e.nwait == 0 && len(e.running) == 0 }
 
 // Schedule plans the next step and returns its model duration; ok is false when there is
 // nothing to do (idle, or the queue head waits for KV blocks that no running request will free).
-// Calling it again before Complete returns the same plan.
+// Calling it again before Complete returns the same plan. Planning may preempt running
+// requests (see Engine).
 func (e *Engine) Schedule() (d time.Duration, ok bool) {
 	if e.planned {
 		return e.planDur, true
@@ -262,36 +290,37 @@ func (e *Engine) Schedule() (d time.Duration, ok bool) {
 	e.plan = e.plan[:0]
 	var prefill, decodeSeqs int
 	var prefillCtx, decodeCtx float64
+	preemptions := e.stats.Preemptions
 
-	for _, r := range e.running {
-		if budget == 0 {
-			break
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		r := e.running[i]
+		n := min(r.seqLen()-r.computed, budget)
+		if !e.grow(r, n) {
+			break // r preempted itself, and every request after it before that
 		}
-		if r.computed < r.promptLen {
-			chunk := min(r.promptLen-r.computed, budget)
-			budget -= chunk
-			prefill += chunk
-			prefillCtx += float64(chunk) * (float64(r.computed) + float64(chunk)/2)
-			e.plan = append(e.plan, planItem{r: r, prefill: chunk})
-		} else {
-			budget--
+		budget -= n
+		if n == 1 && r.gen > 0 {
 			decodeSeqs++
-			decodeCtx += float64(r.promptLen + r.gen)
+			decodeCtx += float64(r.seqLen())
 			e.plan = append(e.plan, planItem{r: r})
+		} else {
+			prefill += n
+			prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
+			e.plan = append(e.plan, planItem{r: r, prefill: n})
 		}
 	}
-	for budget > 0 && len(e.running) < cfg.MaxNumSeqs && e.nwait > 0 {
+	for e.stats.Preemptions == preemptions && budget > 0 && len(e.running) < cfg.MaxNumSeqs && e.nwait > 0 {
 		r := e.peekWaiting()
-		if !e.admit(r) {
+		n, ok := e.admit(r, budget)
+		if !ok {
 			break
 		}
 		e.popWaiting()
 		e.running = append(e.running, r)
-		chunk := min(r.promptLen-r.computed, budget)
-		budget -= chunk
-		prefill += chunk
-		prefillCtx += float64(chunk) * (float64(r.computed) + float64(chunk)/2)
-		e.plan = append(e.plan, planItem{r: r, prefill: chunk})
+		budget -= n
+		prefill += n
+		prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
+		e.plan = append(e.plan, planItem{r: r, prefill: n})
 	}
 	if len(e.plan) == 0 {
 		return 0, false
@@ -307,8 +336,8 @@ func (e *Engine) Schedule() (d time.Duration, ok bool) {
 	return d, true
 }
 
-// Complete applies the planned step, which ended at model time now: prefill progress, one token
-// per decoding request and per request whose prefill finished, finished requests leave.
+// Complete applies the planned step, which ended at model time now: computed tokens advance, a
+// request whose sequence is then all computed gets its next token, finished requests leave.
 func (e *Engine) Complete(now time.Duration) {
 	if !e.planned {
 		return
@@ -322,10 +351,12 @@ func (e *Engine) Complete(now time.Duration) {
 		}
 		if it.prefill > 0 {
 			r.computed += it.prefill
-			e.registerBlocks(r)
-			if r.computed < r.promptLen {
-				continue
-			}
+		} else {
+			r.computed++
+		}
+		e.registerBlocks(r)
+		if r.computed < r.seqLen() {
+			continue // a prefill chunk that is not the last
 		}
 		if e.emit(r, now) {
 			finished = true
@@ -358,7 +389,6 @@ func (e *Engine) emit(r *Request, now time.Duration) bool {
 		e.stats.TTFT.observe(r.TTFT().Seconds())
 		r.pubCached.Store(int32(r.cached))
 	}
-	e.registerBlocks(r)
 	r.pubGen.Store(int32(r.gen))
 	if r.gen < r.maxTokens {
 		if r.notifyEach || r.gen == 1 {
@@ -398,15 +428,19 @@ func (e *Engine) blocksFor(tokens int) int {
 	return (tokens + e.cfg.BlockSize - 1) / e.cfg.BlockSize
 }
 
-// admit tries to give r its cached prefix and the blocks for the rest; false if they do not fit.
-func (e *Engine) admit(r *Request) bool {
+// admit tries to admit waiting request r into a step with budget tokens left: it finds r's
+// longest cached prefix and, if r's whole sequence fits beside it in the free blocks (vLLM's
+// full_sequence_must_fit admission), pins that prefix and allocates blocks for r's first chunk,
+// which it returns. false: r does not fit and stays waiting.
+func (e *Engine) admit(r *Request, budget int) (chunk int, ok bool) {
 	if r.triedAt != 0 && r.triedAt == e.kv.version+1 {
-		return false // no block was freed or cached since the last attempt
+		return 0, false // no block was freed or cached since the last attempt
 	}
 	bs := e.cfg.BlockSize
-	// Like vLLM, at least the last prompt token is always computed (its logits are needed), so
-	// at most (promptLen-1)/bs full blocks can hit.
-	maxHit := (r.promptLen - 1) / bs
+	seq := r.seqLen()
+	// Like vLLM, at least the last token is always computed (its logits are needed), so at most
+	// (seq-1)/bs full blocks can hit.
+	maxHit := (seq - 1) / bs
 	hits := e.hitsBuf[:0]
 	pinnedFree := 0
 	for k := 0; k < maxHit; k++ {
@@ -420,29 +454,83 @@ func (e *Engine) admit(r *Request) bool {
 		}
 	}
 	e.hitsBuf = hits
-	need := e.blocksFor(r.promptLen+r.maxTokens) - len(hits)
-	if e.kv.numFree()-pinnedFree < need {
+	if e.kv.numFree()-pinnedFree < e.blocksFor(seq)-len(hits) {
 		r.triedAt = e.kv.version + 1
-		return false
+		return 0, false
 	}
-	r.blocks = make([]int32, 0, len(hits)+need)
+	if cap(r.blocks) == 0 {
+		r.blocks = make([]int32, 0, e.blocksFor(r.promptLen+r.maxTokens))
+	}
 	for _, b := range hits {
 		e.kv.touch(b)
 		r.blocks = append(r.blocks, b)
 	}
+	r.computed = len(hits) * bs
+	r.nreg = len(hits)
+	r.state = stateRunning
+	r.triedAt = 0
+	if r.preemptions == 0 {
+		// vLLM counts a resumed request's lookup apart (preempted_queries), not in
+		// vllm:prefix_cache_queries, and reports the first admission's cached tokens.
+		r.cached = r.computed
+		e.stats.PrefixQueries += uint64(r.promptLen)
+		e.stats.PrefixHits += uint64(r.cached)
+	}
+	chunk = min(seq-r.computed, budget)
+	for range e.blocksFor(r.computed+chunk) - len(r.blocks) {
+		r.blocks = append(r.blocks, e.kv.allocate())
+	}
+	return chunk, true
+}
+
+// grow allocates the blocks running request r needs to compute its next n tokens. When the
+// free blocks do not suffice it preempts the last running request, again and again; it reports
+// false when r itself was preempted.
+func (e *Engine) grow(r *Request, n int) bool {
+	need := e.blocksFor(r.computed+n) - len(r.blocks)
+	for e.kv.numFree() < need {
+		v := e.running[len(e.running)-1]
+		e.running[len(e.running)-1] = nil
+		e.running = e.running[:len(e.running)-1]
+		e.preempt(v)
+		if v == r {
+			return false
+		}
+	}
 	for range need {
 		r.blocks = append(r.blocks, e.kv.allocate())
 	}
-	r.cached = len(hits) * bs
-	r.computed = r.cached
-	r.nreg = len(hits)
-	r.state = stateRunning
-	e.stats.PrefixQueries += uint64(r.promptLen)
-	e.stats.PrefixHits += uint64(r.cached)
 	return true
 }
 
-// hashOf returns the chained hash of r's block k, computing and remembering it if needed.
+// preempt sends running request r (already off the running list) back to the front of the
+// waiting queue to be recomputed: its blocks are released (the registered ones stay cached).
+func (e *Engine) preempt(r *Request) {
+	for i := len(r.blocks) - 1; i >= 0; i-- {
+		e.kv.release(r.blocks[i])
+	}
+	r.blocks = r.blocks[:0]
+	r.computed, r.nreg = 0, 0
+	r.state = stateWaiting
+	r.preemptions++
+	e.stats.Preemptions++
+	if e.whead == 0 {
+		e.waiting = append(e.waiting, nil)
+		copy(e.waiting[1:], e.waiting)
+		e.whead = 1
+	}
+	e.whead--
+	e.waiting[e.whead] = r
+	e.nwait++
+}
+
+// seqLen is r's sequence length: prompt and generated tokens.
+func (r *Request) seqLen() int { return r.promptLen + r.gen }
+
+// hashOf returns the chained hash of r's block k, computing and remembering it if needed. A
+// block past the tokens generated so far is hashed with the tokens r will generate (they are
+// a function of its prompt), so Predict can follow a request's blocks ahead of the engine;
+// k < (promptLen+maxTokens)/BlockSize.
 func (e *Engine) hashOf(r *Request, k int) uint64 {
 	bs := e.cfg.BlockSize
 	for len(r.hashes) <= k {
@@ -451,7 +539,14 @@ func (e *Engine) hashOf(r *Request, k int) uint64 {
 		if j > 0 {
 			parent = r.hashes[j-1]
 		}
-		r.hashes = append(r.hashes, blockHash(parent, r.tokens[j*bs:(j+1)*bs]))
+		ids := r.tokens[min(j*bs, len(r.tokens)):min((j+1)*bs, len(r.tokens))]
+		if len(ids) < bs {
+			ids = append(make([]uint32, 0, bs), ids...)
+			for i := j*bs + len(ids) - r.promptLen; len(ids) < bs; i++ {
+				ids = append(ids, r.outputID(i))
+			}
+		}
+		r.hashes = append(r.hashes, blockHash(parent, ids))
 	}
 	return r.hashes[k]
 }
@@ -459,12 +554,8 @@ func (e *Engine) hashOf(r *Request, k int) uint64 {
 // registerBlocks publishes every block of r whose tokens' KV is now all computed. The KV of a
 // generated token exists once it was fed back, i.e. one step after it was emitted.
 func (e *Engine) registerBlocks(r *Request) {
-	kvTokens := r.computed
-	if r.gen > 0 {
-		kvTokens = r.promptLen + r.gen - 1
-	}
 	bs := e.cfg.BlockSize
-	for full := kvTokens / bs; r.nreg < full && r.nreg < len(r.blocks); r.nreg++ {
+	for full := r.computed / bs; r.nreg < full && r.nreg < len(r.blocks); r.nreg++ {
 		h := e.hashOf(r, r.nreg)
 		if e.kv.register(r.blocks[r.nreg], h) && e.kv.ev != nil {
 			e.kv.ev.stored(r, r.nreg, h, bs)

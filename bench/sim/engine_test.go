@@ -1,7 +1,10 @@
 package sim
 
 import (
+	"bytes"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -64,10 +67,29 @@ func checkInvariants(t *testing.T, e *Engine) {
 	t.Helper()
 	kv := e.kv
 	refs := make(map[int32]int32)
+	where := make(map[*Request]string)
 	for _, r := range e.running {
+		if where[r] != "" || r.state != stateRunning || len(r.blocks) < e.blocksFor(r.computed) || r.computed > r.seqLen() {
+			t.Fatalf("running request: listed %q, state %d, %d blocks for %d computed of %d", where[r], r.state, len(r.blocks), r.computed, r.seqLen())
+		}
+		where[r] = "running"
 		for _, b := range r.blocks {
 			refs[b]++
 		}
+	}
+	nwait := 0
+	for _, r := range e.waiting[e.whead:] {
+		if r == nil || r.state != stateWaiting {
+			continue
+		}
+		if where[r] != "" || len(r.blocks) != 0 || r.computed != 0 {
+			t.Fatalf("waiting request: listed %q, %d blocks, %d computed", where[r], len(r.blocks), r.computed)
+		}
+		where[r] = "waiting"
+		nwait++
+	}
+	if nwait != e.nwait {
+		t.Fatalf("%d requests waiting, nwait %d", nwait, e.nwait)
 	}
 	free := 0
 	for i := kv.head; i >= 0; i = kv.blocks[i].next {
@@ -234,14 +256,14 @@ func TestWaitsForKVBlocks(t *testing.T) {
 	cfg := testConfig()
 	cfg.NumGPUBlocks = 10 // 160 tokens
 	c := &clock{t: t, e: NewEngine(cfg)}
-	a := NewRequest(prompt(0, 100), 20, 1, false, false)    // 8 blocks
-	b := NewRequest(prompt(1000, 40), 10, 1, false, false)  // 4 blocks: must wait for a
+	a := NewRequest(prompt(0, 100), 20, 1, false, false)    // 7 blocks for its prompt, 8 at the end
+	b := NewRequest(prompt(1000, 60), 10, 1, false, false)  // 4 blocks for its prompt: must wait for a
 	tiny := NewRequest(prompt(2000, 8), 8, 1, false, false) // 1 block, but FCFS keeps it behind b
 	c.add(a)
 	c.add(b)
 	c.add(tiny)
 	c.step()
-	if s := c.e.Stats(); s.Running != 1 || s.Waiting != 2 || s.UsedBlocks != 8 {
+	if s := c.e.Stats(); s.Running != 1 || s.Waiting != 2 || s.UsedBlocks != 7 {
 		t.Fatalf("after step 1: %+v", s)
 	}
 	c.until(a.Done, 100)
@@ -249,8 +271,146 @@ func TestWaitsForKVBlocks(t *testing.T) {
 	if b.TTFT() < a.Latency() || tiny.TTFT() < a.Latency() {
 		t.Errorf("b or tiny started before a finished")
 	}
+	if s := c.e.Stats(); s.Preemptions != 0 {
+		t.Errorf("%d preemptions, want none: nothing was admitted that could not grow", s.Preemptions)
+	}
 	if err := c.e.Add(NewRequest(prompt(0, 150), 20, 1, false, false), c.now); err == nil {
 		t.Error("a request larger than the whole cache must be refused")
+	}
+}
+
+// TestPreemption: admission checks only that a request's sequence fits now, so a running
+// request that later needs a block preempts the most recently admitted running request, which
+// goes back to the front of the queue, recomputes (finding what of it is still cached) and
+// finishes with all its tokens, each produced once.
+func TestPreemption(t *testing.T) {
+	type req struct {
+		p, max int
+		at     int // step before which it is added
+	}
+	for _, tc := range []struct {
+		name    string
+		blocks  int
+		budget  int
+		reqs    []req
+		victims []int // requests in the order of their first preemption
+		count   uint64
+		// recompute: request index → prefill tokens its first readmission computes (-1: not checked)
+		recompute map[int]int
+	}{
+		{
+			// a's first decode token needs a 7th block when b holds the other 4: b goes.
+			name: "decode preempts the last admitted", blocks: 10, budget: 1000,
+			reqs:    []req{{96, 10, 0}, {64, 10, 0}},
+			victims: []int{1}, count: 1,
+			// b computed 64 prompt tokens and emitted one; the block a took evicted b's deepest
+			// block (the LRU head), so 3 blocks hit and 65-48 tokens are recomputed.
+			recompute: map[int]int{1: 17},
+		},
+		{
+			// a's decode takes c's blocks; later b's decode runs out while c still waits, and
+			// b is then the last running request.
+			name: "the last of three goes first", blocks: 12, budget: 1000,
+			reqs:    []req{{96, 40, 0}, {48, 30, 0}, {48, 30, 0}},
+			victims: []int{2, 1}, count: 2,
+		},
+		{
+			// b is the last running request and its own decode runs out: it preempts itself.
+			name: "the last admitted preempts itself", blocks: 10, budget: 1000,
+			reqs:    []req{{100, 20, 0}, {40, 10, 0}},
+			victims: []int{1},
+		},
+		{
+			name: "a chunked prefill admitted beside later arrivals", blocks: 12, budget: 64,
+			reqs:    []req{{160, 2, 0}, {30, 4, 2}},
+			victims: []int{1}, count: 1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.NumGPUBlocks, cfg.MaxNumBatchedTokens = tc.blocks, tc.budget
+			c := &clock{t: t, e: NewEngine(cfg)}
+			rs := make([]*Request, len(tc.reqs))
+			seen := make([]int, len(tc.reqs))
+			var victims []int
+			readmitPrefill := map[int]int{}
+			for step := 0; ; step++ {
+				for i, q := range tc.reqs {
+					if q.at == step {
+						rs[i] = NewRequest(prompt(10000*i, q.p), q.max, 1, false, true)
+						c.add(rs[i])
+					}
+				}
+				before := c.e.Stats().BatchedPrefillTokens
+				waitingBefore := make([]bool, len(rs))
+				for i, r := range rs {
+					waitingBefore[i] = r != nil && r.state == stateWaiting && r.preemptions > 0
+				}
+				if !c.step() {
+					break
+				}
+				if step > 1000 {
+					t.Fatal("not drained after 1000 steps")
+				}
+				for i, r := range rs {
+					if r == nil {
+						continue
+					}
+					if r.preemptions > 0 && seen[i] == 0 {
+						victims = append(victims, i)
+						// The victim waits at the queue's front.
+						if r.state != stateWaiting || c.e.peekWaiting() != r && !waitingBefore[i] {
+							t.Errorf("step %d: victim %d not at the front of the waiting queue (state %d)", step, i, r.state)
+						}
+					}
+					if waitingBefore[i] && r.state == stateRunning {
+						if _, done := readmitPrefill[i]; !done {
+							readmitPrefill[i] = int(c.e.Stats().BatchedPrefillTokens - before)
+						}
+					}
+					seen[i] = r.preemptions
+				}
+			}
+			if !slices.Equal(victims, tc.victims) {
+				t.Errorf("victims %v, want %v", victims, tc.victims)
+			}
+			s := c.e.Stats()
+			if s.Preemptions == 0 || tc.count != 0 && s.Preemptions != tc.count {
+				t.Errorf("%d preemptions, want %d (>0)", s.Preemptions, tc.count)
+			}
+			var sum uint64
+			for i, r := range rs {
+				sum += uint64(r.preemptions)
+				checkOutput(t, i, r)
+			}
+			if sum != s.Preemptions {
+				t.Errorf("requests counted %d preemptions, engine %d", sum, s.Preemptions)
+			}
+			if !c.e.Idle() || s.UsedBlocks != 0 || s.RequestsFinished != uint64(len(rs)) {
+				t.Errorf("not drained: %+v", s)
+			}
+			for i, want := range tc.recompute {
+				if got := readmitPrefill[i]; got != want {
+					t.Errorf("request %d recomputed %d tokens in its readmission step, want %d", i, got, want)
+				}
+			}
+		})
+	}
+}
+
+// checkOutput: r finished with exactly max_tokens tokens, the i-th being the i-th output token
+// (none lost, none produced twice across preemptions).
+func checkOutput(t *testing.T, i int, r *Request) {
+	t.Helper()
+	if !r.Done() || r.state != stateFinished || r.Generated() != r.maxTokens || len(r.tokens) != r.promptLen+r.maxTokens {
+		t.Errorf("request %d: done %v state %d generated %d of %d, %d tokens", i, r.Done(), r.state, r.Generated(), r.maxTokens, len(r.tokens))
+		return
+	}
+	for k := range r.maxTokens {
+		if r.tokens[r.promptLen+k] != r.outputID(k) {
+			t.Errorf("request %d: token %d is %d, want %d", i, k, r.tokens[r.promptLen+k], r.outputID(k))
+			return
+		}
 	}
 }
 
@@ -326,9 +486,9 @@ func TestRandomWorkloadInvariants(t *testing.T) {
 		if i%3 == 0 {
 			c.step()
 		}
-		shared := prompt(0, rng.IntN(600))                      // a shared system prompt of random length
-		tail := prompt(10000+rng.IntN(50)*100, 1+rng.IntN(300)) // one of 50 documents
-		r := NewRequest(append(shared, tail...), 1+rng.IntN(100), 1, false, false)
+		shared := prompt(0, rng.IntN(600))                                         // a shared system prompt of random length
+		tail := prompt(10000+rng.IntN(50)*100, 1+rng.IntN(300))                    // one of 50 documents
+		r := NewRequest(append(shared, tail...), 1+rng.IntN(400), 1, false, false) // long outputs: decodes outgrow the cache
 		if err := c.e.Add(r, c.now); err != nil {
 			continue // larger than the cache
 		}
@@ -346,8 +506,68 @@ func TestRandomWorkloadInvariants(t *testing.T) {
 	if int(s.RequestsFinished+s.RequestsAborted) != len(all) {
 		t.Fatalf("finished %d + aborted %d != %d", s.RequestsFinished, s.RequestsAborted, len(all))
 	}
+	var preempted uint64
+	for i, r := range all {
+		preempted += uint64(r.preemptions)
+		if r.state != stateAborted {
+			checkOutput(t, i, r)
+		}
+	}
+	if s.Preemptions == 0 || preempted != s.Preemptions {
+		t.Errorf("engine counted %d preemptions, requests %d (want > 0: the cache is small)", s.Preemptions, preempted)
+	}
 	if s.PrefixHits == 0 || s.CachedBlocks > cfg.NumGPUBlocks {
 		t.Errorf("hits %d, cached blocks %d", s.PrefixHits, s.CachedBlocks)
 	}
-	t.Logf("%d requests, %d steps, hit ratio %.2f", len(all), c.steps, float64(s.PrefixHits)/float64(s.PrefixQueries))
+	t.Logf("%d requests, %d steps, %d preemptions, hit ratio %.2f", len(all), c.steps, s.Preemptions, float64(s.PrefixHits)/float64(s.PrefixQueries))
+}
+
+// TestHashAheadMatchesGenerated: hashing a request's blocks before it generated their tokens
+// (as Predict does) gives the hashes of the tokens it then generates, so the blocks it
+// registers are the ones a next turn finds.
+func TestHashAheadMatchesGenerated(t *testing.T) {
+	cfg := testConfig()
+	for _, p := range []int{1, 15, 16, 40, 100} {
+		c := &clock{t: t, e: NewEngine(cfg)}
+		ahead := NewRequest(prompt(0, p), 70, 7, false, false)
+		c.add(ahead)
+		c.step()
+		for k := range (p + 70) / 16 {
+			c.e.hashOf(ahead, k) // before the tokens exist
+		}
+		early := append([]uint64(nil), ahead.hashes...)
+		c.until(ahead.Done, 200)
+		fresh := &Request{tokens: ahead.tokens, promptLen: p, seed: 7}
+		for k, h := range early {
+			if h != c.e.hashOf(fresh, k) {
+				t.Fatalf("prompt %d: block %d hashed ahead differs from the generated one", p, k)
+			}
+		}
+		next := NewRequest(append(append([]uint32(nil), ahead.tokens...), prompt(900, 5)...), 1, 7, false, false)
+		c.add(next)
+		c.until(next.Done, 200)
+		if want := (p + 69) / 16 * 16; next.CachedTokens() != want {
+			t.Errorf("prompt %d: next turn cached %d tokens, want %d", p, next.CachedTokens(), want)
+		}
+	}
+}
+
+// TestPreemptionsInMetrics: the engine's preemption count is exported under vLLM's name.
+func TestPreemptionsInMetrics(t *testing.T) {
+	cfg := testConfig()
+	cfg.NumGPUBlocks = 10
+	c := &clock{t: t, e: NewEngine(cfg)}
+	a, b := NewRequest(prompt(0, 96), 10, 1, false, false), NewRequest(prompt(5000, 64), 10, 1, false, false)
+	c.add(a)
+	c.add(b)
+	c.until(func() bool { return a.Done() && b.Done() }, 100)
+	s := c.e.Stats()
+	if s.Preemptions != 1 {
+		t.Fatalf("%d preemptions, want 1", s.Preemptions)
+	}
+	var buf bytes.Buffer
+	writeMetrics(&buf, &s, &cfg, 0)
+	if want := "vllm:num_preemptions_total{engine=\"0\",model_name=\"" + cfg.Model + "\"} 1\n"; !strings.Contains(buf.String(), want) {
+		t.Errorf("/metrics lacks %q", want)
+	}
 }

@@ -20,8 +20,12 @@ type Stats struct {
 	RequestsAdded    uint64 // requests Add accepted
 	RequestsFinished uint64
 	RequestsAborted  uint64
-	Steps            uint64
-	// BatchedPrefillTokens counts prompt tokens actually computed (not found in the cache).
+	// Preemptions counts running requests sent back to the waiting queue for lack of KV
+	// blocks, each time (vllm:num_preemptions).
+	Preemptions uint64
+	Steps       uint64
+	// BatchedPrefillTokens counts tokens computed in prefill steps: prompt tokens not found in
+	// the cache, and the tokens a preempted request recomputes.
 	BatchedPrefillTokens uint64
 
 	TTFT Histogram // vllm:time_to_first_token_seconds
@@ -97,7 +101,7 @@ func writeMetrics(b *bytes.Buffer, s *Stats, cfg *Config, startUnix float64) {
 	counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in tokens (older name).", s.PrefixHits)
 	counter("vllm:prompt_tokens", "Number of prefill tokens processed.", s.PromptTokens)
 	counter("vllm:generation_tokens", "Number of generation tokens processed.", s.GenerationTokens)
-	counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", 0)
+	counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", s.Preemptions)
 	b.WriteString("# HELP vllm:request_success Count of successfully processed requests.\n# TYPE vllm:request_success counter\n")
 	b.WriteString(`vllm:request_success_total{engine="0",finished_reason="length",model_name=` + strconv.Quote(cfg.Model) + "} " +
 		strconv.FormatUint(s.RequestsFinished, 10) + "\n")

@@ -61,19 +61,24 @@ func blockChain(prompt []uint32, seed uint64, bs int) []uint64 {
 	return out
 }
 
-// vreq is one request in Predict's walk: only what the step-cost model reads.
+// vreq is one request in Predict's walk: only what the step-cost model and the block
+// accounting read.
 type vreq struct {
-	prompt, computed int // prompt tokens, prompt tokens whose KV exists
+	prompt, computed int // prompt tokens; tokens (prompt, then generated) whose KV exists
 	gen, max         int
 	hits             int // full blocks cached now (waiting requests and the target)
 	pinnedFree       int // of those, blocks on the free list that admission pins
-	owned            int // blocks freed when it finishes
+	nblocks          int // blocks in its block table
+	owned            int // of those, blocks only it pins: freed when it finishes or is preempted
+	preempted        bool
 	req              *Request
 	chain            []uint64 // block hashes when req is nil (pending requests, the target)
 	target           bool
 }
 
-// vhash is the chained hash of v's prompt block k.
+func (v *vreq) seqLen() int { return v.prompt + v.gen }
+
+// vhash is the chained hash of v's block k; k < v.hashable().
 func (e *Engine) vhash(v *vreq, k int) uint64 {
 	if v.req == nil {
 		return v.chain[k]
@@ -81,19 +86,34 @@ func (e *Engine) vhash(v *vreq, k int) uint64 {
 	return e.hashOf(v.req, k)
 }
 
+// hashable is how many of v's full blocks the walk can hash: a request of the engine's, all
+// (hashOf knows the tokens it will generate); a pending one or the target, its prompt's.
+func (e *Engine) hashable(v *vreq) int {
+	if v.req == nil {
+		return len(v.chain)
+	}
+	return (v.req.promptLen + v.req.maxTokens) / e.cfg.BlockSize
+}
+
 // Predict walks the engine's scheduler forward from its current state, without changing its
 // schedule, until a request with prompt (the sim's token ids; seed: ChainSeed of model and
 // cache_salt) and maxTokens, added now, gets its first token, and returns that time. stepLeft
 // is the model time left in the step in flight (the driver knows when it ends; 0 when none is
-// planned). The walk applies Schedule's rules step by step (running requests first, a prefill
-// chunk or one decode token each within MaxNumBatchedTokens; then waiting ones first come
-// first served while the budget, MaxNumSeqs and free KV blocks allow, each finding at
-// admission the prefix cached now or computed meanwhile by a request ahead of it) and
-// Schedule's step duration, so with no other arrival it gives the engine's TTFT exactly.
+// planned). The walk applies Schedule's rules step by step (running requests first, each
+// taking its next tokens within MaxNumBatchedTokens and the blocks they need, preempting the
+// last running request when none is free; then, in a step without preemption, waiting ones in
+// queue order while the budget, MaxNumSeqs and free KV blocks allow, each finding at admission
+// the prefix cached now or computed meanwhile by a request ahead of it) and Schedule's step
+// duration, so with no other arrival it gives the engine's TTFT exactly as long as the blocks
+// it counts are the engine's.
+//
 // What it does not model: requests that arrive after this one (they join behind it, but
-// their decode and prefill tokens lengthen its steps), evictions during the walk, and which
-// of a finished request's blocks others still share (a finished request frees the blocks
-// only it pinned when the walk starts).
+// their decode and prefill tokens lengthen its steps, and their blocks can preempt it before
+// its first token); evictions during the walk (a preempted request is assumed to find all its
+// computed blocks again, where the engine may already have given the deepest ones away); and
+// which blocks requests share beyond what the cache shows when the walk starts (a request
+// frees the blocks only it pinned then, or allocated in the walk). Under KV pressure these
+// make it optimistic: it sees fewer preemptions and shorter recomputes than the engine will.
 func (e *Engine) Predict(prompt []uint32, seed uint64, maxTokens int, stepLeft time.Duration, pending []Pending) Prediction {
 	if len(prompt) == 0 || maxTokens < 1 {
 		return Prediction{}
@@ -116,9 +136,10 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 	target.target = true
 	p.CachedTokens = target.hits * bs
 
-	running := make([]vreq, 0, len(e.running)+e.nwait+1)
+	running := make([]vreq, 0, len(e.running)+e.nwait+len(pending)+1)
 	for _, r := range e.running {
-		v := vreq{prompt: r.promptLen, computed: r.computed, gen: r.gen, max: r.maxTokens, req: r}
+		v := vreq{prompt: r.promptLen, computed: r.computed, gen: r.gen, max: r.maxTokens, req: r,
+			nblocks: len(r.blocks), preempted: r.preemptions > 0}
 		for _, b := range r.blocks {
 			if e.kv.blocks[b].ref == 1 {
 				v.owned++
@@ -126,14 +147,14 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 		}
 		running = append(running, v)
 	}
-	var waiting []vreq
+	waiting := make([]vreq, 0, e.nwait+len(pending)+1)
 	for i := e.whead; i < len(e.waiting); i++ {
 		r := e.waiting[i]
 		if r == nil || r.state != stateWaiting {
 			continue
 		}
-		v := vreq{prompt: r.promptLen, max: r.maxTokens, req: r, owned: e.blocksFor(r.promptLen + r.maxTokens)}
-		for k := 0; k < (r.promptLen-1)/bs; k++ {
+		v := vreq{prompt: r.promptLen, gen: r.gen, max: r.maxTokens, req: r, preempted: r.preemptions > 0}
+		for k := 0; k < (r.seqLen()-1)/bs; k++ {
 			b, ok := e.kv.lookup(e.hashOf(r, k))
 			if !ok {
 				break
@@ -146,8 +167,8 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 		waiting = append(waiting, v)
 	}
 	for _, v := range running {
-		if v.computed < v.prompt {
-			p.QueuedPrefill += v.prompt - v.computed
+		if v.gen == 0 || v.computed < v.seqLen()-1 {
+			p.QueuedPrefill += v.seqLen() - v.computed
 		} else {
 			p.Decoding++
 		}
@@ -156,15 +177,16 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 		waiting = append(waiting, e.chainReq(q.prompt, q.max, q.chain))
 	}
 	for _, v := range waiting {
-		p.QueuedPrefill += v.prompt - v.hits*bs
+		p.QueuedPrefill += v.seqLen() - v.hits*bs
 	}
 	waiting = append(waiting, target)
 
 	free := e.kv.numFree()
 	now := time.Duration(0)
-	var done []vreq // finished in the walk: their prompt blocks stay findable
+	var done []vreq // finished or preempted in the walk: their computed blocks stay findable
 	if e.planned {
-		// The step in flight: its plan is fixed; the new request joins the next one.
+		// The step in flight: its plan (and its blocks) are fixed; the new request joins the
+		// next one.
 		now = max(stepLeft, 0)
 		at := make(map[*Request]int, len(e.running))
 		for i, r := range e.running {
@@ -176,59 +198,81 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 				continue // aborted during the step
 			}
 			r := &running[i]
-			if it.prefill > 0 {
-				r.computed += it.prefill
-				if r.computed < r.prompt {
-					continue
-				}
+			r.computed += max(it.prefill, 1)
+			if r.computed == r.seqLen() {
+				r.gen++
 			}
-			r.gen++
 		}
 		running, done, free = finish(running, done, free)
 	}
-	plan := make([]int, 0, len(running)+len(waiting)) // per running request: prefill tokens, -1 decode
+	plan := make([]int, 0, cap(running)) // per running request: tokens computed, -1 decode
 	for step := 0; step < maxPredictSteps; step++ {
 		budget := cfg.MaxNumBatchedTokens
 		plan = plan[:0]
 		var prefill, decodeSeqs int
 		var prefillCtx, decodeCtx float64
-		for i := range running {
-			if budget == 0 {
+		preempted := false
+		for i := 0; i < len(running) && budget > 0; i++ {
+			r := &running[i]
+			n := min(r.seqLen()-r.computed, budget)
+			need := e.blocksFor(r.computed+n) - r.nblocks
+			self := false
+			for free < need {
+				last := len(running) - 1
+				v := running[last]
+				running = running[:last]
+				free += v.owned
+				done = append(done, v) // its registered blocks stay cached
+				v.hits = min(v.computed/bs, (v.seqLen()-1)/bs, e.hashable(&v))
+				v.pinnedFree = min(v.hits, v.owned)
+				v.computed, v.nblocks, v.owned, v.preempted = 0, 0, 0, true
+				waiting = append(waiting, vreq{})
+				copy(waiting[1:], waiting)
+				waiting[0] = v
+				preempted = true
+				if last == i {
+					self = true
+					break
+				}
+			}
+			if self {
 				break
 			}
-			r := &running[i]
-			if r.computed < r.prompt {
-				chunk := min(r.prompt-r.computed, budget)
-				budget -= chunk
-				prefill += chunk
-				prefillCtx += float64(chunk) * (float64(r.computed) + float64(chunk)/2)
-				plan = append(plan, chunk)
-			} else {
-				budget--
+			free -= need
+			r.nblocks += need
+			r.owned += need
+			budget -= n
+			if n == 1 && r.gen > 0 {
 				decodeSeqs++
-				decodeCtx += float64(r.prompt + r.gen)
+				decodeCtx += float64(r.seqLen())
 				plan = append(plan, -1)
+			} else {
+				prefill += n
+				prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
+				plan = append(plan, n)
 			}
 		}
-		for budget > 0 && len(running) < cfg.MaxNumSeqs && len(waiting) > 0 {
+		for !preempted && budget > 0 && len(running) < cfg.MaxNumSeqs && len(waiting) > 0 {
 			r := waiting[0]
-			hits := e.admissionHits(&r, running, done)
-			need := e.blocksFor(r.prompt+r.max) - hits
-			if free-r.pinnedFree < need {
+			hits, fromDone := e.admissionHits(&r, running, done)
+			pinned := r.pinnedFree + fromDone
+			if free-pinned < e.blocksFor(r.seqLen())-hits {
 				break
 			}
-			free -= r.pinnedFree + need
 			r.computed = hits * bs
-			if r.target {
+			if r.target && !r.preempted {
 				p.CachedTokens = r.computed
 			}
+			n := min(r.seqLen()-r.computed, budget)
+			nb := e.blocksFor(r.computed+n) - hits
+			free -= pinned + nb
+			r.nblocks, r.owned = hits+nb, pinned+nb
 			waiting = waiting[1:]
 			running = append(running, r)
-			chunk := min(r.prompt-r.computed, budget)
-			budget -= chunk
-			prefill += chunk
-			prefillCtx += float64(chunk) * (float64(r.computed) + float64(chunk)/2)
-			plan = append(plan, chunk)
+			budget -= n
+			prefill += n
+			prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
+			plan = append(plan, n)
 		}
 		if len(plan) == 0 {
 			return p // blocked: nothing runs and the queue head does not fit
@@ -240,11 +284,9 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 			time.Duration(decodeCtx*float64(cfg.DecodePerContextToken))
 		for i, n := range plan {
 			r := &running[i]
-			if n > 0 {
-				r.computed += n
-				if r.computed < r.prompt {
-					continue
-				}
+			r.computed += max(n, 1)
+			if r.computed < r.seqLen() {
+				continue
 			}
 			r.gen++
 			if r.target && r.gen == 1 {
@@ -259,7 +301,7 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 
 // chainReq is a walk request known by its block hashes, with the prefix cached now.
 func (e *Engine) chainReq(prompt, maxTokens int, chain []uint64) vreq {
-	v := vreq{prompt: prompt, max: maxTokens, chain: chain, owned: e.blocksFor(prompt + maxTokens)}
+	v := vreq{prompt: prompt, max: maxTokens, chain: chain}
 	for _, h := range chain {
 		b, ok := e.kv.lookup(h)
 		if !ok {
@@ -273,22 +315,30 @@ func (e *Engine) chainReq(prompt, maxTokens int, chain []uint64) vreq {
 	return v
 }
 
-// admissionHits is how many leading full blocks of v's prompt admission would find: those
-// cached when the walk began, or computed since by a request in the walk whose prompt shares
-// them (hashes are chained, so equal hashes at block k mean equal prefixes up to k).
-func (e *Engine) admissionHits(v *vreq, running, done []vreq) int {
-	maxHit := (v.prompt - 1) / e.cfg.BlockSize
-	hits := v.hits
-	for _, list := range [2][]vreq{running, done} {
+// admissionHits is how many leading full blocks of v's sequence admission would find: those
+// cached when the walk began, or computed since by a request in the walk whose sequence shares
+// them (hashes are chained, so equal hashes at block k mean equal prefixes up to k). fromDone
+// counts the blocks found only with a request that finished or was preempted in the walk:
+// blocks on the free list, which admission takes off it.
+func (e *Engine) admissionHits(v *vreq, running, done []vreq) (hits, fromDone int) {
+	maxHit := min((v.seqLen()-1)/e.cfg.BlockSize, e.hashable(v))
+	hits = v.hits
+	for j, list := range [2][]vreq{running, done} {
 		for i := range list {
 			u := &list[i]
-			reg := min(u.computed, u.prompt) / e.cfg.BlockSize
+			if u.req != nil && u.req == v.req {
+				continue
+			}
+			reg := min(u.computed/e.cfg.BlockSize, e.hashable(u))
 			for hits < min(reg, maxHit) && e.vhash(u, hits) == e.vhash(v, hits) {
 				hits++
+				if j == 1 {
+					fromDone++
+				}
 			}
 		}
 	}
-	return hits
+	return hits, fromDone
 }
 
 // finish moves the requests that generated all their tokens to done and returns the blocks

@@ -106,6 +106,8 @@ func TestPredictMatchesBruteForce(t *testing.T) {
 		{name: "step in flight", reqs: []spec{{own: 6000, max: 30}, {shared: 3000, own: 100, max: 8}}, steps: 1, planned: true, probe: spec{shared: 3000, own: 500, max: 4}},
 		{name: "blocks free only when requests finish", cfg: small, reqs: []spec{{own: 4000, max: 30}, {own: 4000, max: 60}}, steps: 3, probe: spec{own: 3000, max: 10}},
 		{name: "a waiting request gains the prefix of one ahead", cfg: tiny, reqs: []spec{{shared: 3000, own: 10, max: 3}, {shared: 3000, own: 400, max: 3}}, probe: spec{shared: 3000, own: 40, max: 2}},
+		{name: "a decode preempts the request ahead, which recomputes first", cfg: func(c *Config) { c.NumGPUBlocks = 20 },
+			reqs: []spec{{own: 160, max: 20}, {own: 120, max: 60}}, steps: 1, probe: spec{own: 60, max: 2}},
 		{name: "budget and seat limits", cfg: tiny, reqs: []spec{{own: 700, max: 9}, {own: 300, max: 40}, {own: 900, max: 3}, {own: 200, max: 12}, {own: 600, max: 7}}, steps: 2, planned: true, probe: spec{own: 1000, max: 2}},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
