@@ -138,7 +138,7 @@ type messagesUsage struct {
 // readMessagesStream reads a Messages API event stream to message_stop: TTFT and ITL from the
 // content_block_delta events with text, prompt and cached tokens from message_start (prompt =
 // input + cache_read + cache_creation), output tokens from message_delta.
-func (c *Client) readMessagesStream(r io.Reader, res *Result) {
+func (c *Client) readMessagesStream(r io.Reader, res *Result, wait *patience) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var reply strings.Builder
 	var last time.Time
@@ -167,6 +167,9 @@ func (c *Client) readMessagesStream(r io.Reader, res *Result) {
 			case "content_block_delta":
 				if ev.Delta != nil && ev.Delta.Text != "" {
 					if events == 0 {
+						if !wait.settle() {
+							return // too late: the client has left (Do marks it expired)
+						}
 						res.TTFT = now.Sub(res.Scheduled)
 					} else {
 						res.ITL = append(res.ITL, now.Sub(last))

@@ -140,6 +140,14 @@ type Mode struct {
 	// Savings is what the arm's prefixlb replicas spent routing and saved in prefill, from
 	// their /metrics at the end of the arm; nil when no prefixlb ran in-process (--target).
 	Savings *Savings `json:"savings,omitempty"`
+	// Refused and Expired count the requests among Errors that got HTTP 429/503 and that
+	// their client gave up on before the first token (loadgen.Result.Class).
+	Refused int `json:"refused,omitempty"`
+	Expired int `json:"expired,omitempty"`
+	// Tenants has a row per tenant of a multi-tenant workload (overload), and Fairness Jain's
+	// index among tenants of equal priority (SummarizeTenants).
+	Tenants  []Tenant   `json:"tenants,omitempty"`
+	Fairness []Fairness `json:"fairness,omitempty"`
 }
 
 // Savings is "routing cost X, saved Y" for one arm, from its prefixlb replicas' /metrics,
@@ -177,6 +185,12 @@ func Summarize(mode string, out *loadgen.Outcome, backends []string) Mode {
 	for i := range out.Results {
 		r := &out.Results[i]
 		lag.Record(r.SendLag)
+		switch r.Class() {
+		case loadgen.Refused:
+			m.Refused++
+		case loadgen.Expired:
+			m.Expired++
+		}
 		if !r.OK() {
 			m.Errors++
 			if m.ErrorReasons == nil {
