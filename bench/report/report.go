@@ -402,6 +402,9 @@ type requestLine struct {
 	Backend      string  `json:"backend,omitempty"`
 	Route        string  `json:"route,omitempty"`
 	Error        string  `json:"error,omitempty"`
+	Tenant       string  `json:"tenant,omitempty"`
+	Status       int     `json:"status,omitempty"`
+	ErrorCode    string  `json:"error_code,omitempty"`
 }
 
 // WriteRequests writes one JSON line per request, in completion order.
@@ -419,7 +422,8 @@ func WriteRequests(path string, out *loadgen.Outcome) error {
 		if err := enc.Encode(requestLine{Conversation: r.Conversation, Turn: r.Turn,
 			StartMs: ms(r.Scheduled.Sub(out.Start)), TTFTMs: ms(r.TTFT), E2EMs: ms(r.E2E),
 			PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, OutputTokens: r.OutputTokens,
-			Backend: r.Backend, Route: r.Route, Error: r.Err}); err != nil {
+			Backend: r.Backend, Route: r.Route, Error: r.Err, Tenant: r.Tenant, Status: r.Status,
+			ErrorCode: r.ErrorCode}); err != nil {
 			f.Close()
 			return err
 		}
