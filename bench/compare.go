@@ -196,6 +196,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if o.RouterReplicas > 1 {
 		rep.Notes = append(rep.Notes, routerReplicasNote(o.RouterReplicas, o.Peering, o.Modes))
 	}
+	if len(w.Tenants) > 0 {
+		rep.Notes = append(rep.Notes, overloadNote(w, o.Speedup))
+	}
 	if o.Speedup != 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))
 	}
@@ -271,6 +274,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 			at = fmt.Sprintf(" at each rate (%s)", RateUnit(o.Workload))
 		}
 		fmt.Fprintf(o.Stdout, "\nWorkload %s, %d replicas, %d requests per mode%s.\n\n%s", w.Name, replicas, w.Requests(), at, report.Table(rep.Modes))
+	}
+	if t := report.TenantTable(rep.Modes); t != "" {
+		fmt.Fprintf(o.Stdout, "\nPer tenant (TTFT and SLO in wall ms; work = uncached prompt + generated tokens):\n\n%s", t)
 	}
 	if line := report.OracleLine(w.Oracle); line != "" {
 		fmt.Fprintf(o.Stdout, "\n%s\n", line)
@@ -413,7 +419,12 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	if d := out.Duration(); d > 0 && cpu > 0 {
 		m.BenchCores = cpu.Seconds() / d.Seconds()
 	}
-	m.RequestsDigest = RequestsDigest(out)
+	if len(w.Tenants) > 0 {
+		m.Tenants, m.Fairness = report.SummarizeTenants(out, w.Tenants, o.Speedup)
+		m.RequestsDigest = FirstTurnsDigest(out)
+	} else {
+		m.RequestsDigest = RequestsDigest(out)
+	}
 	if cluster != nil {
 		for _, r := range cluster.Replicas() {
 			m.ReplicaCachedTokens += int64(r.Stats().PrefixHits)

@@ -58,6 +58,9 @@ func ResolveRates(name, spec string) ([]float64, error) {
 	if len(items) == 0 {
 		return nil, nil
 	}
+	if name == "overload" {
+		return nil, errors.New("--rates: the overload workload sets its load with --load (light, overload or a multiple of the capacity)")
+	}
 	base, ok := BaseRates[name]
 	if !ok {
 		return nil, closedLoopRates(name)

@@ -2,15 +2,17 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prefixlb/prefixlb/bench/sim"
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
 // Workloads the bench knows.
-var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "oasst", "mt-bench"}
+var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "oasst", "mt-bench", "overload"}
 
 // WorkloadFlags are the workload parameters a user can set. Zero values mean "the workload's
 // default" (see the flag help).
@@ -39,6 +41,11 @@ type WorkloadFlags struct {
 	MaxOutput int
 	// oasst, mt-bench.
 	DatasetPath string
+	// overload: Load is a preset of workload.LoadPresets or a multiple of the fleet's
+	// capacity; Duration the arrival window (model time); Tenants the tenants to run.
+	Load     string
+	Duration time.Duration
+	Tenants  []string
 
 	thinkSet bool // ThinkMin/ThinkMax were given
 }
@@ -57,6 +64,7 @@ func (f WorkloadFlags) validate() error {
 		{"--system-tokens", float64(f.SystemTokens)}, {"--time-scale", f.TimeScale},
 		{"--count", float64(f.Count)}, {"--max-output", float64(f.MaxOutput)},
 		{"--think-min", float64(f.ThinkMin)}, {"--think-max", float64(f.ThinkMax)},
+		{"--duration", float64(f.Duration)},
 	} {
 		if c.v < 0 {
 			return fmt.Errorf("%s must not be negative (0 means the default)", c.name)
@@ -201,6 +209,8 @@ func BuildWorkload(name string, f WorkloadFlags, replicas int, kvTokens int64, m
 		w.Oracle = &o
 		w.Params["trace"] = path
 		return w, nil
+	case "overload":
+		return buildOverload(f, replicas, seed)
 	case "oasst", "mt-bench":
 		p := workload.DefaultConversationParams()
 		p.Conversations = f.Conversations
@@ -288,4 +298,63 @@ func parseSeconds(s string) (time.Duration, error) {
 		return time.Duration(v * float64(time.Second)), nil
 	}
 	return time.ParseDuration(s)
+}
+
+// buildOverload makes the overload workload for replicas simulated replicas: the rates come
+// from the sims' default step-cost model (workload.OverloadTenants), also with --backends,
+// where they are the model's, not a measurement of those replicas.
+func buildOverload(f WorkloadFlags, replicas int, seed uint64) (*workload.Workload, error) {
+	if f.Rate > 0 || f.Users > 0 {
+		return nil, fmt.Errorf("overload sets its tenants' rates from the replicas' capacity: use --load (%s or a multiple of the capacity), not --rate or --users", loadPresetNames())
+	}
+	p := workload.DefaultOverload()
+	p.Replicas, p.Seed, p.Tenants = replicas, seed, f.Tenants
+	p.Duration = or(f.Duration, p.Duration)
+	if f.Load != "" {
+		var err error
+		if p.Load, err = parseLoad(f.Load); err != nil {
+			return nil, err
+		}
+	}
+	c := sim.DefaultConfig()
+	p.Cost = workload.StepCost{StepBase: c.StepBase, PrefillPerToken: c.PrefillPerToken,
+		PrefillPerTokenPerKContext: c.PrefillPerTokenPerKContext, DecodePerSeq: c.DecodePerSeq,
+		DecodePerContextToken: c.DecodePerContextToken, BudgetTokens: c.MaxNumBatchedTokens}
+	p.BlockSize = c.BlockSize
+	return workload.Overload(p)
+}
+
+// parseLoad reads --load: a preset name or a number.
+func parseLoad(s string) (float64, error) {
+	if v, ok := workload.LoadPresets[s]; ok {
+		return v, nil
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || !(v > 0) {
+		return 0, fmt.Errorf("--load %q: want %s or a multiple of the fleet's capacity > 0", s, loadPresetNames())
+	}
+	return v, nil
+}
+
+func loadPresetNames() string {
+	var names []string
+	for n, v := range workload.LoadPresets {
+		names = append(names, fmt.Sprintf("%s (%g)", n, v))
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// overloadNote describes the overload workload's tenants under the table: their marks, SLOs,
+// patience, rates and the capacity arithmetic behind them.
+func overloadNote(w *workload.Workload, speedup float64) string {
+	var parts []string
+	var offered float64
+	for _, t := range w.Tenants {
+		offered += t.Share
+		parts = append(parts, fmt.Sprintf("%s (priority %d, fairness id %s, objective %s): %.2f req/s × %.1f ms = %.3f of the capacity, TTFT SLO %s, patience %s",
+			t.Name, t.Priority, t.FairnessID, t.Objective, t.Rate, t.CostMs, t.Share, t.SLO, t.Patience))
+	}
+	return fmt.Sprintf("Tenants, in model time (rates × each request's GPU time on a saturated sim ÷ %v replicas; ÷ --speedup %g for wall time): %s; offered %.2f × the fleet's capacity. The proxy ignores the tenants' headers today (no flow control).",
+		w.Params["capacity_replicas"], speedup, strings.Join(parts, "; "), offered)
 }

@@ -71,10 +71,50 @@ type Result struct {
 	BodyHash uint64
 	// Router is the index in Client.Bases of the target the request went to (0 with Base).
 	Router int
+	// Tenant is the name of the tenant that sent the request ("" outside multi-tenant
+	// workloads).
+	Tenant string
+	// Expired: the client gave up waiting for the first token (Request.Patience) and
+	// cancelled the request; Err is then ExpiredReason.
+	Expired bool
+	// ErrorCode is the reason an error answer gives: the OpenAI-shaped body's error.code, else
+	// its error.type ("" when the answer was 200 or its body says neither).
+	ErrorCode string
 }
+
+// ExpiredReason is Result.Err of a request whose client gave up before the first token.
+const ExpiredReason = "expired at client"
 
 // OK reports whether the request succeeded.
 func (r *Result) OK() bool { return r.Err == "" }
+
+// Class is what became of a request, each request exactly one.
+type Class int
+
+const (
+	// Completed: the stream ended normally with content.
+	Completed Class = iota
+	// Refused: the answer was HTTP 429 or 503 (an explicit refusal: overload, shedding, no
+	// backend); its reason is ErrorCode.
+	Refused
+	// Expired: the client gave up before the first token (Result.Expired).
+	Expired
+	// Failed: anything else (another error status, a transport error, a broken stream).
+	Failed
+)
+
+// Class classifies the request.
+func (r *Result) Class() Class {
+	switch {
+	case r.Expired:
+		return Expired
+	case r.OK():
+		return Completed
+	case r.Status == http.StatusTooManyRequests || r.Status == http.StatusServiceUnavailable:
+		return Refused
+	}
+	return Failed
+}
 
 // Client sends streamed chat/completions requests.
 type Client struct {
@@ -161,12 +201,29 @@ type Request struct {
 	Tools     json.RawMessage    // chat: the "tools" field (nil: none)
 	Prompt    string             // completions
 	MaxTokens int
+	// Headers are extra request headers (a tenant's marks), set in order.
+	Headers [][2]string
+	// Patience, when > 0, is how long after its due time the client waits for the first
+	// token before it gives up and cancels the request (Result.Expired).
+	Patience time.Duration
 }
 
 // Do sends req and reads the stream to its end. scheduled is when it was due. It never
 // returns an error: failures are recorded in the Result.
-func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Result {
-	res := Result{Scheduled: scheduled}
+func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) (res Result) {
+	res = Result{Scheduled: scheduled}
+	var wait *patience
+	if req.Patience > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		wait = startPatience(scheduled.Add(req.Patience), cancel)
+		defer func() {
+			if !wait.settle() { // the deadline passed first: whatever broke, the client left
+				res.Err, res.Expired = ExpiredReason, true
+			}
+		}()
+	}
 	body := chatRequest{Model: c.Model, MaxTokens: req.MaxTokens, Stream: true,
 		StreamOptions: streamOptions{IncludeUsage: true}, IgnoreEOS: c.IgnoreEOS}
 	path := "/v1/chat/completions"
@@ -202,6 +259,9 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
+	for _, h := range req.Headers {
+		hreq.Header.Set(h[0], h[1])
+	}
 	res.SendLag = time.Since(scheduled)
 	resp, err := c.HTTP.Do(hreq)
 	if err != nil {
@@ -214,7 +274,8 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 	res.Backend = resp.Header.Get(BackendHeader)
 	res.Route = resp.Header.Get(RouteHeader)
 	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		wait.settle() // an answer, if it came in time
+		res.ErrorCode = errorCode(io.LimitReader(resp.Body, 1<<20))
 		res.E2E = time.Since(scheduled)
 		res.Err = fmt.Sprintf("status %d", resp.StatusCode)
 		return res
@@ -223,7 +284,7 @@ func (c *Client) Do(ctx context.Context, req Request, scheduled time.Time) Resul
 	if messages {
 		format = messagesStream{}
 	}
-	c.readStream(resp.Body, &res, format)
+	c.readStream(resp.Body, &res, format, wait)
 	res.E2E = time.Since(scheduled)
 	return res
 }
@@ -242,8 +303,10 @@ type streamFormat interface {
 // readStream reads an event stream to its end as format reads its events: TTFT at the first
 // content event, ITL between content events, the reply (up to MaxReplyBytes), and an error
 // reason when the stream fails, is truncated or carries no content. SSE lines are read with a
-// bufio.Reader (no line-length limit, unlike bufio.Scanner); only data lines count.
-func (c *Client) readStream(r io.Reader, res *Result, format streamFormat) {
+// bufio.Reader (no line-length limit, unlike bufio.Scanner); only data lines count. The first
+// content event settles the client's patience (wait; nil: none): one that came too late ends
+// the read, the request already counted expired.
+func (c *Client) readStream(r io.Reader, res *Result, format streamFormat, wait *patience) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var reply strings.Builder
 	var last time.Time
@@ -262,6 +325,9 @@ func (c *Client) readStream(r io.Reader, res *Result, format streamFormat) {
 				}
 				if text != "" {
 					if events == 0 {
+						if !wait.settle() {
+							return // too late: the client has left (Do marks it expired)
+						}
 						res.TTFT = now.Sub(res.Scheduled)
 					} else {
 						res.ITL = append(res.ITL, now.Sub(last))
@@ -353,4 +419,68 @@ func transportReason(err error) string {
 		s = s[:60]
 	}
 	return "transport: " + s
+}
+
+// errorCode reads an error answer's OpenAI-shaped body, {"error": {"code": …, "type": …}},
+// and returns its code, else its type ("" when it has neither or is not JSON). A code that is
+// not a string (some servers send numbers) is written as it was sent.
+func errorCode(r io.Reader) string {
+	b, _ := io.ReadAll(r)
+	var v struct {
+		Error struct {
+			Code json.RawMessage `json:"code"`
+			Type string          `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return ""
+	}
+	var code string
+	if c := v.Error.Code; len(c) > 0 && !bytes.Equal(c, []byte("null")) {
+		if json.Unmarshal(c, &code) != nil {
+			code = string(c)
+		}
+	}
+	if code != "" {
+		return code
+	}
+	return v.Error.Type
+}
+
+// patience is a client's deadline for a request's first token: when it passes with no answer
+// yet, the request's context is cancelled. Whichever comes first, the deadline or settle (a
+// first token, an error answer, the end of the attempt), wins, once.
+type patience struct {
+	state atomic.Int32 // patienceWaiting → patienceAnswered or patienceExpired
+	timer *time.Timer
+}
+
+const (
+	patienceWaiting int32 = iota
+	patienceAnswered
+	patienceExpired
+)
+
+func startPatience(deadline time.Time, cancel func()) *patience {
+	p := &patience{}
+	p.timer = time.AfterFunc(time.Until(deadline), func() {
+		if p.state.CompareAndSwap(patienceWaiting, patienceExpired) {
+			cancel()
+		}
+	})
+	return p
+}
+
+// settle records an answer (nil p: no deadline) and reports whether it came in time; after
+// it the deadline no longer cancels anything.
+func (p *patience) settle() bool {
+	if p == nil {
+		return true
+	}
+	p.state.CompareAndSwap(patienceWaiting, patienceAnswered)
+	if p.state.Load() == patienceExpired {
+		return false
+	}
+	p.timer.Stop()
+	return true
 }

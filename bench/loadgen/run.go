@@ -121,10 +121,17 @@ func (r *runner) turn(ctx context.Context, s *convState, scheduled time.Time) {
 		req.Messages, req.Tools = s.history, s.c.Tools
 		s.sent, s.replied = len(s.history), false
 	}
+	if tn := s.c.Tenant; tn != nil {
+		req.Headers = tn.Headers()
+		req.Patience = r.scaled(tn.Patience)
+	}
 	rctx, cancel := context.WithTimeout(ctx, r.opt.RequestTimeout)
 	res := r.opt.Client.Do(rctx, req, scheduled)
 	cancel()
 	res.Conversation, res.Turn = s.c.ID, s.next
+	if tn := s.c.Tenant; tn != nil {
+		res.Tenant = tn.Name
+	}
 	if r.w.API != workload.Completions && res.Reply != "" {
 		s.history = append(s.history, workload.Message{Role: "assistant", Content: res.Reply})
 		s.replied = true

@@ -140,6 +140,14 @@ type Mode struct {
 	// Savings is what the arm's prefixlb replicas spent routing and saved in prefill, from
 	// their /metrics at the end of the arm; nil when no prefixlb ran in-process (--target).
 	Savings *Savings `json:"savings,omitempty"`
+	// Refused and Expired count the requests among Errors that got HTTP 429/503 and that
+	// their client gave up on before the first token (loadgen.Result.Class).
+	Refused int `json:"refused,omitempty"`
+	Expired int `json:"expired,omitempty"`
+	// Tenants has a row per tenant of a multi-tenant workload (overload), and Fairness Jain's
+	// index among tenants of equal priority (SummarizeTenants).
+	Tenants  []Tenant   `json:"tenants,omitempty"`
+	Fairness []Fairness `json:"fairness,omitempty"`
 }
 
 // Savings is "routing cost X, saved Y" for one arm, from its prefixlb replicas' /metrics,
@@ -177,6 +185,12 @@ func Summarize(mode string, out *loadgen.Outcome, backends []string) Mode {
 	for i := range out.Results {
 		r := &out.Results[i]
 		lag.Record(r.SendLag)
+		switch r.Class() {
+		case loadgen.Refused:
+			m.Refused++
+		case loadgen.Expired:
+			m.Expired++
+		}
 		if !r.OK() {
 			m.Errors++
 			if m.ErrorReasons == nil {
@@ -388,6 +402,9 @@ type requestLine struct {
 	Backend      string  `json:"backend,omitempty"`
 	Route        string  `json:"route,omitempty"`
 	Error        string  `json:"error,omitempty"`
+	Tenant       string  `json:"tenant,omitempty"`
+	Status       int     `json:"status,omitempty"`
+	ErrorCode    string  `json:"error_code,omitempty"`
 }
 
 // WriteRequests writes one JSON line per request, in completion order.
@@ -405,7 +422,8 @@ func WriteRequests(path string, out *loadgen.Outcome) error {
 		if err := enc.Encode(requestLine{Conversation: r.Conversation, Turn: r.Turn,
 			StartMs: ms(r.Scheduled.Sub(out.Start)), TTFTMs: ms(r.TTFT), E2EMs: ms(r.E2E),
 			PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, OutputTokens: r.OutputTokens,
-			Backend: r.Backend, Route: r.Route, Error: r.Err}); err != nil {
+			Backend: r.Backend, Route: r.Route, Error: r.Err, Tenant: r.Tenant, Status: r.Status,
+			ErrorCode: r.ErrorCode}); err != nil {
 			f.Close()
 			return err
 		}

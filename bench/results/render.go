@@ -139,6 +139,9 @@ func renderCompare(b *strings.Builder, r *CompareResult) {
 		b.WriteString("\nRouting cost s: the time prefixlb spent keying and picking (`prefixlb_routing_seconds_total`, about CPU-seconds, not sped up). " +
 			"Saved prefill s: the prefill the replicas' reported KV-cache hits spared at their learned prefill rates (`prefixlb_prefill_saved_seconds_total`, an estimate, in sped-up seconds; hits any policy gets count too, so compare the modes).\n")
 	}
+	if t := report.TenantTable(r.Modes); t != "" { // the overload workload's tenants
+		b.WriteString("\nPer tenant (TTFT and SLO in wall ms; work = uncached prompt + generated tokens):\n\n" + t)
+	}
 	if prefix != nil && prefix.TTFT.P95 > 0 {
 		var vs []string
 		for _, m := range r.Modes {

@@ -215,3 +215,14 @@ func TestClaimFilesAreChecked(t *testing.T) {
 		}
 	}
 }
+
+// A compare claim from the overload workload renders its per-tenant table under the modes'.
+func TestRenderCompareTenants(t *testing.T) {
+	r := &CompareResult{Workload: "overload", Replicas: 2, Modes: []report.Mode{{Mode: "prefix", Requests: 3,
+		Tenants: []report.Tenant{{Name: "chat", Priority: 1, Requests: 3, Completed: 3}}}}}
+	var b strings.Builder
+	renderCompare(&b, r)
+	if !strings.Contains(b.String(), "| prefix | chat | 1 | 3 | 3 | 0 | 0 | 0 |") {
+		t.Fatalf("no tenant row:\n%s", b.String())
+	}
+}

@@ -89,6 +89,9 @@ type Conversation struct {
 	// but when its parent's turn Fork.After has its reply, and its history starts as a copy of
 	// the messages that parent turn sent (open loop only).
 	Fork *Fork
+	// Tenant, when set, is the client sending this conversation (one of Workload.Tenants):
+	// its requests carry the tenant's headers and its patience.
+	Tenant *Tenant
 }
 
 // Fork places a sub-agent conversation in its parent's history.
@@ -112,6 +115,9 @@ type Workload struct {
 	Params map[string]any
 	// Oracle, when set, is the best cached-token ratio the request stream allows (mooncake).
 	Oracle *Oracle
+	// Tenants, when set, are the clients of a multi-tenant workload (overload); every
+	// conversation then names its Tenant, and the report has a row per tenant.
+	Tenants []*Tenant
 }
 
 // Requests is the total number of requests (turns).
