@@ -427,7 +427,9 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	}
 	if cluster != nil {
 		for _, r := range cluster.Replicas() {
-			m.ReplicaCachedTokens += int64(r.Stats().PrefixHits)
+			st := r.Stats()
+			m.ReplicaCachedTokens += int64(st.PrefixHits)
+			m.Preemptions += int64(st.Preemptions)
 		}
 	} else {
 		m.ReplicaCachedTokens = m.CachedTokens // external replicas: what their usage chunks said

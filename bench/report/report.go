@@ -134,6 +134,10 @@ type Mode struct {
 	// the arm: the sims' own prefix-cache hit counters (vllm:prefix_cache_hits), or with
 	// external replicas the sum of the usage chunks' cached_tokens.
 	ReplicaCachedTokens int64 `json:"replica_cached_tokens"`
+	// Preemptions is how many running requests the simulated replicas preempted by recompute
+	// for lack of KV blocks during the arm (their vllm:num_preemptions); 0 with external
+	// replicas, which the bench does not read.
+	Preemptions int64 `json:"preemptions,omitempty"`
 	// Flags are the validity checks this arm failed (errors, different requests, no cache
 	// hits where the workload reuses prefixes): its numbers are not comparable as they are.
 	Flags []string `json:"flags,omitempty"`
@@ -284,16 +288,21 @@ func (r *Report) WriteJSON(path string) error {
 
 // Table renders the side-by-side Markdown table, one row per mode. A mode that failed a
 // validity check (Flags) is marked "!" after its name; a rate column appears when any mode
-// has a Rate.
+// has a Rate, a preemptions column when any mode's replicas preempted.
 func Table(modes []Mode) string {
 	rates := slices.ContainsFunc(modes, func(m Mode) bool { return m.Rate != 0 })
+	preempted := slices.ContainsFunc(modes, func(m Mode) bool { return m.Preemptions != 0 })
 	rateHead, rateAlign := "", ""
 	if rates {
 		rateHead, rateAlign = " rate |", "---:|"
 	}
+	preHead, preAlign := "", ""
+	if preempted {
+		preHead, preAlign = " preemptions |", "---:|"
+	}
 	var sb strings.Builder
-	sb.WriteString("| mode |" + rateHead + " requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio | max share / mean | routing cost s | saved prefill s |\n")
-	sb.WriteString("|---|" + rateAlign + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	sb.WriteString("| mode |" + rateHead + " requests | errors | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | ITL p50 ms | E2E p95 ms | rps | out tok/s | cached-token ratio |" + preHead + " max share / mean | routing cost s | saved prefill s |\n")
+	sb.WriteString("|---|" + rateAlign + "---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + preAlign + "---:|---:|---:|\n")
 	for _, m := range modes {
 		name := m.Mode
 		if len(m.Flags) > 0 {
@@ -309,6 +318,9 @@ func Table(modes []Mode) string {
 		cost, saved := "-", "-"
 		if s := m.Savings; s != nil {
 			cost, saved = fsec(s.RoutingSeconds), fsec(s.SavedPrefillSeconds)
+		}
+		if preempted {
+			share = fmt.Sprintf("%d | %s", m.Preemptions, share)
 		}
 		if m.Requests == m.Errors { // nothing succeeded: no latency to show
 			fmt.Fprintf(&sb, "| %s | %d | %d | - | - | - | - | - | - | - | - | %s | %s | %s |\n", name, m.Requests, m.Errors, share, cost, saved)

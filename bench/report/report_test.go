@@ -118,6 +118,33 @@ func TestTableRatesAndFlags(t *testing.T) {
 	}
 }
 
+// TestTablePreemptions: a preemptions column, with every row's count, appears only when some
+// arm's replicas preempted.
+func TestTablePreemptions(t *testing.T) {
+	none := Summarize("round-robin", outcome(), nil)
+	if tab := Table([]Mode{none}); strings.Contains(tab, "preemptions") {
+		t.Fatalf("no preemptions, yet a column:\n%s", tab)
+	}
+	some := none
+	some.Mode, some.Preemptions = "prefix", 7
+	failed := some
+	failed.Mode, failed.Requests, failed.Errors, failed.Preemptions = "oracle", 4, 4, 0
+	lines := strings.Split(strings.TrimSpace(Table([]Mode{none, some, failed})), "\n")
+	if !strings.Contains(lines[0], "| cached-token ratio | preemptions | max share / mean |") {
+		t.Fatalf("header %q", lines[0])
+	}
+	for i, want := range []string{"| 0 | ", "| 7 | ", "| 0 | "} {
+		if !strings.Contains(lines[i+2], want) {
+			t.Fatalf("row %q lacks %q", lines[i+2], want)
+		}
+	}
+	for _, l := range lines[1:] {
+		if strings.Count(l, "|") != strings.Count(lines[0], "|") {
+			t.Fatalf("row %q has a different cell count from the header %q", l, lines[0])
+		}
+	}
+}
+
 func TestTableAndJSON(t *testing.T) {
 	modes := []Mode{Summarize("round-robin", outcome(), nil), Summarize("least-load", outcome(), nil),
 		Summarize("prefix", outcome(), nil)}
