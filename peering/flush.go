@@ -36,6 +36,7 @@ func (n *Node) flushLoop() {
 	defer t.Stop()
 	ticking := false // the last flush carried decisions: the next goes a FlushInterval later
 	for {
+		kicked := false // woken by a change (a kick), not by its timer
 		if ticking {
 			select {
 			case <-n.stop:
@@ -48,7 +49,9 @@ func (n *Node) flushLoop() {
 				return
 			case <-t.C:
 			case <-n.q.kick:
+				kicked = true
 			case <-n.loadKick:
+				kicked = true
 				t.Reset(n.o.FlushInterval)
 				select {
 				case <-n.stop:
@@ -65,9 +68,13 @@ func (n *Node) flushLoop() {
 			default:
 			}
 		}
-		next, decided := f.flush(n.now())
+		now := n.now()
+		next, decided := f.flush(now)
 		if ticking = decided; ticking {
 			next = n.o.FlushInterval
+		}
+		if n.flushed != nil {
+			n.flushed(now, kicked, next)
 		}
 		t.Reset(next)
 	}

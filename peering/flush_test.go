@@ -9,50 +9,77 @@ import (
 	"github.com/prefixlb/prefixlb/router"
 )
 
-// idleWatch is how long TestIdleFlusherSleeps counts wake-ups: 500 FlushIntervals.
-const idleWatch = 500 * time.Millisecond
+// idleWatch is how many of its flushes TestIdleFlusherSleeps looks at in each phase.
+const idleWatch = 4
 
-// TestIdleFlusherSleeps: peered replicas with nothing changing wake about once a
-// loadKeepalive, not once a FlushInterval, whether or not a request is in flight, and send
+// TestIdleFlusherSleeps: peered replicas with nothing changing wake once a loadKeepalive,
+// by their timer, not once a FlushInterval, whether or not a request is in flight, and send
 // a keepalive load report only while one is; a Learn and a request's begin and end wake the
 // flusher at once, and they reach the peer.
 func TestIdleFlusherSleeps(t *testing.T) {
-	rs := cluster(t, 2)
+	rs := clusterOpts(t, 2, replicaOpts{recordFlushes: true})
 	a, b := rs[0], rs[1]
+	// asleep checks the flushes fs: each woken by the timer and then sleeping loadKeepalive,
+	// a keepalive sent at each while busy, nothing while idle.
+	asleep := func(what string, fs []flushed, busy bool) {
+		t.Helper()
+		for i, f := range fs {
+			if f.kicked || f.next != loadKeepalive {
+				t.Fatalf("%s, flush %d of %d: kicked %v, then asleep %v; want woken by the timer, asleep %v",
+					what, i+1, len(fs), f.kicked, f.next, loadKeepalive)
+			}
+			if sent := i > 0 && f.sent != fs[i-1].sent; i > 0 && sent != busy {
+				t.Fatalf("%s, flush %d of %d: a report sent %v, want %v (a keepalive only while busy)", what, i+1, len(fs), sent, busy)
+			}
+		}
+	}
 	// The first report (nothing in flight) goes out once b is a live peer, and is repeated
-	// idleRepeats times a keepalive apart.
-	testutil.Eventually(t, wait, "a's first load report", func() bool { return a.node.m.bytesSent.Get() > 0 })
-	time.Sleep((idleRepeats+1)*loadKeepalive + 50*time.Millisecond) // the point: past the repeats, into idleness
-	before, sent := a.node.flushes.Load(), a.node.m.bytesSent.Get()
-	time.Sleep(idleWatch) // the point: the window whose wake-ups are counted
-	woke := a.node.flushes.Load() - before
-	// 5 wake-ups in 500 ms, with slack for a late timer; a 1 ms ticker would wake ~500 times.
-	if limit := uint64(idleWatch/loadKeepalive) * 3; woke > limit {
-		t.Fatalf("idle flusher woke %d times in %v; want at most %d (one per %v)", woke, idleWatch, limit, loadKeepalive)
-	}
-	if got := a.node.m.bytesSent.Get() - sent; got != 0 {
-		t.Fatalf("idle replica sent %d bytes in %v; want none (a report of nothing in flight needs no keepalive)", got, idleWatch)
-	}
+	// idleRepeats times a keepalive apart; then idleWatch flushes send nothing.
+	var idle []flushed
+	testutil.Eventually(t, wait, "a's flusher idle after its first reports", func() bool {
+		fs := a.flushes.all()
+		last := -1
+		for i := 1; i < len(fs); i++ {
+			if fs[i].sent != fs[i-1].sent {
+				last = i
+			}
+		}
+		if fs := fs[max(last, 0):]; last > 0 && len(fs) > idleWatch {
+			idle = fs[:idleWatch+1] // the last report's flush, and idleWatch after it
+			return true
+		}
+		return false
+	})
+	asleep("idle", idle[1:], false)
 	k := prompt(t, 11)
 	url := a.notRing(k)
 	a.node.Policy().Learn(k, a.byName(url), 0)
 	testutil.Eventually(t, wait, "b routes to what a learned while idle", func() bool { return b.holds(k, url) })
 
 	// A request's begin reaches the peer; while it streams, nothing changes and the flusher
-	// sleeps as when idle (it polled every FlushInterval before); its end reaches the peer.
+	// sleeps as when idle (it polled every FlushInterval before), sending keepalives; its end
+	// reaches the peer.
 	var l backend.Lease
 	l.Begin(a.byName(url), 100, 0, true)
 	testutil.Eventually(t, wait, "b sees a's request", func() bool { return b.byName(url).PeerInFlight() == 1 })
 	l.FirstByte()
 	testutil.Eventually(t, wait, "b sees its prefill done", func() bool { return b.byName(url).PeerPrefillTokens() == 0 })
-	before, sent = a.node.flushes.Load(), a.node.m.bytesSent.Get()
-	time.Sleep(idleWatch) // the point: the window whose wake-ups are counted
-	woke = a.node.flushes.Load() - before
-	if limit := uint64(idleWatch/loadKeepalive) * 3; woke > limit {
-		t.Fatalf("flusher woke %d times in %v with a request streaming; want at most %d (one per %v)", woke, idleWatch, limit, loadKeepalive)
-	}
+	streaming := time.Now()
+	// The flush that sent the first byte may be recorded just after: the flushes from the
+	// one after it.
+	from := len(a.flushes.all()) + 1
+	var busy []flushed
+	testutil.Eventually(t, wait, "a's flushes while the request streams", func() bool {
+		fs := a.flushes.all()
+		if len(fs) > from+idleWatch {
+			busy = fs[from : from+idleWatch+1]
+			return true
+		}
+		return false
+	})
+	asleep("streaming", busy, true)
 	// The keepalives keep a's report from expiring while the request streams.
-	time.Sleep(loadTTL + 2*loadKeepalive - idleWatch) // the point: past the report's TTL
+	time.Sleep(time.Until(streaming.Add(loadTTL + 2*loadKeepalive))) // the point: past the report's TTL
 	if got := b.byName(url).PeerInFlight(); got != 1 {
 		t.Fatalf("b counts %d of a's requests after %v of streaming, want 1 (a's report expired: no keepalive)", got, loadTTL+2*loadKeepalive)
 	}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -39,6 +41,9 @@ type replica struct {
 	bs   []*backend.Backend
 	logs *testutil.LogRecorder
 	drop *dropTransport // nil unless started with dropping
+	// flushes records every flush of the node's flusher (nil unless started with
+	// recordFlushes).
+	flushes *flushLog
 }
 
 type replicaOpts struct {
@@ -54,6 +59,8 @@ type replicaOpts struct {
 	// tcpTimeout bounds a push/pull (0: peering's), snapshotTimeout the start's wait for
 	// one (0: 5 s).
 	tcpTimeout, snapshotTimeout time.Duration
+	// recordFlushes records the flusher's flushes in replica.flushes.
+	recordFlushes bool
 }
 
 func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
@@ -101,6 +108,12 @@ func startReplica(t testing.TB, name string, ro replicaOpts) *replica {
 		t.Fatal(err)
 	}
 	r.node = n
+	if ro.recordFlushes {
+		r.flushes = &flushLog{}
+		n.flushed = func(at time.Time, kicked bool, next time.Duration) {
+			r.flushes.add(flushed{at: at, kicked: kicked, next: next, sent: n.m.bytesSent.Get()})
+		}
+	}
 	n.Policy().SetBackends(r.bs)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.Start(ctx)
@@ -159,6 +172,50 @@ func barrier(t *testing.T, from, to *replica, url string) {
 	testutil.Eventually(t, wait, "the barrier's request reaches the peer", func() bool { return to.byName(url).PeerInFlight() == before+1 })
 	l.Release()
 	testutil.Eventually(t, wait, "the barrier's end reaches the peer", func() bool { return to.byName(url).PeerInFlight() == before })
+}
+
+// flushed is one flush of a replica's flusher (Node.flushed).
+type flushed struct {
+	at     time.Time     // when it flushed
+	kicked bool          // a kick woke it, not its timer
+	next   time.Duration // the sleep it then chose, short of a kick
+	sent   uint64        // the replica's update bytes sent so far, this flush's included
+}
+
+// flushLog is the flushes of a replica's flusher so far.
+type flushLog struct {
+	mu sync.Mutex
+	fs []flushed
+}
+
+func (l *flushLog) add(f flushed) {
+	l.mu.Lock()
+	l.fs = append(l.fs, f)
+	l.mu.Unlock()
+}
+
+// all returns the flushes so far.
+func (l *flushLog) all() []flushed {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]flushed(nil), l.fs...)
+}
+
+// flushedSince waits (bounded) until r's flusher has flushed at or after at, and returns
+// that flush: whatever that flush would send is sent by then.
+func (r *replica) flushedSince(t *testing.T, at time.Time) flushed {
+	t.Helper()
+	var f flushed
+	testutil.Eventually(t, wait, "a flush of "+r.node.Name(), func() bool {
+		fs := r.flushes.all()
+		i := slices.IndexFunc(fs, func(f flushed) bool { return !f.at.Before(at) })
+		if i < 0 {
+			return false
+		}
+		f = fs[i]
+		return true
+	})
+	return f
 }
 
 // notRing returns a backend URL other than the one r places k on cold: learning k there is

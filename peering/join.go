@@ -170,6 +170,7 @@ func (n *Node) rejoinLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		n.rejoins.Add(1)
 		select {
 		case <-n.ready:
 		default:

@@ -117,7 +117,7 @@ func TestForgedPacketsCountedNotFlooded(t *testing.T) {
 		v, _ := strconv.Atoi(r.metric("prefixlb_peer_packets_rejected_total"))
 		return v >= sent/10
 	})
-	time.Sleep(100 * time.Millisecond) // let the receiver drain what it still has
+	drained(t, r, c)
 	var lines int
 	for _, e := range r.logs.Take() {
 		if e.Message != "peering: memberlist" {
@@ -154,7 +154,7 @@ func TestForgedDirectPacketsCountedNotFlooded(t *testing.T) {
 		v, _ := strconv.Atoi(r.metric("prefixlb_peer_packets_rejected_total"))
 		return v >= sent/2
 	})
-	time.Sleep(100 * time.Millisecond) // let the receiver drain what it still has (UDP drops: no count to wait for)
+	drained(t, r, c)
 	lines := r.logs.WithMessage("peering: rejected update packet")
 	if len(lines) == 0 || len(lines) >= sent/10 {
 		t.Fatalf("%d lines for %d forged direct packets; want a few", len(lines), sent)
@@ -162,6 +162,23 @@ func TestForgedDirectPacketsCountedNotFlooded(t *testing.T) {
 	if got := r.metric("prefixlb_peer_updates_received_total"); got != "0" {
 		t.Fatalf("%s updates received from forged packets", got)
 	}
+}
+
+// drained waits (bounded) until r's transport has read every packet sent through c before:
+// a load report sealed with r's secret, sent through c after them, is applied. The read loop
+// takes packets in order, applies a direct one itself and hands memberlist's over one at a
+// time, so by then memberlist holds every earlier one (and is through with all but the
+// last). The report is sent again until it is applied: loopback UDP drops packets when the
+// reader falls behind.
+func drained(t *testing.T, r *replica, c net.Conn) {
+	t.Helper()
+	b := r.bs[0]
+	before := b.PeerInFlight()
+	pkt := r.node.codec.seal(nil, appendLoads(appendHeader(nil, kindUpdate, "drain"), []peerLoad{{id: b.ID, inFlight: 1}}))
+	testutil.Eventually(t, wait, "a sealed load report sent after the forged packets applied", func() bool {
+		_, _ = c.Write(pkt)
+		return b.PeerInFlight() == before+1
+	})
 }
 
 // forgeryTarget starts a replica and dials its peer port over UDP, its logs so far taken.

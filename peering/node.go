@@ -185,11 +185,16 @@ type Node struct {
 
 	q           queue
 	flushes     atomic.Uint64 // flusher wake-ups, for the idle test
+	rejoins     atomic.Uint64 // rejoin rounds begun, for the tests that watch for joins
 	samplesMsgs atomic.Uint64 // samples messages sent (once per peer), for the batching test
 	pushes      atomic.Uint64 // join snapshots made (one per join push/pull), for the tests
 	loads       *loadTable
 	backends    atomic.Pointer[backendSet]
 	m           metricSet
+
+	// flushed, set by tests before Start (nil otherwise), is called after each flush with the
+	// time it flushed at, whether a kick woke it, and how long it then sleeps short of one.
+	flushed func(at time.Time, kicked bool, next time.Duration)
 
 	mu      sync.Mutex
 	members map[string]*memberlist.Node        // live peers by name: copies (copyNode)

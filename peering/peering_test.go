@@ -26,9 +26,17 @@ import (
 // all the others.
 func cluster(t *testing.T, n int) []*replica {
 	t.Helper()
-	rs := []*replica{startReplica(t, "r0", replicaOpts{})}
+	return clusterOpts(t, n, replicaOpts{})
+}
+
+// clusterOpts is cluster with each replica started with ro (its join list replaced).
+func clusterOpts(t *testing.T, n int, ro replicaOpts) []*replica {
+	t.Helper()
+	ro.join = nil
+	rs := []*replica{startReplica(t, "r0", ro)}
 	for i := 1; i < n; i++ {
-		rs = append(rs, startReplica(t, fmt.Sprintf("r%d", i), replicaOpts{join: rs[:1]}))
+		ro.join = rs[:1]
+		rs = append(rs, startReplica(t, fmt.Sprintf("r%d", i), ro))
 	}
 	for i, r := range rs {
 		testutil.Eventually(t, wait, fmt.Sprintf("r%d sees %d peers", i, n-1), func() bool { return r.node.Alive() == n-1 })
@@ -419,8 +427,13 @@ func TestReadyOnPeersSnapshot(t *testing.T) {
 			// The join to the silent listener waits out a push/pull's timeout (here 2×wait),
 			// and the start's wait for a snapshot is longer still.
 			late := startReplica(t, "late", replicaOpts{joinAddr: []string{target}, tcpTimeout: 2 * wait, snapshotTimeout: 3 * wait})
-			if refused {
-				time.Sleep(300 * time.Millisecond) // the join to the refusing port fails first; nothing to wait on for it
+			if refused { // the join to the refusing port fails first
+				testutil.Eventually(t, wait, "late's join to the refusing port fails", func() bool {
+					return late.logs.Count(func(e testutil.LogEntry) bool {
+						l, _ := e.Fields["line"].(string)
+						return e.Message == "peering: memberlist" && strings.Contains(l, "failed to join")
+					}) > 0
+				})
 			}
 			a := startReplica(t, "a", replicaOpts{join: []*replica{late}})
 			// a learns once its join has made late a live peer, as a served replica does (its

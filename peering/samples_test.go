@@ -47,7 +47,7 @@ func TestSamplesWire(t *testing.T) {
 // TestPeersSharePrefillSamples: a streamed request's time to first token through one replica
 // teaches every peer's model of that backend, and only once (nothing is forwarded back).
 func TestPeersSharePrefillSamples(t *testing.T) {
-	rs := cluster(t, 3)
+	rs := clusterOpts(t, 3, replicaOpts{recordFlushes: true})
 	url := backendURLs[1]
 	var l backend.Lease
 	l.Begin(rs[0].byName(url), 20_000, 0, true)
@@ -65,16 +65,19 @@ func TestPeersSharePrefillSamples(t *testing.T) {
 	testutil.Eventually(t, wait, "r0 counts one sample sent per peer (2)", func() bool {
 		return rs[0].metric("prefixlb_peer_prefill_samples_sent_total") == "2"
 	})
-	// A sample echoed back would have arrived by now: taken at the echoing flusher's next
-	// wake-up (loadKeepalive at most) and sent once held samplesMaxDelay.
-	time.Sleep(loadKeepalive + samplesMaxDelay + 50*time.Millisecond) // the point: an echo is held, not sent at once
+	// An echo would be taken by the peer's first flush since the sample arrived, and sent
+	// (and counted) by its first flush samplesMaxDelay after that one.
+	arrived := time.Now()
+	for i, r := range rs[1:] {
+		r.flushedSince(t, r.flushedSince(t, arrived).at.Add(samplesMaxDelay))
+		if got := r.metric("prefixlb_peer_prefill_samples_sent_total"); got != "0" {
+			t.Fatalf("r%d sent %s samples, want none: it observed nothing itself", i+1, got)
+		}
+	}
 	for i, r := range rs {
 		if n := r.byName(url).Prefill().Samples(); n != 1 {
 			t.Fatalf("replica %d: %d samples, want 1 (nothing forwarded)", i, n)
 		}
-	}
-	if got := rs[1].metric("prefixlb_peer_prefill_samples_sent_total"); got != "0" {
-		t.Fatalf("r1 sent %s samples, want none: it observed nothing itself", got)
 	}
 }
 

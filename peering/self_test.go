@@ -2,6 +2,7 @@ package peering
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"testing"
@@ -10,9 +11,17 @@ import (
 	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
-// quiet is how long a test watches for joins that should not happen: several rejoin
-// intervals of the test replicas (200 ms).
-const quiet = 1500 * time.Millisecond
+// quietRounds is how many rounds of a replica's rejoin loop a test watches for joins that
+// should not happen.
+const quietRounds = 5
+
+// rejoinRounds waits (bounded) until r's rejoin loop has gone through n more rounds: a join
+// that a round makes is over before the next round begins.
+func rejoinRounds(t *testing.T, r *replica, n uint64) {
+	t.Helper()
+	until := r.node.rejoins.Load() + n + 1
+	testutil.Eventually(t, wait, fmt.Sprintf("%d rejoin rounds of %s", n, r.node.Name()), func() bool { return r.node.rejoins.Load() >= until })
+}
 
 // imports counts r's "index snapshot imported" lines so far.
 func imports(r *replica) int {
@@ -51,15 +60,15 @@ func TestRestartSameAddressNoRejoinStorm(t *testing.T) {
 	testutil.Eventually(t, wait, "b2 imported a's snapshot", func() bool { return imports(b2) >= 1 })
 	testutil.Eventually(t, wait, "b1's entry dropped", func() bool { return len(lostAddrs(a)) == 0 })
 	before, pushes := imports(b2), b2.node.pushes.Load()
-	time.Sleep(quiet) // the point: a window of rejoin intervals in which a storm would import
-	// A storm is one join per rejoin interval (200 ms here: 7 in the quiet window); one join
-	// already on its way when b1's entry went (or one exchange as a peer reappears) may land,
-	// and import once more (under load).
+	rejoinRounds(t, a, quietRounds)
+	// A storm is one join per round of a's rejoin loop; one join already on its way when b1's
+	// entry went (or one exchange as a peer reappears) may land, and import once more (under
+	// load).
 	if after := imports(b2); after > before+1 {
-		t.Fatalf("b2 imported %d more snapshots in %v after it joined: a still joins b1's address", after-before, quiet)
+		t.Fatalf("b2 imported %d more snapshots in %d rejoin rounds of a after it joined: a still joins b1's address", after-before, quietRounds)
 	}
 	if after := b2.node.pushes.Load(); after > pushes+1 {
-		t.Fatalf("b2 answered %d more join push/pulls in %v after it joined: a still joins b1's address", after-pushes, quiet)
+		t.Fatalf("b2 answered %d more join push/pulls in %d rejoin rounds of a after it joined: a still joins b1's address", after-pushes, quietRounds)
 	}
 }
 
@@ -93,7 +102,7 @@ func TestSelfJoinOtherSpelling(t *testing.T) {
 	if !r.node.isSelf(context.Background(), "localhost:"+port) {
 		t.Fatalf("localhost:%s not recognised as %s", port, r.node.Addr())
 	}
-	time.Sleep(quiet) // the point: a window in which a self-join would import
+	rejoinRounds(t, r, quietRounds) // alone, it joins its join list each round
 	if n := imports(r); n != 0 {
 		t.Fatalf("the replica imported its own snapshot %d times", n)
 	}

@@ -69,7 +69,7 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fl.Flush()
 	maxTok := int(body["max_tokens"].(float64))
 	for i := 0; i < maxTok; i++ {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the point: a token a millisecond, a stream with an inter-token latency to measure
 		if f.mode == "truncate" && i == 1 {
 			return // no [DONE]
 		}

@@ -6,10 +6,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
 )
@@ -41,12 +41,9 @@ func TestDynamoKV(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	for range 500 {
-		if c.Replicas()[0].KVEventsSubscribed() && c.Replicas()[1].KVEventsSubscribed() {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, testutil.Timeout, "both replicas' KV events subscribed", func() bool {
+		return c.Replicas()[0].KVEventsSubscribed() && c.Replicas()[1].KVEventsSubscribed()
+	})
 	bs := make([]*backend.Backend, 2)
 	for i, u := range c.URLs() {
 		if bs[i], err = backend.New(u, 0, 1); err != nil {
@@ -61,12 +58,7 @@ func TestDynamoKV(t *testing.T) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	for range 500 {
-		if p.Index().Blocks(bs[1].Name) >= 8 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, testutil.Timeout, "sim-1's stored blocks in the index", func() bool { return p.Index().Blocks(bs[1].Name) >= 8 })
 	body := func(s string) *key.Key {
 		return &key.Key{API: key.APICompletions, Routed: true, OK: true, Body: []byte(fmt.Sprintf(`{"prompt":%q}`, s))}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/bench/sim"
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // metricsServer is a 127.0.0.1 replica whose /metrics serves body() and counts its scrapes.
@@ -74,18 +75,14 @@ func backendAt(t *testing.T, url string) *backend.Backend {
 	return b
 }
 
-// waitScraped waits (at most 5 s) until s has a scrape of b that satisfies ok.
+// waitScraped waits (bounded: testutil.Timeout) until s has a scrape of b that satisfies ok.
 func waitScraped(t *testing.T, s *scraper, b *backend.Backend, ok func(*replicaMetrics) bool) *replicaMetrics {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if m := s.get(b); m != nil && ok(m) {
-			return m
-		}
-		time.Sleep(time.Millisecond)
+	var m *replicaMetrics
+	if !testutil.Poll(testutil.Timeout, time.Millisecond, func() bool { m = s.get(b); return m != nil && ok(m) }) {
+		t.Fatalf("no scrape of %s within %v (last %+v)", b.Name, testutil.Timeout, m)
 	}
-	t.Fatalf("no scrape of %s within 5 s (last %+v)", b.Name, s.get(b))
-	return nil
+	return m
 }
 
 func TestParseReplicaMetrics(t *testing.T) {
@@ -135,20 +132,21 @@ func TestScraperReadsTheSim(t *testing.T) {
 
 // TestScraperFollowsAndStops: values follow the replica at the interval; a failed scrape
 // keeps the last good one; a backend dropped by setBackends, and every backend after close,
-// is scraped no more (close waits for its goroutines).
+// is scraped no more (close waits for its scrapes); setBackends after close starts nothing.
 func TestScraperFollowsAndStops(t *testing.T) {
 	a, z := newMetricsServer(t, vllmMetrics(1, 0.1)), newMetricsServer(t, vllmMetrics(2, 0.2))
 	ba, bz := backendAt(t, a.URL), backendAt(t, z.URL)
 	s := newScraper(time.Millisecond)
+	rt := &countingTransport{inner: s.client.Transport}
+	s.client.Transport = rt // the scrapes as the scraper makes them (a server may see a cancelled one late)
 	s.setBackends([]*backend.Backend{ba, bz})
 	waitScraped(t, s, ba, func(m *replicaMetrics) bool { return m.Waiting == 1 && m.KVUsage == 0.1 })
 	waitScraped(t, s, bz, func(m *replicaMetrics) bool { return m.Waiting == 2 })
 	a.set(vllmMetrics(9, 0.9))
 	waitScraped(t, s, ba, func(m *replicaMetrics) bool { return m.Waiting == 9 && m.KVUsage == 0.9 })
 	a.set("") // 500s from now on
-	for n := a.hits.Load() + 3; a.hits.Load() < n; {
-		time.Sleep(time.Millisecond)
-	}
+	n := a.hits.Load() + 3
+	testutil.Eventually(t, testutil.Timeout, "three failed scrapes", func() bool { return a.hits.Load() >= n })
 	if m := s.get(ba); m == nil || m.Waiting != 9 {
 		t.Fatalf("after failed scrapes: %+v, want the last good one (9 waiting)", m)
 	}
@@ -158,16 +156,37 @@ func TestScraperFollowsAndStops(t *testing.T) {
 		t.Fatal("a dropped backend still has metrics")
 	}
 	s.close()
-	time.Sleep(10 * time.Millisecond) // a GET cancelled by close may still reach its handler
-	ha, hz := a.hits.Load(), z.hits.Load()
-	time.Sleep(20 * time.Millisecond) // 20 intervals
-	if a.hits.Load() != ha || z.hits.Load() != hz {
-		t.Fatalf("scrapes after close: %d → %d and %d → %d", ha, a.hits.Load(), hz, z.hits.Load())
+	if n := rt.inFlight.Load(); n != 0 {
+		t.Fatalf("%d scrapes in flight after close returned", n)
 	}
+	started := rt.started.Load()
 	s.setBackends([]*backend.Backend{ba, bz}) // closed: starts nothing
-	time.Sleep(5 * time.Millisecond)
-	if a.hits.Load() != ha {
-		t.Fatal("setBackends after close started scraping")
+	if s.get(ba) != nil || s.get(bz) != nil {
+		t.Fatal("setBackends after close took backends to scrape")
+	}
+	time.Sleep(20 * time.Millisecond) // the point: 20 intervals in which a scrape outliving close, or started after it, would begin
+	if got := rt.started.Load(); got != started {
+		t.Fatalf("%d scrapes began after close", got-started)
+	}
+}
+
+// countingTransport counts the requests begun through it and those not yet answered.
+type countingTransport struct {
+	inner             http.RoundTripper
+	started, inFlight atomic.Int64
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.started.Add(1)
+	c.inFlight.Add(1)
+	defer c.inFlight.Add(-1)
+	return c.inner.RoundTrip(r)
+}
+
+// CloseIdleConnections is the inner transport's, which the scraper's close calls.
+func (c *countingTransport) CloseIdleConnections() {
+	if ci, ok := c.inner.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
 	}
 }
 

@@ -7,9 +7,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prefixlb/prefixlb/bench/kvevents"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 // TestKVEventsIndexMatchesCache: a replica publishing KV events over ZMQ on 127.0.0.1, read
@@ -109,16 +110,10 @@ func TestKVEventsIndexMatchesCache(t *testing.T) {
 	}
 }
 
-// waitFor polls cond every 5 ms for at most 5 s.
+// waitFor waits (bounded: testutil.Timeout) until cond holds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 1000 {
-		if cond() {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
+	testutil.Eventually(t, testutil.Timeout, what, cond)
 }
 
 func TestReplicaEndpoint(t *testing.T) {

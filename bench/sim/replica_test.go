@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
 func startTestCluster(t *testing.T, n int, speedup float64) *Cluster {
@@ -366,12 +368,7 @@ func TestHTTPClientDisconnectAbortsRequest(t *testing.T) {
 
 	// Bounded wait for the server to notice; no assertion on how long it took.
 	var s Stats
-	for range 500 {
-		if s = rep.Stats(); s.Running == 0 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Poll(testutil.Timeout, 5*time.Millisecond, func() bool { s = rep.Stats(); return s.Running == 0 })
 	if s.Running != 0 || s.UsedBlocks != 0 || s.RequestsAborted != 1 {
 		t.Fatalf("after disconnect: running %d, used blocks %d, aborted %d", s.Running, s.UsedBlocks, s.RequestsAborted)
 	}
