@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -220,7 +221,7 @@ func TestConcurrentUseEndsEveryItemOnce(t *testing.T) {
 				case <-stop:
 					return
 				default:
-					time.Sleep(10 * time.Microsecond)
+					runtime.Gosched() // nothing queued yet: let the pushers run
 					continue
 				}
 			}

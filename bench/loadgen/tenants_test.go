@@ -78,7 +78,7 @@ func (s *tenantServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	token("a")
 	if what == "late" {
-		time.Sleep(s.lateRest)
+		time.Sleep(s.lateRest) // the pause the test is about: the rest comes after the client's patience
 	}
 	token(" b")
 	end()
