@@ -154,6 +154,8 @@ func (i Ignored) String() string {
 		return "bad_priority"
 	case IgnoredUnknownObjective:
 		return "unknown_objective"
+	case 0:
+		return "none"
 	}
 	return "several"
 }
