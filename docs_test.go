@@ -401,7 +401,7 @@ func commandTree() *cobra.Command {
 	root := &cobra.Command{Use: "prefixlb"}
 	b := bench.Command()
 	b.AddCommand(overhead.Command(), suite.Command())
-	root.AddCommand(app.ServeCommand(), sim.Command(), b, versionCommand())
+	root.AddCommand(app.ServeCommand(), app.HashKeyCommand(), sim.Command(), b, versionCommand())
 	return root
 }
 
