@@ -9,9 +9,10 @@ import (
 
 // FlowControl holds requests at prefixlb when every replica of their model pool is
 // saturated, and serves them by priority and fair share (package flowcontrol;
-// docs/flow-control.md). Off by default. Reloadable: a reload changes the queue's bounds in
-// place (flowcontrol.Queue.SetLimits), and the wait, the priorities and the rules apply to
-// the requests that arrive after it; queued requests stay queued.
+// docs/flow-control.md). Off by default. Reloadable: a reload changes the queues' bounds,
+// band share and work cap in place (flowcontrol.Queue.Reconfigure with QueueConfig), and the
+// wait, the priorities and the rules apply to the requests that arrive after it (a new
+// Classifier); queued requests stay queued.
 type FlowControl struct {
 	// Enabled holds requests whose pool is saturated; off, every request is forwarded at once.
 	Enabled bool `yaml:"enabled"`
