@@ -266,7 +266,7 @@ func TestConfigurationReferenceCoversEveryField(t *testing.T) {
 	applied := map[string]any{"peering.settle_wait": configs.Duration(peering.DefaultSettleWait)}
 
 	page := read(t, filepath.Join("docs", "configuration.md"))
-	rowRE := regexp.MustCompile("(?m)^\\| `([a-z_\\[\\].]+)` \\| ([^|]*) \\|")
+	rowRE := regexp.MustCompile("(?m)^\\| `([a-z0-9_\\[\\].]+)` \\| ([^|]*) \\|")
 	rows := map[string]string{}
 	for _, m := range rowRE.FindAllStringSubmatch(page, -1) {
 		if _, dup := rows[m[1]]; dup {
@@ -401,7 +401,7 @@ func commandTree() *cobra.Command {
 	root := &cobra.Command{Use: "prefixlb"}
 	b := bench.Command()
 	b.AddCommand(overhead.Command(), suite.Command())
-	root.AddCommand(app.ServeCommand(), sim.Command(), b, versionCommand())
+	root.AddCommand(app.ServeCommand(), app.HashKeyCommand(), sim.Command(), b, versionCommand())
 	return root
 }
 

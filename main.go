@@ -37,7 +37,7 @@ func main() {
 	}
 	b := bench.Command()
 	b.AddCommand(overhead.Command(), suite.Command())
-	root.AddCommand(app.ServeCommand(), sim.Command(), b, versionCommand())
+	root.AddCommand(app.ServeCommand(), app.HashKeyCommand(), sim.Command(), b, versionCommand())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "prefixlb:", err)
 		pprof.StopCPUProfile()

@@ -64,6 +64,9 @@ type Config struct {
 	Peering *Peering `yaml:"peering"`
 	// Tracing exports OpenTelemetry spans of requests (configs/tracing.go; off by default).
 	Tracing Tracing `yaml:"tracing"`
+	// FlowControl holds requests while their pool is saturated (configs/flowcontrol.go; off
+	// by default).
+	FlowControl FlowControl `yaml:"flow_control"`
 }
 
 // ResponseHeaders chooses the headers prefixlb adds to each response. x-prefixlb-route (the
@@ -467,6 +470,7 @@ func (c *Config) ApplyDefaults() {
 	}
 	c.Peering.applyDefaults()
 	c.Tracing.applyDefaults()
+	c.FlowControl.applyDefaults(c)
 	setS(&p.TieBreak, TieBreakAuto)
 }
 
@@ -627,6 +631,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.Tracing.validate(); err != nil {
+		return err
+	}
+	if err := c.FlowControl.validate(c); err != nil {
 		return err
 	}
 	if len(c.Backends) == 0 && c.Discovery.DNS == nil {

@@ -200,6 +200,23 @@ func (w *errWalk) value(n *yaml.Node, t reflect.Type, path string) {
 			return
 		}
 		w.fields(n, t, path, map[string]int{})
+	case t.Kind() == reflect.Map && t.Key().Kind() == reflect.String:
+		// Each value checked at path.key, so that a wrong one is named (objectives.critical).
+		if n.Kind != yaml.MappingNode {
+			w.fail(n, path, "want a mapping, got %s", got(n))
+			return
+		}
+		seen := map[string]int{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := join(path, k.Value)
+			if first, dup := seen[k.Value]; dup {
+				w.fail(k, p, "already set at line %d", first)
+				continue
+			}
+			seen[k.Value] = k.Line
+			w.value(v, t.Elem(), p)
+		}
 	case t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Uint8:
 		if n.Kind != yaml.SequenceNode {
 			w.fail(n, path, "want a list, got %s", got(n))

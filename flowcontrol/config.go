@@ -1,6 +1,9 @@
 package flowcontrol
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Defaults of Config; docs/flow-control.md gives the reasoning.
 const (
@@ -19,6 +22,10 @@ const (
 	// token in GPU work, the weights of the virtual token counter paper (w_p = 1, w_q = 2).
 	DefaultPrefillWeight = 1
 	DefaultDecodeWeight  = 2
+	// DefaultMaxQueueWait is how long the caller lets a request wait queued (its Deadline)
+	// when the client sets no shorter deadline: long enough to ride out a burst, short
+	// enough that a client still waits for the answer.
+	DefaultMaxQueueWait = 30 * time.Second
 )
 
 // Config bounds and tunes a Queue. Zero fields take the defaults.

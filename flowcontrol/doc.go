@@ -11,6 +11,9 @@
 //     served the least GPU work goes next;
 //   - within a flow, arrival order.
 //
+// A Classifier (classify.go) gives each request its priority and flow from the
+// flow_control section's rules and, when they are trusted, its headers.
+//
 // The queue is pure: it does no I/O, starts no goroutines and reads no clock (every method
 // that needs the time takes now). It never sees prompt text and never logs flow IDs.
 //

@@ -150,8 +150,15 @@ func FuzzNothingLost(f *testing.F) {
 			case 8:
 				q.Shed()
 			case 9:
-				if arg%4 == 0 {
+				i++
+				switch arg % 4 {
+				case 0:
 					q.Drain()
+				case 1: // a reload: bounds, share (strict, default or up to 0.45) and cap change
+					if err := q.Reconfigure(Config{MaxItems: 2 + int(arg%16), MaxBytes: 200 + int64(arg)*4,
+						MinBandShare: float64(arg%10)/20 - 0.05, MaxRequestWork: 50 + int64(arg)}); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			read()

@@ -61,6 +61,30 @@ func (q *Queue) SetLimits(maxItems int, maxBytes int64) {
 	}
 }
 
+// Reconfigure applies cfg to a queue in use (a reload; zero fields take the defaults, as in
+// New): the bounds as SetLimits applies them, and the band share, the work cap and the
+// weights to the work dispatched, charged and settled from now on. Queued items stay, with
+// the work computed at their Push; each band keeps the credit it had earned, which then
+// grows at the new share. It fails, changing nothing, on a field out of range.
+func (q *Queue) Reconfigure(cfg Config) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if share := cfg.MinBandShare / (1 - cfg.MinBandShare); share != q.share {
+		for _, b := range q.bands {
+			// Rebase: the credit earned so far, at the old share, becomes credit not yet spent.
+			c := b.credit(q.share)
+			b.creditBase, b.creditSpent = b.aboveServed, -int64(c)
+		}
+		q.share = share
+	}
+	q.cfg = cfg
+	return nil
+}
+
 // Len is the number of queued items (popped and in-flight ones excluded).
 func (q *Queue) Len() int {
 	q.mu.Lock()

@@ -1,0 +1,132 @@
+package configs
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/prefixlb/prefixlb/flowcontrol"
+)
+
+const fcBackend = "backends:\n  - url: http://a:8000\n"
+
+// The section's defaults follow the body limits: max_queued_bytes is 64 MiB, raised to a
+// larger max_request_body_bytes and lowered to half a smaller body budget, so that a config
+// that leaves it out is always valid.
+func TestFlowControlQueuedBytesDefault(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want int64
+	}{
+		{"", 64 << 20},
+		{"max_request_body_bytes: 134217728\n", 128 << 20},
+		{"max_request_body_bytes: 8388608\nlimits:\n  max_buffered_body_bytes: 33554432\n", 16 << 20},
+		{"max_request_body_bytes: 16777216\nlimits:\n  max_buffered_body_bytes: 33554432\n", 16 << 20},
+		{"flow_control:\n  max_queued_bytes: 1048576\nmax_request_body_bytes: 1048576\n", 1 << 20},
+	} {
+		c, err := Parse([]byte(tc.yaml + fcBackend))
+		if err != nil {
+			t.Errorf("%q: %v", tc.yaml, err)
+			continue
+		}
+		if got := c.FlowControl.MaxQueuedBytes; got != tc.want {
+			t.Errorf("%q: max_queued_bytes %d, want %d", tc.yaml, got, tc.want)
+		}
+	}
+}
+
+// Every wrong value is an error naming its field; none quotes an api_key_sha256 value.
+func TestFlowControlErrors(t *testing.T) {
+	const rawKey = "sk-proj-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRST" // 64 characters
+	for _, tc := range []struct{ yaml, want string }{
+		{"  max_queue_wait: -1s\n", "flow_control.max_queue_wait: -1s is outside 0..1h0m0s"},
+		{"  max_queue_wait: 2h\n", "flow_control.max_queue_wait: 2h0m0s is outside"},
+		{"  max_queue_wait: soon\n", "flow_control.max_queue_wait: line 2:"},
+		{"  max_queued: -1\n", "flow_control.max_queued: -1 is outside 1..1048576"},
+		{"  max_queued_bytes: 1073741824\n", "flow_control.max_queued_bytes: 1073741824 is over half of limits.max_buffered_body_bytes (1073741824 / 2)"},
+		{"  max_queued_bytes: 1048576\n", "flow_control.max_queued_bytes: 1048576 is below max_request_body_bytes (67108864)"},
+		{"  max_queued_bytes: -1\n", "flow_control.max_queued_bytes: -1 is below max_request_body_bytes"},
+		{"  min_band_share: 0.6\n", "flow_control.min_band_share: 0.6 is outside 0..0.5"},
+		{"  min_band_share: -0.1\n", "flow_control.min_band_share: -0.1 is outside"},
+		{"  min_band_share: .nan\n", "flow_control.min_band_share: NaN is outside"},
+		{"  max_request_work: 0.5\n", "flow_control.max_request_work: line 2: want an integer"},
+		{"  max_request_work: -3\n", "flow_control.max_request_work: -3 is outside 1..4294967296"},
+		{"  default_priority: 1001\n", "flow_control.default_priority: 1001 is outside -1000..1000"},
+		{"  objectives: {critical: 2000}\n", "flow_control.objectives.critical: 2000 is outside"},
+		{"  objectives: {critical: high}\n", "flow_control.objectives.critical: line 2: want an integer"},
+		{"  objectives: [critical]\n", "flow_control.objectives: line 2: want a mapping, got a list"},
+		{"  rules:\n    - {model: m, flow: a}\n    - {api_key_sha256: " + rawKey + ", priority: 1}\n", "flow_control.rules[1].api_key_sha256: not hex digits"},
+		{"  rules:\n    - {api_key_sha256: sk-abc, priority: 1}\n", "flow_control.rules[0].api_key_sha256: 6 characters, want the 64 hex digits"},
+		{"  rules:\n    - {path: v1/chat/completions, priority: 1}\n", "flow_control.rules[0].path: \"v1/chat/completions\" must start with /"},
+		{"  rules:\n    - {model: m, priority: 5000}\n", "flow_control.rules[0].priority: 5000 is outside"},
+		{"  rules:\n    - {model: m, flow: two words}\n", "flow_control.rules[0].flow: \"two words\" holds a space"},
+		{"  rules:\n    - {model: m}\n", "flow_control.rules[0]: sets neither priority nor flow"},
+		{"  rules:\n    - {model: m, key: x, flow: a}\n", "flow_control.rules[0].key: line 3: unknown field"},
+		{"  trusted_headers: yes please\n", "flow_control.trusted_headers: line 2: want true or false"},
+	} {
+		_, err := Parse([]byte("flow_control:\n" + tc.yaml + fcBackend))
+		if err == nil || !strings.HasPrefix(strings.TrimPrefix(err.Error(), "config: "), tc.want) {
+			t.Errorf("%q: error %v, want one starting %q", tc.yaml, err, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), "sk-") {
+			t.Errorf("%q: error %q quotes what may be a key", tc.yaml, err)
+		}
+	}
+}
+
+// A parsed section builds the queue and the classifier it describes: min_band_share 0 is
+// strict bands (not the default), rules match by the key's hash.
+func TestFlowControlBuilds(t *testing.T) {
+	c, err := Parse([]byte(`flow_control:
+  enabled: true
+  max_queued: 10
+  max_queued_bytes: 100000000
+  min_band_share: 0
+  max_request_work: 1000
+  default_priority: -1
+  objectives: {critical: 9}
+  trusted_headers: true
+  rules:
+    - api_key_sha256: ` + strings.ToUpper(flowcontrol.HashKey("sk-chat")) + `
+      priority: 5
+    - model: batch
+      path: /v1/completions
+      flow: batch
+` + fcBackend))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := flowcontrol.New(c.FlowControl.QueueConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := q.Config(); got.MaxItems != 10 || got.MaxBytes != 100000000 || got.MinBandShare != 0 || got.MaxRequestWork != 1000 {
+		t.Errorf("queue config %+v", got)
+	}
+	if d, _ := Parse([]byte(fcBackend)); d.FlowControl.QueueConfig().MinBandShare != flowcontrol.DefaultMinBandShare {
+		t.Errorf("default min_band_share reaches the queue as %g", d.FlowControl.QueueConfig().MinBandShare)
+	}
+	cl, err := flowcontrol.NewClassifier(c.FlowControl.ClassifierConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := map[string]string{"Authorization": "Bearer sk-chat", "X-Llm-D-Inference-Objective": "critical"}
+	for _, tc := range []struct {
+		req  flowcontrol.Request
+		prio int
+		flow string
+	}{
+		// The key's rule matches first and alone: it sets no flow, so the flow is the key's.
+		{flowcontrol.Request{Path: "/v1/completions", Model: "batch", Headers: getter(h)}, 5, "key:" + flowcontrol.HashKey("sk-chat")[:16]},
+		{flowcontrol.Request{Path: "/v1/completions", Model: "batch"}, -1, "rule:batch"},
+		{flowcontrol.Request{Path: "/v1/chat/completions", Headers: getter{"X-Llm-D-Inference-Objective": "critical"}}, 9, flowcontrol.AnonymousFlow},
+	} {
+		if got := cl.Classify(tc.req); got.Priority != tc.prio || got.Flow != tc.flow {
+			t.Errorf("%+v: %+v, want priority %d flow %s", tc.req, got, tc.prio, tc.flow)
+		}
+	}
+}
+
+type getter map[string]string
+
+func (g getter) Get(name string) string { return g[name] }
