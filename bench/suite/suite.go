@@ -123,6 +123,9 @@ type Arm struct {
 	// rounds with its ~95% interval (RatioInterval); set by Analyze, nil when this arm or the
 	// oracle's is flagged or missing.
 	P95Oracle *RatioInterval `json:"p95_oracle,omitempty"`
+	// PrefixOver is the cell's prefix arm's TTFT p95 ÷ this arm's, per round and pooled the
+	// same way; set by Analyze, nil for the prefix arm and where either arm is flagged.
+	PrefixOver *RatioInterval `json:"prefix_p95_over,omitempty"`
 	// Rounds are the arm's runs when its cell ran more than one round (Combine made Mode
 	// from them); empty for one round.
 	Rounds []Arm `json:"rounds,omitempty"`
