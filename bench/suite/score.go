@@ -245,6 +245,7 @@ func Render(b *Board) string {
 	}
 	fmt.Fprintf(&sb, "\n# prefixlb bench suite (%s, seed %d): %d cells × %d policies = %d arms in %s\n",
 		kind, r.Seed, len(r.Cells), len(r.Policies), arms, time.Duration(r.WallS*float64(time.Second)).Round(time.Second))
+	sb.WriteString(partsBlock(r))
 	if r.Interrupted != "" {
 		fmt.Fprintf(&sb, "\n%s\n", r.Interrupted)
 	}

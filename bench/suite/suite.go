@@ -163,6 +163,14 @@ type Result struct {
 	Skipped  []Skip       `json:"skipped,omitempty"`
 	// Interrupted says how far an interrupted run got ("" when it ran to the end).
 	Interrupted string `json:"interrupted,omitempty"`
+	// Commit is the commit the run was built from (Commit: "+dirty" when it had local
+	// changes; "" unknown) and Machine what it ran on (Machine); a merge's are its parts' when
+	// they all agree, else "".
+	Commit  string `json:"commit,omitempty"`
+	Machine string `json:"machine,omitempty"`
+	// Parts are the runs a merged result pools (Merge), each with its commit, machine, start
+	// and cells; empty for one run.
+	Parts []Part `json:"parts,omitempty"`
 }
 
 // Options configure a suite run.
@@ -176,6 +184,9 @@ type Options struct {
 	Quick bool
 	// Repeat, when > 0, is every cell's rounds (Cell.Rounds), in place of the plan's.
 	Repeat int
+	// Machine is a note on what the run is on, recorded before the machine's own description
+	// (the --machine flag: "shared 2-core VM, nothing else running").
+	Machine string
 	// Quiet hides the progress bar and the per-arm lines on Stderr.
 	Quiet          bool
 	Stdout, Stderr io.Writer
@@ -224,7 +235,8 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 			return nil, fmt.Errorf("--out: %w", err)
 		}
 	}
-	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped}
+	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped,
+		Commit: Commit(ctx), Machine: Machine(o.Machine)}
 	start := time.Now()
 	cells = slices.Clone(cells) // Rounds is resolved below; the caller's cells stay as given
 	total := 0
@@ -287,19 +299,29 @@ cells:
 		fmt.Fprintln(o.Stderr)
 	}
 	res.WallS = time.Since(start).Seconds()
-	b := Analyze(res)
-	fmt.Fprint(o.Stdout, Render(b))
-	if o.Out != "" {
-		jp, pp := filepath.Join(o.Out, "suite.json"), filepath.Join(o.Out, "suite.png")
-		if err := WriteJSON(jp, res); err != nil {
-			return res, err
-		}
-		if err := Plot(pp, b); err != nil {
-			return res, err
-		}
-		fmt.Fprintf(o.Stdout, "\nWrote %s and %s.\n", jp, pp)
+	if err := Score(res, o.Out, o.Stdout); err != nil {
+		return res, err
 	}
 	return res, ctx.Err()
+}
+
+// Score analyses r, prints the scoreboard on w and, when dir is not "", writes dir/suite.json
+// and dir/suite.png.
+func Score(r *Result, dir string, w io.Writer) error {
+	b := Analyze(r)
+	fmt.Fprint(w, Render(b))
+	if dir == "" {
+		return nil
+	}
+	jp, pp := filepath.Join(dir, "suite.json"), filepath.Join(dir, "suite.png")
+	if err := WriteJSON(jp, r); err != nil {
+		return err
+	}
+	if err := Plot(pp, b); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nWrote %s and %s.\n", jp, pp)
+	return nil
 }
 
 // runArm runs one policy on one cell through bench.Compare and fills the cell's facts from

@@ -109,7 +109,7 @@ func TestPrefixOverPeerInterval(t *testing.T) {
 	ci := intervalCI(got)
 	for _, w := range []string{
 		"| 0.500 | 1.20 | " + ratioCI(sgl) + " | " + ci + " | ok |", // the cell table
-		"| agentic medium | 3 | " + ci + " |",                         // prefix's matrix
+		"| agentic medium | 3 | " + ci + " |",                       // prefix's matrix
 		"prefix ÷ this is prefix's p95 ÷ this arm's",
 	} {
 		if !strings.Contains(out, w) {
@@ -197,7 +197,7 @@ func TestTargets(t *testing.T) {
 			all := All(tc.want[:]...)
 			out := Render(b)
 			want := map[Verdict]string{Met: "1 of 1 judged cells meet every target (0 not met, 0 not shown)",
-				NotMet: "0 of 1 judged cells meet every target (1 not met, 0 not shown)",
+				NotMet:   "0 of 1 judged cells meet every target (1 not met, 0 not shown)",
 				NotShown: "0 of 1 judged cells meet every target (0 not met, 1 not shown)",
 				Unjudged: "0 of 0 judged cells meet every target (0 not met, 0 not shown); not judged (a yardstick arm missing or flagged): w medium"}[all]
 			if !strings.Contains(out, want) || !strings.Contains(out, tc.row) || !strings.Contains(out, "| "+all.String()+" |") {
