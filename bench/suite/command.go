@@ -15,7 +15,7 @@ import (
 // (bench/suite imports bench, so bench cannot import it).
 func Command() *cobra.Command {
 	var (
-		o                           Options
+		o                                      Options
 		workloads, policies, levels, cellsFlag string
 	)
 	c := &cobra.Command{

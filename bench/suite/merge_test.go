@@ -111,7 +111,9 @@ func TestMergePoolsRounds(t *testing.T) {
 // with the same settings, arms and commit; the error names the cell, both parts and what
 // differs. Other cells may come from other commits.
 func TestMergeRefusesMismatchedPools(t *testing.T) {
-	base := func() CellResult { return cellOf("agentic", "medium", []float64{10, 11}, []float64{12, 12}, []float64{10, 10}) }
+	base := func() CellResult {
+		return cellOf("agentic", "medium", []float64{10, 11}, []float64{12, 12}, []float64{10, 10})
+	}
 	cases := []struct {
 		name    string
 		commit  string
