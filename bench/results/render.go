@@ -173,7 +173,9 @@ func renderSuite(b *strings.Builder, s *SuiteScores) {
 		ciNote = fmt.Sprintf(" Over several rounds each ratio is the geometric mean of the rounds' ratios (round i against round i) with its %.0f%% t-interval in brackets.", suite.IntervalLevel*100)
 	}
 	fmt.Fprintf(b, "TTFT p95 ÷ the oracle's p95 in the same cell (1 = the oracle; below 1, the policy's affinity beat the oracle's greedy placement; – : the arm was flagged).%s\n\n", ciNote)
-	suiteMatrix(b, s, s.Policies, func(c SuiteCell, i int) (*float64, *[2]float64) { return at(c.P95OverOracle, i), at(c.P95OverOracleCI, i) })
+	suiteMatrix(b, s, s.Policies, func(c SuiteCell, i int) (*float64, *[2]float64) {
+		return at(c.P95OverOracle, i), at(c.P95OverOracleCI, i)
+	})
 	if s.Intervals && slices.Contains(s.Policies, suite.PrefixPolicy) {
 		var others []string
 		for _, p := range s.Policies {
