@@ -1,9 +1,11 @@
 // Package suite is `prefixlb bench suite`: it runs bench.Compare for every workload × load
 // level × routing policy (each arm on fresh simulated replicas with the same seed) and turns
 // the arms' report.Modes into one scoreboard: TTFT p50/p95/p99, E2E p95, cached-token ratio,
-// max share / mean and each policy's TTFT p95 ÷ the oracle's, with validity checks (arms with
-// errors or flags are shown, not averaged) and the cells where prefix loses. It writes
+// max share / mean, each policy's TTFT p95 ÷ the oracle's and prefix's ÷ each policy's (paired
+// by round, with 95% intervals), with validity checks (arms with errors or flags are shown, not
+// averaged), the cells where prefix loses and the targets judged on the intervals. It writes
 // DIR/suite.json (every arm's report.Mode) and DIR/suite.png (p95 ÷ oracle, grouped bars).
+// A suite runs in parts (--cells) that Merge pools into one.
 package suite
 
 import (
