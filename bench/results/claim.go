@@ -12,6 +12,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/bench/overhead"
 	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/suite"
 	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
@@ -54,14 +55,24 @@ type CompareResult struct {
 }
 
 // SuiteScores is `bench suite`'s scoreboard: every cell's TTFT p95 ÷ the oracle's per policy
-// (suite.Analyze of suite.json), and how many cells the prefix arm met every one of the
-// predicted-TTFT targets in (suite.TargetCheck).
+// and prefix's ÷ each policy's, with their 95% intervals over the cell's rounds (suite.Analyze
+// of suite.json), and how many cells the prefix arm met every one of the predicted-TTFT
+// targets in (suite.TargetCheck, judged on the intervals).
 type SuiteScores struct {
 	Policies []string    `json:"policies"`
 	Cells    []SuiteCell `json:"cells"`
 	// TargetsMet of TargetsJudged cells: the prefix arm met every target there.
 	TargetsMet    int `json:"targets_met"`
 	TargetsJudged int `json:"targets_judged"`
+	// Intervals is true when the targets were judged on the ratios' intervals (suite.Verdict);
+	// false for claims scored before, on central estimates. TargetsNotMet and TargetsNotShown
+	// count the judged cells of the other verdicts.
+	Intervals       bool `json:"intervals,omitempty"`
+	TargetsNotMet   int  `json:"targets_not_met,omitempty"`
+	TargetsNotShown int  `json:"targets_not_shown,omitempty"`
+	// Parts are the suite runs a merged suite.json pooled (bench suite merge), each with its
+	// commit, machine, start and cells; empty for one run.
+	Parts []suite.Part `json:"parts,omitempty"`
 }
 
 // SuiteCell is one row of the scoreboard.
@@ -70,6 +81,18 @@ type SuiteCell struct {
 	// P95OverOracle is each policy's TTFT p95 ÷ the oracle's, in Policies' order; null where
 	// the arm was flagged or not run, or the cell's oracle arm is not valid.
 	P95OverOracle []*float64 `json:"p95_over_oracle"`
+	// Rounds is how many interleaved rounds the cell's ratios pool (0: not kept).
+	Rounds int `json:"rounds,omitempty"`
+	// P95OverOracleCI is each ratio's 95% interval [lo, hi], in Policies' order; null where
+	// there is none (one round, or no ratio).
+	P95OverOracleCI []*[2]float64 `json:"p95_over_oracle_ci,omitempty"`
+	// PrefixOver is the prefix arm's TTFT p95 ÷ each policy's, in Policies' order (null for
+	// prefix itself, flagged arms, or no valid prefix arm), and PrefixOverCI its intervals.
+	PrefixOver   []*float64    `json:"prefix_p95_over,omitempty"`
+	PrefixOverCI []*[2]float64 `json:"prefix_p95_over_ci,omitempty"`
+	// Targets is the prefix arm's verdict on every target together (suite.Verdict: met, not
+	// met, not shown, not judged; "" where the prefix arm is flagged or the claim predates it).
+	Targets string `json:"targets,omitempty"`
 }
 
 // ReplicaScores is several prefixlb replicas against one, per cell of `bench suite`

@@ -97,30 +97,57 @@ func importRun(c *Claim, r run, paths []string) error {
 	return nil
 }
 
-// suiteScores is the scoreboard's p95 ÷ oracle matrix and the targets' tally.
+// suiteScores is the scoreboard's two ratio matrices with their intervals and the targets'
+// verdicts and tally.
 func suiteScores(b *suite.Board) *SuiteScores {
-	s := &SuiteScores{Policies: b.Result.Policies}
+	s := &SuiteScores{Policies: b.Result.Policies, Intervals: true, Parts: b.Result.Parts}
+	verdicts := map[string]string{}
+	for _, t := range b.Targets {
+		verdicts[t.Cell] = t.Verdict().String()
+		if !t.Judged() {
+			continue
+		}
+		s.TargetsJudged++
+		switch t.Verdict() {
+		case suite.Met:
+			s.TargetsMet++
+		case suite.NotMet:
+			s.TargetsNotMet++
+		case suite.NotShown:
+			s.TargetsNotShown++
+		}
+	}
 	for ci, c := range b.Result.Cells {
-		sc := SuiteCell{Cell: c.Name(), P95OverOracle: make([]*float64, len(s.Policies))}
+		n := len(s.Policies)
+		sc := SuiteCell{Cell: c.Name(), Rounds: max(c.Rounds, 1), Targets: verdicts[c.Name()], P95OverOracle: make([]*float64, n),
+			P95OverOracleCI: make([]*[2]float64, n), PrefixOver: make([]*float64, n), PrefixOverCI: make([]*[2]float64, n)}
 		for i, p := range s.Policies {
 			for _, row := range b.Rows[ci] {
-				if row.Policy == p && !math.IsNaN(row.Ratio) {
+				if row.Policy != p {
+					continue
+				}
+				if !math.IsNaN(row.Ratio) {
 					v := row.Ratio
 					sc.P95OverOracle[i] = &v
+					sc.P95OverOracleCI[i] = ci95(row.Interval)
+				}
+				if row.PrefixOver != nil {
+					v := row.PrefixOver.Ratio
+					sc.PrefixOver[i], sc.PrefixOverCI[i] = &v, ci95(row.PrefixOver)
 				}
 			}
 		}
 		s.Cells = append(s.Cells, sc)
 	}
-	for _, t := range b.Targets {
-		if t.Judged() {
-			s.TargetsJudged++
-			if t.Meets() {
-				s.TargetsMet++
-			}
-		}
-	}
 	return s
+}
+
+// ci95 is the interval's [lo, hi], nil without one.
+func ci95(ri *suite.RatioInterval) *[2]float64 {
+	if !ri.HasInterval() {
+		return nil
+	}
+	return &[2]float64{ri.Lo, ri.Hi}
 }
 
 // replicaScores is the multi-router arm policy against one replica, per cell that compared

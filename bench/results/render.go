@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/prefixlb/prefixlb/bench/overhead"
 	"github.com/prefixlb/prefixlb/bench/report"
@@ -163,29 +165,101 @@ func renderCompare(b *strings.Builder, r *CompareResult) {
 	}
 }
 
-// renderSuite is the suite's p95 ÷ oracle matrix and the targets' tally.
+// renderSuite is the suite's p95 ÷ oracle matrix, prefix's p95 ÷ each policy's (claims
+// imported with intervals), the targets' tally and the parts a merged suite pooled.
 func renderSuite(b *strings.Builder, s *SuiteScores) {
-	b.WriteString("TTFT p95 ÷ the oracle's p95 in the same cell (1 = the oracle; below 1, the policy's affinity beat the oracle's greedy placement; – : the arm was flagged).\n\n")
+	ciNote := ""
+	if s.Intervals {
+		ciNote = fmt.Sprintf(" Over several rounds each ratio is the geometric mean of the rounds' ratios (round i against round i) with its %.0f%% t-interval in brackets.", suite.IntervalLevel*100)
+	}
+	fmt.Fprintf(b, "TTFT p95 ÷ the oracle's p95 in the same cell (1 = the oracle; below 1, the policy's affinity beat the oracle's greedy placement; – : the arm was flagged).%s\n\n", ciNote)
+	suiteMatrix(b, s, s.Policies, func(c SuiteCell, i int) (*float64, *[2]float64) {
+		return at(c.P95OverOracle, i), at(c.P95OverOracleCI, i)
+	})
+	if s.Intervals && slices.Contains(s.Policies, suite.PrefixPolicy) {
+		var others []string
+		for _, p := range s.Policies {
+			if p != suite.PrefixPolicy && p != suite.OraclePolicy {
+				others = append(others, p)
+			}
+		}
+		b.WriteString("\nThe prefix arm's TTFT p95 ÷ each policy's in the same cell (below 1: prefix is faster; – : either arm was flagged).\n\n")
+		suiteMatrix(b, s, others, func(c SuiteCell, i int) (*float64, *[2]float64) {
+			j := slices.Index(s.Policies, others[i])
+			return at(c.PrefixOver, j), at(c.PrefixOverCI, j)
+		})
+	}
+	targets := fmt.Sprintf("p95 ≤ %.2f× the oracle's and ≤ every peer's, p99 ≤ round-robin's, cached tokens ≥ %.0f%% of the oracle's, max share ≤ %.1f or the oracle's",
+		suite.TargetP95Oracle, suite.TargetCachedOracle*100, suite.TargetMaxShare)
+	switch {
+	case s.TargetsJudged == 0:
+	case s.Intervals:
+		fmt.Fprintf(b, "\nThe prefix arm against the predicted-TTFT targets (%s), each judged on its ratio's %.0f%% interval: a target is met when the whole interval is within the bound (for ≤, the upper end ≤ the bound), not met when the whole interval is beyond it, not shown when the interval holds the bound or there is no interval (one round). Every target met in %d of %d cells; not met in %d; not shown in %d.\n",
+			targets, suite.IntervalLevel*100, s.TargetsMet, s.TargetsJudged, s.TargetsNotMet, s.TargetsNotShown)
+	default:
+		fmt.Fprintf(b, "\nOn the central estimates (this run predates the intervals, so no target is shown by it), the prefix arm meets every predicted-TTFT target (%s) in %d of %d cells.\n",
+			targets, s.TargetsMet, s.TargetsJudged)
+	}
+	if len(s.Parts) > 0 {
+		fmt.Fprintf(b, "\nMerged from %d parts (`bench suite merge`; a cell that several parts ran pools their rounds):\n\n", len(s.Parts))
+		for i, p := range s.Parts {
+			fmt.Fprintf(b, "%d. %s · commit %s · %s · started %s, %s\n", i+1, strings.Join(p.Cells, ", "), or(p.Commit, "unknown"),
+				or(p.Machine, "machine unknown"), p.Started.Format(time.RFC3339), time.Duration(p.WallS*float64(time.Second)).Round(time.Second))
+		}
+	}
+}
+
+// suiteMatrix is one table of cells × columns, each figure with its interval when it has one,
+// and the cells' rounds where they were kept.
+func suiteMatrix(b *strings.Builder, s *SuiteScores, cols []string, fig func(SuiteCell, int) (*float64, *[2]float64)) {
+	rounds := slices.ContainsFunc(s.Cells, func(c SuiteCell) bool { return c.Rounds > 0 })
+	targets := slices.ContainsFunc(s.Cells, func(c SuiteCell) bool { return c.Targets != "" })
 	b.WriteString("| cell |")
-	for _, p := range s.Policies {
+	if rounds {
+		b.WriteString(" rounds |")
+	}
+	for _, p := range cols {
 		fmt.Fprintf(b, " %s |", p)
 	}
-	b.WriteString("\n|---|" + strings.Repeat("---:|", len(s.Policies)) + "\n")
+	if targets {
+		b.WriteString(" prefix's targets |")
+	}
+	b.WriteString("\n|---|")
+	if rounds {
+		b.WriteString("---:|")
+	}
+	b.WriteString(strings.Repeat("---:|", len(cols)))
+	if targets {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
 	for _, c := range s.Cells {
 		fmt.Fprintf(b, "| %s |", c.Cell)
-		for i := range s.Policies {
+		if rounds {
+			fmt.Fprintf(b, " %d |", c.Rounds)
+		}
+		for i := range cols {
 			v := "–"
-			if i < len(c.P95OverOracle) && c.P95OverOracle[i] != nil {
-				v = fmt.Sprintf("%.2f", *c.P95OverOracle[i])
+			if x, ci := fig(c, i); x != nil && ci != nil {
+				v = fmt.Sprintf("%.2f [%.2f–%.2f]", *x, ci[0], ci[1])
+			} else if x != nil {
+				v = fmt.Sprintf("%.2f", *x)
 			}
 			fmt.Fprintf(b, " %s |", v)
 		}
+		if targets {
+			fmt.Fprintf(b, " %s |", or(c.Targets, "–"))
+		}
 		b.WriteString("\n")
 	}
-	if s.TargetsJudged > 0 {
-		fmt.Fprintf(b, "\nThe prefix arm meets every predicted-TTFT target (p95 ≤ %.2f× the oracle's and ≤ every peer's, p99 ≤ round-robin's, cached tokens ≥ %.0f%% of the oracle's, max share ≤ %.1f or the oracle's) in %d of %d cells.\n",
-			suite.TargetP95Oracle, suite.TargetCachedOracle*100, suite.TargetMaxShare, s.TargetsMet, s.TargetsJudged)
+}
+
+// at is xs[i], nil past its end.
+func at[T any](xs []*T, i int) *T {
+	if i < len(xs) {
+		return xs[i]
 	}
+	return nil
 }
 
 // renderReplicas is several replicas against one per cell, with the suite's target.
@@ -277,4 +351,12 @@ func renderOverhead(b *strings.Builder, o *OverheadResult) {
 	if x := o.Index; x != nil && x.Entries > 0 {
 		fmt.Fprintf(b, "\nA prefix index of %d entries (%d chunks) takes %.1f heap bytes per entry.\n", x.Entries, x.Chunks, x.BytesPerEntry)
 	}
+}
+
+// or is s, or def when s is empty.
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

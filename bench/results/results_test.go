@@ -1,10 +1,12 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prefixlb/prefixlb/bench/overhead"
 	"github.com/prefixlb/prefixlb/bench/report"
@@ -146,7 +148,7 @@ func TestImportSuite(t *testing.T) {
 	if got := len(c.Suite.Cells); got != 1 {
 		t.Fatalf("%d cells, want 1", got)
 	}
-	if !strings.Contains(md, "| multi-turn closed | 10.00 | 1.25 | 1.38 | 1.00 |") {
+	if !strings.Contains(md, "| multi-turn closed | 1 | 10.00 | 1.25 | 1.38 | 1.00 | not judged |") {
 		t.Errorf("p95 ÷ oracle row missing or wrong:\n%s", md)
 	}
 
@@ -224,5 +226,70 @@ func TestRenderCompareTenants(t *testing.T) {
 	renderCompare(&b, r)
 	if !strings.Contains(b.String(), "| prefix | chat | 1 | 3 | 3 | 0 | 0 | 0 |") {
 		t.Fatalf("no tenant row:\n%s", b.String())
+	}
+}
+
+// A suite.json merged from two parts (bench suite merge) imports into a suite claim: both
+// ratio matrices with their intervals over the pooled rounds, the targets judged on the
+// intervals, and every part with its commit and machine.
+func TestImportMergedSuite(t *testing.T) {
+	arm := func(p string, p95s ...float64) suite.Arm {
+		rs := make([]suite.Arm, len(p95s))
+		for i, v := range p95s {
+			m := mode(p, v, 500)
+			m.RequestsDigest = "d"
+			rs[i] = suite.Arm{Policy: p, Mode: &m}
+		}
+		return suite.Combine(p, rs)
+	}
+	policies := []string{"round-robin", "prefix", "sglang", "oracle"}
+	part := func(commit string, rr, pre, sgl, orc []float64) string {
+		res := &suite.Result{Seed: 1, Policies: policies, WallS: 600, Commit: commit, Machine: "2 shared cores",
+			Started: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC),
+			Cells: []suite.CellResult{{Cell: suite.Cell{Workload: "agentic", Level: "medium", Rounds: len(pre)}, Requests: 100, Replicas: 4, Speedup: 16,
+				Arms: []suite.Arm{arm("round-robin", rr...), arm("prefix", pre...), arm("sglang", sgl...), arm("oracle", orc...)}}}}
+		suite.Analyze(res)
+		p := filepath.Join(t.TempDir(), "suite.json")
+		if err := suite.WriteJSON(p, res); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// prefix ÷ sglang per round 0.5, 0.5 | 0.5: wholly below 1; prefix ÷ oracle 1, 1 | 1.
+	p1 := part("abc", []float64{40, 40}, []float64{10, 10}, []float64{20, 20}, []float64{10, 10})
+	p2 := part("abc", []float64{40}, []float64{10}, []float64{20}, []float64{10})
+	var parts []*suite.Result
+	for _, p := range []string{p1, p2} {
+		r, err := suite.ReadJSON(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, r)
+	}
+	merged, err := suite.Merge(parts, []string{p1, p2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := suite.Score(merged, out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	dir := claimDir(t, "s", func(c *Claim) { c.Suite = &SuiteScores{Policies: []string{"x"}} })
+	c, md := importInto(t, dir, "s", filepath.Join(out, "suite.json"))
+	if got := c.Suite; got.TargetsJudged != 1 || got.TargetsMet != 1 || !got.Intervals || len(got.Parts) != 2 || got.Cells[0].Rounds != 3 {
+		t.Errorf("suite scores %+v", got)
+	}
+	for _, want := range []string{
+		"| agentic medium | 3 | 4.00 [4.00–4.00] | 1.00 [1.00–1.00] | 2.00 [2.00–2.00] | 1.00 [1.00–1.00] | met |",
+		"| cell | rounds | round-robin | sglang | prefix's targets |",
+		"| agentic medium | 3 | 0.25 [0.25–0.25] | 0.50 [0.50–0.50] | met |",
+		"Every target met in 1 of 1 cells; not met in 0; not shown in 0.",
+		"upper end ≤ the bound",
+		"Merged from 2 parts",
+		"1. agentic medium · commit abc · 2 shared cores · started 2027-01-01T00:00:00Z, 10m0s",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("rendered claim lacks %q:\n%s", want, md)
+		}
 	}
 }

@@ -4,6 +4,7 @@ package suite
 
 import (
 	"math"
+	"slices"
 
 	"gonum.org/v1/gonum/stat/distuv"
 
@@ -72,34 +73,65 @@ func LogRatioInterval(ratios []float64, level float64) (gm, lo, hi float64, ok b
 	return math.Exp(m), math.Exp(m - half), math.Exp(m + half), true
 }
 
-// pairedP95Ratio is num's TTFT p95 ÷ den's over their rounds, paired by round number: nil
-// when either arm has no usable row. Arms of one round (no Rounds) give their ratio without an
-// interval; arms with rounds use the rounds in which both ran and some request succeeded (an
-// arm with a failed or flagged round is flagged as a whole and has no ratio in the
-// scoreboard: Analyze calls this for valid arms only).
+// pairedP95Ratio is num's TTFT p95 ÷ den's over their rounds, paired by round number
+// (pairedRatio of the p95s).
 func pairedP95Ratio(num, den *Arm) *RatioInterval {
-	p95 := func(m *report.Mode) (float64, bool) {
-		if m == nil || m.Requests <= m.Errors || !(m.TTFT.P95 > 0) {
-			return 0, false
-		}
-		return m.TTFT.P95, true
-	}
+	return pairedRatio(num, den, func(m *report.Mode) float64 { return m.TTFT.P95 })
+}
+
+// pairedRatio is f(num) ÷ f(den) over their rounds, paired by round number: nil when either
+// arm has no usable row. Arms of one round (no Rounds) give their ratio without an interval;
+// arms with rounds use the rounds in which both ran, some request succeeded and f is positive
+// (an arm with a failed or flagged round is flagged as a whole and has no ratio in the
+// scoreboard: Analyze calls this for valid arms only).
+func pairedRatio(num, den *Arm, f func(*report.Mode) float64) *RatioInterval {
 	var ratios []float64
 	if len(num.Rounds) > 1 && len(den.Rounds) > 1 {
 		for i := range min(len(num.Rounds), len(den.Rounds)) {
-			a, okA := p95(num.Rounds[i].Mode)
-			b, okB := p95(den.Rounds[i].Mode)
+			a, okA := figure(num.Rounds[i].Mode, f)
+			b, okB := figure(den.Rounds[i].Mode, f)
 			if okA && okB {
 				ratios = append(ratios, a/b)
 			}
 		}
 	} else {
-		a, okA := p95(num.Mode)
-		b, okB := p95(den.Mode)
+		a, okA := figure(num.Mode, f)
+		b, okB := figure(den.Mode, f)
 		if okA && okB {
 			ratios = []float64{a / b}
 		}
 	}
+	return intervalOf(ratios)
+}
+
+// scaledRatio is f(a) ÷ bound over a's rounds (or its one row): the interval of one arm's
+// figure against a fixed bound, e.g. max share / mean against TargetMaxShare.
+func scaledRatio(a *Arm, f func(*report.Mode) float64, bound float64) *RatioInterval {
+	var ratios []float64
+	if len(a.Rounds) > 1 {
+		for _, r := range a.Rounds {
+			if v, ok := figure(r.Mode, f); ok {
+				ratios = append(ratios, v/bound)
+			}
+		}
+	} else if v, ok := figure(a.Mode, f); ok {
+		ratios = []float64{v / bound}
+	}
+	return intervalOf(ratios)
+}
+
+// figure is f of a row in which some request succeeded, ok when it is positive and finite.
+func figure(m *report.Mode, f func(*report.Mode) float64) (float64, bool) {
+	if m == nil || m.Requests <= m.Errors {
+		return 0, false
+	}
+	v := f(m)
+	return v, v > 0 && !math.IsInf(v, 0)
+}
+
+// intervalOf is the ratios' geometric mean with its interval (none for one ratio); nil when
+// there is no ratio.
+func intervalOf(ratios []float64) *RatioInterval {
 	gm, lo, hi, ok := LogRatioInterval(ratios, IntervalLevel)
 	if !ok {
 		return nil
@@ -109,4 +141,89 @@ func pairedP95Ratio(num, den *Arm) *RatioInterval {
 		ri.Lo, ri.Hi, ri.Level = lo, hi, IntervalLevel
 	}
 	return ri
+}
+
+// Verdict is a target judged on a ratio's interval.
+type Verdict int
+
+// The verdicts. A target is Met only when the whole interval is on its side of the bound
+// (for "at most": the upper end ≤ the bound), NotMet when the whole interval is on the
+// other side, NotShown when the interval holds the bound or there is no interval (one
+// round): a central estimate alone never decides. Unjudged: the yardstick arm is missing or
+// flagged.
+const (
+	Unjudged Verdict = iota
+	NotShown
+	NotMet
+	Met
+)
+
+func (v Verdict) String() string {
+	return [...]string{"not judged", "not shown", "not met", "met"}[v]
+}
+
+// AtMost judges "ratio ≤ bound": Met when the interval's upper end is ≤ bound, NotMet when
+// its lower end is > bound, NotShown otherwise or without an interval, Unjudged for nil.
+func AtMost(ri *RatioInterval, bound float64) Verdict {
+	switch {
+	case ri == nil:
+		return Unjudged
+	case !ri.HasInterval():
+		return NotShown
+	case ri.Hi <= bound:
+		return Met
+	case ri.Lo > bound:
+		return NotMet
+	}
+	return NotShown
+}
+
+// AtLeast judges "ratio ≥ bound": Met when the interval's lower end is ≥ bound, NotMet when
+// its upper end is < bound, NotShown otherwise or without an interval, Unjudged for nil.
+func AtLeast(ri *RatioInterval, bound float64) Verdict {
+	switch {
+	case ri == nil:
+		return Unjudged
+	case !ri.HasInterval():
+		return NotShown
+	case ri.Lo >= bound:
+		return Met
+	case ri.Hi < bound:
+		return NotMet
+	}
+	return NotShown
+}
+
+// All is the verdict of several targets together: NotMet when one is not met, else Unjudged
+// when one is not judged, else NotShown when one is not shown, else Met (none: Unjudged).
+func All(vs ...Verdict) Verdict {
+	if len(vs) == 0 {
+		return Unjudged
+	}
+	out := Met
+	for _, v := range vs {
+		switch {
+		case v == NotMet:
+			return NotMet
+		case v == Unjudged:
+			out = Unjudged
+		case v == NotShown && out == Met:
+			out = NotShown
+		}
+	}
+	return out
+}
+
+// Any is the verdict of "one of these targets": Met when one is met, else NotShown when one
+// is not shown, else Unjudged when one is not judged, else NotMet (none: Unjudged).
+func Any(vs ...Verdict) Verdict {
+	switch {
+	case slices.Contains(vs, Met):
+		return Met
+	case slices.Contains(vs, NotShown):
+		return NotShown
+	case len(vs) == 0 || slices.Contains(vs, Unjudged):
+		return Unjudged
+	}
+	return NotMet
 }

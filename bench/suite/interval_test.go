@@ -115,7 +115,7 @@ func TestP95OracleInterval(t *testing.T) {
 	out := Render(b)
 	for _, w := range []string{
 		"| prefix | 10.0 | 20.0 (10.0–30.0) |", // the cell table: medians, spread
-		"| 0.500 | 1.20 | " + ratioCI(pre) + " | ok |",
+		"| 0.500 | 1.20 | " + ratioCI(pre) + " | - | ok |",
 		"| agentic medium | 3 | " + ratioCI(pre) + " | ", // the matrix, with the rounds
 		"geometric mean of the rounds' ratios",
 	} {

@@ -124,12 +124,14 @@ const (
 //     saturation (≈200 requests/s wall and more at 8×): their ITL collapses to bursts and
 //     their p95 spreads widely between rounds of one binary at 8×. Their arms last ≈7–25 s
 //     instead of 2–4.
-//   - ShortArmRounds interleaved rounds, scored by each arm's median (Combine), for the cells
-//     whose arms are still shortest (OASST medium and near saturation, shared-prefix medium,
-//     Mooncake near saturation, where one round's p95 past saturation is chaotic), and for
-//     cells where one round is not a verdict: Mooncake medium and light (the 200-request p95
-//     is the 10th-worst request), OASST light (9 s arms), multi-turn and shared-prefix light
-//     (p95 of a few ms wall, where one round's verdict against a peer is noise).
+//   - ShortArmRounds interleaved rounds in every cell, scored by each arm's median (Combine):
+//     the targets are judged on the interval of each ratio over the rounds (Verdict), and one
+//     round has none. The rounds matter most where arms are shortest (OASST medium and near
+//     saturation, shared-prefix medium, Mooncake near saturation, where one round's p95 past
+//     saturation is chaotic) and where one round is not a verdict: Mooncake medium and light
+//     (the 200-request p95 is the 10th-worst request), OASST light (9 s arms), multi-turn and
+//     shared-prefix light (p95 of a few ms wall, where one round against a peer is noise).
+//     A closer verdict takes more rounds: run the cell again and merge (merge.go).
 //
 // The spread of one cell between rounds: `prefixlb bench suite --workloads W --levels L
 // --repeat N` (docs/bench.md). OASST's short prompts hardly load 4 sims at any of its rates
@@ -183,7 +185,7 @@ var plans = []plan{
 		unit: func(level) string { return fmt.Sprintf("%d users", bench.DefaultUsers) }},
 	{name: "shared-prefix",
 		full: []level{{name: "light", load: SharedPrefixLight, rounds: ShortArmRounds}, {name: "medium", load: SharedPrefixMedium, rounds: ShortArmRounds, speedup: SlowSpeedup},
-			{name: "near-saturation", load: SharedPrefixNearSat, rounds: 1, speedup: SlowSpeedup}},
+			{name: "near-saturation", load: SharedPrefixNearSat, rounds: ShortArmRounds, speedup: SlowSpeedup}},
 		quick: &level{name: "medium", load: SharedPrefixMedium},
 		flags: func(q bool, l level) bench.WorkloadFlags {
 			if q {
@@ -193,8 +195,9 @@ var plans = []plan{
 		},
 		unit: perSecond("req")},
 	{name: "agentic",
-		full: []level{{name: "light", load: AgenticLight}, {name: "medium", load: AgenticMedium}, {name: "near-saturation", load: AgenticNearSat},
-			{name: CachePressure, load: AgenticMedium, kvTokens: AgenticPressureKVTokens}},
+		full: []level{{name: "light", load: AgenticLight, rounds: ShortArmRounds}, {name: "medium", load: AgenticMedium, rounds: ShortArmRounds},
+			{name: "near-saturation", load: AgenticNearSat, rounds: ShortArmRounds},
+			{name: CachePressure, load: AgenticMedium, rounds: ShortArmRounds, kvTokens: AgenticPressureKVTokens}},
 		quick:   &level{name: "near-saturation", load: QuickAgenticRate},
 		speedup: AgenticSpeedup,
 		flags: func(q bool, l level) bench.WorkloadFlags {

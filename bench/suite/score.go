@@ -27,6 +27,9 @@ type Row struct {
 	Ratio float64
 	// Interval is Ratio with its rounds and its ~95% interval (nil where Ratio is NaN).
 	Interval *RatioInterval
+	// PrefixOver is the cell's prefix arm's TTFT p95 ÷ this arm's, paired by round with its
+	// ~95% interval (pairedRatio); nil for the prefix arm itself and where either is flagged.
+	PrefixOver *RatioInterval
 	// P95 and P99 are the lowest and highest TTFT p95 and p99 over the arm's rounds (ms;
 	// zero for one round: Combine).
 	P95, P99 [2]float64
@@ -105,18 +108,27 @@ func Analyze(r *Result) *Board {
 				oracle, oi = a.Mode.TTFT.P95, i
 			}
 		}
+		pi := slices.IndexFunc(rows, func(r Row) bool { return r.Policy == PrefixPolicy && r.Valid() })
 		for i := range rows {
-			if rows[i].Valid() && oi >= 0 {
+			c.Arms[i].PrefixOver = nil
+			if !rows[i].Valid() {
+				continue
+			}
+			if oi >= 0 {
 				if ri := pairedP95Ratio(&c.Arms[i], &c.Arms[oi]); ri != nil {
 					rows[i].Ratio, rows[i].Interval, c.Arms[i].P95Oracle = ri.Ratio, ri, ri
 				}
+			}
+			if pi >= 0 && i != pi {
+				rows[i].PrefixOver = pairedP95Ratio(&c.Arms[pi], &c.Arms[i])
+				c.Arms[i].PrefixOver = rows[i].PrefixOver
 			}
 		}
 		b.Rows = append(b.Rows, rows)
 		losses, judged := prefixLosses(c.Name(), rows)
 		b.Losses = append(b.Losses, losses...)
 		b.Routers = append(b.Routers, routerChecks(c.Name(), rows, c.Arms)...)
-		if t, ok := targetChecks(c.Name(), rows); ok {
+		if t, ok := targetChecks(c.Name(), rows, c.Arms); ok {
 			b.Targets = append(b.Targets, t)
 		} else if slices.ContainsFunc(rows, func(r Row) bool { return r.Policy == PrefixPolicy && r.Mode != nil }) {
 			b.PrefixFlagged = append(b.PrefixFlagged, c.Name())
@@ -233,6 +245,7 @@ func Render(b *Board) string {
 	}
 	fmt.Fprintf(&sb, "\n# prefixlb bench suite (%s, seed %d): %d cells × %d policies = %d arms in %s\n",
 		kind, r.Seed, len(r.Cells), len(r.Policies), arms, time.Duration(r.WallS*float64(time.Second)).Round(time.Second))
+	sb.WriteString(partsBlock(r))
 	if r.Interrupted != "" {
 		fmt.Fprintf(&sb, "\n%s\n", r.Interrupted)
 	}
@@ -245,10 +258,10 @@ func Render(b *Board) string {
 			fmt.Fprintf(&sb, "%d simulated replicas at %g× model time; latencies are wall-clock ms (× %g for model time).\n\n", c.Replicas, c.Speedup, c.Speedup)
 		}
 		if c.Rounds > 1 {
-			fmt.Fprintf(&sb, "%d interleaved rounds per arm: each figure is its median over the rounds, TTFT p95 and p99 followed by the lowest and highest round's in parentheses; p95 ÷ oracle is the geometric mean of the rounds' ratios (round i's p95 ÷ the oracle's round i) with its %.0f%% t-interval in brackets.\n\n", c.Rounds, IntervalLevel*100)
+			fmt.Fprintf(&sb, "%d interleaved rounds per arm: each figure is its median over the rounds, TTFT p95 and p99 followed by the lowest and highest round's in parentheses; p95 ÷ oracle is the geometric mean of the rounds' ratios (round i's p95 ÷ the oracle's round i) with its %.0f%% t-interval in brackets, and prefix ÷ this is prefix's p95 ÷ this arm's in the same way.\n\n", c.Rounds, IntervalLevel*100)
 		}
-		sb.WriteString("| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | E2E p95 ms | cached-token ratio | max share / mean | p95 ÷ oracle | validity |\n")
-		sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|\n")
+		sb.WriteString("| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | E2E p95 ms | cached-token ratio | max share / mean | p95 ÷ oracle | prefix p95 ÷ this | validity |\n")
+		sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 		for _, row := range b.Rows[ci] {
 			sb.WriteString(tableRow(row))
 		}
@@ -273,11 +286,11 @@ func tableRow(row Row) string {
 		valid = "FLAGGED: " + strings.Join(flagsOrErrors(row), "; ")
 	}
 	if m == nil || m.Requests == m.Errors {
-		return fmt.Sprintf("| %s | - | - | - | - | - | - | - | %s |\n", row.Policy, valid)
+		return fmt.Sprintf("| %s | - | - | - | - | - | - | - | - | %s |\n", row.Policy, valid)
 	}
-	return fmt.Sprintf("| %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s |\n", row.Policy,
+	return fmt.Sprintf("| %s | %s | %s | %s | %s | %.3f | %.2f | %s | %s | %s |\n", row.Policy,
 		fms(m.TTFT.P50), withSpread(m.TTFT.P95, row.P95), withSpread(m.TTFT.P99, row.P99), fms(m.E2E.P95), m.CachedTokenRatio,
-		m.MaxShareOverMean, ratioCI(row), valid)
+		m.MaxShareOverMean, ratioCI(row), intervalCI(row.PrefixOver), valid)
 }
 
 // ratioCI is the row's p95 ÷ oracle, with its interval in brackets when it has one.
@@ -286,6 +299,17 @@ func ratioCI(row Row) string {
 		return ratio(row.Ratio)
 	}
 	return fmt.Sprintf("%.2f [%.2f–%.2f]", row.Ratio, row.Interval.Lo, row.Interval.Hi)
+}
+
+// intervalCI is a ratio with its interval in brackets when it has one ("-" for nil).
+func intervalCI(ri *RatioInterval) string {
+	switch {
+	case ri == nil:
+		return "-"
+	case !ri.HasInterval():
+		return fmt.Sprintf("%.2f", ri.Ratio)
+	}
+	return fmt.Sprintf("%.2f [%.2f–%.2f]", ri.Ratio, ri.Lo, ri.Hi)
 }
 
 // withSpread is v in ms, with the rounds' lowest–highest after it when there were several.
@@ -320,6 +344,37 @@ func ratioMatrix(b *Board) string {
 			for _, row := range b.Rows[ci] {
 				if row.Policy == p {
 					cols[j] = ratioCI(row)
+				}
+			}
+		}
+		fmt.Fprintf(&sb, "| %s | %d | %s |\n", c.Name(), max(c.Rounds, 1), strings.Join(cols, " | "))
+	}
+	sb.WriteString(prefixMatrix(b))
+	return sb.String()
+}
+
+// prefixMatrix is prefix's p95 ÷ each other arm's (oracle aside: the first matrix has it),
+// cells as rows; empty when the suite ran no prefix arm or nothing else.
+func prefixMatrix(b *Board) string {
+	var pol []string
+	for _, p := range b.Result.Policies {
+		if p != PrefixPolicy && p != OraclePolicy {
+			pol = append(pol, p)
+		}
+	}
+	if len(pol) == 0 || !slices.Contains(b.Result.Policies, PrefixPolicy) {
+		return ""
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n## Prefix's TTFT p95 ÷ each arm's (below 1: prefix is faster; flagged arms: -; over several rounds the geometric mean of the rounds' ratios [%.0f%% t-interval])\n\n| cell | rounds | %s |\n|---|---:|%s\n",
+		IntervalLevel*100, strings.Join(pol, " | "), strings.Repeat("---:|", len(pol)))
+	for ci, c := range b.Result.Cells {
+		cols := make([]string, len(pol))
+		for j, p := range pol {
+			cols[j] = "-"
+			for _, row := range b.Rows[ci] {
+				if row.Policy == p {
+					cols[j] = intervalCI(row.PrefixOver)
 				}
 			}
 		}

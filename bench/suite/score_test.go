@@ -181,8 +181,8 @@ func TestRender(t *testing.T) {
 	for _, want := range []string{
 		"skipped: mooncake (not found at /nowhere/traces/conversation_trace.jsonl)",
 		"## shared-prefix medium (25 req/s), 100 requests per arm",
-		"| prefix | 6.0 | 12.0 | 24.0 | 120 | 0.500 | 1.20 | 1.20 | ok |",
-		"| sglang | 2.5 | 5.0 | 10.0 | 50.0 | 0.500 | 1.20 | - | FLAGGED: 2 errors |",
+		"| prefix | 6.0 | 12.0 | 24.0 | 120 | 0.500 | 1.20 | 1.20 | - | ok |",
+		"| sglang | 2.5 | 5.0 | 10.0 | 50.0 | 0.500 | 1.20 | - | - | FLAGGED: 2 errors |",
 		"| shared-prefix medium | 1 | 3.00 | 1.20 | - | 1.00 |",
 		"4 arms: 3 valid, 1 flagged",
 		"shared-prefix medium · sglang: 2 errors",

@@ -1,9 +1,11 @@
 // Package suite is `prefixlb bench suite`: it runs bench.Compare for every workload × load
 // level × routing policy (each arm on fresh simulated replicas with the same seed) and turns
 // the arms' report.Modes into one scoreboard: TTFT p50/p95/p99, E2E p95, cached-token ratio,
-// max share / mean and each policy's TTFT p95 ÷ the oracle's, with validity checks (arms with
-// errors or flags are shown, not averaged) and the cells where prefix loses. It writes
+// max share / mean, each policy's TTFT p95 ÷ the oracle's and prefix's ÷ each policy's (paired
+// by round, with 95% intervals), with validity checks (arms with errors or flags are shown, not
+// averaged), the cells where prefix loses and the targets judged on the intervals. It writes
 // DIR/suite.json (every arm's report.Mode) and DIR/suite.png (p95 ÷ oracle, grouped bars).
+// A suite runs in parts (--cells) that Merge pools into one.
 package suite
 
 import (
@@ -123,6 +125,9 @@ type Arm struct {
 	// rounds with its ~95% interval (RatioInterval); set by Analyze, nil when this arm or the
 	// oracle's is flagged or missing.
 	P95Oracle *RatioInterval `json:"p95_oracle,omitempty"`
+	// PrefixOver is the cell's prefix arm's TTFT p95 ÷ this arm's, per round and pooled the
+	// same way; set by Analyze, nil for the prefix arm and where either arm is flagged.
+	PrefixOver *RatioInterval `json:"prefix_p95_over,omitempty"`
 	// Rounds are the arm's runs when its cell ran more than one round (Combine made Mode
 	// from them); empty for one round.
 	Rounds []Arm `json:"rounds,omitempty"`
@@ -160,6 +165,14 @@ type Result struct {
 	Skipped  []Skip       `json:"skipped,omitempty"`
 	// Interrupted says how far an interrupted run got ("" when it ran to the end).
 	Interrupted string `json:"interrupted,omitempty"`
+	// Commit is the commit the run was built from (Commit: "+dirty" when it had local
+	// changes; "" unknown) and Machine what it ran on (Machine); a merge's are its parts' when
+	// they all agree, else "".
+	Commit  string `json:"commit,omitempty"`
+	Machine string `json:"machine,omitempty"`
+	// Parts are the runs a merged result pools (Merge), each with its commit, machine, start
+	// and cells; empty for one run.
+	Parts []Part `json:"parts,omitempty"`
 }
 
 // Options configure a suite run.
@@ -173,6 +186,9 @@ type Options struct {
 	Quick bool
 	// Repeat, when > 0, is every cell's rounds (Cell.Rounds), in place of the plan's.
 	Repeat int
+	// Machine is a note on what the run is on, recorded before the machine's own description
+	// (the --machine flag: "shared 2-core VM, nothing else running").
+	Machine string
 	// Quiet hides the progress bar and the per-arm lines on Stderr.
 	Quiet          bool
 	Stdout, Stderr io.Writer
@@ -221,7 +237,8 @@ func Run(ctx context.Context, o Options, cells []Cell, skipped []Skip) (*Result,
 			return nil, fmt.Errorf("--out: %w", err)
 		}
 	}
-	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped}
+	res := &Result{Started: time.Now().UTC(), Seed: o.Seed, Quick: o.Quick, Policies: o.Policies, Skipped: skipped,
+		Commit: Commit(ctx), Machine: Machine(o.Machine)}
 	start := time.Now()
 	cells = slices.Clone(cells) // Rounds is resolved below; the caller's cells stay as given
 	total := 0
@@ -284,19 +301,29 @@ cells:
 		fmt.Fprintln(o.Stderr)
 	}
 	res.WallS = time.Since(start).Seconds()
-	b := Analyze(res)
-	fmt.Fprint(o.Stdout, Render(b))
-	if o.Out != "" {
-		jp, pp := filepath.Join(o.Out, "suite.json"), filepath.Join(o.Out, "suite.png")
-		if err := WriteJSON(jp, res); err != nil {
-			return res, err
-		}
-		if err := Plot(pp, b); err != nil {
-			return res, err
-		}
-		fmt.Fprintf(o.Stdout, "\nWrote %s and %s.\n", jp, pp)
+	if err := Score(res, o.Out, o.Stdout); err != nil {
+		return res, err
 	}
 	return res, ctx.Err()
+}
+
+// Score analyses r, prints the scoreboard on w and, when dir is not "", writes dir/suite.json
+// and dir/suite.png.
+func Score(r *Result, dir string, w io.Writer) error {
+	b := Analyze(r)
+	fmt.Fprint(w, Render(b))
+	if dir == "" {
+		return nil
+	}
+	jp, pp := filepath.Join(dir, "suite.json"), filepath.Join(dir, "suite.png")
+	if err := WriteJSON(jp, r); err != nil {
+		return err
+	}
+	if err := Plot(pp, b); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\nWrote %s and %s.\n", jp, pp)
+	return nil
 }
 
 // runArm runs one policy on one cell through bench.Compare and fills the cell's facts from
