@@ -11,6 +11,7 @@ package proxy
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -430,7 +431,7 @@ func (s *Server) queueItem(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) 
 	}
 	now := time.Now()
 	wait := cfg.MaxQueueWait
-	if ms, err := strconv.ParseInt(string(ctx.Request.Header.Peek(HeaderQueueDeadline)), 10, 64); err == nil && ms >= 0 {
+	if ms, err := strconv.ParseInt(string(peekFold(&ctx.Request.Header, HeaderQueueDeadline)), 10, 64); err == nil && ms >= 0 {
 		wait = min(wait, time.Duration(ms)*time.Millisecond)
 	}
 	return &flowcontrol.Item{
@@ -444,10 +445,21 @@ func (s *Server) queueItem(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) 
 	}
 }
 
-// fastHeaders reads a fasthttp request's headers for a Classifier.
+// fastHeaders reads a fasthttp request's headers for a Classifier, names matched without
+// regard to case (the server keeps names as sent: DisableHeaderNamesNormalizing).
 type fastHeaders struct{ h *fasthttp.RequestHeader }
 
-func (h fastHeaders) Get(name string) string { return string(h.h.Peek(name)) }
+func (h fastHeaders) Get(name string) string { return string(peekFold(h.h, name)) }
+
+// peekFold is the value of the first header named name in any case, nil when absent.
+func peekFold(h *fasthttp.RequestHeader, name string) []byte {
+	for k, v := range h.All() {
+		if len(k) == len(name) && strings.EqualFold(string(k), name) {
+			return v
+		}
+	}
+	return nil
+}
 
 // settleQueued charges a request that left the queue for a replica what it really cost,
 // when its response ends (putFlow): the prompt tokens the replica did not have cached and
