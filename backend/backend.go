@@ -71,6 +71,9 @@ type Backend struct {
 	samples sampleLog
 	// loadNotify is signalled on a change of the own load (NotifyLoad, package peering).
 	loadNotify atomic.Pointer[chan<- struct{}]
+	// roomNotify is signalled when the replica may have room for another request
+	// (NotifyRoom, package proxy: its flow-control dispatcher).
+	roomNotify atomic.Pointer[chan<- struct{}]
 }
 
 // DefaultWeight is the weight of a backend configured without one: 1, an equal share of the

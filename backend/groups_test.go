@@ -36,7 +36,7 @@ func TestGroupSnapshots(t *testing.T) {
 	b.SetOtherSenders(SendersShared)
 	b.SetHealthy(false)
 	b.SetNeverPassed(true)
-	want := HealthReport{NeverPassed: true, Requests: 8, Excess: 5, KVCacheTokens: 90_000, KVUsage: 1, Senders: SendersShared}
+	want := HealthReport{NeverPassed: true, Requests: 8, Running: 8, CountedAtScrape: 3, Excess: 5, KVCacheTokens: 90_000, KVUsage: 1, Senders: SendersShared}
 	if got := b.HealthReport(); got != want {
 		t.Errorf("HealthReport() = %+v, want %+v", got, want)
 	}

@@ -135,6 +135,7 @@ func (l *Lease) Release() {
 			}
 			l.b.counts.inFlight.Add(-1)
 			l.b.loadChanged()
+			l.b.roomChanged()
 			return
 		}
 	}

@@ -47,7 +47,9 @@ func (b *Backend) PeerPrefillTokens() int64 { return b.peers.prefill.Load() }
 // answered) takes what left off the credit, as this proxy's own answered requests do. A
 // report that repeats the sum changes nothing.
 func (b *Backend) SetPeerLoad(inFlight, prefillTokens int64) {
-	b.peers.inFlight.Store(max(inFlight, 0))
+	if b.peers.inFlight.Swap(max(inFlight, 0)) > inFlight {
+		b.roomChanged() // a peer's request there ended: room, maybe
+	}
 	p := max(prefillTokens, 0)
 	now := time.Now()
 	d := &b.drain
@@ -87,6 +89,30 @@ func (b *Backend) NotifyLoad(c chan<- struct{}) {
 // loadChanged signals NotifyLoad's channel, if any.
 func (b *Backend) loadChanged() {
 	if c := b.loadNotify.Load(); c != nil {
+		select {
+		case *c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// NotifyRoom makes every event that may give the replica room for one more request signal
+// c without blocking (a send on a full channel is dropped): one of this proxy's requests
+// there ends (Lease.Release), the peers' in-flight count there falls (SetPeerLoad), a scrape
+// changes what the replica reported (SetScrapedRequests). The proxy's flow-control
+// dispatcher waits on it; nil stops it. One channel a backend: the last call wins. It is
+// apart from NotifyLoad (peering's flusher), which only this proxy's own load wakes.
+func (b *Backend) NotifyRoom(c chan<- struct{}) {
+	if c == nil {
+		b.roomNotify.Store(nil)
+		return
+	}
+	b.roomNotify.Store(&c)
+}
+
+// roomChanged signals NotifyRoom's channel, if any.
+func (b *Backend) roomChanged() {
+	if c := b.roomNotify.Load(); c != nil {
 		select {
 		case *c <- struct{}{}:
 		default:

@@ -13,8 +13,8 @@ import (
 // write publishes a whole new value, so a HealthReport read once (Backend.HealthReport) holds
 // the fields of one moment: the reported requests with their excess, say. Only package health
 // writes it (writers_test.go), through SetHealthy, SetNeverPassed, SetScrapedLoad,
-// SetScrapedKVUsage, SetScrapedKVCacheTokens and SetOtherSenders; the zero fields are "not
-// known", and a new Backend is healthy.
+// SetScrapedRequests, SetScrapedKVUsage, SetScrapedKVCacheTokens and SetOtherSenders; the
+// zero fields are "not known", and a new Backend is healthy.
 type HealthReport struct {
 	// Healthy: the backend may take new requests (active checks passing, not ejected).
 	Healthy bool
@@ -23,6 +23,20 @@ type HealthReport struct {
 	// Requests is the running + waiting requests the replica reported at its last scrape
 	// (vLLM num_requests_running + num_requests_waiting; 0: unknown, or the scrape failed).
 	Requests int64
+	// Running and Waiting split Requests when the scrape told them apart
+	// (SetScrapedRequests: vllm:num_requests_running and vllm:num_requests_waiting); a
+	// report set by SetScrapedLoad has the total in Running and Waiting 0.
+	Running, Waiting int64
+	// LearnedMaxRunning is the most requests the replica was seen running while others
+	// waited in its queue (a scrape with Waiting > 0): its concurrency limit as learned from
+	// its metrics (vLLM max_num_seqs, or fewer when its KV cache ran out first); 0: never
+	// seen. Kept across scrapes; a restart may lower the limit, which the next scrape with a
+	// queue shows (Running with Waiting > 0 is then the limit of that moment).
+	LearnedMaxRunning int64
+	// CountedAtScrape is what this proxy and its peers had in flight there around the last
+	// successful scrape (the larger of before and after the fetch): the requests counted now
+	// less it is how the replica's queue moved since (see Excess).
+	CountedAtScrape int64
 	// Excess is how many of Requests were beyond what this proxy and its peers had in flight
 	// there around the scrape: other senders' work (ScrapedExcess).
 	Excess int64
@@ -104,10 +118,29 @@ func (b *Backend) SetNeverPassed(v bool) {
 // the smallest excess: another sender's requests that arrived while as many of this proxy's
 // were answered within one fetch (a few milliseconds) wait for the next scrape.
 func (b *Backend) SetScrapedLoad(requests, before int64) {
-	requests = max(requests, 0)
-	b.report.update(func(r HealthReport) HealthReport {
-		r.Requests = requests
-		r.Excess = max(requests-max(before, b.Counted()), 0)
+	b.setScraped(max(requests, 0), 0, before)
+}
+
+// SetScrapedRequests is SetScrapedLoad with the running and waiting requests told apart
+// (vllm:num_requests_running, vllm:num_requests_waiting; negative counts as 0). A scrape
+// with waiting requests also teaches the replica's concurrency limit (LearnedMaxRunning).
+// A change wakes NotifyRoom's subscriber: a scrape may show room.
+func (b *Backend) SetScrapedRequests(running, waiting, before int64) {
+	if b.setScraped(max(running, 0), max(waiting, 0), before) {
+		b.roomChanged()
+	}
+}
+
+func (b *Backend) setScraped(running, waiting, before int64) bool {
+	return b.report.update(func(r HealthReport) HealthReport {
+		counted := max(before, b.Counted())
+		r.Requests = running + waiting
+		r.Running, r.Waiting = running, waiting
+		r.CountedAtScrape = counted
+		r.Excess = max(r.Requests-counted, 0)
+		if waiting > 0 && running > r.LearnedMaxRunning {
+			r.LearnedMaxRunning = running
+		}
 		return r
 	})
 }

@@ -15,17 +15,24 @@ type Settings struct {
 	// Weight scales the backend's share of the hash ring and of the bounded-load cap (1 =
 	// normal; at least 1).
 	Weight int
+	// MaxConcurrency is the most requests the replica runs at once as configured
+	// (backends[].max_concurrency, its engine's max_num_seqs; 0: not configured, learned
+	// from its metrics instead: HealthReport.LearnedMaxRunning). Flow control judges the
+	// replica saturated when it has this many (proxy/saturation.go).
+	MaxConcurrency int64
 }
 
 // settingsState is Settings as atomics; only the config writes it (writers_test.go).
 type settingsState struct {
 	kvTokens atomic.Int64
 	weight   atomic.Int64
+	maxConc  atomic.Int64
 }
 
 // Settings reads the configured settings, each field once.
 func (b *Backend) Settings() Settings {
-	return Settings{KVCacheTokens: b.settings.kvTokens.Load(), Weight: int(b.settings.weight.Load())}
+	return Settings{KVCacheTokens: b.settings.kvTokens.Load(), Weight: int(b.settings.weight.Load()),
+		MaxConcurrency: b.settings.maxConc.Load()}
 }
 
 // KVCacheTokens is Settings().KVCacheTokens.
@@ -46,6 +53,13 @@ func (b *Backend) SetWeight(w int) {
 	}
 	b.settings.weight.Store(int64(w))
 }
+
+// MaxConcurrency is Settings().MaxConcurrency.
+func (b *Backend) MaxConcurrency() int64 { return b.settings.maxConc.Load() }
+
+// SetMaxConcurrency changes the configured concurrency limit (a config reload; 0 or below:
+// not configured).
+func (b *Backend) SetMaxConcurrency(n int64) { b.settings.maxConc.Store(max(n, 0)) }
 
 // KVCapacity is the replica's KV-cache capacity in tokens: the configured kv_cache_tokens
 // (Settings), else what the replica reports (HealthReport: vLLM cache_config_info

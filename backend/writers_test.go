@@ -27,14 +27,14 @@ var writers = []struct {
 	setters []string
 }{
 	{"Settings and configured models: the config (a reload, the backends it builds)",
-		[]string{"proxy", "app"}, []string{"SetKVCacheTokens", "SetWeight", "SetConfiguredModels"}},
+		[]string{"proxy", "app"}, []string{"SetKVCacheTokens", "SetWeight", "SetMaxConcurrency", "SetConfiguredModels"}},
 	{"HealthReport and discovered models: the health checker",
-		[]string{"health"}, []string{"SetHealthy", "SetNeverPassed", "SetScrapedLoad", "SetScrapedKVUsage",
+		[]string{"health"}, []string{"SetHealthy", "SetNeverPassed", "SetScrapedLoad", "SetScrapedRequests", "SetScrapedKVUsage",
 			"SetScrapedKVCacheTokens", "SetOtherSenders", "SetDiscoveredModels"}},
 	{"PeerLoad, the peers' prefill samples and the load signal: peering",
 		[]string{"peering"}, []string{"SetPeerLoad", "ObservePrefill", "SharePrefillSamples", "TakePrefillSamples", "NotifyLoad"}},
-	{"Counts: this proxy's requests (bench/overhead drives Leases as the proxy does)",
-		[]string{"proxy", "bench/overhead"}, []string{"Lease", "SetReportsCachedTokens"}},
+	{"Counts: this proxy's requests (bench/overhead drives Leases as the proxy does), and the room signal its flow control waits on",
+		[]string{"proxy", "bench/overhead"}, []string{"Lease", "SetReportsCachedTokens", "NotifyRoom"}},
 	{"the pooled prefill model: the prefix policy",
 		[]string{"router"}, []string{"SetFleetPrefill"}},
 	{"the cache epoch: the health checker's restarts and returns, the proxy's removals",

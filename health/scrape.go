@@ -146,7 +146,7 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 		restarted = "prompt_tokens_total went backwards"
 	}
 	res.load, res.good, res.ok = load, true, true
-	st.b.SetScrapedLoad(int64(load.Running+load.Waiting+0.5), before)
+	st.b.SetScrapedRequests(int64(load.Running+0.5), int64(load.Waiting+0.5), before)
 	st.b.SetScrapedKVUsage(load.KVCacheUsage)
 	if load.NumGPUBlocks > 0 && load.BlockSize > 0 && st.b.SetScrapedKVCacheTokens(load.NumGPUBlocks*load.BlockSize) {
 		if h := c.kvHook.Load(); h != nil {

@@ -22,7 +22,8 @@ const maxDebugBody = 64 << 20
 // AdminHandler serves the admin listener: /metrics (Prometheus text), /healthz (process
 // alive), /readyz (at least one healthy backend), /debug/backends (JSON state per backend),
 // /debug/route (POST a request body, get the routing decision without forwarding; the
-// query parameter path= names the endpoint, default /v1/chat/completions).
+// query parameter path= names the endpoint, default /v1/chat/completions), /debug/queue
+// (flow control's queues: bands, flows by hashed ID, heads' ages; QueueInfo).
 func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
@@ -58,6 +59,7 @@ func (s *Server) AdminHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /debug/backends", s.debugBackends)
 	mux.HandleFunc("POST /debug/route", s.debugRoute)
+	mux.HandleFunc("GET /debug/queue", s.debugQueue)
 	return mux
 }
 

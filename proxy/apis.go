@@ -37,6 +37,8 @@ var (
 	inputTokensKey   = []byte(`"input_tokens":`)
 	cacheReadKey     = []byte(`"cache_read_input_tokens":`)
 	cacheCreationKey = []byte(`"cache_creation_input_tokens":`)
+	completionKey    = []byte(`"completion_tokens":`)
+	outputTokensKey  = []byte(`"output_tokens":`)
 )
 
 // maxUsageScan bounds how many "usage" objects of one piece sniffUsage reads, last first: a
@@ -67,6 +69,13 @@ func (f *flow) sniffUsage(p []byte) {
 // An Anthropic usage without cache_read_input_tokens (a server that reports the cache only in
 // some events) does not replace a reading that had it.
 func (f *flow) usageAt(u []byte) bool {
+	if f.qit != nil { // a queued request: its flow is charged the tokens generated (settleQueued)
+		if v, ok := intAfter(u, completionKey); ok {
+			f.usageOutput, f.usageOutputSeen = v, true
+		} else if v, ok := intAfter(u, outputTokensKey); ok {
+			f.usageOutput, f.usageOutputSeen = v, true
+		}
+	}
 	if v, ok := intAfter(u, promptTokensKey); ok {
 		f.usagePrompt = v
 		f.usageCached, f.usageCacheSeen = 0, false

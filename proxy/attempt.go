@@ -55,11 +55,10 @@ func (s *Server) try(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, canR
 		return errBackendRemoved // nothing was sent: not a connect error of b's
 	}
 	f.up = up
-	work := f.dec.PrefillWork
-	if work <= 0 || f.dec.Backend != b {
-		work = router.PrefillWork(int64(f.k.PromptTokens), 0)
+	if !f.leased || f.lease.Backend() != b {
+		s.beginLease(f, b)
 	}
-	f.lease.Begin(b, work, int64(f.k.PromptTokens), f.k.Stream)
+	f.leased = false // begun by flow control's dispatcher with its decision: this attempt's
 	f.tr.attemptBegan(&ctx.Request.Header, b)
 	ctx.Request.Header.SetHost(b.Addr)
 	head := bytes.Equal(f.method, []byte(fasthttp.MethodHead))

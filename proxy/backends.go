@@ -26,6 +26,7 @@ func (s *Server) UpdateBackends(bs []*backend.Backend) {
 		if old, ok := cur[nb.Name]; ok {
 			old.SetKVCacheTokens(nb.KVCacheTokens())
 			old.SetWeight(nb.Weight())
+			old.SetMaxConcurrency(nb.MaxConcurrency())
 			adoptModels(old, nb)
 			nb = old
 		}
@@ -63,9 +64,12 @@ func (s *Server) SetBackends(bs []*backend.Backend) {
 	s.pool.Set(bs)
 	s.decider.SetBackends(bs)
 	s.rebuildPoolsLocked()
+	s.notifyRoomLocked(bs)
+	s.fc.wake() // a new or changed backend may have room for queued requests
 	if old != nil {
 		for b, up := range *old {
 			if _, ok := ups[b]; !ok {
+				b.NotifyRoom(nil)
 				up.retire()
 				s.m.releaseBackend(up.m)
 				b.ResetCache()

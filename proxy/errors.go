@@ -114,7 +114,10 @@ const StatusClientClosedRequest = 499
 // local resource → 503.
 func statusOf(err error) int {
 	var ne net.Error
+	var fr *flowRefusal
 	switch {
+	case errors.As(err, &fr):
+		return fr.status
 	case errors.Is(err, errClientGone), errors.Is(err, errClientWriteTimeout):
 		return StatusClientClosedRequest
 	case errors.Is(err, errNoBackend), errors.Is(err, errShuttingDown), errors.Is(err, errBackendRemoved),
@@ -140,6 +143,8 @@ func errorType(status int) string {
 		return "server_error" // prefixlb's own failure (recover.go), as OpenAI types its 500s
 	case status == fasthttp.StatusServiceUnavailable:
 		return "service_unavailable"
+	case status == fasthttp.StatusTooManyRequests:
+		return "rate_limit_error" // prefixlb's flow control refused it (flowctl.go)
 	case status == fasthttp.StatusGatewayTimeout:
 		return "timeout"
 	default:

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/flowcontrol"
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/router"
 	"github.com/prefixlb/prefixlb/router/key"
@@ -73,6 +74,20 @@ type flow struct {
 	usageCacheSeen bool
 
 	tr requestTrace // the request's spans (trace.go); zero when not traced
+
+	// Flow control (flowctl.go). wake is signalled by abort, so that a request waiting in
+	// a queue learns that its client left. qit and qq are the request's queue item and its
+	// pool's queue once it was queued and dispatched (settled when the flow is put back);
+	// placed says the dispatcher made the first decision and began the lease on it; refused
+	// that flow control answered the request itself.
+	wake            chan struct{}
+	qit             *flowcontrol.Item
+	qq              *poolQueue
+	placed, refused bool
+	leased          bool // the dispatcher began the lease for the first attempt
+	queueWait       time.Duration
+	usageOutput     int  // backend-reported completion_tokens / output_tokens (queued requests only)
+	usageOutputSeen bool // usageOutput was reported
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.
@@ -109,6 +124,10 @@ func (f *flow) abort(why error) {
 	f.mu.Unlock()
 	if c != nil {
 		_ = c.Close()
+	}
+	select { // a request waiting in a flow-control queue leaves it (Server.await)
+	case f.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -223,7 +223,9 @@ func (sm *serverMetrics) observe(f *flow, status int, res result) {
 		sm.retries.Add(f.attempts - 1)
 	}
 	if f.up == nil {
-		sm.noBackend.Inc()
+		if !f.refused { // flow control's refusals are counted as such (prefixlb_flow_refused_total)
+			sm.noBackend.Inc()
+		}
 		return
 	}
 	bm := f.up.m
@@ -281,6 +283,7 @@ func (s *Server) writeGauges(w io.Writer) {
 	}
 	s.writeShadow(w)
 	s.writeSavings(w)
+	s.writeFlowGauges(w)
 }
 
 func intAfter(p, key []byte) (int, bool) {

@@ -47,6 +47,9 @@ type Options struct {
 	// backends in traceparent (trace.go); nil: off. New builds its tracer, and Shutdown
 	// exports the spans still queued.
 	Tracing *tracing.Options
+	// FlowControl holds requests while every replica of their pool is saturated
+	// (flowctl.go; off by default). Server.SetFlowControl changes it on a reload.
+	FlowControl FlowControl
 }
 
 // Timeouts of the proxy (zero: the default).

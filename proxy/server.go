@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +75,8 @@ type Server struct {
 
 	tracer *tracing.Tracer // nil: tracing off (trace.go)
 
+	fc *flowControl // flow control (flowctl.go); always built, on by Options.FlowControl.Enabled
+
 	testPanic func(panicStage) // tests only: makes serving panic at a stage (recover.go); nil otherwise
 }
 
@@ -119,7 +122,8 @@ func New(o Options) (*Server, error) {
 		s.fds.reclaim = s.closeIdle
 	}
 	s.m.chunkTokens = o.ChunkTokens
-	s.flows.New = func() any { return &flow{s: s} }
+	s.flows.New = func() any { return &flow{s: s, wake: make(chan struct{}, 1)} }
+	s.fc = newFlowControl(s, o.FlowControl)
 	s.hc.OnKVCapacity(func(b *backend.Backend) {
 		log.Info("backend reported its KV-cache capacity", zap.String("backend", b.Name),
 			zap.Int64("kv_cache_tokens", b.KVCapacity(s.defaultKV)))
@@ -182,6 +186,11 @@ func (s *Server) closeIdle() {
 // what is left (closing their upstream connections so the engines stop generating).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	// Queued requests are answered first (503, Retry-After): they are not in flight, and
+	// the server's shutdown would otherwise wait for their handlers until ctx ends.
+	if n := s.fc.drain(); n > 0 {
+		s.log.Info("flow control: queued requests answered 503 at shutdown", zap.Int("requests", n))
+	}
 	err := s.srv.ShutdownWithContext(ctx)
 	if err != nil {
 		s.abortAll(errShuttingDown)
@@ -191,6 +200,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		_ = s.srv.ShutdownWithContext(unwind)
 	}
 	s.wd.close()
+	s.fc.close()
 	s.hc.Close()
 	for _, u := range *s.ups.Load() {
 		u.retire()
@@ -218,11 +228,18 @@ func (s *Server) getFlow(ctx *fasthttp.RequestCtx) *flow {
 	f.done.Store(false)
 	f.gone.Store(false)
 	f.goneBy = nil
+	select { // a wake left from an abort after the flow's last wait
+	case <-f.wake:
+	default:
+	}
 	f.conn0 = ctx.Conn() // SyscallConn allocates: the watchdog calls it only for flows still in flight at a tick
 	return f
 }
 
 func (s *Server) putFlow(f *flow) {
+	s.settleQueued(f)
+	f.placed, f.leased, f.refused, f.queueWait = false, false, false, 0
+	f.usageOutput, f.usageOutputSeen = 0, false
 	f.k.Recycle()
 	f.cands = f.cands[:0]
 	f.lease = backend.Lease{}
@@ -317,15 +334,30 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, f *flow) {
 func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 	f.ticket = s.decider.Ticket(&f.k)
 	f.cands = s.candidatesFor(f.cands, &f.k)
+	if err := s.hold(ctx, f); err != nil {
+		return err
+	}
+	if f.placed && f.gone.Load() {
+		// The client left while the dispatcher placed the request: no backend sees it.
+		f.placed, f.leased, f.refused = false, false, true
+		f.lease.Release()
+		return f.goneErr()
+	}
 	lastErr := errNoBackend
 	for removed := 0; len(f.cands) > 0 && f.attempts < maxAttempts; {
-		from := f.pickStart()
-		if f.attempts == 0 {
+		switch {
+		case f.placed:
+			// Placed by flow control's dispatcher, which decided and began the lease.
+			f.placed = false
+		case f.attempts == 0:
+			from := f.pickStart()
 			f.dec = s.decider.Pick(&f.k, f.cands)
-		} else {
+			f.tr.picked(&f.dec, f.k.PromptTokens, s.m.routing.picked(from))
+		default:
+			from := f.pickStart()
 			f.dec = s.decider.Repick(&f.k, f.dec, f.cands, f.id)
+			f.tr.picked(&f.dec, f.k.PromptTokens, s.m.routing.picked(from))
 		}
-		f.tr.picked(&f.dec, f.k.PromptTokens, s.m.routing.picked(from))
 		s.testPanicAt(stagePick)
 		if f.dec.Backend == nil {
 			break
@@ -376,6 +408,10 @@ func (s *Server) fail(ctx *fasthttp.RequestCtx, f *flow, err error) {
 	if errors.Is(err, errLocalResource) {
 		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, retryAfterLocal)
 	}
+	var fr *flowRefusal
+	if errors.As(err, &fr) && status != StatusClientClosedRequest {
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, strconv.Itoa(fr.retryAfter))
+	}
 	f.resp.SetStatusCode(status)
 	f.finish(status, err)
 }
@@ -420,6 +456,7 @@ func (s *Server) logRequest(f *flow, status int, err error, res result) {
 		zap.Duration("duration", time.Since(f.start)),
 		zap.Int64("bytes", f.bytes),
 		zap.Int("attempts", f.attempts),
+		zap.Int64("queue_wait_ms", f.queueWait.Milliseconds()),
 		zap.Stringer("result", res),
 	}
 	if err != nil {

@@ -1,0 +1,587 @@
+package proxy
+
+// Flow control in the request path (docs/flow-control.md): when every healthy replica of a
+// request's model pool is saturated (saturation.go), the request waits in the pool's
+// flowcontrol.Queue instead of being forwarded into an engine's waiting queue, and a
+// dispatcher places it, by the policy with the state of that moment, when a replica has
+// room. A request that some replica could start now goes straight through, as without flow
+// control, unless requests of its pool are already waiting (it then takes its turn behind
+// them, and the dispatcher is woken at once).
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/flowcontrol"
+	"github.com/prefixlb/prefixlb/router"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// FlowControl configures flow control (Options.FlowControl; Server.SetFlowControl on a
+// reload). Zero fields take the defaults.
+type FlowControl struct {
+	// Enabled holds requests whose pool is saturated; off, every request is forwarded at once
+	// (requests already queued are still dispatched as replicas free up).
+	Enabled bool
+	// MaxQueueWait is the longest a request waits queued before it is refused (429,
+	// reason expired); default flowcontrol.DefaultMaxQueueWait... 30 s. A client's own
+	// shorter deadline (HeaderQueueDeadline) wins.
+	MaxQueueWait time.Duration
+	// Queue bounds each pool's queue and tunes its ordering (zero fields: flowcontrol's
+	// defaults). A reload changes MaxItems and MaxBytes of the queues in place; MinBandShare
+	// and MaxRequestWork apply to the pools' queues created after it.
+	Queue flowcontrol.Config
+	// KVSaturation is the KV-cache usage at or above which a replica is saturated (default
+	// DefaultKVSaturation; negative turns the KV rule off).
+	KVSaturation float64
+	// DefaultOutputTokens is the output a queued request is predicted to generate when its
+	// body sets no max_tokens (max_completion_tokens, max_output_tokens): its charge until
+	// its response ends and the real count replaces it. Default DefaultOutputTokens.
+	DefaultOutputTokens int
+	// Classifier gives a request its priority and flow; nil: priority 0, one flow.
+	Classifier Classifier
+}
+
+// Defaults of FlowControl.
+const (
+	// DefaultMaxQueueWait: long enough to ride out a burst, short enough that a client still
+	// waits for the answer.
+	DefaultMaxQueueWait = 30 * time.Second
+	// DefaultOutputTokens: a chat reply of a few paragraphs.
+	DefaultOutputTokens = 256
+)
+
+// HeaderQueueDeadline is the client's own bound on its queue wait, in milliseconds
+// ("x-prefixlb-queue-deadline-ms: 2000"). It is read from every client, trusted headers or
+// not: it can only shorten the request's own wait below MaxQueueWait, never lengthen it or
+// move the request ahead of another.
+const HeaderQueueDeadline = "x-prefixlb-queue-deadline-ms"
+
+// RequestHeaders reads a request header by name (case-insensitive); "" when absent.
+type RequestHeaders interface {
+	Get(name string) string
+}
+
+// Classifier maps a request to its priority (higher first; below 0: sheddable, refused at
+// once while its pool is saturated) and its flow (the fairness key within a priority: a
+// tenant, an API key's hash; never a raw key, it shows in /debug/queue). Called only for a
+// request that is queued, with the request's URL path, its body's model and its headers.
+type Classifier interface {
+	Classify(path string, model []byte, h RequestHeaders) (priority int, flow string)
+}
+
+// anonymousFlow is the flow of every request when no Classifier is set.
+const anonymousFlow = "anonymous"
+
+func (c FlowControl) withDefaults() FlowControl {
+	if c.MaxQueueWait <= 0 {
+		c.MaxQueueWait = DefaultMaxQueueWait
+	}
+	if c.KVSaturation == 0 {
+		c.KVSaturation = DefaultKVSaturation
+	}
+	if c.DefaultOutputTokens <= 0 {
+		c.DefaultOutputTokens = DefaultOutputTokens
+	}
+	return c
+}
+
+// Names of the pools' queues: a model's name, or one of these.
+const (
+	poolAll      = ""        // every backend: requests without a model, or no backend's models known
+	poolAnyModel = "\x00any" // the backends whose models are unknown (a model nobody lists)
+)
+
+// poolQueue is one model pool's queue.
+type poolQueue struct {
+	name string
+	q    *flowcontrol.Queue
+}
+
+// flowControl is a Server's flow control: the pools' queues and their dispatcher.
+type flowControl struct {
+	s   *Server
+	cfg atomic.Pointer[FlowControl]
+	// held counts the requests waiting in any queue (pushed, outcome not yet taken by their
+	// handler): while 0, a request whose pool is not saturated goes on without a lookup.
+	held atomic.Int64
+
+	mu     sync.Mutex
+	queues map[string]*poolQueue
+	list   atomic.Pointer[[]*poolQueue] // queues, for the dispatcher
+	closed bool                         // drained at shutdown: no new queue
+
+	kick     chan struct{} // wakes the dispatcher (backend.NotifyRoom, pushes)
+	stop     chan struct{}
+	done     chan struct{}
+	stopOnce sync.Once
+
+	roomy []*backend.Backend // the dispatcher's scratch
+	m     *flowMetrics
+}
+
+// dispatchPoll bounds how long queued requests wait for a signal of room that did not
+// come: a replica that turned healthy, a reload that added one, a scrape whose change
+// another path missed. Signals (a request ending, a peer's count falling, a scrape) are the
+// normal path; this only bounds the cost of a missed one.
+const dispatchPoll = 50 * time.Millisecond
+
+func newFlowControl(s *Server, cfg FlowControl) *flowControl {
+	fc := &flowControl{
+		s:      s,
+		queues: map[string]*poolQueue{},
+		kick:   make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+		m:      newFlowMetrics(s.m.set),
+	}
+	c := cfg.withDefaults()
+	fc.cfg.Store(&c)
+	fc.list.Store(&[]*poolQueue{})
+	go fc.run()
+	return fc
+}
+
+// config is the current configuration (defaults filled in).
+func (fc *flowControl) config() *FlowControl { return fc.cfg.Load() }
+
+// enabled reports whether new requests may be held.
+func (fc *flowControl) enabled() bool { return fc.cfg.Load().Enabled }
+
+// wake signals the dispatcher without blocking.
+func (fc *flowControl) wake() {
+	select {
+	case fc.kick <- struct{}{}:
+	default:
+	}
+}
+
+// SetFlowControl applies a reload's flow-control settings: queued requests stay queued, the
+// queues take the new bounds (flowcontrol.Queue.SetLimits), and new requests see the rest.
+// Turned off, new requests go straight through and the queued ones are still dispatched.
+func (s *Server) SetFlowControl(c FlowControl) {
+	c = c.withDefaults()
+	s.fc.cfg.Store(&c)
+	for _, pq := range *s.fc.list.Load() {
+		pq.q.SetLimits(c.Queue.MaxItems, c.Queue.MaxBytes)
+	}
+	s.setMu.Lock()
+	s.notifyRoomLocked(s.pool.Snapshot())
+	s.setMu.Unlock()
+	s.fc.wake()
+}
+
+// notifyRoomLocked points the backends' room signal at the dispatcher while flow control is
+// on or requests are queued, and off otherwise (a Lease's end then signals nothing). The
+// caller holds setMu.
+func (s *Server) notifyRoomLocked(bs []*backend.Backend) {
+	on := s.fc.enabled() || s.fc.held.Load() > 0
+	for _, b := range bs {
+		if on {
+			b.NotifyRoom(s.fc.kick)
+		} else {
+			b.NotifyRoom(nil)
+		}
+	}
+}
+
+// poolName names the queue of k's pool (see poolFor).
+func (s *Server) poolName(k *key.Key) string {
+	p := s.pools.Load()
+	if len(k.Model) == 0 || p == nil || !p.filtering {
+		return poolAll
+	}
+	if _, ok := p.byModel[string(k.Model)]; ok {
+		return string(k.Model)
+	}
+	return poolAnyModel
+}
+
+// poolMembers returns the backends of the pool named name (healthy or not).
+func (s *Server) poolMembers(name string) []*backend.Backend {
+	p := s.pools.Load()
+	switch {
+	case name == poolAll || p == nil || !p.filtering:
+		return s.pool.Snapshot()
+	case name == poolAnyModel:
+		return p.anyModel
+	}
+	return p.byModel[name] // nil once no backend serves it: its requests wait to expire
+}
+
+// lookup returns the queue of the pool named name, nil when it has none.
+func (fc *flowControl) lookup(name string) *poolQueue {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	return fc.queues[name]
+}
+
+// queueFor returns the queue of the pool named name, creating it; nil after shutdown.
+func (fc *flowControl) queueFor(name string) (*poolQueue, error) {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	if fc.closed {
+		return nil, flowcontrol.ErrClosed
+	}
+	if pq := fc.queues[name]; pq != nil {
+		return pq, nil
+	}
+	cfg := fc.config()
+	q, err := flowcontrol.New(cfg.Queue)
+	if err != nil {
+		return nil, err
+	}
+	pq := &poolQueue{name: name, q: q}
+	fc.queues[name] = pq
+	l := append(append([]*poolQueue(nil), *fc.list.Load()...), pq)
+	fc.list.Store(&l)
+	return pq, nil
+}
+
+// flowRefusal is a request flow control answered itself: 429 (the pool is overloaded:
+// expired, queue_full, queue_bytes_full, sheddable, displaced, shed) or 503 (shutdown, or
+// no healthy replica at its deadline), with Retry-After.
+type flowRefusal struct {
+	status     int
+	reason     string
+	retryAfter int // seconds
+}
+
+func (e *flowRefusal) Error() string {
+	switch e.reason {
+	case "expired":
+		if e.status == fasthttp.StatusServiceUnavailable {
+			return "flow control: no healthy replica of the model's pool took the request within its queue wait (reason expired)"
+		}
+		return "flow control: every replica of the model's pool stayed saturated for the request's whole queue wait (reason expired)"
+	case "shutdown":
+		return "flow control: prefixlb is shutting down; the queued request was not sent (reason shutdown)"
+	case "sheddable":
+		return "flow control: every replica of the model's pool is saturated and the request's priority is sheddable (reason sheddable)"
+	case "shed":
+		return "flow control: the model's pool became saturated and the queued request's priority is sheddable (reason shed)"
+	case "displaced":
+		return "flow control: the queue was full and a request of a lighter flow or a higher priority took this one's place (reason displaced)"
+	case "queue_bytes_full":
+		return "flow control: every replica of the model's pool is saturated and the queue's body bytes are at their bound (reason queue_bytes_full)"
+	}
+	return "flow control: every replica of the model's pool is saturated and its queue is full (reason queue_full)"
+}
+
+// retryAfterSeconds is the Retry-After of an overload refusal: a tenth of the queue wait,
+// 1 to 10 s (3 s at the default wait): the queue turns over in about that time, and clients
+// told to come back at once would only meet the same queue.
+func retryAfterSeconds(wait time.Duration) int {
+	return min(max(int(wait/(10*time.Second)), 1), 10)
+}
+
+// hold runs before the first pick of a routed request with flow control on. It returns
+// nil when the request goes on: at once when some replica of its pool can start it and no
+// request of the pool waits, or once the dispatcher placed it (f.placed: the decision made
+// and its lease begun). Otherwise it returns the refusal (flowRefusal) or, for a client that
+// left while queued, its goneErr: no backend saw the request.
+func (s *Server) hold(ctx *fasthttp.RequestCtx, f *flow) error {
+	fc := s.fc
+	cfg := fc.config()
+	if !cfg.Enabled || !f.k.Routed || len(f.cands) == 0 {
+		return nil
+	}
+	saturated := poolSaturated(f.cands, cfg.KVSaturation)
+	if !saturated && fc.held.Load() == 0 {
+		return nil
+	}
+	return s.holdSlow(ctx, f, cfg, saturated)
+}
+
+// holdSlow queues the request and waits for its outcome (hold).
+func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, saturated bool) error {
+	fc := s.fc
+	name := s.poolName(&f.k)
+	if !saturated {
+		if pq := fc.lookup(name); pq == nil || pq.q.Len() == 0 {
+			return nil // other pools wait, not this one
+		}
+	}
+	pq, err := fc.queueFor(name)
+	if err != nil {
+		return s.refuse(f, err, cfg)
+	}
+	it := s.queueItem(ctx, f, cfg)
+	fc.held.Add(1)
+	if err := pq.q.Push(it, saturated); err != nil {
+		fc.held.Add(-1)
+		return s.refuse(f, err, cfg)
+	}
+	f.qit, f.qq = it, pq
+	fc.m.queued.Inc()
+	fc.wake()
+	if fc.held.Load() == 1 {
+		// The first held request: make sure the replicas' room signals reach the dispatcher
+		// (they are off while flow control is off and nothing waits).
+		s.setMu.Lock()
+		s.notifyRoomLocked(s.pool.Snapshot())
+		s.setMu.Unlock()
+	}
+	o := s.await(f, pq, it)
+	fc.held.Add(-1)
+	f.queueWait = time.Since(it.Arrival)
+	fc.m.outcome(o, f.queueWait)
+	switch o {
+	case flowcontrol.Dispatched:
+		return nil
+	case flowcontrol.Cancelled:
+		f.refused = true // not a request that found no backend
+		if f.gone.Load() {
+			return f.goneErr()
+		}
+		return &failure{errClientGone, errClientGone}
+	}
+	f.qit, f.qq = nil, nil // no replica took it: nothing to settle
+	return s.refuse(f, outcomeRefusal(o), cfg)
+}
+
+// await waits for it's outcome; a client that leaves meanwhile (the watchdog's abort wakes
+// f) is removed from the queue without touching a backend, unless the dispatcher already
+// took it, whose outcome then comes.
+func (s *Server) await(f *flow, pq *poolQueue, it *flowcontrol.Item) flowcontrol.Outcome {
+	select {
+	case o := <-it.Done():
+		return o
+	case <-f.wake:
+	}
+	// The client left. The dispatcher may hold the item for the instant of a placement: it
+	// is then dispatched (and the attempt finds the client gone before dialling) or put
+	// back, and removed at the next try.
+	for {
+		if pq.q.Remove(it) {
+			return <-it.Done() // Cancelled
+		}
+		select {
+		case o := <-it.Done():
+			return o
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// outcomeRefusal maps a queued request's outcome other than dispatched and cancelled to
+// the Push error of the same meaning, for refuse.
+func outcomeRefusal(o flowcontrol.Outcome) error {
+	switch o {
+	case flowcontrol.Shutdown:
+		return flowcontrol.ErrClosed
+	case flowcontrol.Shed:
+		return errShedQueued
+	case flowcontrol.Displaced:
+		return errDisplaced
+	}
+	return errExpired
+}
+
+var (
+	errShedQueued = errors.New("shed")
+	errDisplaced  = errors.New("displaced")
+	errExpired    = errors.New("expired")
+)
+
+// refuse turns a Push error or an outcome into the flowRefusal the client gets, counted.
+func (s *Server) refuse(f *flow, err error, cfg *FlowControl) error {
+	r := &flowRefusal{status: fasthttp.StatusTooManyRequests, retryAfter: retryAfterSeconds(cfg.MaxQueueWait)}
+	switch err {
+	case flowcontrol.ErrClosed:
+		r.status, r.reason, r.retryAfter = fasthttp.StatusServiceUnavailable, "shutdown", 1
+	case errShedQueued, errDisplaced, errExpired:
+		r.reason = err.Error()
+	default:
+		r.reason = flowcontrol.Reason(err)
+		if r.reason == "" {
+			r.reason = "queue_full" // ErrInUse and config errors: never expected
+		}
+	}
+	if r.reason == "expired" && len(s.candidatesFor(f.cands[:0], &f.k)) == 0 {
+		r.status = fasthttp.StatusServiceUnavailable // nothing healthy: not an overload
+	}
+	s.fc.m.refused(r.reason)
+	f.refused = true
+	return r
+}
+
+// queueItem builds the request's queue item: priority and flow from the classifier, the
+// predicted work (prefill the policy would not find cached now, the output its max_tokens
+// allows), its body's bytes and its deadline.
+func (s *Server) queueItem(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) *flowcontrol.Item {
+	prio, fl := 0, anonymousFlow
+	if cfg.Classifier != nil {
+		prio, fl = cfg.Classifier.Classify(string(f.path), f.k.Model, fastHeaders{&ctx.Request.Header})
+	}
+	prefill := int64(f.k.PromptTokens)
+	if d := s.decider.Preview(&f.k, f.cands); d.PrefillTokens > 0 {
+		prefill = d.PrefillTokens
+	}
+	out, ok := key.TopLevelInt(f.k.Body, "max_completion_tokens", "max_tokens", "max_output_tokens")
+	if !ok {
+		out = int64(cfg.DefaultOutputTokens)
+	}
+	now := time.Now()
+	wait := cfg.MaxQueueWait
+	if ms, err := strconv.ParseInt(string(peekFold(&ctx.Request.Header, HeaderQueueDeadline)), 10, 64); err == nil && ms >= 0 {
+		wait = min(wait, time.Duration(ms)*time.Millisecond)
+	}
+	return &flowcontrol.Item{
+		Priority: prio,
+		Flow:     fl,
+		Cost:     flowcontrol.Cost{UncachedPrefillTokens: int(prefill), OutputTokens: int(min(out, 1<<30))},
+		Bytes:    int64(len(ctx.Request.Body())),
+		Arrival:  f.start,
+		Deadline: now.Add(wait),
+		Value:    f,
+	}
+}
+
+// fastHeaders reads a fasthttp request's headers for a Classifier, names matched without
+// regard to case (the server keeps names as sent: DisableHeaderNamesNormalizing).
+type fastHeaders struct{ h *fasthttp.RequestHeader }
+
+func (h fastHeaders) Get(name string) string { return string(peekFold(h.h, name)) }
+
+// peekFold is the value of the first header named name in any case, nil when absent.
+func peekFold(h *fasthttp.RequestHeader, name string) []byte {
+	for k, v := range h.All() {
+		if len(k) == len(name) && strings.EqualFold(string(k), name) {
+			return v
+		}
+	}
+	return nil
+}
+
+// settleQueued charges a request that left the queue for a replica what it really cost,
+// when its response ends (putFlow): the prompt tokens the replica did not have cached and
+// the tokens it generated, as its usage reported them, else as predicted; nothing when no
+// response came.
+func (s *Server) settleQueued(f *flow) {
+	it, pq := f.qit, f.qq
+	f.qit, f.qq = nil, nil
+	if it == nil {
+		return
+	}
+	cost := it.Cost
+	switch {
+	case f.bytes == 0 && f.body == nil && f.resp.StatusCode() == 0:
+		cost = flowcontrol.Cost{} // no replica did any work
+	case f.usagePrompt > 0:
+		cost.UncachedPrefillTokens = max(f.usagePrompt-f.usageCached, 0)
+		if f.usageOutputSeen {
+			cost.OutputTokens = f.usageOutput
+		}
+	}
+	if pq.q.Settle(it, cost) {
+		s.fc.m.served(it.Priority, pq.q.Config().Work(cost))
+	}
+}
+
+// run is the dispatcher: woken when a replica may have room (backend.NotifyRoom), when a
+// request is queued, at the earliest deadline and at least every dispatchPoll while
+// requests wait, it expires what is past its deadline and places what the pools have room
+// for.
+func (fc *flowControl) run() {
+	defer close(fc.done)
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-fc.stop:
+			return
+		case <-fc.kick:
+		case <-t.C:
+		}
+		next := fc.dispatch(time.Now())
+		t.Reset(next)
+	}
+}
+
+// dispatch expires and places what it can in every pool's queue, and returns how long to
+// sleep until the next look.
+func (fc *flowControl) dispatch(now time.Time) time.Duration {
+	sleep := time.Hour
+	for _, pq := range *fc.list.Load() {
+		if n := pq.q.Expire(now); n > 0 {
+			fc.m.expiredSeen.Add(n)
+		}
+		if pq.q.Len() == 0 {
+			continue
+		}
+		fc.place(pq, now)
+		if pq.q.Len() > 0 {
+			sleep = min(sleep, dispatchPoll)
+			if d, ok := pq.q.NextDeadline(); ok {
+				sleep = min(sleep, max(d.Sub(now), time.Millisecond))
+			}
+		}
+	}
+	return sleep
+}
+
+// place takes the heads of pq in the queue's order and places each on a replica of its
+// pool that has room now, by the policy with the state of this moment (late binding);
+// the first that finds none is put back, and the pool waits for the next signal.
+func (fc *flowControl) place(pq *poolQueue, now time.Time) {
+	s := fc.s
+	kvFull := fc.config().KVSaturation
+	for it := pq.q.Next(now); it != nil; it = pq.q.Next(now) {
+		f := it.Value.(*flow)
+		members := s.poolMembers(pq.name)
+		f.cands, _ = backend.Healthy(f.cands[:0], members)
+		fc.roomy = appendRoomy(fc.roomy[:0], f.cands, kvFull)
+		if len(fc.roomy) == 0 {
+			pq.q.Requeue(it)
+			return
+		}
+		f.keyed = time.Time{} // routing time counts from the dispatch, not the wait
+		from := time.Now()
+		f.dec = s.decider.Pick(&f.k, fc.roomy)
+		if f.dec.Backend == nil {
+			pq.q.Requeue(it)
+			return
+		}
+		f.tr.picked(&f.dec, f.k.PromptTokens, s.m.routing.picked(from))
+		s.beginLease(f, f.dec.Backend)
+		f.placed, f.leased = true, true
+		clear(fc.roomy)
+		pq.q.Dispatched(it)
+	}
+}
+
+// drain answers every queued request 503 (shutdown) and closes the queues; the dispatcher
+// goes on placing what it already took.
+func (fc *flowControl) drain() int {
+	fc.mu.Lock()
+	fc.closed = true
+	fc.mu.Unlock()
+	n := 0
+	for _, pq := range *fc.list.Load() {
+		n += pq.q.Drain()
+	}
+	return n
+}
+
+// close stops the dispatcher.
+func (fc *flowControl) close() {
+	fc.stopOnce.Do(func() { close(fc.stop) })
+	<-fc.done
+}
+
+// beginLease begins f's lease on b with the prefill work the decision predicted there.
+func (s *Server) beginLease(f *flow, b *backend.Backend) {
+	work := f.dec.PrefillWork
+	if work <= 0 || f.dec.Backend != b {
+		work = router.PrefillWork(int64(f.k.PromptTokens), 0)
+	}
+	f.lease.Begin(b, work, int64(f.k.PromptTokens), f.k.Stream)
+}

@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"testing"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/router/key"
+)
+
+// BenchmarkHoldNotSaturated is the decision cost flow control adds to a request whose pool
+// is not saturated (the light-load path): the saturation test over the pool's replicas,
+// none saturated but the last, and the held-requests check. Target ≤ 2 µs, allocation-free
+// (docs/flow-control.md, "Cost").
+func BenchmarkHoldNotSaturated(b *testing.B) {
+	for _, n := range []int{1, 8, 64} {
+		b.Run("replicas="+itoa(n), func(b *testing.B) {
+			s := benchFCServer(b, n)
+			f := &flow{s: s, k: key.Key{Routed: true, OK: true}}
+			f.cands = s.pool.Snapshot()
+			ctx := &fasthttp.RequestCtx{}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if err := s.hold(ctx, f); err != nil || f.placed {
+					b.Fatal("held")
+				}
+			}
+		})
+	}
+}
+
+// TestHoldNotSaturatedAllocationFree: the light-load path allocates nothing.
+func TestHoldNotSaturatedAllocationFree(t *testing.T) {
+	s := benchFCServer(t, 8)
+	f := &flow{s: s, k: key.Key{Routed: true, OK: true}}
+	f.cands = s.pool.Snapshot()
+	ctx := &fasthttp.RequestCtx{}
+	if a := testing.AllocsPerRun(1000, func() { _ = s.hold(ctx, f) }); a != 0 {
+		t.Errorf("hold allocates %.1f times per request on the light-load path", a)
+	}
+}
+
+// benchFCServer is a Server with flow control on over n replicas, each with a configured
+// limit of 8, a scrape showing requests and KV use, and all full but the last: the
+// saturation test reads every one.
+func benchFCServer(tb testing.TB, n int) *Server {
+	urls := make([]string, n)
+	for i := range urls {
+		urls[i] = "http://127.0.0.1:" + itoa(20000+i)
+	}
+	o := testOptions(tb, "least-load", urls...)
+	noHealthChecks(&o)
+	o.FlowControl = FlowControl{Enabled: true}
+	s, err := New(o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.fc.close(); s.wd.close() })
+	for i, be := range s.pool.Snapshot() {
+		be.SetMaxConcurrency(8)
+		leases := 8
+		if i == n-1 {
+			leases = 7
+		}
+		for range leases {
+			var l backend.Lease
+			l.Begin(be, 10, 10, false)
+			tb.Cleanup(l.Release)
+		}
+	}
+	return s
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var b [20]byte
+	i := len(b)
+	for ; n > 0; n /= 10 {
+		i--
+		b[i] = byte('0' + n%10)
+	}
+	return string(b[i:])
+}
