@@ -7,6 +7,7 @@ import (
 
 	"github.com/prefixlb/prefixlb/backend"
 	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/flowcontrol"
 	"github.com/prefixlb/prefixlb/health"
 	"github.com/prefixlb/prefixlb/proxy"
 	"github.com/prefixlb/prefixlb/router"
@@ -25,8 +26,13 @@ func ProxyOptions(cfg *configs.Config, log *zap.Logger) (proxy.Options, error) {
 	if err != nil {
 		return proxy.Options{}, err
 	}
+	fc, err := flowControlOptions(&cfg.FlowControl)
+	if err != nil {
+		return proxy.Options{}, err
+	}
 	t := cfg.Timeouts
 	return proxy.Options{
+		FlowControl:          fc,
 		Mode:                 cfg.Mode,
 		Policy:               pol,
 		Backends:             bs,
@@ -41,6 +47,25 @@ func ProxyOptions(cfg *configs.Config, log *zap.Logger) (proxy.Options, error) {
 		Log:                  log,
 		Tracing:              tracingOptions(cfg.Tracing),
 	}, nil
+}
+
+// flowControlOptions are the proxy's flow-control options of a validated flow_control
+// section, its rules compiled into the classifier.
+func flowControlOptions(f *configs.FlowControl) (proxy.FlowControl, error) {
+	cl, err := flowcontrol.NewClassifier(f.ClassifierConfig())
+	if err != nil {
+		return proxy.FlowControl{}, fmt.Errorf("flow_control.%w", err)
+	}
+	return proxy.FlowControl{Enabled: f.Enabled, MaxQueueWait: f.MaxQueueWait.D(), Queue: f.QueueConfig(),
+		Classifier: classifier{cl}}, nil
+}
+
+// classifier is a flowcontrol.Classifier as the proxy asks it: only for a request it queues.
+type classifier struct{ c *flowcontrol.Classifier }
+
+func (c classifier) Classify(path string, model []byte, h proxy.RequestHeaders) (priority int, flow string) {
+	cl := c.c.Classify(flowcontrol.Request{Path: path, Model: string(model), Headers: h})
+	return cl.Priority, cl.Flow
 }
 
 // tracingOptions are the proxy's tracing options of the tracing section: nil when it is off.
@@ -105,6 +130,7 @@ func newBackends(specs []configs.Backend) ([]*backend.Backend, error) {
 			return nil, fmt.Errorf("backends[%d].url: %w", i, err)
 		}
 		b.SetConfiguredModels(sp.Models)
+		b.SetMaxConcurrency(sp.MaxConcurrency)
 		out = append(out, b)
 	}
 	return out, nil

@@ -226,6 +226,12 @@ func (c *controller) reload(load func() (*configs.Config, error), why string) {
 		old.Mode, old.Listen, old.AdminListen, old.Prefix, old.Timeouts, old.MaxRequestBodyBytes, old.ResponseHeaders, old.Peering
 	c.cfg = nc
 	err = c.applyLocked()
+	if err == nil {
+		var fc proxy.FlowControl
+		if fc, err = flowControlOptions(&nc.FlowControl); err == nil {
+			c.sv.SetFlowControl(fc) // the queues and what they hold stay; their bounds change
+		}
+	}
 	c.mu.Unlock()
 	if err != nil {
 		c.log.Error("config reload rejected", zap.Error(err))

@@ -226,6 +226,9 @@ type Backend struct {
 	// Models are the model names (LoRA adapters included) the replica serves; they win over
 	// its /v1/models. Empty: discovered.
 	Models []string `yaml:"models"`
+	// MaxConcurrency is the requests the replica runs at once (vLLM --max-num-seqs): flow
+	// control takes it as saturated there (docs/flow-control.md). 0: learned from its metrics.
+	MaxConcurrency int64 `yaml:"max_concurrency"`
 }
 
 // maxLoadFactor bounds prefix.load_factor and hard_load_factor: a cap 100 times the mean
@@ -654,6 +657,9 @@ func (c *Config) Validate() error {
 		}
 		if b.Weight < 0 || b.Weight > maxWeight {
 			return fmt.Errorf("backends[%d].weight: %d is outside 1..%d", i, b.Weight, maxWeight)
+		}
+		if b.MaxConcurrency < 0 {
+			return fmt.Errorf("backends[%d].max_concurrency: %d is negative", i, b.MaxConcurrency)
 		}
 		for j, m := range b.Models {
 			if m == "" {

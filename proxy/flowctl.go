@@ -35,8 +35,7 @@ type FlowControl struct {
 	// shorter deadline (HeaderQueueDeadline) wins.
 	MaxQueueWait time.Duration
 	// Queue bounds each pool's queue and tunes its ordering (zero fields: flowcontrol's
-	// defaults). A reload changes MaxItems and MaxBytes of the queues in place; MinBandShare
-	// and MaxRequestWork apply to the pools' queues created after it.
+	// defaults). A reload changes them in the queues in place (flowcontrol.Queue.Reconfigure).
 	Queue flowcontrol.Config
 	// KVSaturation is the KV-cache usage at or above which a replica is saturated (default
 	// DefaultKVSaturation; negative turns the KV rule off).
@@ -170,7 +169,9 @@ func (s *Server) SetFlowControl(c FlowControl) {
 	c = c.withDefaults()
 	s.fc.cfg.Store(&c)
 	for _, pq := range *s.fc.list.Load() {
-		pq.q.SetLimits(c.Queue.MaxItems, c.Queue.MaxBytes)
+		if err := pq.q.Reconfigure(c.Queue); err != nil { // validated by the config; never out of range
+			pq.q.SetLimits(c.Queue.MaxItems, c.Queue.MaxBytes)
+		}
 	}
 	s.setMu.Lock()
 	s.notifyRoomLocked(s.pool.Snapshot())
