@@ -186,9 +186,10 @@ func (f *flow) relayClosingGuard() {
 // released already: the watchdog's entry, the backend connection (closed, never pooled: a
 // response may be half read on it, and the close makes the engine abort the generation),
 // the response's body stream and the backend lease (in-flight count and prefill tokens;
-// backend.Lease.Release is idempotent). f is marked done, so that a later finish (fasthttp's
-// CloseWithError) does nothing, and it is not returned to the pool: what a panic left in it
-// is not trusted again.
+// backend.Lease.Release is idempotent) and the learning ticket (done: a Tracker hears that
+// the request ended, as for any failed one; router.Ticket.Done is idempotent). f is marked
+// done, so that a later finish (fasthttp's CloseWithError) does nothing, and it is not
+// returned to the pool: what a panic left in it is not trusted again.
 func (f *flow) abandon() {
 	f.done.Store(true)
 	f.s.wd.remove(f)
@@ -200,8 +201,17 @@ func (f *flow) abandon() {
 		f.body = nil
 	}
 	f.lease.Release()
+	f.endTicket()
 	f.tr.abandoned()
 	f.ctx, f.hj = nil, nil
+}
+
+// endTicket ends f's ticket for abandon. It runs inside a recovery, where a second panic (a
+// Tracker's Finished) would end the process: that one is dropped, the request's own panic
+// being the one logged.
+func (f *flow) endTicket() {
+	defer func() { _ = recover() }()
+	f.ticket.Done()
 }
 
 // requestFields describes the request f serves, for a panic's log line: its id, method, path,

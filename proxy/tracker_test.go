@@ -95,3 +95,48 @@ func TestTrackerFollowsRequests(t *testing.T) {
 		t.Fatalf("events:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestTrackerHearsPanickedRequestEnd: a request whose serving panicked once it was sent (the
+// response head read, mid-relay, in the release) has ended on its backend as far as a Tracker
+// is concerned: it hears Finished once, as for any request that failed, so that what it
+// counts active there (Dynamo's active sequences) does not keep the request for ever.
+func TestTrackerHearsPanickedRequestEnd(t *testing.T) {
+	for _, c := range []struct {
+		stage panicStage
+		hold  bool
+		want  string
+	}{
+		{stageHead, true, "learn 1\nfinished 1"},
+		{stageRelay, true, "learn 1\nprefilled 1\nfinished 1"},
+		{stageFinish, false, "learn 1\nprefilled 1\nfinished 1"},
+	} {
+		t.Run(c.stage.String(), func(t *testing.T) {
+			r := newPanicReplica(t)
+			pol := &trackingPolicy{}
+			hook, armed := panicAt(c.stage)
+			log, _ := recordingLogger()
+			s, base := startProxy(t, "prefix", []string{r.srv.URL}, func(o *Options) { o.Policy, o.Log = pol, log }, hook)
+			prompt := "first request"
+			if c.hold {
+				prompt = holdPrompt
+			}
+			armed.Store(true)
+			resp, err := testClient().Post(base+"/v1/chat/completions", "application/json", strings.NewReader(panicChatBody(prompt)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			if armed.Load() {
+				t.Fatal("the injected panic did not fire")
+			}
+			checkReleased(t, s)
+			pol.mu.Lock()
+			got := strings.Join(pol.events, "\n")
+			pol.mu.Unlock()
+			if got != c.want {
+				t.Fatalf("events:\n%s\nwant:\n%s", got, c.want)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -76,5 +77,41 @@ func TestRecentShareFollowsBackends(t *testing.T) {
 	p.SetBackends(bs)
 	if got := p.RecentWork(bs[0]); got != 0 {
 		t.Errorf("%s listed again: recent work %v, want 0", bs[0].Name, got)
+	}
+}
+
+// TestRecentShareConcurrentSetBackends: Picks that count recent shares (a lone replica's
+// TieBreakAuto) run while SetBackends drops and lists backends again, as a reload does while
+// requests are routed (run under -race): nothing races, every Pick lands on a candidate, and
+// once the list settles the shares are those of the backends listed.
+func TestRecentShareConcurrentSetBackends(t *testing.T) {
+	bs, p := aloneAutoPrefix(t, 4)
+	const picks, sets = 2000, 200
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range sets {
+			if i%2 == 0 {
+				p.SetBackends(bs[:2])
+			} else {
+				p.SetBackends(bs)
+			}
+		}
+	}()
+	for i := range picks {
+		k := routedKey(chunkChain(nil).extend(fmt.Sprintf("conc-%d", i), 4))
+		d := p.Pick(k, bs)
+		if d.Backend == nil {
+			t.Fatalf("pick %d: no backend", i)
+		}
+		p.Learn(k, d.Backend, d.MatchedChunks)
+		_ = p.RecentWork(bs[i%len(bs)])
+	}
+	<-done
+	p.SetBackends(bs[:2])
+	for _, b := range bs[2:] {
+		if got := p.RecentWork(b); got != 0 {
+			t.Errorf("%s not listed: recent work %v, want 0", b.Name, got)
+		}
 	}
 }

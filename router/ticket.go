@@ -183,10 +183,13 @@ func (t *Ticket) FirstToken() {
 }
 
 // Done ends the ticket: what stands, stands, a Tracker is told the request ended
-// (Tracker.Finished), and nothing moves it after.
+// (Tracker.Finished), and nothing moves it after. The ticket is done before Finished is
+// called, so that a Finished that panics is not called again by the Done of the proxy's
+// panic recovery.
 func (t *Ticket) Done() {
-	if t.tracker != nil && t.stamp != 0 && (t.state == TicketSent || t.state == TicketReported) {
+	was := t.state
+	t.state = TicketDone
+	if t.tracker != nil && t.stamp != 0 && (was == TicketSent || was == TicketReported) {
 		t.tracker.Finished(t.k, t.b, t.stamp)
 	}
-	t.state = TicketDone
 }

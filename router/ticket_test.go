@@ -246,3 +246,34 @@ func TestTicketAnswers(t *testing.T) {
 		t.Error("the zero ticket learns")
 	}
 }
+
+// panickyTracker is a scriptedSettler whose Finished panics after logging.
+type panickyTracker struct{ scriptedSettler }
+
+func (p *panickyTracker) Finished(k *key.Key, b *backend.Backend, l Learned) {
+	p.scriptedSettler.Finished(k, b, l)
+	panic("tracker bug")
+}
+
+// TestTicketDoneOnceWhenFinishedPanics: a Tracker's Finished that panics has still ended the
+// ticket, so that the Done of the proxy's panic recovery (flow.abandon) does not call it
+// again, from inside the recovery, where a second panic would end the process.
+func TestTicketDoneOnceWhenFinishedPanics(t *testing.T) {
+	bs := prefixBackends(t, 1)
+	bs[0].Name = "a"
+	p := &panickyTracker{}
+	tk := NewDecider(p).Ticket(routedKey(chunkChain(nil).extend("ticket", 4)))
+	tk.Send(bs[0], 0)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("Finished did not panic")
+			}
+		}()
+		tk.Done()
+	}()
+	tk.Done()
+	if got := strings.Join(p.log, " "); got != "Learn(a,0)=1 Finished(a,1)" || tk.State() != TicketDone {
+		t.Errorf("the policy saw %s, ticket %s; want Finished once, done", got, tk.State())
+	}
+}
