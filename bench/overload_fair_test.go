@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,18 +54,20 @@ func TestOverloadFairEndToEnd(t *testing.T) {
 		if m.Requests != w.Requests() || len(m.Flags) > 0 {
 			t.Fatalf("%d requests of the workload's %d; flags %v", m.Requests, w.Requests(), m.Flags)
 		}
-		sent := 0
+		// Under FCFS engines at 6.6× the capacity most requests expire, light's possibly all
+		// of its few: completions are required of the arm, not of each tenant.
+		sent, completed := 0, 0
 		for _, tn := range m.Tenants {
 			if tn.Completed+tn.Refused+tn.Expired+tn.Failed != tn.Requests {
 				t.Errorf("%s: %d completed + %d refused + %d expired + %d failed != %d sent", tn.Name, tn.Completed, tn.Refused, tn.Expired, tn.Failed, tn.Requests)
 			}
-			if tn.Completed == 0 || tn.GPUWorkTokens == 0 || tn.TTFT.Count != int64(tn.Completed) || tn.Priority != workload.ChatPriority {
+			if (tn.Completed > 0) != (tn.GPUWorkTokens > 0) || tn.TTFT.Count != int64(tn.Completed) || tn.Priority != workload.ChatPriority {
 				t.Errorf("%s: %d completed, %d work tokens, %d TTFTs, priority %d", tn.Name, tn.Completed, tn.GPUWorkTokens, tn.TTFT.Count, tn.Priority)
 			}
-			sent += tn.Requests
+			sent, completed = sent+tn.Requests, completed+tn.Completed
 		}
-		if sent != m.Requests {
-			t.Fatalf("tenants sent %d of the arm's %d requests", sent, m.Requests)
+		if sent != m.Requests || completed == 0 {
+			t.Fatalf("tenants sent %d of the arm's %d requests, %d completed", sent, m.Requests, completed)
 		}
 		owner := map[int]string{}
 		for _, c := range w.Conversations {
@@ -108,7 +111,7 @@ func TestOverloadFairEndToEnd(t *testing.T) {
 		t.Fatalf("fairness %+v, want one group: light, heavy", m.Fairness)
 	}
 	f := m.Fairness[0]
-	if f.BackloggedS <= 0 || f.Jain == nil || *f.Jain < 0.5 || *f.Jain > 1 || f.Shares["light"]+f.Shares["heavy"] < 0.999 {
+	if f.BackloggedS <= 0 || f.Jain == nil || *f.Jain < 0.5 || *f.Jain > 1 || math.Abs(f.Shares["light"]+f.Shares["heavy"]-1) > 1e-9 {
 		t.Errorf("fairness over %.2f s: Jain %v, shares %v", f.BackloggedS, f.Jain, f.Shares)
 	}
 	for _, want := range []string{"| round-robin | light | 1 |", "| round-robin | heavy | 1 |", "Jain's index over priority 1 (light, heavy)"} {
@@ -122,7 +125,7 @@ func TestOverloadFairEndToEnd(t *testing.T) {
 	if len(alone.Tenants) != 1 || alone.Tenants[0].Name != "light" || len(alone.Fairness) != 0 {
 		t.Fatalf("alone: tenants %+v, fairness %+v", alone.Tenants, alone.Fairness)
 	}
-	if alone.Tenants[0].Requests != m.Tenants[0].Requests {
-		t.Fatalf("light alone sent %d requests, %d beside heavy", alone.Tenants[0].Requests, m.Tenants[0].Requests)
+	if alone.Tenants[0].Requests != m.Tenants[0].Requests || alone.Tenants[0].Completed == 0 {
+		t.Fatalf("light alone sent %d requests (%d completed), %d beside heavy", alone.Tenants[0].Requests, alone.Tenants[0].Completed, m.Tenants[0].Requests)
 	}
 }
