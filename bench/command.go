@@ -133,9 +133,9 @@ func addCommon(fs *pflag.FlagSet, o *Options) {
 	fs.IntVar(&f.Count, "count", 0, fmt.Sprintf("mooncake: replay at most this many requests from the window start (default %d when no --window)", DefaultMooncakeCount))
 	fs.IntVar(&f.MaxOutput, "max-output", 0, "cap on any reply's max_tokens (mooncake: none; oasst: 512; agentic: 1500)")
 	fs.StringVar(&f.DatasetPath, "dataset", "", "oasst/mt-bench JSONL (default: $PREFIXLB_SHARED or ../shared/datasets/...)")
-	fs.StringVar(&f.Load, "load", "", "overload: offered GPU work as a multiple of the replicas' capacity: overload (2, the default), light (0.5) or a number")
+	fs.StringVar(&f.Load, "load", "", "overload: offered GPU work as a multiple of the replicas' capacity: overload (2, the default), light (0.5) or a number; fair10x[:S] instead runs the fairness mix (light at S of the capacity, default 0.6, heavy at 10x its rate)")
 	fs.DurationVar(&f.Duration, "duration", 0, "overload: arrival window in model time (default 1m); the arm lasts until the last request finishes or expires")
-	fs.StringSliceVar(&f.Tenants, "tenants", nil, "overload: run only these tenants (chat, noisy, batch), each at its own rate")
+	fs.StringSliceVar(&f.Tenants, "tenants", nil, "overload: run only these tenants (chat, noisy, batch; with fair10x: light, heavy), each at its own rate")
 }
 
 func finishFlags(fs *pflag.FlagSet, o *Options) error {

@@ -41,8 +41,9 @@ type WorkloadFlags struct {
 	MaxOutput int
 	// oasst, mt-bench.
 	DatasetPath string
-	// overload: Load is a preset of workload.LoadPresets or a multiple of the fleet's
-	// capacity; Duration the arrival window (model time); Tenants the tenants to run.
+	// overload: Load is a preset of workload.LoadPresets, a multiple of the fleet's capacity,
+	// or fair10x[:S] (the light and heavy tenants, workload.FairLoad); Duration the arrival
+	// window (model time); Tenants the tenants to run.
 	Load     string
 	Duration time.Duration
 	Tenants  []string
@@ -310,8 +311,11 @@ func buildOverload(f WorkloadFlags, replicas int, seed uint64) (*workload.Worklo
 	p := workload.DefaultOverload()
 	p.Replicas, p.Seed, p.Tenants = replicas, seed, f.Tenants
 	p.Duration = or(f.Duration, p.Duration)
-	if f.Load != "" {
-		var err error
+	if load, fair, err := workload.FairLoad(f.Load); err != nil {
+		return nil, err
+	} else if fair {
+		p.Mix, p.Load = workload.MixFair, load
+	} else if f.Load != "" {
 		if p.Load, err = parseLoad(f.Load); err != nil {
 			return nil, err
 		}
@@ -331,7 +335,7 @@ func parseLoad(s string) (float64, error) {
 	}
 	v, err := strconv.ParseFloat(s, 64)
 	if err != nil || !(v > 0) {
-		return 0, fmt.Errorf("--load %q: want %s or a multiple of the fleet's capacity > 0", s, loadPresetNames())
+		return 0, fmt.Errorf("--load %q: want %s, %s[:S] or a multiple of the fleet's capacity > 0", s, loadPresetNames(), workload.MixFair)
 	}
 	return v, nil
 }

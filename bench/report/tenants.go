@@ -49,23 +49,30 @@ type Tenant struct {
 }
 
 // Fairness is Jain's index over the GPU-work shares of tenants of one priority, counted while
-// all of them were backlogged. Backlogged is judged from the client: a tenant is backlogged
-// while at least one of its requests is outstanding (from its due time to the end of its
-// stream, its refusal, or its client giving up). Work is counted when the client sees it: a
-// request's uncached prompt tokens at its first token, its generated tokens spread evenly over
-// its content events. Jain is 1 when the shares are equal and 1/n when one tenant got all; it
-// reaches 1 only if each tenant asked for at least an equal share in those intervals: a tenant
-// that asks for less gets all it asks under a fair scheduler, and its share stays below equal.
+// all of them were backlogged. Backlogged is judged as a router's queue would see it: a tenant
+// is backlogged while at least one of its requests has been sent and has not yet reached its
+// first token (waitingSpan), i.e. while a router holding requests would have one of the
+// tenant's to choose. Work is counted when the client sees it: a request's uncached prompt
+// tokens at its first token, its generated tokens spread evenly over its content events. Jain is
+// 1 when the shares are equal and 1/n when one tenant got all; it reaches 1 only if each tenant
+// asked for at least an equal share in those intervals: a tenant that asks for less gets all it
+// asks under a fair scheduler, and its share stays below equal.
 type Fairness struct {
-	Priority    int      `json:"priority"`
-	Tenants     []string `json:"tenants"`
-	BackloggedS float64  `json:"backlogged_s"`
+	Priority int      `json:"priority"`
+	Tenants  []string `json:"tenants"`
+	// Backlog names the definition of backlogged above (BacklogWaiting).
+	Backlog     string  `json:"backlog"`
+	BackloggedS float64 `json:"backlogged_s"`
 	// WorkTokens and Shares are each tenant's work in those intervals and its share of the
 	// group's; Jain is omitted when no work was seen in them.
 	WorkTokens map[string]float64 `json:"work_tokens"`
 	Shares     map[string]float64 `json:"shares"`
 	Jain       *float64           `json:"jain,omitempty"`
 }
+
+// BacklogWaiting is Fairness.Backlog: a tenant is backlogged while one of its requests is sent
+// and not yet at its first token.
+const BacklogWaiting = "sent, not yet at first token"
 
 // Jain is Jain's fairness index (Σx)² ÷ (n·Σx²) of xs: 1 for equal values, 1/n when one holds
 // everything; NaN for no values or all zero.
@@ -221,6 +228,20 @@ func contains(s []span, t time.Duration) bool {
 	return i < len(s) && s[i].from <= t
 }
 
+// waitingSpan is when r waited for its first token, from the run's start: from its send (its
+// due time plus the client's lag in sending it) to its first token or, without one, to its end
+// (its refusal, its failure, or its client giving up). Empty for a request that never ended.
+func waitingSpan(r *loadgen.Result, start time.Time) span {
+	from := r.Scheduled.Sub(start) + r.SendLag
+	switch {
+	case r.TTFT > 0:
+		return span{from, r.Scheduled.Sub(start) + r.TTFT}
+	case r.E2E > 0:
+		return span{from, r.Scheduled.Sub(start) + r.E2E}
+	}
+	return span{from, from}
+}
+
 // fairness computes Fairness for each priority that two or more tenants share.
 func fairness(out *loadgen.Outcome, tenants []*workload.Tenant) []Fairness {
 	byPrio := map[int][]string{}
@@ -232,12 +253,10 @@ func fairness(out *loadgen.Outcome, tenants []*workload.Tenant) []Fairness {
 		byPrio[t.Priority] = append(byPrio[t.Priority], t.Name)
 	}
 	sort.Sort(sort.Reverse(sort.IntSlice(prios)))
-	outstanding := map[string][]span{}
-	for _, r := range out.Results {
-		if r.E2E > 0 {
-			from := r.Scheduled.Sub(out.Start)
-			outstanding[r.Tenant] = append(outstanding[r.Tenant], span{from, from + r.E2E})
-		}
+	waiting := map[string][]span{}
+	for k := range out.Results {
+		r := &out.Results[k]
+		waiting[r.Tenant] = append(waiting[r.Tenant], waitingSpan(r, out.Start))
 	}
 	var fs []Fairness
 	for _, p := range prios {
@@ -247,14 +266,14 @@ func fairness(out *loadgen.Outcome, tenants []*workload.Tenant) []Fairness {
 		}
 		var both []span
 		for i, n := range names {
-			m := merge(outstanding[n])
+			m := merge(waiting[n])
 			if i == 0 {
 				both = m
 			} else {
 				both = intersect(both, m)
 			}
 		}
-		f := Fairness{Priority: p, Tenants: names, WorkTokens: map[string]float64{}, Shares: map[string]float64{}}
+		f := Fairness{Priority: p, Tenants: names, Backlog: BacklogWaiting, WorkTokens: map[string]float64{}, Shares: map[string]float64{}}
 		for _, s := range both {
 			f.BackloggedS += (s.to - s.from).Seconds()
 		}
@@ -347,7 +366,7 @@ func TenantTable(modes []Mode) string {
 			if f.Jain != nil {
 				j = fmt.Sprintf("%.3f", *f.Jain)
 			}
-			notes = append(notes, fmt.Sprintf("%s: Jain's index over priority %d (%s) while all were backlogged (%.1f s): %s; GPU-work shares %s; output %.0f tok/s over all tenants.",
+			notes = append(notes, fmt.Sprintf("%s: Jain's index over priority %d (%s) while all were backlogged (%.1f s, each with a request sent and not yet at its first token): %s; GPU-work shares %s; output %.0f tok/s over all tenants.",
 				m.Mode+rateSuffix(m.Rate), f.Priority, strings.Join(f.Tenants, ", "), f.BackloggedS, j, strings.Join(shares, ", "), m.OutputTPS))
 		}
 	}

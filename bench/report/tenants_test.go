@@ -3,6 +3,7 @@ package report
 import (
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -123,20 +124,33 @@ func TestSummarizeTenants(t *testing.T) {
 	}
 }
 
-// Two tenants of one priority, each one request: x outstanding 0–1000 ms, y 500–1500 ms, both
-// backlogged 500–1000 ms. x's prefill (50 tokens at its first token, 100 ms) falls outside;
-// its tokens at 100, 200, …, 1000 ms, 6 of them inside. y's prefill (20 at 600 ms) and its
-// tokens at 600…1000 ms (5) inside: 6 against 25.
+// Two tenants of one priority on a hand-made timeline (ms from the start), backlogged while a
+// request is sent and not yet at its first token:
+//
+//	x1 due 0, first token 200, tokens 200…600 (5 of 5 out, 40 uncached): waits [0, 200)
+//	x2 due 300, client gives up at 1000:                                   waits [300, 1000)
+//	y1 due 100, sent 150, first token 550, tokens 550, 650, 750 (30 uncached): waits [150, 550)
+//	y2 due 800, refused at 850:                                           waits [800, 850)
+//
+// Both backlogged [150, 200) ∪ [300, 550) ∪ [800, 850): 350 ms (the send lag counts: y1 is not
+// at the router before 150). x's work there: x1's prefill and first token at 200 (41) and its
+// tokens at 300, 400, 500 (3): 44; y's: y1's prefill and first token at 550 (31), its later
+// tokens outside: 31. Jain 75² ÷ (2 × (44² + 31²)) = 5625/5794. z, alone at its priority, has
+// no group. Under the client's view (due to end of stream) the answer would differ: x and y
+// would be outstanding together over [100, 1000).
 func TestFairnessWhileBacklogged(t *testing.T) {
 	x := &workload.Tenant{Name: "x", Priority: 3, SLO: time.Second}
 	y := &workload.Tenant{Name: "y", Priority: 3, SLO: time.Second}
 	z := &workload.Tenant{Name: "z", Priority: 0, SLO: time.Second}
 	t0 := time.Unix(1000, 0)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	out := &loadgen.Outcome{Start: t0, End: t0.Add(2 * time.Second), Results: []loadgen.Result{
-		{Tenant: "x", Scheduled: t0, TTFT: 100 * ms, ITL: gaps(9, 100*ms), E2E: 1000 * ms, Status: 200,
-			UsageSeen: true, PromptTokens: 50, OutputTokens: 10},
-		{Tenant: "y", Scheduled: t0.Add(500 * ms), TTFT: 100 * ms, ITL: gaps(9, 100*ms), E2E: 1000 * ms, Status: 200,
-			UsageSeen: true, PromptTokens: 20, OutputTokens: 10},
+		{Tenant: "x", Scheduled: t0, TTFT: 200 * ms, ITL: gaps(4, 100*ms), E2E: 600 * ms, Status: 200,
+			UsageSeen: true, PromptTokens: 100, CachedTokens: 60, OutputTokens: 5},
+		{Tenant: "x", Scheduled: at(300 * ms), E2E: 700 * ms, Err: loadgen.ExpiredReason, Expired: true},
+		{Tenant: "y", Scheduled: at(100 * ms), SendLag: 50 * ms, TTFT: 450 * ms, ITL: gaps(2, 100*ms), E2E: 650 * ms, Status: 200,
+			UsageSeen: true, PromptTokens: 30, OutputTokens: 3},
+		{Tenant: "y", Scheduled: at(800 * ms), E2E: 50 * ms, Status: 429, Err: "status 429", ErrorCode: "queue_full"},
 		{Tenant: "z", Scheduled: t0, TTFT: 10 * ms, E2E: 2 * time.Second, Status: 200, UsageSeen: true, PromptTokens: 9000, OutputTokens: 1},
 	}}
 	_, fair := SummarizeTenants(out, []*workload.Tenant{x, y, z}, 1)
@@ -144,23 +158,87 @@ func TestFairnessWhileBacklogged(t *testing.T) {
 		t.Fatalf("%d fairness groups, want 1 (z's priority has one tenant)", len(fair))
 	}
 	f := fair[0]
-	if math.Abs(f.BackloggedS-0.5) > 1e-9 {
-		t.Errorf("backlogged %.3f s, want 0.5", f.BackloggedS)
+	if f.Backlog != BacklogWaiting || math.Abs(f.BackloggedS-0.35) > 1e-9 {
+		t.Errorf("backlogged (%s) %.3f s, want 0.35", f.Backlog, f.BackloggedS)
 	}
-	if math.Abs(f.WorkTokens["x"]-6) > 1e-9 || math.Abs(f.WorkTokens["y"]-25) > 1e-9 {
-		t.Errorf("work %v, want x 6, y 25", f.WorkTokens)
+	if math.Abs(f.WorkTokens["x"]-44) > 1e-9 || math.Abs(f.WorkTokens["y"]-31) > 1e-9 {
+		t.Errorf("work %v, want x 44, y 31", f.WorkTokens)
 	}
-	if f.Jain == nil || math.Abs(*f.Jain-961.0/1322) > 1e-9 {
-		t.Errorf("Jain %v, want %g", f.Jain, 961.0/1322)
+	if f.Jain == nil || math.Abs(*f.Jain-5625.0/5794) > 1e-9 {
+		t.Errorf("Jain %v, want %g", f.Jain, 5625.0/5794)
 	}
-	if math.Abs(f.Shares["x"]-6.0/31) > 1e-9 {
+	if math.Abs(f.Shares["x"]-44.0/75) > 1e-9 || math.Abs(f.Shares["y"]-31.0/75) > 1e-9 {
 		t.Errorf("shares %v", f.Shares)
 	}
-	// Never both outstanding: no work, no index.
-	out.Results[1].Scheduled = t0.Add(1500 * ms)
+	// Never both waiting (y's requests moved to after x's last wait): no work, no index.
+	out.Results[2].Scheduled, out.Results[3].Scheduled = at(1100*ms), at(1200*ms)
 	_, fair = SummarizeTenants(out, []*workload.Tenant{x, y}, 1)
 	if fair[0].BackloggedS != 0 || fair[0].Jain != nil {
 		t.Errorf("disjoint tenants: backlogged %.3f s, Jain %v", fair[0].BackloggedS, fair[0].Jain)
+	}
+}
+
+// served is a request of tenant n due at the start (ms) that waited wait ms for its first token
+// and streamed out tokens 10 ms apart, with uncached prompt tokens.
+func served(n string, t0 time.Time, due, wait time.Duration, uncached, out int) loadgen.Result {
+	return loadgen.Result{Tenant: n, Scheduled: t0.Add(due * ms), TTFT: wait * ms, ITL: gaps(out-1, 10*ms),
+		E2E: wait*ms + time.Duration(out-1)*10*ms, Status: 200, UsageSeen: true, PromptTokens: uncached, OutputTokens: out}
+}
+
+// Timelines of a light and a heavy tenant of one priority, each keeping a request waiting over
+// [0, 2000 ms) (a long wait whose reply brings no work: no usage, no tokens), with the work
+// served to each inside that window known: what a fair router gives (equal), what FCFS gives a
+// 10× sender (proportional to the offered work), and three tenants of one band. Work of the
+// first tenant's request after the window does not count.
+func TestFairnessSharesKnownAnswers(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name  string
+		work  map[string]int // requests of 100 uncached + 10 out served inside the window
+		jain  float64
+		share map[string]float64
+	}{
+		{"equal", map[string]int{"light": 5, "heavy": 5}, 1, map[string]float64{"light": 0.5, "heavy": 0.5}},
+		{"proportional to 10× the rate", map[string]int{"light": 1, "heavy": 10}, 121.0 / 202, map[string]float64{"light": 1.0 / 11, "heavy": 10.0 / 11}},
+		{"within 10% of equal", map[string]int{"light": 9, "heavy": 11}, 400.0 / 404, map[string]float64{"light": 0.45, "heavy": 0.55}},
+		{"three tenants, one starved", map[string]int{"a": 2, "b": 2, "c": 0}, 2.0 / 3, map[string]float64{"a": 0.5, "b": 0.5, "c": 0}},
+	} {
+		var tenants []*workload.Tenant
+		out := &loadgen.Outcome{Start: t0, End: t0.Add(3 * time.Second)}
+		names := make([]string, 0, len(c.work))
+		for n := range c.work {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		for i, n := range names {
+			tenants = append(tenants, &workload.Tenant{Name: n, Priority: 1, SLO: time.Second})
+			out.Results = append(out.Results, loadgen.Result{Tenant: n, Scheduled: t0, TTFT: 2 * time.Second, E2E: 2 * time.Second, Status: 200})
+			for k := range c.work[n] {
+				out.Results = append(out.Results, served(n, t0, time.Duration(100*k), 50, 100, 10))
+			}
+			if i == 0 {
+				out.Results = append(out.Results, served(n, t0, 2100, 50, 5000, 10))
+			}
+		}
+		_, fair := SummarizeTenants(out, tenants, 1)
+		if len(fair) != 1 {
+			t.Fatalf("%s: %d groups", c.name, len(fair))
+		}
+		f := fair[0]
+		if math.Abs(f.BackloggedS-2) > 1e-9 {
+			t.Errorf("%s: backlogged %.3f s, want 2", c.name, f.BackloggedS)
+		}
+		for _, n := range names {
+			if want := float64(110 * c.work[n]); math.Abs(f.WorkTokens[n]-want) > 1e-9 {
+				t.Errorf("%s: %s work %g, want %g", c.name, n, f.WorkTokens[n], want)
+			}
+			if math.Abs(f.Shares[n]-c.share[n]) > 1e-9 {
+				t.Errorf("%s: %s share %g, want %g", c.name, n, f.Shares[n], c.share[n])
+			}
+		}
+		if f.Jain == nil || math.Abs(*f.Jain-c.jain) > 1e-9 {
+			t.Errorf("%s: Jain %v, want %g", c.name, f.Jain, c.jain)
+		}
 	}
 }
 
@@ -176,7 +254,7 @@ func TestTenantTable(t *testing.T) {
 		"| prefix | chat | 1 | 10 | 7 | 1 | 2 | 0 | 10.0 | 20.0 | 30.0 | 62.5 | 0.50 | 0.500 | 100 | 0.250 |",
 		"| prefix | batch | 0 | 3 | 0 | 0 | 3 | 0 | - | - | - |",
 		"prefix, chat refused: 429 queue_full: 1.",
-		"Jain's index over priority 1 (chat, noisy) while all were backlogged (3.0 s): 0.500; GPU-work shares chat 0.000, noisy 1.000; output 1234 tok/s",
+		"Jain's index over priority 1 (chat, noisy) while all were backlogged (3.0 s, each with a request sent and not yet at its first token): 0.500; GPU-work shares chat 0.000, noisy 1.000; output 1234 tok/s",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("table lacks %q:\n%s", want, s)

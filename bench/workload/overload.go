@@ -85,8 +85,9 @@ var TenantNames = []string{"chat", "noisy", "batch"}
 type OverloadParams struct {
 	// Replicas is the fleet size the rates are set for.
 	Replicas int
-	// Load is the offered GPU work ÷ the fleet's capacity (LoadPresets); at least chat's and
-	// noisy's shares together (0.22), the batch tenant offering the rest.
+	// Load is the offered GPU work ÷ the fleet's capacity (LoadPresets, FairLoad); in the
+	// three-tenant mix at least chat's and noisy's shares together (0.22), the batch tenant
+	// offering the rest.
 	Load float64
 	// Duration is the arrival window: sessions and batch jobs arrive in [0, Duration); the run
 	// ends when the last of them has finished or expired.
@@ -96,8 +97,12 @@ type OverloadParams struct {
 	// BlockSize is the replicas' KV-cache block size (a follow-up turn recomputes about half
 	// a block of its history).
 	BlockSize int
-	// Tenants limits the run to these tenants (nil: all); a tenant keeps its rate and
-	// requests whichever others run, so "chat" alone measures chat's TTFT without the others.
+	// Mix picks the tenants: "" the three above (chat, noisy, batch), MixFair the fairness
+	// scenario (light, heavy; fair.go), where Load is what both offer together.
+	Mix string
+	// Tenants limits the run to these tenants of the mix (nil: all); a tenant keeps its rate
+	// and requests whichever others run, so "chat" alone measures chat's TTFT without the
+	// others.
 	Tenants []string
 	Seed    uint64
 }
@@ -166,7 +171,17 @@ func Overload(p OverloadParams) (*Workload, error) {
 	if p.BlockSize < 1 {
 		return nil, fmt.Errorf("overload: block size must be >= 1")
 	}
-	all, err := OverloadTenants(p)
+	all, names := []*Tenant(nil), TenantNames
+	var err error
+	switch p.Mix {
+	case "":
+		all, err = OverloadTenants(p)
+	case MixFair:
+		all, err = fairTenants(p)
+		names = FairTenantNames
+	default:
+		err = fmt.Errorf("overload: unknown mix %q (want \"\" or %s)", p.Mix, MixFair)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -177,8 +192,8 @@ func Overload(p OverloadParams) (*Workload, error) {
 		}
 	}
 	for _, n := range p.Tenants {
-		if !slices.Contains(TenantNames, n) {
-			return nil, fmt.Errorf("overload: unknown tenant %q (want some of %v)", n, TenantNames)
+		if !slices.Contains(names, n) {
+			return nil, fmt.Errorf("overload: unknown tenant %q (want some of %v)", n, names)
 		}
 	}
 	if len(tenants) == 0 {
@@ -186,14 +201,23 @@ func Overload(p OverloadParams) (*Workload, error) {
 	}
 	var convs []*Conversation
 	params := map[string]any{"load": p.Load, "duration_s": p.Duration.Seconds(), "seed": p.Seed,
-		"capacity_replicas": p.Replicas, "chat_turns": ChatTurns, "chat_output_tokens": ChatOutputTokens,
-		"batch_doc_tokens": fmt.Sprintf("%d-%d", BatchDocMin, BatchDocMax), "batch_output_tokens": BatchOutputTokens}
+		"capacity_replicas": p.Replicas}
+	if p.Mix == MixFair {
+		params["mix"], params["fair_factor"] = MixFair, FairFactor
+		params["fair_system_tokens"], params["fair_question_tokens"], params["fair_output_tokens"] = FairSystemTokens, FairQuestionTokens, FairOutputTokens
+	} else {
+		params["chat_turns"], params["chat_output_tokens"] = ChatTurns, ChatOutputTokens
+		params["batch_doc_tokens"], params["batch_output_tokens"] = fmt.Sprintf("%d-%d", BatchDocMin, BatchDocMax), BatchOutputTokens
+	}
 	rates, costs, shares := map[string]float64{}, map[string]float64{}, map[string]float64{}
 	for _, t := range tenants {
 		rates[t.Name], costs[t.Name], shares[t.Name] = t.Rate, t.CostMs, t.Share
-		if t.Name == "batch" {
+		switch {
+		case p.Mix == MixFair:
+			convs = append(convs, fairRequests(t, p)...)
+		case t.Name == "batch":
 			convs = append(convs, batchJobs(t, p)...)
-		} else {
+		default:
 			convs = append(convs, chatSessions(t, p)...)
 		}
 	}
