@@ -23,6 +23,10 @@ func TestFlowControlFromConfig(t *testing.T) {
 	var running, most, seen atomic.Int64
 	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path != "/v1/completions" { // the models list
+			http.NotFound(w, r)
+			return
+		}
 		n := running.Add(1)
 		defer running.Add(-1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
@@ -79,7 +83,7 @@ func TestFlowControlFromConfig(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		queue = string(b)
-		return strings.Contains(queue, `"priority":3`) && strings.Contains(queue, `key:`)
+		return strings.Contains(queue, `"priority": 3,`) && strings.Contains(queue, `"flow": "key:`)
 	})
 	if strings.Contains(queue, "tenant-key") {
 		t.Errorf("/debug/queue shows the API key: %s", queue)
