@@ -1,0 +1,590 @@
+package sim
+
+import (
+	"time"
+)
+
+// walk is Predict's scheduler walk (see Engine.Predict) from the state PredictPending built:
+// the engine's running and waiting requests, the pending ones and the target as vreqs.
+//
+// It applies Schedule's rules step by step, but does not touch every running request at every
+// step: under overload most of them are plain decoders (one token a step, a block every
+// BlockSize tokens, finished at max_tokens) whose step is known in advance. Those at the front
+// of the running list are kept lazy (vreq.lazy): their count, context sum and the steps at
+// which they take a block or finish are kept in aggregates, so a step costs O(1) plus the
+// running requests that are not plain decoders (prefills, at the tail) and the events due in
+// it. A step where the blocks might not suffice (a preemption), where the lazy decoders alone
+// exhaust the token budget, or after such a step, is done request by request as before
+// (materialize, then exactStep). A waiting head's admission reads the prefix it can gain from
+// the walk's running and finished requests through headCache, which compares hashes only for
+// the requests that share the head's first uncached block. It predicts exactly what the
+// request-by-request walk predicts (TestPredictFastMatchesReference, on saturated states).
+type walk struct {
+	e       *Engine
+	bs      int
+	running []vreq // running[:lazyEnd] are lazy (or dead) decoders; running[lazyEnd:] the tail
+	waiting []vreq
+	done    []vreq // finished or preempted in the walk: their computed blocks stay findable
+	free    int
+	now     time.Duration
+	step    int
+	p       *Prediction
+
+	lazyEnd int
+	nLazy   int     // live lazy decoders
+	nDead   int     // dead entries in running[:lazyEnd]
+	lazyK   int     // Σ over live lazy decoders of computed−anchor+1: their Σ seqLen at step s is lazyK + nLazy·s
+	alloc   []int   // by (computed−anchor) mod bs: live lazy decoders that take a block in the steps s where that + s ≡ 0
+	fin     finHeap // live lazy decoders by the step at whose end they finish
+	plan    []int   // per running request from lazyEnd (or 0 in an exact step): tokens computed
+	head    headCache
+	nextID  int32
+
+	// Finished requests by frontier key (vreq.fkey): indexed up to doneIdx.
+	doneBy   map[uint64][]int32
+	doneWild []int32
+	doneIdx  int
+}
+
+// finHeap orders lazy decoders (running indices) by their last step: a binary min-heap.
+type finHeap []finAt
+
+type finAt struct{ step, i int }
+
+func (h *finHeap) push(x finAt) {
+	*h = append(*h, x)
+	a := *h
+	for j := len(a) - 1; j > 0; {
+		p := (j - 1) / 2
+		if a[p].step <= a[j].step {
+			break
+		}
+		a[p], a[j] = a[j], a[p]
+		j = p
+	}
+}
+
+func (h *finHeap) pop() finAt {
+	a := *h
+	x := a[0]
+	n := len(a) - 1
+	a[0] = a[n]
+	a = a[:n]
+	for j := 0; ; {
+		c := 2*j + 1
+		if c >= n {
+			break
+		}
+		if c+1 < n && a[c+1].step < a[c].step {
+			c++
+		}
+		if a[j].step <= a[c].step {
+			break
+		}
+		a[j], a[c] = a[c], a[j]
+		j = c
+	}
+	*h = a
+	return x
+}
+
+// headCache is what admissionHits needs for the waiting head (id), computed once per head:
+// the running requests that may share the head's first block past its cached prefix (rel:
+// only they can add to its hits as they compute), and the finished ones scanned so far with
+// the longest prefix they give (doneMax). When the head's frontier key is known (vreq.fkey),
+// only requests of the same key (or that match several, wild) are looked at, finished ones
+// through walk.doneBy; otherwise every finished request, from doneN. Valid while running only
+// grows at its tail or loses lazy decoders (marked dead, not moved).
+type headCache struct {
+	valid        bool
+	id           int32
+	base, maxHit int
+	rel          []relReq
+	keyed        bool
+	nKey, nWild  int // doneBy[key] and doneWild scanned (keyed)
+	doneN        int // done scanned (not keyed)
+	doneMax      int
+	guess        int // the last lcp found (requests of a group mostly share as much)
+}
+
+// relReq is a running request (index) that shares the head's prefix past its base, up to
+// lcp blocks (at most the head's maxHit): it gives min(lcp, its registered blocks).
+type relReq struct{ i, lcp int }
+
+func mod(a, b int) int {
+	if a %= b; a < 0 {
+		a += b
+	}
+	return a
+}
+
+func (w *walk) run() Prediction {
+	for i := range w.running {
+		w.running[i].id = w.newID()
+	}
+	for i := range w.waiting {
+		w.waiting[i].id = w.newID()
+	}
+	w.frontiers()
+	w.alloc = make([]int, w.bs)
+	w.plan = make([]int, 0, len(w.running)+len(w.waiting))
+	for ; w.step < maxPredictSteps; w.step++ {
+		if w.nDead > 32 && w.nDead > w.nLazy {
+			w.materialize() // drop the dead; the decoders turn lazy again
+		}
+		w.promote()
+		ok, blocked, first := w.fastStep()
+		if !ok {
+			w.materialize()
+			blocked, first = w.exactStep()
+		}
+		if blocked || first {
+			return *w.p
+		}
+	}
+	return *w.p
+}
+
+func (w *walk) newID() int32 { w.nextID++; return w.nextID }
+
+// frontiers marks the waiting requests (vreq.gain) whose hits a request of the walk may
+// extend, and files every request by its frontier key (vreq.fk, fkey). A waiting request v's
+// cached prefix ends at its frontier F (its first block not in the cache now); another
+// request u can extend it only by computing v's block F, so u's blocks before F are v's,
+// cached, and u's own frontier is F too, with the same hash. So v can gain only if its
+// frontier block's hash is another waiting request's frontier block hash, or a block at that
+// position of a request running now, and only from those; the rest admit with exactly the
+// prefix cached now (v.hits), with no scan of the walk's requests. A request preempted in the
+// walk is marked again (exactStep): its hits are its own computed prefix, past its frontier.
+func (w *walk) frontiers() {
+	e := w.e
+	type front struct {
+		n      int32 // waiting requests with this frontier block
+		shared bool  // a running request has it too
+	}
+	fronts := make(map[uint64]*front, len(w.waiting))
+	at := make(map[int]bool) // frontier positions
+	for i := range w.waiting {
+		v := &w.waiting[i]
+		f, lim := v.hits, e.hashable(v)
+		for f < lim {
+			if _, ok := e.kv.lookup(e.vhash(v, f)); !ok {
+				break
+			}
+			f++
+		}
+		if f >= lim {
+			continue // everything it could share is cached: no frontier
+		}
+		v.fk, v.fkey = fkOwn, e.vhash(v, f)
+		if fr := fronts[v.fkey]; fr != nil {
+			fr.n++
+		} else {
+			fronts[v.fkey] = &front{n: 1}
+		}
+		at[f] = true
+	}
+	for i := range w.running {
+		u := &w.running[i]
+		for f := range at {
+			if f >= e.hashable(u) {
+				continue
+			}
+			h := e.vhash(u, f)
+			fr := fronts[h]
+			if fr == nil {
+				continue
+			}
+			fr.shared = true
+			if u.fk == fkNone {
+				u.fk, u.fkey = fkShares, h
+			} else if u.fkey != h {
+				u.fk = fkWild
+			}
+		}
+	}
+	for i := range w.waiting {
+		if v := &w.waiting[i]; v.fk == fkOwn {
+			fr := fronts[v.fkey]
+			v.gain = fr.n > 1 || fr.shared
+		}
+	}
+	w.doneBy = make(map[uint64][]int32)
+}
+
+// promote makes the tail's leading plain decoders lazy, as they stand at the start of the
+// step.
+func (w *walk) promote() {
+	e, s := w.e, w.step
+	for w.lazyEnd < len(w.running) {
+		v := &w.running[w.lazyEnd]
+		if v.target || v.gen == 0 || v.gen >= v.max || v.computed != v.seqLen()-1 || v.nblocks != e.blocksFor(v.computed) {
+			return
+		}
+		v.lazy, v.anchor = true, s
+		w.alloc[mod(v.computed-s, w.bs)]++
+		w.lazyK += v.computed - s + 1
+		w.nLazy++
+		w.fin.push(finAt{step: s + v.max - v.gen - 1, i: w.lazyEnd})
+		w.lazyEnd++
+	}
+}
+
+// current sets a lazy decoder's fields to what they are at the start of step s (its blocks
+// allocated as far as its computed tokens need).
+func (w *walk) current(v *vreq, s int) {
+	d := s - v.anchor
+	v.computed += d
+	v.gen += d
+	nb := w.e.blocksFor(v.computed)
+	v.owned += nb - v.nblocks
+	v.nblocks = nb
+	v.anchor = s
+}
+
+// materialize turns the lazy decoders back into plain running requests, as at the start of
+// the current step, and drops the dead.
+func (w *walk) materialize() {
+	if w.lazyEnd == 0 {
+		return
+	}
+	n := 0
+	for i := range w.running {
+		v := w.running[i]
+		if i < w.lazyEnd {
+			if v.dead {
+				continue
+			}
+			w.current(&v, w.step)
+			v.lazy = false
+		}
+		w.running[n] = v
+		n++
+	}
+	clear(w.running[n:])
+	w.running = w.running[:n]
+	w.lazyEnd, w.nLazy, w.nDead, w.lazyK = 0, 0, 0, 0
+	clear(w.alloc)
+	w.fin = w.fin[:0]
+	w.head.valid = false
+}
+
+// fastStep runs step w.step with the lazy decoders in aggregate. ok is false, with nothing
+// changed, when the step needs the request-by-request walk: the lazy decoders do not all fit
+// in the token budget, or the blocks might not suffice without a preemption.
+func (w *walk) fastStep() (ok, blocked, first bool) {
+	e, cfg, s := w.e, &w.e.cfg, w.step
+	budget := cfg.MaxNumBatchedTokens - w.nLazy
+	if budget < 0 {
+		return false, false, false
+	}
+	take := w.alloc[mod(-s, w.bs)]
+	// Dry run of the tail: every block it takes must be free (then, taken in order, none
+	// preempts).
+	free, b := w.free-take, budget
+	if free < 0 {
+		return false, false, false
+	}
+	for i := w.lazyEnd; i < len(w.running) && b > 0; i++ {
+		r := &w.running[i]
+		n := min(r.seqLen()-r.computed, b)
+		need := e.blocksFor(r.computed+n) - r.nblocks
+		if free < need {
+			return false, false, false
+		}
+		free -= need
+		b -= n
+	}
+
+	w.free -= take
+	prefill, decodeSeqs := 0, w.nLazy
+	prefillCtx, decodeCtx := 0.0, float64(w.lazyK+w.nLazy*s)
+	w.plan = w.plan[:0]
+	for i := w.lazyEnd; i < len(w.running) && budget > 0; i++ {
+		r := &w.running[i]
+		n := min(r.seqLen()-r.computed, budget)
+		need := e.blocksFor(r.computed+n) - r.nblocks
+		w.free -= need
+		r.nblocks += need
+		r.owned += need
+		budget -= n
+		if n == 1 && r.gen > 0 {
+			decodeSeqs++
+			decodeCtx += float64(r.seqLen())
+			w.plan = append(w.plan, -1)
+		} else {
+			prefill += n
+			prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
+			w.plan = append(w.plan, n)
+		}
+	}
+	for budget > 0 && len(w.running)-w.nDead < cfg.MaxNumSeqs && len(w.waiting) > 0 {
+		n, ok := w.admit(&budget, w.headHits)
+		if !ok {
+			break
+		}
+		prefill += n
+		prefillCtx += float64(n) * (float64(w.running[len(w.running)-1].computed) + float64(n)/2)
+		w.plan = append(w.plan, n)
+	}
+	if w.nLazy == 0 && len(w.plan) == 0 {
+		return true, true, false // blocked: nothing runs and the queue head does not fit
+	}
+	w.now += w.duration(prefill, decodeSeqs, prefillCtx, decodeCtx)
+	for j, n := range w.plan {
+		r := &w.running[w.lazyEnd+j]
+		r.computed += max(n, 1)
+		if r.computed < r.seqLen() {
+			continue
+		}
+		r.gen++
+		if r.target && r.gen == 1 {
+			w.p.TTFT, w.p.OK = w.now, true
+			return true, false, true
+		}
+	}
+	// Finished at the end of this step: lazy decoders due now, then the tail's.
+	for len(w.fin) > 0 && w.fin[0].step == s {
+		i := w.fin.pop().i
+		v := &w.running[i]
+		w.alloc[mod(v.computed-v.anchor, w.bs)]--
+		w.lazyK -= v.computed - v.anchor + 1
+		w.nLazy--
+		w.nDead++
+		u := *v
+		w.current(&u, s+1)
+		u.lazy = false
+		w.free += u.owned
+		w.done = append(w.done, u)
+		v.dead = true
+	}
+	tail := len(w.running) - w.lazyEnd
+	var t []vreq
+	t, w.done, w.free = finish(w.running[w.lazyEnd:], w.done, w.free)
+	if len(t) < tail {
+		clear(w.running[w.lazyEnd+len(t):])
+		w.running = w.running[:w.lazyEnd+len(t)]
+		w.head.valid = false // tail indices moved
+	}
+	return true, false, false
+}
+
+// exactStep is step w.step request by request, with nothing lazy: Schedule's rules as
+// Engine.Predict describes them.
+func (w *walk) exactStep() (blocked, first bool) {
+	e, cfg := w.e, &w.e.cfg
+	bs := w.bs
+	budget := cfg.MaxNumBatchedTokens
+	w.plan = w.plan[:0]
+	var prefill, decodeSeqs int
+	var prefillCtx, decodeCtx float64
+	preempted := false
+	for i := 0; i < len(w.running) && budget > 0; i++ {
+		r := &w.running[i]
+		n := min(r.seqLen()-r.computed, budget)
+		need := e.blocksFor(r.computed+n) - r.nblocks
+		self := false
+		for w.free < need {
+			last := len(w.running) - 1
+			v := w.running[last]
+			w.running = w.running[:last]
+			w.free += v.owned
+			w.done = append(w.done, v) // its registered blocks stay cached
+			v.hits = min(v.computed/bs, (v.seqLen()-1)/bs, e.hashable(&v))
+			v.pinnedFree = min(v.hits, v.owned)
+			v.computed, v.nblocks, v.owned, v.preempted = 0, 0, 0, true
+			v.id, v.gain = w.newID(), true
+			w.waiting = append(w.waiting, vreq{})
+			copy(w.waiting[1:], w.waiting)
+			w.waiting[0] = v
+			preempted = true
+			if last == i {
+				self = true
+				break
+			}
+		}
+		if self {
+			break
+		}
+		w.free -= need
+		r.nblocks += need
+		r.owned += need
+		budget -= n
+		if n == 1 && r.gen > 0 {
+			decodeSeqs++
+			decodeCtx += float64(r.seqLen())
+			w.plan = append(w.plan, -1)
+		} else {
+			prefill += n
+			prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
+			w.plan = append(w.plan, n)
+		}
+	}
+	w.head.valid = false
+	for !preempted && budget > 0 && len(w.running) < cfg.MaxNumSeqs && len(w.waiting) > 0 {
+		n, ok := w.admit(&budget, func(v *vreq) (int, int) { return e.admissionHits(v, w.running, w.done) })
+		if !ok {
+			break
+		}
+		prefill += n
+		prefillCtx += float64(n) * (float64(w.running[len(w.running)-1].computed) + float64(n)/2)
+		w.plan = append(w.plan, n)
+	}
+	if len(w.plan) == 0 {
+		return true, false // blocked: nothing runs and the queue head does not fit
+	}
+	w.now += w.duration(prefill, decodeSeqs, prefillCtx, decodeCtx)
+	for i, n := range w.plan {
+		r := &w.running[i]
+		r.computed += max(n, 1)
+		if r.computed < r.seqLen() {
+			continue
+		}
+		r.gen++
+		if r.target && r.gen == 1 {
+			w.p.TTFT, w.p.OK = w.now, true
+			return false, true
+		}
+	}
+	w.running, w.done, w.free = finish(w.running, w.done, w.free)
+	return false, false
+}
+
+// admit admits the waiting head if its whole sequence fits beside the prefix hits gives it,
+// with blocks for its first chunk (at most *budget tokens, which it takes); it returns the
+// chunk.
+func (w *walk) admit(budget *int, hits func(*vreq) (int, int)) (int, bool) {
+	e, bs := w.e, w.bs
+	r := w.waiting[0]
+	h, fromDone := hits(&r)
+	pinned := r.pinnedFree + fromDone
+	if w.free-pinned < e.blocksFor(r.seqLen())-h {
+		return 0, false
+	}
+	r.computed = h * bs
+	if r.target && !r.preempted {
+		w.p.CachedTokens = r.computed
+	}
+	n := min(r.seqLen()-r.computed, *budget)
+	nb := e.blocksFor(r.computed+n) - h
+	w.free -= pinned + nb
+	r.nblocks, r.owned = h+nb, pinned+nb
+	w.waiting = w.waiting[1:]
+	w.running = append(w.running, r)
+	*budget -= n
+	w.head.valid = false
+	return n, true
+}
+
+// headHits is admissionHits for the waiting head v with lazy decoders in running: the same
+// answer (the longest prefix running requests give, then finished ones), from headCache.
+func (w *walk) headHits(v *vreq) (hits, fromDone int) {
+	e, hc := w.e, &w.head
+	if !v.gain {
+		return v.hits, 0
+	}
+	keyed := v.fk == fkOwn
+	related := func(u *vreq) bool {
+		return !keyed || u.fk == fkWild || u.fk != fkNone && u.fkey == v.fkey
+	}
+	if !hc.valid || hc.id != v.id {
+		hc.valid, hc.id, hc.keyed = true, v.id, keyed
+		hc.base = v.hits
+		hc.maxHit = min((v.seqLen()-1)/w.bs, e.hashable(v))
+		hc.rel, hc.doneN, hc.nKey, hc.nWild, hc.doneMax = hc.rel[:0], 0, 0, 0, hc.base
+		if hc.base < hc.maxHit {
+			hv := e.vhash(v, hc.base)
+			for i := range w.running {
+				u := &w.running[i]
+				if u.dead || !related(u) || u.req != nil && u.req == v.req || hc.base >= e.hashable(u) {
+					continue
+				}
+				if e.vhash(u, hc.base) == hv {
+					lcp := w.lcp(u, v, hc.base+1, min(hc.maxHit, e.hashable(u)), hc.guess)
+					hc.guess = lcp
+					hc.rel = append(hc.rel, relReq{i: i, lcp: min(lcp, hc.maxHit)})
+				}
+			}
+		}
+	}
+	hits = hc.base
+	for _, r := range hc.rel {
+		u := &w.running[r.i]
+		if u.dead || r.lcp <= hits {
+			continue // finished (in done), or gives no more
+		}
+		computed := u.computed
+		if u.lazy {
+			computed += w.step - u.anchor
+		}
+		hits = max(hits, min(r.lcp, computed/w.bs, e.hashable(u)))
+	}
+	scan := func(u *vreq) {
+		if u.req == nil || u.req != v.req {
+			hc.doneMax = w.extend(v, u, hc.doneMax, hc.maxHit) // past doneMax only if it matches there
+		}
+	}
+	if hc.base < hc.maxHit {
+		if keyed {
+			w.indexDone()
+			for l := w.doneBy[v.fkey]; hc.nKey < len(l); hc.nKey++ {
+				scan(&w.done[l[hc.nKey]])
+			}
+			for ; hc.nWild < len(w.doneWild); hc.nWild++ {
+				scan(&w.done[w.doneWild[hc.nWild]])
+			}
+		} else {
+			for ; hc.doneN < len(w.done); hc.doneN++ {
+				scan(&w.done[hc.doneN])
+			}
+		}
+	}
+	all := max(hits, hc.doneMax)
+	return all, all - hits
+}
+
+// indexDone files the finished requests not yet in doneBy by their frontier key.
+func (w *walk) indexDone() {
+	for ; w.doneIdx < len(w.done); w.doneIdx++ {
+		switch u := &w.done[w.doneIdx]; u.fk {
+		case fkOwn, fkShares:
+			w.doneBy[u.fkey] = append(w.doneBy[u.fkey], int32(w.doneIdx))
+		case fkWild:
+			w.doneWild = append(w.doneWild, int32(w.doneIdx))
+		}
+	}
+}
+
+// lcp is how many leading blocks u and v share, given that they share the first lo and at
+// most hi count; guess, tried first, is usually it.
+func (w *walk) lcp(u, v *vreq, lo, hi, guess int) int {
+	e := w.e
+	match := func(k int) bool { return e.vhash(u, k) == e.vhash(v, k) }
+	if guess > lo && guess <= hi && match(guess-1) && (guess == hi || !match(guess)) {
+		return guess
+	}
+	for lo < hi && match(lo) {
+		lo++
+	}
+	return lo
+}
+
+// extend is how far past h u's registered blocks continue v's prefix.
+func (w *walk) extend(v, u *vreq, h, maxHit int) int {
+	e := w.e
+	reg := min(u.computed/w.bs, e.hashable(u))
+	for h < min(reg, maxHit) && e.vhash(u, h) == e.vhash(v, h) {
+		h++
+	}
+	return h
+}
+
+// duration is Schedule's step duration.
+func (w *walk) duration(prefill, decodeSeqs int, prefillCtx, decodeCtx float64) time.Duration {
+	cfg := &w.e.cfg
+	return cfg.StepBase +
+		time.Duration(prefill)*cfg.PrefillPerToken +
+		time.Duration(prefillCtx/1000*float64(cfg.PrefillPerTokenPerKContext)) +
+		time.Duration(decodeSeqs)*cfg.DecodePerSeq +
+		time.Duration(decodeCtx*float64(cfg.DecodePerContextToken))
+}
