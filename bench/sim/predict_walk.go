@@ -40,6 +40,15 @@ type walk struct {
 	head    headCache
 	nextID  int32
 
+	// blk: the waiting head that did not fit in the last fast step, and what its admission
+	// depended on; while none of it changed (the same head, no more free blocks, no request
+	// finished, no running one that can still add to its hits) it still does not fit.
+	blk struct {
+		valid            bool
+		id               int32
+		free, done, dead int
+	}
+
 	// Finished requests by frontier key (vreq.fkey): indexed up to doneIdx.
 	doneBy   map[uint64][]int32
 	doneWild []int32
@@ -104,7 +113,8 @@ type headCache struct {
 	nKey, nWild  int // doneBy[key] and doneWild scanned (keyed)
 	doneN        int // done scanned (not keyed)
 	doneMax      int
-	guess        int // the last lcp found (requests of a group mostly share as much)
+	guess        int  // the last lcp found (requests of a group mostly share as much)
+	settled      bool // at the last call no running request in rel could give more as it computes
 }
 
 // relReq is a running request (index) that shares the head's prefix past its base, up to
@@ -126,6 +136,9 @@ func (w *walk) run() Prediction {
 		w.waiting[i].id = w.newID()
 	}
 	w.frontiers()
+	if n := len(w.running) + len(w.waiting) + len(w.done); cap(w.done) < n {
+		w.done = append(make([]vreq, 0, n), w.done...) // each request finishes or is preempted at most about once
+	}
 	w.alloc = make([]int, w.bs)
 	w.plan = make([]int, 0, len(w.running)+len(w.waiting))
 	for ; w.step < maxPredictSteps; w.step++ {
@@ -267,6 +280,7 @@ func (w *walk) materialize() {
 	clear(w.alloc)
 	w.fin = w.fin[:0]
 	w.head.valid = false
+	w.blk.valid = false
 }
 
 // fastStep runs step w.step with the lazy decoders in aggregate. ok is false, with nothing
@@ -319,8 +333,14 @@ func (w *walk) fastStep() (ok, blocked, first bool) {
 		}
 	}
 	for budget > 0 && len(w.running)-w.nDead < cfg.MaxNumSeqs && len(w.waiting) > 0 {
+		if b := &w.blk; b.valid && b.id == w.waiting[0].id && w.free <= b.free && len(w.done) == b.done && w.nDead == b.dead {
+			break
+		}
 		n, ok := w.admit(&budget, w.headHits)
 		if !ok {
+			b := &w.blk
+			b.valid = !w.waiting[0].gain || w.head.settled
+			b.id, b.free, b.done, b.dead = w.waiting[0].id, w.free, len(w.done), w.nDead
 			break
 		}
 		prefill += n
@@ -364,7 +384,7 @@ func (w *walk) fastStep() (ok, blocked, first bool) {
 	if len(t) < tail {
 		clear(w.running[w.lazyEnd+len(t):])
 		w.running = w.running[:w.lazyEnd+len(t)]
-		w.head.valid = false // tail indices moved
+		w.head.valid, w.blk.valid = false, false // tail indices moved
 	}
 	return true, false, false
 }
@@ -421,6 +441,7 @@ func (w *walk) exactStep() (blocked, first bool) {
 		}
 	}
 	w.head.valid = false
+	w.blk.valid = false
 	for !preempted && budget > 0 && len(w.running) < cfg.MaxNumSeqs && len(w.waiting) > 0 {
 		n, ok := w.admit(&budget, func(v *vreq) (int, int) { return e.admissionHits(v, w.running, w.done) })
 		if !ok {
@@ -455,8 +476,8 @@ func (w *walk) exactStep() (blocked, first bool) {
 // chunk.
 func (w *walk) admit(budget *int, hits func(*vreq) (int, int)) (int, bool) {
 	e, bs := w.e, w.bs
+	h, fromDone := hits(&w.waiting[0])
 	r := w.waiting[0]
-	h, fromDone := hits(&r)
 	pinned := r.pinnedFree + fromDone
 	if w.free-pinned < e.blocksFor(r.seqLen())-h {
 		return 0, false
@@ -473,6 +494,7 @@ func (w *walk) admit(budget *int, hits func(*vreq) (int, int)) (int, bool) {
 	w.running = append(w.running, r)
 	*budget -= n
 	w.head.valid = false
+	w.blk.valid = false
 	return n, true
 }
 
@@ -508,16 +530,21 @@ func (w *walk) headHits(v *vreq) (hits, fromDone int) {
 		}
 	}
 	hits = hc.base
+	hc.settled = true
 	for _, r := range hc.rel {
 		u := &w.running[r.i]
-		if u.dead || r.lcp <= hits {
-			continue // finished (in done), or gives no more
+		if u.dead {
+			continue // finished: in done
 		}
 		computed := u.computed
 		if u.lazy {
 			computed += w.step - u.anchor
 		}
-		hits = max(hits, min(r.lcp, computed/w.bs, e.hashable(u)))
+		reg := min(computed/w.bs, e.hashable(u))
+		if reg < r.lcp {
+			hc.settled = false
+		}
+		hits = max(hits, min(r.lcp, reg))
 	}
 	scan := func(u *vreq) {
 		if u.req == nil || u.req != v.req {
