@@ -74,7 +74,27 @@ type vreq struct {
 	req              *Request
 	chain            []uint64 // block hashes when req is nil (pending requests, the target)
 	target           bool
+
+	// The walk's bookkeeping (walk): id names the request while it waits (the head's cache);
+	// a lazy running request is a decoder whose computed and gen are as at the start of step
+	// anchor and advance one a step since; dead: a lazy one that finished (now in done).
+	// gain: a waiting request that may find more of its prefix than is cached now, computed
+	// meanwhile by another request of the walk; fk and fkey: the frontier key it is filed by
+	// (walk.frontiers).
+	id               int32
+	lazy, dead, gain bool
+	anchor           int
+	fk               uint8
+	fkey             uint64
 }
+
+// vreq.fk: how a request relates to the frontier keys of the walk's waiting requests.
+const (
+	fkNone   = iota // extends no waiting request's cached prefix
+	fkOwn           // fkey is its own frontier block (a waiting request)
+	fkShares        // a running request with fkey at some waiting request's frontier
+	fkWild          // a running request matching several: looked at for every head
+)
 
 func (v *vreq) seqLen() int { return v.prompt + v.gen }
 
@@ -205,98 +225,8 @@ func (e *Engine) PredictPending(q Pending, stepLeft time.Duration, pending []Pen
 		}
 		running, done, free = finish(running, done, free)
 	}
-	plan := make([]int, 0, cap(running)) // per running request: tokens computed, -1 decode
-	for step := 0; step < maxPredictSteps; step++ {
-		budget := cfg.MaxNumBatchedTokens
-		plan = plan[:0]
-		var prefill, decodeSeqs int
-		var prefillCtx, decodeCtx float64
-		preempted := false
-		for i := 0; i < len(running) && budget > 0; i++ {
-			r := &running[i]
-			n := min(r.seqLen()-r.computed, budget)
-			need := e.blocksFor(r.computed+n) - r.nblocks
-			self := false
-			for free < need {
-				last := len(running) - 1
-				v := running[last]
-				running = running[:last]
-				free += v.owned
-				done = append(done, v) // its registered blocks stay cached
-				v.hits = min(v.computed/bs, (v.seqLen()-1)/bs, e.hashable(&v))
-				v.pinnedFree = min(v.hits, v.owned)
-				v.computed, v.nblocks, v.owned, v.preempted = 0, 0, 0, true
-				waiting = append(waiting, vreq{})
-				copy(waiting[1:], waiting)
-				waiting[0] = v
-				preempted = true
-				if last == i {
-					self = true
-					break
-				}
-			}
-			if self {
-				break
-			}
-			free -= need
-			r.nblocks += need
-			r.owned += need
-			budget -= n
-			if n == 1 && r.gen > 0 {
-				decodeSeqs++
-				decodeCtx += float64(r.seqLen())
-				plan = append(plan, -1)
-			} else {
-				prefill += n
-				prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
-				plan = append(plan, n)
-			}
-		}
-		for !preempted && budget > 0 && len(running) < cfg.MaxNumSeqs && len(waiting) > 0 {
-			r := waiting[0]
-			hits, fromDone := e.admissionHits(&r, running, done)
-			pinned := r.pinnedFree + fromDone
-			if free-pinned < e.blocksFor(r.seqLen())-hits {
-				break
-			}
-			r.computed = hits * bs
-			if r.target && !r.preempted {
-				p.CachedTokens = r.computed
-			}
-			n := min(r.seqLen()-r.computed, budget)
-			nb := e.blocksFor(r.computed+n) - hits
-			free -= pinned + nb
-			r.nblocks, r.owned = hits+nb, pinned+nb
-			waiting = waiting[1:]
-			running = append(running, r)
-			budget -= n
-			prefill += n
-			prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
-			plan = append(plan, n)
-		}
-		if len(plan) == 0 {
-			return p // blocked: nothing runs and the queue head does not fit
-		}
-		now += cfg.StepBase +
-			time.Duration(prefill)*cfg.PrefillPerToken +
-			time.Duration(prefillCtx/1000*float64(cfg.PrefillPerTokenPerKContext)) +
-			time.Duration(decodeSeqs)*cfg.DecodePerSeq +
-			time.Duration(decodeCtx*float64(cfg.DecodePerContextToken))
-		for i, n := range plan {
-			r := &running[i]
-			r.computed += max(n, 1)
-			if r.computed < r.seqLen() {
-				continue
-			}
-			r.gen++
-			if r.target && r.gen == 1 {
-				p.TTFT, p.OK = now, true
-				return p
-			}
-		}
-		running, done, free = finish(running, done, free)
-	}
-	return p
+	w := walk{e: e, bs: bs, running: running, waiting: waiting, done: done, free: free, now: now, p: &p}
+	return w.run()
 }
 
 // chainReq is a walk request known by its block hashes, with the prefix cached now.
