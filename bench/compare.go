@@ -495,6 +495,9 @@ func startProxyFC(base *configs.Config, mode string, backends []string, kvTokens
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	if base.Log.Level == "" || base.Log.Level == "info" || base.Log.Level == "debug" {
 		cfg.Log.Level = "warn"
+		if isFC {
+			cfg.Log.Level = "error" // a refusal's request line is a warning; the tenant table counts them
+		}
 	}
 	cfg.Log.Format = "console"
 	cfg.Backends = nil
