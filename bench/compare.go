@@ -199,6 +199,11 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if len(w.Tenants) > 0 {
 		rep.Notes = append(rep.Notes, overloadNote(w, o.Speedup))
 	}
+	if o.Target == "" {
+		if n := fcNote(o.Modes, w.Tenants, ModelTime{o.Speedup}, simCfg.MaxNumSeqs, external); n != "" {
+			rep.Notes = append(rep.Notes, n)
+		}
+	}
 	if o.Speedup != 1 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("Latencies are wall-clock at --speedup %g: the simulated GPUs, think times and arrival gaps ran %g× faster than real time (multiply by %g for model time; proxy and HTTP overheads are not scaled).", o.Speedup, o.Speedup, o.Speedup))
 	}
@@ -211,8 +216,8 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 		runs = []run{{label: or(o.Label, o.Target)}}
 	} else {
 		for _, m := range o.Modes {
-			if !slices.Contains(router.ModeNames(), m) && !peers.Is(m) && m != oracle.Name {
-				return nil, fmt.Errorf("--modes: %q is not one of %v or the bench-only %v and %s", m, router.ModeNames(), peers.Names(), oracle.Name)
+			if !slices.Contains(router.ModeNames(), m) && !peers.Is(m) && m != oracle.Name && !slices.Contains(FlowControlArms, m) {
+				return nil, fmt.Errorf("--modes: %q is not one of %v or the bench-only %v, %v and %s", m, router.ModeNames(), peers.Names(), FlowControlArms, oracle.Name)
 			}
 			if m == oracle.Name && external {
 				return nil, fmt.Errorf("--modes: %s reads the simulated replicas' state in-process: not with --backends or --target", oracle.Name)
@@ -357,7 +362,11 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			proxies, nodes = svs, ns
 		}
 		for range max(o.RouterReplicas, 1) * btoi(nodes == nil) { // each replica its own prefixlb with its own index
-			sv, stop, err := startProxy(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc, ModelTime{o.Speedup})
+			fc := fcSetup{tenants: w.Tenants}
+			if cluster != nil {
+				fc.maxNumSeqs = simCfg.MaxNumSeqs
+			}
+			sv, stop, err := startProxyFC(base, mode, backends, int64(simCfg.KVCacheTokens()), cluster, orc, ModelTime{o.Speedup}, fc)
 			if err != nil {
 				return report.Mode{}, err
 			}
@@ -464,12 +473,31 @@ func routerRequests(out *loadgen.Outcome, routers int) []int {
 // policy, shared by all of an arm's routers (nil: a new one over cluster). mt puts the
 // proxy's load signals on the run's clock (ModelTime).
 func startProxy(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle, mt ModelTime) (*proxy.Serving, func(), error) {
+	return startProxyFC(base, mode, backends, kvTokens, cluster, orc, mt, fcSetup{})
+}
+
+// fcSetup is what a flow-control arm's prefixlb needs beyond startProxy's arguments: the
+// workload's tenants (its rules) and the replicas' max_num_seqs (0: unknown).
+type fcSetup struct {
+	tenants    []*workload.Tenant
+	maxNumSeqs int
+}
+
+// startProxyFC is startProxy for any arm, the flow-control arms (FlowControlArms) included:
+// mode is then the arm, which places requests by its mode (fcArmMode) with flow control
+// configured by flowControlConfig and fcTuning.
+func startProxyFC(base *configs.Config, mode string, backends []string, kvTokens int64, cluster *sim.Cluster, orc *oracle.Oracle, mt ModelTime, fc fcSetup) (*proxy.Serving, func(), error) {
+	arm := mode
+	mode, isFC := fcArmMode(arm)
 	sims := cluster != nil
 	cfg := *base
 	cfg.Mode = mode
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	if base.Log.Level == "" || base.Log.Level == "info" || base.Log.Level == "debug" {
 		cfg.Log.Level = "warn"
+		if isFC {
+			cfg.Log.Level = "error" // a refusal's request line is a warning; the tenant table counts them
+		}
 	}
 	cfg.Log.Format = "console"
 	cfg.Backends = nil
@@ -479,6 +507,9 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 			b.KVCacheTokens = kvTokens // the proxy's index sized like the sims' caches
 		}
 		cfg.Backends = append(cfg.Backends, b)
+	}
+	if isFC {
+		flowControlConfig(&cfg, arm, fc.tenants, fc.maxNumSeqs)
 	}
 	log, err := app.NewLogger(cfg.Log.Level, cfg.Log.Format)
 	if err != nil {
@@ -525,9 +556,9 @@ func startProxy(base *configs.Config, mode string, backends []string, kvTokens i
 				_ = c.Close()
 			}
 		}
-		sv, err = app.StartTuned(context.Background(), &cfg, log, mt.Tuning(mode, pol))
+		sv, err = app.StartTuned(context.Background(), &cfg, log, fcTuning(arm, mt, mt.Tuning(mode, pol)))
 	} else {
-		sv, err = app.StartTuned(context.Background(), &cfg, log, mt.Tuning("", nil))
+		sv, err = app.StartTuned(context.Background(), &cfg, log, fcTuning(arm, mt, mt.Tuning("", nil)))
 	}
 	if err != nil {
 		closePolicy()

@@ -359,6 +359,6 @@ func overloadNote(w *workload.Workload, speedup float64) string {
 		parts = append(parts, fmt.Sprintf("%s (priority %d, fairness id %s, objective %s): %.2f req/s × %.1f ms = %.3f of the capacity, TTFT SLO %s, patience %s",
 			t.Name, t.Priority, t.FairnessID, t.Objective, t.Rate, t.CostMs, t.Share, t.SLO, t.Patience))
 	}
-	return fmt.Sprintf("Tenants, in model time (rates × each request's GPU time on a saturated sim ÷ %v replicas; ÷ --speedup %g for wall time): %s; offered %.2f × the fleet's capacity. The proxy ignores the tenants' headers today (no flow control).",
+	return fmt.Sprintf("Tenants, in model time (rates × each request's GPU time on a saturated sim ÷ %v replicas; ÷ --speedup %g for wall time): %s; offered %.2f × the fleet's capacity. Arms without flow control ignore the tenants' marks; the flow-control arms classify them (note below).",
 		w.Params["capacity_replicas"], speedup, strings.Join(parts, "; "), offered)
 }

@@ -45,6 +45,25 @@ func (b *band) settleHistory() {
 	b.idle = b.idle[:0]
 }
 
+// restartFairness levels the band's flows (Reconfigure to another Fairness): every counter
+// and the virtual time go to 0, the idle flows are forgotten, and the backlogged flows are
+// then served by their heads' arrival until the new policy's counters tell them apart. An
+// item in flight keeps the charge it was given, which its Settle corrects by a bounded
+// amount (MaxRequestWork).
+func (b *band) restartFairness() {
+	b.vtime = 0
+	for _, f := range b.idle {
+		f.idleIdx = -1
+		delete(b.flows, f.id)
+	}
+	clear(b.idle)
+	b.idle = b.idle[:0]
+	for _, f := range b.flows {
+		f.counter = 0
+	}
+	heap.Init(&b.backlog)
+}
+
 // credit is the work the band may take ahead of higher bands now.
 func (b *band) credit(share float64) float64 {
 	return share*float64(b.aboveServed-b.creditBase) - float64(b.creditSpent)

@@ -28,6 +28,20 @@ const (
 	DefaultMaxQueueWait = 30 * time.Second
 )
 
+// Fairness policies between the flows of one band (Config.Fairness).
+const (
+	// FairnessVTC serves the backlogged flow with the least GPU work served (the virtual
+	// token counter of Sheng et al., OSDI '24), each dispatch charged its predicted work and
+	// corrected to the real work at Settle. The default.
+	FairnessVTC = "vtc"
+	// FairnessRoundRobin serves the backlogged flows in turn, one request each per round,
+	// whatever each request costs: the default inter-flow policy of llm-d's flow control
+	// (gateway-api-inference-extension pkg/epp/flowcontrol, "round-robin"). A flow whose
+	// requests cost 20× more gets 20× the GPU work. Kept for the bench's llm-d-style arm
+	// (bench/README.md, llm-d-fc), so that the two orderings are measured side by side.
+	FairnessRoundRobin = "round-robin"
+)
+
 // Config bounds and tunes a Queue. Zero fields take the defaults.
 type Config struct {
 	// MaxItems bounds queued requests; Push beyond it fails with ErrFull.
@@ -44,6 +58,10 @@ type Config struct {
 	// PrefillWeight, a generated token DecodeWeight.
 	PrefillWeight int64
 	DecodeWeight  int64
+	// Fairness is how a band chooses among its backlogged flows: FairnessVTC ("" means it)
+	// or FairnessRoundRobin. Priority bands, the guaranteed band share (counted in work
+	// either way) and arrival order within a flow are the same under both.
+	Fairness string
 }
 
 // withDefaults fills zero fields and validates the rest.
@@ -69,6 +87,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.DecodeWeight == 0 {
 		c.DecodeWeight = DefaultDecodeWeight
 	}
+	if c.Fairness == "" {
+		c.Fairness = FairnessVTC
+	}
 	switch {
 	case c.MaxItems < 0:
 		return c, fmt.Errorf("flowcontrol: MaxItems %d < 0", c.MaxItems)
@@ -80,9 +101,14 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("flowcontrol: MaxRequestWork %d < 1", c.MaxRequestWork)
 	case c.PrefillWeight < 0 || c.DecodeWeight < 0:
 		return c, fmt.Errorf("flowcontrol: negative weight (prefill %d, decode %d)", c.PrefillWeight, c.DecodeWeight)
+	case c.Fairness != FairnessVTC && c.Fairness != FairnessRoundRobin:
+		return c, fmt.Errorf("flowcontrol: Fairness %q is not %q or %q", c.Fairness, FairnessVTC, FairnessRoundRobin)
 	}
 	return c, nil
 }
+
+// roundRobin reports whether flows take turns by request rather than by work.
+func (c Config) roundRobin() bool { return c.Fairness == FairnessRoundRobin }
 
 // Work converts a cost to work in token-equivalents, clamped to [1, MaxRequestWork]: never
 // zero, so a band's guaranteed share always has something to pay for.

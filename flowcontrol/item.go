@@ -111,7 +111,8 @@ type Item struct {
 	done    chan Outcome
 	state   itemState
 	work    int64 // predicted work, token-equivalents, clamped to [1, MaxRequestWork]
-	charged int64 // work charged to the flow's counter while popped or in flight
+	charged int64 // work charged to the flow's served work while popped or in flight
+	ticket  int64 // what the flow's counter was charged: charged (vtc) or 1 (round-robin)
 	seq     uint64
 	flow    *flow
 	prev    *Item // flow FIFO links

@@ -81,6 +81,13 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		}
 		q.share = share
 	}
+	if cfg.Fairness != q.cfg.Fairness {
+		// The counters were kept in the old policy's units (work or turns): every band's
+		// fairness starts afresh, its flows level, in the new units.
+		for _, b := range q.bands {
+			b.restartFairness()
+		}
+	}
 	q.cfg = cfg
 	return nil
 }
@@ -126,7 +133,7 @@ func (q *Queue) Push(it *Item, saturated bool) error {
 	}
 	it.Bytes = max(it.Bytes, 0)
 	it.work = q.cfg.Work(it.Cost)
-	it.charged, it.credit, it.dlIndex = 0, false, -1
+	it.charged, it.ticket, it.credit, it.dlIndex = 0, 0, false, -1
 	q.seq++
 	it.seq = q.seq
 	b := q.byPrio[it.Priority]
@@ -162,7 +169,11 @@ func (q *Queue) Next(now time.Time) *Item {
 			continue
 		}
 		b.vtime = max(b.vtime, f.counter)
-		f.counter += it.work
+		it.ticket = it.work
+		if q.cfg.roundRobin() {
+			it.ticket = 1 // one turn per request, whatever it costs
+		}
+		f.counter += it.ticket
 		f.served += it.work
 		it.charged = it.work
 		f.inflight++
@@ -193,9 +204,9 @@ func (q *Queue) Requeue(it *Item) bool {
 	}
 	f := it.flow
 	b := f.band
-	f.counter -= it.charged
+	f.counter -= it.ticket
 	f.served -= it.charged
-	it.charged = 0
+	it.charged, it.ticket = 0, 0
 	f.inflight--
 	for i := range q.bands {
 		if q.bands[i] == b {
@@ -243,9 +254,11 @@ func (q *Queue) Settle(it *Item, actual Cost) bool {
 	w := q.cfg.PrefillWeight*int64(max(actual.UncachedPrefillTokens, 0)) + q.cfg.DecodeWeight*int64(max(actual.OutputTokens, 0))
 	w = min(w, q.cfg.MaxRequestWork)
 	f := it.flow
-	f.counter += w - it.charged
+	if !q.cfg.roundRobin() {
+		f.counter += w - it.ticket // round-robin's turn stays one turn
+	}
 	f.served += w - it.charged
-	it.charged = 0
+	it.charged, it.ticket = 0, 0
 	f.inflight--
 	it.state = stateIdle
 	if f.heapIdx >= 0 {

@@ -10,6 +10,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,12 @@ type FlowControl struct {
 	DefaultOutputTokens int
 	// Classifier gives a request its priority and flow; nil: priority 0, one flow.
 	Classifier Classifier
+	// Saturation is the rule that judges a replica saturated: SaturationPrefixLB ("", the
+	// default; KVSaturation and the replicas' concurrency limits) or SaturationGIE (llm-d's
+	// detector, tuned by GIE, for the bench's llm-d-style arm; it needs metrics scraping on).
+	// Any other value is an error in New and read as SaturationPrefixLB on a reload.
+	Saturation string
+	GIE        GIESaturation
 }
 
 // Defaults of FlowControl.
@@ -89,7 +96,23 @@ func (c FlowControl) withDefaults() FlowControl {
 	if c.DefaultOutputTokens <= 0 {
 		c.DefaultOutputTokens = DefaultOutputTokens
 	}
+	c.GIE = c.GIE.withDefaults()
 	return c
+}
+
+// validate reports a FlowControl that New cannot run; scrape is the health checker's scrape
+// interval (0: scraping off).
+func (c FlowControl) validate(scrape time.Duration) error {
+	switch c.Saturation {
+	case "", SaturationPrefixLB:
+	case SaturationGIE:
+		if scrape <= 0 {
+			return errors.New("flow control: saturation rule gie reads the replicas' scraped metrics, and scraping is off (every replica would stay saturated)")
+		}
+	default:
+		return fmt.Errorf("flow control: saturation rule %q is not %q or %q", c.Saturation, SaturationPrefixLB, SaturationGIE)
+	}
+	return nil
 }
 
 // Names of the pools' queues: a model's name, or one of these.
@@ -294,7 +317,7 @@ func (s *Server) hold(ctx *fasthttp.RequestCtx, f *flow) error {
 	if !cfg.Enabled || !f.k.Routed || len(f.cands) == 0 {
 		return nil
 	}
-	saturated := poolSaturated(f.cands, cfg.KVSaturation)
+	saturated := s.poolSaturated(cfg, f.cands)
 	if !saturated && fc.held.Load() == 0 {
 		return nil
 	}
@@ -534,12 +557,12 @@ func (fc *flowControl) dispatch(now time.Time) time.Duration {
 // the first that finds none is put back, and the pool waits for the next signal.
 func (fc *flowControl) place(pq *poolQueue, now time.Time) {
 	s := fc.s
-	kvFull := fc.config().KVSaturation
+	cfg := fc.config()
 	for it := pq.q.Next(now); it != nil; it = pq.q.Next(now) {
 		f := it.Value.(*flow)
 		members := s.poolMembers(pq.name)
 		f.cands, _ = backend.Healthy(f.cands[:0], members)
-		fc.roomy = appendRoomy(fc.roomy[:0], f.cands, kvFull)
+		fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands)
 		if len(fc.roomy) == 0 {
 			pq.q.Requeue(it)
 			return

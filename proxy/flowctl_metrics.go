@@ -149,7 +149,7 @@ func (s *Server) QueueInfo() QueueInfo {
 				snap.Bands[i].Flows[j].Flow = hashedFlow(snap.Bands[i].Flows[j].Flow)
 			}
 		}
-		info.Pools = append(info.Pools, PoolQueue{Pool: poolLabel(pq.name), Saturated: poolSaturated(cands, cfg.KVSaturation), Queue: snap})
+		info.Pools = append(info.Pools, PoolQueue{Pool: poolLabel(pq.name), Saturated: s.poolSaturated(cfg, cands), Queue: snap})
 	}
 	return info
 }

@@ -1,6 +1,11 @@
 package proxy
 
-import "github.com/prefixlb/prefixlb/backend"
+import (
+	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/health"
+)
 
 // Saturation: when starting a request on a replica now would only queue it inside the
 // engine. Flow control (flowctl.go) holds a request only when every healthy replica of its
@@ -99,4 +104,95 @@ func appendRoomy(dst, cands []*backend.Backend, kvFull float64) []*backend.Backe
 		}
 	}
 	return dst
+}
+
+// Saturation rules (FlowControl.Saturation).
+const (
+	// SaturationPrefixLB is prefixlb's rule (replicaView.saturated): a replica at its
+	// concurrency limit or with a full KV cache, judged with the requests counted since its
+	// last scrape. "" means it.
+	SaturationPrefixLB = "prefixlb"
+	// SaturationGIE is the saturation detector of llm-d's router, the Gateway API Inference
+	// Extension's endpoint picker (gieSaturated), with its defaults in GIESaturation. It
+	// reads only the replicas' scraped metrics, so between two scrapes a replica it judges
+	// not saturated takes every queued request the dispatcher has; it is there for the
+	// bench's llm-d-style flow-control arm (bench/README.md, llm-d-fc), not for production.
+	SaturationGIE = "gie"
+)
+
+// GIESaturation tunes SaturationGIE; zero fields take GIE's defaults, those of
+// gateway-api-inference-extension pkg/epp/saturationdetector/config.go (release-1.2; the
+// same values in release-1.3's framework/plugins/utilizationdetector/config.go).
+type GIESaturation struct {
+	// QueueDepth: a replica whose scraped waiting queue is above it is saturated
+	// (DefaultQueueDepthThreshold 5: saturated at 6 waiting).
+	QueueDepth int
+	// KVCacheUtil: a replica whose scraped KV-cache usage (0..1) is above it is saturated
+	// (DefaultKVCacheUtilThreshold 0.8).
+	KVCacheUtil float64
+	// MetricsStaleness: a replica whose last successful scrape finished longer ago is
+	// saturated, as is one never scraped (DefaultMetricsStalenessThreshold 200 ms, for GIE's
+	// 50 ms metrics refresh; the scrape interval must be well below it).
+	MetricsStaleness time.Duration
+}
+
+// GIE's defaults (GIESaturation).
+const (
+	DefaultGIEQueueDepth       = 5
+	DefaultGIEKVCacheUtil      = 0.8
+	DefaultGIEMetricsStaleness = 200 * time.Millisecond
+)
+
+func (g GIESaturation) withDefaults() GIESaturation {
+	if g.QueueDepth <= 0 {
+		g.QueueDepth = DefaultGIEQueueDepth
+	}
+	if g.KVCacheUtil <= 0 || g.KVCacheUtil >= 1 {
+		g.KVCacheUtil = DefaultGIEKVCacheUtil
+	}
+	if g.MetricsStaleness <= 0 {
+		g.MetricsStaleness = DefaultGIEMetricsStaleness
+	}
+	return g
+}
+
+// gieSaturated is GIE's rule for one replica, from its last successful scrape l at now: it
+// has no good capacity when the scrape is older than MetricsStaleness (or there is none),
+// its waiting queue is above QueueDepth, or its KV-cache usage is above KVCacheUtil — all
+// strict comparisons, as GIE's IsSaturated makes them. What this proxy has in flight there
+// is not counted: GIE's detector reads only the metrics.
+func gieSaturated(l health.Load, now time.Time, g GIESaturation) bool {
+	if l.At.IsZero() || now.Sub(l.At) > g.MetricsStaleness {
+		return true
+	}
+	return l.Waiting > float64(g.QueueDepth) || l.KVCacheUsage > g.KVCacheUtil
+}
+
+// poolSaturated reports whether every one of cands is saturated under cfg's rule (false for
+// none: the request path then answers as without flow control).
+func (s *Server) poolSaturated(cfg *FlowControl, cands []*backend.Backend) bool {
+	if cfg.Saturation != SaturationGIE {
+		return poolSaturated(cands, cfg.KVSaturation)
+	}
+	now := time.Now()
+	for _, b := range cands {
+		if l, _ := s.hc.Load(b); !gieSaturated(l, now, cfg.GIE) {
+			return false
+		}
+	}
+	return len(cands) > 0
+}
+
+// appendRoomy appends to dst the replicas of cands the dispatcher may place on under cfg's
+// rule: prefixlb's, those not saturated; GIE's, a pool-wide gate, every one of them while
+// any is not saturated (GIE's scheduler then picks among all the pool's replicas), none
+// when all are.
+func (s *Server) appendRoomy(cfg *FlowControl, dst, cands []*backend.Backend) []*backend.Backend {
+	if cfg.Saturation != SaturationGIE {
+		return appendRoomy(dst, cands, cfg.KVSaturation)
+	}
+	if s.poolSaturated(cfg, cands) {
+		return dst
+	}
+	return append(dst, cands...)
 }

@@ -90,6 +90,9 @@ func New(o Options) (*Server, error) {
 		return nil, errNoPolicy
 	}
 	o = o.withDefaults()
+	if err := o.FlowControl.validate(o.Health.ScrapeInterval); err != nil {
+		return nil, err
+	}
 	log := o.Log
 	tracer, err := newTracer(o.Tracing, log)
 	if err != nil {

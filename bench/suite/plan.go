@@ -14,6 +14,12 @@ import (
 // Workloads are the suite's workloads in scoreboard order.
 var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "oasst"}
 
+// OptInWorkloads run only when --workloads names them: not in the default suite, nor
+// matched by --cells patterns. overload's cells are judged per tenant (bench compare's
+// tenant table) and need the flow-control arms, which the default policies do not hold:
+// `bench suite --workloads overload --policies round-robin,prefix,prefix+fc,llm-d-fc,oracle`.
+var OptInWorkloads = []string{"overload"}
+
 // Sizes and load levels per workload. Arms run at bench.DefaultSpeedup (8× model time) unless
 // a workload or level says otherwise (agentic 16×, four cells 2×: SlowSpeedup) on bench's
 // default 4 simulated replicas; rates are in model time, as the workloads take them. The
@@ -164,6 +170,8 @@ type plan struct {
 	quick  *level // nil: not in --quick
 	// speedup is the arms' bench.Options.Speedup (0: bench.DefaultSpeedup).
 	speedup float64
+	// replicas is the arms' simulated replicas (0: bench's default 4).
+	replicas int
 	// flags are the workload's sizes and load for one level.
 	flags func(quick bool, l level) bench.WorkloadFlags
 	// unit describes the load for the scoreboard.
@@ -228,6 +236,14 @@ var plans = []plan{
 			return bench.WorkloadFlags{Conversations: pick(q, QuickOASSTConversations, OASSTConversations), Rate: l.load}
 		},
 		unit: perSecond("conversations")},
+	// Overload (opt-in, OptInWorkloads): the three tenants (chat, noisy, batch) for 60 s of
+	// model time on 2 replicas at 4×, the sizes of docs/bench.md's overload commands (an arm
+	// ≈40 s): overload is 2× the fleet's capacity, light 0.5× (flow control on vs off must
+	// not differ there).
+	{name: "overload", replicas: 2, speedup: 4,
+		full:  []level{{name: OverloadLevel, load: workload.LoadPresets["overload"]}, {name: "light", load: workload.LoadPresets["light"]}},
+		flags: func(_ bool, l level) bench.WorkloadFlags { return bench.WorkloadFlags{Load: fmt.Sprintf("%g", l.load)} },
+		unit:  func(l level) string { return fmt.Sprintf("%g × the fleet's capacity", l.load) }},
 }
 
 func pick(quick bool, q, full int) int {
@@ -242,14 +258,14 @@ func pick(quick bool, q, full int) int {
 // the shared directory. The error names an unknown workload.
 func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 	for _, w := range only {
-		if !slices.Contains(Workloads, w) {
-			return nil, nil, fmt.Errorf("--workloads: unknown %q (want some of %s)", w, strings.Join(Workloads, ", "))
+		if !slices.Contains(Workloads, w) && !slices.Contains(OptInWorkloads, w) {
+			return nil, nil, fmt.Errorf("--workloads: unknown %q (want some of %s)", w, strings.Join(append(slices.Clone(Workloads), OptInWorkloads...), ", "))
 		}
 	}
 	var cells []Cell
 	var skipped []Skip
 	for _, p := range plans {
-		if len(only) > 0 && !slices.Contains(only, p.name) {
+		if len(only) > 0 && !slices.Contains(only, p.name) || len(only) == 0 && slices.Contains(OptInWorkloads, p.name) {
 			continue
 		}
 		if !slices.Contains(bench.Workloads, p.name) {
@@ -279,6 +295,9 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 			if p.speedup > 0 {
 				o.Speedup = p.speedup
 			}
+			if p.replicas > 0 {
+				o.Replicas = p.replicas
+			}
 			if l.speedup > 0 {
 				o.Speedup = l.speedup
 			}
@@ -302,7 +321,10 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 }
 
 // Levels are the load levels' names, as --levels takes them.
-var Levels = []string{"closed", "light", "medium", "near-saturation", CachePressure}
+var Levels = []string{"closed", "light", "medium", "near-saturation", CachePressure, OverloadLevel}
+
+// OverloadLevel is the overload workload's 2× level.
+const OverloadLevel = "overload"
 
 // KeepLevels returns the cells at the named levels (nil: all), in order; the error names an
 // unknown level. A repeated A/B of one load level then costs a third of its workload's cells.

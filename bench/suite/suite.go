@@ -78,8 +78,8 @@ func ParsePolicy(name string) (mode string, routers int, canonical string, err e
 		}
 		return PrefixPolicy, n, fmt.Sprintf("prefix×%d", n), nil
 	}
-	if !slices.Contains(Policies, name) {
-		return "", 0, "", fmt.Errorf("unknown policy %q (want some of %s)", name, strings.Join(Policies, ", "))
+	if !slices.Contains(Policies, name) && !slices.Contains(bench.FlowControlArms, name) {
+		return "", 0, "", fmt.Errorf("unknown policy %q (want some of %s, or the flow-control arms %s)", name, strings.Join(Policies, ", "), strings.Join(bench.FlowControlArms, ", "))
 	}
 	return name, 1, name, nil
 }
