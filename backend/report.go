@@ -27,12 +27,6 @@ type HealthReport struct {
 	// (SetScrapedRequests: vllm:num_requests_running and vllm:num_requests_waiting); a
 	// report set by SetScrapedLoad has the total in Running and Waiting 0.
 	Running, Waiting int64
-	// LearnedMaxRunning is the most requests the replica was seen running while others
-	// waited in its queue (a scrape with Waiting > 0): its concurrency limit as learned from
-	// its metrics (vLLM max_num_seqs, or fewer when its KV cache ran out first); 0: never
-	// seen. Kept across scrapes; a restart may lower the limit, which the next scrape with a
-	// queue shows (Running with Waiting > 0 is then the limit of that moment).
-	LearnedMaxRunning int64
 	// CountedAtScrape is what this proxy and its peers had in flight there around the last
 	// successful scrape (the larger of before and after the fetch): the requests counted now
 	// less it is how the replica's queue moved since (see Excess).
@@ -122,9 +116,7 @@ func (b *Backend) SetScrapedLoad(requests, before int64) {
 }
 
 // SetScrapedRequests is SetScrapedLoad with the running and waiting requests told apart
-// (vllm:num_requests_running, vllm:num_requests_waiting; negative counts as 0). A scrape
-// with waiting requests also teaches the replica's concurrency limit (LearnedMaxRunning).
-// A change wakes NotifyRoom's subscriber: a scrape may show room.
+// (vllm:num_requests_running, vllm:num_requests_waiting; negative counts as 0). A change wakes NotifyRoom's subscriber: a scrape may show room.
 func (b *Backend) SetScrapedRequests(running, waiting, before int64) {
 	if b.setScraped(max(running, 0), max(waiting, 0), before) {
 		b.roomChanged()
@@ -138,9 +130,6 @@ func (b *Backend) setScraped(running, waiting, before int64) bool {
 		r.Running, r.Waiting = running, waiting
 		r.CountedAtScrape = counted
 		r.Excess = max(r.Requests-counted, 0)
-		if waiting > 0 && running > r.LearnedMaxRunning {
-			r.LearnedMaxRunning = running
-		}
 		return r
 	})
 }

@@ -15,9 +15,9 @@ func TestScrapedRequestsSplit(t *testing.T) {
 		want             HealthReport
 	}{
 		{3, 0, HealthReport{Healthy: true, Requests: 3, Running: 3, Excess: 2, CountedAtScrape: 1}},
-		{8, 2, HealthReport{Healthy: true, Requests: 10, Running: 8, Waiting: 2, Excess: 9, CountedAtScrape: 1, LearnedMaxRunning: 8}},
-		{6, 1, HealthReport{Healthy: true, Requests: 7, Running: 6, Waiting: 1, Excess: 6, CountedAtScrape: 1, LearnedMaxRunning: 8}},
-		{2, 0, HealthReport{Healthy: true, Requests: 2, Running: 2, Excess: 1, CountedAtScrape: 1, LearnedMaxRunning: 8}},
+		{8, 2, HealthReport{Healthy: true, Requests: 10, Running: 8, Waiting: 2, Excess: 9, CountedAtScrape: 1}},
+		{6, 1, HealthReport{Healthy: true, Requests: 7, Running: 6, Waiting: 1, Excess: 6, CountedAtScrape: 1}},
+		{2, 0, HealthReport{Healthy: true, Requests: 2, Running: 2, Excess: 1, CountedAtScrape: 1}},
 	} {
 		b.SetScrapedRequests(tc.running, tc.waiting, 0)
 		if got := b.HealthReport(); got != tc.want {

@@ -16,9 +16,9 @@ type Settings struct {
 	// normal; at least 1).
 	Weight int
 	// MaxConcurrency is the most requests the replica runs at once as configured
-	// (backends[].max_concurrency, its engine's max_num_seqs; 0: not configured, learned
-	// from its metrics instead: HealthReport.LearnedMaxRunning). Flow control judges the
-	// replica saturated when it has this many (proxy/saturation.go).
+	// (backends[].max_concurrency, its engine's max_num_seqs; 0: not configured: a queue in
+	// its last scrape is then the only sign of it, HealthReport.Waiting). Flow control judges
+	// the replica saturated when it has this many (proxy/saturation.go).
 	MaxConcurrency int64
 }
 

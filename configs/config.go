@@ -227,7 +227,8 @@ type Backend struct {
 	// its /v1/models. Empty: discovered.
 	Models []string `yaml:"models"`
 	// MaxConcurrency is the requests the replica runs at once (vLLM --max-num-seqs): flow
-	// control takes it as saturated there (docs/flow-control.md). 0: learned from its metrics.
+	// control takes it as saturated there (docs/flow-control.md). 0: only a queue in its last
+	// scrape says so.
 	MaxConcurrency int64 `yaml:"max_concurrency"`
 }
 

@@ -36,14 +36,17 @@ func viewOf(b *backend.Backend) replicaView {
 }
 
 // concurrencyLimit is the most requests the replica starts at once as far as known: the
-// least of the configured limit, the limit learned from its metrics (the most it ran while
-// others waited), and, while its last scrape showed a queue, what it ran then. 0: unknown.
+// lesser of the configured limit and, while its last scrape showed a queue, what it ran
+// then. 0: unknown. A queue seen once is not kept as a limit: what a replica runs at once
+// depends on the KV cache its requests take and on its token budget, not only on
+// max_num_seqs, so a limit kept from a scrape of long prompts would hold short ones a
+// replica could start, and under flow control, which holds requests at that limit, the
+// replica would never show more (prefix+fc at light load: `bench compare --workload
+// overload --load light --modes prefix,prefix+fc`).
 func (v *replicaView) concurrencyLimit() int64 {
 	limit := v.maxConcurrency
-	for _, l := range [...]int64{v.report.LearnedMaxRunning, v.runningAtQueue()} {
-		if l > 0 && (limit == 0 || l < limit) {
-			limit = l
-		}
+	if l := v.runningAtQueue(); l > 0 && (limit == 0 || l < limit) {
+		limit = l
 	}
 	return limit
 }

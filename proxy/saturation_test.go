@@ -17,15 +17,15 @@ func TestSaturated(t *testing.T) {
 		{"configured limit not reached", replicaView{counted: 3, maxConcurrency: 4}, false},
 		{"configured limit reached", replicaView{counted: 4, maxConcurrency: 4}, true},
 		{"other senders count", replicaView{counted: 2, maxConcurrency: 4, report: backend.HealthReport{Excess: 2}}, true},
-		{"learned limit reached", replicaView{counted: 8, report: backend.HealthReport{LearnedMaxRunning: 8}}, true},
-		{"learned limit not reached", replicaView{counted: 7, report: backend.HealthReport{LearnedMaxRunning: 8}}, false},
-		{"configured lower than learned", replicaView{counted: 6, maxConcurrency: 6, report: backend.HealthReport{LearnedMaxRunning: 8}}, true},
+		// A queue seen at an earlier scrape is no limit now: the last scrape showed none.
+		{"no queue at the last scrape", replicaView{counted: 8, report: backend.HealthReport{Running: 8, CountedAtScrape: 8}}, false},
+		{"configured lower than the queue's", replicaView{counted: 6, maxConcurrency: 6, report: backend.HealthReport{Running: 8, Waiting: 1, CountedAtScrape: 6}}, true},
 		// The scrape showed 6 running and 2 waiting with 8 counted; counts are unchanged
 		// since: still queued.
-		{"queue at scrape, nothing ended", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, CountedAtScrape: 8, LearnedMaxRunning: 6}}, true},
+		{"queue at scrape, nothing ended", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, CountedAtScrape: 8}}, true},
 		// Three of the counted requests ended since: the queue drained and a place is free.
 		{"queue at scrape, drained since", replicaView{counted: 5, report: backend.HealthReport{Running: 6, Waiting: 2, CountedAtScrape: 8}}, false},
-		{"queue at scrape lowers the learned limit", replicaView{counted: 4, report: backend.HealthReport{Running: 4, Waiting: 1, CountedAtScrape: 5, LearnedMaxRunning: 8}}, true},
+		{"queue at scrape below the configured limit", replicaView{counted: 4, maxConcurrency: 8, report: backend.HealthReport{Running: 4, Waiting: 1, CountedAtScrape: 5}}, true},
 		{"KV full, nothing ended", replicaView{counted: 3, report: backend.HealthReport{KVUsage: 0.99, CountedAtScrape: 3}}, true},
 		{"KV full, one ended since", replicaView{counted: 2, report: backend.HealthReport{KVUsage: 0.99, CountedAtScrape: 3}}, false},
 		{"KV below the threshold", replicaView{counted: 3, report: backend.HealthReport{KVUsage: 0.97, CountedAtScrape: 3}}, false},
