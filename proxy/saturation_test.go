@@ -70,3 +70,27 @@ func TestPoolSaturated(t *testing.T) {
 		t.Errorf("appendRoomy = %v, want the roomy one", got)
 	}
 }
+
+// TestQueueSeenOnceIsNoLimit: a replica whose scrape showed a queue behind 8 running requests,
+// and whose next scrape shows none, is not saturated at 8 in flight: a queue seen once (long
+// prompts filling its KV cache) is no limit for what it runs later, and flow control, which
+// would hold requests at such a limit, would keep it from ever showing more.
+func TestQueueSeenOnceIsNoLimit(t *testing.T) {
+	b, err := backend.New("http://127.0.0.1:1", 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := make([]backend.Lease, 8)
+	for i := range leases {
+		leases[i].Begin(b, 100, 100, true)
+		defer leases[i].Release()
+	}
+	b.SetScrapedRequests(8, 2, 8)
+	if v := viewOf(b); !v.saturated(DefaultKVSaturation) {
+		t.Fatal("8 in flight with a queue behind them at the scrape: want saturated")
+	}
+	b.SetScrapedRequests(8, 0, 8)
+	if v := viewOf(b); v.saturated(DefaultKVSaturation) {
+		t.Fatal("the last scrape shows no queue, yet 8 in flight reads as saturated: a limit was kept from the earlier one")
+	}
+}
