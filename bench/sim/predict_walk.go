@@ -222,26 +222,14 @@ func (w *walk) fastStep() (ok, blocked, first bool) {
 	}
 
 	w.free -= take
-	prefill, decodeSeqs := 0, w.nLazy
-	prefillCtx, decodeCtx := 0.0, float64(w.lazyK+w.nLazy*s)
+	st := stepLoad{decodeSeqs: w.nLazy, decodeCtx: float64(w.lazyK + w.nLazy*s)}
 	w.plan = w.plan[:0]
 	for i := w.lazyEnd; i < len(w.running) && budget > 0; i++ {
 		r := &w.running[i]
 		n := min(r.seqLen()-r.computed, budget)
 		need := e.blocksFor(r.computed+n) - r.nblocks
-		w.free -= need
-		r.nblocks += need
-		r.owned += need
 		budget -= n
-		if n == 1 && r.gen > 0 {
-			decodeSeqs++
-			decodeCtx += float64(r.seqLen())
-			w.plan = append(w.plan, -1)
-		} else {
-			prefill += n
-			prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
-			w.plan = append(w.plan, n)
-		}
+		w.schedule(&st, r, n, need)
 	}
 	for budget > 0 && len(w.running)-w.nDead < cfg.MaxNumSeqs && len(w.waiting) > 0 {
 		if b := &w.blk; b.valid && b.id == w.waiting[0].id && w.free <= b.free && len(w.done) == b.done && w.nDead == b.dead {
@@ -254,14 +242,13 @@ func (w *walk) fastStep() (ok, blocked, first bool) {
 			b.id, b.free, b.done, b.dead = w.waiting[0].id, w.free, len(w.done), w.nDead
 			break
 		}
-		prefill += n
-		prefillCtx += float64(n) * (float64(w.running[len(w.running)-1].computed) + float64(n)/2)
+		st.prefill(n, w.running[len(w.running)-1].computed)
 		w.plan = append(w.plan, n)
 	}
 	if w.nLazy == 0 && len(w.plan) == 0 {
 		return true, true, false // blocked: nothing runs and the queue head does not fit
 	}
-	w.now += w.duration(prefill, decodeSeqs, prefillCtx, decodeCtx)
+	w.now += w.duration(&st)
 	for j, n := range w.plan {
 		r := &w.running[w.lazyEnd+j]
 		r.computed += max(n, 1)
@@ -307,8 +294,7 @@ func (w *walk) exactStep() (blocked, first bool) {
 	bs := w.bs
 	budget := cfg.MaxNumBatchedTokens
 	w.plan = w.plan[:0]
-	var prefill, decodeSeqs int
-	var prefillCtx, decodeCtx float64
+	var st stepLoad
 	preempted := false
 	for i := 0; i < len(w.running) && budget > 0; i++ {
 		r := &w.running[i]
@@ -337,19 +323,8 @@ func (w *walk) exactStep() (blocked, first bool) {
 		if self {
 			break
 		}
-		w.free -= need
-		r.nblocks += need
-		r.owned += need
 		budget -= n
-		if n == 1 && r.gen > 0 {
-			decodeSeqs++
-			decodeCtx += float64(r.seqLen())
-			w.plan = append(w.plan, -1)
-		} else {
-			prefill += n
-			prefillCtx += float64(n) * (float64(r.computed) + float64(n)/2)
-			w.plan = append(w.plan, n)
-		}
+		w.schedule(&st, r, n, need)
 	}
 	w.head.valid = false
 	w.blk.valid = false
@@ -358,14 +333,13 @@ func (w *walk) exactStep() (blocked, first bool) {
 		if !ok {
 			break
 		}
-		prefill += n
-		prefillCtx += float64(n) * (float64(w.running[len(w.running)-1].computed) + float64(n)/2)
+		st.prefill(n, w.running[len(w.running)-1].computed)
 		w.plan = append(w.plan, n)
 	}
 	if len(w.plan) == 0 {
 		return true, false // blocked: nothing runs and the queue head does not fit
 	}
-	w.now += w.duration(prefill, decodeSeqs, prefillCtx, decodeCtx)
+	w.now += w.duration(&st)
 	for i, n := range w.plan {
 		r := &w.running[i]
 		r.computed += max(n, 1)
@@ -409,12 +383,41 @@ func (w *walk) admit(budget *int, hits func(*vreq) (int, int)) (int, bool) {
 	return n, true
 }
 
-// duration is Schedule's step duration.
-func (w *walk) duration(prefill, decodeSeqs int, prefillCtx, decodeCtx float64) time.Duration {
+// stepLoad is what one step of the walk runs, as Schedule's step cost counts it: prefill
+// tokens and their context, decoding sequences and theirs.
+type stepLoad struct {
+	prefillTokens, decodeSeqs int
+	prefillCtx, decodeCtx     float64
+}
+
+// prefill counts n prompt tokens computed after computed others.
+func (st *stepLoad) prefill(n, computed int) {
+	st.prefillTokens += n
+	st.prefillCtx += float64(n) * (float64(computed) + float64(n)/2)
+}
+
+// schedule takes running request r for n tokens of this step (one and generating: a decode)
+// with the need blocks they take, and plans it.
+func (w *walk) schedule(st *stepLoad, r *vreq, n, need int) {
+	w.free -= need
+	r.nblocks += need
+	r.owned += need
+	if n == 1 && r.gen > 0 {
+		st.decodeSeqs++
+		st.decodeCtx += float64(r.seqLen())
+		w.plan = append(w.plan, -1)
+		return
+	}
+	st.prefill(n, r.computed)
+	w.plan = append(w.plan, n)
+}
+
+// duration is Schedule's step duration for st.
+func (w *walk) duration(st *stepLoad) time.Duration {
 	cfg := &w.e.cfg
 	return cfg.StepBase +
-		time.Duration(prefill)*cfg.PrefillPerToken +
-		time.Duration(prefillCtx/1000*float64(cfg.PrefillPerTokenPerKContext)) +
-		time.Duration(decodeSeqs)*cfg.DecodePerSeq +
-		time.Duration(decodeCtx*float64(cfg.DecodePerContextToken))
+		time.Duration(st.prefillTokens)*cfg.PrefillPerToken +
+		time.Duration(st.prefillCtx/1000*float64(cfg.PrefillPerTokenPerKContext)) +
+		time.Duration(st.decodeSeqs)*cfg.DecodePerSeq +
+		time.Duration(st.decodeCtx*float64(cfg.DecodePerContextToken))
 }
