@@ -72,3 +72,31 @@ func TestOverloadPlanOptIn(t *testing.T) {
 		}
 	}
 }
+
+// The fairness cells' options build their workloads: fair-alone holds light alone, with the
+// same requests as light's in the fair cell (a tenant's arrivals and texts are its own).
+func TestFairCellsBuild(t *testing.T) {
+	cells, _, err := Plan(false, []string{"overload"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	light := map[string]int{}
+	for _, c := range cells {
+		o := c.Options
+		w, err := bench.BuildWorkload(o.Workload, o.Flags, o.Replicas, o.KVTokens, 0)
+		if err != nil {
+			t.Fatalf("%s: %v", c.Name(), err)
+		}
+		for _, conv := range w.Conversations {
+			if conv.Tenant != nil && conv.Tenant.Name == FairLightTenant && (c.Level == FairAloneLevel || c.Level == FairLevel) {
+				light[c.Level]++
+			}
+		}
+		if c.Level == FairAloneLevel && len(w.Tenants) != 1 {
+			t.Errorf("%s: %d tenants, want light alone", c.Name(), len(w.Tenants))
+		}
+	}
+	if light[FairAloneLevel] == 0 || light[FairAloneLevel] != light[FairLevel] {
+		t.Errorf("light's requests: alone %d, with heavy %d; want the same, > 0", light[FairAloneLevel], light[FairLevel])
+	}
+}
