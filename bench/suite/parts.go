@@ -35,7 +35,8 @@ type Part struct {
 
 // KeepCells returns the cells matching any of patterns (nil: all), in order. A pattern is
 // WORKLOAD/LEVEL, each side a path.Match pattern ("agentic/*", "mooncake/cache-pressure",
-// "*/near-saturation"), or a bare WORKLOAD for all its levels. The error names a malformed
+// "*/near-saturation"), or a bare WORKLOAD for all its levels; an opt-in workload
+// (OptInWorkloads) matches only where the pattern names it ("overload/fair*"). The error names a malformed
 // pattern or one whose workload or level matches none of the suite's (a typo would silently
 // run nothing).
 func KeepCells(cells []Cell, patterns []string) ([]Cell, error) {
@@ -55,8 +56,8 @@ func KeepCells(cells []Cell, patterns []string) ([]Cell, error) {
 		if _, err := path.Match(l, ""); err != nil {
 			return nil, fmt.Errorf("--cells: %q is not WORKLOAD/LEVEL", p)
 		}
-		if !slices.ContainsFunc(Workloads, func(x string) bool { m, _ := path.Match(w, x); return m }) {
-			return nil, fmt.Errorf("--cells: %q: no workload matches %q (want some of %s)", p, w, strings.Join(Workloads, ", "))
+		if !slices.ContainsFunc(Workloads, func(x string) bool { m, _ := path.Match(w, x); return m }) && !slices.Contains(OptInWorkloads, w) {
+			return nil, fmt.Errorf("--cells: %q: no workload matches %q (want some of %s, or %s by name)", p, w, strings.Join(Workloads, ", "), strings.Join(OptInWorkloads, ", "))
 		}
 		if !slices.ContainsFunc(Levels, func(x string) bool { m, _ := path.Match(l, x); return m }) {
 			return nil, fmt.Errorf("--cells: %q: no level matches %q (want some of %s)", p, l, strings.Join(Levels, ", "))
@@ -67,6 +68,7 @@ func KeepCells(cells []Cell, patterns []string) ([]Cell, error) {
 	for _, c := range cells {
 		if slices.ContainsFunc(ps, func(p pat) bool {
 			mw, _ := path.Match(p.w, c.Workload)
+			mw = mw && (p.w == c.Workload || !slices.Contains(OptInWorkloads, c.Workload))
 			ml, _ := path.Match(p.l, c.Level)
 			return mw && ml
 		}) {
@@ -78,16 +80,17 @@ func KeepCells(cells []Cell, patterns []string) ([]Cell, error) {
 
 // CellWorkloads are the workloads that patterns (KeepCells') can match, in Workloads order
 // (nil for no patterns): the workloads a part needs to plan, so that a part of agentic cells
-// does not report the Mooncake trace missing.
+// does not report the Mooncake trace missing. An opt-in workload is among them where a pattern
+// names it.
 func CellWorkloads(patterns []string) []string {
 	if len(patterns) == 0 {
 		return nil
 	}
 	var out []string
-	for _, w := range Workloads {
+	for _, w := range append(slices.Clone(Workloads), OptInWorkloads...) {
 		for _, p := range patterns {
 			pw, _, _ := strings.Cut(p, "/")
-			if m, _ := path.Match(pw, w); m {
+			if m, _ := path.Match(pw, w); m && (pw == w || !slices.Contains(OptInWorkloads, w)) {
 				out = append(out, w)
 				break
 			}

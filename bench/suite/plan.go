@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prefixlb/prefixlb/bench"
 	"github.com/prefixlb/prefixlb/bench/workload"
@@ -14,9 +15,10 @@ import (
 // Workloads are the suite's workloads in scoreboard order.
 var Workloads = []string{"multi-turn", "shared-prefix", "agentic", "mooncake", "oasst"}
 
-// OptInWorkloads run only when --workloads names them: not in the default suite, nor
-// matched by --cells patterns. overload's cells are judged per tenant (bench compare's
-// tenant table) and need the flow-control arms, which the default policies do not hold:
+// OptInWorkloads run only when --workloads names them, or a --cells pattern names them
+// literally ("overload/fair*"): not in the default suite, nor matched by a wildcard workload.
+// overload's cells are judged per tenant and against issue 56's flow-control targets
+// (flowtargets.go) and need the flow-control arms, which the default policies do not hold:
 // `bench suite --workloads overload --policies round-robin,prefix,prefix+fc,llm-d-fc,oracle`.
 var OptInWorkloads = []string{"overload"}
 
@@ -159,6 +161,11 @@ type level struct {
 	// cache-pressure cells) and count the requests of a trace window (0: the workload's).
 	kvTokens int64
 	count    int
+	// mix is the overload workload's --load naming a mix (workload.FairLoad: "fair10x:0.4";
+	// "": load is the three-tenant mix's multiple of the capacity) and tenants the tenants it
+	// runs (nil: all).
+	mix     string
+	tenants []string
 }
 
 // plan is one workload's place in the suite.
@@ -239,11 +246,25 @@ var plans = []plan{
 	// Overload (opt-in, OptInWorkloads): the three tenants (chat, noisy, batch) for 60 s of
 	// model time on 2 replicas at 4×, the sizes of docs/bench.md's overload commands (an arm
 	// ≈40 s): overload is 2× the fleet's capacity, light 0.5× (flow control on vs off must
-	// not differ there).
+	// not differ there). Then the fairness cells (fair.go): light alone, light with heavy at
+	// 10× its rate, and the shares cell (overloadLevels).
 	{name: "overload", replicas: 2, speedup: 4,
-		full:  []level{{name: OverloadLevel, load: workload.LoadPresets["overload"]}, {name: "light", load: workload.LoadPresets["light"]}},
-		flags: func(_ bool, l level) bench.WorkloadFlags { return bench.WorkloadFlags{Load: fmt.Sprintf("%g", l.load)} },
-		unit:  func(l level) string { return fmt.Sprintf("%g × the fleet's capacity", l.load) }},
+		full: overloadLevels,
+		flags: func(_ bool, l level) bench.WorkloadFlags {
+			if l.mix != "" {
+				return bench.WorkloadFlags{Load: l.mix, Duration: FairDuration, Tenants: l.tenants}
+			}
+			return bench.WorkloadFlags{Load: fmt.Sprintf("%g", l.load)}
+		},
+		unit: func(l level) string {
+			switch {
+			case l.mix == "":
+				return fmt.Sprintf("%g × the fleet's capacity", l.load)
+			case len(l.tenants) > 0:
+				return fmt.Sprintf("%s, %s alone", l.mix, strings.Join(l.tenants, ", "))
+			}
+			return l.mix
+		}},
 }
 
 func pick(quick bool, q, full int) int {
@@ -321,10 +342,40 @@ func Plan(quick bool, only []string) ([]Cell, []Skip, error) {
 }
 
 // Levels are the load levels' names, as --levels takes them.
-var Levels = []string{"closed", "light", "medium", "near-saturation", CachePressure, OverloadLevel}
+var Levels = []string{"closed", "light", "medium", "near-saturation", CachePressure, OverloadLevel, FairAloneLevel, FairLevel, FairSharesLevel}
 
-// OverloadLevel is the overload workload's 2× level.
-const OverloadLevel = "overload"
+// The overload workload's levels: OverloadLevel is the three-tenant mix at 2× the capacity;
+// the fairness cells run the fair10x mix (workload/fair.go) for issue 56's fairness target.
+// FairAloneLevel is its light tenant alone at FairLightP95 of the capacity, FairLevel light
+// and heavy (10× light's rate) at that share, FairSharesLevel both at FairLightShares: light's
+// p95 in the fair cell ÷ its p95 alone needs light below half the capacity, where a router
+// that shares GPU work equally serves all light asks; the shares (Jain) need light above
+// half, so that both stay backlogged under such a router (docs/bench.md).
+const (
+	OverloadLevel   = "overload"
+	FairAloneLevel  = "fair-alone"
+	FairLevel       = "fair"
+	FairSharesLevel = "fair-shares"
+	FairLightP95    = 0.4
+	FairLightShares = 0.6
+	// FairSpeedup and FairDuration: the fair10x mix at light 0.4 sends 67 requests/s of model
+	// time on 2 replicas (0.6: 100), 2000-token prompts each; at 2× the load generator keeps
+	// up on 2 shared cores (docs/bench.md's fair10x commands). 40 s of model time is 20 s of
+	// arrivals at 2×, plus the clients' patience (10 s of model time) for the last ones: an arm
+	// ≈25–30 s with the sims' start, and 242 light requests for its p95 (the 13th worst).
+	FairSpeedup  = 2
+	FairDuration = 40 * time.Second
+)
+
+// overloadLevels are the overload workload's cells, each in ShortArmRounds rounds: its
+// targets are judged on intervals, which one round does not give.
+var overloadLevels = []level{
+	{name: OverloadLevel, load: workload.LoadPresets["overload"], rounds: ShortArmRounds},
+	{name: "light", load: workload.LoadPresets["light"], rounds: ShortArmRounds},
+	{name: FairAloneLevel, mix: fmt.Sprintf("%s:%g", workload.MixFair, FairLightP95), tenants: []string{"light"}, rounds: ShortArmRounds, speedup: FairSpeedup},
+	{name: FairLevel, mix: fmt.Sprintf("%s:%g", workload.MixFair, FairLightP95), rounds: ShortArmRounds, speedup: FairSpeedup},
+	{name: FairSharesLevel, mix: fmt.Sprintf("%s:%g", workload.MixFair, FairLightShares), rounds: ShortArmRounds, speedup: FairSpeedup},
+}
 
 // KeepLevels returns the cells at the named levels (nil: all), in order; the error names an
 // unknown level. A repeated A/B of one load level then costs a third of its workload's cells.

@@ -33,11 +33,43 @@ type Row struct {
 	// P95 and P99 are the lowest and highest TTFT p95 and p99 over the arm's rounds (ms;
 	// zero for one round: Combine).
 	P95, P99 [2]float64
+	// Failed is the most requests any of the arm's rounds failed (armFailed): its errors, less,
+	// on a multi-tenant workload, the refused and expired ones.
+	Failed int
 }
 
-// Valid reports whether the row counts: it ran, has no flags and no errors.
+// Valid reports whether the row counts: it ran, has no flags and no failed requests.
 func (r Row) Valid() bool {
-	return r.Mode != nil && len(r.Flags) == 0 && r.Mode.Errors == 0 && r.Mode.Requests > 0
+	return r.Mode != nil && len(r.Flags) == 0 && r.Failed == 0 && r.Mode.Requests > 0
+}
+
+// failedRequests are a report row's failed requests: its errors, less, on a multi-tenant
+// workload (the overload cells), the requests refused (429/503) or given up by their client
+// before the first token, which its clients and the flow-control arms do by design and the
+// tenant table counts (bench's validity check counts them the same way).
+func failedRequests(m *report.Mode) int {
+	if len(m.Tenants) == 0 {
+		return m.Errors
+	}
+	return max(m.Errors-m.Refused-m.Expired, 0)
+}
+
+// armFailed is the most requests one of an arm's rounds failed (failedRequests; the arm's own
+// row for one round).
+func armFailed(a *Arm) int {
+	if len(a.Rounds) == 0 {
+		if a.Mode == nil {
+			return 0
+		}
+		return failedRequests(a.Mode)
+	}
+	n := 0
+	for _, r := range a.Rounds {
+		if r.Mode != nil {
+			n = max(n, failedRequests(r.Mode))
+		}
+	}
+	return n
 }
 
 // Loss is one cell where prefix's TTFT p95 exceeds another valid arm's by more than LossMargin.
@@ -85,7 +117,7 @@ func Analyze(r *Result) *Board {
 				flags[i] = append(flags[i], "failed: "+a.Error)
 			}
 			if a.Mode != nil {
-				flags[i] = append(flags[i], armFlags(*a.Mode)...)
+				flags[i] = append(flags[i], armFlags(*a.Mode, armFailed(&c.Arms[i]))...)
 				if a.Mode.Requests != c.Requests {
 					flags[i] = append(flags[i], fmt.Sprintf("%d requests, the cell's first arm sent %d", a.Mode.Requests, c.Requests))
 				}
@@ -96,7 +128,7 @@ func Analyze(r *Result) *Board {
 		oracle, oi := math.NaN(), -1
 		for i, a := range c.Arms {
 			c.Arms[i].Flags = flags[i]
-			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN()}
+			rows[i] = Row{Policy: a.Policy, Mode: a.Mode, Flags: flags[i], Ratio: math.NaN(), Failed: armFailed(&c.Arms[i])}
 			if lo, hi, ok := spread(&c.Arms[i], func(m *report.Mode) float64 { return m.TTFT.P95 }); ok {
 				rows[i].P95 = [2]float64{lo, hi}
 			}
@@ -125,6 +157,7 @@ func Analyze(r *Result) *Board {
 			}
 		}
 		b.Rows = append(b.Rows, rows)
+		c.ExactCache = exactCache(rows, c.Arms)
 		losses, judged := prefixLosses(c.Name(), rows)
 		b.Losses = append(b.Losses, losses...)
 		b.Routers = append(b.Routers, routerChecks(c.Name(), rows, c.Arms)...)
@@ -140,6 +173,7 @@ func Analyze(r *Result) *Board {
 			b.PeersOnly = append(b.PeersOnly, c.Name())
 		}
 	}
+	flowChecks(b)
 	return b
 }
 
@@ -151,11 +185,12 @@ func Analyze(r *Result) *Board {
 // for errors and for replicas that reported no cache hit on a workload with reuse), else the
 // same checks on the report's own fields (a report made elsewhere: every suite workload reuses
 // prefixes, so no cached token at all means caching was not measured), and missing usage.
-func armFlags(m report.Mode) []string {
+// failed is the arm's failed requests (armFailed).
+func armFlags(m report.Mode, failed int) []string {
 	f := append([]string(nil), m.Flags...)
 	if len(f) == 0 {
-		if m.Errors > 0 {
-			f = append(f, fmt.Sprintf("%d errors", m.Errors))
+		if failed > 0 {
+			f = append(f, fmt.Sprintf("%d errors", failed))
 		}
 		if m.PromptTokens > 0 && m.CachedTokens == 0 {
 			f = append(f, "no cache hits")
@@ -268,11 +303,15 @@ func Render(b *Board) string {
 		if line := report.OracleLine(c.CacheOracle); line != "" {
 			fmt.Fprintf(&sb, "\n%s\n", line)
 		}
+		sb.WriteString(tenantBlock(c))
 	}
 	sb.WriteString(ratioMatrix(b))
 	sb.WriteString(validity(b))
 	sb.WriteString(lossBlock(b))
 	sb.WriteString(targetsBlock(b))
+	sb.WriteString(exactCacheBlock(b))
+	sb.WriteString(flowTargetsBlock(b))
+	sb.WriteString(moonshotBlock(b))
 	return sb.String()
 }
 
@@ -325,8 +364,8 @@ func flagsOrErrors(row Row) []string {
 	if len(row.Flags) > 0 {
 		return row.Flags
 	}
-	if row.Mode != nil && row.Mode.Errors > 0 {
-		return []string{fmt.Sprintf("%d errors", row.Mode.Errors)}
+	if row.Failed > 0 {
+		return []string{fmt.Sprintf("%d errors", row.Failed)}
 	}
 	return []string{"no requests"}
 }

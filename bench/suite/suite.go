@@ -146,6 +146,14 @@ type CellResult struct {
 	Arms        []Arm            `json:"arms"`
 	// Notes are the cell's validity notes (digest not checked, digests differ); set by Analyze.
 	Notes []string `json:"notes,omitempty"`
+	// ExactCache is the exact-cache gain (exactcache.go), Tenants each arm's tenants' medians
+	// over the rounds (an overload cell's), FlowControl issue 56's targets on an overload cell
+	// and Moonshot its moonshot on another cell with a prefix+fc arm (flowtargets.go); set by
+	// Analyze, nil where they do not apply.
+	ExactCache  *ExactCache    `json:"exact_cache,omitempty"`
+	Tenants     []TenantMedian `json:"tenant_medians,omitempty"`
+	FlowControl *FlowCheck     `json:"flow_control_targets,omitempty"`
+	Moonshot    *Moonshot      `json:"moonshot,omitempty"`
 }
 
 // Skip is a workload the suite did not run, and why.
