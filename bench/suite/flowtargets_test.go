@@ -160,6 +160,9 @@ func TestFlowTargetsOverload(t *testing.T) {
 			pre := armOf(PrefixPolicy, round(900, 1000, 400, 0.5, 0, 0), round(900, 1000, 500, 0.5, 0, 0), round(900, 1000, 600, 0.5, 0, 0))
 			r := overloadResult(map[string][]Arm{OverloadLevel: {pre, tc.fc}, "light": lightArms})
 			b := Analyze(r)
+			if len(b.Targets) != 0 || len(b.PrefixFlagged) != 0 {
+				t.Errorf("overload cells in issue 15's table: %d targets, flagged %v", len(b.Targets), b.PrefixFlagged)
+			}
 			if row := b.Rows[0][1]; (tc.failed == Met) != row.Valid() {
 				t.Errorf("prefix+fc valid %v (flags %v), want %v: refused requests are not failures", row.Valid(), row.Flags, tc.failed == Met)
 			}

@@ -161,10 +161,14 @@ func Analyze(r *Result) *Board {
 		losses, judged := prefixLosses(c.Name(), rows)
 		b.Losses = append(b.Losses, losses...)
 		b.Routers = append(b.Routers, routerChecks(c.Name(), rows, c.Arms)...)
-		if t, ok := targetChecks(c.Name(), rows, c.Arms); ok {
-			b.Targets = append(b.Targets, t)
-		} else if slices.ContainsFunc(rows, func(r Row) bool { return r.Policy == PrefixPolicy && r.Mode != nil }) {
-			b.PrefixFlagged = append(b.PrefixFlagged, c.Name())
+		// Overload cells are judged by issue 56's targets (flowChecks), not issue 15's:
+		// their tenants are refused by design and the oracle places without holding.
+		if c.Workload != OverloadWorkload {
+			if t, ok := targetChecks(c.Name(), rows, c.Arms); ok {
+				b.Targets = append(b.Targets, t)
+			} else if slices.ContainsFunc(rows, func(r Row) bool { return r.Policy == PrefixPolicy && r.Mode != nil }) {
+				b.PrefixFlagged = append(b.PrefixFlagged, c.Name())
+			}
 		}
 		switch {
 		case !judged:
