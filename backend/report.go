@@ -27,6 +27,11 @@ type HealthReport struct {
 	// (SetScrapedRequests: vllm:num_requests_running and vllm:num_requests_waiting); a
 	// report set by SetScrapedLoad has the total in Running and Waiting 0.
 	Running, Waiting int64
+	// QueuedScrapes is how many successful scrapes in a row, up to MaxQueuedScrapes, showed
+	// waiting requests (Waiting > 0), the last one included; 0 when the last showed none. A
+	// queue seen once may be one engine step's (vLLM's token budget admits it at the next
+	// step); one seen in consecutive scrapes persists (proxy/saturation.go).
+	QueuedScrapes int64
 	// CountedAtScrape is what this proxy and its peers had in flight there around the last
 	// successful scrape (the larger of before and after the fetch): the requests counted now
 	// less it is how the replica's queue moved since (see Excess).
@@ -43,6 +48,10 @@ type HealthReport struct {
 	// Senders is the verdict on who else sends requests to the replica (senders.go).
 	Senders Senders
 }
+
+// MaxQueuedScrapes caps HealthReport.QueuedScrapes, so that a replica whose queue persists
+// does not publish a new report at every scrape for the count alone.
+const MaxQueuedScrapes = 8
 
 // freshReport is a new Backend's report: healthy, nothing scraped.
 var freshReport = HealthReport{Healthy: true}
@@ -116,22 +125,34 @@ func (b *Backend) SetScrapedLoad(requests, before int64) {
 }
 
 // SetScrapedRequests is SetScrapedLoad with the running and waiting requests told apart
-// (vllm:num_requests_running, vllm:num_requests_waiting; negative counts as 0). A change wakes NotifyRoom's subscriber: a scrape may show room.
+// (vllm:num_requests_running, vllm:num_requests_waiting; negative counts as 0). A change wakes
+// NotifyRoom's subscriber: a scrape may show room. One more scrape in a row with a queue
+// (QueuedScrapes) shows none, so a scrape that repeats the last wakes nothing.
 func (b *Backend) SetScrapedRequests(running, waiting, before int64) {
 	if b.setScraped(max(running, 0), max(waiting, 0), before) {
 		b.roomChanged()
 	}
 }
 
-func (b *Backend) setScraped(running, waiting, before int64) bool {
-	return b.report.update(func(r HealthReport) HealthReport {
+// setScraped publishes the scrape and reports whether it changed the report in more than
+// QueuedScrapes.
+func (b *Backend) setScraped(running, waiting, before int64) (moved bool) {
+	b.report.update(func(r HealthReport) HealthReport {
+		old := r
 		counted := max(before, b.Counted())
 		r.Requests = running + waiting
 		r.Running, r.Waiting = running, waiting
 		r.CountedAtScrape = counted
 		r.Excess = max(r.Requests-counted, 0)
+		moved = r != old
+		if waiting > 0 {
+			r.QueuedScrapes = min(r.QueuedScrapes+1, MaxQueuedScrapes)
+		} else {
+			r.QueuedScrapes = 0
+		}
 		return r
 	})
+	return moved
 }
 
 // ScrapedExcess is how many more requests the replica reported running and waiting at its

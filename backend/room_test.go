@@ -3,8 +3,8 @@ package backend
 import "testing"
 
 // TestScrapedRequestsSplit: the scrape's running and waiting requests are kept apart, their
-// sum is Requests, and a scrape with a queue teaches the concurrency limit, which a scrape
-// without one keeps.
+// sum is Requests, and QueuedScrapes counts the scrapes in a row with a queue, up to
+// MaxQueuedScrapes, back to 0 at one without.
 func TestScrapedRequestsSplit(t *testing.T) {
 	b, _ := New("http://127.0.0.1:1", 0, 1)
 	var l Lease
@@ -15,14 +15,25 @@ func TestScrapedRequestsSplit(t *testing.T) {
 		want             HealthReport
 	}{
 		{3, 0, HealthReport{Healthy: true, Requests: 3, Running: 3, Excess: 2, CountedAtScrape: 1}},
-		{8, 2, HealthReport{Healthy: true, Requests: 10, Running: 8, Waiting: 2, Excess: 9, CountedAtScrape: 1}},
-		{6, 1, HealthReport{Healthy: true, Requests: 7, Running: 6, Waiting: 1, Excess: 6, CountedAtScrape: 1}},
+		{8, 2, HealthReport{Healthy: true, Requests: 10, Running: 8, Waiting: 2, QueuedScrapes: 1, Excess: 9, CountedAtScrape: 1}},
+		{6, 1, HealthReport{Healthy: true, Requests: 7, Running: 6, Waiting: 1, QueuedScrapes: 2, Excess: 6, CountedAtScrape: 1}},
 		{2, 0, HealthReport{Healthy: true, Requests: 2, Running: 2, Excess: 1, CountedAtScrape: 1}},
+		{5, 1, HealthReport{Healthy: true, Requests: 6, Running: 5, Waiting: 1, QueuedScrapes: 1, Excess: 5, CountedAtScrape: 1}},
 	} {
 		b.SetScrapedRequests(tc.running, tc.waiting, 0)
 		if got := b.HealthReport(); got != tc.want {
 			t.Errorf("running %d waiting %d: report %+v, want %+v", tc.running, tc.waiting, got, tc.want)
 		}
+	}
+	for range 2 * MaxQueuedScrapes {
+		b.SetScrapedRequests(5, 1, 0)
+	}
+	if got := b.HealthReport().QueuedScrapes; got != MaxQueuedScrapes {
+		t.Errorf("a queue in every scrape: QueuedScrapes %d, want the cap %d", got, MaxQueuedScrapes)
+	}
+	b.SetScrapedLoad(6, 0) // no split: no queue known
+	if got := b.HealthReport().QueuedScrapes; got != 0 {
+		t.Errorf("a scrape without the split: QueuedScrapes %d, want 0", got)
 	}
 }
 

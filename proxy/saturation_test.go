@@ -19,13 +19,21 @@ func TestSaturated(t *testing.T) {
 		{"other senders count", replicaView{counted: 2, maxConcurrency: 4, report: backend.HealthReport{Excess: 2}}, true},
 		// A queue seen at an earlier scrape is no limit now: the last scrape showed none.
 		{"no queue at the last scrape", replicaView{counted: 8, report: backend.HealthReport{Running: 8, CountedAtScrape: 8}}, false},
-		{"configured lower than the queue's", replicaView{counted: 6, maxConcurrency: 6, report: backend.HealthReport{Running: 8, Waiting: 1, CountedAtScrape: 6}}, true},
-		// The scrape showed 6 running and 2 waiting with 8 counted; counts are unchanged
-		// since: still queued.
-		{"queue at scrape, nothing ended", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, CountedAtScrape: 8}}, true},
+		{"configured lower than the queue's", replicaView{counted: 6, maxConcurrency: 6, report: backend.HealthReport{Running: 8, Waiting: 1, QueuedScrapes: 2, CountedAtScrape: 6}}, true},
+		// The last two scrapes showed a queue, the last 6 running and 2 waiting with 8
+		// counted; counts are unchanged since: still queued.
+		{"persistent queue, nothing ended", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 2, CountedAtScrape: 8}}, true},
+		{"persistent queue, seen longer", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: backend.MaxQueuedScrapes, CountedAtScrape: 8}}, true},
 		// Three of the counted requests ended since: the queue drained and a place is free.
-		{"queue at scrape, drained since", replicaView{counted: 5, report: backend.HealthReport{Running: 6, Waiting: 2, CountedAtScrape: 8}}, false},
-		{"queue at scrape below the configured limit", replicaView{counted: 4, maxConcurrency: 8, report: backend.HealthReport{Running: 4, Waiting: 1, CountedAtScrape: 5}}, true},
+		{"persistent queue, drained since", replicaView{counted: 5, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 2, CountedAtScrape: 8}}, false},
+		{"persistent queue below the configured limit", replicaView{counted: 4, maxConcurrency: 8, report: backend.HealthReport{Running: 4, Waiting: 1, QueuedScrapes: 2, CountedAtScrape: 5}}, true},
+		// A queue in the last scrape only may be one engine step's: vLLM starts a request
+		// that arrived during a step, or behind a long prompt's prefill chunks, a step or a
+		// few later, so it is no limit, at any count.
+		{"queue in one scrape, nothing ended", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 1, CountedAtScrape: 8}}, false},
+		{"queue in one scrape, more sent since", replicaView{counted: 12, report: backend.HealthReport{Running: 6, Waiting: 3, QueuedScrapes: 1, CountedAtScrape: 9}}, false},
+		{"queue in one scrape, configured limit reached", replicaView{counted: 8, maxConcurrency: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 1, CountedAtScrape: 8}}, true},
+		{"queue in one scrape, KV full", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 1, KVUsage: 0.99, CountedAtScrape: 8}}, true},
 		{"KV full, nothing ended", replicaView{counted: 3, report: backend.HealthReport{KVUsage: 0.99, CountedAtScrape: 3}}, true},
 		{"KV full, one ended since", replicaView{counted: 2, report: backend.HealthReport{KVUsage: 0.99, CountedAtScrape: 3}}, false},
 		{"KV below the threshold", replicaView{counted: 3, report: backend.HealthReport{KVUsage: 0.97, CountedAtScrape: 3}}, false},
@@ -86,11 +94,47 @@ func TestQueueSeenOnceIsNoLimit(t *testing.T) {
 		defer leases[i].Release()
 	}
 	b.SetScrapedRequests(8, 2, 8)
+	b.SetScrapedRequests(8, 2, 8)
 	if v := viewOf(b); !v.saturated(DefaultKVSaturation) {
-		t.Fatal("8 in flight with a queue behind them at the scrape: want saturated")
+		t.Fatal("8 in flight with a queue behind them at two scrapes: want saturated")
 	}
 	b.SetScrapedRequests(8, 0, 8)
 	if v := viewOf(b); v.saturated(DefaultKVSaturation) {
 		t.Fatal("the last scrape shows no queue, yet 8 in flight reads as saturated: a limit was kept from the earlier one")
+	}
+}
+
+// TestOneStepQueueIsNoLimit: a replica whose scrape caught a queue of 2 behind 6 running
+// requests, with this proxy's 8 in flight there, is not saturated until a second scrape in a
+// row shows a queue: vLLM V1 starts a request that arrived during a step at the next step (or
+// a few later, behind a long prompt's prefill chunks), so a queue seen once is no sign that
+// the next request would wait in the engine. Flow control holding on it delayed requests at
+// light load by tens of milliseconds.
+func TestOneStepQueueIsNoLimit(t *testing.T) {
+	b, err := backend.New("http://127.0.0.1:1", 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := make([]backend.Lease, 8)
+	for i := range leases {
+		leases[i].Begin(b, 100, 100, true)
+		defer leases[i].Release()
+	}
+	for i, sc := range []struct {
+		running, waiting int64
+		want             bool
+	}{
+		{6, 2, false}, // one scrape with a queue: may be one step's
+		{7, 1, true},  // a second in a row: persistent, 7 is the limit and 8 are in flight
+		{8, 0, false}, // none: no limit
+		{6, 2, false}, // a new queue, seen once
+		{8, 0, false},
+	} {
+		b.SetScrapedRequests(sc.running, sc.waiting, 8)
+		v := viewOf(b)
+		if got := v.saturated(DefaultKVSaturation); got != sc.want {
+			t.Errorf("scrape %d (running %d, waiting %d; %d in flight): saturated = %v, want %v",
+				i+1, sc.running, sc.waiting, b.Counted(), got, sc.want)
+		}
 	}
 }
