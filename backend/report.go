@@ -32,6 +32,10 @@ type HealthReport struct {
 	// queue seen once may be one engine step's (vLLM's token budget admits it at the next
 	// step); one seen in consecutive scrapes persists (proxy/saturation.go).
 	QueuedScrapes int64
+	// LearnedLimit is the most requests the replica runs at once as its scrapes show it (0:
+	// not known): what it ran while its queue persisted, grown while it runs all of it
+	// with none waiting, forgotten when its load falls under half of it (nextLimit).
+	LearnedLimit int64
 	// CountedAtScrape is what this proxy and its peers had in flight there around the last
 	// successful scrape (the larger of before and after the fetch): the requests counted now
 	// less it is how the replica's queue moved since (see Excess).
@@ -126,16 +130,17 @@ func (b *Backend) SetScrapedLoad(requests, before int64) {
 
 // SetScrapedRequests is SetScrapedLoad with the running and waiting requests told apart
 // (vllm:num_requests_running, vllm:num_requests_waiting; negative counts as 0). A change wakes
-// NotifyRoom's subscriber: a scrape may show room. One more scrape in a row with a queue
-// (QueuedScrapes) shows none, so a scrape that repeats the last wakes nothing.
+// NotifyRoom's subscriber: a scrape may show room (a grown LearnedLimit too). One more scrape
+// in a row with a queue (QueuedScrapes) shows none, so a scrape that repeats the last wakes
+// nothing.
 func (b *Backend) SetScrapedRequests(running, waiting, before int64) {
 	if b.setScraped(max(running, 0), max(waiting, 0), before) {
 		b.roomChanged()
 	}
 }
 
-// setScraped publishes the scrape and reports whether it changed the report in more than
-// QueuedScrapes.
+// setScraped publishes the scrape, with the limit it teaches (nextLimit), and reports whether
+// it changed the report in more than QueuedScrapes.
 func (b *Backend) setScraped(running, waiting, before int64) (moved bool) {
 	b.report.update(func(r HealthReport) HealthReport {
 		old := r
@@ -150,6 +155,9 @@ func (b *Backend) setScraped(running, waiting, before int64) (moved bool) {
 		} else {
 			r.QueuedScrapes = 0
 		}
+		r.LearnedLimit = nextLimit(r.LearnedLimit, running, waiting, r.QueuedScrapes)
+		// A limit that grows or is forgotten may make room; one learned or lowered does not.
+		moved = moved || old.LearnedLimit > 0 && (r.LearnedLimit > old.LearnedLimit || r.LearnedLimit == 0)
 		return r
 	})
 	return moved

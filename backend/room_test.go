@@ -16,7 +16,7 @@ func TestScrapedRequestsSplit(t *testing.T) {
 	}{
 		{3, 0, HealthReport{Healthy: true, Requests: 3, Running: 3, Excess: 2, CountedAtScrape: 1}},
 		{8, 2, HealthReport{Healthy: true, Requests: 10, Running: 8, Waiting: 2, QueuedScrapes: 1, Excess: 9, CountedAtScrape: 1}},
-		{6, 1, HealthReport{Healthy: true, Requests: 7, Running: 6, Waiting: 1, QueuedScrapes: 2, Excess: 6, CountedAtScrape: 1}},
+		{6, 1, HealthReport{Healthy: true, Requests: 7, Running: 6, Waiting: 1, QueuedScrapes: 2, LearnedLimit: 6, Excess: 6, CountedAtScrape: 1}},
 		{2, 0, HealthReport{Healthy: true, Requests: 2, Running: 2, Excess: 1, CountedAtScrape: 1}},
 		{5, 1, HealthReport{Healthy: true, Requests: 6, Running: 5, Waiting: 1, QueuedScrapes: 1, Excess: 5, CountedAtScrape: 1}},
 	} {

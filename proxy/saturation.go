@@ -35,40 +35,16 @@ func viewOf(b *backend.Backend) replicaView {
 	return replicaView{counted: b.Counted(), report: b.HealthReport(), maxConcurrency: b.MaxConcurrency()}
 }
 
-// persistentQueueScrapes is how many scrapes in a row must show a replica's waiting queue
-// before what it runs is taken as its limit (backend.HealthReport.QueuedScrapes). vLLM V1
-// admits a request that arrives during a step at the next one, or a few steps later behind a
-// long prompt's prefill chunks, so a scrape often catches a queue an engine step long at any
-// load; two scrapes an interval apart (1 s by default) do not catch the same one, while a
-// queue behind max_num_seqs or an exhausted KV cache persists across both. Holding on a
-// one-step queue delays requests the engine would start a step later (prefix+fc against
-// prefix at light load: `bench compare --workload overload --load light --modes
-// prefix,prefix+fc`).
-const persistentQueueScrapes = 2
-
 // concurrencyLimit is the most requests the replica starts at once as far as known: the
-// lesser of the configured limit and, while its last persistentQueueScrapes scrapes showed
-// a queue, what it ran at the last. 0: unknown. A queue is not kept as a limit once a
-// scrape shows none: what a replica runs at once depends on the KV cache its requests take
-// and on its token budget, not only on max_num_seqs, so a limit kept from a scrape of long
-// prompts would hold short ones a replica could start, and under flow control, which holds
-// requests at that limit, the replica would never show more.
+// lesser of the configured limit and the one its scrapes show (backend.HealthReport.
+// LearnedLimit: what it ran while a queue persisted over two scrapes, grown while it runs
+// all of it with none waiting, forgotten when its load falls away). 0: unknown.
 func (v *replicaView) concurrencyLimit() int64 {
 	limit := v.maxConcurrency
-	if l := v.runningAtQueue(); l > 0 && (limit == 0 || l < limit) {
+	if l := v.report.LearnedLimit; l > 0 && (limit == 0 || l < limit) {
 		limit = l
 	}
 	return limit
-}
-
-// runningAtQueue is what the replica ran at its last scrape when that scrape and the one
-// before showed waiting requests (persistentQueueScrapes); 0: no persistent queue, or none
-// known.
-func (v *replicaView) runningAtQueue() int64 {
-	if v.report.Waiting > 0 && v.report.QueuedScrapes >= persistentQueueScrapes {
-		return v.report.Running
-	}
-	return 0
 }
 
 // requestsNow is the requests the replica holds now as prefixlb judges them, as the cost
@@ -79,10 +55,9 @@ func (v *replicaView) requestsNow() int64 { return v.counted + v.report.Excess }
 
 // saturated reports whether starting one more request on the replica now would only queue
 // it in the engine:
-//   - it holds as many requests as it runs at once (concurrencyLimit; a queue seen in the
-//     last two scrapes makes the running count of the last the limit, so the queue is judged
-//     with the requests counted since: one of this proxy's or its peers' that ended since
-//     frees a place);
+//   - it holds as many requests as it runs at once (concurrencyLimit), judged with the
+//     requests counted now: one of this proxy's or its peers' that ended since the scrape
+//     frees a place;
 //   - its KV cache was at least kvFull used at the last scrape and no request counted since
 //     has ended (CountedAtScrape): an ended request frees its blocks.
 //

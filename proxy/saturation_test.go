@@ -17,16 +17,21 @@ func TestSaturated(t *testing.T) {
 		{"configured limit not reached", replicaView{counted: 3, maxConcurrency: 4}, false},
 		{"configured limit reached", replicaView{counted: 4, maxConcurrency: 4}, true},
 		{"other senders count", replicaView{counted: 2, maxConcurrency: 4, report: backend.HealthReport{Excess: 2}}, true},
-		// A queue seen at an earlier scrape is no limit now: the last scrape showed none.
+		// No limit learned: a queue seen once, or at an earlier scrape, is none.
 		{"no queue at the last scrape", replicaView{counted: 8, report: backend.HealthReport{Running: 8, CountedAtScrape: 8}}, false},
-		{"configured lower than the queue's", replicaView{counted: 6, maxConcurrency: 6, report: backend.HealthReport{Running: 8, Waiting: 1, QueuedScrapes: 2, CountedAtScrape: 6}}, true},
+		{"configured lower than the queue's", replicaView{counted: 6, maxConcurrency: 6, report: backend.HealthReport{Running: 8, Waiting: 1, QueuedScrapes: 2, LearnedLimit: 8, CountedAtScrape: 6}}, true},
 		// The last two scrapes showed a queue, the last 6 running and 2 waiting with 8
 		// counted; counts are unchanged since: still queued.
-		{"persistent queue, nothing ended", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 2, CountedAtScrape: 8}}, true},
-		{"persistent queue, seen longer", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: backend.MaxQueuedScrapes, CountedAtScrape: 8}}, true},
+		{"persistent queue, nothing ended", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 2, LearnedLimit: 6, CountedAtScrape: 8}}, true},
+		{"persistent queue, seen longer", replicaView{counted: 8, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: backend.MaxQueuedScrapes, LearnedLimit: 6, CountedAtScrape: 8}}, true},
 		// Three of the counted requests ended since: the queue drained and a place is free.
-		{"persistent queue, drained since", replicaView{counted: 5, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 2, CountedAtScrape: 8}}, false},
-		{"persistent queue below the configured limit", replicaView{counted: 4, maxConcurrency: 8, report: backend.HealthReport{Running: 4, Waiting: 1, QueuedScrapes: 2, CountedAtScrape: 5}}, true},
+		{"persistent queue, drained since", replicaView{counted: 5, report: backend.HealthReport{Running: 6, Waiting: 2, QueuedScrapes: 2, LearnedLimit: 6, CountedAtScrape: 8}}, false},
+		{"persistent queue below the configured limit", replicaView{counted: 4, maxConcurrency: 8, report: backend.HealthReport{Running: 4, Waiting: 1, QueuedScrapes: 2, LearnedLimit: 4, CountedAtScrape: 5}}, true},
+		// A limit learned from a queue, kept after it: the replica runs what prefixlb holds
+		// it to and shows no queue (backend.nextLimit grows it then, scrape by scrape).
+		{"learned limit, no queue, reached", replicaView{counted: 10, report: backend.HealthReport{Running: 10, LearnedLimit: 10, CountedAtScrape: 10}}, true},
+		{"learned limit, no queue, below", replicaView{counted: 9, report: backend.HealthReport{Running: 10, LearnedLimit: 10, CountedAtScrape: 10}}, false},
+		{"learned under the configured", replicaView{counted: 10, maxConcurrency: 64, report: backend.HealthReport{Running: 10, LearnedLimit: 10, CountedAtScrape: 10}}, true},
 		// A queue in the last scrape only may be one engine step's: vLLM starts a request
 		// that arrived during a step, or behind a long prompt's prefill chunks, a step or a
 		// few later, so it is no limit, at any count.
@@ -79,10 +84,11 @@ func TestPoolSaturated(t *testing.T) {
 	}
 }
 
-// TestQueueSeenOnceIsNoLimit: a replica whose scrape showed a queue behind 8 running requests,
-// and whose next scrape shows none, is not saturated at 8 in flight: a queue seen once (long
-// prompts filling its KV cache) is no limit for what it runs later, and flow control, which
-// would hold requests at such a limit, would keep it from ever showing more.
+// TestQueueSeenOnceIsNoLimit: a replica whose last two scrapes showed a queue behind 8 running
+// requests, and whose next scrape shows 8 running and none waiting, is not saturated at 8 in
+// flight: it ran all of its limit with room to spare, so the limit grows (backend.nextLimit).
+// A limit kept from long prompts filling its KV cache would hold short requests it can start,
+// and flow control, holding requests at it, would keep it from ever showing more.
 func TestQueueSeenOnceIsNoLimit(t *testing.T) {
 	b, err := backend.New("http://127.0.0.1:1", 0, 1)
 	if err != nil {
