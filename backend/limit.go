@@ -14,11 +14,14 @@ import "math"
 const PersistentQueueScrapes = 2
 
 // limitGrowth is how much a learned limit grows at a scrape that shows the replica running
-// all of it with nothing waiting: it had room for what it ran, maybe for more. A limit kept
+// all of it with nothing waiting: it had room for what it ran, maybe for more. Each step past
+// the real limit is a queue in the engine for two scrapes: at 2× overload a quarter gave the
+// chat tenant a TTFT p95 of 1,288 ms wall, a sixteenth 432 ms, one request 469 ms (one run
+// each, `bench compare --workload overload --modes prefix+fc --replicas 2 --speedup 4`). A limit kept
 // from a moment of long prompts would otherwise hold short ones the replica could start,
 // and under flow control, which holds requests at the limit, the replica would never show
 // more; a limit grown too far shows a queue again within two scrapes and is learned anew.
-const limitGrowth = 1.25
+const limitGrowth = 1.0625
 
 // nextLimit is the learned concurrency limit after a scrape that showed running and waiting
 // requests, the queue seen in queuedScrapes scrapes in a row (this one included), given the

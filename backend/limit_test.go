@@ -15,8 +15,9 @@ func TestNextLimit(t *testing.T) {
 		{"a persistent queue lowers the limit", 30, 12, 3, MaxQueuedScrapes, 12},
 		{"a persistent queue raises the limit", 8, 12, 3, 2, 12},
 		{"a persistent queue behind nothing running", 5, 0, 3, 2, 1},
-		{"at the limit with none waiting: grows by a quarter", 12, 12, 0, 0, 15},
-		{"above the limit with none waiting: grows", 12, 14, 0, 0, 15},
+		{"at the limit with none waiting: grows by a sixteenth", 32, 32, 0, 0, 34},
+		{"a sixteenth, rounded up", 12, 12, 0, 0, 13},
+		{"above the limit with none waiting: grows", 12, 14, 0, 0, 13},
 		{"a small limit grows by at least 1", 2, 2, 0, 0, 3},
 		{"below the limit: kept", 12, 7, 0, 0, 12},
 		{"at half the limit: kept", 12, 6, 0, 0, 12},
@@ -44,12 +45,13 @@ func TestLearnedLimitThroughScrapes(t *testing.T) {
 		{16, 0, 0},  // gone
 		{16, 3, 0},  // back, once
 		{12, 5, 12}, // twice in a row: 12 run at once
-		{12, 0, 15}, // held at 12, none waiting: room, grow
-		{15, 0, 19}, // ran all 15: grow
-		{17, 2, 19}, // a queue once at 19 (17 run, 2 wait): kept
-		{16, 3, 16}, // persists: 16 is the limit
-		{14, 0, 16}, // runs under it: kept
-		{7, 0, 0},   // the load fell under half: forgotten
+		{12, 0, 13}, // held at 12, none waiting: room, grow
+		{13, 0, 14}, // ran all 13: grow
+		{13, 2, 14}, // a queue once at 14 (13 run, 2 wait): kept
+		{12, 3, 12}, // persists: 12 is the limit
+		{10, 0, 12}, // runs under it: kept
+		{6, 0, 12},  // half of it: kept
+		{5, 0, 0},   // the load fell under half: forgotten
 		{30, 0, 0},  // no limit while nothing queues
 	} {
 		b.SetScrapedRequests(sc.running, sc.waiting, 0)
