@@ -132,9 +132,9 @@ func TestOneStepQueueIsNoLimit(t *testing.T) {
 	}{
 		{6, 2, false}, // one scrape with a queue: may be one step's
 		{7, 1, true},  // a second in a row: persistent, 7 is the limit and 8 are in flight
-		{8, 0, false}, // none: no limit
-		{6, 2, false}, // a new queue, seen once
-		{8, 0, false},
+		{8, 0, true},  // none, 8 run: the limit 7 grows by one, and 8 are in flight
+		{6, 2, true},  // a new queue, seen once: the limit is kept
+		{8, 0, false}, // 8 run, none waiting: it grows to 9
 	} {
 		b.SetScrapedRequests(sc.running, sc.waiting, 8)
 		v := viewOf(b)
