@@ -90,9 +90,11 @@ type flow struct {
 	usageOutputSeen bool // usageOutput was reported
 	// direct: flow control was on and the request went straight through (its pool had
 	// room); its flow is charged what it cost when it ends (chargeDirect), classified from
-	// reqHeader, the request's headers (valid until the response is written).
+	// reqHeader, the request's headers (valid until the response is written, unlike its
+	// body, which the handler's end releases).
 	direct    bool
 	reqHeader *fasthttp.RequestHeader
+	directOut int // its predicted output, noted while its body was held (predictDirect); 0: none
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.

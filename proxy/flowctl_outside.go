@@ -57,8 +57,8 @@ func servedCost(f *flow, predicted flowcontrol.Cost) flowcontrol.Cost {
 // (flowcontrol.Queue.Active: something of it queued, in flight or remembered) is the
 // request classified and the queue locked; otherwise the charge would be forgotten at once
 // and nothing is done: an atomic load, no lock, no allocation. Its predicted cost, when no
-// usage came: the uncached prompt tokens its decision predicted (else its prompt) and its
-// max_tokens (else the default).
+// usage came: the uncached prompt tokens its decision predicted (else its prompt) and the
+// output predictDirect read, else the default (the body is no longer held here).
 func (s *Server) chargeDirect(f *flow) {
 	if !f.direct {
 		return
@@ -74,12 +74,29 @@ func (s *Server) chargeDirect(f *flow) {
 	if prefill <= 0 {
 		prefill = int64(f.k.PromptTokens)
 	}
-	cost := servedCost(f, flowcontrol.Cost{UncachedPrefillTokens: int(min(prefill, 1<<30)), OutputTokens: predictedOutput(f, cfg)})
+	out := f.directOut
+	if out <= 0 {
+		out = cfg.DefaultOutputTokens
+	}
+	cost := servedCost(f, flowcontrol.Cost{UncachedPrefillTokens: int(min(prefill, 1<<30)), OutputTokens: out})
 	if cost == (flowcontrol.Cost{}) {
 		return
 	}
 	prio, fl := s.classify(f, h, cfg)
 	pq.q.Charge(prio, fl, cost)
+}
+
+// predictDirect notes the output a straight-through request may generate (predictedOutput:
+// its max_tokens) for chargeDirect, while its body is still held (the handler relays the
+// response head), and only while its pool's queue is active: the body is scanned only when a
+// charge is likely to count. Without it a charge with no output usage takes the default.
+func (s *Server) predictDirect(f *flow) {
+	if !f.direct {
+		return
+	}
+	if pq := s.fc.queueNamed(s.poolName(&f.k)); pq != nil && pq.q.Active() {
+		f.directOut = predictedOutput(f, s.fc.config())
+	}
 }
 
 // queueNamed is the queue of the pool named name, nil when it has none; lock-free (the
