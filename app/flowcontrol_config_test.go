@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixlb/prefixlb/configs"
+	"github.com/prefixlb/prefixlb/flowcontrol"
 	"github.com/prefixlb/prefixlb/internal/testutil"
 )
 
@@ -113,6 +115,32 @@ func TestFlowControlFromConfig(t *testing.T) {
 	for _, c := range []chan int{a, b} {
 		if st := <-c; st != 200 {
 			t.Fatalf("after the reload: status %d", st)
+		}
+	}
+}
+
+// TestClassifierReportsIgnoredHeaders: the classifier prefixlb serve gives the proxy reports
+// the headers it ignored, which the proxy counts (prefixlb_flow_ignored_headers_total).
+func TestClassifierReportsIgnoredHeaders(t *testing.T) {
+	cases := []struct {
+		trusted bool
+		header  http.Header
+		prio    int
+		want    flowcontrol.Ignored
+	}{
+		{false, http.Header{"X-Prefixlb-Priority": {"9"}}, 0, flowcontrol.IgnoredUntrusted},
+		{true, http.Header{"X-Prefixlb-Priority": {"nine"}}, 0, flowcontrol.IgnoredBadPriority},
+		{true, http.Header{"X-Prefixlb-Priority": {"9"}}, 9, 0},
+		{false, http.Header{}, 0, 0},
+	}
+	for _, tc := range cases {
+		o, err := flowControlOptions(&configs.FlowControl{Enabled: true, TrustedHeaders: tc.trusted})
+		if err != nil {
+			t.Fatal(err)
+		}
+		prio, _, ignored := o.Classifier.Classify("/v1/chat/completions", []byte("m"), tc.header)
+		if prio != tc.prio || ignored != tc.want {
+			t.Errorf("trusted %v, %v: priority %d, ignored %v; want %d, %v", tc.trusted, tc.header, prio, ignored, tc.prio, tc.want)
 		}
 	}
 }

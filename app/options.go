@@ -60,12 +60,13 @@ func flowControlOptions(f *configs.FlowControl) (proxy.FlowControl, error) {
 		Classifier: classifier{cl}}, nil
 }
 
-// classifier is a flowcontrol.Classifier as the proxy asks it: only for a request it queues.
+// classifier is a flowcontrol.Classifier as the proxy asks it (proxy.Classifier): for a
+// request it queues, or charges after it went straight through.
 type classifier struct{ c *flowcontrol.Classifier }
 
-func (c classifier) Classify(path string, model []byte, h proxy.RequestHeaders) (priority int, flow string) {
+func (c classifier) Classify(path string, model []byte, h proxy.RequestHeaders) (priority int, flow string, ignored flowcontrol.Ignored) {
 	cl := c.c.Classify(flowcontrol.Request{Path: path, Model: string(model), Headers: h})
-	return cl.Priority, cl.Flow
+	return cl.Priority, cl.Flow, cl.Ignored
 }
 
 // tracingOptions are the proxy's tracing options of the tracing section: nil when it is off.

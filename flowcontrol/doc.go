@@ -11,6 +11,9 @@
 //     served the least GPU work goes next;
 //   - within a flow, arrival order.
 //
+// A request that never waited (its pool had room) is charged to its flow with Charge when
+// it ends, so the counters count all the service each flow received (outside.go).
+//
 // A Classifier (classify.go) gives each request its priority and flow from the
 // flow_control section's rules and, when they are trusted, its headers.
 //
@@ -26,7 +29,9 @@
 // Life of an item: Push (or a refusal error) → queued → one of
 //   - Next pops it for placement; the caller then calls Dispatched (placed: outcome
 //     Dispatched) or Requeue (no room after all: back at the head of its flow), and after
-//     a dispatched response ends, Settle with the work it really cost;
+//     a dispatched response ends, Settle with the work it really cost; a dispatched item
+//     whose placement was taken back before anything was sent goes back with Return (at
+//     the head of its flow, queued again);
 //   - Expire or Next finds it past its deadline (Expired);
 //   - Remove: its client left (Cancelled);
 //   - Shed: the pool became saturated and it is sheddable (Shed);

@@ -57,6 +57,9 @@ func checkInvariants(t testing.TB, q *Queue) {
 	if count != q.count || bytes != q.bytes {
 		t.Fatalf("queue counts %d/%d, bands hold %d/%d", q.count, q.bytes, count, bytes)
 	}
+	if q.active.Load() != (len(q.bands) > 0) {
+		t.Fatalf("Active %v with %d bands", q.active.Load(), len(q.bands))
+	}
 	for i, it := range q.deadlines {
 		if it.dlIndex != i || it.state != stateQueued {
 			t.Fatal("deadline heap index stale or holds an item not queued")
@@ -136,8 +139,14 @@ func FuzzNothingLost(f *testing.F) {
 			case 4:
 				i++
 				if it := take(&inflight, arg); it != nil {
-					q.Settle(it, Cost{OutputTokens: int(arg) * 100})
+					if arg&0x80 != 0 && q.Return(it) {
+						outcomes[it]-- // its Dispatched was read; it is queued again
+					} else {
+						q.Settle(it, Cost{OutputTokens: int(arg) * 100})
+					}
 				}
+				// A request of some flow that went straight through ends.
+				q.Charge(int(arg%3)-1, fmt.Sprint(arg%5), Cost{UncachedPrefillTokens: int(arg) * 10})
 			case 5:
 				i++
 				if len(accepted) > 0 {

@@ -12,7 +12,8 @@ type Cost struct {
 	OutputTokens          int
 }
 
-// Outcome is how an item left the queue; each pushed item gets exactly one.
+// Outcome is how an item left the queue; each pushed item gets exactly one, and one more
+// after each Return.
 type Outcome uint8
 
 const (

@@ -3,6 +3,7 @@ package flowcontrol
 import (
 	"container/heap"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,6 +20,8 @@ type Queue struct {
 	bytes     int64
 	seq       uint64
 	closed    bool
+	// active is len(bands) > 0, readable without the lock (Active).
+	active atomic.Bool
 }
 
 // New returns an empty queue; zero fields of cfg take the defaults. It fails on a field out
@@ -202,6 +205,14 @@ func (q *Queue) Requeue(it *Item) bool {
 	if it.state != statePopped {
 		return false
 	}
+	q.putBack(it)
+	return true
+}
+
+// putBack undoes the charge Next made for it (its flow's counter and served work, the band
+// credit it spent, the work it added above the lower bands) and queues it at the head of its
+// flow, or delivers Shutdown after Drain.
+func (q *Queue) putBack(it *Item) {
 	f := it.flow
 	b := f.band
 	f.counter -= it.ticket
@@ -222,10 +233,9 @@ func (q *Queue) Requeue(it *Item) bool {
 	}
 	if q.closed {
 		q.finish(it, Shutdown)
-		return true
+		return
 	}
 	q.enqueue(it, f, true)
-	return true
 }
 
 // Dispatched delivers Dispatched to an item popped by Next that the caller placed. Its flow
@@ -376,11 +386,7 @@ func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 			heap.Remove(&b.idle, f.idleIdx)
 		}
 		if !front {
-			floor := b.vtime
-			if len(b.backlog) > 0 {
-				floor = max(floor, b.backlog[0].counter)
-			}
-			f.counter = max(f.counter, floor)
+			f.counter = max(f.counter, b.floor())
 		}
 	}
 	if front {
@@ -493,6 +499,7 @@ func (q *Queue) addBand(priority int) *band {
 	copy(q.bands[i+1:], q.bands[i:])
 	q.bands[i] = b
 	q.byPrio[priority] = b
+	q.active.Store(true)
 	return b
 }
 
@@ -507,4 +514,5 @@ func (q *Queue) dropBandIfEmpty(b *band) {
 		}
 	}
 	delete(q.byPrio, b.priority)
+	q.active.Store(len(q.bands) > 0)
 }

@@ -38,7 +38,8 @@ type FlowSnapshot struct {
 	InFlight int    `json:"in_flight"`
 	// HeadAge is how long the flow's head has waited since its Arrival; 0 when none queued.
 	HeadAge time.Duration `json:"head_age_ns"`
-	// ServedWork is the work dispatched for the flow while the queue remembered it
+	// ServedWork is the work dispatched for the flow while the queue remembered it, and
+	// the work its requests that went straight through were served meanwhile (Charge)
 	// (token-equivalents, predicted until settled).
 	ServedWork int64 `json:"served_work"`
 	// Counter is the flow's virtual token counter; the least backlogged one goes next.

@@ -69,7 +69,7 @@ func (f *flow) sniffUsage(p []byte) {
 // An Anthropic usage without cache_read_input_tokens (a server that reports the cache only in
 // some events) does not replace a reading that had it.
 func (f *flow) usageAt(u []byte) bool {
-	if f.qit != nil { // a queued request: its flow is charged the tokens generated (settleQueued)
+	if f.qit != nil || f.direct { // flow control charges its flow the tokens generated (settleQueued, chargeDirect)
 		if v, ok := intAfter(u, completionKey); ok {
 			f.usageOutput, f.usageOutputSeen = v, true
 		} else if v, ok := intAfter(u, outputTokensKey); ok {

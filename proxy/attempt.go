@@ -257,6 +257,7 @@ func (s *Server) relayResponse(ctx *fasthttp.RequestCtx, f *flow, b *backend.Bac
 		return
 	}
 	f.ctx, f.clientWrite = ctx, s.clientWrite
+	s.predictDirect(f) // the last moment the request body is held
 	contentLength := f.resp.Header.ContentLength()
 	// A body longer than readHead reads ahead: its head goes out at once, so that a body the
 	// backend cuts short reaches the client as fewer bytes than its Content-Length, then the

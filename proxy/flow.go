@@ -86,8 +86,15 @@ type flow struct {
 	placed, refused bool
 	leased          bool // the dispatcher began the lease for the first attempt
 	queueWait       time.Duration
-	usageOutput     int  // backend-reported completion_tokens / output_tokens (queued requests only)
+	usageOutput     int  // backend-reported completion_tokens / output_tokens (queued and direct requests)
 	usageOutputSeen bool // usageOutput was reported
+	// direct: flow control was on and the request went straight through (its pool had
+	// room); its flow is charged what it cost when it ends (chargeDirect), classified from
+	// reqHeader, the request's headers (valid until the response is written, unlike its
+	// body, which the handler's end releases).
+	direct    bool
+	reqHeader *fasthttp.RequestHeader
+	directOut int // its predicted output, noted while its body was held (predictDirect); 0: none
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.
@@ -332,6 +339,10 @@ func (f *flow) finish(status int, err error) {
 		// /health, /tokenize or embeddings answers it does not count.
 		f.lease.Complete()
 	}
+	// Flow control's charge first: the release may wake the dispatcher, whose next
+	// placement should see it.
+	s.settleQueued(f)
+	s.chargeDirect(f)
 	f.lease.Release()
 	f.tr.end(f, status, res)
 	s.logRequest(f, status, err, res)

@@ -77,10 +77,14 @@ type RequestHeaders interface {
 
 // Classifier maps a request to its priority (higher first; below 0: sheddable, refused at
 // once while its pool is saturated) and its flow (the fairness key within a priority: a
-// tenant, an API key's hash; never a raw key, it shows in /debug/queue). Called only for a
-// request that is queued, with the request's URL path, its body's model and its headers.
+// tenant, an API key's hash; never a raw key, it shows in /debug/queue), and the headers it
+// found and did not use, for prefixlb_flow_ignored_headers_total (flowcontrol.Ignored: a
+// priority or flow header with trusted headers off, a value too long or not valid). Called
+// for a request that is queued and, while its pool's queue is active, for one that went
+// straight through, when it ends (to charge its flow); with the request's URL path, its
+// body's model and its headers.
 type Classifier interface {
-	Classify(path string, model []byte, h RequestHeaders) (priority int, flow string)
+	Classify(path string, model []byte, h RequestHeaders) (priority int, flow string, ignored flowcontrol.Ignored)
 }
 
 // anonymousFlow is the flow of every request when no Classifier is set.
@@ -319,6 +323,7 @@ func (s *Server) hold(ctx *fasthttp.RequestCtx, f *flow) error {
 	}
 	saturated := s.poolSaturated(cfg, f.cands)
 	if !saturated && fc.held.Load() == 0 {
+		f.direct, f.reqHeader = true, &ctx.Request.Header
 		return nil
 	}
 	return s.holdSlow(ctx, f, cfg, saturated)
@@ -330,6 +335,7 @@ func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, s
 	name := s.poolName(&f.k)
 	if !saturated {
 		if pq := fc.lookup(name); pq == nil || pq.q.Len() == 0 {
+			f.direct, f.reqHeader = true, &ctx.Request.Header
 			return nil // other pools wait, not this one
 		}
 	}
@@ -345,6 +351,14 @@ func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, s
 	}
 	f.qit, f.qq = it, pq
 	fc.m.queued.Inc()
+	return s.waitQueued(f, pq, it, cfg)
+}
+
+// waitQueued wakes the dispatcher for it, f's item queued in pq (counted in fc.held by the
+// caller), waits for its outcome and uncounts it: nil once dispatched (f.placed), else the
+// refusal or, for a client that left, its goneErr.
+func (s *Server) waitQueued(f *flow, pq *poolQueue, it *flowcontrol.Item, cfg *FlowControl) error {
+	fc := s.fc
 	fc.wake()
 	if fc.held.Load() == 1 {
 		// The first held request: make sure the replicas' room signals reach the dispatcher
@@ -441,17 +455,10 @@ func (s *Server) refuse(f *flow, err error, cfg *FlowControl) error {
 // predicted work (prefill the policy would not find cached now, the output its max_tokens
 // allows), its body's bytes and its deadline.
 func (s *Server) queueItem(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) *flowcontrol.Item {
-	prio, fl := 0, anonymousFlow
-	if cfg.Classifier != nil {
-		prio, fl = cfg.Classifier.Classify(string(f.path), f.k.Model, fastHeaders{&ctx.Request.Header})
-	}
+	prio, fl := s.classify(f, &ctx.Request.Header, cfg)
 	prefill := int64(f.k.PromptTokens)
 	if d := s.decider.Preview(&f.k, f.cands); d.PrefillTokens > 0 {
 		prefill = d.PrefillTokens
-	}
-	out, ok := key.TopLevelInt(f.k.Body, "max_completion_tokens", "max_tokens", "max_output_tokens")
-	if !ok {
-		out = int64(cfg.DefaultOutputTokens)
 	}
 	now := time.Now()
 	wait := cfg.MaxQueueWait
@@ -461,7 +468,7 @@ func (s *Server) queueItem(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) 
 	return &flowcontrol.Item{
 		Priority: prio,
 		Flow:     fl,
-		Cost:     flowcontrol.Cost{UncachedPrefillTokens: int(prefill), OutputTokens: int(min(out, 1<<30))},
+		Cost:     flowcontrol.Cost{UncachedPrefillTokens: int(prefill), OutputTokens: predictedOutput(f, cfg)},
 		Bytes:    int64(len(ctx.Request.Body())),
 		Arrival:  f.start,
 		Deadline: now.Add(wait),
@@ -486,7 +493,8 @@ func peekFold(h *fasthttp.RequestHeader, name string) []byte {
 }
 
 // settleQueued charges a request that left the queue for a replica what it really cost,
-// when its response ends (putFlow): the prompt tokens the replica did not have cached and
+// when its response ends (flow.finish, before its lease's release wakes the dispatcher, so
+// that the next placement sees the charge; putFlow for a flow never finished): the prompt tokens the replica did not have cached and
 // the tokens it generated, as its usage reported them, else as predicted; nothing when no
 // response came.
 func (s *Server) settleQueued(f *flow) {
@@ -495,16 +503,7 @@ func (s *Server) settleQueued(f *flow) {
 	if it == nil {
 		return
 	}
-	cost := it.Cost
-	switch {
-	case f.bytes == 0 && f.body == nil && f.resp.StatusCode() == 0:
-		cost = flowcontrol.Cost{} // no replica did any work
-	case f.usagePrompt > 0:
-		cost.UncachedPrefillTokens = max(f.usagePrompt-f.usageCached, 0)
-		if f.usageOutputSeen {
-			cost.OutputTokens = f.usageOutput
-		}
-	}
+	cost := servedCost(f, it.Cost)
 	if pq.q.Settle(it, cost) {
 		s.fc.m.served(it.Priority, pq.q.Config().Work(cost))
 	}

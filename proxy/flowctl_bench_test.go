@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/flowcontrol"
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
@@ -84,4 +86,53 @@ func itoa(n int) string {
 		b[i] = byte('0' + n%10)
 	}
 	return string(b[i:])
+}
+
+// BenchmarkChargeDirect is what the end of a request that went straight through costs flow
+// control (chargeDirect): idle, its pool's queue holds nothing (an atomic load); active,
+// the queue has a backlog, so the request is classified (the flow_control section's
+// classifier, a bearer key, 8 rules none of which match) and charged to its flow under the
+// queue's lock.
+func BenchmarkChargeDirect(b *testing.B) {
+	var rules []flowcontrol.Rule
+	for i := range 8 {
+		rules = append(rules, flowcontrol.Rule{APIKeySHA256: flowcontrol.HashKey(fmt.Sprint("other-key-", i)), Flow: fmt.Sprint("r", i)})
+	}
+	cl, err := flowcontrol.NewClassifier(flowcontrol.ClassifierConfig{Rules: rules})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, active := range []bool{false, true} {
+		name := "idle"
+		if active {
+			name = "active"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := benchFCServer(b, 8)
+			s.SetFlowControl(FlowControl{Enabled: true, Classifier: configClassifier{cl}})
+			pq, err := s.fc.queueFor(poolAll)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if active {
+				s.fc.close() // no dispatcher: the item stays queued
+				it := &flowcontrol.Item{Flow: "waiting", Cost: flowcontrol.Cost{UncachedPrefillTokens: 100}}
+				if err := pq.q.Push(it, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var h fasthttp.RequestHeader
+			h.Set("Authorization", "Bearer sk-tenant-key-0123456789")
+			f := &flow{s: s, path: []byte("/v1/chat/completions")}
+			f.k.Routed, f.k.OK, f.k.PromptTokens = true, true, 1000
+			f.k.Body = []byte(`{"model":"m","max_tokens":64}`)
+			f.resp.SetStatusCode(200)
+			f.usagePrompt, f.usageOutput, f.usageOutputSeen = 1000, 64, true
+			b.ReportAllocs()
+			for b.Loop() {
+				f.direct, f.reqHeader = true, &h
+				s.chargeDirect(f)
+			}
+		})
+	}
 }

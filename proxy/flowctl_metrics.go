@@ -32,6 +32,12 @@ type flowMetrics struct {
 	// expiredSeen counts the expiries the dispatcher's timer found (their handlers count the
 	// outcome); kept apart so a test sees the timer work.
 	expiredSeen *metrics.Counter
+	// returned counts dispatched requests put back at the head of their queue: a peered
+	// prefixlb's request took their replica's slot first (redispatch).
+	returned *metrics.Counter
+	// ignored counts the classifier's ignored headers by reason (flowcontrol.IgnoredReasons'
+	// order).
+	ignored [4]*metrics.Counter
 
 	mu      sync.Mutex
 	refusal map[string]*metrics.Counter
@@ -43,6 +49,7 @@ func newFlowMetrics(s *metrics.Set) *flowMetrics {
 		set:         s,
 		queued:      s.NewCounter(`prefixlb_flow_queued_total`),
 		expiredSeen: s.NewCounter(`prefixlb_flow_deadline_expiries_total`),
+		returned:    s.NewCounter(`prefixlb_flow_returned_total`),
 		refusal:     map[string]*metrics.Counter{},
 		work:        map[int]*metrics.Counter{},
 	}
@@ -50,6 +57,9 @@ func newFlowMetrics(s *metrics.Set) *flowMetrics {
 		l := fmt.Sprintf(`{outcome=%q}`, o)
 		m.wait[o] = s.NewPrometheusHistogramExt(`prefixlb_flow_queue_wait_seconds`+l, queueWaitBuckets)
 		m.outcomes[o] = s.NewCounter(`prefixlb_flow_outcomes_total` + l)
+	}
+	for i, r := range flowcontrol.IgnoredReasons[:len(m.ignored)] {
+		m.ignored[i] = s.NewCounter(fmt.Sprintf(`prefixlb_flow_ignored_headers_total{reason=%q}`, r))
 	}
 	for _, r := range []string{"expired", "queue_full", "queue_bytes_full", "sheddable", "shed", "displaced", "shutdown"} {
 		m.refusal[r] = s.NewCounter(fmt.Sprintf(`prefixlb_flow_refused_total{reason=%q}`, r))
@@ -64,6 +74,18 @@ func (m *flowMetrics) outcome(o flowcontrol.Outcome, wait time.Duration) {
 	}
 	m.outcomes[o].Inc()
 	m.wait[o].Update(wait.Seconds())
+}
+
+// ignoredHeaders counts each reason in ig (a request with several counts under each).
+func (m *flowMetrics) ignoredHeaders(ig flowcontrol.Ignored) {
+	if ig == 0 {
+		return
+	}
+	for i, r := range flowcontrol.IgnoredReasons[:len(m.ignored)] {
+		if ig&r != 0 {
+			m.ignored[i].Inc()
+		}
+	}
 }
 
 // refused counts a refusal by its reason (a fixed set).

@@ -29,6 +29,10 @@ type engine struct {
 	finishes chan struct{}
 	arrivals chan string
 
+	// outTokens is the completion_tokens its responses report (0: 3); set before its first
+	// request.
+	outTokens int
+
 	mu         sync.Mutex
 	running    int
 	waiting    int
@@ -81,8 +85,12 @@ func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
 	e.running--
 	e.mu.Unlock()
 	<-e.slots
+	out := e.outTokens
+	if out == 0 {
+		out = 3
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = fmt.Fprintf(w, `{"id":%q,"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":3,"total_tokens":23}}`, id)
+	_, _ = fmt.Fprintf(w, `{"id":%q,"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":%d,"total_tokens":%d}}`, id, out, 20+out)
 }
 
 // finish lets one running request of the engine finish.
@@ -150,13 +158,13 @@ func sendChat(ctx context.Context, base, id string, h map[string]string) <-chan 
 // gateway's trusted headers, for the tests.
 type headerClassifier struct{}
 
-func (headerClassifier) Classify(_ string, _ []byte, h RequestHeaders) (int, string) {
+func (headerClassifier) Classify(_ string, _ []byte, h RequestHeaders) (int, string, flowcontrol.Ignored) {
 	p, _ := strconv.Atoi(h.Get("x-test-priority"))
 	f := h.Get("x-test-flow")
 	if f == "" {
 		f = "anonymous"
 	}
-	return p, f
+	return p, f, 0
 }
 
 // startFC starts a proxy with flow control on in front of engines, each limited to limit

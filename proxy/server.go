@@ -242,6 +242,7 @@ func (s *Server) getFlow(ctx *fasthttp.RequestCtx) *flow {
 func (s *Server) putFlow(f *flow) {
 	s.settleQueued(f)
 	f.placed, f.leased, f.refused, f.queueWait = false, false, false, 0
+	f.direct, f.reqHeader, f.directOut = false, nil, 0
 	f.usageOutput, f.usageOutputSeen = 0, false
 	f.k.Recycle()
 	f.cands = f.cands[:0]
@@ -374,8 +375,14 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, f *flow) error {
 		lastErr = err
 		if errors.Is(err, errContended) && !f.gone.Load() {
 			// A peer's decision on the backend, made first, arrived while the request was
-			// held: nothing was sent; decide again with it in view.
+			// held: nothing was sent; decide again with it in view. One flow control
+			// placed is decided again among the replicas with room, else queued again.
 			f.attempts--
+			if f.qit != nil {
+				if err := s.redispatch(f); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		if errors.Is(err, errBackendRemoved) && removed < maxRemovedRepicks {

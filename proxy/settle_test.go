@@ -26,6 +26,9 @@ type settlingPolicy struct {
 	contended []bool
 	wait      time.Duration
 	received  map[string]*atomic.Int64 // backend name → requests its server got
+	// beforeRelease, when set, runs at the n-th Release (from 0) before it answers, outside
+	// the policy's lock: what a peer did during the hold.
+	beforeRelease func(n int)
 
 	mu       sync.Mutex
 	nPick    int
@@ -102,6 +105,12 @@ func (p *settlingPolicy) SettleWait(_ *key.Key, d router.Decision) time.Duration
 }
 
 func (p *settlingPolicy) Release(_ *key.Key, d router.Decision, l router.Learned, _ time.Time) bool {
+	if p.beforeRelease != nil {
+		p.mu.Lock()
+		n := p.nCont
+		p.mu.Unlock()
+		p.beforeRelease(n)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b := d.Backend
@@ -111,7 +120,11 @@ func (p *settlingPolicy) Release(_ *key.Key, d router.Decision, l router.Learned
 	if held >= p.wait {
 		held = p.wait // held at least the wait: the event names the wait, not the noise
 	}
-	p.events = append(p.events, fmt.Sprintf("release %s after %s, %d sent: again %v", b.Name, held, p.received[b.Name].Load(), c))
+	sent := int64(0)
+	if r := p.received[b.Name]; r != nil {
+		sent = r.Load()
+	}
+	p.events = append(p.events, fmt.Sprintf("release %s after %s, %d sent: again %v", b.Name, held, sent, c))
 	return c
 }
 
