@@ -455,3 +455,28 @@ func TestFlowControlOffForwardsAtOnce(t *testing.T) {
 		t.Errorf("%d queued with flow control off", n)
 	}
 }
+
+// TestFlowControlReloadOffReleasesQueue: a reload that turns flow control off forwards the
+// requests it held at once, as flow control off forwards every request: the engine queues
+// them. Kept waiting for room, they stood behind every new request, which now goes straight
+// through and fills each freed slot, until they expired with a 429.
+func TestFlowControlReloadOffReleasesQueue(t *testing.T) {
+	a := newEngine(t, 1)
+	s, base := startFC(t, 1, nil, a)
+	running := sendChat(context.Background(), base, "req-run", nil)
+	a.waitArrival(t)
+	held := sendChat(context.Background(), base, "req-held", nil)
+	waitHeld(t, s, 1)
+	s.SetFlowControl(FlowControl{Enabled: false, Classifier: headerClassifier{}})
+	if id := a.waitArrival(t); id != "req-held" {
+		t.Fatalf("engine received %s, want req-held released by the reload", id)
+	}
+	waitHeld(t, s, 0)
+	a.finish()
+	a.finish()
+	for _, ch := range []<-chan fcResult{running, held} {
+		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
+			t.Errorf("%s: status %d, want 200", r.id, r.status)
+		}
+	}
+}
