@@ -505,7 +505,7 @@ func (s *Server) settleQueued(f *flow) {
 		return
 	}
 	cost := servedCost(f, it.Cost)
-	if pq.q.Settle(it, cost) {
+	if pq.q.Settle(it, cost) && cost != (flowcontrol.Cost{}) { // Work counts a zero cost as 1
 		s.fc.m.served(it.Priority, pq.q.Config().Work(cost))
 	}
 }

@@ -480,3 +480,37 @@ func TestFlowControlReloadOffReleasesQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestFlowControlNoChargeWhenNoReplicaAnswered: a queued request that no replica answered
+// (its one replica refuses the connection: 502 from prefixlb) is settled at no work; its
+// flow was charged the request's predicted work as if a replica had served it, because the
+// proxy's own error status, set before the flow's end, read as the replica's answer.
+func TestFlowControlNoChargeWhenNoReplicaAnswered(t *testing.T) {
+	a := newEngine(t, 1)
+	s, base := startFC(t, 1, nil, a)
+	running := sendChat(context.Background(), base, "req-run", nil)
+	a.waitArrival(t)
+	victim := sendChat(context.Background(), base, "req-victim", map[string]string{"x-test-flow": "victim"})
+	waitHeld(t, s, 1)
+	// The replica goes away: no new connection, and the running request's is closed after
+	// its response, so the queued request's dial is refused.
+	a.srv.Config.SetKeepAlivesEnabled(false)
+	_ = a.srv.Listener.Close()
+	a.finish()
+	if r := recvResult(t, running, "the running response"); r.status != http.StatusOK {
+		t.Fatalf("running: status %d, want 200", r.status)
+	}
+	if r := recvResult(t, victim, "the victim's answer"); r.status != http.StatusBadGateway {
+		t.Fatalf("victim: status %d, want 502 (no replica answered)", r.status)
+	}
+	eventually(t, testTimeout, "the dispatched request settled", func() bool { return s.fc.m.outcomes[flowcontrol.Dispatched].Get() == 1 })
+	if seen, _, _ := a.stats(); len(seen) != 1 {
+		t.Fatalf("engine saw %v, want only req-run", seen)
+	}
+	s.fc.m.mu.Lock()
+	served := s.fc.m.work[0]
+	s.fc.m.mu.Unlock()
+	if served != nil && served.Get() != 0 {
+		t.Errorf("served work %d for a request no replica answered, want 0", served.Get())
+	}
+}
