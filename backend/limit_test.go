@@ -60,3 +60,33 @@ func TestLearnedLimitThroughScrapes(t *testing.T) {
 		}
 	}
 }
+
+// TestLearnedLimitSurvivesFailedScrape: a scrape that fails (the health checker then stores
+// SetScrapedLoad(0, 0): nothing known) says nothing of the replica's limit, so the limit
+// learned before it is kept. Forgotten, every replica of a saturated pool whose metrics
+// endpoint timed out once (as it does under the load that made the queue) would look
+// unlimited, and flow control would release every held request into its engine queue.
+func TestLearnedLimitSurvivesFailedScrape(t *testing.T) {
+	b, err := New("http://127.0.0.1:1", 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.SetScrapedRequests(12, 4, 0)
+	b.SetScrapedRequests(12, 5, 0)
+	if got := b.HealthReport().LearnedLimit; got != 12 {
+		t.Fatalf("after a persistent queue: learned limit %d, want 12", got)
+	}
+	b.SetScrapedLoad(0, 0) // health/scrape.go on a failed scrape
+	r := b.HealthReport()
+	if r.LearnedLimit != 12 {
+		t.Errorf("after a failed scrape: learned limit %d, want 12 kept", r.LearnedLimit)
+	}
+	if r.QueuedScrapes != 0 {
+		t.Errorf("after a failed scrape: QueuedScrapes %d, want 0 (a failure breaks the row)", r.QueuedScrapes)
+	}
+	// The next successful scrape judges the limit as before: the load fell under half.
+	b.SetScrapedRequests(5, 0, 0)
+	if got := b.HealthReport().LearnedLimit; got != 0 {
+		t.Errorf("after a scrape under half the limit: learned limit %d, want 0", got)
+	}
+}

@@ -34,7 +34,8 @@ type HealthReport struct {
 	QueuedScrapes int64
 	// LearnedLimit is the most requests the replica runs at once as its scrapes show it (0:
 	// not known): what it ran while its queue persisted, grown while it runs all of it
-	// with none waiting, forgotten when its load falls under half of it (nextLimit).
+	// with none waiting, forgotten when its load falls under half of it (nextLimit); kept
+	// through a failed scrape (SetScrapedLoad).
 	LearnedLimit int64
 	// CountedAtScrape is what this proxy and its peers had in flight there around the last
 	// successful scrape (the larger of before and after the fetch): the requests counted now
@@ -123,9 +124,12 @@ func (b *Backend) SetNeverPassed(v bool) {
 // this proxy's that were answered during the fetch, which the replica may still have listed,
 // are not taken for other senders' work, nor requests sent during it. The larger count gives
 // the smallest excess: another sender's requests that arrived while as many of this proxy's
-// were answered within one fetch (a few milliseconds) wait for the next scrape.
+// were answered within one fetch (a few milliseconds) wait for the next scrape. A total tells
+// no queue (QueuedScrapes goes to 0), and 0, a failed scrape, tells nothing of the replica's
+// limit: LearnedLimit is kept until a scrape shows the replica again (forgetting it would
+// release every request flow control holds for the replica into its engine's queue).
 func (b *Backend) SetScrapedLoad(requests, before int64) {
-	b.setScraped(max(requests, 0), 0, before)
+	b.setScraped(max(requests, 0), 0, before, requests > 0)
 }
 
 // SetScrapedRequests is SetScrapedLoad with the running and waiting requests told apart
@@ -134,14 +138,15 @@ func (b *Backend) SetScrapedLoad(requests, before int64) {
 // in a row with a queue (QueuedScrapes) shows none, so a scrape that repeats the last wakes
 // nothing.
 func (b *Backend) SetScrapedRequests(running, waiting, before int64) {
-	if b.setScraped(max(running, 0), max(waiting, 0), before) {
+	if b.setScraped(max(running, 0), max(waiting, 0), before, true) {
 		b.roomChanged()
 	}
 }
 
-// setScraped publishes the scrape, with the limit it teaches (nextLimit), and reports whether
-// it changed the report in more than QueuedScrapes.
-func (b *Backend) setScraped(running, waiting, before int64) (moved bool) {
+// setScraped publishes the scrape, with the limit it teaches (nextLimit) when known (a scrape
+// that reported something), and reports whether it changed the report in more than
+// QueuedScrapes.
+func (b *Backend) setScraped(running, waiting, before int64, known bool) (moved bool) {
 	b.report.update(func(r HealthReport) HealthReport {
 		old := r
 		counted := max(before, b.Counted())
@@ -155,7 +160,9 @@ func (b *Backend) setScraped(running, waiting, before int64) (moved bool) {
 		} else {
 			r.QueuedScrapes = 0
 		}
-		r.LearnedLimit = nextLimit(r.LearnedLimit, running, waiting, r.QueuedScrapes)
+		if known {
+			r.LearnedLimit = nextLimit(r.LearnedLimit, running, waiting, r.QueuedScrapes)
+		}
 		// A limit that grows or is forgotten may make room; one learned or lowered does not.
 		moved = moved || old.LearnedLimit > 0 && (r.LearnedLimit > old.LearnedLimit || r.LearnedLimit == 0)
 		return r

@@ -290,3 +290,42 @@ func TestOneOffFlowsAreForgotten(t *testing.T) {
 		t.Fatalf("empty queue remembers %d flows in %d bands after 10,000 one-off flows", flows, bands)
 	}
 }
+
+// TestDistinctFlowFloodIsBounded: under a backlog that never empties, a flood of one-off
+// flows (a client that sends every request with a new API key, which prefixlb does not
+// authenticate) each dispatched once, or served straight through and charged, is remembered
+// at most MaxItems idle flows per band: the band's virtual time stays at the fresh flows'
+// level, so none of them would ever be forgotten by it, and memory would grow with every
+// request.
+func TestDistinctFlowFloodIsBounded(t *testing.T) {
+	const maxItems = 100
+	q := mustNew(t, Config{MaxItems: maxItems})
+	for i := range 50 {
+		push(t, q, item(0, fmt.Sprint("init-", i), 100))
+	}
+	remembered := func() int {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		n := 0
+		for _, b := range q.bands {
+			n += len(b.flows)
+		}
+		return n
+	}
+	most := 0
+	for i := range 5000 {
+		push(t, q, item(0, fmt.Sprint("queued-", i), 100+i%1000))
+		dispatch(t, q, t0)
+		q.Charge(0, fmt.Sprint("direct-", i), Cost{UncachedPrefillTokens: 50 + i%500})
+		most = max(most, remembered())
+	}
+	if limit := maxItems + 50 + 1; most > limit {
+		t.Fatalf("the queue remembered up to %d flows with 50 queued (bound %d): a flood of one-off flows leaks", most, limit)
+	}
+	for q.Len() > 0 {
+		dispatch(t, q, t0)
+	}
+	if n := remembered(); n != 0 {
+		t.Fatalf("empty queue remembers %d flows", n)
+	}
+}

@@ -456,8 +456,12 @@ func (q *Queue) finish(it *Item, o Outcome) {
 // forget drops or parks a flow with nothing queued or in flight. While its band has a
 // backlog, it is dropped when its counter is at or below the band's virtual time (a
 // returning flow is lifted at least that far, so nothing is lost), else kept in the band's
-// idle heap until the virtual time passes it. When its band has no backlog, nothing
-// contends: the virtual time moves up to its counter and it is dropped.
+// idle heap until the virtual time passes it, MaxItems idle flows a band at most: beyond,
+// the one the least above the virtual time is dropped (it may return that much early).
+// Without the bound a backlog that never empties, fed by one-off flows (a new API key per
+// request), keeps the virtual time at the fresh flows' level and every one of them forever.
+// When its band has no backlog, nothing contends: the virtual time moves up to its counter
+// and it is dropped.
 func (q *Queue) forget(f *flow) {
 	if f.count > 0 || f.inflight > 0 {
 		return
@@ -477,6 +481,9 @@ func (q *Queue) forget(f *flow) {
 		heap.Fix(&b.idle, f.idleIdx)
 	default:
 		heap.Push(&b.idle, f)
+		for len(b.idle) > q.cfg.MaxItems {
+			delete(b.flows, heap.Pop(&b.idle).(*flow).id)
+		}
 	}
 }
 

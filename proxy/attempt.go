@@ -234,6 +234,7 @@ func (s *Server) judge(f *flow, b *backend.Backend, canRetry bool) error {
 // to the client.
 func (s *Server) relayResponse(ctx *fasthttp.RequestCtx, f *flow, b *backend.Backend, early, head bool) {
 	status := f.resp.StatusCode()
+	f.relayed = true
 	f.resp.Header.CopyTo(&ctx.Response.Header)
 	// CopyTo copies the backend header's flags too, and fasthttp writes "text/plain;
 	// charset=utf-8" for a response without Content-Type unless told not to: a response the

@@ -95,6 +95,10 @@ type flow struct {
 	direct    bool
 	reqHeader *fasthttp.RequestHeader
 	directOut int // its predicted output, noted while its body was held (predictDirect); 0: none
+	// relayed: a replica's response was handed to the client (relayResponse); without it no
+	// replica served the request, and flow control charges its flow nothing (servedCost).
+	// f.resp's status does not tell: fail sets prefixlb's own there.
+	relayed bool
 }
 
 // setConn attaches c as the flow's upstream connection; false if the client already left.

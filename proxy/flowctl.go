@@ -29,7 +29,8 @@ import (
 // reload). Zero fields take the defaults.
 type FlowControl struct {
 	// Enabled holds requests whose pool is saturated; off, every request is forwarded at once
-	// (requests already queued are still dispatched as replicas free up).
+	// (turned off by a reload, the requests already queued are placed at once too, in the
+	// queue's order).
 	Enabled bool
 	// MaxQueueWait is the longest a request waits queued before it is refused (429,
 	// reason expired); default flowcontrol.DefaultMaxQueueWait... 30 s. A client's own
@@ -191,7 +192,7 @@ func (fc *flowControl) wake() {
 
 // SetFlowControl applies a reload's flow-control settings: queued requests stay queued, the
 // queues take the new bounds (flowcontrol.Queue.SetLimits), and new requests see the rest.
-// Turned off, new requests go straight through and the queued ones are still dispatched.
+// Turned off, new requests go straight through and the queued ones are placed at once.
 func (s *Server) SetFlowControl(c FlowControl) {
 	c = c.withDefaults()
 	s.fc.cfg.Store(&c)
@@ -504,7 +505,7 @@ func (s *Server) settleQueued(f *flow) {
 		return
 	}
 	cost := servedCost(f, it.Cost)
-	if pq.q.Settle(it, cost) {
+	if pq.q.Settle(it, cost) && cost != (flowcontrol.Cost{}) { // Work counts a zero cost as 1
 		s.fc.m.served(it.Priority, pq.q.Config().Work(cost))
 	}
 }
@@ -561,7 +562,13 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) {
 		f := it.Value.(*flow)
 		members := s.poolMembers(pq.name)
 		f.cands, _ = backend.Healthy(f.cands[:0], members)
-		fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands)
+		if cfg.Enabled {
+			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands)
+		} else {
+			// Turned off by a reload: what it held goes on as every request now does, at
+			// once; waiting for room, it would stand behind every new request.
+			fc.roomy = append(fc.roomy[:0], f.cands...)
+		}
 		if len(fc.roomy) == 0 {
 			pq.q.Requeue(it)
 			return

@@ -36,11 +36,11 @@ func predictedOutput(f *flow, cfg *FlowControl) int {
 
 // servedCost is the work f's replica did: the prompt tokens it did not have cached and the
 // tokens it generated, as its usage reported them, else as predicted; zero when no replica
-// answered (nothing was relayed and no status came).
+// answered (no response was relayed: prefixlb answered the request itself).
 func servedCost(f *flow, predicted flowcontrol.Cost) flowcontrol.Cost {
 	cost := predicted
 	switch {
-	case f.bytes == 0 && f.body == nil && f.resp.StatusCode() == 0:
+	case !f.relayed:
 		return flowcontrol.Cost{}
 	case f.usagePrompt > 0:
 		cost.UncachedPrefillTokens = max(f.usagePrompt-f.usageCached, 0)

@@ -455,3 +455,62 @@ func TestFlowControlOffForwardsAtOnce(t *testing.T) {
 		t.Errorf("%d queued with flow control off", n)
 	}
 }
+
+// TestFlowControlReloadOffReleasesQueue: a reload that turns flow control off forwards the
+// requests it held at once, as flow control off forwards every request: the engine queues
+// them. Kept waiting for room, they stood behind every new request, which now goes straight
+// through and fills each freed slot, until they expired with a 429.
+func TestFlowControlReloadOffReleasesQueue(t *testing.T) {
+	a := newEngine(t, 1)
+	s, base := startFC(t, 1, nil, a)
+	running := sendChat(context.Background(), base, "req-run", nil)
+	a.waitArrival(t)
+	held := sendChat(context.Background(), base, "req-held", nil)
+	waitHeld(t, s, 1)
+	s.SetFlowControl(FlowControl{Enabled: false, Classifier: headerClassifier{}})
+	if id := a.waitArrival(t); id != "req-held" {
+		t.Fatalf("engine received %s, want req-held released by the reload", id)
+	}
+	waitHeld(t, s, 0)
+	a.finish()
+	a.finish()
+	for _, ch := range []<-chan fcResult{running, held} {
+		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
+			t.Errorf("%s: status %d, want 200", r.id, r.status)
+		}
+	}
+}
+
+// TestFlowControlNoChargeWhenNoReplicaAnswered: a queued request that no replica answered
+// (its one replica refuses the connection: 502 from prefixlb) is settled at no work; its
+// flow was charged the request's predicted work as if a replica had served it, because the
+// proxy's own error status, set before the flow's end, read as the replica's answer.
+func TestFlowControlNoChargeWhenNoReplicaAnswered(t *testing.T) {
+	a := newEngine(t, 1)
+	s, base := startFC(t, 1, nil, a)
+	running := sendChat(context.Background(), base, "req-run", nil)
+	a.waitArrival(t)
+	victim := sendChat(context.Background(), base, "req-victim", map[string]string{"x-test-flow": "victim"})
+	waitHeld(t, s, 1)
+	// The replica goes away: no new connection, and the running request's is closed after
+	// its response, so the queued request's dial is refused.
+	a.srv.Config.SetKeepAlivesEnabled(false)
+	_ = a.srv.Listener.Close()
+	a.finish()
+	if r := recvResult(t, running, "the running response"); r.status != http.StatusOK {
+		t.Fatalf("running: status %d, want 200", r.status)
+	}
+	if r := recvResult(t, victim, "the victim's answer"); r.status != http.StatusBadGateway {
+		t.Fatalf("victim: status %d, want 502 (no replica answered)", r.status)
+	}
+	eventually(t, testTimeout, "the dispatched request settled", func() bool { return s.fc.m.outcomes[flowcontrol.Dispatched].Get() == 1 })
+	if seen, _, _ := a.stats(); len(seen) != 1 {
+		t.Fatalf("engine saw %v, want only req-run", seen)
+	}
+	s.fc.m.mu.Lock()
+	served := s.fc.m.work[0]
+	s.fc.m.mu.Unlock()
+	if served != nil && served.Get() != 0 {
+		t.Errorf("served work %d for a request no replica answered, want 0", served.Get())
+	}
+}

@@ -242,7 +242,7 @@ func (s *Server) getFlow(ctx *fasthttp.RequestCtx) *flow {
 func (s *Server) putFlow(f *flow) {
 	s.settleQueued(f)
 	f.placed, f.leased, f.refused, f.queueWait = false, false, false, 0
-	f.direct, f.reqHeader, f.directOut = false, nil, 0
+	f.direct, f.reqHeader, f.directOut, f.relayed = false, nil, 0, false
 	f.usageOutput, f.usageOutputSeen = 0, false
 	f.k.Recycle()
 	f.cands = f.cands[:0]
