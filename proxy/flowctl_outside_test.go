@@ -196,7 +196,7 @@ func sendBody(ctx context.Context, base, id, body string, h map[string]string) <
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		out <- fcResult{id: id, status: resp.StatusCode, backend: resp.Header.Get(HeaderBackend), body: string(b)}
+		out <- fcResult{id: id, status: resp.StatusCode, backend: resp.Header.Get(HeaderBackend), retryAfter: resp.Header.Get("Retry-After"), body: string(b)}
 	}()
 	return out
 }

@@ -135,23 +135,7 @@ func fcChatBody(id string) string {
 
 // sendChat posts a chat request with marker id and headers h, and delivers what came back.
 func sendChat(ctx context.Context, base, id string, h map[string]string) <-chan fcResult {
-	out := make(chan fcResult, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(fcChatBody(id)))
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range h {
-			req.Header.Set(k, v)
-		}
-		resp, err := testClient().Do(req)
-		if err != nil {
-			out <- fcResult{id: id, err: err}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		out <- fcResult{id: id, status: resp.StatusCode, backend: resp.Header.Get(HeaderBackend), retryAfter: resp.Header.Get("Retry-After"), body: string(b)}
-	}()
-	return out
+	return sendBody(ctx, base, id, fcChatBody(id), h)
 }
 
 // headerClassifier reads the priority from x-test-priority and the flow from x-test-flow: a

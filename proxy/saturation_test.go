@@ -90,15 +90,7 @@ func TestPoolSaturated(t *testing.T) {
 // A limit kept from long prompts filling its KV cache would hold short requests it can start,
 // and flow control, holding requests at it, would keep it from ever showing more.
 func TestQueueSeenOnceIsNoLimit(t *testing.T) {
-	b, err := backend.New("http://127.0.0.1:1", 0, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leases := make([]backend.Lease, 8)
-	for i := range leases {
-		leases[i].Begin(b, 100, 100, true)
-		defer leases[i].Release()
-	}
+	b := leased(t, 8)
 	b.SetScrapedRequests(8, 2, 8)
 	b.SetScrapedRequests(8, 2, 8)
 	if v := viewOf(b); !v.saturated(DefaultKVSaturation) {
@@ -117,15 +109,7 @@ func TestQueueSeenOnceIsNoLimit(t *testing.T) {
 // the next request would wait in the engine. Flow control holding on it delayed requests at
 // light load by tens of milliseconds.
 func TestOneStepQueueIsNoLimit(t *testing.T) {
-	b, err := backend.New("http://127.0.0.1:1", 0, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leases := make([]backend.Lease, 8)
-	for i := range leases {
-		leases[i].Begin(b, 100, 100, true)
-		defer leases[i].Release()
-	}
+	b := leased(t, 8)
 	for i, sc := range []struct {
 		running, waiting int64
 		want             bool
@@ -143,4 +127,19 @@ func TestOneStepQueueIsNoLimit(t *testing.T) {
 				i+1, sc.running, sc.waiting, b.Counted(), got, sc.want)
 		}
 	}
+}
+
+// leased is a replica with n of this proxy's requests in flight, released at the test's end.
+func leased(t *testing.T, n int) *backend.Backend {
+	t.Helper()
+	b, err := backend.New("http://127.0.0.1:1", 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := make([]backend.Lease, n)
+	for i := range leases {
+		leases[i].Begin(b, 100, 100, true)
+		t.Cleanup(leases[i].Release)
+	}
+	return b
 }
