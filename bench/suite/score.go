@@ -376,24 +376,8 @@ func flagsOrErrors(row Row) []string {
 
 // ratioMatrix is p95 ÷ oracle with cells as rows and policies as columns.
 func ratioMatrix(b *Board) string {
-	var sb strings.Builder
-	pol := b.Result.Policies
-	fmt.Fprintf(&sb, "\n## TTFT p95 ÷ oracle's (flagged arms: -; over several rounds the geometric mean of the rounds' ratios [%.0f%% t-interval])\n\n| cell | rounds | %s |\n|---|---:|%s\n",
-		IntervalLevel*100, strings.Join(pol, " | "), strings.Repeat("---:|", len(pol)))
-	for ci, c := range b.Result.Cells {
-		cols := make([]string, len(pol))
-		for j, p := range pol {
-			cols[j] = "-"
-			for _, row := range b.Rows[ci] {
-				if row.Policy == p {
-					cols[j] = ratioCI(row)
-				}
-			}
-		}
-		fmt.Fprintf(&sb, "| %s | %d | %s |\n", c.Name(), max(c.Rounds, 1), strings.Join(cols, " | "))
-	}
-	sb.WriteString(prefixMatrix(b))
-	return sb.String()
+	title := fmt.Sprintf("TTFT p95 ÷ oracle's (flagged arms: -; over several rounds the geometric mean of the rounds' ratios [%.0f%% t-interval])", IntervalLevel*100)
+	return matrix(b, title, b.Result.Policies, ratioCI) + prefixMatrix(b)
 }
 
 // prefixMatrix is prefix's p95 ÷ each other arm's (oracle aside: the first matrix has it),
@@ -408,16 +392,22 @@ func prefixMatrix(b *Board) string {
 	if len(pol) == 0 || !slices.Contains(b.Result.Policies, PrefixPolicy) {
 		return ""
 	}
+	title := fmt.Sprintf("Prefix's TTFT p95 ÷ each arm's (below 1: prefix is faster; flagged arms: -; over several rounds the geometric mean of the rounds' ratios [%.0f%% t-interval])", IntervalLevel*100)
+	return matrix(b, title, pol, func(r Row) string { return intervalCI(r.PrefixOver) })
+}
+
+// matrix is a section titled title with a row per cell and a column per policy of pol, each
+// entry fig of that policy's row ("-" when the cell has none).
+func matrix(b *Board, title string, pol []string, fig func(Row) string) string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n## Prefix's TTFT p95 ÷ each arm's (below 1: prefix is faster; flagged arms: -; over several rounds the geometric mean of the rounds' ratios [%.0f%% t-interval])\n\n| cell | rounds | %s |\n|---|---:|%s\n",
-		IntervalLevel*100, strings.Join(pol, " | "), strings.Repeat("---:|", len(pol)))
+	fmt.Fprintf(&sb, "\n## %s\n\n| cell | rounds | %s |\n|---|---:|%s\n", title, strings.Join(pol, " | "), strings.Repeat("---:|", len(pol)))
 	for ci, c := range b.Result.Cells {
 		cols := make([]string, len(pol))
 		for j, p := range pol {
 			cols[j] = "-"
 			for _, row := range b.Rows[ci] {
 				if row.Policy == p {
-					cols[j] = intervalCI(row.PrefixOver)
+					cols[j] = fig(row)
 				}
 			}
 		}
