@@ -2,8 +2,6 @@ package workload
 
 import (
 	"math"
-	"reflect"
-	"slices"
 	"testing"
 	"time"
 )
@@ -150,36 +148,7 @@ func TestFairArrivals(t *testing.T) {
 func TestFairDeterministicBySeed(t *testing.T) {
 	p := fairParams(2, 6.6)
 	p.Duration = 10 * time.Second
-	a, err := Overload(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := Overload(p)
-	if !reflect.DeepEqual(digest(a), digest(b)) {
-		t.Fatal("the same seed gave different workloads")
-	}
-	p.Seed = 2
-	if c, _ := Overload(p); reflect.DeepEqual(digest(a), digest(c)) {
-		t.Fatal("another seed gave the same workload")
-	}
-	// --tenants light: the baseline alone sends exactly light's requests of the pair.
-	p.Seed, p.Tenants = 1, []string{"light"}
-	alone, err := Overload(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lightInAll []string
-	for i, s := range digest(a) {
-		if a.Conversations[i].Tenant.Name == "light" {
-			lightInAll = append(lightInAll, s)
-		}
-	}
-	if got := digest(alone); len(got) == 0 || !slices.Equal(got, lightInAll) {
-		t.Fatalf("light alone sent %d requests, different from its %d with heavy", len(got), len(lightInAll))
-	}
-	if len(alone.Tenants) != 1 || alone.Tenants[0].Rate != a.Tenants[0].Rate {
-		t.Fatal("light alone must keep its rate")
-	}
+	checkSeedAndAlone(t, p, "light")
 	// The mix's tenants only.
 	for _, ts := range [][]string{{"chat"}, {"light", "batch"}} {
 		p.Tenants = ts

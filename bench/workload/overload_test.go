@@ -198,6 +198,18 @@ func digest(w *Workload) []string {
 func TestOverloadDeterministicBySeed(t *testing.T) {
 	p := overloadParams(2, 2)
 	p.Duration = 20 * time.Second
+	checkSeedAndAlone(t, p, "chat")
+	p.Tenants = []string{"chat", "nobody"}
+	if _, err := Overload(p); err == nil {
+		t.Fatal("an unknown tenant was accepted")
+	}
+}
+
+// checkSeedAndAlone checks that p's workload is the same for the same seed and another for
+// another, and that tenant run alone (--tenants) sends exactly its requests of the mix, at
+// its rate: a tenant's requests do not depend on which others run.
+func checkSeedAndAlone(t *testing.T, p OverloadParams, tenant string) {
+	t.Helper()
 	a, err := Overload(p)
 	if err != nil {
 		t.Fatal(err)
@@ -206,31 +218,27 @@ func TestOverloadDeterministicBySeed(t *testing.T) {
 	if !reflect.DeepEqual(digest(a), digest(b)) {
 		t.Fatal("the same seed gave different workloads")
 	}
-	p.Seed = 2
-	c, _ := Overload(p)
-	if reflect.DeepEqual(digest(a), digest(c)) {
+	q := p
+	q.Seed++
+	if c, _ := Overload(q); reflect.DeepEqual(digest(a), digest(c)) {
 		t.Fatal("another seed gave the same workload")
 	}
-	// A tenant's requests do not depend on which others run.
-	p.Seed, p.Tenants = 1, []string{"chat"}
-	alone, err := Overload(p)
+	q = p
+	q.Tenants = []string{tenant}
+	alone, err := Overload(q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var chatInAll []string
+	var inAll []string
 	for i, s := range digest(a) {
-		if a.Conversations[i].Tenant.Name == "chat" {
-			chatInAll = append(chatInAll, s)
+		if a.Conversations[i].Tenant.Name == tenant {
+			inAll = append(inAll, s)
 		}
 	}
-	if got := digest(alone); len(got) == 0 || !slices.Equal(got, chatInAll) {
-		t.Fatalf("chat alone sent %d sessions, different from its %d with the others", len(got), len(chatInAll))
+	if got := digest(alone); len(got) == 0 || !slices.Equal(got, inAll) {
+		t.Fatalf("%s alone sent %d requests, different from its %d with the others", tenant, len(got), len(inAll))
 	}
 	if len(alone.Tenants) != 1 || alone.Tenants[0].Rate != a.Tenants[0].Rate {
-		t.Fatal("chat alone must keep its rate")
-	}
-	p.Tenants = []string{"chat", "nobody"}
-	if _, err := Overload(p); err == nil {
-		t.Fatal("an unknown tenant was accepted")
+		t.Fatalf("%s alone must keep its rate", tenant)
 	}
 }
