@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/bench/report"
+	"github.com/prefixlb/prefixlb/bench/workload"
 )
 
 // TestOverloadEndToEnd runs a few seconds of the overload workload (2× the capacity of 2 sims)
@@ -62,11 +63,29 @@ func TestOverloadEndToEnd(t *testing.T) {
 		t.Fatalf("fairness %+v, want one group: chat, noisy", m.Fairness)
 	}
 	// Each (conversation, turn) once in the per-request dump, under the tenant that owns it.
+	checkDumpOwners(t, filepath.Join(dir, "requests-round-robin.jsonl"), w, false)
+	// report.json carries the tenants section; the table has a row per tenant.
+	var back report.Report
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil || json.Unmarshal(b, &back) != nil || len(back.Modes[0].Tenants) != 3 {
+		t.Fatalf("report.json: %v, tenants %d", err, len(back.Modes))
+	}
+	for _, want := range []string{"| round-robin | chat | 1 |", "| round-robin | noisy | 1 |", "| round-robin | batch | 0 |", "Jain's index over priority 1 (chat, noisy)"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}
+
+// checkDumpOwners checks that the per-request dump at path holds each request of w once, under
+// the tenant whose conversation it is, and, with oneTurn, only first turns.
+func checkDumpOwners(t *testing.T, path string, w *workload.Workload, oneTurn bool) {
+	t.Helper()
 	owner := map[int]string{}
 	for _, c := range w.Conversations {
 		owner[c.ID] = c.Tenant.Name
 	}
-	f, err := os.Open(filepath.Join(dir, "requests-round-robin.jsonl"))
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,23 +101,12 @@ func TestOverloadEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		k := [2]int{l.Conversation, l.Turn}
-		if seen[k] || owner[l.Conversation] != l.Tenant {
+		if seen[k] || owner[l.Conversation] != l.Tenant || (oneTurn && l.Turn != 0) {
 			t.Fatalf("request %v: seen before %v, tenant %q, owner %q", k, seen[k], l.Tenant, owner[l.Conversation])
 		}
 		seen[k] = true
 	}
 	if len(seen) != w.Requests() {
 		t.Fatalf("%d distinct requests dumped, the workload has %d", len(seen), w.Requests())
-	}
-	// report.json carries the tenants section; the table has a row per tenant.
-	var back report.Report
-	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
-	if err != nil || json.Unmarshal(b, &back) != nil || len(back.Modes[0].Tenants) != 3 {
-		t.Fatalf("report.json: %v, tenants %d", err, len(back.Modes))
-	}
-	for _, want := range []string{"| round-robin | chat | 1 |", "| round-robin | noisy | 1 |", "| round-robin | batch | 0 |", "Jain's index over priority 1 (chat, noisy)"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, stdout.String())
-		}
 	}
 }

@@ -1,12 +1,9 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,34 +66,7 @@ func TestOverloadFairEndToEnd(t *testing.T) {
 		if sent != m.Requests || completed == 0 {
 			t.Fatalf("tenants sent %d of the arm's %d requests, %d completed", sent, m.Requests, completed)
 		}
-		owner := map[int]string{}
-		for _, c := range w.Conversations {
-			owner[c.ID] = c.Tenant.Name
-		}
-		f, err := os.Open(filepath.Join(dir, "requests-round-robin.jsonl"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		seen := map[[2]int]bool{}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			var l struct {
-				Conversation, Turn int
-				Tenant             string
-			}
-			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-				t.Fatal(err)
-			}
-			k := [2]int{l.Conversation, l.Turn}
-			if seen[k] || owner[l.Conversation] != l.Tenant || l.Turn != 0 {
-				t.Fatalf("request %v: seen before %v, tenant %q, owner %q", k, seen[k], l.Tenant, owner[l.Conversation])
-			}
-			seen[k] = true
-		}
-		if len(seen) != w.Requests() {
-			t.Fatalf("%d distinct requests dumped, the workload has %d", len(seen), w.Requests())
-		}
+		checkDumpOwners(t, filepath.Join(dir, "requests-round-robin.jsonl"), w, true)
 		return m, stdout.String()
 	}
 
