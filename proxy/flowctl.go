@@ -244,11 +244,16 @@ func (s *Server) poolMembers(name string) []*backend.Backend {
 	return p.byModel[name] // nil once no backend serves it: its requests wait to expire
 }
 
-// lookup returns the queue of the pool named name, nil when it has none.
-func (fc *flowControl) lookup(name string) *poolQueue {
-	fc.mu.Lock()
-	defer fc.mu.Unlock()
-	return fc.queues[name]
+// queueNamed is the queue of the pool named name, nil when it has none; lock-free (the
+// dispatcher's list, which holds every queue: queues are never removed), for the request
+// path.
+func (fc *flowControl) queueNamed(name string) *poolQueue {
+	for _, pq := range *fc.list.Load() {
+		if pq.name == name {
+			return pq
+		}
+	}
+	return nil
 }
 
 // queueFor returns the queue of the pool named name, creating it; nil after shutdown.
@@ -334,7 +339,7 @@ func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, s
 	fc := s.fc
 	name := s.poolName(&f.k)
 	if !saturated {
-		if pq := fc.lookup(name); pq == nil || pq.q.Len() == 0 {
+		if pq := fc.queueNamed(name); pq == nil || pq.q.Len() == 0 {
 			f.direct, f.reqHeader = true, &ctx.Request.Header
 			return nil // other pools wait, not this one
 		}

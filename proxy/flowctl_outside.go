@@ -99,17 +99,6 @@ func (s *Server) predictDirect(f *flow) {
 	}
 }
 
-// queueNamed is the queue of the pool named name, nil when it has none; lock-free (the
-// dispatcher's list), for the end of every request that went straight through.
-func (fc *flowControl) queueNamed(name string) *poolQueue {
-	for _, pq := range *fc.list.Load() {
-		if pq.name == name {
-			return pq
-		}
-	}
-	return nil
-}
-
 // redispatch takes over a request the dispatcher placed whose settle hold found a peer's
 // decision on its replica, made first (errContended; nothing was sent, its lease released):
 // the peer's request may have taken the slot that was free. It is decided again only among
