@@ -439,6 +439,8 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 			st := r.Stats()
 			m.ReplicaCachedTokens += int64(st.PrefixHits)
 			m.Preemptions += int64(st.Preemptions)
+			m.ReplicaPrefillTokens += int64(st.BatchedPrefillTokens)
+			m.ReplicaAborted += int64(st.RequestsAborted)
 		}
 	} else {
 		m.ReplicaCachedTokens = m.CachedTokens // external replicas: what their usage chunks said

@@ -118,6 +118,10 @@ func fcTuning(arm string, mt ModelTime, t app.Tuning) app.Tuning {
 		if arm == PrefixFCArm {
 			// max_queue_wait stands for a deployment's timing: 30 s of model time.
 			o.FlowControl.MaxQueueWait = ScaleInterval(cmp.Or(o.FlowControl.MaxQueueWait, proxy.DefaultMaxQueueWait), mt.Speedup, MinTimerInterval)
+			// So does the prefill-backlog bound: 2 s of the sims' model-time prefill.
+			o.FlowControl.PrefillSaturation = ScaleInterval(cmp.Or(o.FlowControl.PrefillSaturation, proxy.DefaultPrefillSaturation), mt.Speedup, MinTimerInterval)
+			// And the age at which a flow turns newest-first: 1 s of model time.
+			o.FlowControl.Queue.LIFOAfter = ScaleInterval(cmp.Or(o.FlowControl.Queue.LIFOAfter, flowcontrol.DefaultLIFOAfter), mt.Speedup, MinTimerInterval)
 			return
 		}
 		// GIE's flow controller applies no queue TTL by default (controller.Config's
@@ -128,6 +132,7 @@ func fcTuning(arm string, mt ModelTime, t app.Tuning) app.Tuning {
 		o.Health.ScrapeInterval = scrape
 		o.Health.ScrapeStaleAfter = max(o.Health.ScrapeStaleAfter, stale)
 		o.FlowControl.Queue.Fairness = flowcontrol.FairnessRoundRobin
+		o.FlowControl.Queue.LIFOAfter = -1 // FCFS within a flow, always
 		o.FlowControl.Saturation = proxy.SaturationGIE
 		o.FlowControl.GIE = proxy.GIESaturation{MetricsStaleness: stale}
 	}
@@ -144,7 +149,7 @@ func fcNote(modes []string, tenants []*workload.Tenant, mt ModelTime, maxNumSeqs
 			if external {
 				mc = "max_concurrency not set (external replicas: learned from their metrics)"
 			}
-			parts = append(parts, fmt.Sprintf("%s: prefix mode with flow_control on at its defaults (VTC fairness, min_band_share 0.05, prefixlb's saturation rule, max_queue_wait 30 s of model time: %s of wall time), %s", m, ScaleInterval(proxy.DefaultMaxQueueWait, mt.Speedup, MinTimerInterval), mc))
+			parts = append(parts, fmt.Sprintf("%s: prefix mode with flow_control on at its defaults (VTC fairness, min_band_share 0.05, prefixlb's saturation rule with a prefill backlog of 2 s of model time: %s of wall time, max_queue_wait 30 s of model time: %s), %s", m, ScaleInterval(proxy.DefaultPrefillSaturation, mt.Speedup, MinTimerInterval), ScaleInterval(proxy.DefaultMaxQueueWait, mt.Speedup, MinTimerInterval), mc))
 		case LLMDFCArm:
 			scrape, stale := mt.gieIntervals()
 			parts = append(parts, fmt.Sprintf("%s: the llm-d arm's placement with llm-d's flow-control defaults: strict bands (min_band_share 0), round-robin between flows, FCFS within a flow, GIE's saturation detector (waiting > 5, KV usage > 0.8, metrics older than %s of wall time: 200 ms of model time, at least 4 scrapes) on metrics scraped every %s of wall time (GIE's 50 ms refresh; floored at %s), no queue TTL (GIE's default: a queued request waits until its client gives up)", m, stale, scrape, MinScrapeInterval))

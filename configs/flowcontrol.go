@@ -5,12 +5,13 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/flowcontrol"
+	"github.com/prefixlb/prefixlb/proxy"
 )
 
 // FlowControl holds requests at prefixlb when every replica of their model pool is
 // saturated, and serves them by priority and fair share (package flowcontrol;
 // docs/flow-control.md). Off by default. Reloadable: a reload changes the queues' bounds,
-// band share and work cap in place (flowcontrol.Queue.Reconfigure with QueueConfig), and the
+// band share, work cap and LIFO age in place (flowcontrol.Queue.Reconfigure with QueueConfig), and the
 // wait, the priorities and the rules apply to the requests that arrive after it (a new
 // Classifier); queued requests stay queued.
 type FlowControl struct {
@@ -41,6 +42,13 @@ type FlowControl struct {
 	// TrustedHeaders reads x-prefixlb-priority, x-prefixlb-flow, x-llm-d-inference-objective
 	// and x-llm-d-inference-fairness-id; only behind a gateway that sets them.
 	TrustedHeaders bool `yaml:"trusted_headers"`
+	// LIFOAfter is how long a flow's oldest queued request waits before the flow is served
+	// newest first (flowcontrol.Config.LIFOAfter; nil: flowcontrol.DefaultLIFOAfter, 1s; 0:
+	// arrival order always).
+	LIFOAfter *Duration `yaml:"lifo_after"`
+	// PrefillSaturation is the queued prefill, in time at a replica's prefill rate, at which
+	// the replica is saturated (nil: proxy.DefaultPrefillSaturation, 2s; 0: the rule off).
+	PrefillSaturation *Duration `yaml:"prefill_saturation"`
 }
 
 // FlowRule is one rule of flow_control.rules (flowcontrol.Rule): its non-empty match
@@ -83,6 +91,12 @@ func (f *FlowControl) applyDefaults(c *Config) {
 	if f.MaxRequestWork == 0 {
 		f.MaxRequestWork = flowcontrol.DefaultMaxRequestWork
 	}
+	if f.LIFOAfter == nil {
+		f.LIFOAfter = new(Duration(flowcontrol.DefaultLIFOAfter))
+	}
+	if f.PrefillSaturation == nil {
+		f.PrefillSaturation = new(Duration(proxy.DefaultPrefillSaturation))
+	}
 }
 
 // validate checks the section, on or off (a mistake is found before it is turned on),
@@ -108,6 +122,10 @@ func (f *FlowControl) validate(c *Config) error {
 		return fmt.Errorf("flow_control.min_band_share: %g is outside 0..0.5 (0: strict priority bands)", *f.MinBandShare)
 	case f.MaxRequestWork < 1 || f.MaxRequestWork > maxRequestWork:
 		return fmt.Errorf("flow_control.max_request_work: %d is outside 1..%d token-equivalents", f.MaxRequestWork, int64(maxRequestWork))
+	case f.LIFOAfter != nil && (*f.LIFOAfter < 0 || f.LIFOAfter.D() > maxQueueWait):
+		return fmt.Errorf("flow_control.lifo_after: %s is outside 0..%s (0: arrival order always)", f.LIFOAfter.D(), maxQueueWait)
+	case f.PrefillSaturation != nil && (*f.PrefillSaturation < 0 || f.PrefillSaturation.D() > maxQueueWait):
+		return fmt.Errorf("flow_control.prefill_saturation: %s is outside 0..%s (0: the rule off)", f.PrefillSaturation.D(), maxQueueWait)
 	}
 	if _, err := flowcontrol.NewClassifier(f.ClassifierConfig()); err != nil {
 		return fmt.Errorf("flow_control.%w", err)
@@ -127,7 +145,27 @@ func (f *FlowControl) QueueConfig() flowcontrol.Config {
 	if share == 0 {
 		share = -1 // flowcontrol reads 0 as its default, negative as strict bands
 	}
-	return flowcontrol.Config{MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes, MinBandShare: share, MaxRequestWork: f.MaxRequestWork}
+	lifo := flowcontrol.DefaultLIFOAfter
+	if f.LIFOAfter != nil {
+		lifo = f.LIFOAfter.D()
+	}
+	if lifo == 0 {
+		lifo = -1 // flowcontrol reads 0 as its default, negative as arrival order always
+	}
+	return flowcontrol.Config{MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes, MinBandShare: share, MaxRequestWork: f.MaxRequestWork, LIFOAfter: lifo}
+}
+
+// PrefillSaturationOption is proxy.FlowControl.PrefillSaturation of a defaulted section:
+// 0 (the rule off) becomes negative, which the proxy reads so.
+func (f *FlowControl) PrefillSaturationOption() time.Duration {
+	d := proxy.DefaultPrefillSaturation
+	if f.PrefillSaturation != nil {
+		d = f.PrefillSaturation.D()
+	}
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // ClassifierConfig is the classifier's configuration of the section; build it with

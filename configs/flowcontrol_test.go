@@ -3,8 +3,10 @@ package configs
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prefixlb/prefixlb/flowcontrol"
+	"github.com/prefixlb/prefixlb/proxy"
 )
 
 const fcBackend = "backends:\n  - url: http://a:8000\n"
@@ -48,6 +50,8 @@ func TestFlowControlErrors(t *testing.T) {
 		{"  min_band_share: 0.6\n", "flow_control.min_band_share: 0.6 is outside 0..0.5"},
 		{"  min_band_share: -0.1\n", "flow_control.min_band_share: -0.1 is outside"},
 		{"  min_band_share: .nan\n", "flow_control.min_band_share: NaN is outside"},
+		{"  lifo_after: -1s\n", "flow_control.lifo_after: -1s is outside 0..1h0m0s"},
+		{"  prefill_saturation: 2h\n", "flow_control.prefill_saturation: 2h0m0s is outside 0..1h0m0s"},
 		{"  max_request_work: 0.5\n", "flow_control.max_request_work: line 2: want an integer"},
 		{"  max_request_work: -3\n", "flow_control.max_request_work: -3 is outside 1..4294967296"},
 		{"  default_priority: 1001\n", "flow_control.default_priority: 1001 is outside -1000..1000"},
@@ -83,6 +87,8 @@ func TestFlowControlBuilds(t *testing.T) {
   max_queued_bytes: 100000000
   min_band_share: 0
   max_request_work: 1000
+  lifo_after: 0
+  prefill_saturation: 0
   default_priority: -1
   objectives: {critical: 9}
   trusted_headers: true
@@ -103,8 +109,25 @@ func TestFlowControlBuilds(t *testing.T) {
 	if got := q.Config(); got.MaxItems != 10 || got.MaxBytes != 100000000 || got.MinBandShare != 0 || got.MaxRequestWork != 1000 {
 		t.Errorf("queue config %+v", got)
 	}
-	if d, _ := Parse([]byte(fcBackend)); d.FlowControl.QueueConfig().MinBandShare != flowcontrol.DefaultMinBandShare {
+	if got := q.Config().LIFOAfter; got >= 0 {
+		t.Errorf("lifo_after 0 reaches the queue as %v, want negative (arrival order always)", got)
+	}
+	if got := c.FlowControl.PrefillSaturationOption(); got >= 0 {
+		t.Errorf("prefill_saturation 0 reaches the proxy as %v, want negative (the rule off)", got)
+	}
+	d, _ := Parse([]byte(fcBackend))
+	if d.FlowControl.QueueConfig().MinBandShare != flowcontrol.DefaultMinBandShare {
 		t.Errorf("default min_band_share reaches the queue as %g", d.FlowControl.QueueConfig().MinBandShare)
+	}
+	if got := d.FlowControl.QueueConfig().LIFOAfter; got != flowcontrol.DefaultLIFOAfter {
+		t.Errorf("default lifo_after reaches the queue as %v", got)
+	}
+	if got := d.FlowControl.PrefillSaturationOption(); got != proxy.DefaultPrefillSaturation {
+		t.Errorf("default prefill_saturation reaches the proxy as %v", got)
+	}
+	if e, err := Parse([]byte("flow_control:\n  lifo_after: 3s\n  prefill_saturation: 500ms\n" + fcBackend)); err != nil ||
+		e.FlowControl.QueueConfig().LIFOAfter != 3*time.Second || e.FlowControl.PrefillSaturationOption() != 500*time.Millisecond {
+		t.Errorf("lifo_after 3s, prefill_saturation 500ms: %v", err)
 	}
 	cl, err := flowcontrol.NewClassifier(c.FlowControl.ClassifierConfig())
 	if err != nil {

@@ -26,6 +26,10 @@ const (
 	// when the client sets no shorter deadline: long enough to ride out a burst, short
 	// enough that a client still waits for the answer.
 	DefaultMaxQueueWait = 30 * time.Second
+	// DefaultLIFOAfter is how long a flow's oldest queued request may wait before the flow is
+	// served newest first (Config.LIFOAfter): twice a chat reply's TTFT objective, so a queue
+	// that a burst built and that drains within it keeps arrival order.
+	DefaultLIFOAfter = time.Second
 )
 
 // Fairness policies between the flows of one band (Config.Fairness).
@@ -62,6 +66,16 @@ type Config struct {
 	// or FairnessRoundRobin. Priority bands, the guaranteed band share (counted in work
 	// either way) and arrival order within a flow are the same under both.
 	Fairness string
+	// LIFOAfter makes a flow's order adaptive (adaptive LIFO, as in Facebook's "Fail at
+	// Scale", 2015): arrival order while the flow's oldest queued request has waited less
+	// than LIFOAfter, newest first once it has. A queue standing that long is one the fleet
+	// cannot serve within its clients' patience; in arrival order every dispatched request is
+	// then the one closest to being abandoned, and the engine's prefill of it is likely spent
+	// on a client that is gone. Newest first serves the requests most likely to still be
+	// wanted; the oldest wait for the backlog to clear or are refused at their deadline.
+	// A head without an Arrival has no age: arrival order. Zero means DefaultLIFOAfter;
+	// negative keeps arrival order always.
+	LIFOAfter time.Duration
 }
 
 // withDefaults fills zero fields and validates the rest.
@@ -89,6 +103,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Fairness == "" {
 		c.Fairness = FairnessVTC
+	}
+	if c.LIFOAfter == 0 {
+		c.LIFOAfter = DefaultLIFOAfter
 	}
 	switch {
 	case c.MaxItems < 0:

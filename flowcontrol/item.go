@@ -120,6 +120,7 @@ type Item struct {
 	next    *Item
 	dlIndex int  // index in the deadline heap; -1 when not in it
 	credit  bool // popped on its band's guaranteed share (undone by Requeue)
+	newest  bool // popped from its flow's tail (adaptive LIFO): put back there
 }
 
 // Done delivers the item's one outcome. Valid after a successful Push.

@@ -136,7 +136,7 @@ func (q *Queue) Push(it *Item, saturated bool) error {
 	}
 	it.Bytes = max(it.Bytes, 0)
 	it.work = q.cfg.Work(it.Cost)
-	it.charged, it.ticket, it.credit, it.dlIndex = 0, 0, false, -1
+	it.charged, it.ticket, it.credit, it.newest, it.dlIndex = 0, 0, false, false, -1
 	q.seq++
 	it.seq = q.seq
 	b := q.byPrio[it.Priority]
@@ -166,6 +166,10 @@ func (q *Queue) Next(now time.Time) *Item {
 		}
 		f := b.backlog[0]
 		it := f.head
+		newest := q.cfg.LIFOAfter > 0 && !it.Arrival.IsZero() && now.Sub(it.Arrival) >= q.cfg.LIFOAfter
+		if newest {
+			it = f.tail // a standing queue: the newest first (Config.LIFOAfter)
+		}
 		q.dequeue(it)
 		if !it.Deadline.IsZero() && !now.Before(it.Deadline) {
 			q.finish(it, Expired)
@@ -183,7 +187,7 @@ func (q *Queue) Next(now time.Time) *Item {
 		if f.heapIdx >= 0 {
 			heap.Fix(&b.backlog, f.heapIdx)
 		}
-		it.credit = credited
+		it.credit, it.newest = credited, newest
 		if credited {
 			b.creditSpent += it.work
 		}
@@ -236,6 +240,14 @@ func (q *Queue) putBack(it *Item) {
 		return
 	}
 	q.enqueue(it, f, true)
+	if it.newest && f.tail != it {
+		// Taken from the tail (adaptive LIFO): back to the tail, its place.
+		f.unlink(it)
+		f.pushBack(it)
+		heap.Fix(&f.band.backlog, f.heapIdx)
+		heap.Fix(&f.band.fat, f.fatIdx)
+	}
+	it.newest = false
 }
 
 // Dispatched delivers Dispatched to an item popped by Next that the caller placed. Its flow

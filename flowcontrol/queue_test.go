@@ -410,3 +410,61 @@ func TestSnapshot(t *testing.T) {
 		t.Fatalf("bands after the only priority-2 item settled: %+v", s.Bands)
 	}
 }
+
+// TestAdaptiveLIFO: within a flow, arrival order while its oldest queued request has waited
+// less than LIFOAfter, newest first once it has; a newest item put back (Requeue, Return)
+// goes back to the tail, its place; LIFOAfter < 0 keeps arrival order.
+func TestAdaptiveLIFO(t *testing.T) {
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, tc := range []struct {
+		name  string
+		after time.Duration
+		now   int   // ms after t0, each Next
+		want  []int // arrival indexes (arrivals at 0, 100, 200, 300 ms), in dispatch order
+	}{
+		{"young queue: arrival order", time.Second, 900, []int{0, 1, 2, 3}},
+		{"oldest at the bound: newest first", time.Second, 1000, []int{3, 2, 1, 0}},
+		// At 1150 ms only arrival 0 has waited 1 s: while it is queued the newest go first,
+		// then it goes.
+		{"standing head", time.Second, 1150, []int{3, 2, 1, 0}},
+		{"off", -1, 60_000, []int{0, 1, 2, 3}},
+	} {
+		q := mustNew(t, Config{LIFOAfter: tc.after})
+		var items []*Item
+		for i := range 4 {
+			it := item(0, "a", 100)
+			it.Arrival = at(100 * i)
+			items = append(items, push(t, q, it))
+		}
+		for k, w := range tc.want {
+			if got := dispatch(t, q, at(tc.now)); got != items[w] {
+				t.Fatalf("%s: dispatch %d is not arrival %d", tc.name, k, w)
+			}
+		}
+	}
+	q := mustNew(t, Config{})
+	var items []*Item
+	for i := range 3 {
+		it := item(0, "a", 100)
+		it.Arrival = at(100 * i)
+		items = append(items, push(t, q, it))
+	}
+	now := at(5000)
+	got := q.Next(now)
+	if got != items[2] || !q.Requeue(got) {
+		t.Fatal("standing queue: the first Next is not the newest, or Requeue refused it")
+	}
+	if got = q.Next(now); got != items[2] {
+		t.Fatal("after Requeue the newest did not keep its place at the tail")
+	}
+	q.Dispatched(got)
+	<-got.Done()
+	if !q.Return(got) {
+		t.Fatal("Return refused a dispatched item")
+	}
+	for k, w := range []int{2, 1, 0} {
+		if got := dispatch(t, q, now); got != items[w] {
+			t.Fatalf("after Return, dispatch %d is not arrival %d", k, w)
+		}
+	}
+}

@@ -41,6 +41,10 @@ type FlowControl struct {
 	// KVSaturation is the KV-cache usage at or above which a replica is saturated (default
 	// DefaultKVSaturation; negative turns the KV rule off).
 	KVSaturation float64
+	// PrefillSaturation is the queued prefill (at the replica's prefill rate) at or above
+	// which a replica is saturated (default DefaultPrefillSaturation; negative turns the rule
+	// off).
+	PrefillSaturation time.Duration
 	// DefaultOutputTokens is the output a queued request is predicted to generate when its
 	// body sets no max_tokens (max_completion_tokens, max_output_tokens): its charge until
 	// its response ends and the real count replaces it. Default DefaultOutputTokens.
@@ -96,6 +100,9 @@ func (c FlowControl) withDefaults() FlowControl {
 	}
 	if c.KVSaturation == 0 {
 		c.KVSaturation = DefaultKVSaturation
+	}
+	if c.PrefillSaturation == 0 {
+		c.PrefillSaturation = DefaultPrefillSaturation
 	}
 	if c.DefaultOutputTokens <= 0 {
 		c.DefaultOutputTokens = DefaultOutputTokens

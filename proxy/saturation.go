@@ -20,6 +20,39 @@ import (
 // flow-control-off arm would not, and costs throughput at light load.
 const DefaultKVSaturation = 0.98
 
+// DefaultPrefillSaturation is the queued prefill, in time at the replica's prefill rate, at
+// or above which a replica is saturated: a request started there now would wait at least
+// that long behind the prompts ahead of it before its own prefill (chunked prefill schedules
+// the running prompts' chunks first). It catches what the concurrency limit does not yet
+// know: before a replica's first scrapes teach its limit, a burst of long prompts would
+// otherwise all go into its engine's waiting queue (fair10x at 4.4× capacity: 78 requests
+// per replica in the first scrape interval, 68 of them waiting, most abandoned there:
+// `bench compare --workload overload --load fair10x:0.4 --modes prefix+fc --speedup 2`).
+// Well above one long prompt's own prefill (a 6,000-token document: 0.3 s at bench/sim's
+// 18.5k tokens/s), so that it holds nothing at light load.
+const DefaultPrefillSaturation = 2 * time.Second
+
+// satRule is how saturation judges replicas at one moment: FlowControl's thresholds and the
+// time now (for the queued prefill's drain), read once, when first needed.
+type satRule struct {
+	kvFull  float64       // KV-cache usage at or above which a replica is saturated; ≤ 0: off
+	prefill time.Duration // queued prefill at or above which it is; ≤ 0: off
+	now     time.Time     // zero: not read yet (at)
+}
+
+// ruleOf is cfg's rule, its time read when first needed.
+func ruleOf(cfg *FlowControl) satRule {
+	return satRule{kvFull: cfg.KVSaturation, prefill: cfg.PrefillSaturation}
+}
+
+// at is the rule's time now, read at the first call.
+func (r *satRule) at() time.Time {
+	if r.now.IsZero() {
+		r.now = time.Now()
+	}
+	return r.now
+}
+
 // replicaView is what saturation reads of one replica, all of it read once.
 type replicaView struct {
 	// counted is this proxy's and its peers' in-flight requests there now (Counted).
@@ -28,11 +61,28 @@ type replicaView struct {
 	report backend.HealthReport
 	// maxConcurrency is the configured concurrency limit (0: not configured).
 	maxConcurrency int64
+	// queuedPrefill is the prefill queued there (own and peers', less what it has likely
+	// worked off) at its prefill rate, when b is nil; with b, read from it when the other
+	// rules leave the replica unsaturated (the read takes the drain's lock).
+	queuedPrefill time.Duration
+	b             *backend.Backend
 }
 
 // viewOf reads b's replicaView.
 func viewOf(b *backend.Backend) replicaView {
-	return replicaView{counted: b.Counted(), report: b.HealthReport(), maxConcurrency: b.MaxConcurrency()}
+	return replicaView{counted: b.Counted(), report: b.HealthReport(), maxConcurrency: b.MaxConcurrency(), b: b}
+}
+
+// prefillAhead is the replica's queued prefill at r's time, at its prefill rate.
+func (v *replicaView) prefillAhead(r *satRule) time.Duration {
+	if v.b == nil {
+		return v.queuedPrefill
+	}
+	q := v.b.QueuedPrefill(r.at())
+	if q <= 0 {
+		return 0
+	}
+	return time.Duration(float64(q) / v.b.PrefillRate() * float64(time.Second))
 }
 
 // concurrencyLimit is the most requests the replica starts at once as far as known: the
@@ -58,27 +108,31 @@ func (v *replicaView) requestsNow() int64 { return v.counted + v.report.Excess }
 //   - it holds as many requests as it runs at once (concurrencyLimit), judged with the
 //     requests counted now: one of this proxy's or its peers' that ended since the scrape
 //     frees a place;
-//   - its KV cache was at least kvFull used at the last scrape and no request counted since
-//     has ended (CountedAtScrape): an ended request frees its blocks.
+//   - its KV cache was at least r.kvFull used at the last scrape and no request counted
+//     since has ended (CountedAtScrape): an ended request frees its blocks;
+//   - its queued prefill is at least r.prefill long (DefaultPrefillSaturation).
 //
-// kvFull ≤ 0 turns the KV rule off.
-func (v *replicaView) saturated(kvFull float64) bool {
+// A threshold ≤ 0 turns its rule off.
+func (v *replicaView) saturated(r *satRule) bool {
 	now := v.requestsNow()
 	if limit := v.concurrencyLimit(); limit > 0 && now >= limit {
 		return true
 	}
-	return kvFull > 0 && v.report.KVUsage >= kvFull && v.counted >= v.report.CountedAtScrape && now > 0
+	if r.kvFull > 0 && v.report.KVUsage >= r.kvFull && v.counted >= v.report.CountedAtScrape && now > 0 {
+		return true
+	}
+	return r.prefill > 0 && v.prefillAhead(r) >= r.prefill
 }
 
 // poolSaturated reports whether every one of cands (a pool's healthy replicas) is saturated;
 // false for none (the request path then answers as without flow control). Allocation-free.
-func poolSaturated(cands []*backend.Backend, kvFull float64) bool {
+func poolSaturated(cands []*backend.Backend, r satRule) bool {
 	if len(cands) == 0 {
 		return false
 	}
 	for _, b := range cands {
 		v := viewOf(b)
-		if !v.saturated(kvFull) {
+		if !v.saturated(&r) {
 			return false
 		}
 	}
@@ -86,10 +140,10 @@ func poolSaturated(cands []*backend.Backend, kvFull float64) bool {
 }
 
 // appendRoomy appends the replicas of cands that are not saturated to dst.
-func appendRoomy(dst, cands []*backend.Backend, kvFull float64) []*backend.Backend {
+func appendRoomy(dst, cands []*backend.Backend, r satRule) []*backend.Backend {
 	for _, b := range cands {
 		v := viewOf(b)
-		if !v.saturated(kvFull) {
+		if !v.saturated(&r) {
 			dst = append(dst, b)
 		}
 	}
@@ -162,7 +216,7 @@ func gieSaturated(l health.Load, now time.Time, g GIESaturation) bool {
 // none: the request path then answers as without flow control).
 func (s *Server) poolSaturated(cfg *FlowControl, cands []*backend.Backend) bool {
 	if cfg.Saturation != SaturationGIE {
-		return poolSaturated(cands, cfg.KVSaturation)
+		return poolSaturated(cands, ruleOf(cfg))
 	}
 	now := time.Now()
 	for _, b := range cands {
@@ -179,7 +233,7 @@ func (s *Server) poolSaturated(cfg *FlowControl, cands []*backend.Backend) bool 
 // when all are.
 func (s *Server) appendRoomy(cfg *FlowControl, dst, cands []*backend.Backend) []*backend.Backend {
 	if cfg.Saturation != SaturationGIE {
-		return appendRoomy(dst, cands, cfg.KVSaturation)
+		return appendRoomy(dst, cands, ruleOf(cfg))
 	}
 	if s.poolSaturated(cfg, cands) {
 		return dst

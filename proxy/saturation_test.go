@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"testing"
+	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
 )
@@ -44,13 +45,53 @@ func TestSaturated(t *testing.T) {
 		{"KV below the threshold", replicaView{counted: 3, report: backend.HealthReport{KVUsage: 0.97, CountedAtScrape: 3}}, false},
 		{"KV full, idle", replicaView{report: backend.HealthReport{KVUsage: 1}}, false},
 		{"KV full, other senders' requests", replicaView{report: backend.HealthReport{KVUsage: 1, Excess: 2}}, true},
+		{"prefill queued below the bound", replicaView{counted: 3, queuedPrefill: 1999 * time.Millisecond}, false},
+		{"prefill queued at the bound", replicaView{counted: 3, queuedPrefill: 2 * time.Second}, true},
+		{"prefill queued, nothing else known", replicaView{counted: 1, queuedPrefill: 30 * time.Second}, true},
 	} {
-		if got := tc.v.saturated(DefaultKVSaturation); got != tc.want {
+		if got := tc.v.saturated(&defaultRule); got != tc.want {
 			t.Errorf("%s: saturated = %v, want %v", tc.name, got, tc.want)
 		}
 	}
-	if v := (replicaView{counted: 3, report: backend.HealthReport{KVUsage: 1, CountedAtScrape: 3}}); v.saturated(0) {
+	if v := (replicaView{counted: 3, report: backend.HealthReport{KVUsage: 1, CountedAtScrape: 3}}); v.saturated(&satRule{}) {
 		t.Error("kvFull 0 must turn the KV rule off")
+	}
+	if v := (replicaView{counted: 3, queuedPrefill: time.Minute}); v.saturated(&satRule{kvFull: DefaultKVSaturation}) {
+		t.Error("prefill 0 must turn the prefill rule off")
+	}
+}
+
+// defaultRule is FlowControl's default saturation rule.
+var defaultRule = satRule{kvFull: DefaultKVSaturation, prefill: DefaultPrefillSaturation}
+
+// TestPrefillBacklogSaturates: a replica whose queued prompts would keep a new request's
+// prefill waiting for the bound or longer is saturated before any scrape has taught its
+// concurrency limit (the first burst of long prompts), and has room again once its queue is
+// answered.
+func TestPrefillBacklogSaturates(t *testing.T) {
+	b, err := backend.New("http://127.0.0.1:1", 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At DefaultPrefillRate (10k tokens/s, nothing learned) 25k queued tokens are 2.5 s of
+	// prefill: still over 2 s after any pause of the test's own.
+	var ls [5]backend.Lease
+	for i := range ls {
+		ls[i].Begin(b, 5000, 5000, true)
+	}
+	r := ruleOf(&FlowControl{KVSaturation: DefaultKVSaturation, PrefillSaturation: DefaultPrefillSaturation})
+	if v := viewOf(b); !v.saturated(&r) {
+		t.Fatalf("25k prompt tokens queued (%v of prefill): want saturated", v.prefillAhead(&r))
+	}
+	if v := viewOf(b); v.saturated(&satRule{kvFull: DefaultKVSaturation}) {
+		t.Error("prefill rule off: saturated")
+	}
+	for i := range ls {
+		ls[i].Release()
+	}
+	r = ruleOf(&FlowControl{KVSaturation: DefaultKVSaturation, PrefillSaturation: DefaultPrefillSaturation})
+	if v := viewOf(b); v.saturated(&r) {
+		t.Errorf("every request answered: still saturated (%v of prefill)", v.prefillAhead(&r))
 	}
 }
 
@@ -70,16 +111,16 @@ func TestPoolSaturated(t *testing.T) {
 		return b
 	}
 	full1, full2, roomy := mk(1, 1), mk(2, 2), mk(2, 1)
-	if poolSaturated(nil, DefaultKVSaturation) {
+	if poolSaturated(nil, defaultRule) {
 		t.Error("an empty pool is saturated")
 	}
-	if !poolSaturated([]*backend.Backend{full1, full2}, DefaultKVSaturation) {
+	if !poolSaturated([]*backend.Backend{full1, full2}, defaultRule) {
 		t.Error("two full replicas: not saturated")
 	}
-	if poolSaturated([]*backend.Backend{full1, roomy, full2}, DefaultKVSaturation) {
+	if poolSaturated([]*backend.Backend{full1, roomy, full2}, defaultRule) {
 		t.Error("a replica with room: saturated")
 	}
-	if got := appendRoomy(nil, []*backend.Backend{full1, roomy, full2}, DefaultKVSaturation); len(got) != 1 || got[0] != roomy {
+	if got := appendRoomy(nil, []*backend.Backend{full1, roomy, full2}, defaultRule); len(got) != 1 || got[0] != roomy {
 		t.Errorf("appendRoomy = %v, want the roomy one", got)
 	}
 }
@@ -93,11 +134,11 @@ func TestQueueSeenOnceIsNoLimit(t *testing.T) {
 	b := leased(t, 8)
 	b.SetScrapedRequests(8, 2, 8)
 	b.SetScrapedRequests(8, 2, 8)
-	if v := viewOf(b); !v.saturated(DefaultKVSaturation) {
+	if v := viewOf(b); !v.saturated(&defaultRule) {
 		t.Fatal("8 in flight with a queue behind them at two scrapes: want saturated")
 	}
 	b.SetScrapedRequests(8, 0, 8)
-	if v := viewOf(b); v.saturated(DefaultKVSaturation) {
+	if v := viewOf(b); v.saturated(&defaultRule) {
 		t.Fatal("the last scrape shows no queue, yet 8 in flight reads as saturated: a limit was kept from the earlier one")
 	}
 }
@@ -122,7 +163,7 @@ func TestOneStepQueueIsNoLimit(t *testing.T) {
 	} {
 		b.SetScrapedRequests(sc.running, sc.waiting, 8)
 		v := viewOf(b)
-		if got := v.saturated(DefaultKVSaturation); got != sc.want {
+		if got := v.saturated(&defaultRule); got != sc.want {
 			t.Errorf("scrape %d (running %d, waiting %d; %d in flight): saturated = %v, want %v",
 				i+1, sc.running, sc.waiting, b.Counted(), got, sc.want)
 		}

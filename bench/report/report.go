@@ -138,6 +138,13 @@ type Mode struct {
 	// for lack of KV blocks during the arm (their vllm:num_preemptions); 0 with external
 	// replicas, which the bench does not read.
 	Preemptions int64 `json:"preemptions,omitempty"`
+	// ReplicaPrefillTokens is the tokens the simulated replicas computed in prefill steps
+	// (uncached prompt tokens and preempted requests' recompute), whether or not the request
+	// was then answered; ReplicaAborted the requests they dropped unfinished because the
+	// client left. Together they show GPU work spent on requests nobody received. 0 with
+	// external replicas.
+	ReplicaPrefillTokens int64 `json:"replica_prefill_tokens,omitempty"`
+	ReplicaAborted       int64 `json:"replica_aborted,omitempty"`
 	// Flags are the validity checks this arm failed (errors, different requests, no cache
 	// hits where the workload reuses prefixes): its numbers are not comparable as they are.
 	Flags []string `json:"flags,omitempty"`
