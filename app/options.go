@@ -57,7 +57,7 @@ func flowControlOptions(f *configs.FlowControl) (proxy.FlowControl, error) {
 		return proxy.FlowControl{}, fmt.Errorf("flow_control.%w", err)
 	}
 	return proxy.FlowControl{Enabled: f.Enabled, MaxQueueWait: f.MaxQueueWait.D(), Queue: f.QueueConfig(),
-		PrefillSaturation: f.PrefillSaturationOption(), Classifier: classifier{cl}}, nil
+		PrefillSaturation: f.PrefillSaturationOption(), ReservePrefill: f.ReservePrefillOption(), Classifier: classifier{cl}}, nil
 }
 
 // classifier is a flowcontrol.Classifier as the proxy asks it (proxy.Classifier): for a

@@ -122,6 +122,9 @@ func fcTuning(arm string, mt ModelTime, t app.Tuning) app.Tuning {
 			o.FlowControl.PrefillSaturation = ScaleInterval(cmp.Or(o.FlowControl.PrefillSaturation, proxy.DefaultPrefillSaturation), mt.Speedup, MinTimerInterval)
 			// And the age at which a flow turns newest-first: 1 s of model time.
 			o.FlowControl.Queue.LIFOAfter = ScaleInterval(cmp.Or(o.FlowControl.Queue.LIFOAfter, flowcontrol.DefaultLIFOAfter), mt.Speedup, MinTimerInterval)
+			// And the reserve rule's bound (100 ms) and memory of a band (10 s).
+			o.FlowControl.ReservePrefill = ScaleInterval(cmp.Or(o.FlowControl.ReservePrefill, proxy.DefaultReservePrefill), mt.Speedup, MinTimerInterval)
+			o.FlowControl.Queue.BandMemory = ScaleInterval(cmp.Or(o.FlowControl.Queue.BandMemory, flowcontrol.DefaultBandMemory), mt.Speedup, MinTimerInterval)
 			return
 		}
 		// GIE's flow controller applies no queue TTL by default (controller.Config's
@@ -133,6 +136,7 @@ func fcTuning(arm string, mt ModelTime, t app.Tuning) app.Tuning {
 		o.Health.ScrapeStaleAfter = max(o.Health.ScrapeStaleAfter, stale)
 		o.FlowControl.Queue.Fairness = flowcontrol.FairnessRoundRobin
 		o.FlowControl.Queue.LIFOAfter = -1 // FCFS within a flow, always
+		o.FlowControl.ReservePrefill = -1  // GIE has no reserve for higher bands
 		o.FlowControl.Saturation = proxy.SaturationGIE
 		o.FlowControl.GIE = proxy.GIESaturation{MetricsStaleness: stale}
 	}

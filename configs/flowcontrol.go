@@ -49,6 +49,10 @@ type FlowControl struct {
 	// PrefillSaturation is the queued prefill, in time at a replica's prefill rate, at which
 	// the replica is saturated (nil: proxy.DefaultPrefillSaturation, 2s; 0: the rule off).
 	PrefillSaturation *Duration `yaml:"prefill_saturation"`
+	// ReservePrefill keeps room for a higher band: while one was served lately, a lower
+	// band's request starts only on a replica whose queued prefill takes less (nil:
+	// proxy.DefaultReservePrefill, 5ms; 0: the rule off).
+	ReservePrefill *Duration `yaml:"reserve_prefill"`
 }
 
 // FlowRule is one rule of flow_control.rules (flowcontrol.Rule): its non-empty match
@@ -97,6 +101,9 @@ func (f *FlowControl) applyDefaults(c *Config) {
 	if f.PrefillSaturation == nil {
 		f.PrefillSaturation = new(Duration(proxy.DefaultPrefillSaturation))
 	}
+	if f.ReservePrefill == nil {
+		f.ReservePrefill = new(Duration(proxy.DefaultReservePrefill))
+	}
 }
 
 // validate checks the section, on or off (a mistake is found before it is turned on),
@@ -126,6 +133,8 @@ func (f *FlowControl) validate(c *Config) error {
 		return fmt.Errorf("flow_control.lifo_after: %s is outside 0..%s (0: arrival order always)", f.LIFOAfter.D(), maxQueueWait)
 	case f.PrefillSaturation != nil && (*f.PrefillSaturation < 0 || f.PrefillSaturation.D() > maxQueueWait):
 		return fmt.Errorf("flow_control.prefill_saturation: %s is outside 0..%s (0: the rule off)", f.PrefillSaturation.D(), maxQueueWait)
+	case f.ReservePrefill != nil && (*f.ReservePrefill < 0 || f.ReservePrefill.D() > maxQueueWait):
+		return fmt.Errorf("flow_control.reserve_prefill: %s is outside 0..%s (0: the rule off)", f.ReservePrefill.D(), maxQueueWait)
 	}
 	if _, err := flowcontrol.NewClassifier(f.ClassifierConfig()); err != nil {
 		return fmt.Errorf("flow_control.%w", err)
@@ -158,14 +167,26 @@ func (f *FlowControl) QueueConfig() flowcontrol.Config {
 // PrefillSaturationOption is proxy.FlowControl.PrefillSaturation of a defaulted section:
 // 0 (the rule off) becomes negative, which the proxy reads so.
 func (f *FlowControl) PrefillSaturationOption() time.Duration {
-	d := proxy.DefaultPrefillSaturation
-	if f.PrefillSaturation != nil {
-		d = f.PrefillSaturation.D()
+	return offNegative(f.PrefillSaturation, proxy.DefaultPrefillSaturation)
+}
+
+// ReservePrefillOption is proxy.FlowControl.ReservePrefill of a defaulted section, 0 (the
+// rule off) negative.
+func (f *FlowControl) ReservePrefillOption() time.Duration {
+	return offNegative(f.ReservePrefill, proxy.DefaultReservePrefill)
+}
+
+// offNegative is *d (def when nil), 0 turned into -1: the proxy reads 0 as its default and
+// a negative value as off.
+func offNegative(d *Duration, def time.Duration) time.Duration {
+	v := def
+	if d != nil {
+		v = d.D()
 	}
-	if d == 0 {
+	if v == 0 {
 		return -1
 	}
-	return d
+	return v
 }
 
 // ClassifierConfig is the classifier's configuration of the section; build it with

@@ -52,6 +52,7 @@ func TestFlowControlErrors(t *testing.T) {
 		{"  min_band_share: .nan\n", "flow_control.min_band_share: NaN is outside"},
 		{"  lifo_after: -1s\n", "flow_control.lifo_after: -1s is outside 0..1h0m0s"},
 		{"  prefill_saturation: 2h\n", "flow_control.prefill_saturation: 2h0m0s is outside 0..1h0m0s"},
+		{"  reserve_prefill: -5ms\n", "flow_control.reserve_prefill: -5ms is outside 0..1h0m0s"},
 		{"  max_request_work: 0.5\n", "flow_control.max_request_work: line 2: want an integer"},
 		{"  max_request_work: -3\n", "flow_control.max_request_work: -3 is outside 1..4294967296"},
 		{"  default_priority: 1001\n", "flow_control.default_priority: 1001 is outside -1000..1000"},
@@ -89,6 +90,7 @@ func TestFlowControlBuilds(t *testing.T) {
   max_request_work: 1000
   lifo_after: 0
   prefill_saturation: 0
+  reserve_prefill: 0
   default_priority: -1
   objectives: {critical: 9}
   trusted_headers: true
@@ -115,6 +117,9 @@ func TestFlowControlBuilds(t *testing.T) {
 	if got := c.FlowControl.PrefillSaturationOption(); got >= 0 {
 		t.Errorf("prefill_saturation 0 reaches the proxy as %v, want negative (the rule off)", got)
 	}
+	if got := c.FlowControl.ReservePrefillOption(); got >= 0 {
+		t.Errorf("reserve_prefill 0 reaches the proxy as %v, want negative (the rule off)", got)
+	}
 	d, _ := Parse([]byte(fcBackend))
 	if d.FlowControl.QueueConfig().MinBandShare != flowcontrol.DefaultMinBandShare {
 		t.Errorf("default min_band_share reaches the queue as %g", d.FlowControl.QueueConfig().MinBandShare)
@@ -124,6 +129,9 @@ func TestFlowControlBuilds(t *testing.T) {
 	}
 	if got := d.FlowControl.PrefillSaturationOption(); got != proxy.DefaultPrefillSaturation {
 		t.Errorf("default prefill_saturation reaches the proxy as %v", got)
+	}
+	if got := d.FlowControl.ReservePrefillOption(); got != proxy.DefaultReservePrefill {
+		t.Errorf("default reserve_prefill reaches the proxy as %v", got)
 	}
 	if e, err := Parse([]byte("flow_control:\n  lifo_after: 3s\n  prefill_saturation: 500ms\n" + fcBackend)); err != nil ||
 		e.FlowControl.QueueConfig().LIFOAfter != 3*time.Second || e.FlowControl.PrefillSaturationOption() != 500*time.Millisecond {

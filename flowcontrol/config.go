@@ -30,6 +30,10 @@ const (
 	// served newest first (Config.LIFOAfter): twice a chat reply's TTFT objective, so a queue
 	// that a burst built and that drains within it keeps arrival order.
 	DefaultLIFOAfter = time.Second
+	// DefaultBandMemory is how long a band counts as served lately after its last request
+	// (Config.BandMemory): several of a chat user's turns, so that a band whose requests come
+	// every few seconds is not forgotten between two of them.
+	DefaultBandMemory = 10 * time.Second
 )
 
 // Fairness policies between the flows of one band (Config.Fairness).
@@ -76,6 +80,10 @@ type Config struct {
 	// A head without an Arrival has no age: arrival order. Zero means DefaultLIFOAfter;
 	// negative keeps arrival order always.
 	LIFOAfter time.Duration
+	// BandMemory is how long the highest band noted (Queue.NoteBand) is remembered after its
+	// last request (Queue.TopBand). Zero means DefaultBandMemory; negative turns the memory
+	// off (TopBand never reports a band).
+	BandMemory time.Duration
 }
 
 // withDefaults fills zero fields and validates the rest.
@@ -106,6 +114,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.LIFOAfter == 0 {
 		c.LIFOAfter = DefaultLIFOAfter
+	}
+	if c.BandMemory == 0 {
+		c.BandMemory = DefaultBandMemory
 	}
 	switch {
 	case c.MaxItems < 0:

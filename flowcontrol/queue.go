@@ -22,6 +22,10 @@ type Queue struct {
 	closed    bool
 	// active is len(bands) > 0, readable without the lock (Active).
 	active atomic.Bool
+	// seen is the highest band noted lately (NoteBand), memory its Config.BandMemory in
+	// nanoseconds (negative: off), both readable without the lock.
+	seen   bandsSeen
+	memory atomic.Int64
 }
 
 // New returns an empty queue; zero fields of cfg take the defaults. It fails on a field out
@@ -31,11 +35,13 @@ func New(cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Queue{
+	q := &Queue{
 		cfg:    cfg,
 		share:  cfg.MinBandShare / (1 - cfg.MinBandShare),
 		byPrio: map[int]*band{},
-	}, nil
+	}
+	q.memory.Store(int64(cfg.BandMemory))
+	return q, nil
 }
 
 // Config is the queue's configuration, defaults filled in.
@@ -92,6 +98,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		}
 	}
 	q.cfg = cfg
+	q.memory.Store(int64(cfg.BandMemory))
 	return nil
 }
 

@@ -95,6 +95,11 @@ type flow struct {
 	direct    bool
 	reqHeader *fasthttp.RequestHeader
 	directOut int // its predicted output, noted while its body was held (predictDirect); 0: none
+	// class is the request's priority and flow once classified (classify), classOK says so:
+	// a request is classified once, whichever of the queue, the reserve check (hold) and the
+	// charge of a straight-through request asks first.
+	class   classed
+	classOK bool
 	// relayed: a replica's response was handed to the client (relayResponse); without it no
 	// replica served the request, and flow control charges its flow nothing (servedCost).
 	// f.resp's status does not tell: fail sets prefixlb's own there.

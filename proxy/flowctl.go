@@ -45,6 +45,11 @@ type FlowControl struct {
 	// which a replica is saturated (default DefaultPrefillSaturation; negative turns the rule
 	// off).
 	PrefillSaturation time.Duration
+	// ReservePrefill keeps room for a higher priority band: while the pool served a higher
+	// band lately (within Queue.BandMemory), a replica whose queued prefill takes this long
+	// or longer at its prefill rate has no room for a lower band's request, which waits in
+	// the queue instead (default DefaultReservePrefill; negative turns the rule off).
+	ReservePrefill time.Duration
 	// DefaultOutputTokens is the output a queued request is predicted to generate when its
 	// body sets no max_tokens (max_completion_tokens, max_output_tokens): its charge until
 	// its response ends and the real count replaces it. Default DefaultOutputTokens.
@@ -104,6 +109,9 @@ func (c FlowControl) withDefaults() FlowControl {
 	if c.PrefillSaturation == 0 {
 		c.PrefillSaturation = DefaultPrefillSaturation
 	}
+	if c.ReservePrefill == 0 {
+		c.ReservePrefill = DefaultReservePrefill
+	}
 	if c.DefaultOutputTokens <= 0 {
 		c.DefaultOutputTokens = DefaultOutputTokens
 	}
@@ -145,6 +153,9 @@ type flowControl struct {
 	// held counts the requests waiting in any queue (pushed, outcome not yet taken by their
 	// handler): while 0, a request whose pool is not saturated goes on without a lookup.
 	held atomic.Int64
+	// noted is the unix nanoseconds of the last band noted in any pool's queue (note); 0:
+	// never, and a request whose pool is not saturated is not classified for the reserve rule.
+	noted atomic.Int64
 
 	mu     sync.Mutex
 	queues map[string]*poolQueue
@@ -187,6 +198,13 @@ func (fc *flowControl) config() *FlowControl { return fc.cfg.Load() }
 
 // enabled reports whether new requests may be held.
 func (fc *flowControl) enabled() bool { return fc.cfg.Load().Enabled }
+
+// note records a request of priority classified for pq's pool at now (the reserve rule's
+// memory of the pool's highest band, flowcontrol.Queue.NoteBand).
+func (fc *flowControl) note(pq *poolQueue, priority int, now time.Time) {
+	pq.q.NoteBand(priority, now)
+	fc.noted.Store(now.UnixNano())
+}
 
 // wake signals the dispatcher without blocking.
 func (fc *flowControl) wake() {
@@ -334,11 +352,39 @@ func (s *Server) hold(ctx *fasthttp.RequestCtx, f *flow) error {
 		return nil
 	}
 	saturated := s.poolSaturated(cfg, f.cands)
+	if !saturated && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE && fc.noted.Load() != 0 {
+		saturated = s.reserved(ctx, f, cfg)
+	}
 	if !saturated && fc.held.Load() == 0 {
 		f.direct, f.reqHeader = true, &ctx.Request.Header
 		return nil
 	}
 	return s.holdSlow(ctx, f, cfg, saturated)
+}
+
+// reserved reports whether f's pool, not saturated, has no room for f by the reserve rule:
+// its pool served a higher priority band lately (flowcontrol.Queue.TopBand) and every
+// healthy replica's queued prefill takes ReservePrefill or longer, so that the higher band's
+// next request would wait behind f's prefill inside an engine. It classifies f only while
+// some band was noted within its memory (fc.noted), and notes f's band.
+func (s *Server) reserved(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) bool {
+	now := time.Now()
+	pq := s.fc.queueNamed(s.poolName(&f.k))
+	if pq == nil {
+		return false
+	}
+	top, ok := pq.q.TopBand(now)
+	if !ok {
+		return false
+	}
+	prio, _ := s.classify(f, &ctx.Request.Header, cfg)
+	s.fc.note(pq, prio, now)
+	if prio >= top {
+		return false
+	}
+	r := ruleOf(cfg)
+	r.now, r.reserve = now, cfg.ReservePrefill
+	return poolSaturated(f.cands, r)
 }
 
 // holdSlow queues the request and waits for its outcome (hold).
@@ -362,6 +408,7 @@ func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, s
 		return s.refuse(f, err, cfg)
 	}
 	f.qit, f.qq = it, pq
+	fc.note(pq, it.Priority, time.Now())
 	fc.m.queued.Inc()
 	return s.waitQueued(f, pq, it, cfg)
 }

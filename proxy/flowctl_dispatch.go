@@ -41,9 +41,12 @@ func (fc *flowControl) dispatch(now time.Time) time.Duration {
 		if pq.q.Len() == 0 {
 			continue
 		}
-		fc.place(pq, now)
+		drained := fc.place(pq, now)
 		if pq.q.Len() > 0 {
 			sleep = min(sleep, dispatchPoll)
+			if drained > 0 {
+				sleep = min(sleep, drained)
+			}
 			if d, ok := pq.q.NextDeadline(); ok {
 				sleep = min(sleep, max(d.Sub(now), time.Millisecond))
 			}
@@ -54,16 +57,21 @@ func (fc *flowControl) dispatch(now time.Time) time.Duration {
 
 // place takes the heads of pq in the queue's order and places each on a replica of its
 // pool that has room now, by the policy with the state of this moment (late binding);
-// the first that finds none is put back, and the pool waits for the next signal.
-func (fc *flowControl) place(pq *poolQueue, now time.Time) {
+// the first that finds none is put back, and the pool waits for the next signal. When that
+// one is a lower band's held by the reserve rule, it returns how long until the first of its
+// replicas' queued prefill drains under ReservePrefill at their rates (no event signals
+// that); otherwise 0.
+func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duration) {
 	s := fc.s
 	cfg := fc.config()
+	top, banded := pq.q.TopBand(now)
 	for it := pq.q.Next(now); it != nil; it = pq.q.Next(now) {
 		f := it.Value.(*flow)
 		members := s.poolMembers(pq.name)
 		f.cands, _ = backend.Healthy(f.cands[:0], members)
+		below := banded && it.Priority < top
 		if cfg.Enabled {
-			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands)
+			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands, below)
 		} else {
 			// Turned off by a reload: what it held goes on as every request now does, at
 			// once; waiting for room, it would stand behind every new request.
@@ -71,7 +79,10 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) {
 		}
 		if len(fc.roomy) == 0 {
 			pq.q.Requeue(it)
-			return
+			if below && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
+				return untilDrained(f.cands, cfg.ReservePrefill, now)
+			}
+			return 0
 		}
 		f.keyed = time.Time{} // routing time counts from the dispatch, not the wait
 		from := time.Now()
@@ -86,6 +97,21 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) {
 		clear(fc.roomy)
 		pq.q.Dispatched(it)
 	}
+	return 0
+}
+
+// untilDrained is how long until the first of cands' queued prefill takes less than bound
+// at its prefill rate, from now; at least a millisecond.
+func untilDrained(cands []*backend.Backend, bound time.Duration, now time.Time) time.Duration {
+	r := satRule{now: now, reserve: bound}
+	soonest := time.Duration(-1)
+	for _, b := range cands {
+		v := viewOf(b)
+		if d := v.prefillAhead(&r) - bound; soonest < 0 || d < soonest {
+			soonest = d
+		}
+	}
+	return max(soonest, time.Millisecond)
 }
 
 // drain answers every queued request 503 (shutdown) and closes the queues; the dispatcher

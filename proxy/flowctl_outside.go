@@ -6,6 +6,8 @@ package proxy
 // (docs/flow-control.md).
 
 import (
+	"time"
+
 	"github.com/valyala/fasthttp"
 
 	"github.com/prefixlb/prefixlb/backend"
@@ -16,12 +18,23 @@ import (
 // classify is f's priority and flow by cfg's classifier (priority 0, the anonymous flow
 // without one), counting the headers it ignored.
 func (s *Server) classify(f *flow, h *fasthttp.RequestHeader, cfg *FlowControl) (int, string) {
-	if cfg.Classifier == nil {
-		return 0, anonymousFlow
+	if f.classOK {
+		return f.class.priority, f.class.flow
 	}
-	prio, fl, ignored := cfg.Classifier.Classify(string(f.path), f.k.Model, fastHeaders{h})
-	s.fc.m.ignoredHeaders(ignored)
+	prio, fl := 0, anonymousFlow
+	if cfg.Classifier != nil {
+		var ignored flowcontrol.Ignored
+		prio, fl, ignored = cfg.Classifier.Classify(string(f.path), f.k.Model, fastHeaders{h})
+		s.fc.m.ignoredHeaders(ignored)
+	}
+	f.class, f.classOK = classed{priority: prio, flow: fl}, true
 	return prio, fl
+}
+
+// classed is a request's class: its priority and flow.
+type classed struct {
+	priority int
+	flow     string
 }
 
 // predictedOutput is the tokens f's request may generate: its max_completion_tokens,
@@ -83,6 +96,7 @@ func (s *Server) chargeDirect(f *flow) {
 		return
 	}
 	prio, fl := s.classify(f, h, cfg)
+	s.fc.note(pq, prio, time.Now())
 	pq.q.Charge(prio, fl, cost)
 }
 
@@ -113,7 +127,8 @@ func (s *Server) redispatch(f *flow) error {
 	cfg := fc.config()
 	pq, it := f.qq, f.qit
 	f.cands = s.candidatesFor(f.cands, &f.k)
-	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands)
+	top, banded := pq.q.TopBand(time.Now())
+	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands, banded && it.Priority < top)
 	if len(roomy) > 0 {
 		from := f.pickStart()
 		f.dec = s.decider.Pick(&f.k, roomy)

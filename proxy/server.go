@@ -243,6 +243,7 @@ func (s *Server) putFlow(f *flow) {
 	s.settleQueued(f)
 	f.placed, f.leased, f.refused, f.queueWait = false, false, false, 0
 	f.direct, f.reqHeader, f.directOut, f.relayed = false, nil, 0, false
+	f.class, f.classOK = classed{}, false
 	f.usageOutput, f.usageOutputSeen = 0, false
 	f.k.Recycle()
 	f.cands = f.cands[:0]
