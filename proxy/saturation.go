@@ -38,11 +38,9 @@ const DefaultPrefillSaturation = 2 * time.Second
 // for at most one lower-band prompt's prefill (a 6,000-token document: 0.3 s at bench/sim's
 // 18.5k tokens/s) before its own, within a chat reply's 500 ms TTFT objective. The
 // dispatcher wakes when the queue drains under it (flowControl.place), so the engines are not
-// left idle for a poll: at 2× capacity with a batch flood (one run each, `bench compare
-// --workload overload --modes prefix+fc --speedup 4`) the chat tenant's TTFT p95 was 449 ms
-// wall without the rule, 174 ms at 100 ms, 145 ms at 20 ms and 132 ms at 4 ms, its share
-// within its objective 0.72, 0.80, 0.89 and 0.93, and the output 13.7k to 14.3k tokens/s in
-// all four.
+// left idle for a poll. Smaller bounds kept the chat tenant's TTFT lower at 2× capacity at no
+// cost in output (`bench compare --workload overload --modes prefix+fc`; docs/flow-control.md,
+// "Room kept for a higher band").
 const DefaultReservePrefill = 5 * time.Millisecond
 
 // satRule is how saturation judges replicas at one moment: FlowControl's thresholds and the
