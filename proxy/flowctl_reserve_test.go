@@ -17,29 +17,13 @@ func TestFlowControlReservesForHigherBand(t *testing.T) {
 	a := newEngine(t, 8)
 	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation = -1 }, a)
 	ctx := context.Background()
-	hi := map[string]string{"x-test-priority": "5", "x-test-flow": "chat"}
-	lo := map[string]string{"x-test-priority": "0", "x-test-flow": "batch"}
+	high := longHighPlaced(t, s, base, a)
 
-	fill := sendChat(ctx, base, "req-fill", lo)
-	a.waitArrival(t)
-	// About 10k prompt tokens: a second of prefill at the default rate (nothing learned).
-	long := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"question req-long ` + strings.Repeat("lorem ipsum dolor sit amet ", 1500) + `"}]}`
-	high := sendBody(ctx, base, "req-long", long, hi)
-	waitHeld(t, s, 1) // queued: its band is noted
-	s.pool.Snapshot()[0].SetMaxConcurrency(8)
-	a.finish() // fill ends; the long prompt is placed, its prefill queued at the replica
-	if id := a.waitArrival(t); id != "req-long" {
-		t.Fatalf("dispatched %s, want req-long", id)
-	}
-	if r := recvResult(t, fill, "req-fill"); r.status != http.StatusOK {
-		t.Fatalf("req-fill: status %d", r.status)
-	}
-
-	high2 := sendChat(ctx, base, "req-high2", hi)
+	high2 := sendChat(ctx, base, "req-high2", hiBand)
 	if id := a.waitArrival(t); id != "req-high2" {
 		t.Fatalf("arrived %s, want req-high2 straight through", id)
 	}
-	low := sendChat(ctx, base, "req-low", lo)
+	low := sendChat(ctx, base, "req-low", loBand)
 	waitHeld(t, s, 1)
 	start := time.Now()
 	if id := a.waitArrival(t); id != "req-low" {
@@ -63,18 +47,8 @@ func TestFlowControlReservesForHigherBand(t *testing.T) {
 func TestFlowControlReserveOff(t *testing.T) {
 	a := newEngine(t, 8)
 	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation, c.ReservePrefill = -1, -1 }, a)
-	ctx := context.Background()
-	hi := map[string]string{"x-test-priority": "5", "x-test-flow": "chat"}
-	lo := map[string]string{"x-test-priority": "0", "x-test-flow": "batch"}
-	fill := sendChat(ctx, base, "req-fill", lo)
-	a.waitArrival(t)
-	long := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"question req-long ` + strings.Repeat("lorem ipsum dolor sit amet ", 1500) + `"}]}`
-	high := sendBody(ctx, base, "req-long", long, hi)
-	waitHeld(t, s, 1)
-	s.pool.Snapshot()[0].SetMaxConcurrency(8)
-	a.finish()
-	a.waitArrival(t)
-	low := sendChat(ctx, base, "req-low", lo)
+	high := longHighPlaced(t, s, base, a)
+	low := sendChat(context.Background(), base, "req-low", loBand)
 	if id := a.waitArrival(t); id != "req-low" {
 		t.Fatalf("arrived %s, want req-low", id)
 	}
@@ -84,9 +58,39 @@ func TestFlowControlReserveOff(t *testing.T) {
 	for range 2 {
 		a.finish()
 	}
-	for _, ch := range []<-chan fcResult{fill, high, low} {
+	for _, ch := range []<-chan fcResult{high, low} {
 		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
 			t.Errorf("%s: status %d", r.id, r.status)
 		}
 	}
+}
+
+// The bands of the reserve tests: a chat tenant above a batch tenant.
+var (
+	hiBand = map[string]string{"x-test-priority": "5", "x-test-flow": "chat"}
+	loBand = map[string]string{"x-test-priority": "0", "x-test-flow": "batch"}
+)
+
+// longHighPlaced notes the higher band in s's queue and leaves a second of its prefill queued
+// at a's replica: a lower band's request fills the replica (configured limit 1), a long
+// higher-band prompt (about 10k tokens: a second at the default prefill rate, nothing
+// learned) is queued behind it, the limit is raised to 8 and the filler ends, so the long
+// prompt is placed. It returns the long prompt's result.
+func longHighPlaced(t *testing.T, s *Server, base string, a *engine) <-chan fcResult {
+	t.Helper()
+	ctx := context.Background()
+	fill := sendChat(ctx, base, "req-fill", loBand)
+	a.waitArrival(t)
+	long := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"question req-long ` + strings.Repeat("lorem ipsum dolor sit amet ", 1500) + `"}]}`
+	high := sendBody(ctx, base, "req-long", long, hiBand)
+	waitHeld(t, s, 1) // queued: its band is noted
+	s.pool.Snapshot()[0].SetMaxConcurrency(8)
+	a.finish()
+	if id := a.waitArrival(t); id != "req-long" {
+		t.Fatalf("dispatched %s, want req-long", id)
+	}
+	if r := recvResult(t, fill, "req-fill"); r.status != http.StatusOK {
+		t.Fatalf("req-fill: status %d", r.status)
+	}
+	return high
 }
