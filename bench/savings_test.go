@@ -29,7 +29,10 @@ func TestCompareReportsSavings(t *testing.T) {
 	o.Modes, o.Replicas = []string{"round-robin", "prefix"}, 2
 	o.Out, o.Speedup, o.AllowBursts, o.Quiet = dir, 50, true, true
 	o.Stdout, o.Stderr = &stdout, &stderr
-	o.Flags = WorkloadFlags{Conversations: 8, Turns: 3, DocTokens: 1500, OutputTokens: 4, Users: 8,
+	// 16 conversations: their 16 first turns are the fleet's prefill-rate samples, twice
+	// backend.MinPrefillSamples, so that a sample or two set aside on a busy machine still
+	// leaves a learned rate (8 conversations left exactly 8 and, under CI load, sometimes none).
+	o.Flags = WorkloadFlags{Conversations: 16, Turns: 3, DocTokens: 1500, OutputTokens: 4, Users: 16,
 		ThinkMin: time.Millisecond, ThinkMax: 5 * time.Millisecond, thinkSet: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -42,7 +45,7 @@ func TestCompareReportsSavings(t *testing.T) {
 	}
 	for _, m := range rep.Modes {
 		s := m.Savings
-		if m.Requests != 24 || m.Errors != 0 || s == nil {
+		if m.Requests != 48 || m.Errors != 0 || s == nil {
 			t.Fatalf("%s: %d requests, %d errors, savings %+v", m.Mode, m.Requests, m.Errors, s)
 		}
 		if !(s.KeySeconds > 0 && s.PickSeconds > 0) || s.RoutingSeconds != s.KeySeconds+s.PickSeconds {
