@@ -73,6 +73,19 @@ type SuiteScores struct {
 	// Parts are the suite runs a merged suite.json pooled (bench suite merge), each with its
 	// commit, machine, start and cells; empty for one run.
 	Parts []suite.Part `json:"parts,omitempty"`
+	// Tenants are the overload cells' per-tenant medians (suite.TenantMedian), and
+	// FlowTargets issue 56's targets on them with FlowVerdict, prefix+fc's verdict on them
+	// together; empty without overload cells.
+	Tenants     []SuiteTenants        `json:"tenants,omitempty"`
+	FlowTargets []suite.FlowTargetRow `json:"flow_targets,omitempty"`
+	FlowVerdict string                `json:"flow_verdict,omitempty"`
+}
+
+// SuiteTenants is one overload cell's per-tenant rows, medians over its rounds.
+type SuiteTenants struct {
+	Cell   string               `json:"cell"`
+	Rounds int                  `json:"rounds"`
+	Rows   []suite.TenantMedian `json:"rows"`
 }
 
 // SuiteCell is one row of the scoreboard.

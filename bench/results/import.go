@@ -138,6 +138,12 @@ func suiteScores(b *suite.Board) *SuiteScores {
 			}
 		}
 		s.Cells = append(s.Cells, sc)
+		if len(c.Tenants) > 0 {
+			s.Tenants = append(s.Tenants, SuiteTenants{Cell: c.Name(), Rounds: max(c.Rounds, 1), Rows: c.Tenants})
+		}
+	}
+	if rows, overall := suite.FlowTargets(b); len(rows) > 0 {
+		s.FlowTargets, s.FlowVerdict = rows, overall.String()
 	}
 	return s
 }

@@ -172,10 +172,16 @@ func renderSuite(b *strings.Builder, s *SuiteScores) {
 	if s.Intervals {
 		ciNote = fmt.Sprintf(" Over several rounds each ratio is the geometric mean of the rounds' ratios (round i against round i) with its %.0f%% t-interval in brackets.", suite.IntervalLevel*100)
 	}
-	fmt.Fprintf(b, "TTFT p95 ÷ the oracle's p95 in the same cell (1 = the oracle; below 1, the policy's affinity beat the oracle's greedy placement; – : the arm was flagged).%s\n\n", ciNote)
-	suiteMatrix(b, s, s.Policies, func(c SuiteCell, i int) (*float64, *[2]float64) {
-		return at(c.P95OverOracle, i), at(c.P95OverOracleCI, i)
-	})
+	if slices.ContainsFunc(s.Cells, func(c SuiteCell) bool {
+		return slices.ContainsFunc(c.P95OverOracle, func(v *float64) bool { return v != nil })
+	}) {
+		fmt.Fprintf(b, "TTFT p95 ÷ the oracle's p95 in the same cell (1 = the oracle; below 1, the policy's affinity beat the oracle's greedy placement; – : the arm was flagged).%s\n\n", ciNote)
+		suiteMatrix(b, s, s.Policies, func(c SuiteCell, i int) (*float64, *[2]float64) {
+			return at(c.P95OverOracle, i), at(c.P95OverOracleCI, i)
+		})
+	} else if s.Intervals {
+		fmt.Fprintf(b, "No oracle arm ran.%s\n", ciNote)
+	}
 	if s.Intervals && slices.Contains(s.Policies, suite.PrefixPolicy) {
 		var others []string
 		for _, p := range s.Policies {
@@ -199,6 +205,12 @@ func renderSuite(b *strings.Builder, s *SuiteScores) {
 	default:
 		fmt.Fprintf(b, "\nOn the central estimates (this run predates the intervals, so no target is shown by it), the prefix arm meets every predicted-TTFT target (%s) in %d of %d cells.\n",
 			targets, s.TargetsMet, s.TargetsJudged)
+	}
+	for _, t := range s.Tenants {
+		fmt.Fprintf(b, "\nPer tenant, %s (medians over %d round(s); TTFT wall ms over the completed requests; in-SLO share of the requests sent; work share of all tenants' GPU work; refused and expired are explicit outcomes):\n\n%s", t.Cell, t.Rounds, suite.TenantTable(t.Rows))
+	}
+	if len(s.FlowTargets) > 0 {
+		fmt.Fprintf(b, "\n%s\n\n%s\n%s on these targets together: %s.\n", suite.FlowTargetsCaption(), suite.FlowTargetsTable(s.FlowTargets), suite.FlowPolicy, s.FlowVerdict)
 	}
 	if len(s.Parts) > 0 {
 		fmt.Fprintf(b, "\nMerged from %d parts (`bench suite merge`; a cell that several parts ran pools their rounds):\n\n", len(s.Parts))

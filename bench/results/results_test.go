@@ -293,3 +293,50 @@ func TestImportMergedSuite(t *testing.T) {
 		}
 	}
 }
+
+// A suite.json of the overload workload's fair-shares cell imports into a suite claim with
+// its per-tenant rows and issue 56's target rows (the suite's own FlowTargets), and renders
+// both; with no oracle arm, no p95 ÷ oracle matrix.
+func TestImportSuiteFlowControl(t *testing.T) {
+	round := func(p string, jain float64) suite.Arm {
+		m := mode(p, 60, 500) // cache hits: an arm without any is flagged
+		m.OutputTPS, m.Requests = 1000, 200
+		m.Tenants = []report.Tenant{
+			{Name: "light", Priority: 1, Requests: 100, Completed: 100, TTFT: report.Latency{P50: 30, P95: 60, P99: 120}, GoodputShare: 1, GPUWorkShare: 0.5},
+			{Name: "heavy", Priority: 1, Requests: 100, Completed: 100, TTFT: report.Latency{P50: 450, P95: 900, P99: 1800}, GoodputShare: 0.1, GPUWorkShare: 0.5},
+		}
+		m.Fairness = []report.Fairness{{Priority: 1, Tenants: []string{"light", "heavy"}, Jain: &jain}}
+		return suite.Arm{Policy: p, Mode: &m}
+	}
+	res := &suite.Result{Policies: []string{suite.PrefixPolicy, suite.FlowPolicy}, Cells: []suite.CellResult{{
+		Cell:     suite.Cell{Workload: suite.OverloadWorkload, Level: suite.FairSharesLevel, Rounds: 3},
+		Requests: 200,
+		Arms: []suite.Arm{
+			suite.Combine(suite.PrefixPolicy, []suite.Arm{round(suite.PrefixPolicy, 0.6), round(suite.PrefixPolicy, 0.61), round(suite.PrefixPolicy, 0.62)}),
+			suite.Combine(suite.FlowPolicy, []suite.Arm{round(suite.FlowPolicy, 0.97), round(suite.FlowPolicy, 0.98), round(suite.FlowPolicy, 0.99)}),
+		},
+	}}}
+	path := filepath.Join(t.TempDir(), "suite.json")
+	if err := suite.WriteJSON(path, res); err != nil {
+		t.Fatal(err)
+	}
+	dir := claimDir(t, "fc", func(c *Claim) { c.Suite = &SuiteScores{Policies: []string{"x"}} })
+	c, md := importInto(t, dir, "fc", path)
+	if len(c.Suite.Tenants) != 1 || len(c.Suite.Tenants[0].Rows) != 4 {
+		t.Fatalf("tenant rows %+v, want one cell of 2 arms × 2 tenants", c.Suite.Tenants)
+	}
+	for _, want := range []string{
+		"Per tenant, overload fair-shares (medians over 3 round(s)",
+		"| prefix+fc | light | 1 | 100 | 100 |",
+		"| overload fair-shares | prefix+fc Jain ≥ 0.95 | 0.98 [",
+		"| overload fair-shares | prefix Jain ≥ 0.95 | 0.61 [",
+		"prefix+fc on these targets together: met.",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("rendered claim lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Contains(md, "÷ the oracle's p95 in the same cell") {
+		t.Errorf("a p95 ÷ oracle matrix without an oracle arm:\n%s", md)
+	}
+}

@@ -16,11 +16,22 @@ func tenantBlock(c CellResult) string {
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nPer tenant (medians over %d round(s); TTFT wall ms over the completed requests; in-SLO share of the requests sent; work share of all tenants' GPU work). Refused and expired requests are explicit outcomes, not failures: the table above counts TTFT over completed requests only.\n\n", max(c.Rounds, 1))
+	sb.WriteString(TenantTable(c.Tenants))
+	return sb.String()
+}
+
+// TenantTable is an overload cell's per-tenant rows as a Markdown table, each arm's output
+// tokens/s and Jain index in a list under it; "" without rows.
+func TenantTable(tenants []TenantMedian) string {
+	if len(tenants) == 0 {
+		return ""
+	}
+	var sb strings.Builder
 	sb.WriteString("| policy | tenant | prio | sent | done | refused | expired | failed | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | in-SLO share | work share |\n")
 	sb.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var notes []string
 	seen := map[string]bool{}
-	for _, t := range c.Tenants {
+	for _, t := range tenants {
 		p50, p95, p99 := "-", "-", "-"
 		if t.TTFT != nil {
 			p50, p95, p99 = fms(t.TTFT.P50), fms(t.TTFT.P95), fms(t.TTFT.P99)
@@ -29,7 +40,7 @@ func tenantBlock(c CellResult) string {
 			t.Sent, t.Done, t.Refused, t.Expired, t.Failed, p50, p95, p99, t.InSLOShare, t.WorkShare)
 		if !seen[t.Policy] {
 			seen[t.Policy] = true
-			notes = append(notes, fmt.Sprintf("- %s: output %.0f tok/s over all tenants%s", t.Policy, t.OutputTPS, jainText(c.Tenants, t.Policy)))
+			notes = append(notes, fmt.Sprintf("- %s: output %.0f tok/s over all tenants%s", t.Policy, t.OutputTPS, jainText(tenants, t.Policy)))
 		}
 	}
 	sb.WriteString("\n" + strings.Join(notes, "\n") + "\n")
@@ -78,13 +89,24 @@ func FlowTargetsCaption() string {
 		FlowPolicy, PrefixPolicy, PrefixPolicy, TargetLightP95, TargetChatMultiple, PrefixPolicy, TargetChatInSLO, PrefixPolicy, TargetOutputTPS, TargetFairP95, TargetJain, IntervalLevel*100)
 }
 
-// flowTargetsBlock is the table of issue 56's targets, one row per target of each overload
-// cell, and prefix+fc's verdict on them together; "" without overload cells.
-func flowTargetsBlock(b *Board) string {
-	var rows []string
+// FlowTargetRow is one row of the flow-control targets' table: a target of an overload cell,
+// its figure (a ratio or share with its interval) and its verdict ("-" for a figure stated
+// beside a target, not judged). Flow is true for the targets of prefix+fc, which its overall
+// verdict (FlowVerdict) takes together.
+type FlowTargetRow struct {
+	Cell    string `json:"cell"`
+	Target  string `json:"target"`
+	Figure  string `json:"figure"`
+	Verdict string `json:"verdict"`
+	Flow    bool   `json:"flow,omitempty"`
+}
+
+// FlowTargets are the rows of issue 56's targets, one per target of each overload cell, and
+// prefix+fc's verdict on them together (All); no rows without overload cells.
+func FlowTargets(b *Board) (rows []FlowTargetRow, overall Verdict) {
 	var fcVerdicts []Verdict
 	row := func(cell, target, figure string, v Verdict, fc bool) {
-		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s |", cell, target, figure, v))
+		rows = append(rows, FlowTargetRow{Cell: cell, Target: target, Figure: figure, Verdict: v.String(), Flow: fc})
 		if fc {
 			fcVerdicts = append(fcVerdicts, v)
 		}
@@ -103,7 +125,7 @@ func flowTargetsBlock(b *Board) string {
 			}
 		case OverloadLevel:
 			row(name, fmt.Sprintf("%s chat p95 ÷ its light-cell chat p95 ≤ %.0f", FlowPolicy, TargetChatMultiple), intervalText(f.ChatMultiple), AtMost(f.ChatMultiple, TargetChatMultiple), true)
-			rows = append(rows, fmt.Sprintf("| %s | %s chat p95 ÷ its light-cell chat p95 (no flow control, stated) | %s | - |", name, PrefixPolicy, intervalText(f.ChatMultiplePrefix)))
+			rows = append(rows, FlowTargetRow{Cell: name, Target: fmt.Sprintf("%s chat p95 ÷ its light-cell chat p95 (no flow control, stated)", PrefixPolicy), Figure: intervalText(f.ChatMultiplePrefix), Verdict: "-"})
 			row(name, fmt.Sprintf("%s chat in-SLO share ≥ %.2f", FlowPolicy, TargetChatInSLO), intervalText(f.ChatInSLO), AtLeast(f.ChatInSLO, TargetChatInSLO), true)
 			row(name, fmt.Sprintf("output tok/s, %s ÷ %s ≥ %.2f", FlowPolicy, PrefixPolicy, TargetOutputTPS), intervalText(f.OutputTPS), AtLeast(f.OutputTPS, TargetOutputTPS), true)
 			failed := "-"
@@ -127,12 +149,29 @@ func flowTargetsBlock(b *Board) string {
 			}
 		}
 	}
+	return rows, All(fcVerdicts...)
+}
+
+// FlowTargetsTable is rows as a Markdown table (with its header line).
+func FlowTargetsTable(rows []FlowTargetRow) string {
+	var sb strings.Builder
+	sb.WriteString("| cell | target | figure | verdict |\n|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", r.Cell, r.Target, r.Figure, r.Verdict)
+	}
+	return sb.String()
+}
+
+// flowTargetsBlock is the scoreboard's section of issue 56's targets (FlowTargets) with
+// prefix+fc's verdict on them together; "" without overload cells.
+func flowTargetsBlock(b *Board) string {
+	rows, overall := FlowTargets(b)
 	if len(rows) == 0 {
 		return ""
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n## Flow control against issue 56's targets\n\n%s\n\n| cell | target | figure | verdict |\n|---|---|---|---|\n%s\n", FlowTargetsCaption(), strings.Join(rows, "\n"))
-	fmt.Fprintf(&sb, "\n%s on these targets together: %s\n", FlowPolicy, All(fcVerdicts...))
+	fmt.Fprintf(&sb, "\n## Flow control against issue 56's targets\n\n%s\n\n%s", FlowTargetsCaption(), FlowTargetsTable(rows))
+	fmt.Fprintf(&sb, "\n%s on these targets together: %s\n", FlowPolicy, overall)
 	return sb.String()
 }
 
