@@ -143,19 +143,8 @@ func TestReserveWakeOnlyForDrain(t *testing.T) {
 func TestReserveQueuesSheddable(t *testing.T) {
 	a := newEngine(t, 8)
 	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation = -1 }, a)
-	ctx := context.Background()
-	hi := map[string]string{"x-test-priority": "5", "x-test-flow": "chat"}
-	fill := sendChat(ctx, base, "req-fill", map[string]string{"x-test-priority": "0"})
-	a.waitArrival(t)
-	long := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"question req-long ` + strings.Repeat("lorem ipsum dolor sit amet ", 1500) + `"}]}`
-	high := sendBody(ctx, base, "req-long", long, hi)
-	waitHeld(t, s, 1) // queued: its band is noted
-	s.pool.Snapshot()[0].SetMaxConcurrency(8)
-	a.finish()
-	if id := a.waitArrival(t); id != "req-long" {
-		t.Fatalf("dispatched %s, want req-long", id)
-	}
-	shed := sendChat(ctx, base, "req-shed", map[string]string{"x-test-priority": "-1", "x-test-flow": "eval"})
+	high := longHighPlaced(t, s, base, a)
+	shed := sendChat(context.Background(), base, "req-shed", map[string]string{"x-test-priority": "-1", "x-test-flow": "eval"})
 	select {
 	case id := <-a.arrivals:
 		if id != "req-shed" {
@@ -169,7 +158,7 @@ func TestReserveQueuesSheddable(t *testing.T) {
 	for range 2 {
 		a.finish()
 	}
-	for _, ch := range []<-chan fcResult{fill, high, shed} {
+	for _, ch := range []<-chan fcResult{high, shed} {
 		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
 			t.Errorf("%s: status %d, body %s", r.id, r.status, r.body)
 		}
