@@ -113,6 +113,26 @@ func (f *flow) pushFront(it *Item) {
 	f.head = it
 }
 
+// insertBySeq links it in arrival order (Item.seq), searching from the tail: the items
+// pushed after it are few (those that arrived while it was out of the queue).
+func (f *flow) insertBySeq(it *Item) {
+	p := f.tail
+	for p != nil && p.seq > it.seq {
+		p = p.prev
+	}
+	if p == nil {
+		f.pushFront(it)
+		return
+	}
+	it.prev, it.next = p, p.next
+	if p.next != nil {
+		p.next.prev = it
+	} else {
+		f.tail = it
+	}
+	p.next = it
+}
+
 func (f *flow) unlink(it *Item) {
 	if it.prev != nil {
 		it.prev.next = it.next

@@ -1,8 +1,9 @@
 package flowcontrol
 
 // makeRoom makes room for it in a full queue by displacing one queued item, or refuses it
-// (ErrFull or ErrBytesFull). The victim is the newest item of the flow with the most queued
-// items in the lowest band that has any, searching no higher than it's own band; in its own
+// (ErrFull or ErrBytesFull). The victim is the item its flow would serve last (the newest;
+// the oldest once the flow is served newest first, Config.LIFOAfter) of the flow with the
+// most queued items in the lowest band that has any, searching no higher than it's own band; in its own
 // band, only a flow holding more items than it's flow would after the push, and never its
 // own flow. So a flooding flow cannot keep a lighter one out by filling the queue first
 // (longest-queue drop), and a full queue admits higher priorities ahead of lower ones.
@@ -35,6 +36,11 @@ func (q *Queue) makeRoom(it *Item) error {
 			}
 		}
 		victim := fat.tail
+		if h := fat.head; q.cfg.LIFOAfter > 0 && !h.Arrival.IsZero() && !it.Arrival.IsZero() && it.Arrival.Sub(h.Arrival) >= q.cfg.LIFOAfter {
+			// A standing flow, served newest first (Config.LIFOAfter, its age taken at it's
+			// arrival): its oldest is the one it would serve last, likely abandoned.
+			victim = h
+		}
 		if q.count-1 >= q.cfg.MaxItems || q.bytes-victim.Bytes+max(it.Bytes, 0) > q.cfg.MaxBytes {
 			return refusal
 		}

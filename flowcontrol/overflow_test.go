@@ -1,6 +1,9 @@
 package flowcontrol
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // A full queue displaces the newest item of the fattest flow at the same or a lower
 // priority, so a flooding flow cannot keep a light one out by filling the queue first.
@@ -60,5 +63,38 @@ func TestFullQueueDisplacesFattestFlow(t *testing.T) {
 				t.Fatalf("a refused push changed the queue: len %d→%d bytes %d→%d", n, q.Len(), b, q.Bytes())
 			}
 		})
+	}
+}
+
+// TestFullQueueDisplacesStaleUnderLIFO: the victim of a full queue is the request its flow
+// would serve last: the newest while the flow keeps arrival order, the oldest once the flow
+// stands past LIFOAfter and is served newest first (the oldest is the one most likely
+// abandoned by its client; the newest is the one adaptive LIFO would serve next).
+func TestFullQueueDisplacesStaleUnderLIFO(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		pushAt    time.Duration // the light flow's push, after the first heavy arrival
+		displaced int
+	}{
+		{"young flow: the newest", 500 * time.Millisecond, 2},
+		{"standing flow: the oldest", 5 * time.Second, 0},
+	} {
+		q := mustNew(t, Config{MaxItems: 3})
+		var heavy []*Item
+		for i := range 3 {
+			heavy = append(heavy, push(t, q, &Item{Flow: "heavy", Arrival: t0.Add(time.Duration(i) * 100 * time.Millisecond)}))
+		}
+		if err := q.Push(&Item{Flow: "light", Arrival: t0.Add(tc.pushAt)}, false); err != nil {
+			t.Fatalf("%s: push: %v", tc.name, err)
+		}
+		for i, it := range heavy {
+			o := outcome(it)
+			if i == tc.displaced && o != Displaced {
+				t.Fatalf("%s: heavy %d got %v, want displaced", tc.name, i, o)
+			}
+			if i != tc.displaced && o != 0 {
+				t.Fatalf("%s: heavy %d got %v, want still queued", tc.name, i, o)
+			}
+		}
 	}
 }

@@ -248,9 +248,11 @@ func (q *Queue) putBack(it *Item) {
 	}
 	q.enqueue(it, f, true)
 	if it.newest && f.tail != it {
-		// Taken from the tail (adaptive LIFO): back to the tail, its place.
+		// Taken from the tail (adaptive LIFO): back to its place by arrival, behind the
+		// items of its flow pushed while it was out (the flow stays in arrival order, which
+		// the flow heaps and newest-first read).
 		f.unlink(it)
-		f.pushBack(it)
+		f.insertBySeq(it)
 		heap.Fix(&f.band.backlog, f.heapIdx)
 		heap.Fix(&f.band.fat, f.fatIdx)
 	}

@@ -468,3 +468,46 @@ func TestAdaptiveLIFO(t *testing.T) {
 		}
 	}
 }
+
+// TestLIFOPutBackKeepsArrivalOrder: an item popped newest first and put back (Requeue, Return)
+// after newer items of its flow were pushed goes back to its place by arrival, not to the
+// tail: the newer ones stay ahead of it in a standing flow and behind it in arrival order.
+func TestLIFOPutBackKeepsArrivalOrder(t *testing.T) {
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for _, back := range []string{"requeue", "return"} {
+		q := mustNew(t, Config{})
+		var items []*Item
+		add := func(ms int) {
+			it := item(0, "a", 100)
+			it.Arrival = at(ms)
+			items = append(items, push(t, q, it))
+		}
+		add(0)
+		add(100)
+		now := at(5000) // the flow's head has waited past LIFOAfter: newest first
+		got := q.Next(now)
+		if got != items[1] {
+			t.Fatalf("%s: the first Next is not the newest", back)
+		}
+		if back == "return" {
+			q.Dispatched(got)
+			<-got.Done()
+		}
+		add(4900) // arrives while the newest is out
+		add(4950)
+		ok := false
+		if back == "requeue" {
+			ok = q.Requeue(got)
+		} else {
+			ok = q.Return(got)
+		}
+		if !ok {
+			t.Fatalf("%s refused the item", back)
+		}
+		for k, w := range []int{3, 2, 1, 0} {
+			if d := dispatch(t, q, now); d != items[w] {
+				t.Fatalf("%s: dispatch %d is not arrival %d", back, k, w)
+			}
+		}
+	}
+}

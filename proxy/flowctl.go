@@ -352,14 +352,15 @@ func (s *Server) hold(ctx *fasthttp.RequestCtx, f *flow) error {
 		return nil
 	}
 	saturated := s.poolSaturated(cfg, f.cands)
+	reserved := false
 	if !saturated && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE && fc.noted.Load() != 0 {
-		saturated = s.reserved(ctx, f, cfg)
+		reserved = s.reserved(ctx, f, cfg)
 	}
-	if !saturated && fc.held.Load() == 0 {
+	if !saturated && !reserved && fc.held.Load() == 0 {
 		f.direct, f.reqHeader = true, &ctx.Request.Header
 		return nil
 	}
-	return s.holdSlow(ctx, f, cfg, saturated)
+	return s.holdSlow(ctx, f, cfg, saturated, reserved)
 }
 
 // reserved reports whether f's pool, not saturated, has no room for f by the reserve rule:
@@ -387,11 +388,13 @@ func (s *Server) reserved(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) b
 	return poolSaturated(f.cands, r)
 }
 
-// holdSlow queues the request and waits for its outcome (hold).
-func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, saturated bool) error {
+// holdSlow queues the request and waits for its outcome (hold). saturated: every replica of
+// its pool is (a sheddable request is then refused); reserved: the reserve rule holds it
+// though its pool is not saturated (it waits in the queue, sheddable or not).
+func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, saturated, reserved bool) error {
 	fc := s.fc
 	name := s.poolName(&f.k)
-	if !saturated {
+	if !saturated && !reserved {
 		if pq := fc.queueNamed(name); pq == nil || pq.q.Len() == 0 {
 			f.direct, f.reqHeader = true, &ctx.Request.Header
 			return nil // other pools wait, not this one

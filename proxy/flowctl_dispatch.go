@@ -80,7 +80,7 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 		if len(fc.roomy) == 0 {
 			pq.q.Requeue(it)
 			if below && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
-				return untilDrained(f.cands, cfg.ReservePrefill, now)
+				return untilDrained(f.cands, cfg, now)
 			}
 			return 0
 		}
@@ -100,16 +100,26 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 	return 0
 }
 
-// untilDrained is how long until the first of cands' queued prefill takes less than bound
-// at its prefill rate, from now; at least a millisecond.
-func untilDrained(cands []*backend.Backend, bound time.Duration, now time.Time) time.Duration {
-	r := satRule{now: now, reserve: bound}
-	soonest := time.Duration(-1)
+// untilDrained is how long until the first of cands held by the reserve rule alone (not
+// saturated by cfg's other rules) has its queued prefill under cfg.ReservePrefill at its
+// prefill rate, from now; at least a millisecond. 0 when none is held by it alone: a replica
+// full by count or KV cache signals its room when a request ends (backend.NotifyRoom), and
+// waking early for it would only spin the dispatcher.
+func untilDrained(cands []*backend.Backend, cfg *FlowControl, now time.Time) time.Duration {
+	r := ruleOf(cfg)
+	r.now = now
+	soonest, found := time.Duration(0), false
 	for _, b := range cands {
 		v := viewOf(b)
-		if d := v.prefillAhead(&r) - bound; soonest < 0 || d < soonest {
-			soonest = d
+		if v.saturated(&r) {
+			continue
 		}
+		if d := v.prefillAhead(&r) - cfg.ReservePrefill; !found || d < soonest {
+			soonest, found = d, true
+		}
+	}
+	if !found {
+		return 0
 	}
 	return max(soonest, time.Millisecond)
 }

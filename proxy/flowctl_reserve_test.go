@@ -6,6 +6,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/flowcontrol"
+	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // TestFlowControlReservesForHigherBand: while a higher band was served lately, a lower band's
@@ -93,4 +97,70 @@ func longHighPlaced(t *testing.T, s *Server, base string, a *engine) <-chan fcRe
 		t.Fatalf("req-fill: status %d", r.status)
 	}
 	return high
+}
+
+// TestReserveWakeOnlyForDrain: the dispatcher wakes early at a predicted drain only when a
+// replica is held by the reserve rule alone; a lower band's request held because every
+// replica is full by count waits for the room signal (a request ending) or the poll, not a
+// 1 ms spin: no drain of queued prefill frees a slot there.
+func TestReserveWakeOnlyForDrain(t *testing.T) {
+	o := testOptions(t, "least-load", "http://127.0.0.1:20000")
+	noHealthChecks(&o)
+	o.FlowControl = FlowControl{Enabled: true}
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.fc.close() // this test drives the dispatcher itself
+	t.Cleanup(s.wd.close)
+	b := s.pool.Snapshot()[0]
+	b.SetMaxConcurrency(1)
+	var l backend.Lease
+	l.Begin(b, 10, 10, false) // full by count; 10 prompt tokens: about 1 ms of prefill
+	t.Cleanup(l.Release)
+
+	pq, err := s.fc.queueFor(poolAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	pq.q.NoteBand(5, now)
+	it := &flowcontrol.Item{Priority: 0, Flow: "batch", Arrival: now, Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true}}}
+	if err := pq.q.Push(it, true); err != nil {
+		t.Fatal(err)
+	}
+	if sleep := s.fc.dispatch(now); sleep < dispatchPoll {
+		t.Errorf("a lower band's request held by a full replica: the dispatcher sleeps %v, want the poll (%v)", sleep, dispatchPoll)
+	}
+	if pq.q.Len() != 1 {
+		t.Fatal("the request was placed on a full replica")
+	}
+}
+
+// TestReserveQueuesSheddable: the reserve rule holds a sheddable request (priority < 0) as
+// it holds any lower band's, in the queue until the queued prefill drains: the pool is not
+// saturated, and sheddable requests are refused only when it is.
+func TestReserveQueuesSheddable(t *testing.T) {
+	a := newEngine(t, 8)
+	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation = -1 }, a)
+	high := longHighPlaced(t, s, base, a)
+	shed := sendChat(context.Background(), base, "req-shed", map[string]string{"x-test-priority": "-1", "x-test-flow": "eval"})
+	select {
+	case id := <-a.arrivals:
+		if id != "req-shed" {
+			t.Fatalf("arrived %s, want req-shed once the prefill drained", id)
+		}
+	case r := <-shed:
+		t.Fatalf("req-shed answered before it reached the engine: status %d, body %s", r.status, r.body)
+	case <-time.After(testTimeout):
+		t.Fatal("req-shed never reached the engine")
+	}
+	for range 2 {
+		a.finish()
+	}
+	for _, ch := range []<-chan fcResult{high, shed} {
+		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
+			t.Errorf("%s: status %d, body %s", r.id, r.status, r.body)
+		}
+	}
 }
