@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// TestBandsSeen: the highest band noted is remembered for BandMemory after its last request;
-// a higher band replaces it at once, a lower one only once it is forgotten, and an equal one
-// refreshes it. BandMemory < 0 turns the memory off.
+// TestBandsSeen: the highest band noted is reported while it and a lower band were noted
+// within BandMemory; a higher band replaces it at once (the old top counts as lower), a lower
+// one only once it is forgotten, and an equal one refreshes it. One band alone reports none;
+// BandMemory < 0 turns the memory off.
 func TestBandsSeen(t *testing.T) {
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	type note struct {
@@ -23,14 +24,16 @@ func TestBandsSeen(t *testing.T) {
 		wantOK bool
 	}{
 		{"nothing noted", 0, nil, 0, 0, false},
-		{"one band", 0, []note{{1, 0}}, 5, 1, true},
-		{"forgotten after the memory", 0, []note{{1, 0}}, 10.5, 0, false},
-		{"a higher band replaces", 0, []note{{0, 0}, {3, 1}}, 2, 3, true},
-		{"a lower band does not", 0, []note{{3, 0}, {0, 1}}, 2, 3, true},
-		{"an equal band refreshes", 0, []note{{3, 0}, {3, 8}}, 15, 3, true},
-		{"a lower band replaces a forgotten one", 0, []note{{3, 0}, {0, 11}}, 12, 0, true},
-		{"a short memory", 2 * time.Second, []note{{3, 0}}, 2.5, 0, false},
-		{"memory off", -1, []note{{3, 0}}, 0, 0, false},
+		{"one band: nothing to reserve for", 0, []note{{1, 0}, {1, 3}}, 5, 0, false},
+		{"two bands", 0, []note{{3, 0}, {0, 1}}, 5, 3, true},
+		{"a higher band replaces, the old top is lower", 0, []note{{0, 0}, {3, 1}}, 2, 3, true},
+		{"forgotten after the memory", 0, []note{{3, 0}, {0, 0}}, 10.5, 0, false},
+		{"the lower band forgotten", 0, []note{{3, 0}, {0, 0}, {3, 9}}, 10.5, 0, false},
+		{"an equal band refreshes", 0, []note{{3, 0}, {0, 1}, {3, 8}, {0, 9}}, 15, 3, true},
+		{"a lower band replaces a forgotten top", 0, []note{{3, 0}, {0, 11}}, 12, 0, false},
+		{"then a lower one below it", 0, []note{{3, 0}, {1, 11}, {0, 11.5}}, 12, 1, true},
+		{"a short memory", 2 * time.Second, []note{{3, 0}, {0, 0}}, 2.5, 0, false},
+		{"memory off", -1, []note{{3, 0}, {0, 0}}, 0, 0, false},
 	} {
 		q := mustNew(t, Config{BandMemory: tc.memory})
 		for _, n := range tc.notes {
@@ -43,6 +46,7 @@ func TestBandsSeen(t *testing.T) {
 	}
 	q := mustNew(t, Config{})
 	q.NoteBand(1, t0)
+	q.NoteBand(0, t0)
 	if err := q.Reconfigure(Config{BandMemory: time.Second}); err != nil {
 		t.Fatal(err)
 	}

@@ -79,6 +79,11 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 		}
 		if len(fc.roomy) == 0 {
 			pq.q.Requeue(it)
+			if cfg.Enabled && (!below || s.poolSaturated(cfg, f.cands)) {
+				// The pool is saturated: its queued sheddable requests are refused now
+				// rather than held (they would be refused at once if they came now).
+				pq.q.Shed()
+			}
 			if below && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
 				return untilDrained(f.cands, cfg, now)
 			}

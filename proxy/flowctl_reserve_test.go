@@ -164,3 +164,24 @@ func TestReserveQueuesSheddable(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuedSheddableShedOnSaturation: a sheddable request queued while its pool had room
+// (held by the reserve rule) is refused with 429, reason shed, once the dispatcher finds the
+// pool saturated, instead of waiting in the queue for room.
+func TestQueuedSheddableShedOnSaturation(t *testing.T) {
+	a := newEngine(t, 8)
+	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation = -1 }, a)
+	high := longHighPlaced(t, s, base, a)
+	shed := sendChat(context.Background(), base, "req-shed", map[string]string{"x-test-priority": "-1", "x-test-flow": "eval"})
+	waitHeld(t, s, 1) // held by the reserve rule: the pool has room by count
+	s.pool.Snapshot()[0].SetMaxConcurrency(1)
+	r := recvResult(t, shed, "the sheddable request")
+	if r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "reason shed") {
+		t.Errorf("req-shed: status %d, body %s; want 429 naming reason shed", r.status, r.body)
+	}
+	a.noArrival(t)
+	a.finish()
+	if r := recvResult(t, high, "req-long"); r.status != http.StatusOK {
+		t.Errorf("req-long: status %d", r.status)
+	}
+}
