@@ -78,16 +78,19 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 			fc.roomy = append(fc.roomy[:0], f.cands...)
 		}
 		if len(fc.roomy) == 0 {
+			// Read f before it goes back: once queued, its handler may take it (shed,
+			// expired, gone) and reuse it.
+			saturated := cfg.Enabled && (!below || s.poolSaturated(cfg, f.cands))
+			if below && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
+				drained = untilDrained(f.cands, cfg, now)
+			}
 			pq.q.Requeue(it)
-			if cfg.Enabled && (!below || s.poolSaturated(cfg, f.cands)) {
-				// The pool is saturated: its queued sheddable requests are refused now
-				// rather than held (they would be refused at once if they came now).
+			if saturated {
+				// Its queued sheddable requests are refused now rather than held: they would
+				// be refused at once if they came now.
 				pq.q.Shed()
 			}
-			if below && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
-				return untilDrained(f.cands, cfg, now)
-			}
-			return 0
+			return drained
 		}
 		f.keyed = time.Time{} // routing time counts from the dispatch, not the wait
 		from := time.Now()
