@@ -154,14 +154,8 @@ func (f *FlowControl) QueueConfig() flowcontrol.Config {
 	if share == 0 {
 		share = -1 // flowcontrol reads 0 as its default, negative as strict bands
 	}
-	lifo := flowcontrol.DefaultLIFOAfter
-	if f.LIFOAfter != nil {
-		lifo = f.LIFOAfter.D()
-	}
-	if lifo == 0 {
-		lifo = -1 // flowcontrol reads 0 as its default, negative as arrival order always
-	}
-	return flowcontrol.Config{MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes, MinBandShare: share, MaxRequestWork: f.MaxRequestWork, LIFOAfter: lifo}
+	return flowcontrol.Config{MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes, MinBandShare: share, MaxRequestWork: f.MaxRequestWork,
+		LIFOAfter: offNegative(f.LIFOAfter, flowcontrol.DefaultLIFOAfter)}
 }
 
 // PrefillSaturationOption is proxy.FlowControl.PrefillSaturation of a defaulted section:
@@ -176,8 +170,8 @@ func (f *FlowControl) ReservePrefillOption() time.Duration {
 	return offNegative(f.ReservePrefill, proxy.DefaultReservePrefill)
 }
 
-// offNegative is *d (def when nil), 0 turned into -1: the proxy reads 0 as its default and
-// a negative value as off.
+// offNegative is *d (def when nil), 0 turned into -1: the proxy and flowcontrol read 0 as
+// their default and a negative value as off.
 func offNegative(d *Duration, def time.Duration) time.Duration {
 	v := def
 	if d != nil {
