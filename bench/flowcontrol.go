@@ -122,7 +122,7 @@ func fcTuning(arm string, mt ModelTime, t app.Tuning) app.Tuning {
 			o.FlowControl.PrefillSaturation = ScaleInterval(cmp.Or(o.FlowControl.PrefillSaturation, proxy.DefaultPrefillSaturation), mt.Speedup, MinTimerInterval)
 			// And the age at which a flow turns newest-first: 1 s of model time.
 			o.FlowControl.Queue.LIFOAfter = ScaleInterval(cmp.Or(o.FlowControl.Queue.LIFOAfter, flowcontrol.DefaultLIFOAfter), mt.Speedup, MinTimerInterval)
-			// And the reserve rule's bound (100 ms) and memory of a band (10 s).
+			// And the reserve rule's bound (5 ms) and its memory of a band or flow (10 s).
 			o.FlowControl.ReservePrefill = ScaleInterval(cmp.Or(o.FlowControl.ReservePrefill, proxy.DefaultReservePrefill), mt.Speedup, MinTimerInterval)
 			o.FlowControl.Queue.BandMemory = ScaleInterval(cmp.Or(o.FlowControl.Queue.BandMemory, flowcontrol.DefaultBandMemory), mt.Speedup, MinTimerInterval)
 			return

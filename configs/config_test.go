@@ -240,7 +240,7 @@ var defaulted = Config{
 	Backends: []Backend{{URL: "http://a:8000", Weight: 1}},
 	Tracing:  Tracing{SampleRatio: new(0.01), ServiceName: "prefixlb"},
 	FlowControl: FlowControl{MaxQueueWait: Duration(30 * time.Second), MaxQueued: 1024, MaxQueuedBytes: 64 << 20,
-		MinBandShare: new(0.05), MaxRequestWork: 262144, LIFOAfter: new(Duration(time.Second)), PrefillSaturation: new(Duration(2 * time.Second)), ReservePrefill: new(Duration(5 * time.Millisecond))},
+		MinBandShare: new(0.05), MaxRequestWork: 262144, LIFOAfter: new(Duration(time.Second)), BurstCredit: new(int64(65536)), PrefillSaturation: new(Duration(2 * time.Second)), ReservePrefill: new(Duration(5 * time.Millisecond))},
 }
 
 // TestDefaults compares the whole defaulted Config with the literal above, field by field.

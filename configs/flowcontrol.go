@@ -46,6 +46,10 @@ type FlowControl struct {
 	// newest first (flowcontrol.Config.LIFOAfter; nil: flowcontrol.DefaultLIFOAfter, 1s; 0:
 	// arrival order always).
 	LIFOAfter *Duration `yaml:"lifo_after"`
+	// BurstCredit is the work, token-equivalents, a flow that comes back to the backlog may
+	// have served before the flows served while it was away (flowcontrol.Config.BurstCredit;
+	// nil: flowcontrol.DefaultBurstCredit; 0: none, the virtual token counter's plain lift).
+	BurstCredit *int64 `yaml:"burst_credit"`
 	// PrefillSaturation is the queued prefill, in time at a replica's prefill rate, at which
 	// the replica is saturated (nil: proxy.DefaultPrefillSaturation, 2s; 0: the rule off).
 	PrefillSaturation *Duration `yaml:"prefill_saturation"`
@@ -98,6 +102,9 @@ func (f *FlowControl) applyDefaults(c *Config) {
 	if f.LIFOAfter == nil {
 		f.LIFOAfter = new(Duration(flowcontrol.DefaultLIFOAfter))
 	}
+	if f.BurstCredit == nil {
+		f.BurstCredit = new(int64(flowcontrol.DefaultBurstCredit))
+	}
 	if f.PrefillSaturation == nil {
 		f.PrefillSaturation = new(Duration(proxy.DefaultPrefillSaturation))
 	}
@@ -131,6 +138,8 @@ func (f *FlowControl) validate(c *Config) error {
 		return fmt.Errorf("flow_control.max_request_work: %d is outside 1..%d token-equivalents", f.MaxRequestWork, int64(maxRequestWork))
 	case f.LIFOAfter != nil && (*f.LIFOAfter < 0 || f.LIFOAfter.D() > maxQueueWait):
 		return fmt.Errorf("flow_control.lifo_after: %s is outside 0..%s (0: arrival order always)", f.LIFOAfter.D(), maxQueueWait)
+	case f.BurstCredit != nil && (*f.BurstCredit < 0 || *f.BurstCredit > maxRequestWork):
+		return fmt.Errorf("flow_control.burst_credit: %d is outside 0..%d token-equivalents (0: none)", *f.BurstCredit, int64(maxRequestWork))
 	case f.PrefillSaturation != nil && (*f.PrefillSaturation < 0 || f.PrefillSaturation.D() > maxQueueWait):
 		return fmt.Errorf("flow_control.prefill_saturation: %s is outside 0..%s (0: the rule off)", f.PrefillSaturation.D(), maxQueueWait)
 	case f.ReservePrefill != nil && (*f.ReservePrefill < 0 || f.ReservePrefill.D() > maxQueueWait):
@@ -155,7 +164,7 @@ func (f *FlowControl) QueueConfig() flowcontrol.Config {
 		share = -1 // flowcontrol reads 0 as its default, negative as strict bands
 	}
 	return flowcontrol.Config{MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes, MinBandShare: share, MaxRequestWork: f.MaxRequestWork,
-		LIFOAfter: offNegative(f.LIFOAfter, flowcontrol.DefaultLIFOAfter)}
+		LIFOAfter: offNegative(f.LIFOAfter, flowcontrol.DefaultLIFOAfter), BurstCredit: burstCredit(f.BurstCredit)}
 }
 
 // PrefillSaturationOption is proxy.FlowControl.PrefillSaturation of a defaulted section:
@@ -168,6 +177,18 @@ func (f *FlowControl) PrefillSaturationOption() time.Duration {
 // rule off) negative.
 func (f *FlowControl) ReservePrefillOption() time.Duration {
 	return offNegative(f.ReservePrefill, proxy.DefaultReservePrefill)
+}
+
+// burstCredit is flowcontrol.Config.BurstCredit of burst_credit: the default when nil, 0
+// (none) turned into -1, which flowcontrol reads so.
+func burstCredit(c *int64) int64 {
+	switch {
+	case c == nil:
+		return flowcontrol.DefaultBurstCredit
+	case *c == 0:
+		return -1
+	}
+	return *c
 }
 
 // offNegative is *d (def when nil), 0 turned into -1: the proxy and flowcontrol read 0 as

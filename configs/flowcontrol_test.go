@@ -51,6 +51,7 @@ func TestFlowControlErrors(t *testing.T) {
 		{"  min_band_share: -0.1\n", "flow_control.min_band_share: -0.1 is outside"},
 		{"  min_band_share: .nan\n", "flow_control.min_band_share: NaN is outside"},
 		{"  lifo_after: -1s\n", "flow_control.lifo_after: -1s is outside 0..1h0m0s"},
+		{"  burst_credit: -1\n", "flow_control.burst_credit: -1 is outside 0..4294967296"},
 		{"  prefill_saturation: 2h\n", "flow_control.prefill_saturation: 2h0m0s is outside 0..1h0m0s"},
 		{"  reserve_prefill: -5ms\n", "flow_control.reserve_prefill: -5ms is outside 0..1h0m0s"},
 		{"  max_request_work: 0.5\n", "flow_control.max_request_work: line 2: want an integer"},
@@ -89,6 +90,7 @@ func TestFlowControlBuilds(t *testing.T) {
   min_band_share: 0
   max_request_work: 1000
   lifo_after: 0
+  burst_credit: 0
   prefill_saturation: 0
   reserve_prefill: 0
   default_priority: -1
@@ -114,6 +116,9 @@ func TestFlowControlBuilds(t *testing.T) {
 	if got := q.Config().LIFOAfter; got >= 0 {
 		t.Errorf("lifo_after 0 reaches the queue as %v, want negative (arrival order always)", got)
 	}
+	if got := q.Config().BurstCredit; got != 0 {
+		t.Errorf("burst_credit 0 reaches the queue as %v, want 0 (none)", got)
+	}
 	if got := c.FlowControl.PrefillSaturationOption(); got >= 0 {
 		t.Errorf("prefill_saturation 0 reaches the proxy as %v, want negative (the rule off)", got)
 	}
@@ -127,15 +132,19 @@ func TestFlowControlBuilds(t *testing.T) {
 	if got := d.FlowControl.QueueConfig().LIFOAfter; got != flowcontrol.DefaultLIFOAfter {
 		t.Errorf("default lifo_after reaches the queue as %v", got)
 	}
+	if got := d.FlowControl.QueueConfig().BurstCredit; got != flowcontrol.DefaultBurstCredit {
+		t.Errorf("default burst_credit reaches the queue as %v", got)
+	}
 	if got := d.FlowControl.PrefillSaturationOption(); got != proxy.DefaultPrefillSaturation {
 		t.Errorf("default prefill_saturation reaches the proxy as %v", got)
 	}
 	if got := d.FlowControl.ReservePrefillOption(); got != proxy.DefaultReservePrefill {
 		t.Errorf("default reserve_prefill reaches the proxy as %v", got)
 	}
-	if e, err := Parse([]byte("flow_control:\n  lifo_after: 3s\n  prefill_saturation: 500ms\n" + fcBackend)); err != nil ||
-		e.FlowControl.QueueConfig().LIFOAfter != 3*time.Second || e.FlowControl.PrefillSaturationOption() != 500*time.Millisecond {
-		t.Errorf("lifo_after 3s, prefill_saturation 500ms: %v", err)
+	if e, err := Parse([]byte("flow_control:\n  lifo_after: 3s\n  burst_credit: 65536\n  prefill_saturation: 500ms\n" + fcBackend)); err != nil ||
+		e.FlowControl.QueueConfig().LIFOAfter != 3*time.Second || e.FlowControl.QueueConfig().BurstCredit != 65536 ||
+		e.FlowControl.PrefillSaturationOption() != 500*time.Millisecond {
+		t.Errorf("lifo_after 3s, burst_credit 65536, prefill_saturation 500ms: %v", err)
 	}
 	cl, err := flowcontrol.NewClassifier(c.FlowControl.ClassifierConfig())
 	if err != nil {

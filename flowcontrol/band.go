@@ -16,8 +16,11 @@ type band struct {
 	// the highest counter of its flows. A flow that becomes backlogged is lifted to at least
 	// vtime and the least backlogged counter, so idle time banks no credit.
 	vtime int64
-	count int
-	bytes int64
+	// lightAt is when, in unix nanoseconds, a flow was popped with nothing of its own
+	// queued behind it while another flow was backlogged (0: never): Item.Yields.
+	lightAt int64
+	count   int
+	bytes   int64
 
 	// Guaranteed share: while this band is backlogged, its credit is share × (work
 	// dispatched from higher bands since it became backlogged) − work it was dispatched on

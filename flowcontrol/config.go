@@ -30,6 +30,10 @@ const (
 	// served newest first (Config.LIFOAfter): twice a chat reply's TTFT objective, so a queue
 	// that a burst built and that drains within it keeps arrival order.
 	DefaultLIFOAfter = time.Second
+	// DefaultBurstCredit is the work a flow that comes back to the backlog may take ahead of
+	// the flows served while it was away (Config.BurstCredit): a handful of chat turns or
+	// XX
+	DefaultBurstCredit = 64 << 10
 	// DefaultBandMemory is how long a band counts as served lately after its last request
 	// (Config.BandMemory): several of a chat user's turns, so that a band whose requests come
 	// every few seconds is not forgotten between two of them.
@@ -80,6 +84,16 @@ type Config struct {
 	// A head without an Arrival has no age: arrival order. Zero means DefaultLIFOAfter;
 	// negative keeps arrival order always.
 	LIFOAfter time.Duration
+	// BurstCredit bounds the credit, in token-equivalents, of a flow that becomes backlogged
+	// again: its counter is lifted to the least backlogged counter less BurstCredit (never
+	// lowered), so a flow under its share that comes back with a burst has up to that much
+	// work served before the flows that were served while it was away, and a flow over its
+	// share, always backlogged, has none. Without it (the virtual token counter's plain
+	// lift) the flow under its share alternates with the flooding one from its first
+	// request, and its queue stands whenever its rate nears half the fleet's. Round-robin
+	// fairness takes no credit (a turn is a request). Zero means DefaultBurstCredit;
+	// negative means none.
+	BurstCredit int64
 	// BandMemory is how long the highest band noted (Queue.NoteBand) is remembered after its
 	// last request (Queue.TopBand). Zero means DefaultBandMemory; negative turns the memory
 	// off (TopBand never reports a band).
@@ -117,6 +131,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.BandMemory == 0 {
 		c.BandMemory = DefaultBandMemory
+	}
+	switch {
+	case c.BurstCredit == 0:
+		c.BurstCredit = DefaultBurstCredit
+	case c.BurstCredit < 0:
+		c.BurstCredit = 0
 	}
 	switch {
 	case c.MaxItems < 0:

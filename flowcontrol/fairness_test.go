@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -205,28 +206,43 @@ func fleetSimFIFO(t *testing.T, q *Queue, heavy, light tenant, capacity int64, t
 	return served[light.flow] / (served[light.flow] + served[heavy.flow])
 }
 
-// A flow that was idle banks no credit: it returns lifted to the least backlogged counter,
-// so it alternates with a flow that was served all along instead of taking a burst.
-func TestVTCIdleFlowBanksNoCredit(t *testing.T) {
-	q := mustNew(t, Config{})
-	for range 200 {
-		push(t, q, item(0, "busy", 100))
-	}
-	for range 100 {
-		dispatch(t, q, t0)
-	}
-	for range 20 {
-		push(t, q, item(0, "returning", 100))
-	}
-	run := 0
-	for range 20 {
-		if dispatch(t, q, t0).Flow == "returning" {
-			run++
-			if run > 2 {
-				t.Fatal("the returning flow got a burst: it banked credit while idle")
+// A flow that was idle banks at most BurstCredit: it returns lifted to the least backlogged
+// counter less the credit, so it takes that much work ahead of a flow that was served all
+// along, then alternates with it; without credit it alternates at once.
+func TestVTCIdleFlowBurstCredit(t *testing.T) {
+	for _, tc := range []struct {
+		credit         int64
+		minRun, maxRun int // the returning flow's first run of dispatches in a row
+		maxLaterRun    int
+	}{
+		{credit: -1, minRun: 1, maxRun: 2, maxLaterRun: 2},
+		{credit: 500, minRun: 5, maxRun: 6, maxLaterRun: 2},
+	} {
+		q := mustNew(t, Config{BurstCredit: tc.credit})
+		for range 200 {
+			push(t, q, item(0, "busy", 100))
+		}
+		for range 100 {
+			dispatch(t, q, t0) // 10,000 of work while the other flow was away: more than any credit
+		}
+		for range 20 {
+			push(t, q, item(0, "returning", 100))
+		}
+		var runs []int
+		run := 0
+		for range 30 {
+			if dispatch(t, q, t0).Flow == "returning" {
+				run++
+				continue
 			}
-		} else {
+			if run > 0 {
+				runs = append(runs, run)
+			}
 			run = 0
+		}
+		if len(runs) < 2 || runs[0] < tc.minRun || runs[0] > tc.maxRun || slices.Max(runs[1:]) > tc.maxLaterRun {
+			t.Errorf("credit %d: runs of the returning flow %v; want a first of %d..%d, then at most %d in a row",
+				tc.credit, runs, tc.minRun, tc.maxRun, tc.maxLaterRun)
 		}
 	}
 }

@@ -121,7 +121,16 @@ type Item struct {
 	dlIndex int  // index in the deadline heap; -1 when not in it
 	credit  bool // popped on its band's guaranteed share (undone by Requeue)
 	newest  bool // popped from its flow's tail (adaptive LIFO): put back there
+	yields  bool // popped with its flow backlogged while a lighter flow was served (Yields)
 }
+
+// Yields reports whether the item, popped by Next, should leave room as a lower band's
+// request does: its flow had more items queued behind it while a flow of its band was
+// served, within Config.BandMemory, with nothing of its own queued behind it but another
+// flow backlogged (a flow under its fair share). The caller starts it only where the
+// lighter flow's next request would not wait inside an engine behind its prefill (proxy:
+// ReservePrefill), so that fair share holds in time to first token as well as in work.
+func (it *Item) Yields() bool { return it.yields }
 
 // Done delivers the item's one outcome. Valid after a successful Push.
 func (it *Item) Done() <-chan Outcome { return it.done }

@@ -182,6 +182,7 @@ func (q *Queue) Next(now time.Time) *Item {
 			q.finish(it, Expired)
 			continue
 		}
+		it.yields = q.yields(b, f, now)
 		b.vtime = max(b.vtime, f.counter)
 		it.ticket = it.work
 		if q.cfg.roundRobin() {
@@ -372,6 +373,21 @@ func (q *Queue) clear(match func(*band) bool, o Outcome) int {
 	return n
 }
 
+// yields notes a flow under its share served in b (f popped with nothing of its own left
+// queued while another flow is backlogged) and reports whether f, backlogged, yields to
+// one served within the band memory (Item.Yields).
+func (q *Queue) yields(b *band, f *flow, now time.Time) bool {
+	t := now.UnixNano()
+	if f.count == 0 {
+		if len(b.backlog) > 0 {
+			b.lightAt = t
+		}
+		return false
+	}
+	m := q.memory.Load()
+	return m >= 0 && b.lightAt != 0 && t-b.lightAt <= m
+}
+
 // pick chooses the band to dispatch from: the lowest-index (highest-priority) band below
 // the top backlogged one whose credit covers its next item, else the top backlogged band.
 func (q *Queue) pick() (b *band, index int, credited bool) {
@@ -407,7 +423,15 @@ func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 			heap.Remove(&b.idle, f.idleIdx)
 		}
 		if !front {
-			f.counter = max(f.counter, b.floor())
+			// Lifted to the least backlogged counter less its burst credit
+			// (Config.BurstCredit), and at least one token-equivalent under it: it goes
+			// before the flows it ties with, which were served while it was away. A
+			// round-robin turn is a whole request: it joins the rotation.
+			lift := b.floor()
+			if !q.cfg.roundRobin() {
+				lift -= max(q.cfg.BurstCredit, 1)
+			}
+			f.counter = max(f.counter, lift)
 		}
 	}
 	if front {

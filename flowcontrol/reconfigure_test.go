@@ -80,8 +80,8 @@ func TestReconfigure(t *testing.T) {
 	if got := bandCredit(t, q, 0); math.Abs(got-before) > 1 {
 		t.Fatalf("credit %g after a share was restored, had %g", got, before)
 	}
-	dispatch(t, q, t0) // 100 of high work: credit + 100
-	if got := bandCredit(t, q, 0); math.Abs(got-(before+100)) > 1 {
-		t.Fatalf("credit %g at share 0.5 after 100 of high work, want %g", got, before+100)
+	hi := dispatch(t, q, t0) // credit + its work (a band share of 0.5 earns 0.5/(1-0.5) a unit)
+	if want := before + float64(hi.Work()); hi.Priority != 1 || math.Abs(bandCredit(t, q, 0)-want) > 1 {
+		t.Fatalf("credit %g at share 0.5 after %d of priority %d's work, want %g of priority 1's", bandCredit(t, q, 0), hi.Work(), hi.Priority, want)
 	}
 }

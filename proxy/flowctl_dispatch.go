@@ -58,9 +58,9 @@ func (fc *flowControl) dispatch(now time.Time) time.Duration {
 // place takes the heads of pq in the queue's order and places each on a replica of its
 // pool that has room now, by the policy with the state of this moment (late binding);
 // the first that finds none is put back, and the pool waits for the next signal. When that
-// one is a lower band's held by the reserve rule, it returns how long until the first of its
-// replicas' queued prefill drains under ReservePrefill at their rates (no event signals
-// that); otherwise 0.
+// one is held by the reserve rule (a lower band's request, or a backlogged flow's yielding
+// to a flow under its share), it returns how long until the first of its replicas' queued
+// prefill drains under ReservePrefill at their rates (no event signals that); otherwise 0.
 func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duration) {
 	s := fc.s
 	cfg := fc.config()
@@ -69,7 +69,9 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 		f := it.Value.(*flow)
 		members := s.poolMembers(pq.name)
 		f.cands, _ = backend.Healthy(f.cands[:0], members)
-		below := banded && it.Priority < top
+		// below: it leaves room for a higher band's next request, or for a flow of its
+		// band under its fair share (flowcontrol.Item.Yields).
+		below := banded && it.Priority < top || it.Yields()
 		if cfg.Enabled {
 			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands, below)
 		} else {

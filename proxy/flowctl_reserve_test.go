@@ -185,3 +185,67 @@ func TestQueuedSheddableShedOnSaturation(t *testing.T) {
 		t.Errorf("req-long: status %d", r.status)
 	}
 }
+
+// TestFlowControlBackloggedFlowYields: while a flow under its share was served lately, a
+// request of a backlogged flow of the same band is held for a replica whose queued prefill
+// has drained under ReservePrefill (flowcontrol.Item.Yields), though the replica has room by
+// count and prefill saturation, and the dispatcher wakes at the predicted drain; with no
+// such flow served it is placed at once.
+func TestFlowControlBackloggedFlowYields(t *testing.T) {
+	for _, lighter := range []bool{true, false} {
+		o := testOptions(t, "least-load", "http://127.0.0.1:20000")
+		noHealthChecks(&o)
+		o.FlowControl = FlowControl{Enabled: true}
+		s, err := New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.fc.close() // this test drives the dispatcher itself
+		t.Cleanup(s.wd.close)
+		b := s.pool.Snapshot()[0]
+		b.SetMaxConcurrency(8)
+		var l backend.Lease
+		l.Begin(b, 200, 200, false) // room by count; about 20 ms of prefill queued (10k tokens/s, nothing learned)
+		t.Cleanup(l.Release)
+
+		pq, err := s.fc.queueFor(poolAll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		item := func(flowID string) *flowcontrol.Item {
+			return &flowcontrol.Item{Priority: 0, Flow: flowID, Cost: flowcontrol.Cost{UncachedPrefillTokens: 100}, Arrival: now,
+				Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: 100}}}
+		}
+		if lighter {
+			// The light flow's request is served while the heavy flow is backlogged.
+			light := item("light")
+			if err := pq.q.Push(light, true); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				if err := pq.q.Push(item("heavy"), true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if it := pq.q.Next(now); it != light || it.Yields() || !pq.q.Dispatched(it) {
+				t.Fatal("the light flow's request was not served first, or yields")
+			}
+		} else {
+			for range 3 {
+				if err := pq.q.Push(item("heavy"), true); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		sleep := s.fc.dispatch(now)
+		switch {
+		case lighter && pq.q.Len() != 3:
+			t.Errorf("the backlogged flow's request was placed on a replica with 20 ms of prefill queued (%d left queued)", pq.q.Len())
+		case lighter && !(sleep > 0 && sleep < dispatchPoll):
+			t.Errorf("the dispatcher sleeps %v; want to wake at the predicted drain, before the poll (%v)", sleep, dispatchPoll)
+		case !lighter && pq.q.Len() != 0:
+			t.Errorf("no lighter flow served: %d requests left queued, want all placed", pq.q.Len())
+		}
+	}
+}
