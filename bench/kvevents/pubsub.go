@@ -115,7 +115,8 @@ func (p *Publisher) run() {
 	}
 }
 
-// Close sends what is queued and closes the socket.
+// Close sends what is queued and closes the socket; a second Close does nothing and
+// returns nil.
 func (p *Publisher) Close() error {
 	var err error
 	p.closing.Do(func() {
@@ -124,9 +125,20 @@ func (p *Publisher) Close() error {
 		close(p.ch)
 		p.mu.Unlock()
 		<-p.done
-		err = p.sock.Close()
+		err = closeSocket(p.sock)
 	})
 	return err
+}
+
+// closeSocket closes sock, not counting as an error a connection already closed. zmq4's
+// reader closes a connection its peer has closed (a subscriber that left) and the socket
+// drops it from its list later, on another goroutine, so the socket's Close may close it
+// again and get net.ErrClosed ("use of closed network connection").
+func closeSocket(sock zmq4.Socket) error {
+	if err := sock.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // SubscriberStats counts what a Subscriber received.
@@ -222,7 +234,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 func (s *Subscriber) Close() error {
 	s.stopping.Store(true)
 	s.cancel()
-	err := s.sock.Close()
+	err := closeSocket(s.sock)
 	<-s.done
 	return err
 }
