@@ -43,7 +43,7 @@ type Publisher struct {
 	mu       sync.RWMutex // guards closed against Publish racing Close
 	closed   bool
 
-	sent, dropped atomic.Uint64
+	published, sent, dropped atomic.Uint64
 }
 
 // NewPublisher binds a PUB socket on endpoint (CheckEndpoint) with topic (vLLM's default is
@@ -87,6 +87,7 @@ func (p *Publisher) Publish(b Batch) bool {
 	}
 	select {
 	case p.ch <- b:
+		p.published.Add(1)
 		return true
 	default:
 		p.dropped.Add(1)
@@ -94,9 +95,12 @@ func (p *Publisher) Publish(b Batch) bool {
 	}
 }
 
-// Sent and Dropped count the batches sent on the socket and those dropped at Publish.
-func (p *Publisher) Sent() uint64    { return p.sent.Load() }
-func (p *Publisher) Dropped() uint64 { return p.dropped.Load() }
+// Published counts the batches Publish queued, Sent those of them handed to the socket and
+// Dropped those dropped (at Publish, or by a failed send). With nothing dropped, the queue is
+// drained when Sent equals Published.
+func (p *Publisher) Published() uint64 { return p.published.Load() }
+func (p *Publisher) Sent() uint64      { return p.sent.Load() }
+func (p *Publisher) Dropped() uint64   { return p.dropped.Load() }
 
 func (p *Publisher) run() {
 	defer close(p.done)
