@@ -96,6 +96,10 @@ type bstate struct {
 	checkURL, metricsURL, modelsURL string
 	// modelsKick asks the backend's model reader for a read now (models.go); buffered 1.
 	modelsKick chan struct{}
+	// modelsAsked is when the latest model-list read began (Unix nanoseconds on the
+	// Checker's clock; 0: none yet): written by the model reader, read by the scrape, which
+	// compares it with the start time of a process it sees for the first time (scrape.go).
+	modelsAsked atomic.Int64
 	// modelsCapped: a list over backend.MaxModels was warned about (models.go; the model
 	// reader's goroutine only).
 	modelsCapped bool

@@ -88,6 +88,7 @@ func (c *Checker) readModels(ctx context.Context, st *bstate, wasFailing bool) b
 	}
 	var set *backend.ModelSet
 	var long int
+	st.modelsAsked.Store(c.now().UnixNano())
 	err := c.get(ctx, st.modelsURL, func(body io.Reader) error {
 		var perr error
 		set, long, perr = parseModels(io.LimitReader(body, maxModelsBytes))

@@ -136,6 +136,14 @@ func (c *Checker) scrapeOne(ctx context.Context, st *bstate) {
 	restarted := ""
 	switch {
 	case prev == nil || !prev.good:
+		// No earlier start time to compare with. A process that started after the model
+		// list was asked for cannot have answered it: the replica restarted between that
+		// read and this first good scrape, and the list is its predecessor's. (A replica
+		// clock ahead of ours costs one more read; one behind by more than the gap leaves the
+		// list to the next ModelsInterval read, as without this.)
+		if asked := st.modelsAsked.Load(); asked != 0 && load.StartTime*1e9 > float64(asked) {
+			restarted = "process started after its model list was read"
+		}
 	case load.StartTime != 0 && prev.load.StartTime != 0:
 		if load.StartTime != prev.load.StartTime {
 			restarted = "process_start_time_seconds changed"
@@ -177,8 +185,13 @@ func (c *Checker) scraped(st *bstate, restarted string, prev *scrapeResult, load
 		return
 	}
 	st.kickModels() // a restarted replica may serve other models
+
+	prevStart := 0.0 // no good scrape before this one
+	if prev != nil {
+		prevStart = prev.load.StartTime
+	}
 	fields := []zap.Field{zap.String("backend", st.b.Name), zap.String("signal", restarted),
-		zap.Float64("start_time", load.StartTime), zap.Float64("previous_start_time", prev.load.StartTime)}
+		zap.Float64("start_time", load.StartTime), zap.Float64("previous_start_time", prevStart)}
 	if bumped {
 		// It came back from unhealthy since the last scrape, which already dropped its cache.
 		c.log.Info("backend restart detected; cache already reset on its return", fields...)

@@ -2,6 +2,7 @@ package health
 
 import (
 	"bufio"
+	"fmt"
 	"math"
 	"net/http"
 	"os"
@@ -242,6 +243,62 @@ func TestRestartDetection(t *testing.T) {
 	c.scrapeAll(bg)
 	if b.Epoch() != e+1 {
 		t.Fatalf("epoch %d after prompt_tokens_total went back, want %d", b.Epoch(), e+1)
+	}
+}
+
+// The first good scrape of a backend has no earlier start time to compare with: a process
+// that started after the backend's model list was asked for is a restart since that read (its
+// list is the predecessor's), so the list is read again and the cache reset; one that started
+// before is not, nor is any process when no list was read.
+func TestRestartBeforeFirstScrape(t *testing.T) {
+	tests := []struct {
+		name       string
+		read       bool          // a model-list read began before the scrape
+		failFirst  bool          // a failed scrape came before the good one
+		startAfter time.Duration // the process's start, after the read's
+		restart    bool
+	}{
+		{"started after the read", true, false, time.Second, true},
+		{"started after the read, a failed scrape before", true, true, time.Second, true},
+		{"started before the read", true, false, -time.Minute, false},
+		{"started before the read, a failed scrape before", true, true, -time.Minute, false},
+		{"no read", false, false, time.Second, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newFakeServer(t)
+			b := srv.backend(t)
+			c, clk, logs := newTestChecker(t, Options{Disabled: true, ModelsInterval: time.Hour})
+			c.SetBackends([]*backend.Backend{b})
+			st := c.lookup(b)
+			readAt := clk.Now()
+			if tt.read {
+				c.readModels(bg, st, false) // the fake server has no list: the read fails, as one may
+			}
+			if tt.failFirst {
+				srv.metricsStatus.Store(http.StatusServiceUnavailable)
+				c.scrapeAll(bg)
+				srv.metricsStatus.Store(http.StatusOK)
+			}
+			clk.Add(2 * time.Second)
+			start := readAt.Add(tt.startAfter)
+			srv.setMetrics(fmt.Sprintf("vllm:num_requests_running 0\nprocess_start_time_seconds %.3f\n",
+				float64(start.UnixNano())/1e9))
+			e := b.Epoch()
+			c.scrapeAll(bg)
+			if _, fresh := c.Load(b); !fresh {
+				t.Fatalf("no good scrape: %s", c.State(b).LastScrapeError)
+			}
+			kicked := len(st.modelsKick) == 1
+			warned := countLogs(logs, "backend restart detected; its cached prefixes are forgotten") == 1
+			if kicked != tt.restart || (b.Epoch() != e) != tt.restart || warned != tt.restart {
+				t.Errorf("model read asked %v, epoch %d -> %d, warned %v; want a restart: %v", kicked, e, b.Epoch(), warned, tt.restart)
+			}
+			c.scrapeAll(bg) // the same start time again: nothing more
+			if (b.Epoch() != e) != tt.restart || (b.Epoch() > e+1) {
+				t.Errorf("epoch %d after a second scrape of the same process (was %d)", b.Epoch(), e)
+			}
+		})
 	}
 }
 

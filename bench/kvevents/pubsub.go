@@ -43,7 +43,7 @@ type Publisher struct {
 	mu       sync.RWMutex // guards closed against Publish racing Close
 	closed   bool
 
-	sent, dropped atomic.Uint64
+	published, sent, dropped atomic.Uint64
 }
 
 // NewPublisher binds a PUB socket on endpoint (CheckEndpoint) with topic (vLLM's default is
@@ -87,6 +87,7 @@ func (p *Publisher) Publish(b Batch) bool {
 	}
 	select {
 	case p.ch <- b:
+		p.published.Add(1)
 		return true
 	default:
 		p.dropped.Add(1)
@@ -94,9 +95,12 @@ func (p *Publisher) Publish(b Batch) bool {
 	}
 }
 
-// Sent and Dropped count the batches sent on the socket and those dropped at Publish.
-func (p *Publisher) Sent() uint64    { return p.sent.Load() }
-func (p *Publisher) Dropped() uint64 { return p.dropped.Load() }
+// Published counts the batches Publish queued, Sent those of them handed to the socket and
+// Dropped those dropped (at Publish, or by a failed send). With nothing dropped, the queue is
+// drained when Sent equals Published.
+func (p *Publisher) Published() uint64 { return p.published.Load() }
+func (p *Publisher) Sent() uint64      { return p.sent.Load() }
+func (p *Publisher) Dropped() uint64   { return p.dropped.Load() }
 
 func (p *Publisher) run() {
 	defer close(p.done)
@@ -115,7 +119,8 @@ func (p *Publisher) run() {
 	}
 }
 
-// Close sends what is queued and closes the socket.
+// Close sends what is queued and closes the socket; a second Close does nothing and
+// returns nil.
 func (p *Publisher) Close() error {
 	var err error
 	p.closing.Do(func() {
@@ -124,9 +129,20 @@ func (p *Publisher) Close() error {
 		close(p.ch)
 		p.mu.Unlock()
 		<-p.done
-		err = p.sock.Close()
+		err = closeSocket(p.sock)
 	})
 	return err
+}
+
+// closeSocket closes sock, not counting as an error a connection already closed. zmq4's
+// reader closes a connection its peer has closed (a subscriber that left) and the socket
+// drops it from its list later, on another goroutine, so the socket's Close may close it
+// again and get net.ErrClosed ("use of closed network connection").
+func closeSocket(sock zmq4.Socket) error {
+	if err := sock.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // SubscriberStats counts what a Subscriber received.
@@ -222,7 +238,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 func (s *Subscriber) Close() error {
 	s.stopping.Store(true)
 	s.cancel()
-	err := s.sock.Close()
+	err := closeSocket(s.sock)
 	<-s.done
 	return err
 }

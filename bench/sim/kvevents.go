@@ -13,8 +13,8 @@ import (
 // eventLog collects one engine step's KV events, as vLLM's block pool does for its
 // publisher: a BlockStored per request and step for the run of full blocks it cached (each
 // block's parent the one before it), a BlockRemoved per cached block evicted to make room.
-// The engine's goroutine fills it under the replica's lock; the replica hands each step's
-// events to its Publisher, whose goroutine encodes and sends them.
+// The engine's goroutine fills it under the replica's lock and, still under it, hands each
+// step's events to the replica's Publisher, whose goroutine encodes and sends them.
 type eventLog struct {
 	events []kvevents.Event
 }

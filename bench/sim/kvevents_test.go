@@ -63,9 +63,47 @@ func TestKVEventsIndexMatchesCache(t *testing.T) {
 			t.Fatalf("status %d: %s", resp.StatusCode, b)
 		}
 	}
-	waitFor(t, "every batch sent to be applied", func() bool {
-		_, sent, _ := rep.KVEvents()
-		return sent > 0 && sub.Stats().Batches == sent
+	type parsed struct {
+		toks []uint32
+		seed uint64
+	}
+	var parsedPrompts []parsed
+	for _, p := range prompts {
+		toks, seed, _, err := rep.ParsePrompt([]byte(fmt.Sprintf(`{"prompt":%q}`, p)), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsedPrompts = append(parsedPrompts, parsed{toks, seed})
+	}
+
+	// The cache and the batches queued for it, read together under the replica's lock (the
+	// engine queues a step's events under it), are compared once the subscriber has applied
+	// exactly those batches: a response may reach the client before its step's batch is
+	// sent, so the publisher's sent count alone can lag the cache. Waiting stops early on a
+	// loss, which the checks below report.
+	var want []uint64
+	var hits []int
+	waitFor(t, "the subscriber to apply every batch queued for the cache", func() bool {
+		rep.mu.Lock()
+		published := rep.pub.Published()
+		want = want[:0]
+		for h := range rep.eng.kv.byHash {
+			want = append(want, h)
+		}
+		hits = hits[:0]
+		for _, p := range parsedPrompts {
+			n := 0
+			for parent := p.seed; (n+1)*cfg.BlockSize <= len(p.toks); n++ {
+				parent = blockHash(parent, p.toks[n*cfg.BlockSize:(n+1)*cfg.BlockSize])
+				if _, ok := rep.eng.kv.lookup(parent); !ok {
+					break
+				}
+			}
+			hits = append(hits, n)
+		}
+		rep.mu.Unlock()
+		st := sub.Stats()
+		return (published > 0 && st.Batches == published) || rep.pub.Dropped() != 0 || st.Missed != 0 || st.BadBatches != 0
 	})
 	st := sub.Stats()
 	_, _, dropped := rep.KVEvents()
@@ -76,35 +114,12 @@ func TestKVEventsIndexMatchesCache(t *testing.T) {
 		t.Fatalf("no block was evicted (%+v): the test does not exercise eviction", st.Index)
 	}
 
-	rep.mu.Lock()
-	want := make([]uint64, 0, len(rep.eng.kv.byHash))
-	for h := range rep.eng.kv.byHash {
-		want = append(want, h)
-	}
-	var hits []int
-	for _, p := range prompts {
-		toks, seed, _, err := rep.ParsePrompt([]byte(fmt.Sprintf(`{"prompt":%q}`, p)), false)
-		if err != nil {
-			rep.mu.Unlock()
-			t.Fatal(err)
-		}
-		n := 0
-		for parent := seed; (n+1)*cfg.BlockSize <= len(toks); n++ {
-			parent = blockHash(parent, toks[n*cfg.BlockSize:(n+1)*cfg.BlockSize])
-			if _, ok := rep.eng.kv.lookup(parent); !ok {
-				break
-			}
-		}
-		hits = append(hits, n)
-	}
-	rep.mu.Unlock()
 	slices.Sort(want)
 	if got := idx.EngineHashes("sim-0"); !slices.Equal(got, want) {
 		t.Fatalf("index holds %d blocks, the cache %d:\n%v\n%v", len(got), len(want), got, want)
 	}
-	for i, p := range prompts {
-		toks, _, _, _ := rep.ParsePrompt([]byte(fmt.Sprintf(`{"prompt":%q}`, p)), false)
-		if got := idx.Overlap("sim-0", kvevents.SequenceHashes(nil, toks, cfg.BlockSize)); got != hits[i] {
+	for i, p := range parsedPrompts {
+		if got := idx.Overlap("sim-0", kvevents.SequenceHashes(nil, p.toks, cfg.BlockSize)); got != hits[i] {
 			t.Errorf("prompt %d: index overlap %d blocks, the cache holds %d", i, got, hits[i])
 		}
 	}

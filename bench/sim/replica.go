@@ -190,9 +190,10 @@ func (r *Replica) runEngine() {
 		}
 		r.mu.Lock()
 		r.eng.Complete(due)
-		evs := r.eng.takeKVEvents()
+		// Queued under the lock (Publish does not block), so that whoever holds r.mu sees
+		// the cache and the publisher's count of queued batches agree.
+		r.publishKVEvents(r.eng.takeKVEvents())
 		r.mu.Unlock()
-		r.publishKVEvents(evs)
 	}
 }
 
