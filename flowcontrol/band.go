@@ -91,6 +91,7 @@ type flow struct {
 	count    int
 	bytes    int64
 	inflight int // popped or dispatched, not yet settled or requeued
+	popped   int // popped, not yet dispatched or requeued
 	heapIdx  int // index in band.backlog; -1 when not backlogged
 	fatIdx   int // index in band.fat; -1 when not backlogged
 	idleIdx  int // index in band.idle; -1 when not in it

@@ -183,6 +183,7 @@ func (q *Queue) Next(now time.Time) *Item {
 			continue
 		}
 		it.yields = q.yields(b, f, now)
+		f.popped++
 		b.vtime = max(b.vtime, f.counter)
 		it.ticket = it.work
 		if q.cfg.roundRobin() {
@@ -217,6 +218,7 @@ func (q *Queue) Requeue(it *Item) bool {
 	if it.state != statePopped {
 		return false
 	}
+	it.flow.popped--
 	q.putBack(it)
 	return true
 }
@@ -268,6 +270,7 @@ func (q *Queue) Dispatched(it *Item) bool {
 	if it.state != statePopped {
 		return false
 	}
+	it.flow.popped--
 	it.state = stateInFlight
 	it.done <- Dispatched
 	return true
@@ -378,7 +381,7 @@ func (q *Queue) clear(match func(*band) bool, o Outcome) int {
 // one served within the band memory (Item.Yields).
 func (q *Queue) yields(b *band, f *flow, now time.Time) bool {
 	t := now.UnixNano()
-	if f.count == 0 {
+	if f.count == 0 && f.popped == 0 { // its items popped before it and not yet placed count as behind it
 		if len(b.backlog) > 0 {
 			b.lightAt = t
 		}

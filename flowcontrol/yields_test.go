@@ -75,3 +75,42 @@ func TestYields(t *testing.T) {
 		}
 	}
 }
+
+// TestYieldsCountsPopped: the items of a flow popped before an item and not yet placed (set
+// aside by the caller) count as behind it, so its last item yields as its first did, and a
+// flow is not taken for a lighter one because its other items are out of the queue.
+func TestYieldsCountsPopped(t *testing.T) {
+	q := mustNew(t, Config{})
+	for range 2 {
+		push(t, q, item(0, "heavy", 1000))
+	}
+	if dispatch(t, q, t0) == nil {
+		t.Fatal("nothing popped")
+	}
+	light := push(t, q, item(0, "light", 1000))
+	for range 2 {
+		push(t, q, item(0, "heavy", 1000))
+	}
+	if it := q.Next(t0); it != light || !q.Dispatched(it) || outcome(it) != Dispatched {
+		t.Fatal("the light flow was not served first")
+	}
+	var aside []*Item
+	for i := range 3 {
+		it := q.Next(t0)
+		if it == nil || it.Flow != "heavy" || !it.Yields() {
+			t.Fatalf("pop %d of the heavy flow, the others set aside: %+v does not yield", i, it)
+		}
+		aside = append(aside, it)
+	}
+	for i := len(aside) - 1; i >= 0; i-- {
+		if !q.Requeue(aside[i]) {
+			t.Fatal("Requeue refused a popped item")
+		}
+	}
+	if q.Len() != 3 {
+		t.Fatalf("%d queued after the requeues, want 3", q.Len())
+	}
+	if it := q.Next(t0); it != aside[0] || !it.Yields() {
+		t.Error("the first item set aside is not back at its flow's head, yielding")
+	}
+}

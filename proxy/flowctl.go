@@ -167,7 +167,8 @@ type flowControl struct {
 	done     chan struct{}
 	stopOnce sync.Once
 
-	roomy []*backend.Backend // the dispatcher's scratch
+	roomy []*backend.Backend  // the dispatcher's scratch
+	aside []*flowcontrol.Item // the dispatcher's scratch: requests set aside by place
 	m     *flowMetrics
 }
 

@@ -55,23 +55,39 @@ func (fc *flowControl) dispatch(now time.Time) time.Duration {
 	return sleep
 }
 
+// maxAside bounds the requests held by the reserve rule that one placement round sets
+// aside to look at those behind them (place).
+const maxAside = 16
+
 // place takes the heads of pq in the queue's order and places each on a replica of its
-// pool that has room now, by the policy with the state of this moment (late binding);
-// the first that finds none is put back, and the pool waits for the next signal. When that
-// one is held by the reserve rule (a lower band's request, or a backlogged flow's yielding
-// to a flow under its share), it returns how long until the first of its replicas' queued
-// prefill drains under ReservePrefill at their rates (no event signals that); otherwise 0.
+// pool that has room now, by the policy with the state of this moment (late binding).
+// A request held by the reserve rule alone (a lower band's, or a backlogged flow's yielding
+// to a flow under its share, while the pool has room by the other rules) is set aside, and
+// those behind it are looked at: a higher band's request or the lighter flow's must not wait
+// behind it for the room it leaves them (up to maxAside of them; all go back to their places
+// at the end). The first request that finds no room otherwise is put back, and the pool
+// waits for the next signal. It returns how long until the first replica of those set aside
+// has its queued prefill drained under ReservePrefill at its rate (no event signals that), or
+// 0 when none was.
 func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duration) {
 	s := fc.s
 	cfg := fc.config()
 	top, banded := pq.q.TopBand(now)
+	aside := fc.aside[:0]
+	defer func() {
+		for i := len(aside) - 1; i >= 0; i-- { // last first: each goes back to its flow's head
+			pq.q.Requeue(aside[i])
+		}
+		clear(aside)
+		fc.aside = aside[:0]
+	}()
 	for it := pq.q.Next(now); it != nil; it = pq.q.Next(now) {
 		f := it.Value.(*flow)
 		members := s.poolMembers(pq.name)
 		f.cands, _ = backend.Healthy(f.cands[:0], members)
 		// below: it leaves room for a higher band's next request, or for a flow of its
 		// band under its fair share (flowcontrol.Item.Yields).
-		below := banded && it.Priority < top || it.Yields()
+		below := cfg.Enabled && (banded && it.Priority < top || it.Yields())
 		if cfg.Enabled {
 			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands, below)
 		} else {
@@ -83,8 +99,14 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 			// Read f before it goes back: once queued, its handler may take it (shed,
 			// expired, gone) and reuse it.
 			saturated := cfg.Enabled && (!below || s.poolSaturated(cfg, f.cands))
-			if below && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
-				drained = untilDrained(f.cands, cfg, now)
+			if below && !saturated && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
+				if d := untilDrained(f.cands, cfg, now); d > 0 && (drained == 0 || d < drained) {
+					drained = d
+				}
+				if len(aside) < maxAside {
+					aside = append(aside, it)
+					continue
+				}
 			}
 			pq.q.Requeue(it)
 			if saturated {
@@ -99,7 +121,7 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 		f.dec = s.decider.Pick(&f.k, fc.roomy)
 		if f.dec.Backend == nil {
 			pq.q.Requeue(it)
-			return
+			return drained
 		}
 		f.tr.picked(&f.dec, f.k.PromptTokens, s.m.routing.picked(from))
 		s.beginLease(f, f.dec.Backend)
@@ -107,7 +129,7 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 		clear(fc.roomy)
 		pq.q.Dispatched(it)
 	}
-	return 0
+	return drained
 }
 
 // untilDrained is how long until the first of cands held by the reserve rule alone (not

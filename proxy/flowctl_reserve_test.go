@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -247,5 +248,73 @@ func TestFlowControlBackloggedFlowYields(t *testing.T) {
 		case !lighter && pq.q.Len() != 0:
 			t.Errorf("no lighter flow served: %d requests left queued, want all placed", pq.q.Len())
 		}
+	}
+}
+
+// TestReserveHeldHeadSetAside: a lower band's request that its guaranteed share brought to
+// the head of the queue, held by the reserve rule (the replica has room by count, its queued
+// prefill has not drained), does not hold the higher band's requests behind it: the
+// dispatcher sets it aside, places them, and puts it back at its place.
+func TestReserveHeldHeadSetAside(t *testing.T) {
+	o := testOptions(t, "least-load", "http://127.0.0.1:20000")
+	noHealthChecks(&o)
+	o.FlowControl = FlowControl{Enabled: true}
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.fc.close() // this test drives the dispatcher itself
+	t.Cleanup(s.wd.close)
+	b := s.pool.Snapshot()[0]
+	b.SetMaxConcurrency(64)
+	var l backend.Lease
+	l.Begin(b, 200, 200, false) // room by count; about 20 ms of prefill queued
+	t.Cleanup(l.Release)
+
+	pq, err := s.fc.queueFor(poolAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	item := func(prio, tokens int) *flowcontrol.Item {
+		it := &flowcontrol.Item{Priority: prio, Flow: "f" + strconv.Itoa(prio), Cost: flowcontrol.Cost{UncachedPrefillTokens: tokens},
+			Arrival: now, Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: tokens}}}
+		if err := pq.q.Push(it, true); err != nil {
+			t.Fatal(err)
+		}
+		return it
+	}
+	low := item(0, 100)
+	var high []*flowcontrol.Item
+	for range 4 {
+		high = append(high, item(5, 1000))
+	}
+	pq.q.NoteBand(5, now)
+	pq.q.NoteBand(0, now)
+	// Two of the higher band's requests served earn the lower band 5/95 of 2,000: its
+	// 100-token request is at the head on credit.
+	for _, want := range high[:2] {
+		if it := pq.q.Next(now); it != want || !pq.q.Dispatched(it) {
+			t.Fatal("the higher band was not served first")
+		}
+	}
+	s.fc.dispatch(now)
+	for i, it := range high[2:] {
+		select {
+		case o := <-it.Done():
+			if o != flowcontrol.Dispatched {
+				t.Errorf("higher band's request %d: outcome %v", i+2, o)
+			}
+		default:
+			t.Errorf("higher band's request %d still queued behind the lower band's, held by the reserve rule", i+2)
+		}
+	}
+	select {
+	case o := <-low.Done():
+		t.Errorf("the lower band's request left the queue (%v) with 20 ms of prefill queued", o)
+	default:
+	}
+	if pq.q.Len() != 1 {
+		t.Errorf("%d queued, want the lower band's request back in the queue", pq.q.Len())
 	}
 }
