@@ -132,28 +132,41 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 	return drained
 }
 
-// untilDrained is how long until the first of cands held by the reserve rule alone (not
-// saturated by cfg's other rules) has its queued prefill under cfg.ReservePrefill at its
-// prefill rate, from now; at least a millisecond. 0 when none is held by it alone: a replica
-// full by count or KV cache signals its room when a request ends (backend.NotifyRoom), and
-// waking early for it would only spin the dispatcher.
+// untilDrained is how long until cands held by the reserve rule alone (not saturated by
+// cfg's other rules) have room for a lower band's request: until the replica kept for the
+// higher band (keptFree) and one more have their queued prefill under cfg.ReservePrefill at
+// their prefill rates, from now; at least a millisecond. 0 when too few are held by it alone:
+// a replica full by count or KV cache signals its room when a request ends
+// (backend.NotifyRoom), and waking early for it would only spin the dispatcher.
 func untilDrained(cands []*backend.Backend, cfg *FlowControl, now time.Time) time.Duration {
 	r := ruleOf(cfg)
 	r.now = now
-	soonest, found := time.Duration(0), false
+	// The soonest drains, first and second (a pool that keeps one replica needs two).
+	var first, second time.Duration
+	found := 0
 	for _, b := range cands {
 		v := viewOf(b)
 		if v.saturated(&r) {
 			continue
 		}
-		if d := v.prefillAhead(&r) - cfg.ReservePrefill; !found || d < soonest {
-			soonest, found = d, true
+		d := v.prefillAhead(&r) - cfg.ReservePrefill
+		switch {
+		case found == 0 || d < first:
+			first, second = d, first
+		case found == 1 || d < second:
+			second = d
 		}
+		found++
 	}
-	if !found {
+	r.reserve = cfg.ReservePrefill
+	need := keptFree(cands, r) + 1
+	switch {
+	case found < need:
 		return 0
+	case need == 2:
+		return max(second, time.Millisecond)
 	}
-	return max(soonest, time.Millisecond)
+	return max(first, time.Millisecond)
 }
 
 // drain answers every queued request 503 (shutdown) and closes the queues; the dispatcher

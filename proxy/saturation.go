@@ -144,26 +144,50 @@ func (v *replicaView) saturated(r *satRule) bool {
 
 // poolSaturated reports whether every one of cands (a pool's healthy replicas) is saturated;
 // false for none (the request path then answers as without flow control). Allocation-free.
+//
+// With the reserve rule (r.reserve > 0) a pool of two or more is saturated for the lower
+// band's request while at most one replica has room: the last replica whose queued prefill
+// has drained is kept for the higher band (appendRoomy).
 func poolSaturated(cands []*backend.Backend, r satRule) bool {
 	if len(cands) == 0 {
 		return false
 	}
+	free := 0
 	for _, b := range cands {
 		v := viewOf(b)
 		if !v.saturated(&r) {
-			return false
+			free++
 		}
 	}
-	return true
+	return free < keptFree(cands, r)+1
 }
 
-// appendRoomy appends the replicas of cands that are not saturated to dst.
+// keptFree is how many of cands with room the reserve rule keeps for the higher band: one in
+// a pool of two or more while r.reserve is on, none otherwise. vLLM runs a prompt's prefill
+// chunks before it admits a request that arrives meanwhile, so a higher band's request that
+// finds every replica working through a lower band's prompt waits for one of them inside the
+// engine (a step carrying a full 8,192-token chunk takes 450 ms of the sims' model time);
+// one replica kept drained lets it start at once.
+func keptFree(cands []*backend.Backend, r satRule) int {
+	if r.reserve > 0 && len(cands) > 1 {
+		return 1
+	}
+	return 0
+}
+
+// appendRoomy appends the replicas of cands that are not saturated to dst; none while the
+// reserve rule keeps the only one for the higher band (keptFree).
 func appendRoomy(dst, cands []*backend.Backend, r satRule) []*backend.Backend {
+	n := len(dst)
 	for _, b := range cands {
 		v := viewOf(b)
 		if !v.saturated(&r) {
 			dst = append(dst, b)
 		}
+	}
+	if len(dst)-n <= keptFree(cands, r) {
+		clear(dst[n:])
+		return dst[:n]
 	}
 	return dst
 }

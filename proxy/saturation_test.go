@@ -184,3 +184,59 @@ func leased(t *testing.T, n int) *backend.Backend {
 	}
 	return b
 }
+
+// TestReserveKeepsOneReplica: for a lower band's request (the reserve rule on), a pool of two
+// or more keeps its last replica whose queued prefill has drained for the higher band: no
+// replica has room while at most one is drained, and all drained ones do once two are; a pool
+// of one keeps none; with the rule off every drained replica has room. untilDrained waits for
+// the second drain when one replica is kept.
+func TestReserveKeepsOneReplica(t *testing.T) {
+	mk := func(prefillTokens int64) *backend.Backend {
+		b, err := backend.New("http://127.0.0.1:1", 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetMaxConcurrency(64)
+		if prefillTokens > 0 {
+			var l backend.Lease
+			l.Begin(b, prefillTokens, prefillTokens, false) // 10k tokens/s: nothing learned
+			t.Cleanup(l.Release)
+		}
+		return b
+	}
+	const reserve = 5 * time.Millisecond
+	clean := func() *backend.Backend { return mk(0) }
+	busy := func(tokens int64) *backend.Backend { return mk(tokens) } // tokens/10 ms of prefill
+	for _, tc := range []struct {
+		name      string
+		cands     []*backend.Backend
+		reserve   time.Duration
+		wantRoomy int
+		wantSat   bool
+	}{
+		{"one replica, drained: none kept", []*backend.Backend{clean()}, reserve, 1, false},
+		{"two, one drained: kept for the higher band", []*backend.Backend{clean(), busy(5000)}, reserve, 0, true},
+		{"two drained: both have room", []*backend.Backend{clean(), clean()}, reserve, 2, false},
+		{"three, two drained", []*backend.Backend{busy(5000), clean(), clean()}, reserve, 2, false},
+		{"three, one drained: kept", []*backend.Backend{busy(5000), clean(), busy(3000)}, reserve, 0, true},
+		{"rule off: the drained one has room", []*backend.Backend{clean(), busy(5000)}, 0, 2, false},
+	} {
+		r := satRule{prefill: DefaultPrefillSaturation, reserve: tc.reserve}
+		if got := appendRoomy(nil, tc.cands, r); len(got) != tc.wantRoomy {
+			t.Errorf("%s: %d replicas with room, want %d", tc.name, len(got), tc.wantRoomy)
+		}
+		if got := poolSaturated(tc.cands, r); got != tc.wantSat {
+			t.Errorf("%s: pool saturated %v, want %v", tc.name, got, tc.wantSat)
+		}
+	}
+	// Two replicas with 300 ms and 500 ms of prefill queued: one kept, so a lower band's
+	// request waits for the second drain (about 495 ms), not the first.
+	cfg := &FlowControl{PrefillSaturation: DefaultPrefillSaturation, ReservePrefill: reserve}
+	d := untilDrained([]*backend.Backend{busy(3000), busy(5000)}, cfg, time.Now())
+	if d < 400*time.Millisecond || d > 500*time.Millisecond {
+		t.Errorf("untilDrained %v, want the second replica's drain (about 495 ms)", d)
+	}
+	if d := untilDrained([]*backend.Backend{busy(3000)}, cfg, time.Now()); d < 200*time.Millisecond || d > 300*time.Millisecond {
+		t.Errorf("one replica: untilDrained %v, want its drain (about 295 ms)", d)
+	}
+}
