@@ -105,25 +105,7 @@ func longHighPlaced(t *testing.T, s *Server, base string, a *engine) <-chan fcRe
 // replica is full by count waits for the room signal (a request ending) or the poll, not a
 // 1 ms spin: no drain of queued prefill frees a slot there.
 func TestReserveWakeOnlyForDrain(t *testing.T) {
-	o := testOptions(t, "least-load", "http://127.0.0.1:20000")
-	noHealthChecks(&o)
-	o.FlowControl = FlowControl{Enabled: true}
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.fc.close() // this test drives the dispatcher itself
-	t.Cleanup(s.wd.close)
-	b := s.pool.Snapshot()[0]
-	b.SetMaxConcurrency(1)
-	var l backend.Lease
-	l.Begin(b, 10, 10, false) // full by count; 10 prompt tokens: about 1 ms of prefill
-	t.Cleanup(l.Release)
-
-	pq, err := s.fc.queueFor(poolAll)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, pq := dispatcherOnly(t, 1, 10) // full by count; 10 prompt tokens: about 1 ms of prefill
 	now := time.Now()
 	pq.q.NoteBand(5, now)
 	it := &flowcontrol.Item{Priority: 0, Flow: "batch", Arrival: now, Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true}}}
@@ -194,25 +176,7 @@ func TestQueuedSheddableShedOnSaturation(t *testing.T) {
 // such flow served it is placed at once.
 func TestFlowControlBackloggedFlowYields(t *testing.T) {
 	for _, lighter := range []bool{true, false} {
-		o := testOptions(t, "least-load", "http://127.0.0.1:20000")
-		noHealthChecks(&o)
-		o.FlowControl = FlowControl{Enabled: true}
-		s, err := New(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.fc.close() // this test drives the dispatcher itself
-		t.Cleanup(s.wd.close)
-		b := s.pool.Snapshot()[0]
-		b.SetMaxConcurrency(8)
-		var l backend.Lease
-		l.Begin(b, 200, 200, false) // room by count; about 20 ms of prefill queued (10k tokens/s, nothing learned)
-		t.Cleanup(l.Release)
-
-		pq, err := s.fc.queueFor(poolAll)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s, pq := dispatcherOnly(t, 8, 200) // room by count; about 20 ms of prefill queued
 		now := time.Now()
 		item := func(flowID string) *flowcontrol.Item {
 			return &flowcontrol.Item{Priority: 0, Flow: flowID, Cost: flowcontrol.Cost{UncachedPrefillTokens: 100}, Arrival: now,
@@ -256,25 +220,7 @@ func TestFlowControlBackloggedFlowYields(t *testing.T) {
 // prefill has not drained), does not hold the higher band's requests behind it: the
 // dispatcher sets it aside, places them, and puts it back at its place.
 func TestReserveHeldHeadSetAside(t *testing.T) {
-	o := testOptions(t, "least-load", "http://127.0.0.1:20000")
-	noHealthChecks(&o)
-	o.FlowControl = FlowControl{Enabled: true}
-	s, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.fc.close() // this test drives the dispatcher itself
-	t.Cleanup(s.wd.close)
-	b := s.pool.Snapshot()[0]
-	b.SetMaxConcurrency(64)
-	var l backend.Lease
-	l.Begin(b, 200, 200, false) // room by count; about 20 ms of prefill queued
-	t.Cleanup(l.Release)
-
-	pq, err := s.fc.queueFor(poolAll)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, pq := dispatcherOnly(t, 64, 200) // room by count; about 20 ms of prefill queued
 	now := time.Now()
 	item := func(prio, tokens int) *flowcontrol.Item {
 		it := &flowcontrol.Item{Priority: prio, Flow: "f" + strconv.Itoa(prio), Cost: flowcontrol.Cost{UncachedPrefillTokens: tokens},
@@ -317,4 +263,30 @@ func TestReserveHeldHeadSetAside(t *testing.T) {
 	if pq.q.Len() != 1 {
 		t.Errorf("%d queued, want the lower band's request back in the queue", pq.q.Len())
 	}
+}
+
+// dispatcherOnly is a Server with flow control on whose dispatcher the test drives itself
+// (fc.dispatch), one replica with limit requests at once and one request's prefillTokens of
+// prompt queued on it (10k tokens/s: nothing learned), and the pool's queue.
+func dispatcherOnly(t *testing.T, limit, prefillTokens int64) (*Server, *poolQueue) {
+	t.Helper()
+	o := testOptions(t, "least-load", "http://127.0.0.1:20000")
+	noHealthChecks(&o)
+	o.FlowControl = FlowControl{Enabled: true}
+	s, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.fc.close()
+	t.Cleanup(s.wd.close)
+	b := s.pool.Snapshot()[0]
+	b.SetMaxConcurrency(limit)
+	var l backend.Lease
+	l.Begin(b, prefillTokens, prefillTokens, false)
+	t.Cleanup(l.Release)
+	pq, err := s.fc.queueFor(poolAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, pq
 }
