@@ -52,6 +52,10 @@ func (q *Queue) NoteBand(priority int, now time.Time) {
 	}
 }
 
+// BandMemory is Config.BandMemory as the queue applies it (negative: the memory off);
+// lock-free.
+func (q *Queue) BandMemory() time.Duration { return time.Duration(q.memory.Load()) }
+
 // TopBand is the highest priority noted within BandMemory before now; ok is false unless a
 // lower priority was noted within BandMemory too (one band, nothing classified lately, or
 // BandMemory < 0: the memory off).

@@ -144,6 +144,23 @@ const (
 type poolQueue struct {
 	name string
 	q    *flowcontrol.Queue
+	// saturatedAt is when, in unix nanoseconds, the pool was last found saturated (0: never):
+	// the reserve rule keeps a drained replica for the higher band only within the queue's
+	// band memory of it (keeps).
+	saturatedAt atomic.Int64
+}
+
+// noteSaturated records that the pool was found saturated at now.
+func (pq *poolQueue) noteSaturated(now time.Time) { pq.saturatedAt.Store(now.UnixNano()) }
+
+// keeps reports whether the reserve rule keeps the pool's last drained replica for the
+// higher band (keptFree) at now: the pool was found saturated within the queue's band
+// memory. Below saturation a lower band's request only waits for a drain, so light load
+// keeps its latency; under overload, where the engines are always inside someone's prompt,
+// a replica kept drained is what lets the higher band start at once.
+func (pq *poolQueue) keeps(now time.Time) bool {
+	at, m := pq.saturatedAt.Load(), pq.q.BandMemory()
+	return at != 0 && m >= 0 && now.UnixNano()-at <= int64(m)
 }
 
 // flowControl is a Server's flow control: the pools' queues and their dispatcher.
@@ -385,7 +402,7 @@ func (s *Server) reserved(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) b
 		return false
 	}
 	r := ruleOf(cfg)
-	r.now, r.reserve = now, cfg.ReservePrefill
+	r.now, r.reserve, r.keep = now, cfg.ReservePrefill, pq.keeps(now)
 	return poolSaturated(f.cands, r)
 }
 
@@ -404,6 +421,9 @@ func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, s
 	pq, err := fc.queueFor(name)
 	if err != nil {
 		return s.refuse(f, err, cfg)
+	}
+	if saturated {
+		pq.noteSaturated(time.Now())
 	}
 	it := s.queueItem(ctx, f, cfg)
 	fc.held.Add(1)

@@ -73,6 +73,7 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 	s := fc.s
 	cfg := fc.config()
 	top, banded := pq.q.TopBand(now)
+	keep := pq.keeps(now)
 	aside := fc.aside[:0]
 	defer func() {
 		for i := len(aside) - 1; i >= 0; i-- { // last first: each goes back to its flow's head
@@ -89,7 +90,7 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 		// band under its fair share (flowcontrol.Item.Yields).
 		below := cfg.Enabled && (banded && it.Priority < top || it.Yields())
 		if cfg.Enabled {
-			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands, below)
+			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands, below, keep)
 		} else {
 			// Turned off by a reload: what it held goes on as every request now does, at
 			// once; waiting for room, it would stand behind every new request.
@@ -99,8 +100,11 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 			// Read f before it goes back: once queued, its handler may take it (shed,
 			// expired, gone) and reuse it.
 			saturated := cfg.Enabled && (!below || s.poolSaturated(cfg, f.cands))
+			if saturated {
+				pq.noteSaturated(now)
+			}
 			if below && !saturated && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
-				if d := untilDrained(f.cands, cfg, now); d > 0 && (drained == 0 || d < drained) {
+				if d := untilDrained(f.cands, cfg, now, keep); d > 0 && (drained == 0 || d < drained) {
 					drained = d
 				}
 				if len(aside) < maxAside {
@@ -134,11 +138,11 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 
 // untilDrained is how long until cands held by the reserve rule alone (not saturated by
 // cfg's other rules) have room for a lower band's request: until the replica kept for the
-// higher band (keptFree) and one more have their queued prefill under cfg.ReservePrefill at
+// higher band (keptFree, when keep) and one more have their queued prefill under cfg.ReservePrefill at
 // their prefill rates, from now; at least a millisecond. 0 when too few are held by it alone:
 // a replica full by count or KV cache signals its room when a request ends
 // (backend.NotifyRoom), and waking early for it would only spin the dispatcher.
-func untilDrained(cands []*backend.Backend, cfg *FlowControl, now time.Time) time.Duration {
+func untilDrained(cands []*backend.Backend, cfg *FlowControl, now time.Time, keep bool) time.Duration {
 	r := ruleOf(cfg)
 	r.now = now
 	// The soonest drains, first and second (a pool that keeps one replica needs two).
@@ -158,7 +162,7 @@ func untilDrained(cands []*backend.Backend, cfg *FlowControl, now time.Time) tim
 		}
 		found++
 	}
-	r.reserve = cfg.ReservePrefill
+	r.reserve, r.keep = cfg.ReservePrefill, keep
 	need := keptFree(cands, r) + 1
 	switch {
 	case found < need:

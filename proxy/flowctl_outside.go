@@ -127,8 +127,10 @@ func (s *Server) redispatch(f *flow) error {
 	cfg := fc.config()
 	pq, it := f.qq, f.qit
 	f.cands = s.candidatesFor(f.cands, &f.k)
-	top, banded := pq.q.TopBand(time.Now())
-	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands, banded && it.Priority < top)
+	now := time.Now()
+	top, banded := pq.q.TopBand(now)
+	below := banded && it.Priority < top || it.Yields()
+	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands, below, pq.keeps(now))
 	if len(roomy) > 0 {
 		from := f.pickStart()
 		f.dec = s.decider.Pick(&f.k, roomy)

@@ -49,6 +49,7 @@ type satRule struct {
 	kvFull  float64       // KV-cache usage at or above which a replica is saturated; ≤ 0: off
 	prefill time.Duration // queued prefill at or above which it is; ≤ 0: off
 	reserve time.Duration // the same for a lower band's request (ReservePrefill); ≤ 0: off
+	keep    bool          // with reserve: keep the pool's last drained replica (keptFree)
 	now     time.Time     // zero: not read yet (at)
 }
 
@@ -163,13 +164,14 @@ func poolSaturated(cands []*backend.Backend, r satRule) bool {
 }
 
 // keptFree is how many of cands with room the reserve rule keeps for the higher band: one in
-// a pool of two or more while r.reserve is on, none otherwise. vLLM runs a prompt's prefill
+// a pool of two or more while r.reserve and r.keep are on (poolQueue.keeps: the pool was
+// saturated lately), none otherwise. vLLM runs a prompt's prefill
 // chunks before it admits a request that arrives meanwhile, so a higher band's request that
 // finds every replica working through a lower band's prompt waits for one of them inside the
 // engine (a step carrying a full 8,192-token chunk takes 450 ms of the sims' model time);
 // one replica kept drained lets it start at once.
 func keptFree(cands []*backend.Backend, r satRule) int {
-	if r.reserve > 0 && len(cands) > 1 {
+	if r.keep && r.reserve > 0 && len(cands) > 1 {
 		return 1
 	}
 	return 0
@@ -274,11 +276,11 @@ func (s *Server) poolSaturated(cfg *FlowControl, cands []*backend.Backend) bool 
 // band was served lately, with the reserve rule, ReservePrefill); GIE's, a pool-wide gate,
 // every one of them while any is not saturated (GIE's scheduler then picks among all the
 // pool's replicas), none when all are.
-func (s *Server) appendRoomy(cfg *FlowControl, dst, cands []*backend.Backend, below bool) []*backend.Backend {
+func (s *Server) appendRoomy(cfg *FlowControl, dst, cands []*backend.Backend, below, keep bool) []*backend.Backend {
 	if cfg.Saturation != SaturationGIE {
 		r := ruleOf(cfg)
 		if below {
-			r.reserve = cfg.ReservePrefill
+			r.reserve, r.keep = cfg.ReservePrefill, keep
 		}
 		return appendRoomy(dst, cands, r)
 	}

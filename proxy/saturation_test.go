@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/flowcontrol"
 )
 
 // TestSaturated: the saturation rule, row by row.
@@ -185,10 +186,11 @@ func leased(t *testing.T, n int) *backend.Backend {
 	return b
 }
 
-// TestReserveKeepsOneReplica: for a lower band's request (the reserve rule on), a pool of two
-// or more keeps its last replica whose queued prefill has drained for the higher band: no
+// TestReserveKeepsOneReplica: for a lower band's request (the reserve rule on) while the pool
+// was saturated lately (keep), a pool of two or more keeps its last replica whose queued
+// prefill has drained for the higher band: no
 // replica has room while at most one is drained, and all drained ones do once two are; a pool
-// of one keeps none; with the rule off every drained replica has room. untilDrained waits for
+// of one keeps none; not saturated lately, or with the rule off, every drained replica has room. untilDrained waits for
 // the second drain when one replica is kept.
 func TestReserveKeepsOneReplica(t *testing.T) {
 	mk := func(prefillTokens int64) *backend.Backend {
@@ -211,17 +213,19 @@ func TestReserveKeepsOneReplica(t *testing.T) {
 		name      string
 		cands     []*backend.Backend
 		reserve   time.Duration
+		keep      bool
 		wantRoomy int
 		wantSat   bool
 	}{
-		{"one replica, drained: none kept", []*backend.Backend{clean()}, reserve, 1, false},
-		{"two, one drained: kept for the higher band", []*backend.Backend{clean(), busy(5000)}, reserve, 0, true},
-		{"two drained: both have room", []*backend.Backend{clean(), clean()}, reserve, 2, false},
-		{"three, two drained", []*backend.Backend{busy(5000), clean(), clean()}, reserve, 2, false},
-		{"three, one drained: kept", []*backend.Backend{busy(5000), clean(), busy(3000)}, reserve, 0, true},
-		{"rule off: the drained one has room", []*backend.Backend{clean(), busy(5000)}, 0, 2, false},
+		{"one replica, drained: none kept", []*backend.Backend{clean()}, reserve, true, 1, false},
+		{"two, one drained: kept for the higher band", []*backend.Backend{clean(), busy(5000)}, reserve, true, 0, true},
+		{"two drained: both have room", []*backend.Backend{clean(), clean()}, reserve, true, 2, false},
+		{"three, two drained", []*backend.Backend{busy(5000), clean(), clean()}, reserve, true, 2, false},
+		{"three, one drained: kept", []*backend.Backend{busy(5000), clean(), busy(3000)}, reserve, true, 0, true},
+		{"not saturated lately: the drained one has room", []*backend.Backend{clean(), busy(5000)}, reserve, false, 1, false},
+		{"rule off: the drained one has room", []*backend.Backend{clean(), busy(5000)}, 0, true, 2, false},
 	} {
-		r := satRule{prefill: DefaultPrefillSaturation, reserve: tc.reserve}
+		r := satRule{prefill: DefaultPrefillSaturation, reserve: tc.reserve, keep: tc.keep}
 		if got := appendRoomy(nil, tc.cands, r); len(got) != tc.wantRoomy {
 			t.Errorf("%s: %d replicas with room, want %d", tc.name, len(got), tc.wantRoomy)
 		}
@@ -232,11 +236,46 @@ func TestReserveKeepsOneReplica(t *testing.T) {
 	// Two replicas with 300 ms and 500 ms of prefill queued: one kept, so a lower band's
 	// request waits for the second drain (about 495 ms), not the first.
 	cfg := &FlowControl{PrefillSaturation: DefaultPrefillSaturation, ReservePrefill: reserve}
-	d := untilDrained([]*backend.Backend{busy(3000), busy(5000)}, cfg, time.Now())
+	d := untilDrained([]*backend.Backend{busy(3000), busy(5000)}, cfg, time.Now(), true)
 	if d < 400*time.Millisecond || d > 500*time.Millisecond {
 		t.Errorf("untilDrained %v, want the second replica's drain (about 495 ms)", d)
 	}
-	if d := untilDrained([]*backend.Backend{busy(3000)}, cfg, time.Now()); d < 200*time.Millisecond || d > 300*time.Millisecond {
+	if d := untilDrained([]*backend.Backend{busy(3000), busy(5000)}, cfg, time.Now(), false); d < 200*time.Millisecond || d > 300*time.Millisecond {
+		t.Errorf("nothing kept: untilDrained %v, want the first replica's drain (about 295 ms)", d)
+	}
+	if d := untilDrained([]*backend.Backend{busy(3000)}, cfg, time.Now(), true); d < 200*time.Millisecond || d > 300*time.Millisecond {
 		t.Errorf("one replica: untilDrained %v, want its drain (about 295 ms)", d)
+	}
+}
+
+// TestPoolKeepsWhileSaturatedLately: the reserve rule keeps a drained replica only within the
+// queue's band memory after the pool was last found saturated; never before it was, nor with
+// the memory off.
+func TestPoolKeepsWhileSaturatedLately(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		memory time.Duration
+		noted  bool
+		after  time.Duration
+		want   bool
+	}{
+		{"never saturated", 0, false, 0, false},
+		{"saturated a second ago", 0, true, time.Second, true},
+		{"saturated past the memory", 0, true, 11 * time.Second, false},
+		{"a short memory", 2 * time.Second, true, 3 * time.Second, false},
+		{"memory off", -1, true, 0, false},
+	} {
+		q, err := flowcontrol.New(flowcontrol.Config{BandMemory: tc.memory})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pq := &poolQueue{name: poolAll, q: q}
+		now := time.Now()
+		if tc.noted {
+			pq.noteSaturated(now)
+		}
+		if got := pq.keeps(now.Add(tc.after)); got != tc.want {
+			t.Errorf("%s: keeps %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
