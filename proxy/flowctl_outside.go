@@ -129,8 +129,8 @@ func (s *Server) redispatch(f *flow) error {
 	f.cands = s.candidatesFor(f.cands, &f.k)
 	now := time.Now()
 	top, banded := pq.q.TopBand(now)
-	below := banded && it.Priority < top || it.Yields()
-	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands, below, pq.keeps(now))
+	lower := banded && it.Priority < top
+	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands, lower || it.Yields(), lower && pq.keeps(now))
 	if len(roomy) > 0 {
 		from := f.pickStart()
 		f.dec = s.decider.Pick(&f.k, roomy)

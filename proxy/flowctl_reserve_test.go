@@ -290,3 +290,66 @@ func dispatcherOnly(t *testing.T, limit, prefillTokens int64) (*Server, *poolQue
 	}
 	return s, pq
 }
+
+// TestYieldingFlowTakesLastDrainedReplica: in a pool of two found saturated lately, a
+// backlogged flow's request that yields to a lighter flow of its band starts on the one
+// drained replica (the reserve rule's drain), while a lower band's request does not: the last
+// drained replica is kept for a higher band only.
+func TestYieldingFlowTakesLastDrainedReplica(t *testing.T) {
+	for _, lowerBand := range []bool{false, true} {
+		o := testOptions(t, "least-load", "http://127.0.0.1:20000", "http://127.0.0.1:20001")
+		noHealthChecks(&o)
+		o.FlowControl = FlowControl{Enabled: true}
+		s, err := New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.fc.close() // this test drives the dispatcher itself
+		t.Cleanup(s.wd.close)
+		bs := s.pool.Snapshot()
+		for _, b := range bs {
+			b.SetMaxConcurrency(8)
+		}
+		var l backend.Lease
+		l.Begin(bs[0], 5000, 5000, false) // about half a second of prefill queued on one replica
+		t.Cleanup(l.Release)
+		pq, err := s.fc.queueFor(poolAll)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		pq.noteSaturated(now)
+		item := func(prio int, flowID string) *flowcontrol.Item {
+			it := &flowcontrol.Item{Priority: prio, Flow: flowID, Cost: flowcontrol.Cost{UncachedPrefillTokens: 100}, Arrival: now,
+				Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: 100}}}
+			if err := pq.q.Push(it, true); err != nil {
+				t.Fatal(err)
+			}
+			return it
+		}
+		var held *flowcontrol.Item
+		if lowerBand {
+			pq.q.NoteBand(5, now)
+			pq.q.NoteBand(0, now)
+			held = item(0, "batch")
+		} else {
+			light := item(0, "light")
+			held = item(0, "heavy") // yields: another of its flow is queued behind it
+			item(0, "heavy")
+			if it := pq.q.Next(now); it != light || !pq.q.Dispatched(it) {
+				t.Fatal("the light flow's request was not served first")
+			}
+		}
+		s.fc.dispatch(now)
+		select {
+		case o := <-held.Done():
+			if lowerBand {
+				t.Errorf("a lower band's request took the last drained replica (%v)", o)
+			}
+		default:
+			if !lowerBand {
+				t.Errorf("a yielding flow's request was held for a second drained replica (%d queued)", pq.q.Len())
+			}
+		}
+	}
+}
