@@ -142,10 +142,10 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 
 // untilDrained is how long until cands held by the reserve rule alone (not saturated by
 // cfg's other rules) have room for a lower band's request: until the replica kept for the
-// higher band (keptFree, when keep) and one more have their queued prefill under cfg.ReservePrefill at
-// their prefill rates, from now; at least a millisecond. 0 when too few are held by it alone:
-// a replica full by count or KV cache signals its room when a request ends
-// (backend.NotifyRoom), and waking early for it would only spin the dispatcher.
+// higher band (keptFree, when keep) and one more have their queued prefill under
+// cfg.ReservePrefill at their prefill rates, from now; at least a millisecond. 0 when too few
+// are held by it alone: a replica full by count or KV cache signals its room when a request
+// ends (backend.NotifyRoom), and waking early for it would only spin the dispatcher.
 func untilDrained(cands []*backend.Backend, cfg *FlowControl, now time.Time, keep bool) time.Duration {
 	r := ruleOf(cfg)
 	r.now = now
