@@ -19,8 +19,10 @@ type band struct {
 	// lightAt is when, in unix nanoseconds, a flow was popped with nothing of its own
 	// queued behind it while another flow was backlogged (0: never): Item.Yields.
 	lightAt int64
-	count   int
-	bytes   int64
+	// lightFlow is the flow that lightAt noted: it yields to no one but another flow.
+	lightFlow string
+	count     int
+	bytes     int64
 
 	// Guaranteed share: while this band is backlogged, its credit is share × (work
 	// dispatched from higher bands since it became backlogged) − work it was dispatched on

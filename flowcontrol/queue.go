@@ -383,12 +383,12 @@ func (q *Queue) yields(b *band, f *flow, now time.Time) bool {
 	t := now.UnixNano()
 	if f.count == 0 && f.popped == 0 { // its items popped before it and not yet placed count as behind it
 		if len(b.backlog) > 0 {
-			b.lightAt = t
+			b.lightAt, b.lightFlow = t, f.id
 		}
 		return false
 	}
 	m := q.memory.Load()
-	return m >= 0 && b.lightAt != 0 && t-b.lightAt <= m
+	return m >= 0 && b.lightAt != 0 && t-b.lightAt <= m && b.lightFlow != f.id
 }
 
 // pick chooses the band to dispatch from: the lowest-index (highest-priority) band below

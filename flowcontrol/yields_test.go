@@ -45,6 +45,14 @@ func TestYields(t *testing.T) {
 		{"a lighter flow of another band", 0, []step{
 			{push: "0/heavy"}, {push: "0/heavy"}, {push: "0/heavy"}, {push: "1/light"},
 			{want: "light"}, {want: "heavy"}, {want: "heavy"}}},
+		{"the lighter flow does not yield to itself", 0, []step{
+			{push: "0/heavy"}, {push: "0/heavy"},
+			{want: "heavy"}, {push: "0/light"},
+			{want: "light"}, {want: "heavy"},
+			// heavy is gone; light comes back with a burst and is the band's only flow:
+			// there is nobody to leave room for.
+			{push: "0/light"}, {push: "0/light"}, {push: "0/light"},
+			{want: "light"}, {want: "light"}, {want: "light"}}},
 		{"a flow served alone is not a lighter one", 0, []step{
 			{push: "0/light"}, {want: "light"},
 			{push: "0/heavy"}, {push: "0/heavy"}, {push: "0/heavy"},
