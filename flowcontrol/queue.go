@@ -183,8 +183,12 @@ func (q *Queue) Next(now time.Time) *Item {
 			continue
 		}
 		it.yields = q.yields(b, f, now)
+		if f.popped == 0 {
+			// Its counter before the charge; not while items of its own popped before
+			// this one are out: their charges go if they are put back (Requeue).
+			b.vtime = max(b.vtime, f.counter)
+		}
 		f.popped++
-		b.vtime = max(b.vtime, f.counter)
 		it.ticket = it.work
 		if q.cfg.roundRobin() {
 			it.ticket = 1 // one turn per request, whatever it costs

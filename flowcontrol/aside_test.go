@@ -1,0 +1,50 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestSetAsideIsANoOp: items popped by Next and all put back by Requeue, last first (the
+// proxy's place sets up to 16 aside in one round), leave the queue as it was: a flow that
+// becomes backlogged afterwards is lifted, and served, exactly as without the round. The
+// band's virtual time must not keep the counters the popped items were charged.
+func TestSetAsideIsANoOp(t *testing.T) {
+	run := func(aside int) []string {
+		q := mustNew(t, Config{LIFOAfter: -1})
+		for i := range 12 {
+			push(t, q, item(0, "heavy", 20000)).Value = fmt.Sprint("h", i)
+		}
+		for range 2 { // heavy served a while: its counter is above zero
+			if dispatch(t, q, t0) == nil {
+				t.Fatal("nothing popped")
+			}
+		}
+		var set []*Item
+		for range aside {
+			it := q.Next(t0)
+			if it == nil {
+				t.Fatal("nothing popped")
+			}
+			set = append(set, it)
+		}
+		for i := len(set) - 1; i >= 0; i-- {
+			if !q.Requeue(set[i]) {
+				t.Fatal("Requeue refused a popped item")
+			}
+		}
+		push(t, q, item(0, "light", 1000)).Value = "l"
+		var order []string
+		for range 4 {
+			it := dispatch(t, q, t0)
+			order = append(order, it.Value.(string))
+		}
+		return order
+	}
+	want := run(0)
+	for _, n := range []int{1, 2, 8} {
+		if got := run(n); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("after %d set aside and put back: order %v; without: %v", n, got, want)
+		}
+	}
+}
