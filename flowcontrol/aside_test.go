@@ -48,3 +48,49 @@ func TestSetAsideIsANoOp(t *testing.T) {
 		}
 	}
 }
+
+// TestSetAsideKeepsIdleFlows: a round that pops every queued item of a band and puts them
+// all back does not settle the band's history (settleHistory: the idle flows forgotten, the
+// virtual time raised to the highest idle counter), as a band that really emptied does: a
+// flow that comes afterwards is served as it would be without the round.
+func TestSetAsideKeepsIdleFlows(t *testing.T) {
+	run := func(aside bool) []string {
+		q := mustNew(t, Config{LIFOAfter: -1})
+		var idle []*Item
+		for range 5 {
+			push(t, q, item(0, "idle", 20000))
+		}
+		for range 5 {
+			it := q.Next(t0)
+			if it == nil || !q.Dispatched(it) || outcome(it) != Dispatched {
+				t.Fatal("not dispatched")
+			}
+			idle = append(idle, it)
+		}
+		for i := range 2 {
+			push(t, q, item(0, "a", 20000)).Value = fmt.Sprint("a", i)
+		}
+		for _, it := range idle {
+			if !q.Settle(it, Cost{UncachedPrefillTokens: 20000}) {
+				t.Fatal("Settle refused")
+			}
+		}
+		if aside {
+			a0, a1 := q.Next(t0), q.Next(t0)
+			if a0 == nil || a1 == nil {
+				t.Fatal("nothing popped")
+			}
+			q.Requeue(a1)
+			q.Requeue(a0)
+		}
+		push(t, q, item(0, "new", 20000)).Value = "n"
+		var order []string
+		for range 3 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		return order
+	}
+	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after the band's items were set aside and put back: order %v; without: %v", got, want)
+	}
+}

@@ -21,8 +21,11 @@ type band struct {
 	lightAt int64
 	// lightFlow is the flow that lightAt noted: it yields to no one but another flow.
 	lightFlow string
-	count     int
-	bytes     int64
+	// popped is the band's items popped by Next, not yet dispatched or requeued: while
+	// any is out, an empty backlog is not settled (settleHistory), as a requeue refills it.
+	popped int
+	count  int
+	bytes  int64
 
 	// Guaranteed share: while this band is backlogged, its credit is share × (work
 	// dispatched from higher bands since it became backlogged) − work it was dispatched on

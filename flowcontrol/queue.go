@@ -177,8 +177,11 @@ func (q *Queue) Next(now time.Time) *Item {
 		if newest {
 			it = f.tail // a standing queue: the newest first (Config.LIFOAfter)
 		}
+		b.popped++ // settled when it is dispatched (Dispatched), not while it may come back
 		q.dequeue(it)
 		if !it.Deadline.IsZero() && !now.Before(it.Deadline) {
+			b.popped--
+			q.settleIfEmpty(b)
 			q.finish(it, Expired)
 			continue
 		}
@@ -223,7 +226,9 @@ func (q *Queue) Requeue(it *Item) bool {
 		return false
 	}
 	it.flow.popped--
+	it.flow.band.popped--
 	q.putBack(it)
+	q.settleIfEmpty(it.flow.band) // after Drain: not put back
 	return true
 }
 
@@ -275,6 +280,8 @@ func (q *Queue) Dispatched(it *Item) bool {
 		return false
 	}
 	it.flow.popped--
+	it.flow.band.popped--
+	q.settleIfEmpty(it.flow.band)
 	it.state = stateInFlight
 	it.done <- Dispatched
 	return true
@@ -487,14 +494,19 @@ func (q *Queue) dequeue(it *Item) {
 	case f.count == 0:
 		heap.Remove(&b.backlog, f.heapIdx)
 		heap.Remove(&b.fat, f.fatIdx)
-		if len(b.backlog) == 0 {
-			b.settleHistory()
-		}
+		q.settleIfEmpty(b)
 	default:
 		if wasHead {
 			heap.Fix(&b.backlog, f.heapIdx)
 		}
 		heap.Fix(&b.fat, f.fatIdx)
+	}
+}
+
+// settleIfEmpty settles b's history (settleHistory) when nothing of it is queued or popped.
+func (q *Queue) settleIfEmpty(b *band) {
+	if len(b.backlog) == 0 && b.popped == 0 {
+		b.settleHistory()
 	}
 }
 
