@@ -32,7 +32,7 @@ const (
 	DefaultLIFOAfter = time.Second
 	// DefaultBurstCredit is the work a flow that comes back to the backlog may take ahead of
 	// the flows served while it was away (Config.BurstCredit): a handful of chat turns or
-	// XX
+	// one long prompt, and no more than a flow under its share has to catch up.
 	DefaultBurstCredit = 64 << 10
 	// DefaultBandMemory is how long a band counts as served lately after its last request
 	// (Config.BandMemory): several of a chat user's turns, so that a band whose requests come
