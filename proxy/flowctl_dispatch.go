@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/backend"
+	"github.com/prefixlb/prefixlb/flowcontrol"
 	"github.com/prefixlb/prefixlb/router"
 )
 
@@ -75,13 +76,7 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 	top, banded := pq.q.TopBand(now)
 	keep := pq.keeps(now)
 	aside := fc.aside[:0]
-	defer func() {
-		for i := len(aside) - 1; i >= 0; i-- { // last first: each goes back to its flow's head
-			pq.q.Requeue(aside[i])
-		}
-		clear(aside)
-		fc.aside = aside[:0]
-	}()
+	defer func() { fc.aside = requeueAside(pq, aside) }()
 	for it := pq.q.Next(now); it != nil; it = pq.q.Next(now) {
 		f := it.Value.(*flow)
 		members := s.poolMembers(pq.name)
@@ -119,7 +114,8 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 			pq.q.Requeue(it)
 			if saturated {
 				// Its queued sheddable requests are refused now rather than held: they would
-				// be refused at once if they came now.
+				// be refused at once if they came now; those set aside too, back first.
+				aside = requeueAside(pq, aside)
 				pq.q.Shed()
 			}
 			return drained
@@ -138,6 +134,16 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 		pq.q.Dispatched(it)
 	}
 	return drained
+}
+
+// requeueAside puts the requests place set aside back in pq's queue, last first (each goes
+// back to its flow's head), and returns aside emptied.
+func requeueAside(pq *poolQueue, aside []*flowcontrol.Item) []*flowcontrol.Item {
+	for i := len(aside) - 1; i >= 0; i-- {
+		pq.q.Requeue(aside[i])
+	}
+	clear(aside)
+	return aside[:0]
 }
 
 // untilDrained is how long until cands held by the reserve rule alone (not saturated by
