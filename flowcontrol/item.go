@@ -126,10 +126,11 @@ type Item struct {
 
 // Yields reports whether the item, popped by Next, should leave room as a lower band's
 // request does: its flow had more items queued behind it (or popped before it and not yet
-// placed) while a flow of its band was served, within Config.BandMemory, with nothing of its
-// own queued behind it but another flow backlogged (a flow under its fair share). The caller starts it only where the
-// lighter flow's next request would not wait inside an engine behind its prefill (proxy:
-// ReservePrefill), so that fair share holds in time to first token as well as in work.
+// placed) while another flow of its band was served, within Config.BandMemory, with nothing
+// of its own queued behind it but another flow backlogged (a flow under its fair share). The
+// caller starts it only where the lighter flow's next request would not wait inside an
+// engine behind its prefill (proxy: ReservePrefill), so that fair share holds in time to
+// first token as well as in work.
 func (it *Item) Yields() bool { return it.yields }
 
 // Done delivers the item's one outcome. Valid after a successful Push.

@@ -225,8 +225,7 @@ func (q *Queue) Requeue(it *Item) bool {
 	if it.state != statePopped {
 		return false
 	}
-	it.flow.popped--
-	it.flow.band.popped--
+	unpop(it)
 	q.putBack(it)
 	q.settleIfEmpty(it.flow.band) // after Drain: not put back
 	return true
@@ -279,8 +278,7 @@ func (q *Queue) Dispatched(it *Item) bool {
 	if it.state != statePopped {
 		return false
 	}
-	it.flow.popped--
-	it.flow.band.popped--
+	unpop(it)
 	q.settleIfEmpty(it.flow.band)
 	it.state = stateInFlight
 	it.done <- Dispatched
@@ -392,7 +390,7 @@ func (q *Queue) clear(match func(*band) bool, o Outcome) int {
 // one served within the band memory (Item.Yields).
 func (q *Queue) yields(b *band, f *flow, now time.Time) bool {
 	t := now.UnixNano()
-	if f.count == 0 && f.popped == 0 { // its items popped before it and not yet placed count as behind it
+	if f.count == 0 && f.popped == 0 { // its items popped and not yet placed count as behind it
 		if len(b.backlog) > 0 {
 			b.lightAt, b.lightFlow = t, f.id
 		}
@@ -501,6 +499,12 @@ func (q *Queue) dequeue(it *Item) {
 		}
 		heap.Fix(&b.fat, f.fatIdx)
 	}
+}
+
+// unpop uncounts a popped item from its flow's and band's popped items (Next counts them).
+func unpop(it *Item) {
+	it.flow.popped--
+	it.flow.band.popped--
 }
 
 // settleIfEmpty settles b's history (settleHistory) when nothing of it is queued or popped.

@@ -150,6 +150,29 @@ type poolQueue struct {
 	saturatedAt atomic.Int64
 }
 
+// reserveOf is what the reserve rule holds the requests of pq to at now (reserveFor).
+type reserveOf struct {
+	top           int  // the pool's highest band served lately
+	banded, keeps bool // a lower band was served lately too; keeps: pq.keeps(now)
+}
+
+// reserveOf reads the pool's bands and saturation memory at now.
+func (pq *poolQueue) reserveOf(now time.Time) reserveOf {
+	top, banded := pq.q.TopBand(now)
+	return reserveOf{top: top, banded: banded, keeps: pq.keeps(now)}
+}
+
+// reserveFor is how the reserve rule holds it: below, it leaves room for a higher band's next
+// request or for a flow of its band under its fair share (flowcontrol.Item.Yields); keep, the
+// pool's last drained replica is kept from it (keptFree), for a higher band only: kept for a
+// lighter flow of the same band it halved a 2-replica pool's work for the flooding one, and
+// the light flow's TTFT rose with the backlog (fair10x:0.4, 4 rounds: 5.0x its value alone
+// became 34x).
+func (r reserveOf) reserveFor(it *flowcontrol.Item) (below, keep bool) {
+	lower := r.banded && it.Priority < r.top
+	return lower || it.Yields(), lower && r.keeps
+}
+
 // noteSaturated records that the pool was found saturated at now.
 func (pq *poolQueue) noteSaturated(now time.Time) { pq.saturatedAt.Store(now.UnixNano()) }
 

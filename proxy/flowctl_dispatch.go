@@ -73,23 +73,17 @@ const maxAside = 16
 func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duration) {
 	s := fc.s
 	cfg := fc.config()
-	top, banded := pq.q.TopBand(now)
-	keep := pq.keeps(now)
+	rsv := pq.reserveOf(now)
 	aside := fc.aside[:0]
 	defer func() { fc.aside = requeueAside(pq, aside) }()
 	for it := pq.q.Next(now); it != nil; it = pq.q.Next(now) {
 		f := it.Value.(*flow)
 		members := s.poolMembers(pq.name)
 		f.cands, _ = backend.Healthy(f.cands[:0], members)
-		// below: it leaves room for a higher band's next request, or for a flow of its
-		// band under its fair share (flowcontrol.Item.Yields); a drained replica is kept
-		// only for a higher band (keptFree): kept for a lighter flow of the same band, it
-		// halved a 2-replica pool's work for the flooding one, and the light flow's TTFT
-		// rose with the backlog (fair10x:0.4, 4 rounds: 5.0x its value alone became 34x).
-		lower := banded && it.Priority < top
-		below := cfg.Enabled && (lower || it.Yields())
+		below, keep := rsv.reserveFor(it)
+		below = below && cfg.Enabled
 		if cfg.Enabled {
-			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands, below, keep && lower)
+			fc.roomy = s.appendRoomy(cfg, fc.roomy[:0], f.cands, below, keep)
 		} else {
 			// Turned off by a reload: what it held goes on as every request now does, at
 			// once; waiting for room, it would stand behind every new request.
@@ -103,7 +97,7 @@ func (fc *flowControl) place(pq *poolQueue, now time.Time) (drained time.Duratio
 				pq.noteSaturated(now)
 			}
 			if below && !saturated && cfg.ReservePrefill > 0 && cfg.Saturation != SaturationGIE {
-				if d := untilDrained(f.cands, cfg, now, keep && lower); d > 0 && (drained == 0 || d < drained) {
+				if d := untilDrained(f.cands, cfg, now, keep); d > 0 && (drained == 0 || d < drained) {
 					drained = d
 				}
 				if len(aside) < maxAside {

@@ -127,10 +127,8 @@ func (s *Server) redispatch(f *flow) error {
 	cfg := fc.config()
 	pq, it := f.qq, f.qit
 	f.cands = s.candidatesFor(f.cands, &f.k)
-	now := time.Now()
-	top, banded := pq.q.TopBand(now)
-	lower := banded && it.Priority < top
-	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands, lower || it.Yields(), lower && pq.keeps(now))
+	below, keep := pq.reserveOf(time.Now()).reserveFor(it)
+	roomy := s.appendRoomy(cfg, make([]*backend.Backend, 0, len(f.cands)), f.cands, below, keep)
 	if len(roomy) > 0 {
 		from := f.pickStart()
 		f.dec = s.decider.Pick(&f.k, roomy)

@@ -153,20 +153,22 @@ func poolSaturated(cands []*backend.Backend, r satRule) bool {
 	if len(cands) == 0 {
 		return false
 	}
-	free := 0
+	need := keptFree(cands, r) + 1 // replicas with room for this request to start
 	for _, b := range cands {
 		v := viewOf(b)
 		if !v.saturated(&r) {
-			free++
+			if need--; need == 0 {
+				return false
+			}
 		}
 	}
-	return free < keptFree(cands, r)+1
+	return true
 }
 
 // keptFree is how many of cands with room the reserve rule keeps for the higher band: one in
 // a pool of two or more while r.reserve and r.keep are on (poolQueue.keeps: the pool was
-// saturated lately), none otherwise. vLLM runs a prompt's prefill
-// chunks before it admits a request that arrives meanwhile, so a higher band's request that
+// saturated lately), none otherwise. vLLM runs a prompt's prefill chunks before it
+// admits a request that arrives meanwhile, so a higher band's request that
 // finds every replica working through a lower band's prompt waits for one of them inside the
 // engine (a step carrying a full 8,192-token chunk takes 450 ms of the sims' model time);
 // one replica kept drained lets it start at once.
