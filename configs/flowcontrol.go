@@ -164,7 +164,7 @@ func (f *FlowControl) QueueConfig() flowcontrol.Config {
 		share = -1 // flowcontrol reads 0 as its default, negative as strict bands
 	}
 	return flowcontrol.Config{MaxItems: f.MaxQueued, MaxBytes: f.MaxQueuedBytes, MinBandShare: share, MaxRequestWork: f.MaxRequestWork,
-		LIFOAfter: offNegative(f.LIFOAfter, flowcontrol.DefaultLIFOAfter), BurstCredit: burstCredit(f.BurstCredit)}
+		LIFOAfter: offNegative(f.LIFOAfter, flowcontrol.DefaultLIFOAfter), BurstCredit: offNegative(f.BurstCredit, int64(flowcontrol.DefaultBurstCredit))}
 }
 
 // PrefillSaturationOption is proxy.FlowControl.PrefillSaturation of a defaulted section:
@@ -179,29 +179,18 @@ func (f *FlowControl) ReservePrefillOption() time.Duration {
 	return offNegative(f.ReservePrefill, proxy.DefaultReservePrefill)
 }
 
-// burstCredit is flowcontrol.Config.BurstCredit of burst_credit: the default when nil, 0
-// (none) turned into -1, which flowcontrol reads so.
-func burstCredit(c *int64) int64 {
-	switch {
-	case c == nil:
-		return flowcontrol.DefaultBurstCredit
-	case *c == 0:
+// offNegative is *v (def when nil), 0 turned into -1: the proxy and flowcontrol read 0 as
+// their default and a negative value as off. For durations (time.Duration of a Duration)
+// and counts (burst_credit).
+func offNegative[V, R ~int64](v *V, def R) R {
+	r := def
+	if v != nil {
+		r = R(*v)
+	}
+	if r == 0 {
 		return -1
 	}
-	return *c
-}
-
-// offNegative is *d (def when nil), 0 turned into -1: the proxy and flowcontrol read 0 as
-// their default and a negative value as off.
-func offNegative(d *Duration, def time.Duration) time.Duration {
-	v := def
-	if d != nil {
-		v = d.D()
-	}
-	if v == 0 {
-		return -1
-	}
-	return v
+	return r
 }
 
 // ClassifierConfig is the classifier's configuration of the section; build it with
