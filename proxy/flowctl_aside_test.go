@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/prefixlb/prefixlb/flowcontrol"
-	"github.com/prefixlb/prefixlb/router/key"
 )
 
 // TestSetAsideSheddableShedOnSaturation: a sheddable request set aside by the reserve rule
@@ -14,18 +13,10 @@ import (
 func TestSetAsideSheddableShedOnSaturation(t *testing.T) {
 	s, pq := dispatcherOnly(t, 2, 200) // room for one more by count; about 20 ms of prefill queued
 	now := time.Now()
-	item := func(prio, tokens int) *flowcontrol.Item {
-		it := &flowcontrol.Item{Priority: prio, Flow: "f", Cost: flowcontrol.Cost{UncachedPrefillTokens: tokens},
-			Arrival: now, Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: tokens}}}
-		if err := pq.q.Push(it, prio >= 0); err != nil { // a sheddable one queued while the pool had room
-			t.Fatal(err)
-		}
-		return it
-	}
-	shed := item(-1, 100)
+	shed := pushFlow(t, s, pq, now, -1, "f", 100, false) // a sheddable one queued while the pool had room
 	var high []*flowcontrol.Item
 	for range 4 {
-		high = append(high, item(5, 1000))
+		high = append(high, pushFlow(t, s, pq, now, 5, "f", 1000, true))
 	}
 	pq.q.NoteBand(5, now)
 	pq.q.NoteBand(-1, now)

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,29 +177,18 @@ func TestFlowControlBackloggedFlowYields(t *testing.T) {
 	for _, lighter := range []bool{true, false} {
 		s, pq := dispatcherOnly(t, 8, 200) // room by count; about 20 ms of prefill queued
 		now := time.Now()
-		item := func(flowID string) *flowcontrol.Item {
-			return &flowcontrol.Item{Priority: 0, Flow: flowID, Cost: flowcontrol.Cost{UncachedPrefillTokens: 100}, Arrival: now,
-				Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: 100}}}
-		}
 		if lighter {
 			// The light flow's request is served while the heavy flow is backlogged.
-			light := item("light")
-			if err := pq.q.Push(light, true); err != nil {
-				t.Fatal(err)
-			}
+			light := pushFlow(t, s, pq, now, 0, "light", 100, true)
 			for range 3 {
-				if err := pq.q.Push(item("heavy"), true); err != nil {
-					t.Fatal(err)
-				}
+				pushFlow(t, s, pq, now, 0, "heavy", 100, true)
 			}
 			if it := pq.q.Next(now); it != light || it.Yields() || !pq.q.Dispatched(it) {
 				t.Fatal("the light flow's request was not served first, or yields")
 			}
 		} else {
 			for range 3 {
-				if err := pq.q.Push(item("heavy"), true); err != nil {
-					t.Fatal(err)
-				}
+				pushFlow(t, s, pq, now, 0, "heavy", 100, true)
 			}
 		}
 		sleep := s.fc.dispatch(now)
@@ -222,18 +210,10 @@ func TestFlowControlBackloggedFlowYields(t *testing.T) {
 func TestReserveHeldHeadSetAside(t *testing.T) {
 	s, pq := dispatcherOnly(t, 64, 200) // room by count; about 20 ms of prefill queued
 	now := time.Now()
-	item := func(prio, tokens int) *flowcontrol.Item {
-		it := &flowcontrol.Item{Priority: prio, Flow: "f" + strconv.Itoa(prio), Cost: flowcontrol.Cost{UncachedPrefillTokens: tokens},
-			Arrival: now, Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: tokens}}}
-		if err := pq.q.Push(it, true); err != nil {
-			t.Fatal(err)
-		}
-		return it
-	}
-	low := item(0, 100)
+	low := pushFlow(t, s, pq, now, 0, "f0", 100, true)
 	var high []*flowcontrol.Item
 	for range 4 {
-		high = append(high, item(5, 1000))
+		high = append(high, pushFlow(t, s, pq, now, 5, "f5", 1000, true))
 	}
 	pq.q.NoteBand(5, now)
 	pq.q.NoteBand(0, now)
@@ -320,12 +300,7 @@ func TestYieldingFlowTakesLastDrainedReplica(t *testing.T) {
 		now := time.Now()
 		pq.noteSaturated(now)
 		item := func(prio int, flowID string) *flowcontrol.Item {
-			it := &flowcontrol.Item{Priority: prio, Flow: flowID, Cost: flowcontrol.Cost{UncachedPrefillTokens: 100}, Arrival: now,
-				Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: 100}}}
-			if err := pq.q.Push(it, true); err != nil {
-				t.Fatal(err)
-			}
-			return it
+			return pushFlow(t, s, pq, now, prio, flowID, 100, true)
 		}
 		var held *flowcontrol.Item
 		if lowerBand {
@@ -352,4 +327,16 @@ func TestYieldingFlowTakesLastDrainedReplica(t *testing.T) {
 			}
 		}
 	}
+}
+
+// pushFlow queues, in pq of s, a routed request of priority prio and flow flowID with tokens
+// of uncached prompt, arrived now, expiring in a minute; saturated as Queue.Push takes it.
+func pushFlow(t *testing.T, s *Server, pq *poolQueue, now time.Time, prio int, flowID string, tokens int, saturated bool) *flowcontrol.Item {
+	t.Helper()
+	it := &flowcontrol.Item{Priority: prio, Flow: flowID, Cost: flowcontrol.Cost{UncachedPrefillTokens: tokens}, Arrival: now,
+		Deadline: now.Add(time.Minute), Value: &flow{s: s, k: key.Key{Routed: true, OK: true, PromptTokens: tokens}}}
+	if err := pq.q.Push(it, saturated); err != nil {
+		t.Fatal(err)
+	}
+	return it
 }
