@@ -94,3 +94,37 @@ func TestSetAsideKeepsIdleFlows(t *testing.T) {
 		t.Errorf("after the band's items were set aside and put back: order %v; without: %v", got, want)
 	}
 }
+
+// TestReconfigureWhilePopped: Reconfigure to another MinBandShare while an item is popped
+// (the dispatcher sets it aside, a reload comes meanwhile) and its Requeue after leave the
+// lower band's credit as the Reconfigure alone does: the rebase counted the popped item's
+// work above the lower band, which the Requeue then took back below the new base.
+func TestReconfigureWhilePopped(t *testing.T) {
+	run := func(popped bool) []string {
+		q := mustNew(t, Config{LIFOAfter: -1})
+		for i := range 4 {
+			push(t, q, item(5, "high", 1000)).Value = fmt.Sprint("h", i)
+		}
+		push(t, q, item(0, "low", 500)).Value = "l"
+		var it *Item
+		if popped {
+			if it = q.Next(t0); it == nil {
+				t.Fatal("nothing popped")
+			}
+		}
+		if err := q.Reconfigure(Config{LIFOAfter: -1, MinBandShare: 0.5}); err != nil {
+			t.Fatal(err)
+		}
+		if popped && !q.Requeue(it) {
+			t.Fatal("Requeue refused")
+		}
+		var order []string
+		for range 5 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		return order
+	}
+	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Reconfigure while an item was popped, then Requeue: order %v; Reconfigure alone: %v", got, want)
+	}
+}
