@@ -128,3 +128,107 @@ func TestReconfigureWhilePopped(t *testing.T) {
 		t.Errorf("Reconfigure while an item was popped, then Requeue: order %v; Reconfigure alone: %v", got, want)
 	}
 }
+
+// TestBandCreatedWhilePopped: a lower band that first gets an item while a higher band's item
+// is popped (set aside) earns no credit from that item, and loses none when it is put back:
+// the item's work was never counted above the new band, and a Requeue must not take it out
+// of it.
+func TestBandCreatedWhilePopped(t *testing.T) {
+	run := func(popped bool) []string {
+		q := mustNew(t, Config{LIFOAfter: -1, MinBandShare: 0.5})
+		for i := range 4 {
+			push(t, q, item(5, "high", 1000)).Value = fmt.Sprint("h", i)
+		}
+		var it *Item
+		if popped {
+			if it = q.Next(t0); it == nil {
+				t.Fatal("nothing popped")
+			}
+		}
+		push(t, q, item(0, "low", 1000)).Value = "l"
+		if popped && !q.Requeue(it) {
+			t.Fatal("Requeue refused")
+		}
+		var order []string
+		for range 5 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		return order
+	}
+	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("the low band created while a high item was popped, then Requeue: order %v; without the pop: %v", got, want)
+	}
+}
+
+// TestFairnessReloadWhilePopped: a reload to another Fairness while an item is popped levels
+// the flows (restartFairness); the item's Requeue then leaves its flow level, not behind
+// the others by the charge the restart already wiped (a negative counter, served first for
+// as many turns as that charge was worth).
+func TestFairnessReloadWhilePopped(t *testing.T) {
+	run := func(popped bool) []string {
+		q := mustNew(t, Config{LIFOAfter: -1})
+		for i := range 3 {
+			push(t, q, item(0, "a", 5000)).Value = fmt.Sprint("a", i)
+			push(t, q, item(0, "b", 5000)).Value = fmt.Sprint("b", i)
+		}
+		var it *Item
+		if popped {
+			if it = q.Next(t0); it == nil {
+				t.Fatal("nothing popped")
+			}
+		}
+		if err := q.Reconfigure(Config{LIFOAfter: -1, Fairness: FairnessRoundRobin}); err != nil {
+			t.Fatal(err)
+		}
+		if popped && !q.Requeue(it) {
+			t.Fatal("Requeue refused")
+		}
+		var order []string
+		for range 6 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		return order
+	}
+	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("a fairness reload while an item was popped, then Requeue: order %v; the reload alone: %v", got, want)
+	}
+}
+
+// TestSettleWhileAllSetAside: a flow whose request settles while every queued item of its
+// band is popped (set aside for one dispatcher round) is a flow among contending ones: it is
+// remembered, and the band's virtual time stays. Raised to its counter, the virtual time
+// would lift the next flow to arrive above the backlogged one.
+func TestSettleWhileAllSetAside(t *testing.T) {
+	run := func(aside bool) []string {
+		q := mustNew(t, Config{LIFOAfter: -1})
+		light := push(t, q, item(0, "light", 1000))
+		if it := q.Next(t0); it != light || !q.Dispatched(light) || outcome(light) != Dispatched {
+			t.Fatal("light not dispatched")
+		}
+		for i := range 3 {
+			push(t, q, item(0, "heavy", 1000)).Value = fmt.Sprint("h", i)
+		}
+		var set []*Item
+		if aside {
+			for range 3 {
+				set = append(set, q.Next(t0))
+			}
+		}
+		// It generated a long answer: the most one request is charged.
+		if !q.Settle(light, Cost{OutputTokens: DefaultMaxRequestWork}) {
+			t.Fatal("Settle refused")
+		}
+		for i := len(set) - 1; i >= 0; i-- {
+			q.Requeue(set[i])
+		}
+		push(t, q, item(0, "new", 1000)).Value = "n"
+		var order []string
+		for range 4 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		return order
+	}
+	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("a flow settled while the band's items were set aside: order %v; without: %v", got, want)
+	}
+}

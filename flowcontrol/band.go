@@ -33,7 +33,15 @@ type band struct {
 	aboveServed int64
 	creditBase  int64
 	creditSpent int64
+	// pendingAbove is the part of aboveServed from higher bands' items popped and not yet
+	// dispatched or requeued: a credit base taken now leaves it out (enqueue, Reconfigure).
+	pendingAbove int64
+	seq          uint64 // creation order (Queue.bandSeq)
 }
+
+// contended reports whether flows of the band compete now: some are backlogged, or have
+// items popped that a Requeue may put back (the dispatcher sets requests aside).
+func (b *band) contended() bool { return len(b.backlog) > 0 || b.popped > 0 }
 
 func newBand(priority int) *band {
 	return &band{priority: priority, flows: map[string]*flow{}}
@@ -55,9 +63,9 @@ func (b *band) settleHistory() {
 
 // restartFairness levels the band's flows (Reconfigure to another Fairness): every counter
 // and the virtual time go to 0, the idle flows are forgotten, and the backlogged flows are
-// then served by their heads' arrival until the new policy's counters tell them apart. An
-// item in flight keeps the charge it was given, which its Settle corrects by a bounded
-// amount (MaxRequestWork).
+// then served by their heads' arrival until the new policy's counters tell them apart. The
+// charges of items popped or in flight are wiped with the counters: their Requeue or Settle
+// does not touch the counter (Queue.fairEpoch).
 func (b *band) restartFairness() {
 	b.vtime = 0
 	for _, f := range b.idle {

@@ -360,3 +360,31 @@ func TestBandShareBanksNoCreditWhileEmpty(t *testing.T) {
 	}
 	t.Fatal("low item not served within 25 dispatches: no share while higher bands are backlogged")
 }
+
+// A band's credit is what it is owed: work it is served as the top band (the bands above it
+// idle) counts toward its share as credited work does, so a lower band that was served
+// while the higher band was away does not jump it, on credit banked meanwhile, when the
+// higher band queues again.
+func TestBandShareServedCountsAgainstCredit(t *testing.T) {
+	q := mustNew(t, Config{MinBandShare: 0.2, LIFOAfter: -1}) // 0.25 of each unit above
+	for i := range 4 {
+		push(t, q, item(1, "hi", 1000)).Value = fmt.Sprint("h", i)
+	}
+	for i := range 10 {
+		push(t, q, item(0, "lo", 1000)).Value = fmt.Sprint("l", i)
+	}
+	var order []string
+	for range 5 { // four high items earn the low band 1,000 of credit; l0 served as the top band spends it
+		order = append(order, dispatch(t, q, t0).Value.(string))
+	}
+	order = append(order, dispatch(t, q, t0).Value.(string)) // l1
+	for i := 4; i < 8; i++ {
+		push(t, q, item(1, "hi", 1000)).Value = fmt.Sprint("h", i)
+	}
+	for range 5 {
+		order = append(order, dispatch(t, q, t0).Value.(string))
+	}
+	if got, want := fmt.Sprint(order), "[h0 h1 h2 h3 l0 l1 h4 h5 h6 h7 l2]"; got != want {
+		t.Errorf("order %v, want %v", got, want)
+	}
+}

@@ -120,9 +120,22 @@ type Item struct {
 	next    *Item
 	dlIndex int  // index in the deadline heap; -1 when not in it
 	credit  bool // popped on its band's guaranteed share (undone by Requeue)
-	newest  bool // popped from its flow's tail (adaptive LIFO): put back there
-	yields  bool // popped with its flow backlogged while a lighter flow was served (Yields)
+	// creditTaken is the band credit its dispatch spent (undone by Requeue): its work when
+	// popped on credit, else as much of it as the band's credit held.
+	creditTaken int64
+	newest      bool // popped from its flow's tail (adaptive LIFO): put back there
+	yields      bool // popped with its flow backlogged while a lighter flow was served (Yields)
+	// bandSeq is the queue's band count when it was popped: the lower bands that counted
+	// its work above them (band.seq ≤ bandSeq), which its Requeue or Return takes back.
+	bandSeq   uint64
+	fairEpoch uint32 // Queue.fairEpoch when it was charged
 }
+
+// Credited reports whether the item, popped by Next, was popped on its band's guaranteed
+// share (Config.MinBandShare) while a higher band was backlogged. The caller should start it
+// as it would a request of the top band: a rule that holds a lower band's request for the
+// higher band (proxy: ReservePrefill) would take back the share the band is guaranteed.
+func (it *Item) Credited() bool { return it.credit }
 
 // Yields reports whether the item, popped by Next, should leave room as a lower band's
 // request does: its flow had more items queued behind it (or popped before it and not yet

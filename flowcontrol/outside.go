@@ -56,7 +56,7 @@ func (q *Queue) Charge(priority int, flowID string, actual Cost) {
 		f.served += w
 		q.forget(f) // parks it in the idle heap, or drops it when nothing contends
 		return
-	case len(b.backlog) == 0:
+	case !b.contended():
 		// Nothing of the band waits: the flow would be lifted to the virtual time, charged,
 		// and forgotten at once, its counter becoming the virtual time (forget).
 		b.vtime += w
@@ -89,6 +89,6 @@ func (q *Queue) Return(it *Item) bool {
 	if it.state != stateInFlight || len(it.done) > 0 {
 		return false
 	}
-	q.putBack(it)
+	q.putBack(it, false)
 	return true
 }

@@ -20,6 +20,13 @@ type Queue struct {
 	bytes     int64
 	seq       uint64
 	closed    bool
+	// bandSeq numbers the bands as they are created (band.seq): an item popped counted its
+	// work above the bands that existed then (Item.bandSeq), and only those take it back.
+	bandSeq uint64
+	// fairEpoch counts the Fairness changes (Reconfigure): an item charged under an earlier
+	// one has its charge to the flow's counter wiped by the restart (restartFairness), so
+	// neither Requeue nor Settle undoes or corrects it.
+	fairEpoch uint32
 	// active is len(bands) > 0, readable without the lock (Active).
 	active atomic.Bool
 	// seen is the highest band noted lately (NoteBand), memory its Config.BandMemory in
@@ -84,9 +91,12 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	defer q.mu.Unlock()
 	if share := cfg.MinBandShare / (1 - cfg.MinBandShare); share != q.share {
 		for _, b := range q.bands {
-			// Rebase: the credit earned so far, at the old share, becomes credit not yet spent.
-			c := b.credit(q.share)
-			b.creditBase, b.creditSpent = b.aboveServed, -int64(c)
+			// Rebase: the credit earned so far, at the old share, becomes credit not yet
+			// spent. Work of higher bands' items popped and not yet placed is left out, and
+			// counts at the new share once dispatched: a Requeue takes it back out of
+			// aboveServed, and would take it below the new base.
+			c := b.credit(q.share) - q.share*float64(b.pendingAbove)
+			b.creditBase, b.creditSpent = b.aboveServed-b.pendingAbove, -int64(c)
 		}
 		q.share = share
 	}
@@ -96,6 +106,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 		for _, b := range q.bands {
 			b.restartFairness()
 		}
+		q.fairEpoch++
 	}
 	q.cfg = cfg
 	q.memory.Store(int64(cfg.BandMemory))
@@ -143,7 +154,7 @@ func (q *Queue) Push(it *Item, saturated bool) error {
 	}
 	it.Bytes = max(it.Bytes, 0)
 	it.work = q.cfg.Work(it.Cost)
-	it.charged, it.ticket, it.credit, it.newest, it.dlIndex = 0, 0, false, false, -1
+	it.charged, it.ticket, it.credit, it.creditTaken, it.newest, it.dlIndex = 0, 0, false, 0, false, -1
 	q.seq++
 	it.seq = q.seq
 	b := q.byPrio[it.Priority]
@@ -192,7 +203,7 @@ func (q *Queue) Next(now time.Time) *Item {
 			b.vtime = max(b.vtime, f.counter)
 		}
 		f.popped++
-		it.ticket = it.work
+		it.ticket, it.fairEpoch = it.work, q.fairEpoch
 		if q.cfg.roundRobin() {
 			it.ticket = 1 // one turn per request, whatever it costs
 		}
@@ -204,12 +215,20 @@ func (q *Queue) Next(now time.Time) *Item {
 			heap.Fix(&b.backlog, f.heapIdx)
 		}
 		it.credit, it.newest = credited, newest
-		if credited {
-			b.creditSpent += it.work
+		// Any work the band is served counts toward its guaranteed share: popped on credit,
+		// its whole work is spent from the credit; popped as the top band, as much of it as
+		// the credit holds (a band served while the bands above were idle is owed nothing
+		// for that time: its credit does not bank up to jump them when they queue again).
+		it.creditTaken = it.work
+		if !credited {
+			it.creditTaken = min(it.work, max(int64(b.credit(q.share)), 0))
 		}
+		b.creditSpent += it.creditTaken
 		for _, lb := range q.bands[bi+1:] {
 			lb.aboveServed += it.work
+			lb.pendingAbove += it.work
 		}
+		it.bandSeq = q.bandSeq
 		it.state = statePopped
 		q.pruneIdle(b)
 		return it
@@ -226,33 +245,33 @@ func (q *Queue) Requeue(it *Item) bool {
 		return false
 	}
 	unpop(it)
-	q.putBack(it)
+	q.putBack(it, true)
 	q.settleIfEmpty(it.flow.band) // after Drain: not put back
 	return true
 }
 
 // putBack undoes the charge Next made for it (its flow's counter and served work, the band
-// credit it spent, the work it added above the lower bands) and queues it at the head of its
-// flow, or delivers Shutdown after Drain.
-func (q *Queue) putBack(it *Item) {
+// credit it spent, the work it added above the lower bands; popped: it was not placed) and
+// queues it at the head of its flow, or delivers Shutdown after Drain.
+func (q *Queue) putBack(it *Item, popped bool) {
 	f := it.flow
 	b := f.band
-	f.counter -= it.ticket
+	if it.fairEpoch == q.fairEpoch {
+		f.counter -= it.ticket
+	}
 	f.served -= it.charged
 	it.charged, it.ticket = 0, 0
 	f.inflight--
-	for i := range q.bands {
-		if q.bands[i] == b {
-			for _, lb := range q.bands[i+1:] {
-				lb.aboveServed -= it.work
+	for _, lb := range q.bandsBelow(it) {
+		if lb.seq <= it.bandSeq { // it was counted there
+			lb.aboveServed -= it.work
+			if popped {
+				lb.pendingAbove -= it.work
 			}
-			break
 		}
 	}
-	if it.credit {
-		b.creditSpent -= it.work
-		it.credit = false
-	}
+	b.creditSpent -= it.creditTaken
+	it.credit, it.creditTaken = false, 0
 	if q.closed {
 		q.finish(it, Shutdown)
 		return
@@ -279,6 +298,11 @@ func (q *Queue) Dispatched(it *Item) bool {
 		return false
 	}
 	unpop(it)
+	for _, lb := range q.bandsBelow(it) {
+		if lb.seq <= it.bandSeq {
+			lb.pendingAbove -= it.work
+		}
+	}
 	q.settleIfEmpty(it.flow.band)
 	it.state = stateInFlight
 	it.done <- Dispatched
@@ -298,7 +322,7 @@ func (q *Queue) Settle(it *Item, actual Cost) bool {
 	w := q.cfg.PrefillWeight*int64(max(actual.UncachedPrefillTokens, 0)) + q.cfg.DecodeWeight*int64(max(actual.OutputTokens, 0))
 	w = min(w, q.cfg.MaxRequestWork)
 	f := it.flow
-	if !q.cfg.roundRobin() {
+	if !q.cfg.roundRobin() && it.fairEpoch == q.fairEpoch {
 		f.counter += w - it.ticket // round-robin's turn stays one turn
 	}
 	f.served += w - it.charged
@@ -428,7 +452,9 @@ func (q *Queue) pick() (b *band, index int, credited bool) {
 func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 	b := f.band
 	if b.count == 0 && !front {
-		b.creditBase, b.creditSpent = b.aboveServed, 0
+		// Backlogged from now: it earns on work dispatched above from now, which a higher
+		// band's item popped and not yet placed is not yet (a Requeue takes it back).
+		b.creditBase, b.creditSpent = b.aboveServed-b.pendingAbove, 0
 	}
 	if f.heapIdx < 0 {
 		if f.idleIdx >= 0 {
@@ -535,7 +561,7 @@ func (q *Queue) forget(f *flow) {
 		return
 	}
 	b := f.band
-	if len(b.backlog) == 0 {
+	if !b.contended() {
 		b.vtime = max(b.vtime, f.counter)
 	}
 	switch {
@@ -564,8 +590,22 @@ func (q *Queue) pruneIdle(b *band) {
 	q.dropBandIfEmpty(b)
 }
 
+// bandsBelow is the bands below it's band, lowest priority last. It is popped or in flight,
+// so its band is there (a band with a flow is never dropped).
+func (q *Queue) bandsBelow(it *Item) []*band {
+	b := it.flow.band
+	for i := range q.bands {
+		if q.bands[i] == b {
+			return q.bands[i+1:]
+		}
+	}
+	return nil
+}
+
 func (q *Queue) addBand(priority int) *band {
 	b := newBand(priority)
+	q.bandSeq++
+	b.seq = q.bandSeq
 	i := 0
 	for i < len(q.bands) && q.bands[i].priority > priority {
 		i++

@@ -13,36 +13,40 @@ import (
 func TestSetAsideSheddableShedOnSaturation(t *testing.T) {
 	s, pq := dispatcherOnly(t, 2, 200) // room for one more by count; about 20 ms of prefill queued
 	now := time.Now()
-	shed := pushFlow(t, s, pq, now, -1, "f", 100, false) // a sheddable one queued while the pool had room
-	var high []*flowcontrol.Item
+	// Sheddable requests queued while the pool had room: a heavy flow's, and a light flow's
+	// served while heavy was backlogged, with nothing of its own behind it.
+	var heavy []*flowcontrol.Item
 	for range 4 {
-		high = append(high, pushFlow(t, s, pq, now, 5, "f", 1000, true))
+		heavy = append(heavy, pushFlow(t, s, pq, now, -1, "heavy", 100, false))
 	}
-	pq.q.NoteBand(5, now)
-	pq.q.NoteBand(-1, now)
-	// Two of the higher band's served earn the sheddable band the credit for its request:
-	// it is at the head, held by the reserve rule, and set aside.
-	for _, want := range high[:2] {
+	light := pushFlow(t, s, pq, now, -1, "light", 5000, false)
+	for _, want := range []*flowcontrol.Item{heavy[0], light} {
 		if it := pq.q.Next(now); it != want || !pq.q.Dispatched(it) {
-			t.Fatal("the higher band was not served first")
+			t.Fatal("not served in the expected order")
 		}
 	}
-	s.fc.dispatch(now) // high[2] takes the last slot; high[3] finds the pool saturated
+	next := pushFlow(t, s, pq, now, -1, "light", 100, false)
+	pushFlow(t, s, pq, now, -1, "light", 100, false)
+	// heavy's requests, first by their counter, yield to light: held by the reserve rule and
+	// set aside; light's next takes the last slot; the one after finds the pool saturated.
+	s.fc.dispatch(now)
 	select {
-	case o := <-high[2].Done():
+	case o := <-next.Done():
 		if o != flowcontrol.Dispatched {
-			t.Fatalf("high[2]: %v", o)
+			t.Fatalf("the light flow's request: %v", o)
 		}
-		t.Cleanup(high[2].Value.(*flow).lease.Release)
+		t.Cleanup(next.Value.(*flow).lease.Release)
 	default:
-		t.Fatal("high[2] was not placed on the replica's free slot")
+		t.Fatal("the light flow's request was not placed on the replica's free slot")
 	}
-	select {
-	case o := <-shed.Done():
-		if o != flowcontrol.Shed {
-			t.Errorf("the sheddable request: %v, want shed", o)
+	for i, it := range heavy[1:] {
+		select {
+		case o := <-it.Done():
+			if o != flowcontrol.Shed {
+				t.Errorf("heavy request %d: %v, want shed", i+1, o)
+			}
+		default:
+			t.Errorf("heavy request %d, set aside, still waits in a saturated pool (%d queued)", i+1, pq.q.Len())
 		}
-	default:
-		t.Errorf("the sheddable request set aside still waits in a saturated pool (%d queued)", pq.q.Len())
 	}
 }

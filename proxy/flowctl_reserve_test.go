@@ -203,14 +203,56 @@ func TestFlowControlBackloggedFlowYields(t *testing.T) {
 	}
 }
 
-// TestReserveHeldHeadSetAside: a lower band's request that its guaranteed share brought to
-// the head of the queue, held by the reserve rule (the replica has room by count, its queued
-// prefill has not drained), does not hold the higher band's requests behind it: the
-// dispatcher sets it aside, places them, and puts it back at its place.
+// TestReserveHeldHeadSetAside: a backlogged flow's requests at the head of the queue, held
+// by the reserve rule (Yields: the replica has room by count, its queued prefill has not
+// drained), do not hold the lighter flow's request behind them: the dispatcher sets them
+// aside, places it, and puts them back at their places.
 func TestReserveHeldHeadSetAside(t *testing.T) {
 	s, pq := dispatcherOnly(t, 64, 200) // room by count; about 20 ms of prefill queued
 	now := time.Now()
+	var heavy []*flowcontrol.Item
+	for range 4 {
+		heavy = append(heavy, pushFlow(t, s, pq, now, 0, "heavy", 100, true))
+	}
+	light := pushFlow(t, s, pq, now, 0, "light", 5000, true)
+	// heavy's first request, then light's, with nothing of light's queued behind it: light
+	// is the flow under its share, and its counter is now 50 times heavy's.
+	for _, want := range []*flowcontrol.Item{heavy[0], light} {
+		if it := pq.q.Next(now); it != want || !pq.q.Dispatched(it) {
+			t.Fatal("not served in the expected order")
+		}
+	}
+	light2 := pushFlow(t, s, pq, now, 0, "light", 100, true)
+	s.fc.dispatch(now)
+	select {
+	case o := <-light2.Done():
+		if o != flowcontrol.Dispatched {
+			t.Errorf("the light flow's request: outcome %v", o)
+		}
+	default:
+		t.Error("the light flow's request still queued behind the heavy flow's, held by the reserve rule")
+	}
+	for i, it := range heavy[1:] {
+		select {
+		case o := <-it.Done():
+			t.Errorf("heavy request %d left the queue (%v) with 20 ms of prefill queued", i+1, o)
+		default:
+		}
+	}
+	if pq.q.Len() != 3 {
+		t.Errorf("%d queued, want the heavy flow's 3 back in the queue", pq.q.Len())
+	}
+}
+
+// TestCreditedLowerBandNotHeld: a lower band's request that its guaranteed share
+// (min_band_share) brought to the head is placed where the pool has room, as the higher
+// band's are, though the reserve rule holds the lower band's other requests (20 ms of
+// prefill queued): held, the share would wait on the higher band to leave a replica drained.
+func TestCreditedLowerBandNotHeld(t *testing.T) {
+	s, pq := dispatcherOnly(t, 64, 200) // room by count; about 20 ms of prefill queued
+	now := time.Now()
 	low := pushFlow(t, s, pq, now, 0, "f0", 100, true)
+	low2 := pushFlow(t, s, pq, now, 0, "f0", 100, true)
 	var high []*flowcontrol.Item
 	for range 4 {
 		high = append(high, pushFlow(t, s, pq, now, 5, "f5", 1000, true))
@@ -225,23 +267,20 @@ func TestReserveHeldHeadSetAside(t *testing.T) {
 		}
 	}
 	s.fc.dispatch(now)
-	for i, it := range high[2:] {
+	for i, it := range append([]*flowcontrol.Item{low}, high[2:]...) {
 		select {
 		case o := <-it.Done():
 			if o != flowcontrol.Dispatched {
-				t.Errorf("higher band's request %d: outcome %v", i+2, o)
+				t.Errorf("request %d: outcome %v", i, o)
 			}
 		default:
-			t.Errorf("higher band's request %d still queued behind the lower band's, held by the reserve rule", i+2)
+			t.Errorf("request %d still queued (0: the lower band's, on credit)", i)
 		}
 	}
 	select {
-	case o := <-low.Done():
-		t.Errorf("the lower band's request left the queue (%v) with 20 ms of prefill queued", o)
+	case o := <-low2.Done():
+		t.Errorf("the lower band's second request, without credit, left the queue (%v) with 20 ms of prefill queued", o)
 	default:
-	}
-	if pq.q.Len() != 1 {
-		t.Errorf("%d queued, want the lower band's request back in the queue", pq.q.Len())
 	}
 }
 
