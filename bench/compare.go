@@ -265,6 +265,9 @@ func Compare(ctx context.Context, o Options) (*report.Report, error) {
 	if line := report.SavingsLine(rep.Modes, o.Speedup); line != "" {
 		rep.Notes = append(rep.Notes, line)
 	}
+	if line := report.FlowLine(rep.Modes); line != "" {
+		rep.Notes = append(rep.Notes, line)
+	}
 	minStep := simMinStep(o, simCfg)
 	checkValidity(rep.Modes, reuse, minStep, runtime.NumCPU())
 	validity := validityLines(rep.Modes, reuse, cachedSource, minStep)

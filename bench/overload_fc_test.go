@@ -61,10 +61,21 @@ func TestFlowControlArmsEndToEnd(t *testing.T) {
 		if len(m.Tenants) != 3 || sent != m.Requests || completed == 0 {
 			t.Errorf("%s: %d tenants sent %d of the arm's %d requests, %d completed", m.Mode, len(m.Tenants), sent, m.Requests, completed)
 		}
+		// What the arm's prefixlb counted in its queue (prefixlb_flow_*): nothing without
+		// flow control; at 2× capacity, requests held and placed from the queue with a wait.
+		s := m.Savings
+		switch {
+		case s == nil:
+			t.Errorf("%s: no figures from prefixlb's /metrics", m.Mode)
+		case m.Mode == "prefix" && (s.Queued != 0 || s.Refused != 0):
+			t.Errorf("prefix without flow control: %d queued, %d refused", s.Queued, s.Refused)
+		case m.Mode != "prefix" && !(s.Queued > 0 && s.QueueDispatched > 0 && s.QueueDispatched <= s.Queued && s.QueueWaitSeconds > 0):
+			t.Errorf("%s at 2x capacity: %d queued, %d placed from the queue after %v s of waits", m.Mode, s.Queued, s.QueueDispatched, s.QueueWaitSeconds)
+		}
 	}
 	out := stdout.String()
 	t.Log(out)
-	for _, want := range []string{"| prefix+fc | chat | 1 |", "| llm-d-fc | batch | 0 |", "Flow-control arms, classified by a rule per tenant's API key"} {
+	for _, want := range []string{"| prefix+fc | chat | 1 |", "| llm-d-fc | batch | 0 |", "Flow-control arms, classified by a rule per tenant's API key", "Flow control (prefixlb_flow_*): prefix+fc queued "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

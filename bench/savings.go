@@ -82,12 +82,25 @@ func addSavings(sum *report.Savings, page string) error {
 			dst, shadow = &sum.ShadowSavedPrefillSeconds, true
 		case name == "prefixlb_shadow_prefill_saved_seconds_total" && labels == `choice="actual"}`:
 			dst, shadow = &sum.ShadowActualSavedPrefillSeconds, true
-		case name == "prefixlb_backend_cached_tokens_total":
+		case name == "prefixlb_flow_queue_wait_seconds_sum" && labels == `outcome="dispatched"}`:
+			dst = &sum.QueueWaitSeconds
+		case name == "prefixlb_backend_cached_tokens_total", name == "prefixlb_flow_queued_total",
+			name == "prefixlb_flow_refused_total",
+			name == "prefixlb_flow_outcomes_total" && labels == `outcome="dispatched"}`:
 			v, err := strconv.ParseFloat(line[sp+1:], 64)
 			if err != nil {
 				return fmt.Errorf("%q: %w", line, err)
 			}
-			sum.CachedTokens += int64(v)
+			switch name {
+			case "prefixlb_backend_cached_tokens_total":
+				sum.CachedTokens += int64(v)
+			case "prefixlb_flow_queued_total":
+				sum.Queued += int64(v)
+			case "prefixlb_flow_refused_total":
+				sum.Refused += int64(v)
+			default:
+				sum.QueueDispatched += int64(v)
+			}
 			continue
 		default:
 			continue

@@ -180,6 +180,37 @@ type Savings struct {
 	Shadow                          bool    `json:"shadow,omitempty"`
 	ShadowSavedPrefillSeconds       float64 `json:"shadow_saved_prefill_seconds,omitempty"`
 	ShadowActualSavedPrefillSeconds float64 `json:"shadow_actual_saved_prefill_seconds,omitempty"`
+	// Flow control (the arm's flow_control on): Queued is prefixlb_flow_queued_total, the
+	// requests that waited in prefixlb's queue; QueueWaitSeconds the wall seconds those
+	// placed from it waited (prefixlb_flow_queue_wait_seconds_sum{outcome="dispatched"}),
+	// QueueDispatched how many they were; Refused is prefixlb_flow_refused_total over its
+	// reasons (shed, expired, full...).
+	Queued           int64   `json:"queued,omitempty"`
+	QueueDispatched  int64   `json:"queue_dispatched,omitempty"`
+	QueueWaitSeconds float64 `json:"queue_wait_seconds,omitempty"`
+	Refused          int64   `json:"refused,omitempty"`
+}
+
+// FlowLine is the note under the table on what each flow-control arm held in its queue
+// (empty when no arm queued or refused anything).
+func FlowLine(modes []Mode) string {
+	var parts []string
+	for _, m := range modes {
+		s := m.Savings
+		if s == nil || s.Queued == 0 && s.Refused == 0 {
+			continue
+		}
+		wait := "-"
+		if s.QueueDispatched > 0 {
+			wait = fms(s.QueueWaitSeconds / float64(s.QueueDispatched) * 1000)
+		}
+		parts = append(parts, fmt.Sprintf("%s queued %d of %d requests (%d placed from the queue, mean wait %s ms wall), refused %d",
+			m.Mode, s.Queued, m.Requests, s.QueueDispatched, wait, s.Refused))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "Flow control (prefixlb_flow_*): " + strings.Join(parts, "; ") + "."
 }
 
 // Summarize computes a Mode from an outcome. backends lists the backends the proxy had, so a

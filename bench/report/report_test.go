@@ -296,3 +296,16 @@ func TestTableSavings(t *testing.T) {
 		t.Error("speedup or shadow mentioned for a real-time run without a shadow")
 	}
 }
+
+// FlowLine names each arm that queued or refused requests, with its mean wait; none without.
+func TestFlowLine(t *testing.T) {
+	plain := Mode{Mode: "prefix", Requests: 10, Savings: &Savings{}}
+	fc := Mode{Mode: "prefix+fc", Requests: 10, Savings: &Savings{Queued: 4, QueueDispatched: 2, QueueWaitSeconds: 0.25, Refused: 1}}
+	if got := FlowLine([]Mode{plain, {Mode: "x"}}); got != "" {
+		t.Errorf("no arm queued: %q", got)
+	}
+	want := "Flow control (prefixlb_flow_*): prefix+fc queued 4 of 10 requests (2 placed from the queue, mean wait 125 ms wall), refused 1."
+	if got := FlowLine([]Mode{plain, fc}); got != want {
+		t.Errorf("FlowLine:\n got %q\nwant %q", got, want)
+	}
+}
