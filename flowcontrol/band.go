@@ -28,13 +28,14 @@ type band struct {
 	bytes  int64
 
 	// Guaranteed share: while this band is backlogged, its credit is share × (work
-	// dispatched from higher bands since it became backlogged) − work it was dispatched on
-	// credit since then. aboveServed is cumulative, so Requeue undoes a dispatch exactly.
+	// dispatched from higher bands since it became backlogged) − work it was served since
+	// then (Item.creditTaken). aboveServed is cumulative, so Requeue undoes a pop exactly.
 	aboveServed int64
 	creditBase  int64
 	creditSpent int64
 	// pendingAbove is the part of aboveServed from higher bands' items popped and not yet
-	// dispatched or requeued: a credit base taken now leaves it out (enqueue, Reconfigure).
+	// dispatched or requeued: not served yet (a Requeue takes it back), so it earns no
+	// credit (credit) and a credit base taken now leaves it out (enqueue, Reconfigure).
 	pendingAbove int64
 	seq          uint64 // creation order (Queue.bandSeq)
 }
@@ -80,9 +81,10 @@ func (b *band) restartFairness() {
 	heap.Init(&b.backlog)
 }
 
-// credit is the work the band may take ahead of higher bands now.
+// credit is the work the band may take ahead of higher bands now: its share of the work
+// dispatched above, items popped and held out (set aside) not counted until placed.
 func (b *band) credit(share float64) float64 {
-	return share*float64(b.aboveServed-b.creditBase) - float64(b.creditSpent)
+	return share*float64(b.aboveServed-b.pendingAbove-b.creditBase) - float64(b.creditSpent)
 }
 
 // head is the item the band dispatches next: the FIFO head of its least-served flow.

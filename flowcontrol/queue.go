@@ -92,10 +92,10 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	if share := cfg.MinBandShare / (1 - cfg.MinBandShare); share != q.share {
 		for _, b := range q.bands {
 			// Rebase: the credit earned so far, at the old share, becomes credit not yet
-			// spent. Work of higher bands' items popped and not yet placed is left out, and
-			// counts at the new share once dispatched: a Requeue takes it back out of
-			// aboveServed, and would take it below the new base.
-			c := b.credit(q.share) - q.share*float64(b.pendingAbove)
+			// spent. Work of higher bands' items popped and not yet placed is not in it, and
+			// counts at the new share once dispatched (a Requeue takes it back out of
+			// aboveServed and pendingAbove together).
+			c := b.credit(q.share)
 			b.creditBase, b.creditSpent = b.aboveServed-b.pendingAbove, -int64(c)
 		}
 		q.share = share
