@@ -269,3 +269,34 @@ func TestSetAsideEarnsNoCredit(t *testing.T) {
 		t.Fatalf("low band's credit %g after the set-aside items went back: it was lent and called in", c)
 	}
 }
+
+// TestPutBackKeepsFlowOrder: items of one flow put back in another order than they were
+// popped go back to their places by arrival: a placement taken back (Return, on the
+// request's handler) while the dispatcher holds the flow's next item aside, or requeues in
+// pop order. Put at the flow's head each time, the later item went before the earlier one.
+func TestPutBackKeepsFlowOrder(t *testing.T) {
+	for _, returned := range []bool{false, true} {
+		q := mustNew(t, Config{LIFOAfter: -1})
+		for i := range 3 {
+			push(t, q, item(0, "a", 1000)).Value = fmt.Sprint("a", i)
+		}
+		first := q.Next(t0)
+		if returned && (!q.Dispatched(first) || outcome(first) != Dispatched) {
+			t.Fatal("first not dispatched")
+		}
+		second := q.Next(t0)
+		if returned {
+			q.Return(first)
+		} else {
+			q.Requeue(first)
+		}
+		q.Requeue(second)
+		var order []string
+		for range 3 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		if got, want := fmt.Sprint(order), "[a0 a1 a2]"; got != want {
+			t.Errorf("returned %v: order %v, want %v", returned, got, want)
+		}
+	}
+}

@@ -87,14 +87,6 @@ func (b *band) credit(share float64) float64 {
 	return share*float64(b.aboveServed-b.pendingAbove-b.creditBase) - float64(b.creditSpent)
 }
 
-// head is the item the band dispatches next: the FIFO head of its least-served flow.
-func (b *band) head() *Item {
-	if len(b.backlog) == 0 {
-		return nil
-	}
-	return b.backlog[0].head
-}
-
 // flow is one fairness key's FIFO within a band.
 type flow struct {
 	id       string
@@ -150,6 +142,26 @@ func (f *flow) insertBySeq(it *Item) {
 		f.tail = it
 	}
 	p.next = it
+}
+
+// insertBySeqFromHead links it in arrival order, searching from the head: it was popped
+// from the head, and only the items of its flow put back before it are ahead of it.
+func (f *flow) insertBySeqFromHead(it *Item) {
+	n := f.head
+	for n != nil && n.seq < it.seq {
+		n = n.next
+	}
+	if n == nil {
+		f.pushBack(it)
+		return
+	}
+	it.prev, it.next = n.prev, n
+	if n.prev != nil {
+		n.prev.next = it
+	} else {
+		f.head = it
+	}
+	n.prev = it
 }
 
 func (f *flow) unlink(it *Item) {

@@ -178,16 +178,12 @@ func (q *Queue) Next(now time.Time) *Item {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for {
-		b, bi, credited := q.pick()
+		b, bi, credited := q.pick(now)
 		if b == nil {
 			return nil
 		}
 		f := b.backlog[0]
-		it := f.head
-		newest := q.cfg.LIFOAfter > 0 && !it.Arrival.IsZero() && now.Sub(it.Arrival) >= q.cfg.LIFOAfter
-		if newest {
-			it = f.tail // a standing queue: the newest first (Config.LIFOAfter)
-		}
+		it, newest := q.nextOf(b, now)
 		b.popped++ // settled when it is dispatched (Dispatched), not while it may come back
 		q.dequeue(it)
 		if !it.Deadline.IsZero() && !now.Before(it.Deadline) {
@@ -277,12 +273,18 @@ func (q *Queue) putBack(it *Item, popped bool) {
 		return
 	}
 	q.enqueue(it, f, true)
-	if it.newest && f.tail != it {
-		// Taken from the tail (adaptive LIFO): back to its place by arrival, behind the
-		// items of its flow pushed while it was out (the flow stays in arrival order, which
-		// the flow heaps and newest-first read).
+	if it.next != nil && it.next.seq < it.seq {
+		// Back to its place by arrival (the flow stays in arrival order, which the flow
+		// heaps and newest-first read): taken from the tail (adaptive LIFO), behind the
+		// items of its flow pushed while it was out; or put back after an item of its flow
+		// popped before it (a Requeue in pop order, a Return while the dispatcher holds the
+		// next one aside), behind that one.
 		f.unlink(it)
-		f.insertBySeq(it)
+		if it.newest {
+			f.insertBySeq(it)
+		} else {
+			f.insertBySeqFromHead(it)
+		}
 		heap.Fix(&f.band.backlog, f.heapIdx)
 		heap.Fix(&f.band.fat, f.fatIdx)
 	}
@@ -424,9 +426,21 @@ func (q *Queue) yields(b *band, f *flow, now time.Time) bool {
 	return m >= 0 && b.lightAt != 0 && t-b.lightAt <= m && b.lightFlow != f.id
 }
 
-// pick chooses the band to dispatch from: the lowest-index (highest-priority) band below
-// the top backlogged one whose credit covers its next item, else the top backlogged band.
-func (q *Queue) pick() (b *band, index int, credited bool) {
+// nextOf is the item Next pops from backlogged band b at now: the head of its least-served
+// flow or, once that head waited LIFOAfter (a standing queue), the flow's newest.
+func (q *Queue) nextOf(b *band, now time.Time) (it *Item, newest bool) {
+	f := b.backlog[0]
+	it = f.head
+	if q.cfg.LIFOAfter > 0 && !it.Arrival.IsZero() && now.Sub(it.Arrival) >= q.cfg.LIFOAfter {
+		return f.tail, true // a standing queue: the newest first (Config.LIFOAfter)
+	}
+	return it, false
+}
+
+// pick chooses the band to dispatch from at now: the lowest-index (highest-priority) band
+// below the top backlogged one whose credit covers the item it would pop (nextOf), else the
+// top backlogged band.
+func (q *Queue) pick(now time.Time) (b *band, index int, credited bool) {
 	top := -1
 	for i, b := range q.bands {
 		if b.count > 0 {
@@ -440,8 +454,10 @@ func (q *Queue) pick() (b *band, index int, credited bool) {
 	if q.share > 0 {
 		for i := top + 1; i < len(q.bands); i++ {
 			lb := q.bands[i]
-			if lb.count > 0 && lb.credit(q.share) >= float64(lb.head().work) {
-				return lb, i, true
+			if lb.count > 0 {
+				if it, _ := q.nextOf(lb, now); lb.credit(q.share) >= float64(it.work) {
+					return lb, i, true
+				}
 			}
 		}
 	}
