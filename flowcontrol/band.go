@@ -38,6 +38,7 @@ type band struct {
 	// credit (credit) and a credit base taken now leaves it out (enqueue, Reconfigure).
 	pendingAbove int64
 	seq          uint64 // creation order (Queue.bandSeq)
+	baseAt       uint64 // Queue.placed when creditBase was taken (enqueue, Reconfigure)
 }
 
 // contended reports whether flows of the band compete now: some are backlogged, or have

@@ -74,7 +74,8 @@ func checkInvariants(t testing.TB, q *Queue) {
 // Dispatched or Requeue) and in flight (awaiting Settle or Return): each band's and flow's
 // popped and in-flight counts, each band's pendingAbove (the work of the higher bands'
 // popped items counted above it), no negative served work, and, unless some placement was
-// taken back (Return debits work the band may not have counted), no negative band credit.
+// taken back (a band may have spent the credit a returned item earned it), no negative band
+// credit.
 func checkOut(t testing.TB, q *Queue, popped, inflight []*Item, returned bool) {
 	t.Helper()
 	q.mu.Lock()

@@ -27,6 +27,9 @@ type Queue struct {
 	// one has its charge to the flow's counter wiped by the restart (restartFairness), so
 	// neither Requeue nor Settle undoes or corrects it.
 	fairEpoch uint32
+	// placed numbers the dispatches (Item.placed): a Return takes an item's work back only
+	// from the bands whose credit base was taken before it (band.baseAt), which counted it.
+	placed uint64
 	// active is len(bands) > 0, readable without the lock (Active).
 	active atomic.Bool
 	// seen is the highest band noted lately (NoteBand), memory its Config.BandMemory in
@@ -96,7 +99,7 @@ func (q *Queue) Reconfigure(cfg Config) error {
 			// counts at the new share once dispatched (a Requeue takes it back out of
 			// aboveServed and pendingAbove together).
 			c := b.credit(q.share)
-			b.creditBase, b.creditSpent = b.aboveServed-b.pendingAbove, -int64(c)
+			b.creditBase, b.creditSpent, b.baseAt = b.aboveServed-b.pendingAbove, -int64(c), q.placed
 		}
 		q.share = share
 	}
@@ -259,11 +262,17 @@ func (q *Queue) putBack(it *Item, popped bool) {
 	it.charged, it.ticket = 0, 0
 	f.inflight--
 	for _, lb := range q.bandsBelow(it) {
-		if lb.seq <= it.bandSeq { // it was counted there
+		switch {
+		case lb.seq > it.bandSeq: // created after its pop: it was not counted there
+		case popped:
 			lb.aboveServed -= it.work
-			if popped {
-				lb.pendingAbove -= it.work
-			}
+			lb.pendingAbove -= it.work
+		case lb.baseAt < it.placed:
+			// Dispatched and counted since the band's credit base: taken back. Dispatched
+			// before it, it is in the base and the band never earned on it (after a
+			// Reconfigure rebase, the credit it earned at the old share stays: bounded by
+			// share × MaxRequestWork, and never below zero).
+			lb.aboveServed -= it.work
 		}
 	}
 	b.creditSpent -= it.creditTaken
@@ -305,6 +314,8 @@ func (q *Queue) Dispatched(it *Item) bool {
 			lb.pendingAbove -= it.work
 		}
 	}
+	q.placed++
+	it.placed = q.placed
 	q.settleIfEmpty(it.flow.band)
 	it.state = stateInFlight
 	it.done <- Dispatched
@@ -470,7 +481,7 @@ func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 	if b.count == 0 && !front {
 		// Backlogged from now: it earns on work dispatched above from now, which a higher
 		// band's item popped and not yet placed is not yet (a Requeue takes it back).
-		b.creditBase, b.creditSpent = b.aboveServed-b.pendingAbove, 0
+		b.creditBase, b.creditSpent, b.baseAt = b.aboveServed-b.pendingAbove, 0, q.placed
 	}
 	if f.heapIdx < 0 {
 		if f.idleIdx >= 0 {
