@@ -232,3 +232,71 @@ func TestSettleWhileAllSetAside(t *testing.T) {
 		t.Errorf("a flow settled while the band's items were set aside: order %v; without: %v", got, want)
 	}
 }
+
+// TestSetAsideEarnsNoCredit: a higher band's items popped and held out (the dispatcher sets
+// them aside) are not work served above the lower band: within that round the lower band is
+// not popped on credit they would earn it (Credited, which the reserve rule does not hold),
+// and once they are put back its credit is not below zero. Counted, the lower band took a
+// request ahead of the higher band on a loan that the Requeues then called in.
+func TestSetAsideEarnsNoCredit(t *testing.T) {
+	q := mustNew(t, Config{LIFOAfter: -1, MinBandShare: 0.5}) // one unit of credit per unit above
+	for i := range 4 {
+		push(t, q, item(5, fmt.Sprint("h", i), 1000))
+	}
+	push(t, q, item(0, "low", 1000))
+	var set []*Item
+	for range 3 { // the round sets the higher band's heads aside, and looks behind them
+		it := q.Next(t0)
+		if it == nil {
+			t.Fatal("nothing popped")
+		}
+		set = append(set, it)
+		if it.Priority != 5 || it.Credited() {
+			t.Fatalf("popped priority %d (credited %v) with nothing placed above it: the set-aside work counted as served", it.Priority, it.Credited())
+		}
+	}
+	for i := len(set) - 1; i >= 0; i-- {
+		q.Requeue(set[i])
+	}
+	if c := bandCredit(t, q, 0); c != 0 {
+		t.Fatalf("low band's credit %g after a round that placed nothing, want 0", c)
+	}
+	q.mu.Lock()
+	lb := q.byPrio[0]
+	c := lb.credit(q.share)
+	q.mu.Unlock()
+	if c < 0 {
+		t.Fatalf("low band's credit %g after the set-aside items went back: it was lent and called in", c)
+	}
+}
+
+// TestPutBackKeepsFlowOrder: items of one flow put back in another order than they were
+// popped go back to their places by arrival: a placement taken back (Return, on the
+// request's handler) while the dispatcher holds the flow's next item aside, or requeues in
+// pop order. Put at the flow's head each time, the later item went before the earlier one.
+func TestPutBackKeepsFlowOrder(t *testing.T) {
+	for _, returned := range []bool{false, true} {
+		q := mustNew(t, Config{LIFOAfter: -1})
+		for i := range 3 {
+			push(t, q, item(0, "a", 1000)).Value = fmt.Sprint("a", i)
+		}
+		first := q.Next(t0)
+		if returned && (!q.Dispatched(first) || outcome(first) != Dispatched) {
+			t.Fatal("first not dispatched")
+		}
+		second := q.Next(t0)
+		if returned {
+			q.Return(first)
+		} else {
+			q.Requeue(first)
+		}
+		q.Requeue(second)
+		var order []string
+		for range 3 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		if got, want := fmt.Sprint(order), "[a0 a1 a2]"; got != want {
+			t.Errorf("returned %v: order %v, want %v", returned, got, want)
+		}
+	}
+}

@@ -28,15 +28,17 @@ type band struct {
 	bytes  int64
 
 	// Guaranteed share: while this band is backlogged, its credit is share × (work
-	// dispatched from higher bands since it became backlogged) − work it was dispatched on
-	// credit since then. aboveServed is cumulative, so Requeue undoes a dispatch exactly.
+	// dispatched from higher bands since it became backlogged) − work it was served since
+	// then (Item.creditTaken). aboveServed is cumulative, so Requeue undoes a pop exactly.
 	aboveServed int64
 	creditBase  int64
 	creditSpent int64
 	// pendingAbove is the part of aboveServed from higher bands' items popped and not yet
-	// dispatched or requeued: a credit base taken now leaves it out (enqueue, Reconfigure).
+	// dispatched or requeued: not served yet (a Requeue takes it back), so it earns no
+	// credit (credit) and a credit base taken now leaves it out (enqueue, Reconfigure).
 	pendingAbove int64
 	seq          uint64 // creation order (Queue.bandSeq)
+	baseAt       uint64 // Queue.placed when creditBase was taken (enqueue, Reconfigure)
 }
 
 // contended reports whether flows of the band compete now: some are backlogged, or have
@@ -80,17 +82,10 @@ func (b *band) restartFairness() {
 	heap.Init(&b.backlog)
 }
 
-// credit is the work the band may take ahead of higher bands now.
+// credit is the work the band may take ahead of higher bands now: its share of the work
+// dispatched above, items popped and held out (set aside) not counted until placed.
 func (b *band) credit(share float64) float64 {
-	return share*float64(b.aboveServed-b.creditBase) - float64(b.creditSpent)
-}
-
-// head is the item the band dispatches next: the FIFO head of its least-served flow.
-func (b *band) head() *Item {
-	if len(b.backlog) == 0 {
-		return nil
-	}
-	return b.backlog[0].head
+	return share*float64(b.aboveServed-b.pendingAbove-b.creditBase) - float64(b.creditSpent)
 }
 
 // flow is one fairness key's FIFO within a band.
@@ -148,6 +143,26 @@ func (f *flow) insertBySeq(it *Item) {
 		f.tail = it
 	}
 	p.next = it
+}
+
+// insertBySeqFromHead links it in arrival order, searching from the head: it was popped
+// from the head, and only the items of its flow put back before it are ahead of it.
+func (f *flow) insertBySeqFromHead(it *Item) {
+	n := f.head
+	for n != nil && n.seq < it.seq {
+		n = n.next
+	}
+	if n == nil {
+		f.pushBack(it)
+		return
+	}
+	it.prev, it.next = n.prev, n
+	if n.prev != nil {
+		n.prev.next = it
+	} else {
+		f.head = it
+	}
+	n.prev = it
 }
 
 func (f *flow) unlink(it *Item) {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 )
 
 // jain is Jain's fairness index of xs: 1 when all are equal, 1/n when one has everything.
@@ -386,5 +387,34 @@ func TestBandShareServedCountsAgainstCredit(t *testing.T) {
 	}
 	if got, want := fmt.Sprint(order), "[h0 h1 h2 h3 l0 l1 h4 h5 h6 h7 l2]"; got != want {
 		t.Errorf("order %v, want %v", got, want)
+	}
+}
+
+// TestBandShareCreditCoversTheItemPopped: under a standing queue (Config.LIFOAfter) a flow
+// is served from its tail, and the credit that lets a lower band go ahead of a higher one
+// must cover that item, not the flow's head: checked against a small head, the band took a
+// large newest request ahead of the higher band on credit it did not have, and went below
+// zero.
+func TestBandShareCreditCoversTheItemPopped(t *testing.T) {
+	q := mustNew(t, Config{MinBandShare: 0.5, LIFOAfter: time.Second}) // one unit of credit per unit above
+	for i := range 4 {
+		push(t, q, item(1, "hi", 500)).Value = fmt.Sprint("h", i)
+	}
+	push(t, q, item(0, "lo", 100)).Value = "small"
+	push(t, q, item(0, "lo", 5000)).Value = "large"
+	now := t0.Add(2 * time.Second) // both waited past LIFOAfter: the newest goes first
+	var order []string
+	for range 3 {
+		it := dispatch(t, q, now)
+		order = append(order, it.Value.(string))
+		q.mu.Lock()
+		c := q.byPrio[0].credit(q.share)
+		q.mu.Unlock()
+		if c < 0 {
+			t.Fatalf("order %v: the low band's credit is %g", order, c)
+		}
+	}
+	if got, want := fmt.Sprint(order), "[h3 h2 h1]"; got != want {
+		t.Errorf("order %v, want %v: 1,000 of credit does not cover the low band's newest request (5,000)", got, want)
 	}
 }

@@ -32,6 +32,9 @@ func checkInvariants(t testing.TB, q *Queue) {
 				if it.state != stateQueued || it.flow != f {
 					t.Fatalf("flow %s links an item in state %d", id, it.state)
 				}
+				if it.next != nil && it.next.seq < it.seq {
+					t.Fatalf("flow %s out of arrival order: %d before %d", id, it.seq, it.next.seq)
+				}
 			}
 			if n != f.count || nb != f.bytes {
 				t.Fatalf("flow %s counts %d/%d, links %d/%d", id, f.count, f.bytes, n, nb)
@@ -67,6 +70,70 @@ func checkInvariants(t testing.TB, q *Queue) {
 	}
 }
 
+// checkOut verifies the accounting of the items out of the queue, popped (awaiting
+// Dispatched or Requeue) and in flight (awaiting Settle or Return): each band's and flow's
+// popped and in-flight counts, each band's pendingAbove (the work of the higher bands'
+// popped items counted above it), no negative served work, and, unless some placement was
+// taken back (a band may have spent the credit a returned item earned it), no negative band
+// credit.
+func checkOut(t testing.TB, q *Queue, popped, inflight []*Item, returned bool) {
+	t.Helper()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, b := range q.bands {
+		np, pending := 0, int64(0)
+		for _, it := range popped {
+			if it.state != statePopped {
+				t.Fatalf("an item awaiting Dispatched or Requeue is in state %d", it.state)
+			}
+			if it.flow.band == b {
+				np++
+			}
+			for _, hb := range q.bands[:i] {
+				if it.flow.band == hb && b.seq <= it.bandSeq {
+					pending += it.work
+				}
+			}
+		}
+		if np != b.popped {
+			t.Fatalf("band %d counts %d popped, %d are", b.priority, b.popped, np)
+		}
+		if pending != b.pendingAbove {
+			t.Fatalf("band %d pendingAbove %d, the higher bands' popped items hold %d", b.priority, b.pendingAbove, pending)
+		}
+		if c := b.credit(q.share); !returned && c < 0 {
+			t.Fatalf("band %d credit %g", b.priority, c)
+		}
+		for id, f := range b.flows {
+			fp, fi := 0, 0
+			for _, it := range popped {
+				if it.flow == f {
+					fp++
+				}
+			}
+			for _, it := range inflight {
+				if it.flow == f {
+					fi++
+				}
+			}
+			if f.popped != fp || f.inflight != fp+fi {
+				t.Fatalf("flow %s counts %d popped, %d out; %d popped, %d in flight are", id, f.popped, f.inflight, fp, fi)
+			}
+			if f.served < 0 {
+				t.Fatalf("flow %s served %d", id, f.served)
+			}
+		}
+	}
+	for _, it := range append(popped, inflight...) {
+		if q.byPrio[it.Priority] != it.flow.band {
+			t.Fatalf("an item out belongs to band %d, which the queue dropped", it.Priority)
+		}
+		if it.flow.band.flows[it.Flow] != it.flow {
+			t.Fatal("an item out belongs to a flow its band forgot")
+		}
+	}
+}
+
 // Nothing is lost: under any sequence of operations every accepted item gets exactly one
 // outcome (after a final Drain, with popped items requeued or dispatched), no item is
 // popped twice, and the bookkeeping stays consistent.
@@ -79,6 +146,7 @@ func FuzzNothingLost(f *testing.F) {
 		now := t0
 		outcomes := map[*Item]int{}
 		var accepted, popped, inflight []*Item
+		returned := false
 		read := func() {
 			for _, it := range accepted {
 				select {
@@ -141,6 +209,7 @@ func FuzzNothingLost(f *testing.F) {
 				if it := take(&inflight, arg); it != nil {
 					if arg&0x80 != 0 && q.Return(it) {
 						outcomes[it]-- // its Dispatched was read; it is queued again
+						returned = true
 					} else {
 						q.Settle(it, Cost{OutputTokens: int(arg) * 100})
 					}
@@ -168,16 +237,25 @@ func FuzzNothingLost(f *testing.F) {
 						MinBandShare: float64(arg%10)/20 - 0.05, MaxRequestWork: 50 + int64(arg)}); err != nil {
 						t.Fatal(err)
 					}
+				case 2: // a reload to the other fairness policy
+					c := q.Config()
+					c.Fairness = map[string]string{FairnessVTC: FairnessRoundRobin, FairnessRoundRobin: FairnessVTC}[c.Fairness]
+					if err := q.Reconfigure(c); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			read()
 			checkInvariants(t, q)
+			checkOut(t, q, popped, inflight, returned)
 		}
 		q.Drain()
 		for _, it := range popped {
 			q.Requeue(it)
 		}
+		popped = nil
 		read()
+		checkOut(t, q, popped, inflight, returned)
 		for _, it := range accepted {
 			if outcomes[it] != 1 {
 				t.Fatalf("an accepted item got %d outcomes", outcomes[it])

@@ -129,6 +129,7 @@ type Item struct {
 	// its work above them (band.seq ≤ bandSeq), which its Requeue or Return takes back.
 	bandSeq   uint64
 	fairEpoch uint32 // Queue.fairEpoch when it was charged
+	placed    uint64 // Queue.placed at its Dispatched: the bands its Return takes its work from
 }
 
 // Credited reports whether the item, popped by Next, was popped on its band's guaranteed

@@ -208,3 +208,43 @@ func TestReturnKeepsPlace(t *testing.T) {
 	}
 	checkInvariants(t, q)
 }
+
+// TestReturnDebitsOnlyWhatWasCounted: a higher band's placement taken back (Return) after a
+// lower band became backlogged was never work the lower band earned on (its credit base was
+// taken after the dispatch), so it takes nothing from that band's credit: debited, the band
+// owed its share of work never served, and waited that much longer for its turn, for good
+// once the returned request's client left.
+func TestReturnDebitsOnlyWhatWasCounted(t *testing.T) {
+	run := func(returned bool) []string {
+		q := mustNew(t, Config{LIFOAfter: -1, MinBandShare: 0.5}) // one unit of credit per unit above
+		// The low band exists (a request of it in flight) and is not backlogged.
+		pre := push(t, q, item(0, "pre", 1000))
+		if q.Next(t0) != pre || !q.Dispatched(pre) || outcome(pre) != Dispatched {
+			t.Fatal("not dispatched")
+		}
+		var back *Item
+		if returned {
+			back = push(t, q, item(1, "gone", 1000))
+			if q.Next(t0) != back || !q.Dispatched(back) || outcome(back) != Dispatched {
+				t.Fatal("not dispatched")
+			}
+		}
+		for i := range 4 {
+			push(t, q, item(1, "hi", 1000)).Value = fmt.Sprint("h", i)
+		}
+		push(t, q, item(0, "lo", 1000)).Value = "l"
+		if returned {
+			if !q.Return(back) || !q.Remove(back) || outcome(back) != Cancelled {
+				t.Fatal("not returned and removed")
+			}
+		}
+		var order []string
+		for range 5 {
+			order = append(order, dispatch(t, q, t0).Value.(string))
+		}
+		return order
+	}
+	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("a higher band's request dispatched before the low band queued, returned and cancelled: order %v; without it: %v", got, want)
+	}
+}

@@ -27,6 +27,9 @@ type Queue struct {
 	// one has its charge to the flow's counter wiped by the restart (restartFairness), so
 	// neither Requeue nor Settle undoes or corrects it.
 	fairEpoch uint32
+	// placed numbers the dispatches (Item.placed): a Return takes an item's work back only
+	// from the bands whose credit base was taken before it (band.baseAt), which counted it.
+	placed uint64
 	// active is len(bands) > 0, readable without the lock (Active).
 	active atomic.Bool
 	// seen is the highest band noted lately (NoteBand), memory its Config.BandMemory in
@@ -92,11 +95,11 @@ func (q *Queue) Reconfigure(cfg Config) error {
 	if share := cfg.MinBandShare / (1 - cfg.MinBandShare); share != q.share {
 		for _, b := range q.bands {
 			// Rebase: the credit earned so far, at the old share, becomes credit not yet
-			// spent. Work of higher bands' items popped and not yet placed is left out, and
-			// counts at the new share once dispatched: a Requeue takes it back out of
-			// aboveServed, and would take it below the new base.
-			c := b.credit(q.share) - q.share*float64(b.pendingAbove)
-			b.creditBase, b.creditSpent = b.aboveServed-b.pendingAbove, -int64(c)
+			// spent. Work of higher bands' items popped and not yet placed is not in it, and
+			// counts at the new share once dispatched (a Requeue takes it back out of
+			// aboveServed and pendingAbove together).
+			c := b.credit(q.share)
+			b.creditBase, b.creditSpent, b.baseAt = b.aboveServed-b.pendingAbove, -int64(c), q.placed
 		}
 		q.share = share
 	}
@@ -178,16 +181,12 @@ func (q *Queue) Next(now time.Time) *Item {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for {
-		b, bi, credited := q.pick()
+		b, bi, credited := q.pick(now)
 		if b == nil {
 			return nil
 		}
 		f := b.backlog[0]
-		it := f.head
-		newest := q.cfg.LIFOAfter > 0 && !it.Arrival.IsZero() && now.Sub(it.Arrival) >= q.cfg.LIFOAfter
-		if newest {
-			it = f.tail // a standing queue: the newest first (Config.LIFOAfter)
-		}
+		it, newest := q.nextOf(b, now)
 		b.popped++ // settled when it is dispatched (Dispatched), not while it may come back
 		q.dequeue(it)
 		if !it.Deadline.IsZero() && !now.Before(it.Deadline) {
@@ -263,11 +262,17 @@ func (q *Queue) putBack(it *Item, popped bool) {
 	it.charged, it.ticket = 0, 0
 	f.inflight--
 	for _, lb := range q.bandsBelow(it) {
-		if lb.seq <= it.bandSeq { // it was counted there
+		switch {
+		case lb.seq > it.bandSeq: // created after its pop: it was not counted there
+		case popped:
 			lb.aboveServed -= it.work
-			if popped {
-				lb.pendingAbove -= it.work
-			}
+			lb.pendingAbove -= it.work
+		case lb.baseAt < it.placed:
+			// Dispatched and counted since the band's credit base: taken back. Dispatched
+			// before it, it is in the base and the band never earned on it (after a
+			// Reconfigure rebase, the credit it earned at the old share stays: bounded by
+			// share × MaxRequestWork, and never below zero).
+			lb.aboveServed -= it.work
 		}
 	}
 	b.creditSpent -= it.creditTaken
@@ -277,12 +282,18 @@ func (q *Queue) putBack(it *Item, popped bool) {
 		return
 	}
 	q.enqueue(it, f, true)
-	if it.newest && f.tail != it {
-		// Taken from the tail (adaptive LIFO): back to its place by arrival, behind the
-		// items of its flow pushed while it was out (the flow stays in arrival order, which
-		// the flow heaps and newest-first read).
+	if it.next != nil && it.next.seq < it.seq {
+		// Back to its place by arrival (the flow stays in arrival order, which the flow
+		// heaps and newest-first read): taken from the tail (adaptive LIFO), behind the
+		// items of its flow pushed while it was out; or put back after an item of its flow
+		// popped before it (a Requeue in pop order, a Return while the dispatcher holds the
+		// next one aside), behind that one.
 		f.unlink(it)
-		f.insertBySeq(it)
+		if it.newest {
+			f.insertBySeq(it)
+		} else {
+			f.insertBySeqFromHead(it)
+		}
 		heap.Fix(&f.band.backlog, f.heapIdx)
 		heap.Fix(&f.band.fat, f.fatIdx)
 	}
@@ -303,6 +314,8 @@ func (q *Queue) Dispatched(it *Item) bool {
 			lb.pendingAbove -= it.work
 		}
 	}
+	q.placed++
+	it.placed = q.placed
 	q.settleIfEmpty(it.flow.band)
 	it.state = stateInFlight
 	it.done <- Dispatched
@@ -424,9 +437,21 @@ func (q *Queue) yields(b *band, f *flow, now time.Time) bool {
 	return m >= 0 && b.lightAt != 0 && t-b.lightAt <= m && b.lightFlow != f.id
 }
 
-// pick chooses the band to dispatch from: the lowest-index (highest-priority) band below
-// the top backlogged one whose credit covers its next item, else the top backlogged band.
-func (q *Queue) pick() (b *band, index int, credited bool) {
+// nextOf is the item Next pops from backlogged band b at now: the head of its least-served
+// flow or, once that head waited LIFOAfter (a standing queue), the flow's newest.
+func (q *Queue) nextOf(b *band, now time.Time) (it *Item, newest bool) {
+	f := b.backlog[0]
+	it = f.head
+	if q.cfg.LIFOAfter > 0 && !it.Arrival.IsZero() && now.Sub(it.Arrival) >= q.cfg.LIFOAfter {
+		return f.tail, true // a standing queue: the newest first (Config.LIFOAfter)
+	}
+	return it, false
+}
+
+// pick chooses the band to dispatch from at now: the lowest-index (highest-priority) band
+// below the top backlogged one whose credit covers the item it would pop (nextOf), else the
+// top backlogged band.
+func (q *Queue) pick(now time.Time) (b *band, index int, credited bool) {
 	top := -1
 	for i, b := range q.bands {
 		if b.count > 0 {
@@ -440,8 +465,10 @@ func (q *Queue) pick() (b *band, index int, credited bool) {
 	if q.share > 0 {
 		for i := top + 1; i < len(q.bands); i++ {
 			lb := q.bands[i]
-			if lb.count > 0 && lb.credit(q.share) >= float64(lb.head().work) {
-				return lb, i, true
+			if lb.count > 0 {
+				if it, _ := q.nextOf(lb, now); lb.credit(q.share) >= float64(it.work) {
+					return lb, i, true
+				}
 			}
 		}
 	}
@@ -454,7 +481,7 @@ func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 	if b.count == 0 && !front {
 		// Backlogged from now: it earns on work dispatched above from now, which a higher
 		// band's item popped and not yet placed is not yet (a Requeue takes it back).
-		b.creditBase, b.creditSpent = b.aboveServed-b.pendingAbove, 0
+		b.creditBase, b.creditSpent, b.baseAt = b.aboveServed-b.pendingAbove, 0, q.placed
 	}
 	if f.heapIdx < 0 {
 		if f.idleIdx >= 0 {

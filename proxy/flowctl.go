@@ -167,9 +167,9 @@ func (pq *poolQueue) reserveOf(now time.Time) reserveOf {
 // pool's last drained replica is kept from it (keptFree), for a higher band only: kept for a
 // lighter flow of the same band it halved a 2-replica pool's work for the flooding one, and
 // the light flow's TTFT rose with the backlog (fair10x:0.4, 4 rounds: 5.0x its value alone
-// became 34x). A lower band's request popped on its guaranteed share (Item.Credited) is held
-// as the top band's is: the rule would otherwise keep the share from it while the higher
-// band keeps the pool saturated.
+// became 34x). A lower band's request popped on its guaranteed share (Item.Credited) is
+// placed as the top band's are, not held for it: the rule would otherwise keep the share from
+// it while the higher band keeps the pool saturated.
 func (r reserveOf) reserveFor(it *flowcontrol.Item) (below, keep bool) {
 	lower := r.banded && it.Priority < r.top && !it.Credited()
 	return lower || it.Yields(), lower && r.keeps
