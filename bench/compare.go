@@ -438,12 +438,17 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 		m.RequestsDigest = RequestsDigest(out)
 	}
 	if cluster != nil {
+		var stalled time.Duration
 		for _, r := range cluster.Replicas() {
+			stalled += r.Stalled()
 			st := r.Stats()
 			m.ReplicaCachedTokens += int64(st.PrefixHits)
 			m.Preemptions += int64(st.Preemptions)
 			m.ReplicaPrefillTokens += int64(st.BatchedPrefillTokens)
 			m.ReplicaAborted += int64(st.RequestsAborted)
+		}
+		if d := out.Duration().Seconds() * o.Speedup * float64(len(cluster.Replicas())); d > 0 {
+			m.ReplicaStallShare = stalled.Seconds() / d
 		}
 	} else {
 		m.ReplicaCachedTokens = m.CachedTokens // external replicas: what their usage chunks said

@@ -92,6 +92,15 @@ func TestCheckValidity(t *testing.T) {
 			return m
 		}(), ok("oracle", 0, "aa")}, // no tokens measured: not judged
 			true, [][]string{nil, {"bench machine short of CPU: tokens came in bursts (ITL p50 0.010 ms, a sim step is at least 0.75 ms) with the bench using 1.20 of 2 cores"}, nil, {"short of CPU"}, nil, nil}},
+		{"sims stalled by the machine", []report.Mode{func() report.Mode {
+			m := ok("round-robin", 0, "aa")
+			m.ReplicaStallShare = 0.013 // busy loops beside it: not flagged
+			return m
+		}(), func() report.Mode {
+			m := ok("prefix", 0, "aa")
+			m.ReplicaStallShare = 0.08
+			return m
+		}()}, true, [][]string{nil, {"simulated replicas lost 8.0% of their time"}}},
 		{"several flags on one arm", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode {
 			m := ok("prefix×3", 0, "bb")
 			m.Errors, m.ReplicaCachedTokens = 1, 0

@@ -145,6 +145,11 @@ type Mode struct {
 	// external replicas.
 	ReplicaPrefillTokens int64 `json:"replica_prefill_tokens,omitempty"`
 	ReplicaAborted       int64 `json:"replica_aborted,omitempty"`
+	// ReplicaStallShare is the model time the simulated replicas lost to the bench machine
+	// (sim.Replica.Stalled, summed) over their model time during the arm (replicas × its
+	// duration × speedup): 0 on a machine that keeps up; the stall check flags an arm above
+	// MaxStallShare. 0 with external replicas.
+	ReplicaStallShare float64 `json:"replica_stall_share,omitempty"`
 	// Flags are the validity checks this arm failed (errors, different requests, no cache
 	// hits where the workload reuses prefixes): its numbers are not comparable as they are.
 	Flags []string `json:"flags,omitempty"`

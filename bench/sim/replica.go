@@ -43,10 +43,14 @@ type Replica struct {
 	engineDone sync.WaitGroup
 	srv        *http.Server
 	ids        atomic.Uint64
-	bufs       sync.Pool           // *[]byte
-	stepDue    atomic.Int64        // model time (ns) at which the step in flight ends (Predict)
-	seen       seenCounters        // HTTP requests received, per path (Seen)
-	pub        *kvevents.Publisher // KV events (Config.KVEventsEndpoint; nil: off)
+	bufs       sync.Pool    // *[]byte
+	stepDue    atomic.Int64 // model time (ns) at which the step in flight ends (Predict)
+	// stalled is the model time (ns) the engine lost to the machine while it had work: a step
+	// that could start only more than maxCatchUp (wall) after the previous one ended began
+	// late, and the model time between is time a GPU would have been computing (Stalled).
+	stalled atomic.Int64
+	seen    seenCounters        // HTTP requests received, per path (Seen)
+	pub     *kvevents.Publisher // KV events (Config.KVEventsEndpoint; nil: off)
 }
 
 // NewReplica returns a replica named name (used in logs and ids only). It does nothing until
@@ -92,6 +96,13 @@ func (r *Replica) Stats() Stats {
 	defer r.mu.Unlock()
 	return r.eng.Stats()
 }
+
+// Stalled is the model time the engine lost to the machine running it: the time between a
+// step's end and the next step's start, while it had work, whenever the next began more than
+// maxCatchUp (20 ms wall) late (a process descheduled, a busy machine). On a machine that
+// keeps up it stays near 0; its share of the run's model time is how much of the latencies
+// measure the machine rather than the engine (bench: the stall check).
+func (r *Replica) Stalled() time.Duration { return time.Duration(r.stalled.Load()) }
 
 // Serve answers HTTP on ln until Close; it returns nil after Close.
 func (r *Replica) Serve(ln net.Listener) error {
@@ -179,8 +190,12 @@ func (r *Replica) runEngine() {
 			}
 		}
 		start := r.modelNow()
-		if busy && start > due && time.Duration(float64(start-due)/r.cfg.Speedup) < maxCatchUp {
-			start = due // back-to-back steps: this one began when the last one ended
+		if busy && start > due {
+			if time.Duration(float64(start-due)/r.cfg.Speedup) < maxCatchUp {
+				start = due // back-to-back steps: this one began when the last one ended
+			} else {
+				r.stalled.Add(int64(start - due))
+			}
 		}
 		due = start + d
 		r.stepDue.Store(int64(due))

@@ -423,3 +423,34 @@ func TestCommandRunsUntilCancelled(t *testing.T) {
 		t.Errorf("invalid flag value: err = %v", err)
 	}
 }
+
+// TestStalledCountsLostModelTime: an engine held off its work for 150 ms of wall time (its
+// lock taken, as a descheduled process would be) counts the model time it lost in Stalled:
+// at least 100 ms × the speedup. The bench flags an arm whose sims lost more than a few percent
+// of their time (bench: the stall check). A lower bound only: a busy machine adds stalls.
+func TestStalledCountsLostModelTime(t *testing.T) {
+	const speedup = 4
+	c := startTestCluster(t, 1, speedup)
+	r := c.Replicas()[0]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp := post(t, context.Background(), c.URLs()[0]+"/v1/completions",
+			`{"model":"`+DefaultModel+`","prompt":[1,2,3,4,5,6,7,8,9,10],"max_tokens":200}`)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}()
+	// Once it runs: 200 decode steps of at least 1.5 ms wall each leave it running after.
+	for deadline := time.Now().Add(10 * time.Second); r.Stats().Running == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never started")
+		}
+	}
+	r.mu.Lock()
+	time.Sleep(150 * time.Millisecond)
+	r.mu.Unlock()
+	<-done
+	if got, want := r.Stalled(), 100*time.Millisecond*speedup; got < want {
+		t.Errorf("Stalled %v after the engine was held 150 ms wall at speedup %d; want at least %v", got, speedup, want)
+	}
+}
