@@ -332,8 +332,7 @@ func (q *Queue) Settle(it *Item, actual Cost) bool {
 	if it.state != stateInFlight {
 		return false
 	}
-	w := q.cfg.PrefillWeight*int64(max(actual.UncachedPrefillTokens, 0)) + q.cfg.DecodeWeight*int64(max(actual.OutputTokens, 0))
-	w = min(w, q.cfg.MaxRequestWork)
+	w := q.cfg.weigh(actual)
 	f := it.flow
 	if !q.cfg.roundRobin() && it.fairEpoch == q.fairEpoch {
 		f.counter += w - it.ticket // round-robin's turn stays one turn
