@@ -300,3 +300,36 @@ func TestPutBackKeepsFlowOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestPushWhileSetAsideKeepsCredit: a lower band whose only queued request is popped on its
+// credit and held out (set aside, or no room found) still waits; a request of the band
+// pushed meanwhile does not start its credit afresh. Started afresh, the Requeue left the
+// band only the credit the popped request had spent, and the band lost the rest of what it
+// was owed (here the second low request went after the higher band's next one).
+func TestPushWhileSetAsideKeepsCredit(t *testing.T) {
+	q := mustNew(t, Config{LIFOAfter: -1, MinBandShare: 0.5}) // one unit of credit per unit above
+	for i := range 3 {
+		push(t, q, item(5, "hi", 300)).Value = fmt.Sprint("h", i)
+	}
+	push(t, q, item(0, "lo", 100)).Value = "l0"
+	if it := dispatch(t, q, t0); it.Value != "h0" { // earns the low band 300
+		t.Fatalf("first %v, want h0", it.Value)
+	}
+	l0 := q.Next(t0)
+	if l0 == nil || l0.Value != "l0" || !l0.Credited() {
+		t.Fatalf("popped %v, want l0 on credit", l0)
+	}
+	push(t, q, item(0, "lo", 100)).Value = "l1" // while l0 is out
+	q.Requeue(l0)                               // no room for it after all
+	if c := bandCredit(t, q, 0); c != 300 {
+		t.Errorf("low band's credit %g after l0 went back, want the 300 it had", c)
+	}
+	var order []string
+	for range 3 {
+		it := dispatch(t, q, t0)
+		order = append(order, fmt.Sprint(it.Value, "/", it.Credited()))
+	}
+	if got, want := fmt.Sprint(order), "[l0/true l1/true h1/false]"; got != want {
+		t.Errorf("order %v, want %v", got, want)
+	}
+}

@@ -27,9 +27,9 @@ type band struct {
 	count  int
 	bytes  int64
 
-	// Guaranteed share: while this band is backlogged, its credit is share × (work
-	// dispatched from higher bands since it became backlogged) − work it was served since
-	// then (Item.creditTaken). aboveServed is cumulative, so Requeue undoes a pop exactly.
+	// Guaranteed share: while this band is backlogged (items queued or popped), its credit
+	// is share × (work dispatched from higher bands since it became backlogged) − work it was
+	// served since then (Item.creditTaken). aboveServed is cumulative, so Requeue undoes a pop exactly.
 	aboveServed int64
 	creditBase  int64
 	creditSpent int64

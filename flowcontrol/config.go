@@ -161,6 +161,25 @@ func (c Config) roundRobin() bool { return c.Fairness == FairnessRoundRobin }
 // Work converts a cost to work in token-equivalents, clamped to [1, MaxRequestWork]: never
 // zero, so a band's guaranteed share always has something to pay for.
 func (c Config) Work(cost Cost) int64 {
-	w := c.PrefillWeight*int64(max(cost.UncachedPrefillTokens, 0)) + c.DecodeWeight*int64(max(cost.OutputTokens, 0))
-	return min(max(w, 1), c.MaxRequestWork)
+	return max(c.weigh(cost), 1)
+}
+
+// weigh is cost's work clamped to [0, MaxRequestWork], computed without overflow: a cost
+// whose weighted tokens exceed int64 is charged the cap, as any cost above it is.
+func (c Config) weigh(cost Cost) int64 {
+	capped := func(weight int64, tokens int) int64 {
+		n := int64(max(tokens, 0))
+		if n == 0 || weight == 0 {
+			return 0
+		}
+		if weight > c.MaxRequestWork/n {
+			return c.MaxRequestWork
+		}
+		return weight * n
+	}
+	p, d := capped(c.PrefillWeight, cost.UncachedPrefillTokens), capped(c.DecodeWeight, cost.OutputTokens)
+	if p > c.MaxRequestWork-d {
+		return c.MaxRequestWork
+	}
+	return p + d
 }

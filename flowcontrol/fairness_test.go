@@ -418,3 +418,47 @@ func TestBandShareCreditCoversTheItemPopped(t *testing.T) {
 		t.Errorf("order %v, want %v: 1,000 of credit does not cover the low band's newest request (5,000)", got, want)
 	}
 }
+
+// TestWorkSaturates: a cost whose weighted tokens overflow int64 is charged the cap, as
+// any cost above it is (Work on Push, Settle, Charge). Wrapped around, a huge reported
+// usage came out negative: Settle left the flow's served work below zero and its counter
+// below every other flow's, and Work charged such a request 1.
+func TestWorkSaturates(t *testing.T) {
+	const capW = 1000
+	huge := []Cost{
+		{OutputTokens: math.MaxInt},
+		{OutputTokens: math.MaxInt/2 + 1},
+		{UncachedPrefillTokens: math.MaxInt, OutputTokens: math.MaxInt},
+		{UncachedPrefillTokens: math.MaxInt / 2, OutputTokens: math.MaxInt / 4},
+	}
+	for _, cost := range huge {
+		q := mustNew(t, Config{MaxRequestWork: capW})
+		if w := q.Config().Work(cost); w != capW {
+			t.Errorf("Work(%+v) = %d, want the cap %d", cost, w, capW)
+		}
+		it := push(t, q, item(0, "a", 100))
+		push(t, q, item(0, "b", 100))
+		if q.Next(t0) != it || !q.Dispatched(it) || !q.Settle(it, cost) {
+			t.Fatal("a not dispatched and settled")
+		}
+		q.Charge(0, "b", cost)
+		q.mu.Lock()
+		b := q.byPrio[0]
+		a, bf := b.flows["a"], b.flows["b"]
+		if a == nil || a.served != capW || a.counter < capW {
+			t.Errorf("settled %+v: flow a kept %v with %d served, want %d", cost, a != nil, served(a), capW)
+		}
+		if bf == nil || bf.served != capW {
+			t.Errorf("charged %+v: flow b served %v, want %d", cost, bf != nil && bf.served == capW, capW)
+		}
+		q.mu.Unlock()
+	}
+}
+
+// served is f's served work, 0 for a flow forgotten (nil).
+func served(f *flow) int64 {
+	if f == nil {
+		return 0
+	}
+	return f.served
+}

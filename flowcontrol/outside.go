@@ -40,7 +40,7 @@ func (q *Queue) Charge(priority int, flowID string, actual Cost) {
 	if b == nil || q.cfg.roundRobin() {
 		return
 	}
-	w := min(q.cfg.PrefillWeight*int64(max(actual.UncachedPrefillTokens, 0))+q.cfg.DecodeWeight*int64(max(actual.OutputTokens, 0)), q.cfg.MaxRequestWork)
+	w := q.cfg.weigh(actual)
 	if w <= 0 {
 		return
 	}

@@ -332,8 +332,7 @@ func (q *Queue) Settle(it *Item, actual Cost) bool {
 	if it.state != stateInFlight {
 		return false
 	}
-	w := q.cfg.PrefillWeight*int64(max(actual.UncachedPrefillTokens, 0)) + q.cfg.DecodeWeight*int64(max(actual.OutputTokens, 0))
-	w = min(w, q.cfg.MaxRequestWork)
+	w := q.cfg.weigh(actual)
 	f := it.flow
 	if !q.cfg.roundRobin() && it.fairEpoch == q.fairEpoch {
 		f.counter += w - it.ticket // round-robin's turn stays one turn
@@ -478,9 +477,11 @@ func (q *Queue) pick(now time.Time) (b *band, index int, credited bool) {
 // enqueue links it into f, at the back for a push or the front for a requeue.
 func (q *Queue) enqueue(it *Item, f *flow, front bool) {
 	b := f.band
-	if b.count == 0 && !front {
+	if b.count == 0 && b.popped == 0 && !front {
 		// Backlogged from now: it earns on work dispatched above from now, which a higher
-		// band's item popped and not yet placed is not yet (a Requeue takes it back).
+		// band's item popped and not yet placed is not yet (a Requeue takes it back). A band
+		// whose items are all popped (set aside, or placed this instant) still waits: it
+		// keeps its credit, and what those items spent comes back if they are put back.
 		b.creditBase, b.creditSpent, b.baseAt = b.aboveServed-b.pendingAbove, 0, q.placed
 	}
 	if f.heapIdx < 0 {
