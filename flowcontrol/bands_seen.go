@@ -68,3 +68,21 @@ func (q *Queue) TopBand(now time.Time) (priority int, ok bool) {
 	}
 	return int(q.seen.top.Load()), true
 }
+
+// QueuedAtOrAbove reports whether a request of priority or a higher one is queued. A request
+// that finds only lower bands queued has nothing to wait behind: the caller may send it on at
+// once where its pool has room (proxy: a batch request held by the reserve rule does not make
+// the chat band queue behind it). O(bands).
+func (q *Queue) QueuedAtOrAbove(priority int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, b := range q.bands { // highest first
+		if b.priority < priority {
+			return false
+		}
+		if b.count > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -54,3 +54,29 @@ func TestBandsSeen(t *testing.T) {
 		t.Error("Reconfigure did not shorten the memory")
 	}
 }
+
+func TestQueuedAtOrAbove(t *testing.T) {
+	q := mustNew(t, Config{})
+	if q.QueuedAtOrAbove(0) {
+		t.Fatal("empty queue")
+	}
+	push(t, q, item(0, "batch", 100))
+	for _, c := range []struct {
+		prio int
+		want bool
+	}{{-1, true}, {0, true}, {1, false}, {5, false}} {
+		if got := q.QueuedAtOrAbove(c.prio); got != c.want {
+			t.Errorf("band 0 queued: QueuedAtOrAbove(%d) = %v, want %v", c.prio, got, c.want)
+		}
+	}
+	hi := push(t, q, item(5, "chat", 100))
+	if !q.QueuedAtOrAbove(1) || !q.QueuedAtOrAbove(5) || q.QueuedAtOrAbove(6) {
+		t.Error("band 5 queued: want true for 1 and 5, false for 6")
+	}
+	if it := q.Next(t0); it != hi { // popped: out of the queue
+		t.Fatal("band 5 not first")
+	}
+	if q.QueuedAtOrAbove(1) {
+		t.Error("band 5's only request popped: still reported queued")
+	}
+}

@@ -46,6 +46,38 @@ func TestFlowControlReservesForHigherBand(t *testing.T) {
 	}
 }
 
+// TestFlowControlHigherBandPassesHeldLowerBand: a higher band's request that finds only a
+// lower band's request queued (held by the reserve rule) and room in its pool goes on at once,
+// without queueing: nothing waiting goes before it. Queued, it would meet the rule for a flow
+// of its band (flowcontrol.Item.Yields) that a request sent on at once does not.
+func TestFlowControlHigherBandPassesHeldLowerBand(t *testing.T) {
+	a := newEngine(t, 8)
+	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation = -1 }, a)
+	ctx := context.Background()
+	high := longHighPlaced(t, s, base, a)
+	low := sendChat(ctx, base, "req-low", loBand)
+	waitHeld(t, s, 1)
+	queued := s.fc.m.queued.Get()
+	high2 := sendChat(ctx, base, "req-high2", hiBand)
+	if id := a.waitArrival(t); id != "req-high2" {
+		t.Fatalf("arrived %s, want req-high2 before the held lower band's request", id)
+	}
+	if n := s.fc.m.queued.Get(); n != queued {
+		t.Errorf("req-high2 went through the queue (%d queued, %d before it) with only a lower band's request waiting", n, queued)
+	}
+	if id := a.waitArrival(t); id != "req-low" {
+		t.Fatalf("arrived %s, want req-low once the prefill drained", id)
+	}
+	for range 3 {
+		a.finish()
+	}
+	for _, ch := range []<-chan fcResult{high, high2, low} {
+		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
+			t.Errorf("%s: status %d", r.id, r.status)
+		}
+	}
+}
+
 // TestFlowControlReserveOff: with ReservePrefill negative, a lower band's request goes
 // straight through beside a higher band's queued prefill.
 func TestFlowControlReserveOff(t *testing.T) {
