@@ -95,36 +95,54 @@ func TestSetAsideKeepsIdleFlows(t *testing.T) {
 	}
 }
 
+// orderAroundPop is the order of the first n items dispatched from a queue of cfg after
+// setup and then action; with popped, one item is popped by Next before action and put back
+// by Requeue after it. Action then must leave the queue as it would without the pop.
+func orderAroundPop(t *testing.T, cfg Config, setup, action func(*Queue), n int, popped bool) []string {
+	t.Helper()
+	q := mustNew(t, cfg)
+	setup(q)
+	var it *Item
+	if popped {
+		if it = q.Next(t0); it == nil {
+			t.Fatal("nothing popped")
+		}
+	}
+	action(q)
+	if popped && !q.Requeue(it) {
+		t.Fatal("Requeue refused")
+	}
+	var order []string
+	for range n {
+		order = append(order, dispatch(t, q, t0).Value.(string))
+	}
+	return order
+}
+
+// pushNamed pushes n items of priority prio, flow fl and prefill tokens, valued name0, name1...
+func pushNamed(t *testing.T, q *Queue, n, prio int, fl string, prefill int, name string) {
+	t.Helper()
+	for i := range n {
+		push(t, q, item(prio, fl, prefill)).Value = fmt.Sprint(name, i)
+	}
+}
+
 // TestReconfigureWhilePopped: Reconfigure to another MinBandShare while an item is popped
 // (the dispatcher sets it aside, a reload comes meanwhile) and its Requeue after leave the
 // lower band's credit as the Reconfigure alone does: the rebase counted the popped item's
 // work above the lower band, which the Requeue then took back below the new base.
 func TestReconfigureWhilePopped(t *testing.T) {
-	run := func(popped bool) []string {
-		q := mustNew(t, Config{LIFOAfter: -1})
-		for i := range 4 {
-			push(t, q, item(5, "high", 1000)).Value = fmt.Sprint("h", i)
-		}
+	setup := func(q *Queue) {
+		pushNamed(t, q, 4, 5, "high", 1000, "h")
 		push(t, q, item(0, "low", 500)).Value = "l"
-		var it *Item
-		if popped {
-			if it = q.Next(t0); it == nil {
-				t.Fatal("nothing popped")
-			}
-		}
+	}
+	reload := func(q *Queue) {
 		if err := q.Reconfigure(Config{LIFOAfter: -1, MinBandShare: 0.5}); err != nil {
 			t.Fatal(err)
 		}
-		if popped && !q.Requeue(it) {
-			t.Fatal("Requeue refused")
-		}
-		var order []string
-		for range 5 {
-			order = append(order, dispatch(t, q, t0).Value.(string))
-		}
-		return order
 	}
-	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+	cfg := Config{LIFOAfter: -1}
+	if got, want := orderAroundPop(t, cfg, setup, reload, 5, true), orderAroundPop(t, cfg, setup, reload, 5, false); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("Reconfigure while an item was popped, then Requeue: order %v; Reconfigure alone: %v", got, want)
 	}
 }
@@ -134,28 +152,10 @@ func TestReconfigureWhilePopped(t *testing.T) {
 // the item's work was never counted above the new band, and a Requeue must not take it out
 // of it.
 func TestBandCreatedWhilePopped(t *testing.T) {
-	run := func(popped bool) []string {
-		q := mustNew(t, Config{LIFOAfter: -1, MinBandShare: 0.5})
-		for i := range 4 {
-			push(t, q, item(5, "high", 1000)).Value = fmt.Sprint("h", i)
-		}
-		var it *Item
-		if popped {
-			if it = q.Next(t0); it == nil {
-				t.Fatal("nothing popped")
-			}
-		}
-		push(t, q, item(0, "low", 1000)).Value = "l"
-		if popped && !q.Requeue(it) {
-			t.Fatal("Requeue refused")
-		}
-		var order []string
-		for range 5 {
-			order = append(order, dispatch(t, q, t0).Value.(string))
-		}
-		return order
-	}
-	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+	setup := func(q *Queue) { pushNamed(t, q, 4, 5, "high", 1000, "h") }
+	low := func(q *Queue) { push(t, q, item(0, "low", 1000)).Value = "l" }
+	cfg := Config{LIFOAfter: -1, MinBandShare: 0.5}
+	if got, want := orderAroundPop(t, cfg, setup, low, 5, true), orderAroundPop(t, cfg, setup, low, 5, false); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("the low band created while a high item was popped, then Requeue: order %v; without the pop: %v", got, want)
 	}
 }
@@ -165,31 +165,19 @@ func TestBandCreatedWhilePopped(t *testing.T) {
 // the others by the charge the restart already wiped (a negative counter, served first for
 // as many turns as that charge was worth).
 func TestFairnessReloadWhilePopped(t *testing.T) {
-	run := func(popped bool) []string {
-		q := mustNew(t, Config{LIFOAfter: -1})
+	setup := func(q *Queue) {
 		for i := range 3 {
 			push(t, q, item(0, "a", 5000)).Value = fmt.Sprint("a", i)
 			push(t, q, item(0, "b", 5000)).Value = fmt.Sprint("b", i)
 		}
-		var it *Item
-		if popped {
-			if it = q.Next(t0); it == nil {
-				t.Fatal("nothing popped")
-			}
-		}
+	}
+	reload := func(q *Queue) {
 		if err := q.Reconfigure(Config{LIFOAfter: -1, Fairness: FairnessRoundRobin}); err != nil {
 			t.Fatal(err)
 		}
-		if popped && !q.Requeue(it) {
-			t.Fatal("Requeue refused")
-		}
-		var order []string
-		for range 6 {
-			order = append(order, dispatch(t, q, t0).Value.(string))
-		}
-		return order
 	}
-	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
+	cfg := Config{LIFOAfter: -1}
+	if got, want := orderAroundPop(t, cfg, setup, reload, 6, true), orderAroundPop(t, cfg, setup, reload, 6, false); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("a fairness reload while an item was popped, then Requeue: order %v; the reload alone: %v", got, want)
 	}
 }
