@@ -126,7 +126,9 @@ const (
 // a twentieth of the engines' time spent waiting for a CPU measures the machine. Three busy
 // loops on this project's 2-core VM cost the sims 1.3% on Mooncake light and left its p95 as
 // it was (one run, `bench suite --cells mooncake/light --policies prefix,oracle --rounds 1`);
-// a quiet machine loses 0.
+// a quiet machine loses at most 0.2% (the overload suite's cells, 4 rounds). Checked where the
+// burst check is (simMinStep > 0): tests that allow bursts run the sims at 20× under -race,
+// where a 20 ms wait for a CPU is 400 ms of model time, and count requests, not latencies.
 const MaxStallShare = 0.05
 
 // minBurstGaps is the fewest inter-token gaps an arm needs for the burst check: a handful of
@@ -169,7 +171,7 @@ func checkValidity(modes []report.Mode, reuse bool, minStep time.Duration, cpus 
 		if reuse && m.Requests > m.Errors && m.ReplicaCachedTokens == 0 {
 			m.Flags = append(m.Flags, "no cache hits: the replicas reported 0 cached tokens on a workload that reuses prefixes")
 		}
-		if m.ReplicaStallShare > MaxStallShare {
+		if minStep > 0 && m.ReplicaStallShare > MaxStallShare {
 			m.Flags = append(m.Flags, fmt.Sprintf("bench machine short of CPU: the simulated replicas lost %.1f%% of their time waiting for it (over %.0f%%); run the bench with nothing else on the machine", 100*m.ReplicaStallShare, 100*MaxStallShare))
 		}
 		busy := m.BenchCores == 0 || m.BenchCores >= BurstCPUShare*float64(cpus)

@@ -132,6 +132,16 @@ func TestCheckValidity(t *testing.T) {
 	}
 }
 
+// TestStallCheckOffWithoutSims: the stall check runs where the burst check does (a sims'
+// step to judge by): not for tests that allow bursts, nor for external replicas.
+func TestStallCheckOffWithoutSims(t *testing.T) {
+	modes := []report.Mode{{Mode: "prefix", Requests: 10, RequestsDigest: "aa", ReplicaCachedTokens: 5, ReplicaStallShare: 0.5}}
+	checkValidity(modes, true, 0, 2)
+	if len(modes[0].Flags) != 0 {
+		t.Errorf("flags %q with no sim step to judge by", modes[0].Flags)
+	}
+}
+
 // TestSimMinStep: the burst check's yardstick is the sims' StepBase ÷ speedup, and it is off
 // for external replicas, a target and AllowBursts.
 func TestSimMinStep(t *testing.T) {
