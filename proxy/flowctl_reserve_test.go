@@ -36,14 +36,7 @@ func TestFlowControlReservesForHigherBand(t *testing.T) {
 	if w := time.Since(start); w > 5*time.Second {
 		t.Errorf("req-low placed %v after it was held, about a second of prefill ahead of it: the dispatcher did not place it at the drain", w)
 	}
-	for range 3 {
-		a.finish()
-	}
-	for _, ch := range []<-chan fcResult{high, high2, low} {
-		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
-			t.Errorf("%s: status %d", r.id, r.status)
-		}
-	}
+	finishAllOK(t, a, high, high2, low)
 }
 
 // TestFlowControlHigherBandPassesHeldLowerBand: a higher band's request that finds only a
@@ -68,14 +61,7 @@ func TestFlowControlHigherBandPassesHeldLowerBand(t *testing.T) {
 	if id := a.waitArrival(t); id != "req-low" {
 		t.Fatalf("arrived %s, want req-low once the prefill drained", id)
 	}
-	for range 3 {
-		a.finish()
-	}
-	for _, ch := range []<-chan fcResult{high, high2, low} {
-		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
-			t.Errorf("%s: status %d", r.id, r.status)
-		}
-	}
+	finishAllOK(t, a, high, high2, low)
 }
 
 // TestFlowControlReserveOff: with ReservePrefill negative, a lower band's request goes
@@ -91,14 +77,7 @@ func TestFlowControlReserveOff(t *testing.T) {
 	if n := s.fc.m.queued.Get(); n != 1 {
 		t.Errorf("%d requests queued, want 1 (the long prompt only)", n)
 	}
-	for range 2 {
-		a.finish()
-	}
-	for _, ch := range []<-chan fcResult{high, low} {
-		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
-			t.Errorf("%s: status %d", r.id, r.status)
-		}
-	}
+	finishAllOK(t, a, high, low)
 }
 
 // The bands of the reserve tests: a chat tenant above a batch tenant.
@@ -410,4 +389,18 @@ func pushFlow(t *testing.T, s *Server, pq *poolQueue, now time.Time, prio int, f
 		t.Fatal(err)
 	}
 	return it
+}
+
+// finishAllOK lets a's replica answer one request for each of chs and checks each answered
+// 200.
+func finishAllOK(t *testing.T, a *engine, chs ...<-chan fcResult) {
+	t.Helper()
+	for range chs {
+		a.finish()
+	}
+	for _, ch := range chs {
+		if r := recvResult(t, ch, "a response"); r.status != http.StatusOK {
+			t.Errorf("%s: status %d", r.id, r.status)
+		}
+	}
 }
