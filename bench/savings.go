@@ -70,7 +70,8 @@ func addSavings(sum *report.Savings, page string) error {
 		}
 		series := line[:sp]
 		name, labels, _ := strings.Cut(series, "{")
-		var dst *float64
+		var dst *float64 // a sum in seconds; else count, a counter
+		var count *int64
 		switch {
 		case name == "prefixlb_routing_seconds_total" && labels == `stage="key"}`:
 			dst = &sum.KeySeconds
@@ -84,24 +85,14 @@ func addSavings(sum *report.Savings, page string) error {
 			dst, shadow = &sum.ShadowActualSavedPrefillSeconds, true
 		case name == "prefixlb_flow_queue_wait_seconds_sum" && labels == `outcome="dispatched"}`:
 			dst = &sum.QueueWaitSeconds
-		case name == "prefixlb_backend_cached_tokens_total", name == "prefixlb_flow_queued_total",
-			name == "prefixlb_flow_refused_total",
-			name == "prefixlb_flow_outcomes_total" && labels == `outcome="dispatched"}`:
-			v, err := strconv.ParseFloat(line[sp+1:], 64)
-			if err != nil {
-				return fmt.Errorf("%q: %w", line, err)
-			}
-			switch name {
-			case "prefixlb_backend_cached_tokens_total":
-				sum.CachedTokens += int64(v)
-			case "prefixlb_flow_queued_total":
-				sum.Queued += int64(v)
-			case "prefixlb_flow_refused_total":
-				sum.Refused += int64(v)
-			default:
-				sum.QueueDispatched += int64(v)
-			}
-			continue
+		case name == "prefixlb_backend_cached_tokens_total":
+			count = &sum.CachedTokens
+		case name == "prefixlb_flow_queued_total":
+			count = &sum.Queued
+		case name == "prefixlb_flow_refused_total":
+			count = &sum.Refused
+		case name == "prefixlb_flow_outcomes_total" && labels == `outcome="dispatched"}`:
+			count = &sum.QueueDispatched
 		default:
 			continue
 		}
@@ -109,7 +100,11 @@ func addSavings(sum *report.Savings, page string) error {
 		if err != nil {
 			return fmt.Errorf("%q: %w", line, err)
 		}
-		*dst += v
+		if dst != nil {
+			*dst += v
+		} else {
+			*count += int64(v)
+		}
 	}
 	sum.Shadow = sum.Shadow || shadow
 	return sc.Err()

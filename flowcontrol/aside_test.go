@@ -34,11 +34,7 @@ func TestSetAsideIsANoOp(t *testing.T) {
 			}
 		}
 		push(t, q, item(0, "light", 1000)).Value = "l"
-		var order []string
-		for range 4 {
-			it := dispatch(t, q, t0)
-			order = append(order, it.Value.(string))
-		}
+		order := values(t, q, 4)
 		return order
 	}
 	want := run(0)
@@ -84,10 +80,7 @@ func TestSetAsideKeepsIdleFlows(t *testing.T) {
 			q.Requeue(a0)
 		}
 		push(t, q, item(0, "new", 20000)).Value = "n"
-		var order []string
-		for range 3 {
-			order = append(order, dispatch(t, q, t0).Value.(string))
-		}
+		order := values(t, q, 3)
 		return order
 	}
 	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -112,10 +105,7 @@ func orderAroundPop(t *testing.T, cfg Config, setup, action func(*Queue), n int,
 	if popped && !q.Requeue(it) {
 		t.Fatal("Requeue refused")
 	}
-	var order []string
-	for range n {
-		order = append(order, dispatch(t, q, t0).Value.(string))
-	}
+	order := values(t, q, n)
 	return order
 }
 
@@ -210,10 +200,7 @@ func TestSettleWhileAllSetAside(t *testing.T) {
 			q.Requeue(set[i])
 		}
 		push(t, q, item(0, "new", 1000)).Value = "n"
-		var order []string
-		for range 4 {
-			order = append(order, dispatch(t, q, t0).Value.(string))
-		}
+		order := values(t, q, 4)
 		return order
 	}
 	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {
@@ -279,10 +266,7 @@ func TestPutBackKeepsFlowOrder(t *testing.T) {
 			q.Requeue(first)
 		}
 		q.Requeue(second)
-		var order []string
-		for range 3 {
-			order = append(order, dispatch(t, q, t0).Value.(string))
-		}
+		order := values(t, q, 3)
 		if got, want := fmt.Sprint(order), "[a0 a1 a2]"; got != want {
 			t.Errorf("returned %v: order %v, want %v", returned, got, want)
 		}

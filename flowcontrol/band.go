@@ -125,12 +125,18 @@ func (f *flow) pushFront(it *Item) {
 	f.head = it
 }
 
-// insertBySeq links it in arrival order (Item.seq), searching from the tail: the items
-// pushed after it are few (those that arrived while it was out of the queue).
-func (f *flow) insertBySeq(it *Item) {
-	p := f.tail
-	for p != nil && p.seq > it.seq {
-		p = p.prev
+// insertBySeq links it in arrival order (Item.seq), searching from the tail (fromTail: it was
+// taken from the tail, and the items pushed after it are few) or from the head (it was taken
+// from the head, and only the items of its flow put back before it are ahead of it).
+func (f *flow) insertBySeq(it *Item, fromTail bool) {
+	var p *Item // the item it goes after; nil: none, it is the head
+	if fromTail {
+		for p = f.tail; p != nil && p.seq > it.seq; p = p.prev {
+		}
+	} else {
+		for n := f.head; n != nil && n.seq < it.seq; n = n.next {
+			p = n
+		}
 	}
 	if p == nil {
 		f.pushFront(it)
@@ -143,26 +149,6 @@ func (f *flow) insertBySeq(it *Item) {
 		f.tail = it
 	}
 	p.next = it
-}
-
-// insertBySeqFromHead links it in arrival order, searching from the head: it was popped
-// from the head, and only the items of its flow put back before it are ahead of it.
-func (f *flow) insertBySeqFromHead(it *Item) {
-	n := f.head
-	for n != nil && n.seq < it.seq {
-		n = n.next
-	}
-	if n == nil {
-		f.pushBack(it)
-		return
-	}
-	it.prev, it.next = n.prev, n
-	if n.prev != nil {
-		n.prev.next = it
-	} else {
-		f.head = it
-	}
-	n.prev = it
 }
 
 func (f *flow) unlink(it *Item) {

@@ -374,17 +374,13 @@ func TestBandShareServedCountsAgainstCredit(t *testing.T) {
 	for i := range 10 {
 		push(t, q, item(0, "lo", 1000)).Value = fmt.Sprint("l", i)
 	}
-	var order []string
-	for range 5 { // four high items earn the low band 1,000 of credit; l0 served as the top band spends it
-		order = append(order, dispatch(t, q, t0).Value.(string))
-	}
-	order = append(order, dispatch(t, q, t0).Value.(string)) // l1
+	// Four high items earn the low band 1,000 of credit; l0, served as the top band, spends
+	// it; l1 goes as the top band too.
+	order := values(t, q, 6)
 	for i := 4; i < 8; i++ {
 		push(t, q, item(1, "hi", 1000)).Value = fmt.Sprint("h", i)
 	}
-	for range 5 {
-		order = append(order, dispatch(t, q, t0).Value.(string))
-	}
+	order = append(order, values(t, q, 5)...)
 	if got, want := fmt.Sprint(order), "[h0 h1 h2 h3 l0 l1 h4 h5 h6 h7 l2]"; got != want {
 		t.Errorf("order %v, want %v", got, want)
 	}

@@ -16,6 +16,17 @@ func order(t *testing.T, q *Queue) []string {
 	return got
 }
 
+// values dispatches n items (settling each at its predicted cost) and returns their Values,
+// strings, in the order they left.
+func values(t *testing.T, q *Queue, n int) []string {
+	t.Helper()
+	var got []string
+	for range n {
+		got = append(got, dispatch(t, q, t0).Value.(string))
+	}
+	return got
+}
+
 // TestChargeOutsideQueue: the work of a request that went straight through is charged to its
 // flow by VTC's rules: a backlogged flow as served, a flow that is not backlogged lifted to
 // the band's floor first (no credit banked), clamped to MaxRequestWork, forgotten once
@@ -238,10 +249,7 @@ func TestReturnDebitsOnlyWhatWasCounted(t *testing.T) {
 				t.Fatal("not returned and removed")
 			}
 		}
-		var order []string
-		for range 5 {
-			order = append(order, dispatch(t, q, t0).Value.(string))
-		}
+		order := values(t, q, 5)
 		return order
 	}
 	if got, want := run(true), run(false); fmt.Sprint(got) != fmt.Sprint(want) {

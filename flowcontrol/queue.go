@@ -289,11 +289,7 @@ func (q *Queue) putBack(it *Item, popped bool) {
 		// popped before it (a Requeue in pop order, a Return while the dispatcher holds the
 		// next one aside), behind that one.
 		f.unlink(it)
-		if it.newest {
-			f.insertBySeq(it)
-		} else {
-			f.insertBySeqFromHead(it)
-		}
+		f.insertBySeq(it, it.newest)
 		heap.Fix(&f.band.backlog, f.heapIdx)
 		heap.Fix(&f.band.fat, f.fatIdx)
 	}
@@ -561,9 +557,10 @@ func unpop(it *Item) {
 	it.flow.band.popped--
 }
 
-// settleIfEmpty settles b's history (settleHistory) when nothing of it is queued or popped.
+// settleIfEmpty settles b's history (settleHistory) when nothing of it is queued or popped
+// (band.contended).
 func (q *Queue) settleIfEmpty(b *band) {
-	if len(b.backlog) == 0 && b.popped == 0 {
+	if !b.contended() {
 		b.settleHistory()
 	}
 }

@@ -421,7 +421,7 @@ func (s *Server) reserved(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) b
 	if !ok {
 		return false
 	}
-	prio, _ := s.classify(f, &ctx.Request.Header, cfg)
+	prio := s.priority(f, ctx, cfg)
 	s.fc.note(pq, prio, now)
 	if prio >= top {
 		return false
@@ -437,21 +437,15 @@ func (s *Server) reserved(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl) b
 func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, saturated, reserved bool) error {
 	fc := s.fc
 	name := s.poolName(&f.k)
-	if !saturated && !reserved {
-		pq := fc.queueNamed(name)
-		if pq == nil || pq.q.Len() == 0 {
-			f.direct, f.reqHeader = true, &ctx.Request.Header
-			return nil // other pools wait, not this one
-		}
-		if prio, _ := s.classify(f, &ctx.Request.Header, cfg); !pq.q.QueuedAtOrAbove(prio) {
-			// Only lower bands wait (the reserve rule holds them for this band's sake): it
-			// goes before them anyway. Queued, it would meet the rule for a flow of its band
-			// (Item.Yields) that a request sent on at once does not, and a batch request held
-			// at light load made the chat band's flooding flow queue behind it (overload light,
-			// one round of four: 159 requests held, its p95 1.29x forwarding at once).
-			f.direct, f.reqHeader = true, &ctx.Request.Header
-			return nil
-		}
+	// Nothing it would wait behind: other pools wait, not this one, or only lower bands (the
+	// reserve rule holds them for this band's sake), which it goes before anyway. Queued, it
+	// would meet the rule for a flow of its band (Item.Yields) that a request sent on at once
+	// does not, and a batch request held at light load made the chat band's flooding flow
+	// queue behind it (overload light, one round of four: 159 requests held, its p95 1.29x
+	// forwarding at once).
+	if pq := fc.queueNamed(name); !saturated && !reserved && (pq == nil || pq.q.Len() == 0 || !pq.q.QueuedAtOrAbove(s.priority(f, ctx, cfg))) {
+		f.direct, f.reqHeader = true, &ctx.Request.Header
+		return nil
 	}
 	pq, err := fc.queueFor(name)
 	if err != nil {

@@ -15,6 +15,12 @@ import (
 	"github.com/prefixlb/prefixlb/router/key"
 )
 
+// priority is f's band (classify).
+func (s *Server) priority(f *flow, ctx *fasthttp.RequestCtx, cfg *FlowControl) int {
+	p, _ := s.classify(f, &ctx.Request.Header, cfg)
+	return p
+}
+
 // classify is f's priority and flow by cfg's classifier (priority 0, the anonymous flow
 // without one), counting the headers it ignored.
 func (s *Server) classify(f *flow, h *fasthttp.RequestHeader, cfg *FlowControl) (int, string) {

@@ -15,8 +15,10 @@ import (
 // TestFlowControlReservesForHigherBand: while a higher band was served lately, a lower band's
 // request waits for a replica whose queued prefill has drained under ReservePrefill, though
 // the replica has room by count, and is placed when it drains without any request ending (the
-// dispatcher wakes at the predicted drain); a request of the higher band goes straight
-// through meanwhile.
+// dispatcher wakes at the predicted drain). A request of the higher band goes straight
+// through before, and while the lower band's waits, without queueing: nothing waiting goes
+// before it. Queued, it would meet the rule for a flow of its band (flowcontrol.Item.Yields)
+// that a request sent on at once does not.
 func TestFlowControlReservesForHigherBand(t *testing.T) {
 	a := newEngine(t, 8)
 	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation = -1 }, a)
@@ -30,38 +32,21 @@ func TestFlowControlReservesForHigherBand(t *testing.T) {
 	low := sendChat(ctx, base, "req-low", loBand)
 	waitHeld(t, s, 1)
 	start := time.Now()
+	queued := s.fc.m.queued.Get()
+	high3 := sendChat(ctx, base, "req-high3", hiBand)
+	if id := a.waitArrival(t); id != "req-high3" {
+		t.Fatalf("arrived %s, want req-high3 before the held lower band's request", id)
+	}
+	if n := s.fc.m.queued.Get(); n != queued {
+		t.Errorf("req-high3 went through the queue (%d queued, %d before it) with only a lower band's request waiting", n, queued)
+	}
 	if id := a.waitArrival(t); id != "req-low" {
 		t.Fatalf("arrived %s, want req-low once the prefill drained", id)
 	}
 	if w := time.Since(start); w > 5*time.Second {
 		t.Errorf("req-low placed %v after it was held, about a second of prefill ahead of it: the dispatcher did not place it at the drain", w)
 	}
-	finishAllOK(t, a, high, high2, low)
-}
-
-// TestFlowControlHigherBandPassesHeldLowerBand: a higher band's request that finds only a
-// lower band's request queued (held by the reserve rule) and room in its pool goes on at once,
-// without queueing: nothing waiting goes before it. Queued, it would meet the rule for a flow
-// of its band (flowcontrol.Item.Yields) that a request sent on at once does not.
-func TestFlowControlHigherBandPassesHeldLowerBand(t *testing.T) {
-	a := newEngine(t, 8)
-	s, base := startFC(t, 1, func(c *FlowControl) { c.PrefillSaturation = -1 }, a)
-	ctx := context.Background()
-	high := longHighPlaced(t, s, base, a)
-	low := sendChat(ctx, base, "req-low", loBand)
-	waitHeld(t, s, 1)
-	queued := s.fc.m.queued.Get()
-	high2 := sendChat(ctx, base, "req-high2", hiBand)
-	if id := a.waitArrival(t); id != "req-high2" {
-		t.Fatalf("arrived %s, want req-high2 before the held lower band's request", id)
-	}
-	if n := s.fc.m.queued.Get(); n != queued {
-		t.Errorf("req-high2 went through the queue (%d queued, %d before it) with only a lower band's request waiting", n, queued)
-	}
-	if id := a.waitArrival(t); id != "req-low" {
-		t.Fatalf("arrived %s, want req-low once the prefill drained", id)
-	}
-	finishAllOK(t, a, high, high2, low)
+	finishAllOK(t, a, high, high2, high3, low)
 }
 
 // TestFlowControlReserveOff: with ReservePrefill negative, a lower band's request goes
