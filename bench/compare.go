@@ -399,10 +399,10 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	}
 	defer client.HTTP.CloseIdleConnections()
 	bar, visible := newBar(o, label+rateSuffix(rate), w.Requests())
-	cpu0 := processCPU()
+	cpu0, load0 := processCPU(), readMachineLoad()
 	out, err := loadgen.Run(ctx, w, loadgen.Options{Client: client, Speedup: o.Speedup,
 		RequestTimeout: o.RequestTimeout, OnResult: func(loadgen.Result) { _ = bar.Add(1) }})
-	cpu := processCPU() - cpu0
+	cpu, load1 := processCPU()-cpu0, readMachineLoad()
 	if visible {
 		_ = bar.Finish()
 		fmt.Fprintln(o.Stderr)
@@ -430,6 +430,9 @@ func runOne(ctx context.Context, o Options, w *workload.Workload, mode, label st
 	m.Rate = rate
 	if d := out.Duration(); d > 0 && cpu > 0 {
 		m.BenchCores = cpu.Seconds() / d.Seconds()
+		if other, steal, ok := load0.others(load1, cpu); ok {
+			m.OtherCores, m.StealCores = other, steal
+		}
 	}
 	if len(w.Tenants) > 0 {
 		m.Tenants, m.Fairness = report.SummarizeTenants(out, w.Tenants, o.Speedup)

@@ -174,6 +174,9 @@ func checkValidity(modes []report.Mode, reuse bool, minStep time.Duration, cpus 
 		if minStep > 0 && m.ReplicaStallShare > MaxStallShare {
 			m.Flags = append(m.Flags, fmt.Sprintf("bench machine short of CPU: the simulated replicas lost %.1f%% of their time waiting for it (over %.0f%%); run the bench with nothing else on the machine", 100*m.ReplicaStallShare, 100*MaxStallShare))
 		}
+		if minStep > 0 && m.OtherCores > MaxOtherShare*float64(cpus) {
+			m.Flags = append(m.Flags, fmt.Sprintf("bench machine shared: other processes used %.2f of %d cores during the arm (over %.0f%%); run the bench with nothing else on the machine", m.OtherCores, cpus, 100*MaxOtherShare))
+		}
 		busy := m.BenchCores == 0 || m.BenchCores >= BurstCPUShare*float64(cpus)
 		if step := float64(minStep) / float64(time.Millisecond); step > 0 && busy && m.ITL.Count >= minBurstGaps && m.ITL.P50 < BurstITLShare*step {
 			m.Flags = append(m.Flags, fmt.Sprintf("bench machine short of CPU: tokens came in bursts (ITL p50 %.3f ms, a sim step is at least %.2f ms) with the bench using %.2f of %d cores; lower --speedup or the load", m.ITL.P50, step, m.BenchCores, cpus))
@@ -203,7 +206,7 @@ func validityLines(modes []report.Mode, reuse bool, cachedSource string, minStep
 	}
 	bursts := ""
 	if minStep > 0 {
-		bursts = fmt.Sprintf(", no arm's tokens came in bursts on a busy bench machine and no arm's sims lost over %.0f%% of their time to it (it kept up)", 100*MaxStallShare)
+		bursts = fmt.Sprintf(", no arm's tokens came in bursts on a busy bench machine, no arm's sims lost over %.0f%% of their time to it (it kept up), other processes used at most %.0f%% of its cores during each arm", 100*MaxStallShare, 100*MaxOtherShare)
 	}
 	return []string{fmt.Sprintf("Validity: every arm got the same requests as the first arm%s (request digest), no request failed%s, and %s.", atRate, bursts, hits)}
 }

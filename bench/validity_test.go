@@ -101,6 +101,15 @@ func TestCheckValidity(t *testing.T) {
 			m.ReplicaStallShare = 0.08
 			return m
 		}()}, true, [][]string{nil, {"simulated replicas lost 8.0% of their time"}}},
+		{"other processes on the machine", []report.Mode{func() report.Mode {
+			m := ok("round-robin", 0, "aa")
+			m.OtherCores, m.StealCores = 0.05, 0.5 // the agent's shell; steal is recorded, not flagged
+			return m
+		}(), func() report.Mode {
+			m := ok("prefix", 0, "aa")
+			m.OtherCores = 1.4 // a test run beside the bench
+			return m
+		}()}, true, [][]string{nil, {"other processes used 1.40 of 2 cores"}}},
 		{"several flags on one arm", []report.Mode{ok("round-robin", 0, "aa"), func() report.Mode {
 			m := ok("prefix×3", 0, "bb")
 			m.Errors, m.ReplicaCachedTokens = 1, 0
@@ -132,10 +141,10 @@ func TestCheckValidity(t *testing.T) {
 	}
 }
 
-// TestStallCheckOffWithoutSims: the stall check runs where the burst check does (a sims'
-// step to judge by): not for tests that allow bursts, nor for external replicas.
+// TestStallCheckOffWithoutSims: the stall and contention checks run where the burst check
+// does (a sims' step to judge by): not for tests that allow bursts, nor for external replicas.
 func TestStallCheckOffWithoutSims(t *testing.T) {
-	modes := []report.Mode{{Mode: "prefix", Requests: 10, RequestsDigest: "aa", ReplicaCachedTokens: 5, ReplicaStallShare: 0.5}}
+	modes := []report.Mode{{Mode: "prefix", Requests: 10, RequestsDigest: "aa", ReplicaCachedTokens: 5, ReplicaStallShare: 0.5, OtherCores: 2}}
 	checkValidity(modes, true, 0, 2)
 	if len(modes[0].Flags) != 0 {
 		t.Errorf("flags %q with no sim step to judge by", modes[0].Flags)

@@ -93,6 +93,13 @@ type Mode struct {
 	// wall seconds): with simulated replicas that is the sims, the proxies and the load
 	// generator together. 0: not measured.
 	BenchCores float64 `json:"bench_cores,omitempty"`
+	// OtherCores is the CPU the machine's other processes used during the arm, in cores (the
+	// machine's busy time from /proc/stat less the bench process's, ÷ wall seconds);
+	// StealCores the time the hypervisor gave this machine's cores to other guests. The
+	// bench's timing shares those cores: the contention check flags an arm whose OtherCores
+	// is over bench.MaxOtherShare of the cores. 0: none, or not measured (not Linux).
+	OtherCores float64 `json:"other_cores,omitempty"`
+	StealCores float64 `json:"steal_cores,omitempty"`
 	// SendLag is how late requests went out (loadgen.Result.SendLag), failed ones included.
 	SendLag          Latency            `json:"send_lag"`
 	Requests         int                `json:"requests"`
