@@ -463,13 +463,15 @@ func (s *Server) holdSlow(ctx *fasthttp.RequestCtx, f *flow, cfg *FlowControl, s
 	f.qit, f.qq = it, pq
 	fc.note(pq, it.Priority, time.Now())
 	fc.m.queued.Inc()
-	return s.waitQueued(f, pq, it, cfg)
+	return s.waitQueued(f, pq, it, cfg, it.Arrival)
 }
 
 // waitQueued wakes the dispatcher for it, f's item queued in pq (counted in fc.held by the
-// caller), waits for its outcome and uncounts it: nil once dispatched (f.placed), else the
-// refusal or, for a client that left, its goneErr.
-func (s *Server) waitQueued(f *flow, pq *poolQueue, it *flowcontrol.Item, cfg *FlowControl) error {
+// caller) since queued (its arrival, or its Return), waits for its outcome and uncounts it:
+// nil once dispatched (f.placed), else the refusal or, for a client that left, its goneErr.
+// The wait histogram takes the time since queued, so a returned request's two waits add up
+// to its time in the queue; f.queueWait is the whole time since its arrival.
+func (s *Server) waitQueued(f *flow, pq *poolQueue, it *flowcontrol.Item, cfg *FlowControl, queued time.Time) error {
 	fc := s.fc
 	fc.wake()
 	if fc.held.Load() == 1 {
@@ -482,7 +484,7 @@ func (s *Server) waitQueued(f *flow, pq *poolQueue, it *flowcontrol.Item, cfg *F
 	o := s.await(f, pq, it)
 	fc.held.Add(-1)
 	f.queueWait = time.Since(it.Arrival)
-	fc.m.outcome(o, f.queueWait)
+	fc.m.outcome(o, time.Since(queued))
 	switch o {
 	case flowcontrol.Dispatched:
 		return nil

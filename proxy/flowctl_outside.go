@@ -146,12 +146,13 @@ func (s *Server) redispatch(f *flow) error {
 		}
 	}
 	fc.held.Add(1)
+	returned := time.Now()
 	if !pq.q.Return(it) {
 		fc.held.Add(-1) // settled or drained meanwhile: never expected; decided as before
 		return nil
 	}
 	fc.m.returned.Inc()
-	if err := s.waitQueued(f, pq, it, cfg); err != nil {
+	if err := s.waitQueued(f, pq, it, cfg, returned); err != nil {
 		return err
 	}
 	if f.gone.Load() {

@@ -93,7 +93,8 @@ func (c *countingClassifier) Classify(string, []byte, RequestHeaders) (int, stri
 // that freed a slot, whose settle hold then finds a peered prefixlb's decision on that
 // replica made first (the peer's request now counted there), goes back to the head of its
 // queue instead of being decided again among saturated replicas: no engine sees it until a
-// slot frees again, and it still leaves before the request queued behind it.
+// slot frees again, and it still leaves before the request queued behind it. Its second
+// wait in the queue-wait histogram counts from its return, not again from its arrival.
 func TestFlowControlContendedPlacementRequeued(t *testing.T) {
 	a, b := newEngine(t, 1), newEngine(t, 1)
 	var peerB atomic.Pointer[backend.Backend]
@@ -131,11 +132,15 @@ func TestFlowControlContendedPlacementRequeued(t *testing.T) {
 	if id := b.waitArrival(t); id != "req-2" {
 		t.Fatalf("b received %s", id)
 	}
+	sent3 := time.Now()
 	r3 := send("req-3", "x")
 	waitHeld(t, s, 1)
+	sent4 := time.Now()
 	r4 := send("req-4", "y") // another flow, queued behind req-3
 	waitHeld(t, s, 2)
 
+	// req-3's first wait, which its second must not count again.
+	time.Sleep(100 * time.Millisecond)
 	b.finish() // req-2 ends: req-3 is placed on b, and a peer's request takes b meanwhile
 	deadline := time.After(testTimeout)
 	for s.fc.m.returned.Get() == 0 {
@@ -155,10 +160,13 @@ func TestFlowControlContendedPlacementRequeued(t *testing.T) {
 	if id := b.waitArrival(t); id != "req-3" {
 		t.Fatalf("b received %s, want req-3: the returned request lost its place", id)
 	}
+	// From before it was queued to after its replica had it.
+	held3 := time.Since(sent3)
 	a.finish() // req-1 ends: req-4 goes to a
 	if id := a.waitArrival(t); id != "req-4" {
 		t.Fatalf("a received %s, want req-4", id)
 	}
+	held4 := time.Since(sent4)
 	a.finish()
 	b.finish()
 	for _, ch := range []<-chan fcResult{r1, r2, r3, r4} {
@@ -168,6 +176,11 @@ func TestFlowControlContendedPlacementRequeued(t *testing.T) {
 	}
 	if got := s.fc.m.outcomes[flowcontrol.Dispatched].Get(); got != 3 {
 		t.Errorf("%d dispatches, want 3 (req-3 twice, req-4)", got)
+	}
+	// req-3's second wait counts from its return, so the waits add up to no more than the
+	// two requests were held (counted again from its arrival they exceed it by its first).
+	if waited, most := metricSum(t, s, `prefixlb_flow_queue_wait_seconds_sum{outcome="dispatched"}`), (held3 + held4).Seconds(); waited > most {
+		t.Errorf("queue waits of dispatched requests sum to %.3f s, more than req-3 and req-4 were held (%.3f s)", waited, most)
 	}
 	if seen, _, _ := b.stats(); fmt.Sprint(seen) != "[req-2 req-3]" {
 		t.Errorf("b saw %v", seen)
