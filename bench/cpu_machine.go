@@ -16,8 +16,8 @@ const userHZ = 100
 // during an arm before the bench flags it: the bench's own timing (the sims' steps, the
 // proxy, the load generator) shares the cores, and a compile or a test run beside it moved
 // the approximate arms' Mooncake p95 4–9× while the stall check saw nothing (bench/RESULTS.md,
-// the suite claim's notes). A quiet 2-core machine's other processes used 0.03–0.11 cores
-// (10 s samples during a suite run).
+// the suite claim's notes). In 10 s samples over two hours of suite runs on the quiet 2-core
+// machine, other processes used at most 0.03 cores in 95% of them (bench/README.md).
 const MaxOtherShare = 0.10
 
 // machineTimes is the machine's CPU time so far from /proc/stat's first ("cpu") line: busy is
